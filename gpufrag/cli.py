@@ -1,0 +1,52 @@
+"""The one ``gpufrag`` command: a subcommand per job.
+
+Each subcommand lives next to the code it runs and exposes ``main(argv) -> int``. Modules are
+imported only when their subcommand is chosen, so ``gpufrag whatif`` never loads Flask or the
+Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK
+
+# name -> (module exposing main(argv) -> int, one-line description)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "whatif": ("simulations.cli", "replay a cluster trace through each placement policy"),
+    "extender": ("scheduler.extender.cli", "run the kube-scheduler extender webhook"),
+    "export-snapshot": ("scheduler.kube.export", "write a live cluster's nodes and pods to a file"),
+    "defrag": ("defrag.cli", "run one defragmentation cycle (CronJob)"),
+    "agent": ("defrag.agent.cli", "publish per-GPU usage read through NVML (DaemonSet)"),
+    "serve": ("serving.cli", "serve a model with dynamic batching (v2 inference protocol)"),
+    "dev-cluster": ("tests.e2e.devcluster", "start or stop a local control plane for trying by hand"),
+    "demo": ("gpufrag.demo", "show the whole path on a local control plane"),
+}
+
+
+def _usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: gpufrag <command> [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {desc}" for name, (_, desc) in COMMANDS.items()]
+    lines += ["", "Run 'gpufrag <command> --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in {"-h", "--help", "help"}:
+        print(_usage())
+        return EXIT_OK
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"gpufrag: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    module = importlib.import_module(COMMANDS[name][0])
+    result: int = module.main(rest)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

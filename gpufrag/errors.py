@@ -1,0 +1,31 @@
+"""Errors that mean "the input is wrong", as opposed to "something broke".
+
+Every command turns a :class:`BadInput` into one line on stderr and exit code 2, so users
+see which file, row and field to fix instead of a traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+EXIT_NO_GPU = 3
+
+
+class BadInput(ValueError):
+    """Input that cannot be used as given; the message names what is wrong and where."""
+
+    def __init__(self, message: str, *, source: str | None = None, row: int | None = None,
+                 field: str | None = None) -> None:
+        self.source = source
+        self.row = row
+        self.field = field
+        where = []
+        if source is not None:
+            where.append(source)
+        if row is not None:
+            where.append(f"row {row}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        prefix = ", ".join(where)
+        super().__init__(f"{prefix}: {message}" if prefix else message)

@@ -1,0 +1,39 @@
+"""structlog set-up shared by every command.
+
+JSON lines when stderr is not a terminal (containers, CI), readable key=value output on a
+terminal. Configured once at start-up; the hot paths only call bound loggers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+
+def configure(level: str | None = None, *, json: bool | None = None) -> None:
+    """Configure structlog; ``GPUFRAG_LOG_LEVEL`` / ``GPUFRAG_LOG_FORMAT`` override defaults."""
+    level_name = (level or os.environ.get("GPUFRAG_LOG_LEVEL") or "info").upper()
+    numeric = logging.getLevelName(level_name)
+    if not isinstance(numeric, int):
+        numeric = logging.INFO
+    fmt = os.environ.get("GPUFRAG_LOG_FORMAT")
+    if json is None:
+        json = fmt == "json" if fmt else not sys.stderr.isatty()
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
