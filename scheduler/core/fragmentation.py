@@ -1,0 +1,154 @@
+"""GPU fragmentation as FGD defines it (Weng et al., USENIX ATC '23).
+
+Fragmentation is measured against a *target workload*: the task specs that make up the typical
+workload, with their popularities. For one spec m, the fragment of node n is all of n's free GPU
+share if m cannot run on n (too little CPU, product not allowed, not enough GPUs with enough free
+share, or m needs no GPU), and otherwise the free share on GPUs too small for m. A node's
+fragmentation F(n) is the popularity-weighted sum over specs; the cluster's is the sum over nodes.
+
+All functions work on many rows at once: FGD evaluates every (node, GPU) candidate for a pod, so
+this is the innermost loop of the extender and the simulator.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler.core.state import BoolArray, ClusterState, IntArray
+from scheduler.core.types import PodRequest
+
+FloatArray = npt.NDArray[np.float64]
+
+DEFAULT_COVERAGE = 0.95
+
+SpecKey = tuple[int, int, int, frozenset[str]]  # (cpu_milli, num_gpu, gpu_milli, gpu_spec)
+
+
+@dataclass(frozen=True)
+class TargetWorkload:
+    """Task specs with popularities summing to 1; built once, read on every score."""
+
+    cpu_milli: IntArray
+    num_gpu: IntArray
+    gpu_milli: IntArray
+    gpu_spec: tuple[frozenset[str], ...]
+    popularity: FloatArray
+    # Derived once: the distinct per-GPU thresholds and each spec's threshold column.
+    _thresholds: IntArray = field(init=False, repr=False)
+    _threshold_of: IntArray = field(init=False, repr=False)
+    _allowed_cache: dict[tuple[str, ...], BoolArray] = field(
+        init=False, repr=False, default_factory=dict, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        m = len(self.gpu_spec)
+        for name in ("cpu_milli", "num_gpu", "gpu_milli", "popularity"):
+            if getattr(self, name).shape != (m,):
+                raise ValueError(f"TargetWorkload.{name} must have {m} entries")
+        if m == 0:
+            raise ValueError("TargetWorkload needs at least one task spec")
+        if np.any(self.popularity < 0) or not np.isclose(self.popularity.sum(), 1.0):
+            raise ValueError("TargetWorkload.popularity must be >= 0 and sum to 1")
+        thresholds, threshold_of = np.unique(self.gpu_milli, return_inverse=True)
+        object.__setattr__(self, "_thresholds", thresholds.astype(np.int64))
+        object.__setattr__(self, "_threshold_of", threshold_of.astype(np.int64))
+
+    @classmethod
+    def from_specs(cls, counts: Iterable[tuple[SpecKey, float]]) -> TargetWorkload:
+        items = list(counts)
+        total = sum(w for _, w in items)
+        if total <= 0:
+            raise ValueError("TargetWorkload needs specs with positive weight")
+        return cls(
+            cpu_milli=np.array([k[0] for k, _ in items], np.int64),
+            num_gpu=np.array([k[1] for k, _ in items], np.int64),
+            gpu_milli=np.array([k[2] for k, _ in items], np.int64),
+            gpu_spec=tuple(k[3] for k, _ in items),
+            popularity=np.array([w / total for _, w in items], np.float64),
+        )
+
+    @classmethod
+    def from_pods(cls, pods: Iterable[PodRequest],
+                  coverage: float = DEFAULT_COVERAGE) -> TargetWorkload:
+        """The most popular specs of ``pods`` that together cover >= ``coverage`` of them."""
+        if not 0 < coverage <= 1:
+            raise ValueError(f"coverage must be in (0, 1], got {coverage}")
+        counts = Counter((p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods)
+        total = sum(counts.values())
+        if total == 0:
+            raise ValueError("TargetWorkload.from_pods needs at least one pod")
+        kept: list[tuple[SpecKey, float]] = []
+        covered = 0
+        # Deterministic order: by count, then by spec, so equal inputs give equal workloads.
+        for key, n in sorted(counts.items(), key=lambda kv: (-kv[1], _sort_key(kv[0]))):
+            kept.append((key, float(n)))
+            covered += n
+            if covered >= coverage * total:
+                break
+        return cls.from_specs(kept)
+
+    def allowed(self, state: ClusterState) -> BoolArray:
+        """[spec, product code] -> whether the spec accepts that product."""
+        key = tuple(state.products)
+        mask = self._allowed_cache.get(key)
+        if mask is None:
+            mask = np.array(
+                [[(not spec) or (p in spec) for p in state.products] for spec in self.gpu_spec],
+                np.bool_,
+            ).reshape(len(self.gpu_spec), len(state.products))
+            self._allowed_cache[key] = mask
+        return mask
+
+
+def _sort_key(key: SpecKey) -> tuple[int, int, int, tuple[str, ...]]:
+    return (key[0], key[1], key[2], tuple(sorted(key[3])))
+
+
+def fragmentation_of(free: IntArray, cpu_left: IntArray, product: IntArray,
+                     workload: TargetWorkload, allowed: BoolArray) -> FloatArray:
+    """F for arbitrary rows: ``free`` is rows x GPUs (absent GPUs hold 0 free).
+
+    Works per distinct per-GPU threshold rather than per spec: specs differ mostly in CPU,
+    so this cuts the rows x specs x GPUs tensor to rows x thresholds x GPUs.
+    """
+    total = free.sum(axis=1)
+    fits = free[:, None, :] >= workload._thresholds[None, :, None]  # rows x D x GPUs
+    fit_count = fits.sum(axis=2)
+    partial = total[:, None] - np.where(fits, free[:, None, :], 0).sum(axis=2)
+    cols = workload._threshold_of
+    runnable = (
+        (workload.num_gpu > 0)[None, :]
+        & (cpu_left[:, None] >= workload.cpu_milli[None, :])
+        & allowed[:, product].T
+        & (fit_count[:, cols] >= workload.num_gpu[None, :])
+    )
+    frag = np.where(runnable, partial[:, cols], total[:, None])
+    result: FloatArray = frag @ workload.popularity
+    return result
+
+
+def node_fragmentation(state: ClusterState, workload: TargetWorkload,
+                       rows: IntArray | None = None) -> FloatArray:
+    """F(n) in milli-GPU for each row (all rows in use when ``rows`` is None)."""
+    if rows is None:
+        rows = np.arange(state.size, dtype=np.int64)
+    frag = fragmentation_of(state.gpu_free[rows], state.cpu_left[rows], state.product[rows],
+                            workload, workload.allowed(state))
+    active: FloatArray = np.where(state.active[rows], frag, 0.0)
+    return active
+
+
+def cluster_fragmentation(state: ClusterState, workload: TargetWorkload) -> float:
+    """Σ_n F(n) over active nodes, in milli-GPU."""
+    return float(node_fragmentation(state, workload).sum())
+
+
+def fragmentation_ratio(state: ClusterState, workload: TargetWorkload) -> float:
+    """Cluster fragmentation over total free GPU share (0 when nothing is free)."""
+    free = int(state.gpu_free_total(state.active_rows()).sum())
+    return cluster_fragmentation(state, workload) / free if free else 0.0

@@ -1,0 +1,94 @@
+"""From scores to one decision: filter, score, pick the best, break ties by a fixed order.
+
+Ties go to the node ranked first in ``state.tie_rank`` (a seeded permutation in the simulator,
+node-name order in the live extender), never to a fresh random draw: FGD's integer scores tie
+often, and a fixed order keeps packing onto the same nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler.core.feasibility import feasible_mask
+from scheduler.core.gpus import NO_GPU, gpus_for
+from scheduler.core.policy import Policy, Scores
+from scheduler.core.state import ClusterState, IntArray
+from scheduler.core.types import PodRequest
+
+ShapeKey = tuple[int, int, int, int, frozenset[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    row: int
+    node: str
+    gpus: tuple[int, ...]
+    score: float
+
+
+class ScoreCache:
+    """Scores per pod shape, recomputed only for rows whose ``version`` changed.
+
+    Each placement changes one node, so a replay that scores thousands of pods of a few hundred
+    shapes recomputes a handful of rows per pod instead of the whole cluster.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        if not policy.node_local:
+            raise ValueError(f"policy {policy.name} is not node-local; its scores cannot be cached")
+        self.policy = policy
+        self._entries: dict[ShapeKey, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def score(self, state: ClusterState, pod: PodRequest, rows: IntArray) -> Scores:
+        entry = self._entries.get(pod.shape)
+        size = state.cpu_cap.shape[0]
+        if entry is None or entry[0].shape[0] < size:
+            old = entry
+            entry = (np.zeros(size), np.full(size, NO_GPU, np.int64), np.full(size, -1, np.int64))
+            if old is not None:
+                n = old[0].shape[0]
+                entry[0][:n], entry[1][:n], entry[2][:n] = old
+            self._entries[pod.shape] = entry
+        score, gpu, seen = entry
+        stale = rows[seen[rows] != state.version[rows]]
+        if stale.size:
+            fresh = self.policy.score(state, pod, stale)
+            score[stale] = fresh.score
+            gpu[stale] = fresh.share_gpu
+            seen[stale] = state.version[stale]
+        return Scores(score[rows], gpu[rows])
+
+
+def rank_candidates(state: ClusterState, policy: Policy, pod: PodRequest, rows: IntArray,
+                    cache: ScoreCache | None = None) -> tuple[IntArray, Scores]:
+    """Feasible rows among ``rows`` and their scores (unsorted)."""
+    candidates = rows[feasible_mask(state, pod, rows)]
+    if candidates.size == 0:
+        return candidates, Scores(np.zeros(0), np.zeros(0, np.int64))
+    scores = (cache.score if cache is not None else policy.score)(state, pod, candidates)
+    return candidates, scores
+
+
+def best_index(state: ClusterState, candidates: IntArray, score: np.ndarray) -> int:
+    """Index into ``candidates`` of the top score, ties to the lowest tie rank."""
+    top = score.max()
+    tied = np.flatnonzero(score == top)
+    if tied.size == 1:
+        return int(tied[0])
+    return int(tied[np.argmin(state.tie_rank[candidates[tied]])])
+
+
+def choose(state: ClusterState, policy: Policy, pod: PodRequest, rows: IntArray | None = None,
+           cache: ScoreCache | None = None) -> Decision | None:
+    """Where ``pod`` goes under ``policy`` (None when it fits nowhere among ``rows``)."""
+    if rows is None:
+        rows = state.active_rows()
+    candidates, scores = rank_candidates(state, policy, pod, rows, cache)
+    if candidates.size == 0:
+        return None
+    i = best_index(state, candidates, scores.score)
+    row = int(candidates[i])
+    gpus = gpus_for(state, pod, row, int(scores.share_gpu[i]))
+    return Decision(row=row, node=state.names[row], gpus=gpus, score=float(scores.score[i]))

@@ -1,0 +1,98 @@
+"""Plain value types for nodes, pods and placements.
+
+They carry exactly what placement needs, in the units the openb trace uses (milli-CPU, MiB,
+milli-GPU per GPU), so that trace rows, Kubernetes objects and wire requests all convert to the
+same thing and every policy sees one shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MILLI_PER_GPU = 1000
+MAX_GPUS_PER_NODE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A node's capacity as the scheduler may use it (allocatable, not raw capacity)."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    gpu_count: int
+    gpu_product: str = ""
+    gpu_memory_mib: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0 or self.memory_mib < 0:
+            raise ValueError(f"node {self.name}: negative cpu_milli or memory_mib")
+        if not 0 <= self.gpu_count <= MAX_GPUS_PER_NODE:
+            raise ValueError(
+                f"node {self.name}: gpu_count {self.gpu_count} outside 0..{MAX_GPUS_PER_NODE}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """What one pod asks for.
+
+    ``gpu_milli`` is per GPU, as in openb: 1000 for whole GPUs, below 1000 only when
+    ``num_gpu == 1`` (a GPU share). ``gpu_spec`` lists acceptable GPU products; empty = any.
+    """
+
+    name: str
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    num_gpu: int = 0
+    gpu_milli: int = 0
+    gpu_spec: frozenset[str] = frozenset()
+    namespace: str = ""
+    model: str = ""
+    model_version: str = ""
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0 or self.memory_mib < 0 or self.num_gpu < 0 or self.gpu_milli < 0:
+            raise ValueError(f"pod {self.name}: negative request")
+        if self.num_gpu > MAX_GPUS_PER_NODE:
+            raise ValueError(f"pod {self.name}: num_gpu {self.num_gpu} > {MAX_GPUS_PER_NODE}")
+        if self.num_gpu > 0 and not 0 < self.gpu_milli <= MILLI_PER_GPU:
+            raise ValueError(f"pod {self.name}: gpu_milli {self.gpu_milli} outside 1..1000")
+        if self.num_gpu > 1 and self.gpu_milli != MILLI_PER_GPU:
+            raise ValueError(f"pod {self.name}: a GPU share (gpu_milli < 1000) needs num_gpu == 1")
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.num_gpu > 0
+
+    @property
+    def is_share(self) -> bool:
+        """A fractional-GPU pod (shares one GPU with others)."""
+        return self.num_gpu == 1 and self.gpu_milli < MILLI_PER_GPU
+
+    @property
+    def gpu_demand_milli(self) -> int:
+        return self.num_gpu * self.gpu_milli
+
+    @property
+    def shape(self) -> tuple[int, int, int, int, frozenset[str]]:
+        """Everything placement depends on, minus identity: pods of one shape score alike."""
+        return (self.cpu_milli, self.memory_mib, self.num_gpu, self.gpu_milli, self.gpu_spec)
+
+    @property
+    def clustering_tag(self) -> int:
+        """Gandiva-style class: 0 for GPU shares, k for k whole GPUs, -1 for CPU-only."""
+        if not self.wants_gpu:
+            return -1
+        return 0 if self.is_share else self.num_gpu
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """A pod placed on a node, with the GPU indices (on that node) it holds."""
+
+    pod: PodRequest
+    node: str
+    gpus: tuple[int, ...]
