@@ -1,0 +1,229 @@
+"""The HTTP layer: v2 inference protocol routes on aiohttp, feeding the dynamic batcher.
+
+Why aiohttp (not Flask/gunicorn like the scheduler extender): the batcher holds many requests
+open at once while they wait to be grouped, which is natural with one asyncio loop and costly
+with a thread per request; and with ``handler_cancellation`` on, a client that disconnects
+cancels its handler, which cancels the future the batcher holds, so the request is dropped
+before compute instead of burning a batch slot on an answer nobody reads.
+
+Routes: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models``,
+``/v2/models/{name}``, ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer``,
+``GET /metrics``. Every error, including unknown routes, has the v2 shape
+``{"error": "<message>"}``; 503s carry ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from serving.batcher import DynamicBatcher
+from serving.errors import (
+    BodyTooLarge,
+    InvalidRequest,
+    ModelNotFound,
+    ServingError,
+    Unavailable,
+)
+from serving.metrics import ServingMetrics
+from serving.protocol import (
+    MODEL_VERSION,
+    InferRequest,
+    ModelInfo,
+    encode_infer_response,
+    error_body,
+    parse_infer_request,
+)
+
+log = structlog.get_logger("serving.app")
+
+SERVER_NAME = "gpufrag-serving"
+# Bodies above this are parsed in a worker thread so one large request does not stall the loop.
+PARSE_OFFLOAD_BYTES = 256 * 1024
+
+
+@dataclass
+class ServerState:
+    """What the handlers read; the server fills ``model``/``batcher`` once the model loads."""
+
+    model_name: str
+    metrics: ServingMetrics
+    max_body_bytes: int
+    retry_after_s: int = 1
+    model: ModelInfo | None = None
+    batcher: DynamicBatcher | None = None
+    ready: bool = False
+    shutting_down: bool = False
+
+    def set_ready(self, ready: bool) -> None:
+        self.ready = ready
+        self.metrics.ready.set(1 if ready else 0)
+
+
+STATE = web.AppKey("state", ServerState)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(doc: object, status: int = 200,
+                  headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(doc), status=status, headers=headers,
+                        content_type="application/json")
+
+
+def error_response(error: ServingError) -> web.Response:
+    headers = {}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(error.retry_after_s)
+    return web.Response(body=error_body(error.message), status=error.status, headers=headers,
+                        content_type="application/json")
+
+
+@web.middleware
+async def v2_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Router 404/405s and anything unexpected, in the v2 error shape (never a traceback)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.reason if exc.status != 404 else f"no route for {request.path}"
+        return web.Response(body=error_body(message), status=exc.status,
+                            content_type="application/json")
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        log.exception("handler_failed", path=request.path)
+        return web.Response(body=error_body(f"internal error: {type(exc).__name__}: {exc}"),
+                            status=500, content_type="application/json")
+
+
+def build_app(state: ServerState) -> web.Application:
+    # client_max_size is the hard stop; the handler checks Content-Length first for a clear 413.
+    app = web.Application(client_max_size=state.max_body_bytes, middlewares=[v2_errors])
+    app[STATE] = state
+    app.router.add_get("/v2", server_metadata)
+    app.router.add_get("/v2/health/live", live)
+    app.router.add_get("/v2/health/ready", ready)
+    app.router.add_get("/v2/models", list_models)
+    app.router.add_get("/v2/models/{name}", model_metadata)
+    app.router.add_get("/v2/models/{name}/ready", model_ready)
+    app.router.add_post("/v2/models/{name}/infer", infer)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return json_response({"name": SERVER_NAME, "version": "0.1.0", "extensions": []})
+
+
+async def live(request: web.Request) -> web.Response:
+    return json_response({"live": True})
+
+
+async def ready(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    return json_response({"ready": state.ready}, status=200 if state.ready else 503)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if state.model is None:
+        entry = {"name": state.model_name, "state": "LOADING", "reason": "model is loading"}
+    else:
+        entry = {"name": state.model.name, "version": MODEL_VERSION,
+                 "platform": state.model.platform,
+                 "state": "READY" if state.ready else "UNAVAILABLE",
+                 "reason": "" if state.ready else "server is shutting down"}
+    return json_response({"models": [entry]})
+
+
+def _model(state: ServerState, name: str) -> ModelInfo:
+    if name != state.model_name:
+        raise ModelNotFound(f"unknown model {name!r}; this server serves {state.model_name!r}")
+    if state.model is None:
+        raise Unavailable(f"model {name!r} is still loading", retry_after_s=state.retry_after_s)
+    return state.model
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    try:
+        model = _model(request.app[STATE], request.match_info["name"])
+    except ServingError as exc:
+        return error_response(exc)
+    return json_response(model.metadata())
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    if request.match_info["name"] != state.model_name:
+        return error_response(ModelNotFound(f"unknown model {request.match_info['name']!r}"))
+    return json_response({"ready": state.ready}, status=200 if state.ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[STATE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def infer(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    started = time.perf_counter()
+    try:
+        response = await _infer(request, state)
+    except ServingError as exc:
+        response = error_response(exc)
+    state.metrics.request_seconds.observe(time.perf_counter() - started)
+    return response
+
+
+async def _infer(request: web.Request, state: ServerState) -> web.Response:
+    try:
+        model = _model(state, request.match_info["name"])
+        if not state.ready or state.batcher is None:
+            raise Unavailable("server is shutting down" if state.shutting_down
+                              else "server is not ready", retry_after_s=state.retry_after_s)
+        parsed = await _read_request(request, state, model)
+    except ServingError as exc:  # raised here, before the batcher: counted here
+        state.metrics.outcome(exc.outcome)
+        raise
+    transport = request.transport
+
+    def client_gone() -> bool:
+        return transport is None or transport.is_closing()
+
+    try:
+        future = state.batcher.submit(parsed.inputs, timeout_s=parsed.timeout_s,
+                                      client_gone=client_gone)
+    except InvalidRequest as exc:
+        state.metrics.outcome(exc.outcome)
+        raise
+    outputs = await future  # cancelled with the handler if the client disconnects
+    return web.Response(body=encode_infer_response(model, parsed, outputs),
+                        content_type="application/json")
+
+
+async def _read_request(request: web.Request, state: ServerState,
+                        model: ModelInfo) -> InferRequest:
+    limit = state.max_body_bytes
+    too_large = BodyTooLarge(f"request body exceeds the {limit} byte limit (--max-body-bytes); "
+                             "send fewer rows per request")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    timeout_header = request.headers.get("Timeout-Ms")
+    if len(body) > PARSE_OFFLOAD_BYTES:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            None, lambda: parse_infer_request(body, model, timeout_header=timeout_header))
+    return parse_infer_request(body, model, timeout_header=timeout_header)

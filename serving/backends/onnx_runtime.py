@@ -1,0 +1,98 @@
+"""ONNX Runtime backend: CPU everywhere, the CUDA execution provider where it is installed.
+
+``onnxruntime`` (CPU build) lists only CPU providers; ``onnxruntime-gpu`` adds
+``CUDAExecutionProvider``. We ask for CUDA first when it is available and keep CPU as the
+fallback for nodes CUDA cannot run; :attr:`OnnxRuntimeBackend.kind` reports the provider that
+actually runs the graph, so the metrics and logs say whether the GPU is in use.
+
+``run`` releases the GIL, so batches computed in the batcher's worker thread leave the event
+loop free to accept and parse requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from serving.backends.base import Array, Backend
+from serving.tensors import ONNX_TO_V2, TensorSpec
+
+CUDA_PROVIDER = "CUDAExecutionProvider"
+CPU_PROVIDER = "CPUExecutionProvider"
+
+
+def choose_providers(available: list[str], *, allow_cuda: bool = True) -> list[str]:
+    """CUDA first when present (and allowed), CPU always last."""
+    providers = [CUDA_PROVIDER] if allow_cuda and CUDA_PROVIDER in available else []
+    return [*providers, CPU_PROVIDER]
+
+
+def spec_from_onnx(name: str, onnx_type: str, shape: list[Any], *, what: str) -> TensorSpec:
+    """An ORT NodeArg -> TensorSpec; symbolic or unknown dims become -1."""
+    datatype = ONNX_TO_V2.get(onnx_type)
+    if datatype is None:
+        raise ValueError(f"{what} {name!r} has type {onnx_type}, which this server cannot "
+                         f"carry over JSON (supported: {', '.join(sorted(ONNX_TO_V2))})")
+    dims = tuple(d if isinstance(d, int) and d > 0 else -1 for d in shape)
+    return TensorSpec(name, datatype, dims)
+
+
+class OnnxRuntimeBackend:
+    def __init__(self, model_path: Path, *, intra_op_threads: int = 0,
+                 allow_cuda: bool = True) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if intra_op_threads:
+            options.intra_op_num_threads = intra_op_threads
+        providers = choose_providers(ort.get_available_providers(), allow_cuda=allow_cuda)
+        self._session = ort.InferenceSession(str(model_path), sess_options=options,
+                                             providers=providers)
+        active = self._session.get_providers()
+        self._kind = "onnxruntime-cuda" if CUDA_PROVIDER in active else "onnxruntime-cpu"
+        self._inputs = tuple(spec_from_onnx(i.name, i.type, list(i.shape), what="input")
+                             for i in self._session.get_inputs())
+        self._outputs = tuple(spec_from_onnx(o.name, o.type, list(o.shape), what="output")
+                              for o in self._session.get_outputs())
+        self._output_names = [o.name for o in self._outputs]
+        batch_dims = {i.shape[0] for i in self._session.get_inputs() if i.shape}
+        fixed = [d for d in batch_dims if isinstance(d, int) and d > 0]
+        self._static = fixed[0] if len(fixed) == 1 and len(batch_dims) == 1 else None
+        if self._static is not None:  # publish -1 anyway: padding makes any batch <= N work
+            self._inputs = tuple(TensorSpec(s.name, s.datatype, (-1, *s.shape[1:]))
+                                 for s in self._inputs)
+            self._outputs = tuple(TensorSpec(s.name, s.datatype, (-1, *s.shape[1:]))
+                                  for s in self._outputs)
+
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self._outputs
+
+    @property
+    def static_batch_size(self) -> int | None:
+        return self._static
+
+    @property
+    def max_batch_size(self) -> int | None:
+        return self._static
+
+    def infer(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        values = self._session.run(self._output_names, dict(inputs))
+        return dict(zip(self._output_names, values, strict=True))
+
+    def close(self) -> None:
+        del self._session
+
+
+def _conforms(backend: OnnxRuntimeBackend) -> Backend:
+    return backend  # mypy: OnnxRuntimeBackend implements the Backend Protocol

@@ -1,0 +1,517 @@
+"""The dynamic batcher: queued requests -> batches -> backend, with Triton's semantics.
+
+A batch is dispatched when, looking at the queue from its oldest request:
+
+1. the requests compatible with the oldest one reach ``max_batch_size`` rows (or the next
+   compatible request would not fit), or
+2. a prefix of them sums to one of ``preferred_batch_sizes`` (the largest such prefix goes), or
+3. the **oldest** request has waited ``max_queue_delay_s`` since *its own* enqueue — not since a
+   worker last looked — so a request's added latency is bounded by the delay, however busy
+   the workers were, or
+4. the batcher is draining (shutdown): nothing more will arrive, so nothing waits.
+
+and only while one of ``max_concurrent_batches`` slots (a semaphore) is free; while every slot
+is busy, arrivals accumulate and the next batch is larger, which is what makes batching pay.
+
+Other guarantees:
+
+- The queue is bounded: :meth:`DynamicBatcher.submit` raises :class:`QueueFull` at once.
+- Each request has a deadline (its timeout, capped at the default); one that passes while the
+  request is queued fails it with :class:`RequestTimedOut` without computing it. Deadlines are
+  kept in a heap so expiry costs O(log n), not a scan per arrival.
+- A request whose client has gone (its future was cancelled, or ``client_gone()`` says so) is
+  dropped before compute, both while queued and again when its batch is assembled.
+- An exception from the backend fails only that batch's requests (:class:`BackendFailed`); the
+  loop keeps serving.
+- Compute runs in an executor (a thread pool by default), so the event loop stays responsive.
+
+Shapes: requests are batched along dimension 0. Requests whose other dimensions or dtypes differ
+are **split** into separate batches (grouped by a shape signature, FIFO within each group, the
+oldest request's group first) rather than padded: padding an image or feature dimension with
+zeros changes a convolutional model's output, so it would not be correct. Padding is used only
+along the batch dimension, when the backend's graph has a fixed batch size: rows are zero-filled
+up to it and the padded rows' outputs discarded. Outputs are split back per request by row
+offsets, so a request of 3 rows gets exactly its 3 rows back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import structlog
+
+from serving.backends.base import Array, Backend
+from serving.clock import Clock, MonotonicClock
+from serving.config import BatcherConfig
+from serving.errors import (
+    BackendFailed,
+    InvalidRequest,
+    QueueFull,
+    RequestTimedOut,
+    ShuttingDown,
+)
+
+log = structlog.get_logger("serving.batcher")
+
+# (input name, dtype, shape without the batch dimension) for each input, sorted by name.
+Signature = tuple[tuple[str, str, tuple[int, ...]], ...]
+
+QUEUED, COMPUTING, FINISHED = "queued", "computing", "finished"
+
+
+class Queued(Protocol):
+    """What batch planning needs to know about a queued request."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def signature(self) -> Signature: ...
+
+    @property
+    def enqueued_s(self) -> float: ...
+
+
+class BatchObserver(Protocol):
+    """Where the batcher reports what it did (the Prometheus metrics implement this)."""
+
+    def queue_depth(self, depth: int) -> None: ...
+
+    def outcome(self, outcome: str, count: int = 1) -> None: ...
+
+    def batch(self, rows: int, queue_waits_s: Sequence[float], compute_s: float) -> None: ...
+
+
+class NullObserver:
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def outcome(self, outcome: str, count: int = 1) -> None:
+        pass
+
+    def batch(self, rows: int, queue_waits_s: Sequence[float], compute_s: float) -> None:
+        pass
+
+
+def _never_gone() -> bool:
+    return False
+
+
+@dataclass(eq=False)
+class PendingRequest:
+    """One admitted request: its inputs, deadline and the future its handler awaits."""
+
+    inputs: Mapping[str, Array]
+    rows: int
+    signature: Signature
+    enqueued_s: float
+    deadline_s: float
+    future: asyncio.Future[dict[str, Array]]
+    client_gone: Callable[[], bool] = _never_gone
+    state: str = QUEUED
+    seq: int = 0
+
+    def abandoned(self) -> bool:
+        """The caller no longer wants the answer (handler cancelled or connection closed)."""
+        return self.future.done() or self.client_gone()
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Send these requests now, as one batch; ``reason`` is for logs and tests."""
+
+    requests: tuple[Queued, ...]
+    rows: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to send yet; look again at ``until_s`` (or on the next arrival)."""
+
+    until_s: float
+
+
+def signature_of(inputs: Mapping[str, Array]) -> Signature:
+    return tuple(sorted((name, a.dtype.str, tuple(a.shape[1:])) for name, a in inputs.items()))
+
+
+def plan_batch(queue: Iterable[Queued], now_s: float, config: BatcherConfig, *,
+               flush: bool = False) -> Dispatch | Wait | None:
+    """Decide, from the queue alone, whether a batch goes now (pure; see the module doc)."""
+    it = iter(queue)
+    head = next(it, None)
+    if head is None:
+        return None
+    chosen: list[Queued] = [head]
+    rows = head.rows
+    full = rows >= config.max_batch_size
+    if not full:
+        for item in it:
+            if item.signature != head.signature:
+                continue  # other shapes form their own batches (split, never padded)
+            if rows + item.rows > config.max_batch_size:
+                full = True  # the next compatible request does not fit: waiting can't help
+                break
+            chosen.append(item)
+            rows += item.rows
+            if rows == config.max_batch_size:
+                full = True
+                break
+    if full:
+        return Dispatch(tuple(chosen), rows, "max_batch_size")
+    if config.preferred_batch_sizes:
+        prefix_rows = list(itertools.accumulate(r.rows for r in chosen))
+        for size in sorted(config.preferred_batch_sizes, reverse=True):
+            if size in prefix_rows:
+                n = prefix_rows.index(size) + 1
+                return Dispatch(tuple(chosen[:n]), size, "preferred_batch_size")
+    if flush:
+        return Dispatch(tuple(chosen), rows, "drain")
+    due_s = head.enqueued_s + config.max_queue_delay_s
+    if now_s >= due_s:
+        return Dispatch(tuple(chosen), rows, "max_queue_delay")
+    return Wait(due_s)
+
+
+def assemble(requests: Sequence[PendingRequest],
+             pad_to: int | None) -> tuple[dict[str, Array], int]:
+    """Concatenate requests' inputs along dim 0 (zero-padding rows up to ``pad_to``)."""
+    rows = sum(r.rows for r in requests)
+    names = [name for name, _, _ in requests[0].signature]
+    padding = (pad_to - rows) if pad_to is not None and pad_to > rows else 0
+    if len(requests) == 1 and not padding:
+        return dict(requests[0].inputs), rows
+    batch: dict[str, Array] = {}
+    for name in names:
+        parts = [r.inputs[name] for r in requests]
+        if padding:
+            first = parts[0]
+            parts.append(np.zeros((padding, *first.shape[1:]), dtype=first.dtype))
+        batch[name] = np.concatenate(parts, axis=0)
+    return batch, rows
+
+
+def split_outputs(outputs: Mapping[str, Array], rows_per_request: Sequence[int],
+                  batch_rows: int) -> list[dict[str, Array]]:
+    """Cut each output along dim 0 back into per-request pieces (padding rows are dropped)."""
+    for name, value in outputs.items():
+        if value.ndim == 0 or value.shape[0] < batch_rows:
+            raise BackendFailed(f"model output {name!r} has shape {list(value.shape)}; expected "
+                                f"{batch_rows} rows along dimension 0")
+    pieces: list[dict[str, Array]] = []
+    offset = 0
+    for rows in rows_per_request:
+        pieces.append({name: value[offset:offset + rows] for name, value in outputs.items()})
+        offset += rows
+    return pieces
+
+
+@dataclass
+class _Deadlines:
+    """Min-heap of (deadline, seq, request); entries of requests no longer queued are skipped."""
+
+    heap: list[tuple[float, int, PendingRequest]] = field(default_factory=list)
+
+    def push(self, request: PendingRequest) -> None:
+        heapq.heappush(self.heap, (request.deadline_s, request.seq, request))
+
+    def next_s(self) -> float | None:
+        while self.heap and self.heap[0][2].state != QUEUED:
+            heapq.heappop(self.heap)
+        return self.heap[0][0] if self.heap else None
+
+    def pop_due(self, now_s: float) -> list[PendingRequest]:
+        due: list[PendingRequest] = []
+        while self.heap and (self.heap[0][2].state != QUEUED or self.heap[0][0] <= now_s):
+            _, _, request = heapq.heappop(self.heap)
+            if request.state == QUEUED:
+                due.append(request)
+        return due
+
+
+class DynamicBatcher:
+    """Groups requests into batches for one backend. ``start()``, ``submit()``, ``stop()``.
+
+    All methods are called on the event loop's thread; only ``backend.infer`` runs elsewhere.
+    """
+
+    def __init__(self, backend: Backend, config: BatcherConfig, *, clock: Clock | None = None,
+                 observer: BatchObserver | None = None,
+                 executor: concurrent.futures.Executor | None = None) -> None:
+        self._backend = backend
+        self._config = config.validate()
+        self._clock: Clock = clock or MonotonicClock()
+        self._observer: BatchObserver = observer or NullObserver()
+        self._own_executor = executor is None
+        self._executor = executor or concurrent.futures.ThreadPoolExecutor(
+            max_workers=config.max_concurrent_batches, thread_name_prefix="gpufrag-batch")
+        self._pad_to = backend.static_batch_size
+        self._queue: deque[PendingRequest] = deque()
+        self._deadlines = _Deadlines()
+        self._seq = itertools.count()
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._slots: asyncio.Semaphore | None = None
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.Task[None] | None = None
+        self._timer_at: float | None = None
+        self._accepting = False
+        self._draining = False
+        self._abandoned_dirty = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @property
+    def config(self) -> BatcherConfig:
+        return self._config
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def start(self) -> None:
+        """Start the batching loop on the running event loop; admission opens."""
+        if self._task is not None:
+            raise RuntimeError("batcher already started")
+        self._slots = asyncio.Semaphore(self._config.max_concurrent_batches)
+        self._wake = asyncio.Event()
+        self._accepting = True
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="gpufrag-batcher")
+
+    def close_admission(self) -> None:
+        """New submissions fail with :class:`ShuttingDown`; queued ones are still served."""
+        self._accepting = False
+
+    async def stop(self) -> None:
+        """Close admission, serve everything queued or computing (without waiting out the queue
+        delay), then stop the loop. No accepted request is left unanswered."""
+        self.close_admission()
+        self._draining = True
+        if self._task is None:
+            return
+        self._poke()
+        await asyncio.shield(self._task)
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._own_executor:
+            self._executor.shutdown(wait=False)
+
+    def fail_pending(self, error: Exception) -> int:
+        """Fail every queued request with ``error`` (used when a drain runs out of time)."""
+        failed = 0
+        while self._queue:
+            request = self._queue.popleft()
+            request.state = FINISHED
+            if not request.future.done():
+                request.future.set_exception(error)
+                failed += 1
+        self._poke()
+        return failed
+
+    @property
+    def depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def inflight_batches(self) -> int:
+        return len(self._inflight)
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def submit(self, inputs: Mapping[str, Array], *, timeout_s: float | None = None,
+               client_gone: Callable[[], bool] | None = None
+               ) -> asyncio.Future[dict[str, Array]]:
+        """Queue one request; the returned future resolves to its outputs (or a ServingError).
+
+        Raises at once (never queues) when admission is closed or the queue is full, and for a
+        request with more rows than ``max_batch_size`` or inconsistent batch dimensions.
+        """
+        config = self._config
+        if not self._accepting:
+            self._observer.outcome(ShuttingDown.outcome)
+            raise ShuttingDown("server is not accepting requests (starting or shutting down)",
+                               retry_after_s=config.retry_after_s)
+        if len(self._queue) >= config.max_queue_size:
+            self._observer.outcome(QueueFull.outcome)
+            raise QueueFull(f"queue is full ({config.max_queue_size} requests waiting); "
+                            f"retry after {config.retry_after_s}s",
+                            retry_after_s=config.retry_after_s)
+        rows = _rows_of(inputs)
+        if rows > config.max_batch_size:
+            raise InvalidRequest(f"request has {rows} rows along dimension 0, more than the max "
+                                 f"batch size {config.max_batch_size}; split it")
+        timeout = config.default_timeout_s if timeout_s is None else min(
+            timeout_s, config.default_timeout_s)
+        now = self._clock.now()
+        future: asyncio.Future[dict[str, Array]] = asyncio.get_running_loop().create_future()
+        request = PendingRequest(inputs=inputs, rows=rows, signature=signature_of(inputs),
+                                 enqueued_s=now, deadline_s=now + timeout, future=future,
+                                 client_gone=client_gone or _never_gone, seq=next(self._seq))
+        future.add_done_callback(self._on_future_done)
+        self._queue.append(request)
+        self._deadlines.push(request)
+        self._observer.queue_depth(len(self._queue))
+        self._poke()
+        return future
+
+    def _on_future_done(self, future: asyncio.Future[dict[str, Array]]) -> None:
+        if future.cancelled():  # the handler went away: purge it from the queue soon
+            self._abandoned_dirty = True
+            self._poke()
+
+    def _batch_done(self, task: asyncio.Task[None]) -> None:
+        self._inflight.discard(task)
+        self._poke()  # a drain waits for the last batch to leave _inflight
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._wake is not None and self._slots is not None
+        while True:
+            now = self._clock.now()
+            self._expire(now)
+            if self._abandoned_dirty:
+                self._drop_abandoned()
+            self._observer.queue_depth(len(self._queue))
+            wake_at = self._deadlines.next_s()
+            if self._queue and not self._slots.locked():
+                plan = plan_batch(self._queue, now, self._config, flush=self._draining)
+                if isinstance(plan, Dispatch):
+                    batch = [r for r in plan.requests if isinstance(r, PendingRequest)]
+                    self._take(batch)
+                    await self._slots.acquire()  # free (checked above): returns at once
+                    task = asyncio.get_running_loop().create_task(self._execute(batch))
+                    self._inflight.add(task)
+                    task.add_done_callback(self._batch_done)
+                    continue
+                if isinstance(plan, Wait):
+                    wake_at = plan.until_s if wake_at is None else min(wake_at, plan.until_s)
+            if self._draining and not self._queue and not self._inflight:
+                return
+            self._arm_timer(wake_at)
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _arm_timer(self, at_s: float | None) -> None:
+        if self._timer is not None and not self._timer.done() and self._timer_at == at_s:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._timer_at = at_s
+        if at_s is not None:
+            self._timer = asyncio.get_running_loop().create_task(self._ring(at_s))
+
+    async def _ring(self, at_s: float) -> None:
+        await self._clock.sleep_until(at_s)
+        self._poke()
+
+    def _expire(self, now_s: float) -> None:
+        due = self._deadlines.pop_due(now_s)
+        if not due:
+            return
+        expired = {id(r) for r in due}
+        self._queue = deque(r for r in self._queue if id(r) not in expired)
+        for request in due:
+            request.state = FINISHED
+            if request.future.done():
+                self._observer.outcome("cancelled")
+                continue
+            waited_ms = (now_s - request.enqueued_s) * 1000
+            request.future.set_exception(RequestTimedOut(
+                f"request timed out after {waited_ms:.0f} ms in the queue (deadline "
+                f"{(request.deadline_s - request.enqueued_s) * 1000:.0f} ms); not computed"))
+            self._observer.outcome(RequestTimedOut.outcome)
+
+    def _drop_abandoned(self) -> None:
+        self._abandoned_dirty = False
+        keep: deque[PendingRequest] = deque()
+        for request in self._queue:
+            if request.abandoned():
+                request.state = FINISHED
+                self._observer.outcome("cancelled")
+            else:
+                keep.append(request)
+        self._queue = keep
+
+    def _take(self, batch: Sequence[PendingRequest]) -> None:
+        n = len(batch)
+        if all(self._queue[i] is batch[i] for i in range(n)):
+            for _ in range(n):
+                self._queue.popleft()
+        else:
+            taken = {id(r) for r in batch}
+            self._queue = deque(r for r in self._queue if id(r) not in taken)
+        for request in batch:
+            request.state = COMPUTING
+
+    async def _execute(self, batch: list[PendingRequest]) -> None:
+        assert self._slots is not None
+        live: list[PendingRequest] = []
+        try:
+            now = self._clock.now()
+            for request in batch:
+                if request.abandoned():  # client gone: drop before compute
+                    request.state = FINISHED
+                    self._observer.outcome("cancelled")
+                else:
+                    live.append(request)
+            if not live:
+                return
+            waits = [now - r.enqueued_s for r in live]
+            inputs, rows = assemble(live, self._pad_to)
+            started = self._clock.now()
+            try:
+                outputs = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._backend.infer, inputs)
+                pieces = split_outputs(outputs, [r.rows for r in live],
+                                       max(rows, self._pad_to or 0))
+            except Exception as exc:  # a backend fault fails this batch only
+                message = exc.message if isinstance(exc, BackendFailed) else (
+                    f"model failed on a batch of {rows}: {type(exc).__name__}: {exc}")
+                log.error("batch_failed", rows=rows, requests=len(live), error=message)
+                for request in live:
+                    request.state = FINISHED
+                    if not request.future.done():
+                        request.future.set_exception(BackendFailed(message))
+                        self._observer.outcome(BackendFailed.outcome)
+                    else:
+                        self._observer.outcome("cancelled")
+                return
+            self._observer.batch(rows, waits, self._clock.now() - started)
+            for request, piece in zip(live, pieces, strict=True):
+                request.state = FINISHED
+                if request.future.done():
+                    self._observer.outcome("cancelled")
+                else:
+                    request.future.set_result(piece)
+                    self._observer.outcome("ok")
+        finally:
+            self._slots.release()
+            self._poke()
+
+
+def _rows_of(inputs: Mapping[str, Array]) -> int:
+    if not inputs:
+        raise InvalidRequest("request has no inputs")
+    rows = {name: (a.shape[0] if a.ndim else 0) for name, a in inputs.items()}
+    distinct = set(rows.values())
+    if len(distinct) != 1:
+        raise InvalidRequest(f"inputs disagree on the batch dimension (dim 0): {rows}")
+    (n,) = distinct
+    if n < 1:
+        raise InvalidRequest(f"inputs need at least 1 row along dimension 0, got {rows}")
+    return n

@@ -1,0 +1,124 @@
+"""``gpufrag serve``: parse flags into a validated :class:`ServerConfig` and run the server.
+
+Bad flags print one line (``gpufrag serve: <what is wrong>``) and exit 2; asking for a GPU
+backend where none can run prints why and exits 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import structlog
+
+from gpufrag import logs
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NO_GPU, BadInput
+from serving.backends.tensorrt_engine import BackendUnavailable
+from serving.config import BACKENDS, BatcherConfig, ServerConfig, parse_sizes
+
+PROG = "gpufrag serve"
+log = structlog.get_logger("serving.cli")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = BatcherConfig()
+    p = _Parser(prog=PROG, description="Serve one model over the KServe/Triton v2 inference "
+                "protocol with a dynamic batcher.")
+    p.add_argument("--model", required=True,
+                   help="an .onnx file, or builtin:resnet50 / builtin:resnet-small")
+    p.add_argument("--model-name", help="name in the v2 API (default: from --model)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="auto: TensorRT when importable and a GPU is present, else ONNX Runtime")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch-size", type=int, default=d.max_batch_size,
+                   help="rows per batch at most (default %(default)s)")
+    p.add_argument("--max-queue-delay-ms", type=float, default=d.max_queue_delay_s * 1000,
+                   help="longest the oldest queued request waits for a fuller batch "
+                   "(default %(default)s)")
+    p.add_argument("--max-queue-size", type=int, default=d.max_queue_size,
+                   help="queued requests at most; beyond it 503 + Retry-After (default "
+                   "%(default)s)")
+    p.add_argument("--default-timeout-ms", type=float, default=d.default_timeout_s * 1000,
+                   help="per-request deadline, and the cap on a client's Timeout-Ms / "
+                   "timeout_ms (default %(default)s)")
+    p.add_argument("--preferred-batch-sizes", default="",
+                   help="comma-separated sizes sent without waiting, e.g. 8,16")
+    p.add_argument("--max-concurrent-batches", type=int, default=d.max_concurrent_batches,
+                   help="batches computing at once (default %(default)s)")
+    p.add_argument("--retry-after-s", type=int, default=d.retry_after_s,
+                   help="Retry-After on 503 responses (default %(default)s)")
+    p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024,
+                   help="larger request bodies get 413 (default %(default)s)")
+    p.add_argument("--intra-op-threads", type=int, default=0,
+                   help="ONNX Runtime threads per batch (0 = one per core)")
+    p.add_argument("--model-cache-dir", type=Path,
+                   help="where built-in models are generated (default ~/.cache/gpufrag/models)")
+    p.add_argument("--engine-cache-dir", type=Path,
+                   help="where TensorRT engines are cached (default <model cache>/engines)")
+    p.add_argument("--gpu-memory-growth-warn-mib", type=float, default=100.0,
+                   help="warn when GPU memory grows more than this over one batch")
+    p.add_argument("--shutdown-timeout-s", type=float, default=30.0,
+                   help="longest the SIGTERM drain may take (default %(default)s)")
+    p.add_argument("--log-level", default=None, help="debug, info, warning, error")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    batcher = BatcherConfig(
+        max_batch_size=args.max_batch_size,
+        max_queue_delay_s=args.max_queue_delay_ms / 1000.0,
+        max_queue_size=args.max_queue_size,
+        default_timeout_s=args.default_timeout_ms / 1000.0,
+        preferred_batch_sizes=parse_sizes(args.preferred_batch_sizes, "--preferred-batch-sizes"),
+        max_concurrent_batches=args.max_concurrent_batches,
+        retry_after_s=args.retry_after_s,
+    )
+    return ServerConfig(
+        model=args.model, batcher=batcher, model_name=args.model_name, backend=args.backend,
+        model_cache_dir=args.model_cache_dir, engine_cache_dir=args.engine_cache_dir,
+        host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
+        intra_op_threads=args.intra_op_threads,
+        gpu_memory_growth_warn_mib=args.gpu_memory_growth_warn_mib,
+        shutdown_timeout_s=args.shutdown_timeout_s,
+    ).validate()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from serving.models import model_name
+    from serving.server import serve
+
+    try:
+        args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        config = config_from_args(args)
+        model_name(config.model)  # a typo in --model fails here, before listening
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    except BadInput as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    logs.configure(args.log_level)
+    try:
+        return asyncio.run(serve(config))
+    except BadInput as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BackendUnavailable as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_NO_GPU
+    except OSError as exc:  # port in use, unreadable model file
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Test doubles for the serving runtime, shipped with it (as ``structlog.testing`` is).
+
+- :class:`FakeClock` — time that moves only when told; ``sleep_until`` resolves on ``advance``.
+- :class:`InlineExecutor` — runs a batch synchronously on the calling thread, so a test with a
+  fake clock needs no threads and no sleeps.
+- :class:`FakeBackend` — a :class:`serving.backends.base.Backend` that records every batch, can
+  fail on demand, block until released, or have a fixed batch dimension.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import heapq
+import itertools
+import threading
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
+from typing import Any, ParamSpec, TypeVar
+
+import numpy as np
+
+from serving.backends.base import Array
+from serving.tensors import TensorSpec
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class FakeClock:
+    """A :class:`serving.clock.Clock` whose ``now`` changes only through :meth:`advance`."""
+
+    def __init__(self, start_s: float = 1000.0) -> None:
+        self._now = start_s
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep_until(self, deadline_s: float) -> None:
+        if deadline_s <= self._now:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (deadline_s, next(self._seq), future))
+        await future
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward and wake every sleeper whose deadline has come."""
+        self._now += seconds
+        while self._sleepers and self._sleepers[0][0] <= self._now:
+            _, _, future = heapq.heappop(self._sleepers)
+            if not future.done():
+                future.set_result(None)
+
+    @property
+    def sleepers(self) -> int:
+        return sum(1 for _, _, f in self._sleepers if not f.done())
+
+
+async def settle(rounds: int = 20) -> None:
+    """Let every ready task on the loop run (no wall-clock time passes)."""
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+class InlineExecutor(concurrent.futures.Executor):
+    """Runs each submitted call at once on the caller's thread."""
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+               ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to the awaiting coroutine, like a pool would
+            future.set_exception(exc)
+        return future
+
+
+class ManualExecutor(concurrent.futures.Executor):
+    """Holds each submitted call until the test runs it with :meth:`finish_next`."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = []
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+               ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self.pending.append((lambda: fn(*args, **kwargs), future))
+        return future
+
+    def finish_next(self) -> None:
+        call, future = self.pending.pop(0)
+        try:
+            future.set_result(call())
+        except BaseException as exc:
+            future.set_exception(exc)
+
+
+class FakeBackend:
+    """Doubles each input row's values: output ``y`` = 2 * input ``x`` summed per row.
+
+    ``fail_when(batch)`` returning True makes that batch raise; ``gate`` (a threading.Event)
+    holds every batch until set; ``batches`` records the batch sizes (rows) seen.
+    """
+
+    kind = "fake"
+
+    def __init__(self, *, features: int = 4, static_batch_size: int | None = None,
+                 max_batch_size: int | None = None, dynamic_features: bool = False,
+                 fail_when: Callable[[Mapping[str, Array]], bool] | None = None,
+                 gate: threading.Event | None = None) -> None:
+        feature_dim = -1 if dynamic_features else features
+        self._inputs = (TensorSpec("x", "FP32", (-1, feature_dim)),)
+        self._outputs = (TensorSpec("y", "FP32", (-1, feature_dim)),
+                         TensorSpec("total", "FP32", (-1, 1)))
+        self._static = static_batch_size
+        self._max = max_batch_size
+        self.fail_when = fail_when
+        self.gate = gate
+        self.batches: list[int] = []
+        self.batch_inputs: list[dict[str, Array]] = []
+        self.closed = False
+
+    @property
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> tuple[TensorSpec, ...]:
+        return self._outputs
+
+    @property
+    def static_batch_size(self) -> int | None:
+        return self._static
+
+    @property
+    def max_batch_size(self) -> int | None:
+        return self._max
+
+    def infer(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        if self.gate is not None:
+            self.gate.wait(timeout=30)
+        x = inputs["x"]
+        self.batches.append(int(x.shape[0]))
+        self.batch_inputs.append(dict(inputs))
+        if self.fail_when is not None and self.fail_when(inputs):
+            raise RuntimeError("injected backend failure")
+        return {"y": x * 2, "total": x.reshape(x.shape[0], -1).sum(axis=1, keepdims=True)}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class RecordedNvml:
+    """Stands in for the ``pynvml`` module, replaying recorded readings.
+
+    ``recording`` is ``{"devices": [{"name", "uuid", "memory_total", "samples": [{"gpu": <util
+    %>, "memory_used": <bytes>}, ...]}]}``; each memory read moves a device to its next sample
+    (the last one repeats), so a test can script growth across a batch. ``fail_init`` makes
+    ``nvmlInit`` raise like a machine without a driver.
+    """
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, recording: Mapping[str, Any] | None = None, *,
+                 fail_init: str | None = None) -> None:
+        self._devices: list[dict[str, Any]] = [dict(d) for d in (recording or {}).get(
+            "devices", [])]
+        self._cursor = [0] * len(self._devices)
+        self._fail_init = fail_init
+        self.shutdown_called = False
+
+    def nvmlInit(self) -> None:
+        if self._fail_init:
+            raise RecordedNvml.NVMLError(self._fail_init)
+
+    def nvmlShutdown(self) -> None:
+        self.shutdown_called = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return str(self._devices[handle]["name"])
+
+    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
+        return str(self._devices[handle]["uuid"]).encode()
+
+    def _sample(self, handle: int) -> dict[str, Any]:
+        samples: list[dict[str, Any]] = self._devices[handle]["samples"]
+        return samples[min(self._cursor[handle], len(samples) - 1)]
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
+        return SimpleNamespace(gpu=self._sample(handle)["gpu"], memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
+        sample = self._sample(handle)
+        self._cursor[handle] += 1
+        total = int(self._devices[handle]["memory_total"])
+        used = int(sample["memory_used"])
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+
+def rows(n: int, features: int = 4, start: float = 0.0) -> dict[str, Array]:
+    """A request's inputs for :class:`FakeBackend`: ``n`` rows of distinct values."""
+    values = np.arange(start, start + n * features, dtype=np.float32).reshape(n, features)
+    return {"x": values}
+
+
+def _conforms(backend: FakeBackend) -> Any:
+    from serving.backends.base import Backend
+
+    checked: Backend = backend  # mypy: FakeBackend implements the Backend Protocol
+    return checked
