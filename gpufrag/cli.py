@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "defrag": ("defrag.cli", "run one defragmentation cycle (CronJob)"),
     "agent": ("defrag.agent.cli", "publish per-GPU usage read through NVML (DaemonSet)"),
     "serve": ("serving.cli", "serve a model with dynamic batching (v2 inference protocol)"),
-    "dev-cluster": ("tests.e2e.devcluster", "start or stop a local control plane for trying by hand"),
+    "dev-cluster": ("gpufrag.devcluster", "start or stop a local control plane to try by hand"),
     "demo": ("gpufrag.demo", "show the whole path on a local control plane"),
 }
 

@@ -25,13 +25,13 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
     except OSError as exc:
         raise BadInput(f"cannot read: {exc.strerror or exc}", source=source) from None
     with handle:
-        reader = csv.DictReader(handle)
-        header = reader.fieldnames or []
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise BadInput(f"missing column(s) {', '.join(missing)}; header is {header}",
-                           source=source, row=1)
         try:
+            reader = csv.DictReader(handle)
+            header = reader.fieldnames or []
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise BadInput(f"missing column(s) {', '.join(missing)}; header is {header}",
+                               source=source, row=1)
             for number, row in enumerate(reader, start=2):
                 if None in row or any(row.get(c) is None for c in required):
                     raise BadInput(f"expected {len(header)} fields", source=source, row=number)

@@ -43,8 +43,11 @@ def feasible_mask(state: ClusterState, pod: PodRequest, rows: IntArray) -> BoolA
         & (state.mem_left[rows] >= pod.memory_mib)
     )
     if pod.wants_gpu:
-        fitting = (state.gpu_free[rows] >= pod.gpu_milli).sum(axis=1)
-        ok &= fitting >= pod.num_gpu
+        # Shares use one GPU; several GPUs are always whole ones (PodRequest guarantees it).
+        if pod.num_gpu == 1:
+            ok &= state.gpu_max_free[rows] >= pod.gpu_milli
+        else:
+            ok &= state.gpu_full_count[rows] >= pod.num_gpu
         if pod.gpu_spec:
             ok &= allowed_products(state, pod.gpu_spec)[state.product[rows]]
     return ok

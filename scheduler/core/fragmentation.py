@@ -41,6 +41,8 @@ class TargetWorkload:
     # Derived once: the distinct per-GPU thresholds and each spec's threshold column.
     _thresholds: IntArray = field(init=False, repr=False)
     _threshold_of: IntArray = field(init=False, repr=False)
+    _needed_gpus: IntArray = field(init=False, repr=False)
+    _constrained: bool = field(init=False, repr=False)
     _allowed_cache: dict[tuple[str, ...], BoolArray] = field(
         init=False, repr=False, default_factory=dict, compare=False
     )
@@ -57,6 +59,10 @@ class TargetWorkload:
         thresholds, threshold_of = np.unique(self.gpu_milli, return_inverse=True)
         object.__setattr__(self, "_thresholds", thresholds.astype(np.int64))
         object.__setattr__(self, "_threshold_of", threshold_of.astype(np.int64))
+        # CPU-only specs can never run "on the GPUs": make their GPU need unsatisfiable.
+        needed = np.where(self.num_gpu > 0, self.num_gpu, np.iinfo(np.int64).max)
+        object.__setattr__(self, "_needed_gpus", needed.astype(np.int64))
+        object.__setattr__(self, "_constrained", any(self.gpu_spec))
 
     @classmethod
     def from_specs(cls, counts: Iterable[tuple[SpecKey, float]]) -> TargetWorkload:
@@ -113,23 +119,23 @@ def fragmentation_of(free: IntArray, cpu_left: IntArray, product: IntArray,
                      workload: TargetWorkload, allowed: BoolArray) -> FloatArray:
     """F for arbitrary rows: ``free`` is rows x GPUs (absent GPUs hold 0 free).
 
-    Works per distinct per-GPU threshold rather than per spec: specs differ mostly in CPU,
-    so this cuts the rows x specs x GPUs tensor to rows x thresholds x GPUs.
+    Works per distinct per-GPU threshold rather than per spec (specs differ mostly in CPU), and
+    uses F = free − Σ_m p_m · [m runnable] · (free on GPUs that fit m), which follows from the
+    definition because the popularities sum to 1.
     """
     total = free.sum(axis=1)
     fits = free[:, None, :] >= workload._thresholds[None, :, None]  # rows x D x GPUs
     fit_count = fits.sum(axis=2)
-    partial = total[:, None] - np.where(fits, free[:, None, :], 0).sum(axis=2)
+    fitted = (fits * free[:, None, :]).sum(axis=2)
     cols = workload._threshold_of
-    runnable = (
-        (workload.num_gpu > 0)[None, :]
-        & (cpu_left[:, None] >= workload.cpu_milli[None, :])
-        & allowed[:, product].T
-        & (fit_count[:, cols] >= workload.num_gpu[None, :])
+    runnable = (cpu_left[:, None] >= workload.cpu_milli) & (
+        fit_count[:, cols] >= workload._needed_gpus
     )
-    frag = np.where(runnable, partial[:, cols], total[:, None])
-    result: FloatArray = frag @ workload.popularity
-    return result
+    if workload._constrained:
+        runnable &= allowed[:, product].T
+    usable: FloatArray = (runnable * fitted[:, cols]) @ workload.popularity
+    frag: FloatArray = total - usable
+    return frag
 
 
 def node_fragmentation(state: ClusterState, workload: TargetWorkload,

@@ -68,9 +68,14 @@ class ClusterState:
         self.version = np.zeros(capacity, np.int64)
         # tag_counts[n, 0] = GPU-share pods on n, tag_counts[n, k] = k-GPU pods on n.
         self.tag_counts = np.zeros((capacity, MAX_GPUS_PER_NODE + 1), np.int64)
+        # Per-row GPU summaries that make the feasibility test one comparison per row:
+        # the largest free share on one GPU, and how many GPUs are fully free.
+        self.gpu_max_free = np.zeros(capacity, np.int64)
+        self.gpu_full_count = np.zeros(capacity, np.int64)
 
     _ARRAYS = ("cpu_cap", "mem_cap", "cpu_left", "mem_left", "gpu_count", "gpu_memory_mib",
-               "gpu_free", "product", "active", "version", "tag_counts")
+               "gpu_free", "product", "active", "version", "tag_counts",
+               "gpu_max_free", "gpu_full_count")
 
     def _grow(self, rows: int, width: int) -> None:
         old = {name: getattr(self, name) for name in self._ARRAYS}
@@ -155,6 +160,12 @@ class ClusterState:
                 self.gpu_free[row, g] -= p.pod.gpu_milli
             if p.pod.wants_gpu:
                 self.tag_counts[row, p.pod.clustering_tag] += 1
+        self._row_changed(row)
+
+    def _row_changed(self, row: int) -> None:
+        free = self.gpu_free[row]
+        self.gpu_max_free[row] = free.max()
+        self.gpu_full_count[row] = np.count_nonzero(free == MILLI_PER_GPU)
         self.version[row] += 1
 
     # ------------------------------------------------------------------ pods
@@ -176,7 +187,7 @@ class ClusterState:
             self.gpu_free[row, g] -= pod.gpu_milli
         if pod.wants_gpu:
             self.tag_counts[row, pod.clustering_tag] += 1
-        self.version[row] += 1
+        self._row_changed(row)
         placement = Placement(pod=pod, node=self.names[row], gpus=gpus)
         self.pods[key] = placement
         self.pods_on_node[row].add(key)
@@ -209,7 +220,7 @@ class ClusterState:
             self.gpu_free[row, g] += pod.gpu_milli
         if pod.wants_gpu:
             self.tag_counts[row, pod.clustering_tag] -= 1
-        self.version[row] += 1
+        self._row_changed(row)
         if pod.model:
             mk = (pod.model, pod.model_version)
             counts = self.replicas[mk]

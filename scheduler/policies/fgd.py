@@ -38,20 +38,22 @@ class FgdPolicy:
         free = state.gpu_free[rows]
         cpu_after = state.cpu_left[rows] - pod.cpu_milli
         product = state.product[rows]
-        before = fragmentation_of(free, state.cpu_left[rows], product, self.workload, allowed)
         if pod.is_share:
             k, width = free.shape
-            # One candidate per (row, GPU): that GPU loses the pod's share.
-            cand = np.repeat(free[:, None, :], width, axis=1)  # k x width x width
+            # Row 0 of each block: the node as it is; row 1 + g: GPU g loses the pod's share.
+            cand = np.repeat(free[:, None, :], width + 1, axis=1)  # k x (1 + width) x width
             idx = np.arange(width)
-            cand[:, idx, idx] -= pod.gpu_milli
-            after = fragmentation_of(
-                cand.reshape(k * width, width), np.repeat(cpu_after, width),
-                np.repeat(product, width), self.workload, allowed,
-            ).reshape(k, width)
-            after = np.where(free >= pod.gpu_milli, after, np.inf)
+            cand[:, idx + 1, idx] -= pod.gpu_milli
+            cpu = np.repeat(np.stack([state.cpu_left[rows], cpu_after], axis=1),
+                            [1, width], axis=1)
+            frag = fragmentation_of(
+                cand.reshape(k * (width + 1), width), cpu.reshape(-1),
+                np.repeat(product, width + 1), self.workload, allowed,
+            ).reshape(k, width + 1)
+            after = np.where(free >= pod.gpu_milli, frag[:, 1:], np.inf)
             share_gpu = after.argmin(axis=1).astype(np.int64)
-            return after[np.arange(k), share_gpu] - before, share_gpu
+            return after[np.arange(k), share_gpu] - frag[:, 0], share_gpu
+        before = fragmentation_of(free, state.cpu_left[rows], product, self.workload, allowed)
         taken = free.copy()
         if pod.wants_gpu:
             # The first num_gpu fully free GPUs of each row (rows are feasible, so they exist).

@@ -1,0 +1,58 @@
+"""``gpufrag whatif`` end to end on small inputs: outputs, table, exit codes."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from gpufrag.cli import main
+from tests.simulations.test_openb import NODES, PODS
+
+
+def test_synthetic_default_writes_everything(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                             ) -> None:
+    code = main(["whatif", "--synthetic-nodes", "20", "--seeds", "1,2", "--out", str(tmp_path),
+                 "--jobs", "1", "--policies", "fgd,bestfit"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "fgd" in out and "bestfit" in out and "alloc@130%" in out
+    with (tmp_path / "allocation.csv").open() as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0][:5] == ["workload", "sc_policy", "tune", "seed", "0"] and rows[0][-1] == "130"
+    assert len(rows) == 1 + 4 and {r[1] for r in rows[1:]} == {"fgd", "bestfit"}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert {p["policy"] for p in summary["policies"]} == {"fgd", "bestfit"}
+    for name in ("frag_ratio.csv", "frag_amount.csv", "allocation.png", "frag_ratio.png"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_trace_files(tmp_path: Path) -> None:
+    (tmp_path / "n.csv").write_text(NODES)
+    (tmp_path / "p.csv").write_text(PODS.replace("T4|V100M16", "T4"))
+    code = main(["whatif", "--nodes", str(tmp_path / "n.csv"), "--pods", str(tmp_path / "p.csv"),
+                 "--out", str(tmp_path / "o"), "--no-plots", "--jobs", "1"])
+    assert code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policies", "fgd,magic"], "unknown policy magic"),
+        (["--tune", "0"], "--tune 0.0 outside"),
+        (["--nodes", "x.csv"], "--nodes and --pods go together"),
+        (["--nodes", "missing.csv", "--pods", "missing.csv"], "missing.csv: cannot read"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(args: list[str], message: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_unknown_command_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frobnicate"]) == 2
+    assert main([]) == 0 and "whatif" in capsys.readouterr().out
