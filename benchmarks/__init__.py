@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print measured figures and ratios (never timed tests)."""
