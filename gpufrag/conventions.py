@@ -35,3 +35,10 @@ ANNOTATION_PLACEMENT_HINT = "gpufrag.io/placement-hint"
 ANNOTATION_DEFRAG_MOVABLE = "gpufrag.io/defrag-movable"
 
 SCHEDULER_NAME = "gpufrag-scheduler"
+
+# Placement hints from the defrag controller to the extender: one ConfigMap whose data maps an
+# owner's UID (the ReplicaSet/StatefulSet/Job of an evicted pod) to a JSON list of
+# {"node": <target node>, "expires": <unix seconds>}. The extender scores a pod's hinted nodes
+# highest until the hint expires; the controller removes a hint once the replacement is bound.
+HINTS_CONFIGMAP = "gpufrag-placement-hints"
+HINTS_NAMESPACE = "gpufrag-system"

@@ -1,0 +1,221 @@
+"""Kubernetes Node and Pod objects (as JSON dicts) -> core types.
+
+Pure functions over the API's JSON shape (what the watch, the extender wire and snapshot files
+all carry), so the extender, the defrag controller and ``export-snapshot`` read objects the same
+way. Quantities follow Kubernetes' rules: a pod's effective request is the larger of the sum of
+its containers and any single init container, plus its overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils.quantity import parse_quantity
+
+from gpufrag import conventions as cv
+from gpufrag.errors import BadInput
+from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, NodeSpec, PodRequest
+
+Obj = Mapping[str, Any]
+_MIB = Decimal(1024 * 1024)
+
+
+@dataclass(frozen=True, slots=True)
+class KubeNames:
+    """Resource names, label and annotation keys; defaults from ``gpufrag.conventions`` so that
+    other device plugins' names (HAMi, Aliyun) can be mapped in configuration."""
+
+    gpu: str = cv.RESOURCE_GPU
+    gpu_milli: str = cv.RESOURCE_GPU_MILLI
+    label_gpu_product: str = cv.LABEL_GPU_PRODUCT
+    label_gpu_memory: str = cv.LABEL_GPU_MEMORY_MIB
+    label_model: str = cv.LABEL_MODEL
+    label_model_version: str = cv.LABEL_MODEL_VERSION
+    annotation_gpu_spec: str = cv.ANNOTATION_GPU_SPEC
+    annotation_gpu_indices: str = cv.ANNOTATION_GPU_INDICES
+
+
+DEFAULT_NAMES = KubeNames()
+
+
+def _quantity(value: object, path: str) -> Decimal:
+    try:
+        q = parse_quantity(value)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, ArithmeticError):
+        raise BadInput(f"{value!r} is not a Kubernetes quantity", field=path) from None
+    if q < 0:
+        raise BadInput(f"{value!r} is negative", field=path)
+    return Decimal(q)
+
+
+def _mapping(obj: Obj, key: str, path: str) -> Mapping[str, Any]:
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise BadInput(f"expected an object, got {type(value).__name__}", field=f"{path}.{key}")
+    return value
+
+
+def _list(obj: Obj, key: str, path: str) -> list[Any]:
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BadInput(f"expected a list, got {type(value).__name__}", field=f"{path}.{key}")
+    return value
+
+
+def _name(obj: Obj, kind: str) -> tuple[str, str]:
+    meta = _mapping(obj, "metadata", kind)
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadInput(f"{kind} without metadata.name", field="metadata.name")
+    namespace = meta.get("namespace") or ""
+    if not isinstance(namespace, str):
+        raise BadInput("expected a string", field="metadata.namespace")
+    return name, namespace
+
+
+def labels_of(obj: Obj) -> dict[str, str]:
+    return {str(k): str(v) for k, v in _mapping(_mapping(obj, "metadata", ""), "labels", "metadata")
+            .items()}
+
+
+def annotations_of(obj: Obj) -> dict[str, str]:
+    meta = _mapping(obj, "metadata", "")
+    return {str(k): str(v) for k, v in _mapping(meta, "annotations", "metadata").items()}
+
+
+def node_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> NodeSpec:
+    """A Node's allocatable resources and GPU identity."""
+    name, _ = _name(obj, "Node")
+    status = _mapping(obj, "status", "node")
+    alloc = _mapping(status, "allocatable", "status")
+    path = "status.allocatable"
+    cpu = _quantity(alloc.get("cpu", "0"), f"{path}.cpu")
+    memory = _quantity(alloc.get("memory", "0"), f"{path}.memory")
+    gpus = _quantity(alloc.get(names.gpu, "0"), f"{path}.{names.gpu}")
+    if gpus != gpus.to_integral_value() or gpus > MAX_GPUS_PER_NODE:
+        raise BadInput(f"{gpus} GPUs is not a whole number in 0..{MAX_GPUS_PER_NODE}",
+                       field=f"{path}.{names.gpu}")
+    labels = labels_of(obj)
+    gpu_memory = labels.get(names.label_gpu_memory, "0")
+    return NodeSpec(
+        name=name,
+        cpu_milli=int(cpu * 1000),
+        memory_mib=int(memory / _MIB),
+        gpu_count=int(gpus),
+        gpu_product=labels.get(names.label_gpu_product, "") if gpus else "",
+        gpu_memory_mib=int(gpu_memory) if gpu_memory.isdigit() else 0,
+        labels=labels,
+    )
+
+
+def _requests(container: Obj, path: str) -> Mapping[str, Any]:
+    resources = _mapping(container, "resources", path)
+    requests = _mapping(resources, "requests", f"{path}.resources")
+    # Extended resources may be given as limits only; Kubernetes then defaults requests to them.
+    limits = _mapping(resources, "limits", f"{path}.resources")
+    return {**limits, **requests}
+
+
+def effective_requests(obj: Obj, resource_names: tuple[str, ...]) -> dict[str, Decimal]:
+    """Per resource: max(sum of containers, largest init container) + pod overhead."""
+    spec = _mapping(obj, "spec", "pod")
+    totals = dict.fromkeys(resource_names, Decimal(0))
+    for i, c in enumerate(_list(spec, "containers", "spec")):
+        path = f"spec.containers[{i}]"
+        if not isinstance(c, Mapping):
+            raise BadInput("expected an object", field=path)
+        req = _requests(c, path)
+        for r in resource_names:
+            if r in req:
+                totals[r] += _quantity(req[r], f"{path}.resources.requests.{r}")
+    for i, c in enumerate(_list(spec, "initContainers", "spec")):
+        path = f"spec.initContainers[{i}]"
+        if not isinstance(c, Mapping):
+            raise BadInput("expected an object", field=path)
+        req = _requests(c, path)
+        for r in resource_names:
+            if r in req:
+                totals[r] = max(totals[r], _quantity(req[r], f"{path}.resources.requests.{r}"))
+    overhead = _mapping(spec, "overhead", "spec")
+    for r in resource_names:
+        if r in overhead:
+            totals[r] += _quantity(overhead[r], f"spec.overhead.{r}")
+    return totals
+
+
+def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
+    """What a Pod asks for. Whole GPUs come from ``names.gpu``; a GPU share from
+    ``names.gpu_milli`` (milli-GPU on one GPU; 1000 or more means whole GPUs)."""
+    name, namespace = _name(obj, "Pod")
+    req = effective_requests(obj, ("cpu", "memory", names.gpu, names.gpu_milli))
+    whole = req[names.gpu]
+    milli = req[names.gpu_milli]
+    if whole != whole.to_integral_value():
+        raise BadInput(f"{whole} is not a whole number of GPUs", field=f"requests.{names.gpu}")
+    num_gpu, gpu_milli = int(whole), MILLI_PER_GPU if whole else 0
+    if milli and whole:
+        raise BadInput(f"asks for both {names.gpu} and {names.gpu_milli}; use one",
+                       field=f"requests.{names.gpu_milli}")
+    if milli:
+        if milli < MILLI_PER_GPU:
+            num_gpu, gpu_milli = 1, math.ceil(milli)
+        elif milli % MILLI_PER_GPU == 0:
+            num_gpu, gpu_milli = int(milli) // MILLI_PER_GPU, MILLI_PER_GPU
+        else:
+            raise BadInput(f"{milli} milli-GPU: shares must be below 1000 or whole GPUs",
+                           field=f"requests.{names.gpu_milli}")
+    if num_gpu > MAX_GPUS_PER_NODE:
+        raise BadInput(f"{num_gpu} GPUs is more than any node has", field=f"requests.{names.gpu}")
+    annotations = annotations_of(obj)
+    labels = labels_of(obj)
+    spec_text = annotations.get(names.annotation_gpu_spec, "")
+    return PodRequest(
+        name=name,
+        namespace=namespace,
+        cpu_milli=math.ceil(req["cpu"] * 1000),
+        memory_mib=math.ceil(req["memory"] / _MIB),
+        num_gpu=num_gpu,
+        gpu_milli=gpu_milli,
+        gpu_spec=frozenset(s.strip() for s in spec_text.split("|") if s.strip()) if num_gpu
+        else frozenset(),
+        model=labels.get(names.label_model, ""),
+        model_version=labels.get(names.label_model_version, ""),
+    )
+
+
+def bound_gpus(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> tuple[int, ...] | None:
+    """The GPU indices recorded on a pod at bind (None when absent or malformed)."""
+    text = annotations_of(obj).get(names.annotation_gpu_indices)
+    if not text:
+        return None
+    try:
+        gpus = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        return None
+    return gpus if all(g >= 0 for g in gpus) else None
+
+
+def node_name_of(obj: Obj) -> str:
+    value = _mapping(obj, "spec", "pod").get("nodeName") or ""
+    return str(value)
+
+
+def owner_uid(obj: Obj) -> str:
+    """The UID of the pod's controlling owner (ReplicaSet, StatefulSet, Job), or ''."""
+    for ref in _list(_mapping(obj, "metadata", ""), "ownerReferences", "metadata"):
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return str(ref.get("uid", ""))
+    return ""
+
+
+def is_terminal(obj: Obj) -> bool:
+    """Succeeded/Failed pods hold no resources."""
+    return _mapping(obj, "status", "pod").get("phase") in {"Succeeded", "Failed"}

@@ -1,0 +1,70 @@
+"""Converters from Kubernetes JSON to core types."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpufrag.errors import BadInput
+from scheduler.kube.convert import bound_gpus, node_from_k8s, owner_uid, pod_from_k8s
+
+
+def k8s_pod(requests: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "p", "namespace": "ns", **meta},
+            "spec": {"containers": [{"name": "c", "resources": {"requests": requests or {}}}]}}
+
+
+def test_node() -> None:
+    node = node_from_k8s({
+        "metadata": {"name": "gpu-1", "labels": {"nvidia.com/gpu.product": "V100M32",
+                                                  "nvidia.com/gpu.memory": "32768"}},
+        "status": {"allocatable": {"cpu": "95500m", "memory": "384Gi", "nvidia.com/gpu": "8"}},
+    })
+    assert (node.name, node.cpu_milli, node.memory_mib, node.gpu_count, node.gpu_product,
+            node.gpu_memory_mib) == ("gpu-1", 95_500, 393_216, 8, "V100M32", 32_768)
+
+
+def test_pod_whole_share_and_effective_requests() -> None:
+    whole = pod_from_k8s(k8s_pod({"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "2"}))
+    assert (whole.cpu_milli, whole.memory_mib, whole.num_gpu, whole.gpu_milli) == (2000, 4096, 2,
+                                                                                     1000)
+    share = pod_from_k8s(k8s_pod({"gpufrag.io/gpu-milli": "470"},
+                                 labels={"gpufrag.io/model": "m", "gpufrag.io/model-version": "3"},
+                                 annotations={"gpufrag.io/gpu-spec": "T4|V100M16"}))
+    assert (share.num_gpu, share.gpu_milli, share.model, share.model_version, share.gpu_spec) == (
+        1, 470, "m", "3", frozenset({"T4", "V100M16"}))
+    obj = k8s_pod({"cpu": "500m"})
+    obj["spec"]["containers"].append({"name": "b", "resources": {"limits": {"cpu": "1"}}})
+    obj["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": "3"}}}]
+    obj["spec"]["overhead"] = {"cpu": "100m"}
+    assert pod_from_k8s(obj).cpu_milli == 3100  # max(0.5 + 1, 3) + 0.1
+
+
+@pytest.mark.parametrize(
+    ("requests", "message"),
+    [({"cpu": "lots"}, "spec.containers\\[0\\].resources.requests.cpu"),
+     ({"cpu": "-1"}, "is negative"),
+     ({"nvidia.com/gpu": "1.5"}, "not a whole number"),
+     ({"nvidia.com/gpu": "1", "gpufrag.io/gpu-milli": "300"}, "use one"),
+     ({"gpufrag.io/gpu-milli": "1500"}, "shares must be below 1000"),
+     ({"nvidia.com/gpu": "40"}, "more than any node has")],
+)
+def test_bad_pods(requests: dict[str, str], message: str) -> None:
+    with pytest.raises(BadInput, match=message):
+        pod_from_k8s(k8s_pod(requests))
+
+
+def test_pod_without_name_and_bad_shapes() -> None:
+    with pytest.raises(BadInput, match="metadata.name"):
+        pod_from_k8s({"metadata": {}})
+    with pytest.raises(BadInput, match="expected a list"):
+        pod_from_k8s({"metadata": {"name": "x"}, "spec": {"containers": {}}})
+
+
+def test_bound_gpus_and_owner() -> None:
+    assert bound_gpus(k8s_pod(annotations={"gpufrag.io/gpu-indices": "0,3"})) == (0, 3)
+    assert bound_gpus(k8s_pod(annotations={"gpufrag.io/gpu-indices": "x"})) is None
+    assert bound_gpus(k8s_pod()) is None
+    obj = k8s_pod(ownerReferences=[{"kind": "ReplicaSet", "uid": "u1", "controller": True}])
+    assert owner_uid(obj) == "u1" and owner_uid(k8s_pod()) == ""
