@@ -217,3 +217,74 @@ def _conforms(backend: FakeBackend) -> Any:
 
     checked: Backend = backend  # mypy: FakeBackend implements the Backend Protocol
     return checked
+
+
+class ThreadedServer:
+    """The HTTP app and a batcher over ``backend``, on 127.0.0.1:<free port>, in a thread.
+
+    For tests of the HTTP layer: real sockets and real requests, a fake model. ``with
+    ThreadedServer(FakeBackend(), config) as server: requests.get(server.url + "/v2")``.
+    """
+
+    def __init__(self, backend: Any, config: Any, *, model_name: str = "fake",
+                 max_body_bytes: int = 1 << 20) -> None:
+        from serving.app import ServerState
+        from serving.metrics import ServingMetrics
+
+        self.backend = backend
+        self.config = config
+        self.state = ServerState(model_name=model_name,
+                                 metrics=ServingMetrics(model=model_name),
+                                 max_body_bytes=max_body_bytes,
+                                 retry_after_s=config.retry_after_s)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-server",
+                                        daemon=True)
+        self._runner: Any = None
+        self.url = ""
+
+    def __enter__(self) -> ThreadedServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(timeout=10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        self.loop.close()
+
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the server's loop thread and return its result."""
+        async def wrapper() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result(timeout=10)
+
+    async def _start(self) -> None:
+        from aiohttp import web
+
+        from serving.app import build_app
+        from serving.batcher import DynamicBatcher
+        from serving.protocol import ModelInfo
+
+        batcher = DynamicBatcher(self.backend, self.config, observer=self.state.metrics)
+        batcher.start()
+        self.state.batcher = batcher
+        self.state.model = ModelInfo(name=self.state.model_name, platform=self.backend.kind,
+                                     inputs=self.backend.inputs, outputs=self.backend.outputs,
+                                     max_batch_size=self.config.max_batch_size)
+        self.state.set_ready(True)
+        self._runner = web.AppRunner(build_app(self.state), handler_cancellation=True,
+                                     access_log=None, shutdown_timeout=5)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+
+    async def _stop(self) -> None:
+        self.state.set_ready(False)
+        if self.state.batcher is not None:
+            await self.state.batcher.stop()
+        await self._runner.cleanup()

@@ -1,0 +1,303 @@
+"""The v2 HTTP layer over a real socket, a real batcher and a fake model.
+
+Covers the protocol's shapes (health, models, metadata, infer, errors), the status mapping
+(400/404/413/500/503/504), Retry-After, client-disconnect drops, metrics, and a hypothesis fuzz
+of the infer endpoint that must never crash the batcher or leave the queue stuck.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from serving.config import BatcherConfig
+from serving.testing import FakeBackend, ThreadedServer
+
+FAST = BatcherConfig(max_batch_size=8, max_queue_delay_s=0.002, max_queue_size=8,
+                     default_timeout_s=5.0)
+
+
+def infer_body(n: int = 1, *, features: int = 4, start: float = 0.0, **extra: Any) -> dict[str, Any]:
+    data = np.arange(start, start + n * features, dtype=np.float32).tolist()
+    return {"inputs": [{"name": "x", "shape": [n, features], "datatype": "FP32", "data": data}],
+            **extra}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ThreadedServer]:
+    with ThreadedServer(FakeBackend(), FAST, max_body_bytes=64 * 1024) as running:
+        yield running
+
+
+def post(server: ThreadedServer, body: Any, *, raw: bytes | None = None,
+         headers: dict[str, str] | None = None, model: str = "fake") -> requests.Response:
+    data = raw if raw is not None else json.dumps(body).encode()
+    return requests.post(f"{server.url}/v2/models/{model}/infer", data=data,
+                         headers=headers or {}, timeout=10)
+
+
+def metric(server: ThreadedServer, name: str, **labels: str) -> float:
+    value = server.state.metrics.registry.get_sample_value(name, {"model": "fake", **labels})
+    return float(value or 0.0)
+
+
+# -- protocol shapes -------------------------------------------------------------------------
+
+def test_health_and_server_metadata(server: ThreadedServer) -> None:
+    assert requests.get(f"{server.url}/v2/health/live", timeout=5).json() == {"live": True}
+    assert requests.get(f"{server.url}/v2/health/ready", timeout=5).status_code == 200
+    assert requests.get(f"{server.url}/v2", timeout=5).json()["name"] == "gpufrag-serving"
+
+
+def test_models_lists_what_is_loaded(server: ThreadedServer) -> None:
+    models = requests.get(f"{server.url}/v2/models", timeout=5).json()["models"]
+    assert models == [{"name": "fake", "version": "1", "platform": "fake", "state": "READY",
+                       "reason": ""}]
+    assert requests.get(f"{server.url}/v2/models/fake/ready", timeout=5).status_code == 200
+
+
+def test_model_metadata_has_datatypes_and_minus_one_batch_dim(server: ThreadedServer) -> None:
+    meta = requests.get(f"{server.url}/v2/models/fake", timeout=5).json()
+    assert meta["name"] == "fake" and meta["versions"] == ["1"]
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]
+    assert {o["name"] for o in meta["outputs"]} == {"y", "total"}
+    assert meta["max_batch_size"] == 8
+
+
+def test_infer_returns_v2_outputs(server: ThreadedServer) -> None:
+    response = post(server, infer_body(2, start=1.0, id="req-7"))
+    assert response.status_code == 200
+    assert response.headers["Content-Type"].startswith("application/json")
+    doc = response.json()
+    assert doc["model_name"] == "fake" and doc["id"] == "req-7"
+    y = next(o for o in doc["outputs"] if o["name"] == "y")
+    assert y["datatype"] == "FP32" and y["shape"] == [2, 4]
+    assert y["data"] == [2.0 * v for v in range(1, 9)]
+
+
+def test_infer_can_select_outputs(server: ThreadedServer) -> None:
+    doc = post(server, infer_body(1, outputs=[{"name": "total"}])).json()
+    assert [o["name"] for o in doc["outputs"]] == ["total"]
+    assert doc["outputs"][0]["data"] == [6.0]
+
+
+def test_nested_data_is_accepted(server: ThreadedServer) -> None:
+    body = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
+                        "data": [[1, 2, 3, 4], [5, 6, 7, 8]]}]}
+    assert post(server, body).status_code == 200
+
+
+# -- errors: status and message --------------------------------------------------------------
+
+@pytest.mark.parametrize(("body", "status", "needle"), [
+    ({"inputs": [{"name": "z", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}, 400,
+     "unknown input 'z'; model 'fake' expects: x FP32[-1, 4]"),
+    ({"inputs": [{"name": "x", "shape": [1, 5], "datatype": "FP32", "data": [1] * 5}]}, 400,
+     "has shape [1, 5]; the model expects [-1, 4]"),
+    ({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "INT64", "data": [1] * 4}]}, 400,
+     "datatype 'INT64'; the model expects FP32"),
+    ({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1] * 3}]}, 400,
+     "has 3 values; shape [1, 4] needs 4"),
+    ({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": ["a"] * 4}]}, 400,
+     "data must be numbers for FP32"),
+    ({"inputs": []}, 400, "'inputs' must be a non-empty list"),
+    ({"inputs": [{"name": "x", "shape": [9, 4], "datatype": "FP32", "data": [1] * 36}]}, 400,
+     "exceeds the max batch size 8"),
+    (infer_body(1, parameters={"timeout_ms": -5}), 400, "timeout_ms must be > 0"),
+    (infer_body(1, outputs=[{"name": "nope"}]), 400, "unknown output 'nope'"),
+])
+def test_bad_requests_get_400_naming_what_is_wrong(server: ThreadedServer, body: Any,
+                                                   status: int, needle: str) -> None:
+    response = post(server, body)
+    assert response.status_code == status
+    assert needle in response.json()["error"]
+
+
+def test_malformed_json_is_400(server: ThreadedServer) -> None:
+    response = post(server, None, raw=b'{"inputs": [')
+    assert response.status_code == 400 and "malformed JSON" in response.json()["error"]
+
+
+def test_unknown_model_is_404(server: ThreadedServer) -> None:
+    response = post(server, infer_body(1), model="other")
+    assert response.status_code == 404
+    assert response.json() == {"error": "unknown model 'other'; this server serves 'fake'"}
+
+
+def test_unknown_route_is_404_in_the_v2_error_shape(server: ThreadedServer) -> None:
+    response = requests.get(f"{server.url}/v3/nothing", timeout=5)
+    assert response.status_code == 404 and "error" in response.json()
+
+
+def test_oversized_body_is_413(server: ThreadedServer) -> None:
+    response = post(server, None, raw=b" " * (65 * 1024))
+    assert response.status_code == 413
+    assert "exceeds the 65536 byte limit (--max-body-bytes)" in response.json()["error"]
+
+
+def test_bad_timeout_header_is_400(server: ThreadedServer) -> None:
+    response = post(server, infer_body(1), headers={"Timeout-Ms": "soon"})
+    assert response.status_code == 400 and "header Timeout-Ms" in response.json()["error"]
+
+
+# -- load shedding, deadlines, faults, disconnects (each with its own server) ----------------
+
+def test_full_queue_gets_503_with_retry_after_at_once() -> None:
+    gate = threading.Event()
+    config = BatcherConfig(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=2,
+                           default_timeout_s=10.0, retry_after_s=2)
+    with ThreadedServer(FakeBackend(gate=gate), config) as server:
+        pending = [threading.Thread(target=post, args=(server, infer_body(1))) for _ in range(3)]
+        for thread in pending:  # one computing (held by the gate), two queued
+            thread.start()
+        _wait_for(lambda: server.call(lambda: server.state.batcher.depth) == 2)  # type: ignore[union-attr]
+        started = time.monotonic()
+        response = post(server, infer_body(1))
+        elapsed = time.monotonic() - started
+        gate.set()
+        for thread in pending:
+            thread.join(timeout=10)
+        assert response.status_code == 503 and response.headers["Retry-After"] == "2"
+        assert "queue is full" in response.json()["error"]
+        assert elapsed < 1.0  # rejected at once, not after waiting
+        assert metric(server, "gpufrag_serving_requests_total", outcome="rejected") == 1
+        assert metric(server, "gpufrag_serving_requests_total", outcome="ok") == 3
+
+
+def test_request_that_times_out_in_the_queue_gets_504_and_is_not_computed() -> None:
+    gate = threading.Event()
+    backend = FakeBackend(gate=gate)
+    config = BatcherConfig(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=4,
+                           default_timeout_s=10.0)
+    with ThreadedServer(backend, config) as server:
+        blocker = threading.Thread(target=post, args=(server, infer_body(1, start=1)))
+        blocker.start()  # occupies the only batch slot until the gate opens
+        _wait_for(lambda: server.call(lambda: server.state.batcher.inflight_batches) == 1)  # type: ignore[union-attr]
+        response = post(server, infer_body(1, start=500), headers={"Timeout-Ms": "50"})
+        gate.set()
+        blocker.join(timeout=10)
+        assert response.status_code == 504
+        assert "not computed" in response.json()["error"]
+        assert all(float(b["x"][0, 0]) != 500 for b in backend.batch_inputs)
+        assert metric(server, "gpufrag_serving_requests_total", outcome="timeout") == 1
+
+
+def test_backend_error_is_500_for_that_batch_and_the_next_request_succeeds() -> None:
+    backend = FakeBackend(fail_when=lambda inputs: bool(inputs["x"][0, 0] == 13))
+    with ThreadedServer(backend, FAST) as server:
+        failed = post(server, infer_body(1, start=13))
+        assert failed.status_code == 500
+        assert "injected backend failure" in failed.json()["error"]
+        assert post(server, infer_body(1, start=1)).status_code == 200
+
+
+def test_disconnected_client_is_dropped_before_compute() -> None:
+    gate = threading.Event()
+    backend = FakeBackend(gate=gate)
+    config = BatcherConfig(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=4,
+                           default_timeout_s=10.0)
+    with ThreadedServer(backend, config) as server:
+        blocker = threading.Thread(target=post, args=(server, infer_body(1, start=1)))
+        blocker.start()
+        _wait_for(lambda: server.call(lambda: server.state.batcher.inflight_batches) == 1)  # type: ignore[union-attr]
+        host, port = server.url.removeprefix("http://").split(":")
+        payload = json.dumps(infer_body(1, start=700)).encode()
+        with socket.create_connection((host, int(port)), timeout=5) as raw:
+            raw.sendall(b"POST /v2/models/fake/infer HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Type: application/json\r\n"
+                        + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            _wait_for(lambda: server.call(lambda: server.state.batcher.depth) == 1)  # type: ignore[union-attr]
+        # the socket is closed: the handler is cancelled and the request leaves the queue
+        _wait_for(lambda: metric(server, "gpufrag_serving_requests_total",
+                                 outcome="cancelled") == 1)
+        gate.set()
+        blocker.join(timeout=10)
+        assert post(server, infer_body(1, start=2)).status_code == 200
+        assert all(float(b["x"][0, 0]) != 700 for b in backend.batch_inputs)
+
+
+def test_metrics_endpoint_exports_the_serving_series(server: ThreadedServer) -> None:
+    post(server, infer_body(1))
+    text = requests.get(f"{server.url}/metrics", timeout=5).text
+    for name in ("gpufrag_serving_queue_depth", "gpufrag_serving_request_duration_seconds",
+                 "gpufrag_serving_queue_duration_seconds",
+                 "gpufrag_serving_compute_duration_seconds", "gpufrag_serving_batch_size",
+                 "gpufrag_serving_requests_total", "gpufrag_serving_batcher_setting"):
+        assert name in text
+    assert "gpufrag_serving_gpu_" not in text  # no GPU: the series are absent, not zero
+
+
+def test_not_ready_server_rejects_with_503() -> None:
+    with ThreadedServer(FakeBackend(), FAST) as server:
+        server.call(lambda: server.state.set_ready(False))
+        response = post(server, infer_body(1))
+        assert response.status_code == 503 and "Retry-After" in response.headers
+        assert requests.get(f"{server.url}/v2/health/ready", timeout=5).status_code == 503
+
+
+# -- fuzz --------------------------------------------------------------------------------------
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**20, 10**20) | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=6),
+                                                                       children, max_size=4),
+    max_leaves=30)
+tensor = st.fixed_dictionaries({}, optional={
+    "name": st.sampled_from(["x", "y", ""]) | st.text(max_size=4),
+    "shape": st.lists(st.integers(-2, 6), max_size=4) | json_values,
+    "datatype": st.sampled_from(["FP32", "FP16", "INT64", "BOOL", "BYTES"]) | json_values,
+    "data": st.lists(st.floats(allow_nan=False, width=32) | st.integers(-5, 5), max_size=30)
+    | json_values,
+    "parameters": json_values,
+})
+bodies = st.fixed_dictionaries({}, optional={
+    "inputs": st.lists(tensor, max_size=3) | json_values,
+    "outputs": st.lists(st.fixed_dictionaries({"name": st.text(max_size=5)}), max_size=2)
+    | json_values,
+    "parameters": st.fixed_dictionaries({}, optional={"timeout_ms": json_values}) | json_values,
+    "id": json_values,
+})
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(body=bodies | json_values)
+def test_fuzzed_infer_bodies_get_a_v2_answer_and_never_wedge_the_batcher(
+        server: ThreadedServer, body: Any) -> None:
+    response = post(server, body)
+    assert response.status_code in {200, 400, 413}, response.text
+    doc = response.json()
+    assert ("outputs" in doc) if response.status_code == 200 else isinstance(doc["error"], str)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=st.binary(max_size=200))
+def test_fuzzed_raw_bytes_get_400(server: ThreadedServer, raw: bytes) -> None:
+    response = post(server, None, raw=raw)
+    assert response.status_code == 400 and "error" in response.json()
+
+
+def test_after_fuzzing_the_server_still_serves_and_the_queue_is_empty(
+        server: ThreadedServer) -> None:
+    assert post(server, infer_body(3)).status_code == 200
+    assert server.call(lambda: server.state.batcher.depth) == 0  # type: ignore[union-attr]
+
+
+def _wait_for(condition: Any, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
