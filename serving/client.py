@@ -82,8 +82,8 @@ class RetryBudget:
     def try_spend(self) -> bool:
         """Take one retry's token if there is one."""
         with self._lock:
-            if self._tokens >= 1.0:
-                self._tokens -= 1.0
+            if self._tokens >= 1.0 - 1e-9:  # ten deposits of 0.1 make a token despite rounding
+                self._tokens = max(0.0, self._tokens - 1.0)
                 return True
             return False
 

@@ -27,7 +27,8 @@ FAST = BatcherConfig(max_batch_size=8, max_queue_delay_s=0.002, max_queue_size=8
                      default_timeout_s=5.0)
 
 
-def infer_body(n: int = 1, *, features: int = 4, start: float = 0.0, **extra: Any) -> dict[str, Any]:
+def infer_body(n: int = 1, *, features: int = 4, start: float = 0.0,
+               **extra: Any) -> dict[str, Any]:
     data = np.arange(start, start + n * features, dtype=np.float32).tolist()
     return {"inputs": [{"name": "x", "shape": [n, features], "datatype": "FP32", "data": data}],
             **extra}
