@@ -1,0 +1,15 @@
+"""The GPU node agent (``gpufrag agent``, a DaemonSet): NVML -> per-pod GPU usage -> the Node.
+
+Modules, in data-flow order:
+
+- :mod:`defrag.agent.nvml` reads GPUs and their processes through pynvml;
+- :mod:`defrag.agent.cgroup` maps a process to its pod (``/proc/<pid>/cgroup`` + the API);
+- :mod:`defrag.agent.usage` is the schema of the ``gpufrag.io/gpu-usage`` Node annotation, the
+  public contract with the defrag controller;
+- :mod:`defrag.agent.leakwatch` spots pods whose GPU memory keeps growing;
+- :mod:`defrag.agent.publish` holds every write to the cluster and the rule for when to write;
+- :mod:`defrag.agent.metrics` exports ``/metrics``, ``/healthz``, ``/readyz``;
+- :mod:`defrag.agent.loop` runs one interval after another; :mod:`defrag.agent.cli` wires it up.
+
+Nothing is imported here, so ``from defrag.agent.usage import parse`` stays cheap for readers.
+"""

@@ -1,0 +1,170 @@
+"""What the agent exports over HTTP: ``/metrics``, ``/healthz`` and ``/readyz``.
+
+GPU series use the DCGM exporter's names and label names (``DCGM_FI_DEV_FB_USED`` and friends,
+labelled ``gpu``, ``UUID``, ``modelName``, ``Hostname``) so dashboards and HPA rules written for
+DCGM work against the agent unchanged. Per-pod series are the agent's own (``gpufrag_``).
+Everything is registered on the agent's own :class:`CollectorRegistry`, never the global one,
+so tests and other components in the same process do not collide.
+
+Liveness means "the loop is still ticking" (a hung NVML call fails it); readiness means "at
+least one reading has been read and published".
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
+from prometheus_client.exposition import generate_latest
+
+from defrag.agent.cgroup import PodRef
+from defrag.agent.usage import NodeGpuUsage
+
+_GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
+
+
+class AgentMetrics:
+    """The agent's Prometheus series; label sets of GPUs and pods that went away are removed."""
+
+    def __init__(self, node_name: str, registry: CollectorRegistry | None = None) -> None:
+        self.node_name = node_name
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.fb_used_mib = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
+                                 _GPU_LABELS, registry=r)
+        self.fb_free_mib = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).",
+                                 _GPU_LABELS, registry=r)
+        self.gpu_util_pct = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).",
+                                  _GPU_LABELS, registry=r)
+        self.pod_memory_mib = Gauge(
+            "gpufrag_pod_gpu_memory_used_mib",
+            "GPU memory held by a pod's processes on one GPU (MiB).",
+            ("namespace", "pod", "gpu"), registry=r,
+        )
+        self.leak_suspected = Gauge(
+            "gpufrag_agent_gpu_memory_leak_suspected",
+            "1 while a pod's GPU memory has grown beyond the threshold for N intervals in a row.",
+            ("namespace", "pod"), registry=r,
+        )
+        self.reads = Counter("gpufrag_agent_nvml_reads", "NVML readings by result.",
+                             ("result",), registry=r)
+        self.publishes = Counter(
+            "gpufrag_agent_annotation_publishes",
+            "Usage annotation writes by reason (first, changed, refresh) or failure (error).",
+            ("reason",), registry=r,
+        )
+        self.events = Counter("gpufrag_agent_events", "Kubernetes Events created, by reason.",
+                              ("reason",), registry=r)
+        self.last_publish_s = Gauge(
+            "gpufrag_agent_last_publish_timestamp_seconds",
+            "Unix time of the last successful usage annotation write.", registry=r,
+        )
+        self._gpu_labels: set[tuple[str, ...]] = set()
+        self._pod_gpu_labels: set[tuple[str, ...]] = set()
+        self._leak_labels: set[tuple[str, ...]] = set()
+
+    def observe_usage(self, usage: NodeGpuUsage) -> None:
+        gpu_labels: set[tuple[str, ...]] = set()
+        pod_gpu_labels: set[tuple[str, ...]] = set()
+        for gpu in usage.gpus:
+            labels = (str(gpu.index), gpu.uuid, gpu.product, self.node_name)
+            gpu_labels.add(labels)
+            self.fb_used_mib.labels(*labels).set(gpu.memory_used_mib)
+            self.fb_free_mib.labels(*labels).set(gpu.memory_free_mib)
+            self.gpu_util_pct.labels(*labels).set(gpu.utilization_pct)
+            for pod in gpu.pods:
+                pod_labels = (pod.namespace, pod.name, str(gpu.index))
+                pod_gpu_labels.add(pod_labels)
+                self.pod_memory_mib.labels(*pod_labels).set(pod.memory_used_mib)
+        for gone in self._gpu_labels - gpu_labels:
+            for gauge in (self.fb_used_mib, self.fb_free_mib, self.gpu_util_pct):
+                gauge.remove(*gone)
+        for gone in self._pod_gpu_labels - pod_gpu_labels:
+            self.pod_memory_mib.remove(*gone)
+        self._gpu_labels = gpu_labels
+        self._pod_gpu_labels = pod_gpu_labels
+
+    def observe_leaks(self, pods: Iterable[PodRef], suspected: frozenset[PodRef]) -> None:
+        """0 or 1 for each pod on a GPU now; series of pods that left are removed."""
+        leak_labels: set[tuple[str, ...]] = set()
+        for pod in pods:
+            labels = (pod.namespace, pod.name)
+            leak_labels.add(labels)
+            self.leak_suspected.labels(*labels).set(1 if pod in suspected else 0)
+        for gone in self._leak_labels - leak_labels:
+            self.leak_suspected.remove(*gone)
+        self._leak_labels = leak_labels
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class Health:
+    """Liveness and readiness, shared between the loop thread and the HTTP thread."""
+
+    def __init__(self, clock: Callable[[], float], *, stall_after_s: float) -> None:
+        self._clock = clock
+        self._stall_after_s = stall_after_s
+        self._lock = threading.Lock()
+        self._last_tick: float | None = None
+        self._ready = False
+
+    @property
+    def ready(self) -> bool:
+        with self._lock:
+            return self._ready
+
+    def mark_ready(self) -> None:
+        with self._lock:
+            self._ready = True
+
+    def mark_tick(self, now: float) -> None:
+        with self._lock:
+            self._last_tick = now
+
+    def live(self) -> bool:
+        with self._lock:
+            last = self._last_tick
+        return last is None or self._clock() - last <= self._stall_after_s
+
+
+def respond(path: str, metrics: AgentMetrics, health: Health) -> tuple[int, str, bytes]:
+    """(status, content type, body) for one GET; kept apart from the server so it is testable."""
+    route = path.split("?", 1)[0]
+    if route == "/metrics":
+        return 200, CONTENT_TYPE_LATEST, metrics.render()
+    if route == "/healthz":
+        if health.live():
+            return 200, "text/plain; charset=utf-8", b"ok\n"
+        return 503, "text/plain; charset=utf-8", b"stalled: no reading within the deadline\n"
+    if route == "/readyz":
+        if health.ready:
+            return 200, "text/plain; charset=utf-8", b"ready\n"
+        return 503, "text/plain; charset=utf-8", b"not ready: no reading published yet\n"
+    return 404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz, /readyz\n"
+
+
+def start_http_server(port: int, metrics: AgentMetrics, health: Health, *,
+                      host: str = "0.0.0.0", poll_interval_s: float = 0.5) -> ThreadingHTTPServer:
+    """Serve in a daemon thread; call ``shutdown()`` and ``server_close()`` on the result."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, content_type, body = respond(self.path, metrics, health)
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # probes every few seconds would drown the agent's own log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="agent-http", daemon=True,
+                              kwargs={"poll_interval": poll_interval_s})
+    thread.start()
+    return server

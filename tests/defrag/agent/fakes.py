@@ -1,0 +1,297 @@
+"""Test doubles for the node agent: recorded NVML, a clock, a log, a writer, an API server.
+
+The NVML fake replays readings recorded from a 2 x A100-SXM4-80GB node (bytes as NVML reports
+them); keyword overrides build variants, in the spirit of descheduler's ``BuildTestNode``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit
+
+import pynvml
+from structlog.typing import FilteringBoundLogger
+
+from defrag.agent.cgroup import PodRecord, PodRef
+
+MIB = 1024 * 1024
+A100_TOTAL_BYTES = 85_899_345_920  # 81920 MiB, as nvmlDeviceGetMemoryInfo reports it
+
+
+# --- NVML ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeDevice:
+    """One GPU's recorded answers. ``errors`` maps an NVML function name to what it raises."""
+
+    uuid: str | bytes
+    name: str | bytes = "NVIDIA A100-SXM4-80GB"
+    used_bytes: int = 0
+    total_bytes: int = A100_TOTAL_BYTES
+    utilization_pct: int = 0
+    compute: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes)
+    graphics: list[tuple[int, int | None]] = field(default_factory=list)
+    errors: dict[str, Exception] = field(default_factory=dict)
+
+
+def recorded_devices() -> list[FakeDevice]:
+    """Two GPUs: GPU 0 shared by two inference pods, GPU 1 by one pod plus a host process."""
+    return [
+        FakeDevice(
+            uuid="GPU-5a3c9f1e-7b2d-4c8e-9f01-23456789abcd",
+            used_bytes=30_512 * MIB + 123_456,
+            utilization_pct=63,
+            compute=[(4242, 20_000 * MIB), (5151, 10_000 * MIB)],
+        ),
+        FakeDevice(
+            uuid="GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6",
+            used_bytes=12_800 * MIB,
+            utilization_pct=17,
+            compute=[(6060, 12_000 * MIB)],
+            graphics=[(7070, 256 * MIB)],
+        ),
+    ]
+
+
+class FakeNvml:
+    """The pynvml calls :class:`defrag.agent.nvml.NvmlApi` names, answered from FakeDevices."""
+
+    def __init__(self, devices: Sequence[FakeDevice] | None = None, *,
+                 init_error: Exception | None = None) -> None:
+        self.devices = list(recorded_devices() if devices is None else devices)
+        self.init_error = init_error
+        self.calls: list[str] = []
+
+    def _device(self, name: str, handle: object) -> FakeDevice:
+        self.calls.append(name)
+        device = cast(FakeDevice, handle)
+        if name in device.errors:
+            raise device.errors[name]
+        return device
+
+    def nvmlInit(self) -> None:
+        self.calls.append("nvmlInit")
+        if self.init_error is not None:
+            raise self.init_error
+
+    def nvmlShutdown(self) -> None:
+        self.calls.append("nvmlShutdown")
+
+    def nvmlDeviceGetCount(self) -> int:
+        self.calls.append("nvmlDeviceGetCount")
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
+        self.calls.append("nvmlDeviceGetHandleByIndex")
+        return self.devices[index]
+
+    def nvmlDeviceGetUUID(self, handle: object) -> str | bytes:
+        return self._device("nvmlDeviceGetUUID", handle).uuid
+
+    def nvmlDeviceGetName(self, handle: object) -> str | bytes:
+        return self._device("nvmlDeviceGetName", handle).name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> Any:
+        d = self._device("nvmlDeviceGetMemoryInfo", handle)
+        return SimpleNamespace(total=d.total_bytes, used=d.used_bytes,
+                               free=d.total_bytes - d.used_bytes)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> Any:
+        d = self._device("nvmlDeviceGetUtilizationRates", handle)
+        return SimpleNamespace(gpu=d.utilization_pct, memory=0)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Any]:
+        d = self._device("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.compute]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: object) -> list[Any]:
+        d = self._device("nvmlDeviceGetGraphicsRunningProcesses", handle)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.graphics]
+
+
+def nvml_error(cls_name: str) -> Exception:
+    """A real pynvml exception (the classes exist without the library)."""
+    error: Exception = getattr(pynvml, cls_name)()
+    return error
+
+
+# --- pods ----------------------------------------------------------------------------------------
+
+POD_A = PodRef("serving", "llama-7b-0", "0b8f0c8e-1111-4a4a-9b9b-000000000001")
+POD_B = PodRef("serving", "mistral-7b-0", "0b8f0c8e-2222-4a4a-9b9b-000000000002")
+POD_C = PodRef("batch", "embed-0", "0b8f0c8e-3333-4a4a-9b9b-000000000003")
+# pid -> pod on the recorded node; pid 7070 is a host process (Xorg), in no pod.
+RECORDED_PIDS: dict[int, PodRef] = {4242: POD_A, 5151: POD_B, 6060: POD_C}
+
+
+class FakePods:
+    """pid -> pod from a dict, counting lookups."""
+
+    def __init__(self, by_pid: dict[int, PodRef] | None = None) -> None:
+        self.by_pid = dict(RECORDED_PIDS if by_pid is None else by_pid)
+        self.lookups: list[int] = []
+
+    def pod_for_pid(self, pid: int) -> PodRef | None:
+        self.lookups.append(pid)
+        return self.by_pid.get(pid)
+
+
+class FakeLister:
+    def __init__(self, records: Sequence[PodRecord] = (), error: Exception | None = None) -> None:
+        self.records = list(records)
+        self.error = error
+        self.calls = 0
+
+    def list_pods(self) -> list[PodRecord]:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return list(self.records)
+
+
+# --- clock, log, writer --------------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_732_900_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class RecordingLog:
+    """Collects (level, event, fields); stands in for a structlog bound logger."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, str, dict[str, Any]]] = []
+        self._bound: dict[str, Any] = {}
+
+    def _add(self, level: str, event: str, **kw: Any) -> None:
+        self.records.append((level, event, {**self._bound, **kw}))
+
+    def debug(self, event: str, **kw: Any) -> None:
+        self._add("debug", event, **kw)
+
+    def info(self, event: str, **kw: Any) -> None:
+        self._add("info", event, **kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        self._add("warning", event, **kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        self._add("error", event, **kw)
+
+    def bind(self, **kw: Any) -> RecordingLog:
+        self._bound.update(kw)
+        return self
+
+    def events(self, level: str | None = None) -> list[str]:
+        return [e for lvl, e, _ in self.records if level is None or lvl == level]
+
+    def as_logger(self) -> FilteringBoundLogger:
+        return cast(FilteringBoundLogger, self)
+
+
+@dataclass
+class RecordingWriter:
+    """A ClusterWriter that remembers every write; ``fail_with`` makes the next writes raise."""
+
+    patches: list[tuple[str, str, str]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    fail_with: Exception | None = None
+
+    def patch_node_annotation(self, node: str, key: str, value: str) -> None:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.patches.append((node, key, value))
+
+    def create_pod_event(self, pod: PodRef, *, reason: str, message: str, event_type: str,
+                         now: float) -> None:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.events.append({"pod": pod, "reason": reason, "message": message,
+                            "type": event_type, "now": now})
+
+
+# --- a tiny API server, to check what the real kubernetes client puts on the wire -------------
+
+
+@dataclass
+class ApiRequest:
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    content_type: str | None
+    body: Any
+
+
+@dataclass
+class FakeApiServer:
+    """Answers with ``status`` and ``reply`` (default: echo the request body, as create does)."""
+
+    url: str = ""
+    requests: list[ApiRequest] = field(default_factory=list)
+    status: int = 200
+    reply: Any = None
+
+
+@contextmanager
+def fake_api_server() -> Iterator[FakeApiServer]:
+    state = FakeApiServer()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _handle(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            body = json.loads(raw) if raw else None
+            url = urlsplit(self.path)
+            state.requests.append(ApiRequest(self.command, url.path, parse_qs(url.query),
+                                             self.headers.get("Content-Type"), body))
+            if state.status >= 400:
+                payload: Any = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                "code": state.status, "message": "from the fake"}
+            else:
+                payload = state.reply if state.reply is not None else body
+            data = json.dumps(payload).encode()
+            self.send_response(state.status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_PATCH = _handle
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    # A short poll makes shutdown() quick; the default 0.5 s would dominate each test.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01},
+                              daemon=True)
+    thread.start()
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def api_client_for(url: str) -> Any:
+    from kubernetes import client
+
+    configuration = client.Configuration(host=url)
+    configuration.retries = 0
+    return client.ApiClient(configuration)
