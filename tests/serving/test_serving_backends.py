@@ -1,0 +1,111 @@
+"""ONNX Runtime backend and backend selection (TensorRT's own logic: test_serving_tensorrt)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from serving.backends import select
+from serving.backends.onnx_runtime import (
+    CPU_PROVIDER,
+    CUDA_PROVIDER,
+    OnnxRuntimeBackend,
+    choose_providers,
+    spec_from_onnx,
+)
+from serving.backends.tensorrt_engine import BackendUnavailable
+from serving.models import builtin_path
+from serving.tensors import TensorSpec
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return builtin_path("resnet-small", tmp_path_factory.mktemp("models"))
+
+
+def test_onnx_runtime_backend_describes_and_runs_the_model(small_model: Path) -> None:
+    backend = OnnxRuntimeBackend(small_model, intra_op_threads=1)
+    assert backend.kind == "onnxruntime-cpu"  # no CUDA provider in the CPU wheel
+    assert backend.inputs == (TensorSpec("input", "FP32", (-1, 3, 32, 32)),)
+    assert backend.outputs == (TensorSpec("logits", "FP32", (-1, 10)),)
+    assert backend.static_batch_size is None and backend.max_batch_size is None
+    x = np.zeros((5, 3, 32, 32), dtype=np.float32)
+    assert backend.infer({"input": x})["logits"].shape == (5, 10)
+    backend.close()
+
+
+def test_batched_and_single_results_agree(small_model: Path) -> None:
+    """Batching must not change answers: row i of a batch == that image alone."""
+    backend = OnnxRuntimeBackend(small_model, intra_op_threads=1)
+    x = np.random.default_rng(1).random((4, 3, 32, 32), dtype=np.float32)
+    batched = backend.infer({"input": x})["logits"]
+    single = np.concatenate([backend.infer({"input": x[i:i + 1]})["logits"] for i in range(4)])
+    np.testing.assert_allclose(batched, single, rtol=1e-4, atol=1e-5)
+
+
+def test_a_fixed_batch_graph_is_reported_as_static(tmp_path: Path) -> None:
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "fixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "fixed.onnx"
+    onnx.save(model, str(path))
+    backend = OnnxRuntimeBackend(path)
+    assert backend.static_batch_size == 4 and backend.max_batch_size == 4
+    assert backend.inputs == (TensorSpec("x", "FP32", (-1, 3)),)  # padding makes any N <= 4 ok
+
+
+@pytest.mark.parametrize(("available", "allow_cuda", "expected"), [
+    ([CPU_PROVIDER], True, [CPU_PROVIDER]),
+    ([CUDA_PROVIDER, CPU_PROVIDER], True, [CUDA_PROVIDER, CPU_PROVIDER]),
+    ([CUDA_PROVIDER, CPU_PROVIDER], False, [CPU_PROVIDER]),
+    (["TensorrtExecutionProvider", CUDA_PROVIDER, CPU_PROVIDER], True,
+     [CUDA_PROVIDER, CPU_PROVIDER]),
+])
+def test_choose_providers(available: list[str], allow_cuda: bool, expected: list[str]) -> None:
+    assert choose_providers(available, allow_cuda=allow_cuda) == expected
+
+
+def test_spec_from_onnx_maps_types_and_symbolic_dims() -> None:
+    assert spec_from_onnx("a", "tensor(float16)", ["N", 3, None], what="input") == TensorSpec(
+        "a", "FP16", (-1, 3, -1))
+    with pytest.raises(ValueError, match="input 's' has type tensor\\(string\\)"):
+        spec_from_onnx("s", "tensor(string)", [1], what="input")
+
+
+@pytest.mark.parametrize(("requested", "trt_reason", "gpu", "expected"), [
+    ("auto", "no tensorrt", None, "onnxruntime"),
+    ("auto", "no tensorrt", "NVIDIA H100", "onnxruntime"),
+    ("auto", None, None, "onnxruntime"),
+    ("auto", None, "NVIDIA H100", "tensorrt"),
+    ("onnxruntime", None, "NVIDIA H100", "onnxruntime"),
+    ("tensorrt", None, "NVIDIA H100", "tensorrt"),
+])
+def test_choose_backend(monkeypatch: pytest.MonkeyPatch, requested: str,
+                        trt_reason: str | None, gpu: str | None, expected: str) -> None:
+    monkeypatch.setattr(select, "tensorrt_unavailable_reason", lambda: trt_reason)
+    assert select.choose_backend(requested, gpu_name=gpu) == expected
+
+
+def test_asking_for_tensorrt_where_it_cannot_run_says_why() -> None:
+    # Here tensorrt is not installed: the real reason is reported, not a silent fallback.
+    with pytest.raises(BackendUnavailable, match="'tensorrt' package, which is not installed"):
+        select.choose_backend("tensorrt", gpu_name="NVIDIA H100")
+
+
+def test_tensorrt_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(select, "tensorrt_unavailable_reason", lambda: None)
+    with pytest.raises(BackendUnavailable, match="needs a GPU and NVML found none"):
+        select.choose_backend("tensorrt", gpu_name=None)
+
+
+def test_load_backend_times_the_load(small_model: Path, tmp_path: Path) -> None:
+    loaded = select.load_backend("auto", small_model, gpu_name=None,
+                                 engine_cache_dir=tmp_path, max_batch_size=8)
+    assert loaded.load_seconds > 0 and loaded.backend.kind == "onnxruntime-cpu"

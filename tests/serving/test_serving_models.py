@@ -1,0 +1,79 @@
+"""Built-in ResNet generators: graph shape, determinism, caching, references."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from gpufrag.errors import BadInput
+from serving.models import (
+    BUILTIN_MODELS,
+    build_resnet,
+    builtin_path,
+    default_cache_dir,
+    materialize,
+    model_name,
+)
+
+
+def test_resnet_small_runs_on_cpu_with_the_documented_shapes(tmp_path: Path) -> None:
+    path = builtin_path("resnet-small", tmp_path)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (inp,), (out,) = session.get_inputs(), session.get_outputs()
+    assert (inp.name, inp.type, inp.shape[1:]) == ("input", "tensor(float)", [3, 32, 32])
+    assert (out.name, out.shape[1:]) == ("logits", [10])
+    x = np.random.default_rng(0).random((3, 3, 32, 32), dtype=np.float32)
+    (logits,) = session.run(None, {"input": x})
+    assert logits.shape == (3, 10) and np.isfinite(logits).all()
+    assert not np.allclose(logits[0], logits[1])  # different images, different answers
+
+
+def test_generation_is_deterministic_and_cached(tmp_path: Path) -> None:
+    first = builtin_path("resnet-small", tmp_path)
+    mtime = first.stat().st_mtime_ns
+    again = builtin_path("resnet-small", tmp_path)
+    assert again == first and again.stat().st_mtime_ns == mtime  # not rewritten
+    other = builtin_path("resnet-small", tmp_path / "elsewhere")
+    assert other.read_bytes() == first.read_bytes()  # seeded weights: same bytes
+    assert not list(tmp_path.glob(".*.tmp"))  # no temp files left behind
+
+
+@pytest.mark.slow
+def test_resnet50_has_the_resnet50_structure() -> None:
+    model = build_resnet(BUILTIN_MODELS["resnet50"])
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert len(convs) == 1 + 3 * (3 + 4 + 6 + 3) + 4  # stem, bottlenecks, 4 projections
+    assert sum(1 for n in model.graph.node if n.op_type == "Add") == 16
+    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    assert 25_000_000 < params < 26_000_000  # ResNet-50's 25.5 M (batch norm folded)
+    inferred = onnx.shape_inference.infer_shapes(model)
+    (inp,), (out,) = inferred.graph.input, inferred.graph.output
+    dims = [d.dim_value or d.dim_param for d in inp.type.tensor_type.shape.dim]
+    assert inp.name == "input" and dims == ["N", 3, 224, 224]
+    assert out.name == "logits" and out.type.tensor_type.shape.dim[1].dim_value == 1000
+
+
+def test_references_are_checked_before_anything_is_built(tmp_path: Path) -> None:
+    assert model_name("builtin:resnet50") == "resnet50"
+    with pytest.raises(BadInput, match="unknown built-in model builtin:vgg; known: "
+                                       "builtin:resnet50, builtin:resnet-small"):
+        model_name("builtin:vgg")
+    with pytest.raises(BadInput, match="field '--model'.*does not exist"):
+        model_name(str(tmp_path / "missing.onnx"))
+    onnx_file = tmp_path / "mine.onnx"
+    onnx_file.write_bytes(b"x")
+    assert model_name(str(onnx_file)) == "mine"
+    assert materialize(str(onnx_file), tmp_path) == onnx_file
+
+
+def test_default_cache_dir_honours_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    monkeypatch.setenv("GPUFRAG_CACHE_DIR", str(tmp_path))
+    assert default_cache_dir() == tmp_path / "models"
+    monkeypatch.delenv("GPUFRAG_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "gpufrag" / "models"
