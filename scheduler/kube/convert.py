@@ -219,3 +219,81 @@ def owner_uid(obj: Obj) -> str:
 def is_terminal(obj: Obj) -> bool:
     """Succeeded/Failed pods hold no resources."""
     return _mapping(obj, "status", "pod").get("phase") in {"Succeeded", "Failed"}
+
+
+def key_of(obj: Obj) -> str:
+    """``namespace/name`` (the key ``ClusterState`` and the bind request use for a pod)."""
+    name, namespace = _name(obj, "object")
+    return f"{namespace}/{name}" if namespace else name
+
+
+def uid_of(obj: Obj) -> str:
+    return str(_mapping(obj, "metadata", "").get("uid") or "")
+
+
+def is_deleting(obj: Obj) -> bool:
+    """A deletionTimestamp is set: the object is on its way out (it still holds resources)."""
+    return bool(_mapping(obj, "metadata", "").get("deletionTimestamp"))
+
+
+# -------------------------------------------------------------------- core types -> Kubernetes
+# The inverse direction, for snapshot files built from traces or synthetic clusters (demos,
+# benchmarks, tests). ``node_from_k8s(node_to_k8s(n))`` and ``pod_from_k8s(pod_to_k8s(p))`` give
+# back what went in (node labels gain the GPU feature labels; a pod without a namespace lands
+# in "default").
+
+
+def node_to_k8s(spec: NodeSpec, names: KubeNames = DEFAULT_NAMES) -> dict[str, Any]:
+    """A v1 Node (JSON shape) with ``spec``'s allocatable resources and GPU labels."""
+    labels = {"kubernetes.io/hostname": spec.name, **spec.labels}
+    allocatable = {"cpu": f"{spec.cpu_milli}m", "memory": f"{spec.memory_mib}Mi", "pods": "110"}
+    if spec.gpu_count:
+        allocatable[names.gpu] = str(spec.gpu_count)
+        allocatable[names.gpu_milli] = str(spec.gpu_count * MILLI_PER_GPU)
+        if spec.gpu_product:
+            labels[names.label_gpu_product] = spec.gpu_product
+        if spec.gpu_memory_mib:
+            labels[names.label_gpu_memory] = str(spec.gpu_memory_mib)
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": spec.name, "labels": labels},
+            "status": {"capacity": dict(allocatable), "allocatable": allocatable}}
+
+
+def pod_to_k8s(pod: PodRequest, names: KubeNames = DEFAULT_NAMES, *, node: str = "",
+               gpus: tuple[int, ...] | None = None, uid: str = "", owner: str = "",
+               scheduler_name: str = "") -> dict[str, Any]:
+    """A v1 Pod (JSON shape) asking for what ``pod`` asks; bound to ``node`` when given, with
+    the GPU indices annotation when ``gpus`` is given and ``owner`` as its controlling owner."""
+    requests = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
+    if pod.is_share:
+        requests[names.gpu_milli] = str(pod.gpu_milli)
+    elif pod.wants_gpu:
+        requests[names.gpu] = str(pod.num_gpu)
+    meta: dict[str, Any] = {"name": pod.name, "namespace": pod.namespace or "default"}
+    if uid:
+        meta["uid"] = uid
+    labels = {}
+    if pod.model:
+        labels[names.label_model] = pod.model
+        labels[names.label_model_version] = pod.model_version
+    if labels:
+        meta["labels"] = labels
+    annotations = {}
+    if pod.gpu_spec:
+        annotations[names.annotation_gpu_spec] = "|".join(sorted(pod.gpu_spec))
+    if gpus is not None:
+        annotations[names.annotation_gpu_indices] = ",".join(str(g) for g in gpus)
+    if annotations:
+        meta["annotations"] = annotations
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                    "name": f"owner-{owner[:8]}", "uid": owner,
+                                    "controller": True}]
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "main",
+                                            "resources": {"requests": requests}}]}
+    if node:
+        spec["nodeName"] = node
+    if scheduler_name:
+        spec["schedulerName"] = scheduler_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
+            "status": {"phase": "Running" if node else "Pending"}}

@@ -1,0 +1,94 @@
+"""``gpufrag extender``: run the kube-scheduler extender webhook.
+
+State comes from a live cluster (``--kubeconfig FILE``, or in-cluster with the pod's service
+account when neither it nor a snapshot is given) or from a static snapshot
+(``--cluster-snapshot FILE``, written by ``gpufrag export-snapshot``; binds are then dry runs).
+Settings: defaults < ``--config FILE`` (YAML) < ``GPUFRAG_EXTENDER__<SECTION>__<FIELD>``
+environment variables < ``--set PATH=VALUE`` < the named flags. See docs/extender.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import structlog
+import yaml
+
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
+from gpufrag.logs import configure
+from scheduler.config import config_to_mapping, load_config, parse_assignment
+from scheduler.policies import POLICY_NAMES
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpufrag extender", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--cluster-snapshot", metavar="FILE",
+                        help="serve a static snapshot (JSON or YAML List of Nodes and Pods)")
+    source.add_argument("--kubeconfig", metavar="FILE",
+                        help="watch the cluster of this kubeconfig (default: in-cluster)")
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
+    p.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    p.add_argument("--host", help="address to listen on (server.host, default 0.0.0.0)")
+    p.add_argument("--port", help="port to listen on (server.port, default 8888)")
+    p.add_argument("--url-prefix", metavar="PATH",
+                   help="path before /filter, /prioritize, /bind (server.url_prefix)")
+    p.add_argument("--policy", choices=POLICY_NAMES, help="placement policy (default fgd)")
+    bind = p.add_mutually_exclusive_group()
+    bind.add_argument("--bind", dest="bind", action="store_const", const="true",
+                      help="serve the bind verb (bind.enabled; the default)")
+    bind.add_argument("--no-bind", dest="bind", action="store_const", const="false",
+                      help="do not serve the bind verb")
+    p.add_argument("--threads", help="request threads (server.threads, default 8)")
+    p.add_argument("--set", dest="assignments", action="append", default=[],
+                   metavar="PATH=VALUE", help="any setting, e.g. affinity.warm_window_s=600")
+    p.add_argument("--log-level", help="debug, info, warning, error (default info)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the effective configuration as YAML and exit")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure(args.log_level)
+    try:
+        overrides = [parse_assignment(a) for a in args.assignments]
+        for flag, path in (("host", "server.host"), ("port", "server.port"),
+                           ("url_prefix", "server.url_prefix"), ("policy", "policy"),
+                           ("bind", "bind.enabled"), ("threads", "server.threads")):
+            value = getattr(args, flag)
+            if value is not None:
+                overrides.append((path, str(value)))
+        config = load_config(args.config, overrides=overrides)
+        if args.print_config:
+            print(yaml.safe_dump(config_to_mapping(config), sort_keys=False), end="")
+            return EXIT_OK
+        # Imported here: --print-config and bad flags answer without loading Flask or gunicorn.
+        from scheduler.extender.runtime import cluster_runtime, snapshot_runtime
+        from scheduler.extender.server import serve
+        from scheduler.kube.client import api_client
+        from scheduler.kube.snapshot import read_snapshot
+
+        if args.cluster_snapshot:
+            runtime = snapshot_runtime(read_snapshot(args.cluster_snapshot), config)
+            source = f"snapshot {args.cluster_snapshot}"
+        else:
+            runtime = cluster_runtime(api_client(args.kubeconfig, args.context), config)
+            source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster"
+    except BadInput as e:
+        print(f"gpufrag extender: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    structlog.get_logger("gpufrag.extender").info(
+        "extender starting", source=source, policy=config.policy,
+        address=f"{config.server.host}:{config.server.port}",
+        url_prefix=config.server.url_prefix, bind=config.bind.enabled,
+        nodes=runtime.cache.counts()["nodes"])
+    serve(runtime, config.server)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""A ready-to-serve extender: the cache, the extender, its app, and the threads that keep the
+state current (the watch, or nothing for a snapshot; the maintenance loop either way).
+
+Built before the server forks and started in the worker (threads do not survive a fork), so
+``start()`` is what gunicorn's worker calls.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from flask import Flask
+
+from scheduler.config import ExtenderConfig
+from scheduler.extender.app import create_app
+from scheduler.extender.service import Extender
+from scheduler.kube.binder import Binder, DryRunBinder, KubeBinder
+from scheduler.kube.cache import ClusterCache
+from scheduler.kube.convert import key_of
+from scheduler.kube.snapshot import Snapshot
+from scheduler.kube.watch import ClusterWatcher
+
+Clock = Callable[[], float]
+
+log = structlog.get_logger("gpufrag.extender")
+
+
+class Runtime:
+    def __init__(self, config: ExtenderConfig, cache: ClusterCache, extender: Extender,
+                 watcher: ClusterWatcher | None = None) -> None:
+        self.config = config
+        self.cache = cache
+        self.extender = extender
+        self.watcher = watcher
+        self.app: Flask = create_app(extender)
+        self._stop = threading.Event()
+        self._maintainer: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.watcher is not None:
+            self.watcher.start()
+        self._maintainer = threading.Thread(target=self._maintain, name="maintenance",
+                                            daemon=True)
+        self._maintainer.start()
+
+    def _maintain(self) -> None:
+        while not self._stop.wait(self.config.maintenance_interval_s):
+            try:
+                self.extender.maintain()
+            except Exception:  # upkeep must go on; the next round may succeed
+                log.exception("maintenance failed")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self.watcher is not None:
+            self.watcher.stop(timeout_s)
+        if self._maintainer is not None:
+            self._maintainer.join(timeout_s)
+
+
+def _cache(config: ExtenderConfig, clock: Clock) -> ClusterCache:
+    return ClusterCache(config.names, clock=clock, assume_ttl_s=config.bind.assume_ttl_s)
+
+
+def snapshot_runtime(snapshot: Snapshot, config: ExtenderConfig, *, clock: Clock = time.time,
+                     binder: Binder | None = None) -> Runtime:
+    """Serve a static snapshot. Binds are dry runs unless ``binder`` is given."""
+    cache = _cache(config, clock)
+    hints = snapshot.configmap(config.hints.namespace, config.hints.name)
+    cache.load(snapshot.nodes, snapshot.pods, hints if config.hints.enabled else None)
+    if binder is None and config.bind.enabled:
+        binder = DryRunBinder({key_of(p): p for p in snapshot.pods})
+    extender = Extender(cache, config, binder=binder if config.bind.enabled else None,
+                        clock=clock)
+    extender.maintain()  # synced already: settle the target workload now
+    return Runtime(config, cache, extender)
+
+
+def cluster_runtime(api_client: Any, config: ExtenderConfig, *,
+                    clock: Clock = time.time) -> Runtime:
+    """Serve a live cluster through ``api_client`` (list + watch; binds write to it)."""
+    cache = _cache(config, clock)
+    binder = KubeBinder(api_client, config.names) if config.bind.enabled else None
+    extender = Extender(cache, config, binder=binder, clock=clock)
+    return Runtime(config, cache, extender, ClusterWatcher(api_client, cache, config))
+
+
+__all__ = ["Runtime", "cluster_runtime", "snapshot_runtime"]

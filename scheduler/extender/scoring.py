@@ -1,0 +1,173 @@
+"""From the core's verdicts and scores to the extender's answers (no HTTP here).
+
+Filter: the core's ``feasible_mask`` for every requested node at once, then ``explain`` for the
+ones that fail, so each failed node carries the core's reason and whether it can ever fit.
+
+Prioritize: the selected policy's score (through the core's ``rank_candidates`` and a
+``ScoreCache``), blended with model-version affinity, mapped to kube-scheduler's 0..10:
+
+- Pods without affinity (no model label, or no replica/warm node anywhere) are ranked by the
+  policy's raw score, ties broken by the core's ``best_index`` (node-name order) — exactly the
+  node the core's ``choose`` picks.
+- Otherwise the policy score is min-max normalised over the candidates (the best gets 1) and
+  blended: ``weights.policy · policy + weights.affinity · affinity``.
+- The single best node gets 10; the others are scaled into 0..9, so a tie the core breaks by
+  node order is never handed back to kube-scheduler as a tie (it would pick one at random).
+- Nodes hinted by the defrag controller for the pod's owner get 10 and every other node <= 9.
+- Nodes the pod does not fit (or that are unknown) get 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler.core.feasibility import explain, feasible_mask
+from scheduler.core.fragmentation import FloatArray
+from scheduler.core.placement import Decision, ScoreCache, best_index, choose, rank_candidates
+from scheduler.core.policy import Policy
+from scheduler.core.state import BoolArray, ClusterState, IntArray
+from scheduler.core.types import PodRequest
+from scheduler.policies.affinity import AffinityParams, affinity_score, at_cap, replica_counts
+
+MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
+UNKNOWN = -1  # row of a node name the state does not know
+# Distinct pod shapes a ScoreCache keeps before it starts afresh (each costs a few arrays of
+# the state's size; real workloads have tens of shapes, garbage requests could have millions).
+MAX_CACHED_SHAPES = 512
+
+UNKNOWN_NODE_REASON = "node not yet known to the gpufrag extender (its watch is behind); retry"
+
+
+@dataclass(frozen=True, slots=True)
+class FailedNode:
+    reason: str
+    unresolvable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Priorities:
+    """Per requested node (request order): its 0..10 score; ``best`` is the top node's row."""
+
+    scores: npt.NDArray[np.int64]
+    best: int  # -1 when the pod fits none of them
+
+
+def _cap_reason(state: ClusterState, pod: PodRequest, row: int, cap: int) -> str:
+    count = int(replica_counts(state, (pod.model, pod.model_version),
+                               np.array([row], np.int64))[0])
+    version = f"{pod.model}:{pod.model_version}" if pod.model_version else pod.model
+    return f"runs {count} replicas of model {version}; the per-node cap is {cap}"
+
+
+def scale_priorities(key: FloatArray, best: int, top: BoolArray) -> npt.NDArray[np.int64]:
+    """``MAX_PRIORITY`` for ``best`` (or, when any, for the ``top`` entries only), the rest
+    min-max scaled into 0..``MAX_PRIORITY - 1``."""
+    lo, hi = float(key.min()), float(key.max())
+    if hi > lo:
+        scaled = np.floor((MAX_PRIORITY - 1) * (key - lo) / (hi - lo))
+    else:
+        scaled = np.full(key.shape, MAX_PRIORITY - 1, np.float64)
+    scores = np.clip(scaled, 0, MAX_PRIORITY - 1).astype(np.int64)
+    if top.any():
+        scores[top] = MAX_PRIORITY
+    else:
+        scores[best] = MAX_PRIORITY
+    return scores
+
+
+class Scorer:
+    """One policy with its score cache, the blend weights and the affinity settings.
+
+    Built once per target workload (the extender swaps in a new one when the workload is
+    recomputed); every method must be called with the cluster cache's lock held.
+    """
+
+    def __init__(self, policy: Policy, *, policy_weight: float, affinity_weight: float,
+                 affinity: AffinityParams) -> None:
+        self.policy = policy
+        self.policy_weight = policy_weight
+        self.affinity_weight = affinity_weight
+        self.affinity = affinity
+        self._cache: ScoreCache | None = ScoreCache(policy) if policy.node_local else None
+        self._shapes: set[tuple[object, ...]] = set()
+
+    @property
+    def cache(self) -> ScoreCache | None:
+        return self._cache
+
+    def _score_cache(self, pod: PodRequest) -> ScoreCache | None:
+        if self._cache is not None and pod.shape not in self._shapes:
+            if len(self._shapes) >= MAX_CACHED_SHAPES:
+                self._cache = ScoreCache(self.policy)
+                self._shapes.clear()
+            self._shapes.add(pod.shape)
+        return self._cache
+
+    # ------------------------------------------------------------------ filter
+    def filter(self, state: ClusterState, pod: PodRequest,
+               rows: IntArray) -> tuple[BoolArray, dict[int, FailedNode]]:
+        """Which requested rows pass, and for each failing position its reason."""
+        known = rows != UNKNOWN
+        safe = np.where(known, rows, 0)
+        passed: BoolArray = known & feasible_mask(state, pod, safe)
+        capped = np.zeros(rows.size, np.bool_)
+        if self.affinity.cap_is_hard and pod.model:
+            capped = passed & at_cap(state, pod, safe, self.affinity)
+            passed &= ~capped
+        failed: dict[int, FailedNode] = {}
+        for i in np.flatnonzero(~passed):
+            row = int(rows[i])
+            if row == UNKNOWN:
+                failed[int(i)] = FailedNode(UNKNOWN_NODE_REASON, False)
+            elif capped[i]:
+                failed[int(i)] = FailedNode(
+                    _cap_reason(state, pod, row, self.affinity.max_replicas_per_node), False)
+            else:
+                verdict = explain(state, pod, row)
+                reason = verdict.reason or "does not fit"  # mask and explain share rules
+                failed[int(i)] = FailedNode(reason, verdict.unresolvable)
+        return passed, failed
+
+    # ------------------------------------------------------------------ prioritize
+    def prioritize(self, state: ClusterState, pod: PodRequest, rows: IntArray, now: float,
+                   hinted: frozenset[str] = frozenset()) -> Priorities:
+        """0..10 per requested row (``UNKNOWN`` rows and rows the pod does not fit get 0)."""
+        out = np.zeros(rows.size, np.int64)
+        known = rows[rows != UNKNOWN]
+        candidates, scores = rank_candidates(state, self.policy, pod, known,
+                                             self._score_cache(pod))
+        if self.affinity.cap_is_hard and pod.model and candidates.size:
+            keep = ~at_cap(state, pod, candidates, self.affinity)
+            candidates = candidates[keep]
+            scores = scores._replace(score=scores.score[keep], share_gpu=scores.share_gpu[keep])
+        if candidates.size == 0:
+            return Priorities(out, -1)
+        key = scores.score
+        if self.affinity_weight > 0 and pod.model:
+            bonus = affinity_score(state, pod, candidates, self.affinity, now)
+            if bonus.any():
+                lo, hi = float(key.min()), float(key.max())
+                norm = (key - lo) / (hi - lo) if hi > lo else np.ones(key.shape)
+                key = self.policy_weight * norm + self.affinity_weight * bonus
+        best = best_index(state, candidates, key)
+        top = np.zeros(candidates.size, np.bool_)
+        if hinted:
+            top = np.fromiter((state.names[int(r)] in hinted for r in candidates), np.bool_,
+                              candidates.size)
+        per_row = np.zeros(state.size, np.int64)
+        per_row[candidates] = scale_priorities(key, best, top)
+        out[rows != UNKNOWN] = per_row[known]
+        best_row = int(candidates[int(np.flatnonzero(top)[0])] if top.any() else candidates[best])
+        return Priorities(out, best_row)
+
+    # ------------------------------------------------------------------ bind
+    def place_on(self, state: ClusterState, pod: PodRequest, row: int) -> Decision | None:
+        """The core's decision restricted to one node (its GPUs), None if it does not fit."""
+        return choose(state, self.policy, pod, np.array([row], np.int64),
+                      self._score_cache(pod))
+
+
+__all__ = ["MAX_PRIORITY", "UNKNOWN", "FailedNode", "Priorities", "Scorer", "scale_priorities"]

@@ -1,0 +1,216 @@
+"""The extender's three verbs on core types: filter, prioritize, bind (no HTTP here).
+
+``Extender`` ties the cluster cache (kept current by the watch or loaded from a snapshot), the
+scorer (policy + affinity + score cache) and the binder (the one writer) together, and keeps
+FGD's target workload current: fixed specs from the configuration, or derived from the pods seen,
+recomputed every ``workload.refresh_s`` by :meth:`maintain` — never on the request path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import structlog
+
+from gpufrag.errors import BadInput
+from scheduler.config import ExtenderConfig
+from scheduler.core.feasibility import explain
+from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_ratio
+from scheduler.core.state import IntArray
+from scheduler.core.types import MILLI_PER_GPU, PodRequest
+from scheduler.extender.scoring import UNKNOWN, FailedNode, Priorities, Scorer
+from scheduler.kube.binder import Binder, BindError
+from scheduler.kube.cache import ClusterCache
+from scheduler.kube.convert import owner_uid, pod_from_k8s
+from scheduler.policies import make_policy
+
+Obj = Mapping[str, Any]
+Clock = Callable[[], float]
+
+# FGD needs a target workload before any pod has been seen: a spread of the common shapes
+# (GPU shares of a quarter and a half, 1, 2, 4 and 8 whole GPUs), equally popular.
+FALLBACK_SPECS: tuple[tuple[SpecKey, float], ...] = tuple(
+    ((0, gpus, milli, frozenset()), 1.0)
+    for gpus, milli in ((1, 250), (1, 500), (1, MILLI_PER_GPU), (2, MILLI_PER_GPU),
+                        (4, MILLI_PER_GPU), (8, MILLI_PER_GPU)))
+
+log = structlog.get_logger("gpufrag.extender")
+
+
+class BindRefused(Exception):
+    """The bind cannot be done; the message says why (it goes back in ``Error``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOutcome:
+    passed: list[int]                     # positions in the request, in request order
+    failed: dict[int, FailedNode]         # position -> reason
+    gpu_pod: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BindOutcome:
+    node: str
+    gpus: tuple[int, ...]
+
+
+def _configured_workload(config: ExtenderConfig) -> TargetWorkload | None:
+    specs = config.workload.specs
+    if not specs:
+        return None
+    return TargetWorkload.from_specs(
+        ((s.cpu_milli, s.num_gpu, s.gpu_milli, frozenset(s.gpu_spec)), s.popularity)
+        for s in specs)
+
+
+class Extender:
+    def __init__(self, cache: ClusterCache, config: ExtenderConfig, *,
+                 binder: Binder | None = None, clock: Clock = time.time) -> None:
+        self.cache = cache
+        self.config = config
+        self.binder = binder
+        self.clock = clock
+        self._fixed_workload = _configured_workload(config)
+        self.workload: TargetWorkload = self._fixed_workload or TargetWorkload.from_specs(
+            FALLBACK_SPECS)
+        self._workload_at = -float("inf")
+        self._workload_changes = -1
+        self._workload_after_sync = False
+        self.scorer = self._make_scorer(self.workload)
+        self.refresh_workload(force=True)
+        self._workload_after_sync = cache.synced  # built from a full state already
+
+    # ------------------------------------------------------------------ workload
+    def _make_scorer(self, workload: TargetWorkload) -> Scorer:
+        policy = make_policy(self.config.policy, workload=workload, seed=self.config.seed)
+        return Scorer(policy, policy_weight=self.config.weights.policy,
+                      affinity_weight=self.config.weights.affinity,
+                      affinity=self.config.affinity)
+
+    def refresh_workload(self, *, force: bool = False) -> bool:
+        """Recompute the target workload from the pods seen (when due and they changed) and
+        swap in a scorer for it; returns whether it did."""
+        now = self.clock()
+        if self._fixed_workload is not None and not force:
+            return False
+        due = now - self._workload_at >= self.config.workload.refresh_s
+        changes = self.cache.pod_changes
+        if not force and (not due or changes == self._workload_changes):
+            return False
+        workload = self._fixed_workload
+        if workload is None:
+            pods = self.cache.workload_pods()
+            workload = (TargetWorkload.from_pods(pods, self.config.workload.coverage) if pods
+                        else TargetWorkload.from_specs(FALLBACK_SPECS))
+        scorer = self._make_scorer(workload)
+        with self.cache.lock:
+            self.workload, self.scorer = workload, scorer
+        self._workload_at, self._workload_changes = now, changes
+        log.info("target workload set", specs=len(workload.gpu_spec),
+                 source="config" if self._fixed_workload is not None else "pods seen")
+        return True
+
+    def maintain(self) -> None:
+        """Periodic upkeep (the runtime's maintenance thread): expire assumptions, refresh the
+        target workload (at once after the first sync, then every ``workload.refresh_s``)."""
+        self.cache.expire(self.clock())
+        if self.cache.synced and not self._workload_after_sync:
+            self.refresh_workload(force=True)
+            self._workload_after_sync = True
+        else:
+            self.refresh_workload()
+
+    @property
+    def ready(self) -> bool:
+        """The state has synced and the target workload reflects it."""
+        return self._workload_after_sync
+
+    # ------------------------------------------------------------------ helpers
+    def _pod(self, obj: Obj) -> PodRequest:
+        if not isinstance(obj, Mapping):
+            raise BadInput("Pod must be an object", field="Pod")
+        return pod_from_k8s(obj, self.config.names)
+
+    def _rows(self, names: Sequence[str]) -> IntArray:
+        index = self.cache.state.index
+        rows = np.fromiter((index.get(n, UNKNOWN) for n in names), np.int64, len(names))
+        return rows
+
+    def fragmentation_ratio(self) -> float:
+        with self.cache.lock:
+            return fragmentation_ratio(self.cache.state, self.workload)
+
+    # ------------------------------------------------------------------ verbs
+    def filter(self, pod_obj: Obj, names: Sequence[str]) -> FilterOutcome:
+        pod = self._pod(pod_obj)
+        if not pod.wants_gpu:
+            return FilterOutcome(list(range(len(names))), {}, False)
+        with self.cache.lock:
+            rows = self._rows(names)
+            passed, failed = self.scorer.filter(self.cache.state, pod, rows)
+        return FilterOutcome(np.flatnonzero(passed).tolist(), failed, True)
+
+    def prioritize(self, pod_obj: Obj, names: Sequence[str]) -> tuple[Priorities, str]:
+        """Scores in request order and the top node's name ('' when none / a CPU-only pod)."""
+        pod = self._pod(pod_obj)
+        if not pod.wants_gpu:
+            return Priorities(np.zeros(len(names), np.int64), -1), ""
+        now = self.clock()
+        owner = owner_uid(pod_obj)
+        with self.cache.lock:
+            hinted = self.cache.hints.nodes_for(owner, now)
+            rows = self._rows(names)
+            result = self.scorer.prioritize(self.cache.state, pod, rows, now, hinted)
+            best = self.cache.state.names[result.best] if result.best >= 0 else ""
+        return result, best
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> BindOutcome:
+        """Choose the GPUs on ``node``, count the placement at once, annotate, bind."""
+        if self.binder is None:
+            raise BindRefused("binding is disabled in this extender (bind.enabled: false)")
+        key = f"{namespace}/{name}"
+        with self.cache.lock:
+            known = self.cache.pods.get(key)
+        if known is not None and known.node:
+            raise BindRefused(f"pod {key} is already bound to {known.node}")
+        if known is None or (uid and known.uid and known.uid != uid):
+            # Not seen yet (the watch is behind) or re-created: ask the API server.
+            try:
+                obj = self.binder.read_pod(namespace, name)
+            except BindError as e:
+                raise BindRefused(str(e)) from None
+            if obj is None:
+                raise BindRefused(f"pod {key} not found")
+            request = pod_from_k8s(obj, self.config.names)
+        else:
+            request = known.request
+        with self.cache.lock:
+            state = self.cache.state
+            row = state.index.get(node)
+            if row is None or not state.active[row]:
+                raise BindRefused(f"node {node} is not known to the gpufrag extender")
+            current = state.pods.get(key)
+            if current is not None and key in self.cache.assumed and current.node == node:
+                gpus = current.gpus  # kube-scheduler retrying the same bind: same answer
+            elif current is not None:
+                raise BindRefused(f"pod {key} is already placed on {current.node}")
+            else:
+                decision = self.scorer.place_on(state, request, row)
+                if decision is None:
+                    reason = explain(state, request, row).reason or "does not fit"
+                    raise BindRefused(f"pod {key} does not fit node {node} now: {reason}")
+                gpus = decision.gpus
+                self.cache.assume(request, row, gpus)
+        try:
+            self.binder.bind(namespace, name, uid, node, gpus if request.wants_gpu else None)
+        except BindError as e:
+            self.cache.forget(key)
+            raise BindRefused(str(e)) from None
+        return BindOutcome(node, gpus)
+
+
+__all__ = ["BindOutcome", "BindRefused", "Extender", "FilterOutcome"]

@@ -1,0 +1,146 @@
+"""All of the extender's writes to the cluster, in one place.
+
+Binding a pod is two writes: record the chosen GPUs on the pod (annotation, so the device plugin
+can honour them and the defrag controller can read per-GPU allocation), then create the Binding.
+The annotation goes first: once the Binding exists the pod may start, and it must not start
+without its GPU indices. Both carry the pod's UID as a precondition, so a pod deleted and
+re-created under the same name is never bound by a decision made for its predecessor.
+
+``DryRunBinder`` swaps the writer, not the logic: with a snapshot there is no cluster to write
+to, so the extender records what it would have done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import kubernetes
+import orjson
+import structlog
+
+from scheduler.kube.convert import KubeNames
+
+Obj = Mapping[str, Any]
+_MERGE_PATCH = "application/merge-patch+json"
+
+log = structlog.get_logger("gpufrag.binder")
+
+
+class BindError(RuntimeError):
+    """A write the API server refused; ``retryable`` says whether trying again may help."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class Binder(Protocol):
+    """Reads a pod the cache has not seen yet, and binds pods."""
+
+    def read_pod(self, namespace: str, name: str) -> Obj | None:
+        """The pod as the API server has it now (None when it does not exist)."""
+        ...
+
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             gpus: tuple[int, ...] | None) -> None:
+        """Annotate the pod with ``gpus`` (when not None), then bind it to ``node``."""
+        ...
+
+
+def gpu_indices_text(gpus: tuple[int, ...]) -> str:
+    return ",".join(str(g) for g in gpus)
+
+
+def _refusal(what: str, e: Any) -> BindError:
+    status = getattr(e, "status", 0) or 0
+    body = getattr(e, "body", None)
+    detail = ""
+    if body:
+        try:
+            detail = str(orjson.loads(body).get("message") or "")
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            detail = str(body)[:300]
+    text = f"{what}: HTTP {status} {getattr(e, 'reason', '')}".rstrip()
+    if detail:
+        text += f": {detail}"
+    # 404: the pod is gone; 409: it changed (UID precondition) or is bound already; 422: the
+    # request is invalid. Anything else (429, 5xx, connection errors) may pass on a retry.
+    return BindError(text, retryable=status not in (400, 403, 404, 409, 422))
+
+
+class KubeBinder:
+    """Writes through the Kubernetes API (``kubernetes.client``)."""
+
+    def __init__(self, api_client: Any, names: KubeNames) -> None:
+        # Typed as Any: with _preload_content=False the calls return raw responses, not models.
+        self.core: Any = kubernetes.client.CoreV1Api(api_client)
+        self.names = names
+
+    def read_pod(self, namespace: str, name: str) -> Obj | None:
+        try:
+            resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+        except kubernetes.client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise _refusal(f"reading pod {namespace}/{name}", e) from None
+        try:
+            obj: Obj = orjson.loads(resp.data)
+        finally:
+            resp.release_conn()
+        return obj
+
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             gpus: tuple[int, ...] | None) -> None:
+        if gpus is not None:
+            meta: dict[str, Any] = {
+                "annotations": {self.names.annotation_gpu_indices: gpu_indices_text(gpus)}}
+            if uid:
+                meta["uid"] = uid  # a precondition: 409 if the pod was re-created
+            try:
+                self.core.patch_namespaced_pod(name, namespace, {"metadata": meta},
+                                               _content_type=_MERGE_PATCH,
+                                               _preload_content=False).release_conn()
+            except kubernetes.client.ApiException as e:
+                raise _refusal(f"annotating pod {namespace}/{name}", e) from None
+        body = kubernetes.client.V1Binding(
+            metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace,
+                                                    uid=uid or None),
+            target=kubernetes.client.V1ObjectReference(api_version="v1", kind="Node",
+                                                       name=node))
+        try:
+            # The API answers a Status, which the client cannot deserialise as a Binding.
+            self.core.create_namespaced_pod_binding(name, namespace, body,
+                                                    _preload_content=False).release_conn()
+        except kubernetes.client.ApiException as e:
+            raise _refusal(f"binding pod {namespace}/{name} to {node}", e) from None
+
+
+@dataclass(frozen=True, slots=True)
+class BindCall:
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    gpus: tuple[int, ...] | None
+
+
+class DryRunBinder:
+    """Records and logs binds instead of writing (snapshot mode); reads from a fixed set."""
+
+    def __init__(self, pods: Mapping[str, Obj] | None = None) -> None:
+        self.pods = dict(pods or {})
+        self.calls: list[BindCall] = []
+
+    def read_pod(self, namespace: str, name: str) -> Obj | None:
+        return self.pods.get(f"{namespace}/{name}")
+
+    def bind(self, namespace: str, name: str, uid: str, node: str,
+             gpus: tuple[int, ...] | None) -> None:
+        self.calls.append(BindCall(namespace, name, uid, node, gpus))
+        log.info("dry run: would bind", pod=f"{namespace}/{name}", node=node,
+                 gpus=gpu_indices_text(gpus) if gpus is not None else None)
+
+
+__all__ = ["BindCall", "BindError", "Binder", "DryRunBinder", "KubeBinder", "gpu_indices_text"]

@@ -1,0 +1,332 @@
+"""The extender's picture of the cluster, kept current from watch events (or a snapshot).
+
+``ClusterCache`` owns one ``ClusterState`` and everything needed to apply Kubernetes objects to
+it: which pods are bound where (placed, ``check=False``: the live cluster is the truth even when
+it over-commits), which are still pending (the bind verb needs their requests), which placements
+the extender *assumed* at bind and the watch has not confirmed yet (they expire after a TTL),
+and pods bound to a node the cache has not seen yet (the pod event raced the node event; they
+are placed when the node arrives).
+
+Concurrency: one re-entrant lock, ``lock``. Every public method takes it; request handlers hold
+it while they read the state so a watch event never lands in the middle of a score. The
+mutations are small (one object each), and relists apply their items in chunks, so requests
+never wait long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import structlog
+
+from gpufrag.errors import BadInput
+from scheduler.core.gpus import NO_GPU, gpus_for
+from scheduler.core.state import ClusterState, pod_key
+from scheduler.core.types import Placement, PodRequest
+from scheduler.kube.convert import (
+    DEFAULT_NAMES,
+    KubeNames,
+    bound_gpus,
+    is_terminal,
+    key_of,
+    node_from_k8s,
+    node_name_of,
+    owner_uid,
+    pod_from_k8s,
+    uid_of,
+)
+from scheduler.kube.hints import NO_HINTS, PlacementHints, hints_from_configmap
+
+Obj = Mapping[str, Any]
+Clock = Callable[[], float]
+RELIST_CHUNK = 500
+MAX_SKIPPED = 100
+
+log = structlog.get_logger("gpufrag.cache")
+
+
+@dataclass(frozen=True, slots=True)
+class KnownPod:
+    """A pod as last seen: its request, the node it is bound to ('' = pending), its UID and
+    its controlling owner's UID (for placement hints)."""
+
+    request: PodRequest
+    node: str
+    uid: str
+    owner: str
+    gpus: tuple[int, ...] | None
+
+
+class ClusterCache:
+    def __init__(self, names: KubeNames = DEFAULT_NAMES, *, clock: Clock = time.time,
+                 assume_ttl_s: float = 30.0) -> None:
+        self.lock = threading.RLock()
+        self.names = names
+        self.clock = clock
+        self.assume_ttl_s = assume_ttl_s
+        self.state = ClusterState()
+        self.pods: dict[str, KnownPod] = {}            # every non-terminal pod seen
+        self.assumed: dict[str, float] = {}            # pod key -> deadline (clock seconds)
+        self.orphans: dict[str, set[str]] = {}         # node name -> keys of pods bound to it
+        self.unaccounted: dict[str, str] = {}          # pod key -> why it is not in the state
+        self.skipped: dict[str, str] = {}              # object -> why it could not be read
+        self.hints: PlacementHints = NO_HINTS
+        self.nodes_synced = False
+        self.pods_synced = False
+        self.pod_changes = 0                           # bumped on every change to the pod set
+
+    # ------------------------------------------------------------------ status
+    @property
+    def synced(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    def counts(self) -> dict[str, int]:
+        with self.lock:
+            pending = sum(1 for p in self.pods.values() if not p.node)
+            return {"nodes": int(self.state.active[: self.state.size].sum()),
+                    "pods_placed": len(self.state.pods) - len(self.assumed),
+                    "pods_pending": pending, "pods_assumed": len(self.assumed),
+                    "pods_unaccounted": len(self.unaccounted) + sum(
+                        len(v) for v in self.orphans.values())}
+
+    def workload_pods(self) -> list[PodRequest]:
+        """Every non-terminal pod seen (bound or pending): FGD's target workload source."""
+        with self.lock:
+            return [p.request for p in self.pods.values()]
+
+    def _skip(self, what: str, reason: str) -> None:
+        if len(self.skipped) >= MAX_SKIPPED and what not in self.skipped:
+            self.skipped.pop(next(iter(self.skipped)))
+        self.skipped[what] = reason
+        log.warning("object skipped", object=what, reason=reason)
+
+    # ------------------------------------------------------------------ nodes
+    def apply_node(self, obj: Obj) -> None:
+        """A Node was added or changed."""
+        with self.lock:
+            try:
+                spec = node_from_k8s(obj, self.names)
+            except BadInput as e:
+                self._skip(f"node {_name_or_unknown(obj)}", str(e))
+                return
+            row = self.state.index.get(spec.name)
+            if row is not None and self.state.active[row] and self.state.node_spec(row) == spec:
+                return  # a status heartbeat: nothing placement reads changed
+            self.skipped.pop(f"node {spec.name}", None)
+            self.state.add_node(spec)
+            for key in sorted(self.orphans.pop(spec.name, set())):
+                self._place_known(key)
+
+    def delete_node(self, name: str) -> None:
+        """A Node is gone; its pods wait as orphans until they are deleted or it returns."""
+        with self.lock:
+            row = self.state.index.get(name)
+            if row is None or not self.state.active[row]:
+                return
+            for placement in self.state.remove_node(name):
+                key = pod_key(placement.pod)
+                self.assumed.pop(key, None)
+                known = self.pods.get(key)
+                if known is not None and known.node == name:
+                    self.orphans.setdefault(name, set()).add(key)
+
+    def replace_nodes(self, objs: Iterable[Obj]) -> None:
+        """A full list of Nodes (start-up or relist): apply each, drop the ones not listed."""
+        listed: set[str] = set()
+        for chunk in _chunks(objs, RELIST_CHUNK):
+            with self.lock:
+                for obj in chunk:
+                    self.apply_node(obj)
+                    listed.add(_name_or_unknown(obj))
+        with self.lock:
+            for row in self.state.active_rows():
+                name = self.state.names[int(row)]
+                if name not in listed:
+                    self.delete_node(name)
+            self.nodes_synced = True
+
+    # ------------------------------------------------------------------ pods
+    def apply_pod(self, obj: Obj) -> None:
+        """A Pod was added or changed."""
+        with self.lock:
+            try:
+                key = key_of(obj)
+            except BadInput as e:
+                self._skip("pod without a name", str(e))
+                return
+            if is_terminal(obj):
+                self.delete_pod(key)
+                return
+            try:
+                request = pod_from_k8s(obj, self.names)
+            except BadInput as e:
+                self._skip(f"pod {key}", str(e))
+                self.delete_pod(key)
+                return
+            self.skipped.pop(f"pod {key}", None)
+            known = KnownPod(request=request, node=node_name_of(obj), uid=uid_of(obj),
+                             owner=owner_uid(obj), gpus=bound_gpus(obj, self.names))
+            previous = self.pods.get(key)
+            self.pods[key] = known
+            if previous != known:
+                self.pod_changes += 1
+            if not known.node:
+                # Pending. An assumed placement stays until the watch shows the binding or
+                # the assumption expires (the annotation patch before the bind lands here).
+                if key in self.state.pods and key not in self.assumed:
+                    self.state.remove_pod(key)
+                return
+            self.assumed.pop(key, None)  # bound: the watch confirms (or corrects) the guess
+            current = self.state.pods.get(key)
+            if current is not None:
+                if (current.node == known.node and current.pod == request
+                        and known.gpus in (None, current.gpus)):
+                    return
+                self.state.remove_pod(key)
+            self._place_known(key)
+
+    def _place_known(self, key: str) -> None:
+        known = self.pods[key]
+        self._drop_orphan(key)
+        self.unaccounted.pop(key, None)
+        row = self.state.index.get(known.node)
+        if row is None or not self.state.active[row]:
+            self.orphans.setdefault(known.node, set()).add(key)
+            return
+        gpus = self._valid_gpus(known.request, row, known.gpus)
+        if gpus is None:
+            gpus = self._default_gpus(known.request, row)
+        if gpus is None:
+            self.unaccounted[key] = (f"asks for {known.request.num_gpu} GPUs, node "
+                                     f"{known.node} has {int(self.state.gpu_count[row])}")
+            log.warning("pod not accounted", pod=key, reason=self.unaccounted[key])
+            return
+        self.state.place(known.request, row, gpus, check=False)
+
+    def _valid_gpus(self, pod: PodRequest, row: int,
+                    gpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        """The recorded GPU indices if they make sense on this node, else None."""
+        if gpus is None or len(gpus) != pod.num_gpu or len(set(gpus)) != len(gpus):
+            return None
+        count = int(self.state.gpu_count[row])
+        return gpus if all(0 <= g < count for g in gpus) else None
+
+    def _default_gpus(self, pod: PodRequest, row: int) -> tuple[int, ...] | None:
+        """The core's rule; where the node is over-committed (no GPU fits), the freest GPUs."""
+        count = int(self.state.gpu_count[row])
+        if pod.num_gpu > count:
+            return None
+        gpus = gpus_for(self.state, pod, row, NO_GPU)
+        if len(gpus) == pod.num_gpu and NO_GPU not in gpus:
+            return gpus
+        free = self.state.gpu_free[row, :count]
+        freest = np.argsort(-free, kind="stable")
+        taken = [g for g in gpus if g != NO_GPU]
+        taken += [int(g) for g in freest if int(g) not in taken][: pod.num_gpu - len(taken)]
+        return tuple(taken)
+
+    def _drop_orphan(self, key: str) -> None:
+        for node, keys in list(self.orphans.items()):
+            if key in keys:
+                keys.discard(key)
+                if not keys:
+                    del self.orphans[node]
+
+    def delete_pod(self, key: str) -> None:
+        """A Pod is gone (or terminal); a model replica leaving is recorded for the warm window."""
+        with self.lock:
+            if self.pods.pop(key, None) is not None:
+                self.pod_changes += 1
+            self.assumed.pop(key, None)
+            self.unaccounted.pop(key, None)
+            self._drop_orphan(key)
+            if key in self.state.pods:
+                self.state.remove_pod(key, now=self.clock())
+
+    def delete_pod_object(self, obj: Obj) -> None:
+        try:
+            key = key_of(obj)
+        except BadInput:
+            return
+        self.delete_pod(key)
+
+    def replace_pods(self, objs: Iterable[Obj]) -> None:
+        """A full list of Pods: apply each, drop the ones not listed (assumed ones stay: the
+        binding may not have reached this list yet; their TTL handles them)."""
+        listed: set[str] = set()
+        for chunk in _chunks(objs, RELIST_CHUNK):
+            with self.lock:
+                for obj in chunk:
+                    self.apply_pod(obj)
+                    with contextlib.suppress(BadInput):
+                        listed.add(key_of(obj))
+        with self.lock:
+            for key in [k for k in self.pods if k not in listed]:
+                self.delete_pod(key)
+            self.pods_synced = True
+
+    # ------------------------------------------------------------------ assumed placements
+    def assume(self, pod: PodRequest, row: int, gpus: tuple[int, ...]) -> Placement:
+        """Count a placement the extender is binding now, before the watch shows it."""
+        with self.lock:
+            placement = self.state.place(pod, row, gpus)
+            self.assumed[pod_key(pod)] = self.clock() + self.assume_ttl_s
+            return placement
+
+    def forget(self, key: str) -> None:
+        """Undo an assumption (the bind failed)."""
+        with self.lock:
+            if self.assumed.pop(key, None) is not None and key in self.state.pods:
+                self.state.remove_pod(key)
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Drop assumptions the watch never confirmed within the TTL; returns their keys."""
+        with self.lock:
+            at = self.clock() if now is None else now
+            gone = [key for key, deadline in self.assumed.items() if deadline <= at]
+            for key in gone:
+                self.forget(key)
+                log.warning("assumed placement expired", pod=key)
+            return gone
+
+    # ------------------------------------------------------------------ hints
+    def set_hints(self, configmap: Obj | None) -> None:
+        hints, problems = hints_from_configmap(configmap)
+        for problem in problems:
+            log.warning("placement hint skipped", reason=problem)
+        with self.lock:
+            self.hints = hints
+
+    # ------------------------------------------------------------------ snapshot
+    def load(self, nodes: Iterable[Obj], pods: Iterable[Obj],
+             hints: Obj | None = None) -> None:
+        """Fill the cache from static objects (a snapshot file)."""
+        self.replace_nodes(nodes)
+        self.replace_pods(pods)
+        self.set_hints(hints)
+
+
+def _name_or_unknown(obj: Obj) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) and name else "<unnamed>"
+
+
+def _chunks(objs: Iterable[Obj], size: int) -> Iterable[list[Obj]]:
+    chunk: list[Obj] = []
+    for obj in objs:
+        chunk.append(obj)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+__all__ = ["ClusterCache", "KnownPod"]

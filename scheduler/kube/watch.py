@@ -1,0 +1,298 @@
+"""List + watch of Nodes, Pods and the hints ConfigMap into a ``ClusterCache``.
+
+One :class:`Reflector` thread per resource does what client-go's reflector does: list (in pages)
+to get every object and a resourceVersion, hand the full list to the cache (which drops what is
+no longer there), then watch from that resourceVersion and apply each event. A watch that ends
+(server timeout) resumes from the last resourceVersion seen (bookmarks advance it too); a 410
+Gone — the version is too old — relists; any other failure (connection refused, 5xx, 403 while
+RBAC is being fixed) retries after a capped exponential backoff with full jitter.
+
+Objects travel as the API's JSON (parsed with orjson), never as the client's model classes: the
+converters read JSON, and deserialising 100,000 pods into models would take minutes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import random
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import kubernetes
+import orjson
+import structlog
+
+from scheduler.config import ExtenderConfig, WatchConfig
+from scheduler.kube.cache import ClusterCache
+
+Obj = Mapping[str, Any]
+ListCall = Callable[..., Any]
+HTTP_GONE = 410
+# Terminal pods hold no resources; with this selector the API server also sends DELETED when a
+# pod becomes terminal (it stops matching), exactly as kube-scheduler's own pod informer.
+NON_TERMINAL_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+CONNECT_TIMEOUT_S = 10.0
+LIST_READ_TIMEOUT_S = 120.0
+
+log = structlog.get_logger("gpufrag.watch")
+
+
+class EventSink(Protocol):
+    """Where a reflector delivers objects."""
+
+    def replace(self, objs: list[Obj]) -> None: ...
+
+    def upsert(self, obj: Obj) -> None: ...
+
+    def delete(self, obj: Obj) -> None: ...
+
+
+class NodeSink:
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def replace(self, objs: list[Obj]) -> None:
+        self.cache.replace_nodes(objs)
+
+    def upsert(self, obj: Obj) -> None:
+        self.cache.apply_node(obj)
+
+    def delete(self, obj: Obj) -> None:
+        name = (obj.get("metadata") or {}).get("name")
+        if isinstance(name, str):
+            self.cache.delete_node(name)
+
+
+class PodSink:
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def replace(self, objs: list[Obj]) -> None:
+        self.cache.replace_pods(objs)
+
+    def upsert(self, obj: Obj) -> None:
+        self.cache.apply_pod(obj)
+
+    def delete(self, obj: Obj) -> None:
+        self.cache.delete_pod_object(obj)
+
+
+class HintsSink:
+    """The one hints ConfigMap (the list is filtered by name): absent = no hints."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def replace(self, objs: list[Obj]) -> None:
+        self.cache.set_hints(objs[0] if objs else None)
+
+    def upsert(self, obj: Obj) -> None:
+        self.cache.set_hints(obj)
+
+    def delete(self, obj: Obj) -> None:
+        self.cache.set_hints(None)
+
+
+class WatchError(RuntimeError):
+    """The API server sent an ERROR event other than 410 Gone."""
+
+
+class Backoff:
+    """Capped exponential backoff with full jitter: uniform(0, min(cap, base · 2^attempt))."""
+
+    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self.attempt = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        ceiling = min(self.max_s, self.initial_s * 2.0 ** self.attempt)
+        self.attempt = min(self.attempt + 1, 62)
+        return self._rng.uniform(0.0, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+def _resource_version(obj: Obj) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("resourceVersion") or "") if isinstance(meta, Mapping) else ""
+
+
+def _lines(resp: Any) -> Iterator[bytes]:
+    """The newline-delimited JSON events of a watch response, as they arrive."""
+    buffer = b""
+    for chunk in resp.stream(None, decode_content=True):
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            if line.strip():
+                yield line
+    if buffer.strip():
+        yield buffer
+
+
+def list_objects(list_call: ListCall, page_size: int = 500, *,
+                 what: str = "objects") -> tuple[list[Obj], str]:
+    """Every object a list call returns (in pages of ``page_size``), as JSON, and the list's
+    resourceVersion."""
+    items: list[Obj] = []
+    token: str | None = None
+    while True:
+        resp = list_call(limit=page_size, _continue=token, _preload_content=False,
+                         _request_timeout=(CONNECT_TIMEOUT_S, LIST_READ_TIMEOUT_S))
+        try:
+            body = orjson.loads(resp.data)
+        finally:
+            resp.release_conn()
+        items += body.get("items") or []
+        meta = body.get("metadata") or {}
+        token = meta.get("continue") or None
+        if token is None:
+            version = str(meta.get("resourceVersion") or "")
+            if not version:
+                raise WatchError(f"{what} list carried no resourceVersion")
+            return items, version
+
+
+class Reflector:
+    """List, then watch, one kind of object into an :class:`EventSink`, forever."""
+
+    def __init__(self, kind: str, list_call: ListCall, sink: EventSink, config: WatchConfig,
+                 stop: threading.Event, *, rng: random.Random | None = None) -> None:
+        self.kind = kind
+        self.list_call = list_call
+        self.sink = sink
+        self.config = config
+        self.stop_event = stop
+        self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s, rng)
+        self.lists = 0
+        self.events = 0
+        self.last_error = ""
+        self._resp: Any = None
+        self._log = log.bind(kind=kind)
+
+    # ------------------------------------------------------------------ one list, one watch
+    def list_all(self) -> tuple[list[Obj], str]:
+        """Every object (paged), and the resourceVersion to watch from."""
+        return list_objects(self.list_call, self.config.page_size, what=self.kind)
+
+    def watch_from(self, version: str) -> str | None:
+        """Apply events from ``version`` on until the server ends the watch; returns the
+        version to resume from, or None when it is too old (relist)."""
+        resp = self.list_call(watch=True, resource_version=version, allow_watch_bookmarks=True,
+                              timeout_seconds=max(1, int(self.config.timeout_s)),
+                              _preload_content=False,
+                              _request_timeout=(CONNECT_TIMEOUT_S, self.config.timeout_s + 15))
+        self._resp = resp
+        try:
+            for line in _lines(resp):
+                if self.stop_event.is_set():
+                    break
+                event = orjson.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    code = obj.get("code")
+                    if code == HTTP_GONE:
+                        return None
+                    raise WatchError(f"{self.kind} watch error {code}: {obj.get('message')}")
+                self._deliver(str(kind), obj)
+                version = _resource_version(obj) or version
+        finally:
+            self._resp = None
+            resp.close()
+            resp.release_conn()
+        return version
+
+    def _deliver(self, kind: str, obj: Obj) -> None:
+        try:
+            if kind in ("ADDED", "MODIFIED"):
+                self.sink.upsert(obj)
+            elif kind == "DELETED":
+                self.sink.delete(obj)
+            else:
+                return  # BOOKMARK: only its resourceVersion matters
+            self.events += 1
+        except Exception:  # a bug in applying one object must not stop the watch
+            self._log.exception("event not applied", event=kind)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> None:
+        version: str | None = None
+        while not self.stop_event.is_set():
+            try:
+                if version is None:
+                    objs, version = self.list_all()
+                    self.sink.replace(objs)
+                    self.lists += 1
+                    self._log.info("listed", objects=len(objs), resource_version=version)
+                version = self.watch_from(version)
+                self.backoff.reset()
+                if version is None:
+                    self._log.info("watch too old; relisting")
+            except kubernetes.client.ApiException as e:
+                if e.status == HTTP_GONE:
+                    version = None
+                    continue
+                self._failed(f"HTTP {e.status} {e.reason}")
+            except Exception as e:  # connection refused, reset, timeouts, bad JSON
+                self._failed(repr(e))
+
+    def _failed(self, error: str) -> None:
+        self.last_error = error
+        if self.stop_event.is_set():
+            return
+        delay = self.backoff.next_delay()
+        self._log.warning("list/watch failed; retrying", error=error, retry_in_s=round(delay, 2))
+        self.stop_event.wait(delay)
+
+    def interrupt(self) -> None:
+        """Close the open watch so a blocked read returns (used by stop)."""
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown()
+            except Exception:  # already closed, or an old urllib3 without shutdown()
+                with contextlib.suppress(Exception):
+                    resp.close()
+
+
+class ClusterWatcher:
+    """The reflectors for Nodes, Pods and (when enabled) the hints ConfigMap, each in a thread."""
+
+    def __init__(self, api_client: Any, cache: ClusterCache, config: ExtenderConfig) -> None:
+        core = kubernetes.client.CoreV1Api(api_client)
+        self.stop_event = threading.Event()
+        w = config.watch
+        self.reflectors = [
+            Reflector("nodes", core.list_node, NodeSink(cache), w, self.stop_event),
+            Reflector("pods", functools.partial(core.list_pod_for_all_namespaces,
+                                                field_selector=NON_TERMINAL_PODS),
+                      PodSink(cache), w, self.stop_event),
+        ]
+        if config.hints.enabled:
+            self.reflectors.append(Reflector(
+                "hints", functools.partial(core.list_namespaced_config_map, config.hints.namespace,
+                                           field_selector=f"metadata.name={config.hints.name}"),
+                HintsSink(cache), w, self.stop_event))
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for reflector in self.reflectors:
+            thread = threading.Thread(target=reflector.run, name=f"watch-{reflector.kind}",
+                                      daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self.stop_event.set()
+        for reflector in self.reflectors:
+            reflector.interrupt()
+        for thread in self._threads:
+            thread.join(timeout_s)
+
+
+__all__ = ["Backoff", "ClusterWatcher", "EventSink", "Reflector", "WatchError", "list_objects"]
