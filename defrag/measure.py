@@ -1,0 +1,189 @@
+"""Measure what the defrag trigger and the plan's score read: reserved-but-unused GPU memory
+and FGD fragmentation, per GPU and per node. Pure numpy over a ``ClusterState``.
+
+Allocated memory of a GPU is its allocated share times its memory:
+``(1000 - free_milli) / 1000 x gpu_memory_mib`` (the memory from the node label
+``nvidia.com/gpu.memory`` or, failing that, the agent's ``memory_total_mib``). Used memory comes
+from the node agent's annotation or from DCGM through Prometheus and is kept per pod, so that it
+travels with a pod when the planner (or the what-if) moves it. The waste ratio of a node is
+(DESIGN.md) ``Σ_gpu max(allocated − used, 0) / Σ_gpu allocated`` over the GPUs with a fresh
+reading; a node with no fresh reading has no waste ratio (NaN) and never triggers on waste.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler.core.fragmentation import TargetWorkload, node_fragmentation
+from scheduler.core.state import BoolArray, ClusterState, pod_key
+from scheduler.core.types import MILLI_PER_GPU, Placement
+
+FloatArray = npt.NDArray[np.float64]
+GpuKey = tuple[int, int]  # (node row, GPU index)
+MIB_PER_GIB = 1024.0
+
+
+class UsageTable:
+    """GPU memory in use, per GPU and per pod (MiB), aligned with a ``ClusterState``'s rows.
+
+    ``used_mib[row, gpu]`` = memory of the pods on that GPU + ``other_mib`` (processes outside
+    any pod, driver reservations). A pod's figure is memory per GPU it holds. A pod with no
+    figure of its own is counted as using all it reserved, so no waste is ever invented for it.
+    ``known`` marks GPUs with a fresh reading; only those enter the waste ratio.
+    """
+
+    def __init__(self, state: ClusterState) -> None:
+        shape = (state.cpu_cap.shape[0], state.gpu_width)
+        self.used_mib: FloatArray = np.zeros(shape)
+        self.other_mib: FloatArray = np.zeros(shape)
+        self.known: BoolArray = np.zeros(shape, np.bool_)
+        self.pod_used_mib: dict[str, float] = {}
+        self._gpu_memory = state.gpu_memory_mib
+
+    @classmethod
+    def from_readings(cls, state: ClusterState, gpu_used_mib: Mapping[GpuKey, float],
+                      pod_used_mib: Mapping[str, float]) -> UsageTable:
+        """Build from fresh readings: ``gpu_used_mib`` per (row, GPU) with a reading, and the
+        per-GPU figures of the pods that have one. On a GPU with a reading, pods without a
+        figure share what the listed pods do not explain, in proportion to their shares."""
+        table = cls(state)
+        on_gpu: dict[GpuKey, list[Placement]] = {}
+        for placement in state.pods.values():
+            row = state.index[placement.node]
+            for g in placement.gpus:
+                on_gpu.setdefault((row, g), []).append(placement)
+        for (row, g), used in gpu_used_mib.items():
+            if not 0 <= row < state.size or not 0 <= g < int(state.gpu_count[row]):
+                continue
+            table.known[row, g] = True
+            pods = on_gpu.get((row, g), [])
+            explained = sum(pod_used_mib[pod_key(p.pod)] for p in pods
+                            if pod_key(p.pod) in pod_used_mib)
+            unexplained = [p for p in pods if pod_key(p.pod) not in pod_used_mib]
+            rest = max(used - explained, 0.0)
+            if unexplained:
+                total_milli = sum(p.pod.gpu_milli for p in unexplained)
+                for p in unexplained:
+                    share = rest * p.pod.gpu_milli / total_milli
+                    key = pod_key(p.pod)
+                    # A pod on several GPUs gets the mean of its GPUs' shares.
+                    table.pod_used_mib[key] = (table.pod_used_mib.get(key, 0.0)
+                                               + share / len(p.gpus))
+            else:
+                table.other_mib[row, g] = rest
+        for key, used in pod_used_mib.items():
+            if key in state.pods:
+                table.pod_used_mib[key] = float(used)
+        table.recompute(state)
+        return table
+
+    def recompute(self, state: ClusterState) -> None:
+        """Rebuild ``used_mib`` from the pods and ``other_mib`` (after a bulk change)."""
+        self.used_mib[:] = self.other_mib
+        for placement in state.pods.values():
+            row = state.index[placement.node]
+            used = self.pod_used(placement, row)
+            for g in placement.gpus:
+                self.used_mib[row, g] += used
+
+    def pod_used(self, placement: Placement, row: int) -> float:
+        """Memory per GPU that ``placement``'s pod uses (its reservation on ``row`` if unknown)."""
+        figure = self.pod_used_mib.get(pod_key(placement.pod))
+        if figure is not None:
+            return figure
+        return placement.pod.gpu_milli / MILLI_PER_GPU * float(self._gpu_memory[row])
+
+    def move(self, placement: Placement, source_row: int, target_row: int,
+             target_gpus: tuple[int, ...]) -> None:
+        """Account ``placement``'s memory on ``target_row``/``target_gpus`` instead of where it
+        is. Call before ``ClusterState`` is updated (``placement`` is the old one)."""
+        for g in placement.gpus:
+            self.used_mib[source_row, g] -= self.pod_used(placement, source_row)
+        for g in target_gpus:
+            self.used_mib[target_row, g] += self.pod_used(placement, target_row)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Cluster-wide figures, before or after a cycle (printed, pushed, written by the what-if)."""
+
+    waste_ratio: float  # Σ wasted / Σ allocated over GPUs with a fresh reading
+    wasted_gib: float
+    frag_ratio: float  # FGD fragmentation over free GPU share
+    frag_gpus: float  # FGD fragmentation in GPUs
+    free_whole_gpus: int
+    free_gpu_nodes: int  # GPU nodes with every GPU free
+    allocated_gpus: float
+    nodes_with_usage: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "waste_ratio": round(self.waste_ratio, 6),
+            "wasted_gib": round(self.wasted_gib, 3),
+            "frag_ratio": round(self.frag_ratio, 6),
+            "frag_gpus": round(self.frag_gpus, 3),
+            "free_whole_gpus": self.free_whole_gpus,
+            "free_gpu_nodes": self.free_gpu_nodes,
+            "allocated_gpus": round(self.allocated_gpus, 3),
+            "nodes_with_usage": self.nodes_with_usage,
+        }
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Per node (index = ClusterState row): waste and fragmentation, plus the cluster summary."""
+
+    waste_ratio: FloatArray  # NaN where the node has no fresh reading of an allocated GPU
+    wasted_mib: FloatArray
+    allocated_mib: FloatArray  # over GPUs with a fresh reading
+    frag_milli: FloatArray
+    summary: Summary
+
+
+def gpu_exists(state: ClusterState) -> BoolArray:
+    """[row, gpu] -> the GPU exists on an active node."""
+    n = state.size
+    mask: BoolArray = ((np.arange(state.gpu_width)[None, :] < state.gpu_count[:n, None])
+                       & state.active[:n, None])
+    return mask
+
+
+def measure(state: ClusterState, usage: UsageTable, workload: TargetWorkload) -> Measurement:
+    """Waste and fragmentation of every node of ``state``."""
+    n = state.size
+    exists = gpu_exists(state)
+    free = state.gpu_free[:n]
+    allocated_milli = np.where(exists, MILLI_PER_GPU - free, 0)
+    allocated_mib = allocated_milli / MILLI_PER_GPU * state.gpu_memory_mib[:n, None]
+    known = usage.known[:n] & exists
+    wasted = np.where(known, np.maximum(allocated_mib - usage.used_mib[:n], 0.0), 0.0)
+    node_wasted = wasted.sum(axis=1)
+    node_allocated = np.where(known, allocated_mib, 0.0).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(node_allocated > 0, node_wasted / node_allocated, np.nan)
+    frag = node_fragmentation(state, workload)
+    free_total = int(np.where(exists, free, 0).sum())
+    whole_free = exists & (free == MILLI_PER_GPU)
+    gpu_nodes = state.active[:n] & (state.gpu_count[:n] > 0)
+    total_allocated = float(node_allocated.sum())
+    summary = Summary(
+        waste_ratio=float(node_wasted.sum()) / total_allocated if total_allocated else 0.0,
+        wasted_gib=float(node_wasted.sum()) / MIB_PER_GIB,
+        frag_ratio=float(frag.sum()) / free_total if free_total else 0.0,
+        frag_gpus=float(frag.sum()) / MILLI_PER_GPU,
+        free_whole_gpus=int(whole_free.sum()),
+        free_gpu_nodes=int((gpu_nodes & (whole_free.sum(axis=1) == state.gpu_count[:n])).sum()),
+        allocated_gpus=float(allocated_milli.sum()) / MILLI_PER_GPU,
+        nodes_with_usage=int(known.any(axis=1).sum()),
+    )
+    return Measurement(waste_ratio=ratio, wasted_mib=node_wasted, allocated_mib=node_allocated,
+                       frag_milli=frag, summary=summary)
+
+
+def waste_of(allocated_mib: Iterable[float], used_mib: Iterable[float]) -> float:
+    """Σ max(allocated − used, 0): the wasted memory of some GPUs."""
+    return float(sum(max(a - u, 0.0) for a, u in zip(allocated_mib, used_mib, strict=True)))
