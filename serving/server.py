@@ -55,9 +55,13 @@ def _load(config: ServerConfig, probe: NvmlProbe | None) -> LoadedBackend:
                         intra_op_threads=config.intra_op_threads)
 
 
-async def serve(config: ServerConfig, *,
-                on_listening: Callable[[int], None] | None = None) -> int:
-    """Run until SIGTERM/SIGINT; returns the exit code."""
+Loader = Callable[[ServerConfig, NvmlProbe | None], LoadedBackend]
+
+
+async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | None = None,
+                load: Loader | None = None) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit code. ``load`` replaces the model loader
+    (tests serve a fake backend through the real process lifecycle)."""
     name = config.model_name or model_name(config.model)
     metrics = ServingMetrics(model=name)
     metrics.record_settings(config.batcher)
@@ -86,7 +90,7 @@ async def serve(config: ServerConfig, *,
     batcher: DynamicBatcher | None = None
     backend: Backend | None = None
     try:
-        loaded = await loop.run_in_executor(None, _load, config, probe)
+        loaded = await loop.run_in_executor(None, load or _load, config, probe)
         backend = loaded.backend
         check_limits(backend, config)
         metrics.model_load_seconds.labels(name, backend.kind).set(loaded.load_seconds)

@@ -426,3 +426,14 @@ def test_concurrent_batches_are_bounded_by_the_semaphore() -> None:
         assert backend.batches == [4, 4, 4, 4]
 
     asyncio.run(main())
+
+
+def test_fail_pending_answers_whatever_a_timed_out_drain_left() -> None:
+    async def scenario(b: DynamicBatcher, clock: FakeClock, backend: FakeBackend,
+                       rec: Recorder) -> None:
+        waiting = [b.submit(rows(1, start=i)) for i in range(2)]
+        assert b.fail_pending(ShuttingDown("shut down first", retry_after_s=1)) == 2
+        assert all(isinstance(f.exception(), ShuttingDown) for f in waiting)
+        assert b.depth == 0
+
+    run(scenario, max_queue_delay_s=60.0)

@@ -1,0 +1,91 @@
+"""``gpufrag serve`` flags: every knob parsed, bad input one line and exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufrag import cli as gpufrag_cli
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_NO_GPU
+from serving import cli as serve_cli
+from serving.cli import build_parser, config_from_args, main
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """main() configures structlog for the process (caching loggers bound to this test's
+    captured stderr); keep the test process's logging as it was."""
+    monkeypatch.setattr(serve_cli.logs, "configure", lambda *args, **kwargs: None)
+
+
+def test_every_knob_reaches_the_config() -> None:
+    args = build_parser().parse_args([
+        "--model", "builtin:resnet50", "--port", "9000", "--max-batch-size", "16",
+        "--max-queue-delay-ms", "2.5", "--max-queue-size", "100", "--default-timeout-ms", "800",
+        "--preferred-batch-sizes", "4, 8,16", "--max-concurrent-batches", "2",
+        "--max-body-bytes", "1000", "--retry-after-s", "3", "--backend", "onnxruntime",
+        "--model-name", "rn", "--intra-op-threads", "2", "--gpu-memory-growth-warn-mib", "50",
+        "--shutdown-timeout-s", "5", "--model-cache-dir", "/tmp/c",
+    ])
+    config = config_from_args(args)
+    b = config.batcher
+    assert (b.max_batch_size, b.max_queue_delay_s, b.max_queue_size) == (16, 0.0025, 100)
+    assert (b.default_timeout_s, b.preferred_batch_sizes) == (0.8, (4, 8, 16))
+    assert (b.max_concurrent_batches, b.retry_after_s) == (2, 3)
+    assert (config.port, config.max_body_bytes, config.backend) == (9000, 1000, "onnxruntime")
+    assert (config.model_name, config.intra_op_threads) == ("rn", 2)
+    assert config.gpu_memory_growth_warn_mib == 50 and config.shutdown_timeout_s == 5
+    assert config.model_cache_dir == Path("/tmp/c")
+
+
+def test_defaults_match_the_documented_ones() -> None:
+    config = config_from_args(build_parser().parse_args(["--model", "builtin:resnet50"]))
+    assert config.batcher.max_batch_size == 32
+    assert config.batcher.max_queue_delay_s == pytest.approx(0.005)
+    assert config.port == 8000 and config.backend == "auto"
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--model", "builtin:vgg"], "unknown built-in model builtin:vgg"),
+    (["--model", "builtin:resnet-small", "--max-batch-size", "0"],
+     "field '--max-batch-size': must be >= 1, got 0"),
+    (["--model", "builtin:resnet-small", "--port", "http"], "invalid int value: 'http'"),
+    (["--model", "builtin:resnet-small", "--preferred-batch-sizes", "4,x"],
+     "'x' is not an integer"),
+    (["--model", "builtin:resnet-small", "--preferred-batch-sizes", "64"],
+     "64 is outside 1..max batch size 32"),
+    (["--model", "builtin:resnet-small", "--backend", "tpu"], "invalid choice: 'tpu'"),
+    (["--port", "1"], "the following arguments are required: --model"),
+    (["--model", "does/not/exist.onnx"], "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], needle: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gpufrag serve: ") and needle in err
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    assert "--max-queue-delay-ms" in capsys.readouterr().out
+
+
+def test_the_gpufrag_command_dispatches_to_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpufrag_cli.main(["serve", "--model", "builtin:nope"]) == EXIT_BAD_INPUT
+    assert "unknown built-in model" in capsys.readouterr().err
+
+
+def test_tensorrt_where_it_cannot_run_exits_3_with_the_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("tensorrt is installed here")
+    monkeypatch.setenv("GPUFRAG_CACHE_DIR", str(tmp_path))
+    code = main(["--model", "builtin:resnet-small", "--backend", "tensorrt", "--port", "0",
+                 "--host", "127.0.0.1", "--log-level", "error"])
+    assert code == EXIT_NO_GPU
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("gpufrag serve: the TensorRT backend needs the 'tensorrt' package")

@@ -1,0 +1,149 @@
+"""The process lifecycle: listen before load, ready after, drain on SIGTERM losing nothing.
+
+One test runs ``serve()`` in this process with a gated fake model, so the drain can be held
+open and looked at; one runs the real ``gpufrag serve`` as a subprocess and SIGTERMs it with
+requests queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+
+from gpufrag.errors import BadInput
+from serving.backends.select import LoadedBackend
+from serving.config import BatcherConfig, ServerConfig
+from serving.server import check_limits, serve
+from serving.testing import FakeBackend
+
+BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+
+
+def wait_until(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if condition():
+                return
+        except requests.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_closes_admission_then_answers_everything_accepted() -> None:
+    gate = threading.Event()
+    backend = FakeBackend()  # gated once ready, so the warm-up batch runs freely
+    config = ServerConfig(model="fake", model_name="fake", host="127.0.0.1", port=0,
+                          batcher=BatcherConfig(max_batch_size=2, max_queue_delay_s=0.0,
+                                                max_queue_size=64, default_timeout_s=30.0),
+                          shutdown_timeout_s=20.0).validate()
+    port: list[int] = []
+    seen: dict[str, Any] = {}
+
+    def client_side() -> None:
+        wait_until(lambda: bool(port))
+        url = f"http://127.0.0.1:{port[0]}"
+        wait_until(lambda: requests.get(f"{url}/v2/health/ready", timeout=2).status_code == 200)
+        backend.gate = gate
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            accepted = [pool.submit(requests.post, f"{url}/v2/models/fake/infer", json=BODY,
+                                    timeout=30) for _ in range(8)]
+
+            def queued() -> bool:
+                text = requests.get(f"{url}/metrics", timeout=2).text
+                return 'gpufrag_serving_queue_depth{model="fake"} 6.0' in text
+
+            wait_until(queued)  # 2 computing (held by the gate), 6 queued
+            os.kill(os.getpid(), signal.SIGTERM)
+            wait_until(lambda: requests.get(f"{url}/v2/health/ready",
+                                            timeout=2).status_code == 503)
+            late = requests.post(f"{url}/v2/models/fake/infer", json=BODY, timeout=5)
+            seen["late"] = (late.status_code, late.headers.get("Retry-After"), late.json())
+            gate.set()
+            seen["accepted"] = [f.result().status_code for f in accepted]
+
+    helper = threading.Thread(target=client_side)
+    helper.start()
+    code = asyncio.run(serve(config, on_listening=port.append,
+                             load=lambda cfg, probe: LoadedBackend(backend, 0.01)))
+    helper.join(timeout=30)
+    assert code == 0
+    assert seen["accepted"] == [200] * 8  # nothing accepted was lost
+    assert seen["late"][0] == 503 and seen["late"][1] == "1"
+    assert "shutting down" in seen["late"][2]["error"]
+    assert sum(backend.batches) == 8 + 1  # 8 requests + the warm-up row
+    assert backend.closed
+
+
+def test_batch_size_larger_than_the_backend_allows_is_bad_input() -> None:
+    config = ServerConfig(model="m", batcher=BatcherConfig(max_batch_size=64))
+    with pytest.raises(BadInput, match="--max-batch-size.*64 is larger than the model's batch "
+                                       "limit 32"):
+        check_limits(FakeBackend(max_batch_size=32), config)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_gpufrag_serve_subprocess_drains_on_sigterm(tmp_path: Path) -> None:
+    env = {**os.environ, "GPUFRAG_CACHE_DIR": str(tmp_path), "GPUFRAG_LOG_FORMAT": "json"}
+    command = [sys.executable, "-m", "gpufrag.cli", "serve", "--model", "builtin:resnet-small",
+               "--host", "127.0.0.1", "--port", "0", "--max-batch-size", "32",
+               "--max-queue-delay-ms", "3000", "--intra-op-threads", "1"]
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    log_lines: list[dict[str, Any]] = []
+    try:
+        assert process.stderr is not None
+        port = None
+        for line in process.stderr:
+            entry = json.loads(line)
+            log_lines.append(entry)
+            if entry["event"] == "listening":
+                port = entry["port"]
+            if entry["event"] == "ready":
+                break
+        assert port is not None, log_lines
+        url = f"http://127.0.0.1:{port}"
+        image = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
+        body = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                            "data": image.ravel().tolist()}]}
+        with ThreadPoolExecutor(max_workers=10) as pool:
+            accepted = [pool.submit(requests.post, f"{url}/v2/models/resnet-small/infer",
+                                    json=body, timeout=30) for _ in range(10)]
+            # the 3 s queue delay holds them queued until the drain flushes them
+            wait_until(lambda: 'gpufrag_serving_queue_depth{model="resnet-small"} 10.0'
+                       in requests.get(f"{url}/metrics", timeout=2).text)
+            process.send_signal(signal.SIGTERM)
+            answers = [f.result() for f in accepted]
+        assert [a.status_code for a in answers] == [200] * 10
+        assert all(a.json()["outputs"][0]["shape"] == [1, 10] for a in answers)
+        try:
+            late = requests.post(f"{url}/v2/models/resnet-small/infer", json=body, timeout=5)
+            assert late.status_code == 503
+        except requests.ConnectionError:
+            pass  # already closed: the pod is gone, which is also not a lost request
+        assert process.wait(timeout=20) == 0
+        rest = [json.loads(line) for line in process.stderr]
+        draining = next(e for e in log_lines + rest if e["event"] == "draining")
+        assert draining["queued"] == 10
+        events = [e["event"] for e in rest]
+        assert events.index("drained") < events.index("stopped")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
