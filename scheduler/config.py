@@ -33,6 +33,11 @@ ENV_PREFIX = "GPUFRAG_EXTENDER__"
 class ConfigError(BadInput):
     """A setting that cannot be used; the message names the field and the accepted values."""
 
+    def __init__(self, message: str, *, source: str | None = None,
+                 field: str | None = None) -> None:
+        super().__init__(message, source=source, field=field)
+        self.detail = message
+
 
 @dataclass(frozen=True, slots=True)
 class ScoreWeights:
@@ -246,7 +251,7 @@ def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | 
         return config_from_mapping(tree)
     except ConfigError as e:
         if path is not None and e.source is None:
-            raise ConfigError(str(e), source=str(path), field=e.field) from None
+            raise ConfigError(e.detail, source=str(path), field=e.field) from None
         raise
 
 

@@ -1,0 +1,142 @@
+"""Bind: GPUs chosen by the core on the requested node, recorded before the Binding, counted at
+once ("assumed") so the next pod sees them, confirmed by the watch or expired after the TTL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from scheduler.core import ClusterState, choose
+from scheduler.kube.binder import BindError
+from tests.builders import node, pod
+from tests.scheduler.extender.helpers import (
+    FakeClock,
+    RecordingBinder,
+    k8s_pod,
+    make_config,
+    post,
+    serve,
+)
+
+
+def bind(runtime: Any, name: str, node_name: str, uid: str = "") -> dict[str, Any]:
+    status, reply = post(runtime.app.test_client(), "/bind", {
+        "PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node_name})
+    assert status == 200
+    result: dict[str, Any] = reply
+    return result
+
+
+def pending(*names: str, **overrides: Any) -> list[dict[str, Any]]:
+    return [k8s_pod(pod(n, **overrides), uid=f"uid-{n}") for n in names]
+
+
+def test_bind_counts_the_placement_at_once(clock: FakeClock) -> None:
+    binder = RecordingBinder()
+    runtime = serve([node("n0", gpu_count=2)], pending("p1", "p2", "p3"), binder=binder,
+                    clock=clock)
+    assert bind(runtime, "p1", "n0", "uid-p1") == {"Error": ""}
+    assert bind(runtime, "p2", "n0", "uid-p2") == {"Error": ""}
+    assert [(c.name, c.uid, c.node, c.gpus) for c in binder.calls] == [
+        ("p1", "uid-p1", "n0", (0,)), ("p2", "uid-p2", "n0", (1,))]
+    _, reply = post(runtime.app.test_client(), "/filter",
+                    {"Pod": pending("p3")[0], "NodeNames": ["n0"]})
+    assert reply["FailedNodes"] == {"n0": "needs 1 free GPUs, has 0"}
+    assert bind(runtime, "p3", "n0")["Error"] == (
+        "pod default/p3 does not fit node n0 now: needs 1 free GPUs, has 0")
+    assert runtime.cache.counts()["pods_assumed"] == 2
+
+
+def test_share_goes_on_the_gpu_the_core_chooses() -> None:
+    nodes = [node("n0", gpu_count=4)]
+    bound = [k8s_pod(pod(f"b{g}", gpu_milli=m), node="n0", gpus=(g,))
+             for g, m in enumerate((300, 600, 900))]
+    binder = RecordingBinder()
+    runtime = serve(nodes, [*bound, *pending("s", gpu_milli=400)], binder=binder)
+    state = ClusterState(nodes)
+    for g, m in enumerate((300, 600, 900)):
+        state.place(pod(f"b{g}", gpu_milli=m), 0, (g,))
+    decision = choose(state, runtime.extender.scorer.policy, pod("s", gpu_milli=400),
+                      np.array([0]))
+    assert decision is not None
+    assert bind(runtime, "s", "n0") == {"Error": ""}
+    assert binder.calls[0].gpus == decision.gpus
+
+
+def test_assumed_placement_expires_after_the_ttl(clock: FakeClock) -> None:
+    runtime = serve([node("n0", gpu_count=1)], pending("p1", "p2"), clock=clock,
+                    config=make_config(bind={"assume_ttl_s": 30}))
+    bind(runtime, "p1", "n0")
+    clock.advance(29)
+    runtime.extender.maintain()
+    assert runtime.cache.counts()["pods_assumed"] == 1
+    assert "does not fit" in bind(runtime, "p2", "n0")["Error"]
+    clock.advance(2)
+    runtime.extender.maintain()
+    assert runtime.cache.counts()["pods_assumed"] == 0
+    assert "default/p1" not in runtime.cache.state.pods
+    assert bind(runtime, "p2", "n0") == {"Error": ""}
+
+
+def test_the_watch_confirms_an_assumption(clock: FakeClock) -> None:
+    runtime = serve([node("n0", gpu_count=2)], pending("p1"), clock=clock)
+    bind(runtime, "p1", "n0")
+    # The annotation patch arrives first (still pending): the assumption stands.
+    runtime.cache.apply_pod(k8s_pod(pod("p1"), uid="uid-p1", gpus=(0,)))
+    assert runtime.cache.counts()["pods_assumed"] == 1
+    # Then the binding.
+    runtime.cache.apply_pod(k8s_pod(pod("p1"), uid="uid-p1", node="n0", gpus=(0,)))
+    assert runtime.cache.counts() == {"nodes": 1, "pods_placed": 1, "pods_pending": 0,
+                                          "pods_assumed": 0, "pods_unaccounted": 0}
+    clock.advance(3600)
+    runtime.extender.maintain()
+    assert runtime.cache.state.pods["default/p1"].gpus == (0,)
+
+
+def test_a_failed_bind_is_forgotten() -> None:
+    binder = RecordingBinder(fail_with=BindError("binding pod default/p1 to n0: HTTP 409 "
+                                                 "Conflict", retryable=False))
+    runtime = serve([node("n0", gpu_count=1)], pending("p1"), binder=binder)
+    assert bind(runtime, "p1", "n0")["Error"] == "binding pod default/p1 to n0: HTTP 409 Conflict"
+    assert runtime.cache.counts()["pods_assumed"] == 0
+    assert not runtime.cache.state.pods
+    assert bind(runtime, "p1", "n0") == {"Error": ""}  # kube-scheduler's retry succeeds
+
+
+def test_a_repeated_bind_to_the_same_node_gives_the_same_gpus() -> None:
+    binder = RecordingBinder()
+    runtime = serve([node("n0", gpu_count=2), node("n1")], pending("p1"), binder=binder)
+    bind(runtime, "p1", "n0")
+    bind(runtime, "p1", "n0")
+    assert [c.gpus for c in binder.calls] == [(0,), (0,)]
+    assert "already placed on n0" in bind(runtime, "p1", "n1")["Error"]
+
+
+def test_a_pod_the_watch_has_not_shown_yet_is_read_from_the_api() -> None:
+    late = k8s_pod(pod("late", num_gpu=2), uid="uid-late")
+    binder = RecordingBinder(pods={"default/late": late})
+    runtime = serve([node("n0", gpu_count=2)], binder=binder)
+    assert bind(runtime, "late", "n0", "uid-late") == {"Error": ""}
+    assert binder.reads == ["default/late"]
+    assert binder.calls[0].gpus == (0, 1)
+
+
+def test_a_recreated_pod_is_read_again() -> None:
+    binder = RecordingBinder(pods={"default/p1": k8s_pod(pod("p1", num_gpu=2), uid="uid-new")})
+    runtime = serve([node("n0", gpu_count=2)], pending("p1"), binder=binder)
+    bind(runtime, "p1", "n0", "uid-new")
+    assert binder.reads == ["default/p1"]
+    assert binder.calls[0].gpus == (0, 1)
+
+
+def test_a_cpu_only_pod_is_bound_without_gpu_indices() -> None:
+    binder = RecordingBinder()
+    runtime = serve([node("n0")], pending("web", num_gpu=0, gpu_milli=0), binder=binder)
+    assert bind(runtime, "web", "n0") == {"Error": ""}
+    assert binder.calls[0].gpus is None
+
+
+def test_a_bound_pod_is_not_bound_again() -> None:
+    runtime = serve([node("n0")], [k8s_pod(pod("p1"), node="n0", gpus=(1,))])
+    assert bind(runtime, "p1", "n0")["Error"] == "pod default/p1 is already bound to n0"

@@ -1,0 +1,121 @@
+"""Configuration: defaults, YAML + environment + flags precedence, and validation errors that
+name the exact field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduler.config import (
+    ConfigError,
+    ExtenderConfig,
+    config_from_mapping,
+    config_to_mapping,
+    load_config,
+    parse_assignment,
+)
+from scheduler.extender.cli import main as extender_main
+
+
+def test_defaults_are_valid_and_round_trip() -> None:
+    config = load_config(environ={})
+    assert config == ExtenderConfig()
+    assert config_from_mapping(config_to_mapping(config)) == config
+    assert (config.policy, config.names.gpu, config.server.port) == ("fgd", "nvidia.com/gpu",
+                                                                      8888)
+
+
+def test_file_then_environment_then_flags(tmp_path: Path) -> None:
+    path = tmp_path / "extender.yaml"
+    path.write_text("policy: bestfit\nweights: {affinity: 0.25}\n"
+                    "affinity: {warm_window_s: 60, max_replicas_per_node: 3}\n"
+                    "workload:\n  specs:\n  - {num_gpu: 1, gpu_milli: 500, popularity: 2}\n"
+                    "  - {num_gpu: 2, gpu_spec: [A100, H100]}\n")
+    env = {"GPUFRAG_EXTENDER__AFFINITY__WARM_WINDOW_S": "120",
+           "GPUFRAG_EXTENDER__NAMES__LABEL_MODEL_VERSION": "1.10",
+           "UNRELATED": "x"}
+    config = load_config(path, environ=env, overrides=[("affinity.warm_window_s", "240"),
+                                                       ("bind.enabled", "false")])
+    assert config.policy == "bestfit"
+    assert config.weights.affinity == 0.25 and config.weights.policy == 1.0
+    assert config.affinity.warm_window_s == 240.0
+    assert config.affinity.max_replicas_per_node == 3
+    assert config.names.label_model_version == "1.10"  # a string field keeps the text
+    assert config.bind.enabled is False
+    assert [(s.num_gpu, s.gpu_milli, s.gpu_spec, s.popularity) for s in config.workload.specs] == [
+        (1, 500, (), 2.0), (2, 1000, ("A100", "H100"), 1.0)]
+
+
+@pytest.mark.parametrize(("data", "field", "message"), [
+    ({"polcy": "fgd"}, "polcy", "unknown setting; known here: policy, seed"),
+    ({"weights": {"affinty": 1}}, "weights.affinty", "known here: policy, affinity"),
+    ({"policy": "fastest"}, "policy", "unknown policy 'fastest'; choose from random, dotprod"),
+    ({"weights": {"policy": "high"}}, "weights.policy", "expected a number, got 'high'"),
+    ({"weights": {"policy": 0, "affinity": 0}}, "weights", "cannot both be 0"),
+    ({"weights": {"affinity": -1}}, "weights.affinity", "must be >= 0, got -1.0"),
+    ({"affinity": {"warm": 1.5}}, "affinity.warm", "must be in 0..1, got 1.5"),
+    ({"affinity": {"max_replicas_per_node": -2}}, "affinity.max_replicas_per_node",
+     "must be >= 0 (0 = no cap)"),
+    ({"affinity": {"cap_is_hard": "yes"}}, "affinity.cap_is_hard", "expected true or false"),
+    ({"affinity": {"max_replicas_per_node": 2.5}}, "affinity.max_replicas_per_node",
+     "expected an integer, got 2.5"),
+    ({"workload": {"specs": [{"num_gpu": 2, "gpu_milli": 500}]}},
+     "workload.specs[0].gpu_milli", "a GPU share (500 < 1000) needs num_gpu 1"),
+    ({"workload": {"specs": [{"num_gpu": 1, "popularity": 0}]}},
+     "workload.specs[0].popularity", "must be > 0"),
+    ({"workload": {"specs": {"num_gpu": 1}}}, "workload.specs", "expected a list"),
+    ({"workload": {"coverage": 0}}, "workload.coverage", "must be in (0, 1]"),
+    ({"bind": {"assume_ttl_s": 0}}, "bind.assume_ttl_s", "must be > 0 seconds"),
+    ({"hints": {"name": ""}}, "hints.name", "must not be empty"),
+    ({"watch": {"backoff_max_s": 0.1}}, "watch.backoff_max_s",
+     "must be >= watch.backoff_initial_s (0.5)"),
+    ({"server": {"url_prefix": "gpufrag/"}}, "server.url_prefix",
+     "must be empty or start with '/'"),
+    ({"server": {"max_body_bytes": 10}}, "server.max_body_bytes", "must be >= 1024 bytes"),
+    ({"server": {"port": 70000}}, "server.port", "must be in 1..65535"),
+    ({"names": {"gpu": " "}}, "names.gpu", "must not be empty"),
+    ({"server": "fast"}, "server", "expected a mapping, got 'fast'"),
+])
+def test_invalid_settings_name_the_field(data: dict[str, object], field: str,
+                                         message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        config_from_mapping(data)
+    assert error.value.field == field
+    assert f"field {field!r}: " in str(error.value)
+    assert message in str(error.value)
+
+
+def test_several_problems_are_reported_together() -> None:
+    with pytest.raises(ConfigError, match="2 problems: field 'policy': .*; field "
+                                          "'bind.assume_ttl_s'"):
+        config_from_mapping({"policy": "x", "bind": {"assume_ttl_s": -1}})
+
+
+def test_file_errors_name_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("affinity:\n  warm: 7\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml, field 'affinity\.warm': must be in 0\.\.1"):
+        load_config(path, environ={})
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="expected a mapping at the top"):
+        load_config(path, environ={})
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml", environ={})
+
+
+def test_environment_and_set_errors_say_where_the_value_came_from() -> None:
+    with pytest.raises(ConfigError, match="environment GPUFRAG_EXTENDER__SERVER__PORT"):
+        load_config(environ={"GPUFRAG_EXTENDER__SERVER__PORT": "[unclosed"})
+    with pytest.raises(ConfigError, match="is not PATH=VALUE"):
+        parse_assignment("affinity.warm")
+
+
+def test_cli_print_config_and_bad_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert extender_main(["--print-config", "--policy", "bestfit", "--no-bind",
+                          "--set", "affinity.warm_window_s=90", "--port", "9000"]) == 0
+    out = capsys.readouterr().out
+    assert "policy: bestfit" in out and "warm_window_s: 90.0" in out
+    assert "enabled: false" in out and "port: 9000" in out
+    assert extender_main(["--print-config", "--set", "weights.policy=-3"]) == 2
+    assert "field 'weights.policy': must be >= 0, got -3.0" in capsys.readouterr().err
