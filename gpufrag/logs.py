@@ -13,6 +13,23 @@ import sys
 import structlog
 
 
+class StderrLogger:
+    """Writes each line to whatever ``sys.stderr`` is *now*.
+
+    structlog's PrintLogger keeps the file it was created with; with cached loggers that file
+    can be one a test harness (or a daemonising parent) has since closed.
+    """
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = msg
+
+
+def _stderr_logger_factory(*_args: object) -> StderrLogger:
+    return StderrLogger()
+
+
 def configure(level: str | None = None, *, json: bool | None = None) -> None:
     """Configure structlog; ``GPUFRAG_LOG_LEVEL`` / ``GPUFRAG_LOG_FORMAT`` override defaults."""
     level_name = (level or os.environ.get("GPUFRAG_LOG_LEVEL") or "info").upper()
@@ -34,6 +51,6 @@ def configure(level: str | None = None, *, json: bool | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger_factory,
         cache_logger_on_first_use=True,
     )
