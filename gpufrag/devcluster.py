@@ -80,6 +80,7 @@ EXIT_WITH_PARENT_ENV: Final = "GPUFRAG_EXIT_WITH_PARENT"
 
 DEFAULT_SCHEDULER_NAME: Final = "default-scheduler"
 SERVICE_CLUSTER_IP_RANGE: Final = "10.96.0.0/12"
+ADVERTISE_ADDRESS: Final = "192.0.2.1"
 # Without a node-lifecycle controller nothing would ever lift the not-ready taint that the
 # TaintNodesByCondition admission plugin puts on every new Node (see create_gpu_node).
 NOT_READY_TAINT: Final = "node.kubernetes.io/not-ready"
@@ -503,8 +504,9 @@ def scheduler_config(config_yaml: str, kubeconfig: Path) -> dict[str, Any]:
         raise ValueError(f"scheduler config must be a YAML mapping, got {type(config).__name__}")
     config.setdefault("apiVersion", "kubescheduler.config.k8s.io/v1")
     config.setdefault("kind", "KubeSchedulerConfiguration")
-    client = config.setdefault("clientConnection", {})
+    client = config.get("clientConnection") or {}
     client["kubeconfig"] = str(kubeconfig)
+    config["clientConnection"] = client
     config["leaderElection"] = {"leaderElect": False}
     config["percentageOfNodesToScore"] = 100
     return config
@@ -693,7 +695,11 @@ class ControlPlane:
         pki = self.pki_dir
         apiserver = self._launch("kube-apiserver", "kube-apiserver", [
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            # The address published in the "kubernetes" Service's endpoints must not be loopback
+            # (the API server refuses to write it, and logs so every few seconds); nothing here
+            # dials it, so a documentation address (RFC 5737) does. Clients use 127.0.0.1.
+            f"--advertise-address={ADVERTISE_ADDRESS}", "--external-hostname=127.0.0.1",
             f"--cert-dir={pki / 'apiserver-generated'}",
             f"--tls-cert-file={pki / 'apiserver.crt'}",
             f"--tls-private-key-file={pki / 'apiserver.key'}",
