@@ -1096,11 +1096,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _cmd_down(args)
 
 
-def iter_component_logs(plane: ControlPlane) -> Iterator[tuple[str, Path]]:
-    """(name, log path) of every component, schedulers included, for failure reports."""
-    for component in [*plane.components.values(), *plane.schedulers.values()]:
-        yield component.name, component.log_path
-
-
 if __name__ == "__main__":
     sys.exit(main())
