@@ -12,7 +12,7 @@ reading; a node with no fresh reading has no waste ratio (NaN) and never trigger
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,6 +96,14 @@ class UsageTable:
         if figure is not None:
             return figure
         return placement.pod.gpu_milli / MILLI_PER_GPU * float(self._gpu_memory[row])
+
+    def add(self, placement: Placement, row: int, used_mib: float | None) -> None:
+        """Account a newly placed pod using ``used_mib`` per GPU (None: what it reserves)."""
+        key = pod_key(placement.pod)
+        if used_mib is not None:
+            self.pod_used_mib[key] = float(used_mib)
+        for g in placement.gpus:
+            self.used_mib[row, g] += self.pod_used(placement, row)
 
     def move(self, placement: Placement, source_row: int, target_row: int,
              target_gpus: tuple[int, ...]) -> None:
@@ -183,7 +191,3 @@ def measure(state: ClusterState, usage: UsageTable, workload: TargetWorkload) ->
     return Measurement(waste_ratio=ratio, wasted_mib=node_wasted, allocated_mib=node_allocated,
                        frag_milli=frag, summary=summary)
 
-
-def waste_of(allocated_mib: Iterable[float], used_mib: Iterable[float]) -> float:
-    """Σ max(allocated − used, 0): the wasted memory of some GPUs."""
-    return float(sum(max(a - u, 0.0) for a, u in zip(allocated_mib, used_mib, strict=True)))

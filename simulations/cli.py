@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--coverage", type=float, default=0.95,
                    help="FGD target workload: most popular specs covering this share of pods")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--defrag", action="store_true",
+                   help="run the defrag what-if instead (gpufrag whatif --defrag --help)")
     return p
 
 
@@ -99,6 +101,11 @@ def run_one(workload: str, nodes: list[NodeSpec], pods: list[PodRequest], policy
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--defrag" in argv:
+        from simulations.defrag_whatif import main as defrag_main
+
+        return defrag_main([a for a in argv if a != "--defrag"])
     args = build_parser().parse_args(argv)
     try:
         _validate(args)

@@ -1,0 +1,449 @@
+"""``gpufrag whatif --defrag``: what would N defrag cycles do to a fragmented cluster?
+
+1. **Fill.** The openb cluster (``--nodes``/``--pods``) or the synthetic one is filled by a
+   replay of the trace (tuned to ``--fill`` x GPU capacity) with a *baseline* policy
+   (``--fill-policy``, default ``random``: the spread a scheduler that ignores fragmentation
+   leaves behind). Pods that found no room stay pending.
+2. **Usage.** Every GPU pod gets a used-memory figure drawn from the GenAI serving trace's
+   ``pod_gpu_memory_used_bytes`` (``--genai-memory``; a seeded Beta(10.8, 11.7) fitted to that
+   trace when the file is absent). Mapping: each trace sample is a Stable Diffusion pod that holds
+   one whole GPU; the trace does not name the GPU, and its largest sample (47.3 GiB) sits just
+   under 48 GiB, so a sample is read as the fraction ``bytes / 48 GiB`` (``--genai-gpu-gib``) of
+   the GPU that pod held, capped at 1. A pod here then uses that fraction *of what it reserves*:
+   ``used = fraction x gpu_milli / 1000 x the GPU's memory`` on each of its GPUs. GPU memory per
+   product: T4, P100, V100M16 16 GiB, V100M32 32 GiB, A10 24 GiB; openb's undisclosed G1-G3 (and
+   the synthetic cluster's unknown ones) ``--default-gpu-gib`` (32).
+3. **Cycles.** Each cycle is what the CronJob does: the planner plans with the scheduler's policy
+   (``--policy``, default fgd) and the executor carries the plan out — with the dry-run writer,
+   so every replacement lands where the hint steers it — then the scheduler retries the pending
+   pods (the same ``choose``). Evictions are capped per cycle (``--max-evictions-total``, by
+   default ``--eviction-budget-pct`` of the pods placed).
+
+Reported before/after: waste ratio, fragmentation ratio, free whole GPUs, pending pods (and
+those placed), evictions — a table, ``DIR/defrag_summary.json`` and a plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from defrag.config import DefragConfig, Limits
+from defrag.executor import DryRunActions, Executor
+from defrag.measure import Summary, measure
+from defrag.metrics import CycleMetrics
+from defrag.model import PodInfo, Snapshot, snapshot_of_state
+from defrag.planner import plan
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
+from scheduler.core.fragmentation import TargetWorkload
+from scheduler.core.placement import ScoreCache, choose
+from scheduler.core.policy import Policy
+from scheduler.core.state import ClusterState, pod_key
+from scheduler.core.types import NodeSpec, PodRequest
+from scheduler.policies import POLICY_NAMES, make_policy
+from simulations.openb import load_nodes, load_pods
+from simulations.replay import replay
+from simulations.synthetic import synthetic_nodes, synthetic_pods
+from simulations.workload import tune_workload
+
+FloatArray = npt.NDArray[np.float64]
+GIB_MIB = 1024
+BYTES_PER_GIB = 1024**3
+GENAI_FILE = "pod_gpu_memory_used_bytes_anon.csv"
+# Where DESIGN.md keeps the shared data, relative to the project root (the working directory).
+DEFAULT_GENAI = Path("..") / "shared" / "data" / "genai" / GENAI_FILE
+GENAI_GPU_GIB = 48.0
+# Method-of-moments Beta fit to the GenAI trace's fractions (mean 0.48, sd 0.10).
+SYNTHETIC_BETA = (10.8, 11.7)
+GPU_MEMORY_GIB = {"T4": 16, "P100": 16, "V100M16": 16, "V100M32": 32, "A10": 24}
+DEFAULT_GPU_GIB = 32
+
+
+class _Silent:
+    """A logger that drops everything: the what-if reports in its table, not per move."""
+
+    def bind(self, **_: Any) -> _Silent:
+        return self
+
+    def _drop(self, *_: Any, **__: Any) -> None:
+        return None
+
+    debug = info = warning = error = _drop
+
+
+# ----------------------------------------------------------------------------- used memory
+UsedFractions = Callable[[int], FloatArray]
+
+
+def genai_fractions(path: Path, gpu_gib: float = GENAI_GPU_GIB) -> FloatArray:
+    """Every sample of the trace as a fraction of a ``gpu_gib`` GPU (capped at 1)."""
+    values: list[float] = []
+    source = str(path)
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            if "value" not in (reader.fieldnames or []):
+                raise BadInput(f"missing column value; header is {reader.fieldnames}",
+                               source=source, row=1)
+            for number, row in enumerate(reader, start=2):
+                try:
+                    values.append(float(row["value"]))
+                except (TypeError, ValueError):
+                    raise BadInput(f"not a number: {row.get('value')!r}", source=source,
+                                   row=number, field="value") from None
+    except OSError as e:
+        raise BadInput(f"cannot read: {e.strerror or e}", source=source) from None
+    if not values:
+        raise BadInput("no samples", source=source)
+    return np.clip(np.array(values) / (gpu_gib * BYTES_PER_GIB), 0.0, 1.0)
+
+
+def sampler(fractions: FloatArray | None, seed: int) -> UsedFractions:
+    """Draws of the used fraction: resampled trace samples, or the fitted Beta."""
+    rng = np.random.default_rng(seed + 7)
+    if fractions is None:
+        a, b = SYNTHETIC_BETA
+        return lambda n: rng.beta(a, b, size=n)
+    pool = fractions
+    return lambda n: pool[rng.integers(0, pool.size, size=n)]
+
+
+def with_gpu_memory(nodes: Sequence[NodeSpec], default_gib: int) -> list[NodeSpec]:
+    return [n if n.gpu_memory_mib or not n.gpu_count else replace(
+        n, gpu_memory_mib=GPU_MEMORY_GIB.get(n.gpu_product, default_gib) * GIB_MIB)
+        for n in nodes]
+
+
+# ----------------------------------------------------------------------------- the run
+@dataclass
+class CycleRecord:
+    cycle: int
+    planned: int
+    evicted: int
+    landed: int
+    pending_placed: int
+    free_whole_gpus_after_moves: int  # before the pending pods were retried
+    summary: Summary
+    pending: int
+    seconds: float
+
+
+@dataclass
+class WhatIfResult:
+    workload: str
+    fill_policy: str
+    policy: str
+    seed: int
+    pods: int  # placed when the cycles start
+    before: Summary
+    pending_before: int
+    cycles: list[CycleRecord] = field(default_factory=list)
+    usage_source: str = ""
+
+    @property
+    def after(self) -> Summary:
+        return self.cycles[-1].summary if self.cycles else self.before
+
+    @property
+    def evictions(self) -> int:
+        return sum(c.evicted for c in self.cycles)
+
+    @property
+    def pending_after(self) -> int:
+        return self.cycles[-1].pending if self.cycles else self.pending_before
+
+    def as_dict(self) -> dict[str, Any]:
+        def side(s: Summary, pending: int) -> dict[str, Any]:
+            return {**s.as_dict(), "pending_pods": pending}
+
+        before, after = self.before, self.after
+        gain = (after.free_whole_gpus - before.free_whole_gpus) / max(before.free_whole_gpus, 1)
+        return {
+            "workload": self.workload, "fill_policy": self.fill_policy, "policy": self.policy,
+            "seed": self.seed, "usage_source": self.usage_source,
+            "pods": self.pods, "evictions": self.evictions,
+            "evictions_pct_of_pods": round(100.0 * self.evictions / max(self.pods, 1), 3),
+            "pending_pods_placed": self.pending_before - self.pending_after,
+            "free_whole_gpus_gain_pct": round(100.0 * gain, 2),
+            "before": side(before, self.pending_before),
+            "after": side(after, self.pending_after),
+            "cycles": [{"cycle": c.cycle, "planned": c.planned, "evicted": c.evicted,
+                        "landed": c.landed, "pending_placed": c.pending_placed,
+                        "free_whole_gpus_after_moves": c.free_whole_gpus_after_moves,
+                        "pending": c.pending, "seconds": round(c.seconds, 3),
+                        **c.summary.as_dict()} for c in self.cycles],
+        }
+
+
+def fill_cluster(nodes: list[NodeSpec], pods: list[PodRequest], *, fill: float,
+                 fill_policy: str, seed: int,
+                 target: TargetWorkload) -> tuple[ClusterState, list[PodRequest]]:
+    """Replay the tuned trace with the baseline policy; returns the state and the pods that
+    found no room (pending)."""
+    state = ClusterState(nodes)
+    capacity = state.total_gpu_milli
+    arrivals = tune_workload(pods, capacity, fill, seed)
+    replay(nodes, arrivals, fill_policy, seed, target, state=state)
+    pending = [p for p in arrivals if pod_key(p) not in state.pods]
+    return state, pending
+
+
+def _place_pending(snapshot: Snapshot, policy: Policy, cache: ScoreCache | None,
+                   draw: UsedFractions) -> int:
+    """The scheduler's retry of the pending pods, in order; returns how many were placed."""
+    state = snapshot.state
+    placed = 0
+    waiting: list[PodInfo] = []
+    for info in snapshot.pending:
+        decision = choose(state, policy, info.request, None, cache)
+        if decision is None:
+            waiting.append(info)
+            continue
+        placement = state.place(info.request, decision.row, decision.gpus, check=False)
+        used = None
+        if info.request.wants_gpu:
+            used = float(draw(1)[0]) * info.request.gpu_milli / 1000 * float(
+                state.gpu_memory_mib[decision.row])
+        snapshot.usage.add(placement, decision.row, used)
+        snapshot.pods[info.key] = replace(info, node=placement.node, running=True)
+        placed += 1
+    snapshot.pending = waiting
+    return placed
+
+
+def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str = "synthetic",
+               fill: float = 0.85, fill_policy: str = "random", policy: str = "fgd",
+               seed: int = 42, cycles: int = 3, threshold: float = 0.25,
+               max_evictions_total: int | None = None, max_evictions_per_node: int = 2,
+               eviction_budget_pct: float = 1.5, fractions: FloatArray | None = None,
+               coverage: float = 0.95) -> WhatIfResult:
+    """Fill, draw usage, run ``cycles`` defrag cycles; the per-cycle eviction budget is
+    ``max_evictions_total`` or else ``eviction_budget_pct`` % of the pods placed."""
+    target = TargetWorkload.from_pods(pods, coverage=coverage)
+    state, pending = fill_cluster(nodes, pods, fill=fill, fill_policy=fill_policy, seed=seed,
+                                  target=target)
+    draw = sampler(fractions, seed)
+    gpu_pods = [(k, p) for k, p in state.pods.items() if p.pod.wants_gpu]
+    share = draw(len(gpu_pods))
+    used = {k: float(f) * p.pod.gpu_milli / 1000 * float(state.gpu_memory_mib[
+        state.index[p.node]]) for (k, p), f in zip(gpu_pods, share, strict=True)}
+    snapshot = snapshot_of_state(state, used, pending=pending)
+    placed_pods = len(state.pods)
+    total = (max_evictions_total if max_evictions_total is not None
+             else max(1, int(placed_pods * eviction_budget_pct / 100)))
+    # One namespace in the simulation: the namespace limit is the total.
+    config = DefragConfig(threshold=threshold,
+                          limits=Limits(per_node=max_evictions_per_node, per_namespace=total,
+                                        total=total),
+                          policy=policy, coverage=coverage, dry_run=True).validate()
+    scheduler = make_policy(policy, workload=target, seed=seed)
+    cache = ScoreCache(scheduler) if scheduler.node_local else None
+    result = WhatIfResult(workload=workload, fill_policy=fill_policy, policy=policy, seed=seed,
+                          pods=placed_pods, before=measure(state, snapshot.usage, target).summary,
+                          pending_before=len(pending),
+                          usage_source="genai trace" if fractions is not None else
+                          f"synthetic Beta{SYNTHETIC_BETA}")
+    for cycle in range(1, cycles + 1):
+        started = time.perf_counter()
+        the_plan = plan(snapshot, scheduler, target, config)
+        metrics = CycleMetrics(dry_run=True)
+        report = Executor(DryRunActions(_Silent()), config, metrics, log=_Silent()).run(
+            the_plan, snapshot, target)
+        placed = _place_pending(snapshot, scheduler, cache, draw)
+        result.cycles.append(CycleRecord(
+            cycle=cycle, planned=len(the_plan.moves), evicted=report.evicted,
+            landed=sum(1 for r in report.results if r.outcome == "landed"),
+            pending_placed=placed,
+            free_whole_gpus_after_moves=report.after.free_whole_gpus if report.after else 0,
+            summary=measure(state, snapshot.usage, target).summary,
+            pending=len(snapshot.pending), seconds=time.perf_counter() - started))
+    return result
+
+
+# ----------------------------------------------------------------------------- output
+def table(result: WhatIfResult) -> str:
+    b, a = result.before, result.after
+    rows = [
+        ("waste ratio", f"{b.waste_ratio:.1%}", f"{a.waste_ratio:.1%}"),
+        ("wasted GiB", f"{b.wasted_gib:.0f}", f"{a.wasted_gib:.0f}"),
+        ("fragmentation ratio", f"{b.frag_ratio:.1%}", f"{a.frag_ratio:.1%}"),
+        ("fragmentation (GPUs)", f"{b.frag_gpus:.1f}", f"{a.frag_gpus:.1f}"),
+        ("free whole GPUs", str(b.free_whole_gpus), str(a.free_whole_gpus)),
+        ("free GPU nodes", str(b.free_gpu_nodes), str(a.free_gpu_nodes)),
+        ("allocated GPUs", f"{b.allocated_gpus:.1f}", f"{a.allocated_gpus:.1f}"),
+        ("pending pods", str(result.pending_before), str(result.pending_after)),
+    ]
+    gain = (a.free_whole_gpus - b.free_whole_gpus) / max(b.free_whole_gpus, 1)
+    pct = 100.0 * result.evictions / max(result.pods, 1)
+    lines = [f"defrag what-if: {result.workload}, filled by {result.fill_policy}, scheduler "
+             f"{result.policy}, seed {result.seed}, usage from {result.usage_source}",
+             f"  {'':<24}{'before':>10}{'after':>10}"]
+    lines += [f"  {name:<24}{x:>10}{y:>10}" for name, x, y in rows]
+    lines.append(f"  cycles {len(result.cycles)}: evictions {result.evictions} of {result.pods} "
+                 f"pods ({pct:.2f}%), pending pods placed "
+                 f"{result.pending_before - result.pending_after}")
+    lines.append(f"  free whole GPUs {gain:+.1%} (target >= +20%: "
+                 f"{'met' if gain >= 0.2 else 'NOT met'}); evictions {pct:.2f}% of pods "
+                 f"(target < 5%: {'met' if pct < 5 else 'NOT met'})")
+    for c in result.cycles:
+        s = c.summary
+        lines.append(f"    cycle {c.cycle}: planned {c.planned}, evicted {c.evicted}, free whole "
+                     f"GPUs {c.free_whole_gpus_after_moves} after the moves, pending placed "
+                     f"{c.pending_placed}, then {s.free_whole_gpus}; frag {s.frag_ratio:.1%}, "
+                     f"waste {s.waste_ratio:.1%} ({c.seconds:.1f}s)")
+    return "\n".join(lines)
+
+
+def plot(result: WhatIfResult, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = list(range(len(result.cycles) + 1))
+    series = [result.before, *(c.summary for c in result.cycles)]
+    evictions = np.cumsum([0, *(c.evicted for c in result.cycles)])
+    pending = [result.pending_before, *(c.pending for c in result.cycles)]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    axes[0].plot(xs, [s.free_whole_gpus for s in series], marker="o", label="free whole GPUs")
+    axes[0].plot(xs, pending, marker="s", label="pending pods")
+    axes[0].set_title("free whole GPUs / pending pods")
+    axes[1].plot(xs, [100 * s.frag_ratio for s in series], marker="o", label="fragmentation")
+    axes[1].plot(xs, [100 * s.waste_ratio for s in series], marker="s", label="waste")
+    axes[1].set_title("ratios (%)")
+    axes[2].bar(xs, evictions)
+    axes[2].set_title("evictions (cumulative)")
+    for ax in axes:
+        ax.set_xlabel("defrag cycle (0 = before)")
+        ax.set_xticks(xs)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(f"defrag what-if: {result.workload}, filled by {result.fill_policy}, "
+                 f"scheduler {result.policy}")
+    fig.tight_layout()
+    path = out / "defrag.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpufrag whatif --defrag",
+        description="Fill a cluster with a baseline policy, then run defrag cycles with the "
+        "planner and the core; report waste, fragmentation, free whole GPUs, pending pods and "
+        "evictions before/after. With no --nodes/--pods, a seeded synthetic cluster is used.")
+    p.add_argument("--nodes", type=Path, help="openb node CSV")
+    p.add_argument("--pods", type=Path, help="openb pod CSV")
+    p.add_argument("--synthetic-nodes", type=int, default=300,
+                   help="node count of the synthetic cluster (default: 300)")
+    p.add_argument("--fill", type=float, default=0.85,
+                   help="GPU demand replayed, as a multiple of capacity (default: 0.85)")
+    p.add_argument("--fill-policy", default="random",
+                   help=f"baseline that fills the cluster, from {','.join(POLICY_NAMES)} "
+                        "(default: random)")
+    p.add_argument("--policy", default="fgd",
+                   help="the scheduler's policy: predicts landings, places pending pods "
+                        "(default: fgd)")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--cycles", type=int, default=3, help="defrag cycles (default: 3)")
+    p.add_argument("--threshold", type=float, default=0.25,
+                   help="waste ratio trigger (default: 0.25)")
+    p.add_argument("--max-evictions-total", type=int,
+                   help="per cycle (default: --eviction-budget-pct of the pods placed)")
+    p.add_argument("--max-evictions-per-node", type=int, default=2)
+    p.add_argument("--eviction-budget-pct", type=float, default=1.5,
+                   help="per-cycle eviction budget as %% of pods placed (default: 1.5)")
+    p.add_argument("--genai-memory", type=Path,
+                   help=f"GenAI trace {GENAI_FILE} (default: {DEFAULT_GENAI} when present, "
+                        "else a fitted synthetic distribution)")
+    p.add_argument("--genai-gpu-gib", type=float, default=GENAI_GPU_GIB,
+                   help=f"GPU memory the GenAI samples are fractions of (default: "
+                        f"{GENAI_GPU_GIB:g})")
+    p.add_argument("--default-gpu-gib", type=int, default=DEFAULT_GPU_GIB,
+                   help="memory of GPU products without a known size (default: 32)")
+    p.add_argument("--out", type=Path, help="write defrag_summary.json and defrag.png here")
+    p.add_argument("--no-plots", action="store_true")
+    return p
+
+
+def _validate(args: argparse.Namespace) -> None:
+    for flag, name in (("--fill-policy", args.fill_policy), ("--policy", args.policy)):
+        if name not in POLICY_NAMES:
+            raise BadInput(f"unknown policy {name!r}; choose from {','.join(POLICY_NAMES)}",
+                           field=flag)
+    if args.policy == "random":
+        raise BadInput("random cannot predict landings; use fgd or a deterministic baseline",
+                       field="--policy")
+    if (args.nodes is None) != (args.pods is None):
+        raise BadInput("--nodes and --pods go together (or give neither for the synthetic run)")
+    checks = (("--fill", 0 < args.fill <= 10, args.fill),
+              ("--cycles", 0 <= args.cycles <= 100, args.cycles),
+              ("--threshold", 0 <= args.threshold < 1, args.threshold),
+              ("--synthetic-nodes", args.synthetic_nodes >= 1, args.synthetic_nodes),
+              ("--eviction-budget-pct", 0 <= args.eviction_budget_pct <= 100,
+               args.eviction_budget_pct),
+              ("--max-evictions-per-node", args.max_evictions_per_node >= 0,
+               args.max_evictions_per_node),
+              ("--genai-gpu-gib", args.genai_gpu_gib > 0, args.genai_gpu_gib),
+              ("--default-gpu-gib", args.default_gpu_gib > 0, args.default_gpu_gib))
+    for flag, ok, value in checks:
+        if not ok:
+            raise BadInput(f"{value} is out of range", field=flag)
+    if args.max_evictions_total is not None and args.max_evictions_total < 0:
+        raise BadInput(f"{args.max_evictions_total} is negative", field="--max-evictions-total")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        _validate(args)
+        if args.nodes is None:
+            workload = "synthetic"
+            nodes = synthetic_nodes(args.synthetic_nodes, seed=0)
+            pods = synthetic_pods(max(2000, 7 * args.synthetic_nodes), seed=0)
+        else:
+            workload = args.pods.stem
+            nodes = load_nodes(args.nodes)
+            pods = load_pods(args.pods, {n.gpu_product for n in nodes if n.gpu_count})
+        nodes = with_gpu_memory(nodes, args.default_gpu_gib)
+        genai = args.genai_memory
+        if genai is None and DEFAULT_GENAI.is_file():
+            genai = DEFAULT_GENAI
+        fractions = genai_fractions(genai, args.genai_gpu_gib) if genai is not None else None
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+    except BadInput as e:
+        print(f"gpufrag whatif --defrag: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as e:
+        print(f"gpufrag whatif --defrag: cannot create {args.out}: {e.strerror}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = run_whatif(
+        nodes, pods, workload=workload, fill=args.fill, fill_policy=args.fill_policy,
+        policy=args.policy, seed=args.seed, cycles=args.cycles, threshold=args.threshold,
+        max_evictions_total=args.max_evictions_total,
+        max_evictions_per_node=args.max_evictions_per_node,
+        eviction_budget_pct=args.eviction_budget_pct, fractions=fractions)
+    print(table(result))
+    if args.out is not None:
+        (args.out / "defrag_summary.json").write_text(json.dumps(result.as_dict(), indent=2)
+                                                      + "\n")
+        written = ["defrag_summary.json"]
+        if not args.no_plots:
+            plot(result, args.out)
+            written.append("defrag.png")
+        print(f"\nwrote {', '.join(str(args.out / w) for w in written)}")
+    return EXIT_OK
