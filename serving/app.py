@@ -29,6 +29,8 @@ from serving.errors import (
     BodyTooLarge,
     InvalidRequest,
     ModelNotFound,
+    QueueFull,
+    RequestTimedOut,
     ServingError,
     Unavailable,
 )
@@ -185,12 +187,26 @@ async def infer(request: web.Request) -> web.Response:
 
 
 async def _infer(request: web.Request, state: ServerState) -> web.Response:
+    arrived = time.monotonic()
     try:
         model = _model(state, request.match_info["name"])
-        if not state.ready or state.batcher is None:
+        batcher = state.batcher
+        if not state.ready or batcher is None:
             raise Unavailable("server is shutting down" if state.shutting_down
                               else "server is not ready", retry_after_s=state.retry_after_s)
+        if batcher.depth >= batcher.config.max_queue_size:
+            # Shed load before reading and parsing the body: under overload the rejection
+            # must be the cheapest thing the server does, or parsing becomes the bottleneck.
+            raise QueueFull(f"queue is full ({batcher.config.max_queue_size} requests "
+                            f"waiting); retry after {state.retry_after_s}s",
+                            retry_after_s=state.retry_after_s)
         parsed = await _read_request(request, state, model)
+        timeout_s = parsed.timeout_s
+        if timeout_s is not None:  # the deadline runs from arrival, not from enqueue
+            timeout_s -= time.monotonic() - arrived
+            if timeout_s <= 0:
+                raise RequestTimedOut("request timed out while being read and parsed; "
+                                      "not computed")
     except ServingError as exc:  # raised here, before the batcher: counted here
         state.metrics.outcome(exc.outcome)
         raise
@@ -200,8 +216,7 @@ async def _infer(request: web.Request, state: ServerState) -> web.Response:
         return transport is None or transport.is_closing()
 
     try:
-        future = state.batcher.submit(parsed.inputs, timeout_s=parsed.timeout_s,
-                                      client_gone=client_gone)
+        future = batcher.submit(parsed.inputs, timeout_s=timeout_s, client_gone=client_gone)
     except InvalidRequest as exc:
         state.metrics.outcome(exc.outcome)
         raise

@@ -47,6 +47,10 @@ class OnnxRuntimeBackend:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if intra_op_threads:
             options.intra_op_num_threads = intra_op_threads
+        # ORT's pool busy-waits between ops by default; in a server that steals the cores the
+        # event loop needs to accept and parse the next requests, so idle threads sleep.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         providers = choose_providers(ort.get_available_providers(), allow_cuda=allow_cuda)
         self._session = ort.InferenceSession(str(model_path), sess_options=options,
                                              providers=providers)

@@ -146,6 +146,13 @@ def test_oversized_body_is_413(server: ThreadedServer) -> None:
     assert "exceeds the 65536 byte limit (--max-body-bytes)" in response.json()["error"]
 
 
+def test_deadline_counts_from_arrival_so_a_tiny_one_expires_before_the_queue(
+        server: ThreadedServer) -> None:
+    response = post(server, infer_body(1), headers={"Timeout-Ms": "0.000001"})
+    assert response.status_code == 504
+    assert "while being read and parsed" in response.json()["error"]
+
+
 def test_bad_timeout_header_is_400(server: ThreadedServer) -> None:
     response = post(server, infer_body(1), headers={"Timeout-Ms": "soon"})
     assert response.status_code == 400 and "header Timeout-Ms" in response.json()["error"]
