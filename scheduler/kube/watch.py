@@ -171,7 +171,7 @@ class Reflector:
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s, rng)
         self.lists = 0
         self.events = 0
-        self.last_error = ""
+        self.errors: list[str] = []  # the last few failures, newest last
         self._resp: Any = None
         self._log = log.bind(kind=kind)
 
@@ -217,7 +217,7 @@ class Reflector:
                 return  # BOOKMARK: only its resourceVersion matters
             self.events += 1
         except Exception:  # a bug in applying one object must not stop the watch
-            self._log.exception("event not applied", event=kind)
+            self._log.exception("event not applied", event_type=kind)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -241,8 +241,12 @@ class Reflector:
             except Exception as e:  # connection refused, reset, timeouts, bad JSON
                 self._failed(repr(e))
 
+    @property
+    def last_error(self) -> str:
+        return self.errors[-1] if self.errors else ""
+
     def _failed(self, error: str) -> None:
-        self.last_error = error
+        self.errors = [*self.errors[-19:], error]
         if self.stop_event.is_set():
             return
         delay = self.backoff.next_delay()

@@ -1,0 +1,153 @@
+"""ClusterCache: Kubernetes objects applied to a ClusterState the way the watch delivers them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from scheduler.kube.cache import ClusterCache
+from scheduler.kube.convert import node_to_k8s, pod_to_k8s
+from tests.builders import node, pod
+from tests.scheduler.extender.helpers import FakeClock
+
+
+def gpu_pod(name: str, at: str = "", gpus: tuple[int, ...] | None = None,
+            **overrides: Any) -> dict[str, Any]:
+    return pod_to_k8s(pod(name, **overrides), node=at, gpus=gpus)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def cache(clock: FakeClock) -> ClusterCache:
+    c = ClusterCache(clock=clock)
+    c.replace_nodes([node_to_k8s(node("n0", gpu_count=4)), node_to_k8s(node("n1"))])
+    c.replace_pods([])
+    return c
+
+
+def free(cache: ClusterCache, name: str) -> list[int]:
+    row = cache.state.index[name]
+    return cache.state.gpu_free[row, : int(cache.state.gpu_count[row])].tolist()
+
+
+def test_sync_flags(clock: FakeClock) -> None:
+    c = ClusterCache(clock=clock)
+    assert not c.synced
+    c.replace_nodes([])
+    assert not c.synced
+    c.replace_pods([])
+    assert c.synced
+
+
+def test_bound_pod_takes_its_recorded_gpus_else_the_default_rule(cache: ClusterCache) -> None:
+    cache.apply_pod(gpu_pod("a", "n0", (2,)))
+    cache.apply_pod(gpu_pod("b", "n0"))                  # no annotation: lowest free GPU
+    cache.apply_pod(gpu_pod("c", "n0", (9,)))            # out of range: default rule again
+    assert cache.state.pods["default/a"].gpus == (2,)
+    assert cache.state.pods["default/b"].gpus == (0,)
+    assert cache.state.pods["default/c"].gpus == (1,)
+    assert free(cache, "n0") == [0, 0, 0, 1000]
+
+
+def test_a_node_heartbeat_changes_nothing(cache: ClusterCache) -> None:
+    row = cache.state.index["n0"]
+    version = int(cache.state.version[row])
+    cache.apply_node(node_to_k8s(node("n0", gpu_count=4)))
+    assert int(cache.state.version[row]) == version
+    cache.apply_node(node_to_k8s(node("n0", gpu_count=4, cpu_milli=32_000)))
+    assert int(cache.state.version[row]) > version
+    assert int(cache.state.cpu_cap[row]) == 32_000
+
+
+def test_pod_seen_before_its_node_is_placed_when_the_node_arrives(cache: ClusterCache) -> None:
+    cache.apply_pod(gpu_pod("early", "n9", (1,)))
+    assert "default/early" not in cache.state.pods
+    assert cache.counts()["pods_unaccounted"] == 1
+    cache.apply_node(node_to_k8s(node("n9", gpu_count=2)))
+    assert cache.state.pods["default/early"].gpus == (1,)
+    assert cache.counts()["pods_unaccounted"] == 0
+
+
+def test_deleted_node_keeps_its_pods_until_they_go(cache: ClusterCache) -> None:
+    cache.apply_pod(gpu_pod("a", "n0", (0,)))
+    cache.delete_node("n0")
+    assert not cache.state.active[cache.state.index["n0"]]
+    assert "default/a" not in cache.state.pods
+    cache.apply_node(node_to_k8s(node("n0", gpu_count=4)))  # it comes back
+    assert cache.state.pods["default/a"].gpus == (0,)
+    cache.delete_node("n0")
+    cache.delete_pod("default/a")
+    assert cache.counts()["pods_unaccounted"] == 0
+
+
+def test_the_live_cluster_wins_over_capacity(cache: ClusterCache) -> None:
+    for i in range(3):  # three whole-GPU pods on a 2-GPU node: over-committed, still counted
+        cache.apply_pod(gpu_pod(f"p{i}", "n1"))
+    assert len(cache.state.pods_on_node[cache.state.index["n1"]]) == 3
+    cache.apply_pod(gpu_pod("huge", "n1", num_gpu=8))
+    assert "default/huge" not in cache.state.pods
+    assert cache.unaccounted["default/huge"] == "asks for 8 GPUs, node n1 has 2"
+
+
+def test_terminal_and_deleted_pods_free_resources_and_start_the_warm_window(
+        cache: ClusterCache, clock: FakeClock) -> None:
+    obj = gpu_pod("m", "n0", (0,), model="llama", model_version="v1")
+    cache.apply_pod(obj)
+    assert cache.state.replicas[("llama", "v1")][0] == 1
+    cache.apply_pod({**obj, "status": {"phase": "Succeeded"}})
+    assert "default/m" not in cache.state.pods
+    assert cache.state.model_last_seen[("llama", "v1")][0] == clock.now
+    assert free(cache, "n0") == [1000] * 4
+
+
+def test_a_changed_pod_is_moved(cache: ClusterCache) -> None:
+    cache.apply_pod(gpu_pod("a", "n0", (0,)))
+    changes = cache.pod_changes
+    cache.apply_pod(gpu_pod("a", "n0", (0,)))  # the same again (a status update)
+    assert cache.pod_changes == changes
+    cache.apply_pod(gpu_pod("a", "n0", (3,)))  # the annotation was corrected
+    assert free(cache, "n0") == [1000, 1000, 1000, 0]
+    assert cache.pod_changes == changes + 1
+
+
+def test_relist_drops_what_is_gone_but_keeps_assumptions(cache: ClusterCache) -> None:
+    cache.apply_pod(gpu_pod("stays", "n0", (0,)))
+    cache.apply_pod(gpu_pod("goes", "n0", (1,)))
+    pending = gpu_pod("pending")
+    cache.apply_pod(pending)
+    cache.assume(pod("pending", namespace="default"), cache.state.index["n0"], (2,))
+    cache.replace_pods([gpu_pod("stays", "n0", (0,)), pending])
+    assert set(cache.state.pods) == {"default/stays", "default/pending"}
+    assert cache.counts()["pods_assumed"] == 1
+    cache.replace_nodes([node_to_k8s(node("n0", gpu_count=4))])
+    assert not cache.state.active[cache.state.index["n1"]]
+
+
+def test_unreadable_objects_are_skipped_with_the_reason(cache: ClusterCache) -> None:
+    bad = gpu_pod("bad", "n0")
+    bad["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    cache.apply_pod(bad)
+    assert "default/bad" not in cache.state.pods
+    assert "'lots' is not a Kubernetes quantity" in cache.skipped["pod default/bad"]
+    cache.apply_node({"metadata": {"name": "odd"}, "status": {"allocatable": {
+        "nvidia.com/gpu": "1.5"}}})
+    assert "odd" not in cache.state.index
+    assert "not a whole number" in cache.skipped["node odd"]
+
+
+def test_expire_only_drops_unconfirmed_assumptions(cache: ClusterCache,
+                                                   clock: FakeClock) -> None:
+    cache.assume_ttl_s = 10
+    cache.apply_pod(gpu_pod("a"))
+    cache.apply_pod(gpu_pod("b"))
+    cache.assume(pod("a", namespace="default"), 0, (0,))
+    cache.assume(pod("b", namespace="default"), 0, (1,))
+    cache.apply_pod(gpu_pod("b", "n0", (1,)))  # the watch shows b bound
+    clock.advance(11)
+    assert cache.expire() == ["default/a"]
+    assert set(cache.state.pods) == {"default/b"}

@@ -1,0 +1,161 @@
+"""The reflector's list + watch loop, driven by a scripted list call (the same keyword calls it
+makes on ``CoreV1Api``): paging, resuming from the last resourceVersion, relisting on 410 Gone
+(as an ERROR event or an HTTP status), and backing off on other failures. Its behaviour against
+a real API server is tested in tests/e2e/test_extender_watch.py."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes
+import orjson
+import pytest
+
+from scheduler.config import WatchConfig
+from scheduler.kube.watch import Backoff, Reflector
+
+
+class FakeResponse:
+    def __init__(self, data: bytes = b"", chunks: tuple[bytes, ...] = ()) -> None:
+        self.data = data
+        self.chunks = chunks
+        self.closed = False
+
+    def stream(self, amt: Any = None, decode_content: bool = True) -> Iterator[bytes]:
+        yield from self.chunks
+
+    def release_conn(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def shutdown(self) -> None:
+        self.closed = True
+
+
+def listing(names: list[str], version: str = "", token: str = "") -> FakeResponse:
+    meta = {"resourceVersion": version, **({"continue": token} if token else {})}
+    return FakeResponse(orjson.dumps({"metadata": meta, "items": [obj(n, version)
+                                                                  for n in names]}))
+
+
+def obj(name: str, version: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": version}}
+
+
+def event(kind: str, name: str, version: str) -> bytes:
+    return orjson.dumps({"type": kind, "object": obj(name, version)}) + b"\n"
+
+
+class Script:
+    """Answers each call with the next step (a response, or an exception to raise); when the
+    script runs out it stops the reflector."""
+
+    def __init__(self, steps: list[Any], stop: threading.Event) -> None:
+        self.steps = steps
+        self.stop = stop
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        if not self.steps:
+            self.stop.set()
+            raise ConnectionError("script finished")
+        step = self.steps.pop(0)
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, Any]] = []
+
+    def replace(self, objs: list[Any]) -> None:
+        self.seen.append(("replace", [o["metadata"]["name"] for o in objs]))
+
+    def upsert(self, o: Any) -> None:
+        self.seen.append(("upsert", o["metadata"]["name"]))
+
+    def delete(self, o: Any) -> None:
+        self.seen.append(("delete", o["metadata"]["name"]))
+
+
+def test_list_watch_resume_relist_and_backoff() -> None:
+    stop = threading.Event()
+    added = event("ADDED", "n3", "11")
+    script = Script([
+        listing(["n1"], token="page-2"),
+        listing(["n2"], version="10"),
+        # One event split across chunks; a bookmark only moves the version on.
+        FakeResponse(chunks=(added[:9], added[9:] + event("MODIFIED", "n1", "12"),
+                             event("DELETED", "n2", "13") + event("BOOKMARK", "", "14"))),
+        FakeResponse(chunks=(orjson.dumps({"type": "ERROR", "object": {
+            "kind": "Status", "code": 410, "message": "too old resource version"}}) + b"\n",)),
+        listing(["n1"], version="20"),
+        kubernetes.client.ApiException(status=410, reason="Gone"),
+        listing(["n1", "n4"], version="30"),
+        kubernetes.client.ApiException(status=500, reason="Internal Server Error"),
+        ConnectionResetError("reset by peer"),
+        FakeResponse(chunks=(event("ADDED", "n5", "31"),)),
+    ], stop)
+    sink = RecordingSink()
+    config = WatchConfig(timeout_s=5, page_size=2, backoff_initial_s=0.001, backoff_max_s=0.002)
+    reflector = Reflector("nodes", script, sink, config, stop, rng=random.Random(1))
+    reflector.run()
+
+    assert sink.seen == [
+        ("replace", ["n1", "n2"]),
+        ("upsert", "n3"), ("upsert", "n1"), ("delete", "n2"),
+        ("replace", ["n1"]),                       # after the 410 ERROR event
+        ("replace", ["n1", "n4"]),                 # after the HTTP 410
+        ("upsert", "n5"),                          # after two failures and backoffs
+    ]
+    lists = [c for c in script.calls if not c.get("watch")]
+    watches = [c for c in script.calls if c.get("watch")]
+    assert [(c["limit"], c["_continue"]) for c in lists] == [
+        (2, None), (2, "page-2"), (2, None), (2, None)]
+    assert [c["resource_version"] for c in watches] == ["10", "14", "20", "30", "30", "30", "31"]
+    assert all(c["allow_watch_bookmarks"] and c["timeout_seconds"] == 5 for c in watches)
+    assert reflector.lists == 3 and reflector.events == 4
+    assert reflector.last_error == "ConnectionError('script finished')"
+
+
+def test_a_list_without_resource_version_is_an_error() -> None:
+    stop = threading.Event()
+    script = Script([listing(["n1"], version="")], stop)
+    reflector = Reflector("nodes", script, RecordingSink(),
+                          WatchConfig(backoff_initial_s=0.001, backoff_max_s=0.001), stop)
+    reflector.run()
+    assert reflector.errors[0] == "WatchError('nodes list carried no resourceVersion')"
+
+
+def test_a_bad_event_does_not_stop_the_watch() -> None:
+    stop = threading.Event()
+
+    class Fussy(RecordingSink):
+        def upsert(self, o: Any) -> None:
+            if o["metadata"]["name"] == "bad":
+                raise RuntimeError("bug")
+            super().upsert(o)
+
+    script = Script([listing([], version="1"), FakeResponse(chunks=(
+        event("ADDED", "bad", "2"), event("ADDED", "good", "3")))], stop)
+    sink = Fussy()
+    Reflector("pods", script, sink, WatchConfig(backoff_initial_s=0.001,
+                                                backoff_max_s=0.001), stop).run()
+    assert sink.seen == [("replace", []), ("upsert", "good")]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_backoff_is_capped_exponential_with_full_jitter(seed: int) -> None:
+    backoff = Backoff(0.5, 30.0, random.Random(seed))
+    delays = [backoff.next_delay() for _ in range(12)]
+    ceilings = [min(30.0, 0.5 * 2 ** i) for i in range(12)]
+    assert all(0 <= d <= c for d, c in zip(delays, ceilings, strict=True))
+    backoff.reset()
+    assert backoff.next_delay() <= 0.5
