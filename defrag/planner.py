@@ -164,7 +164,8 @@ class _Scored:
 class _Candidate:
     info: PodInfo
     row: int
-    pdbs: tuple[Pdb, ...]
+    placement: Placement
+    pdbs: tuple[Pdb, ...] | None = None  # looked up when first needed
     epoch: int = -1
     scored: _Scored | None = None
 
@@ -227,44 +228,55 @@ class _Planner:
 
     # ---------------------------------------------------------------- candidates
     def candidates(self) -> list[_Candidate]:
-        state = self.state
+        state, pods, config = self.state, self.snapshot.pods, self.config
         out: list[_Candidate] = []
-        for row in sorted(self.triggers.rows, key=state.names.__getitem__):
-            for key in sorted(state.pods_on_node[row]):
-                info = self.snapshot.pods.get(key)
-                reason = "unknown pod" if info is None else movability(info, self.config)
+        for row in self.triggers.rows:
+            for key in state.pods_on_node[row]:
+                info = pods.get(key)
+                reason = "unknown pod" if info is None else movability(info, config)
                 if reason is not None or info is None:
                     self.skipped[reason or "unknown pod"] += 1
                     continue
-                out.append(_Candidate(info, row, tuple(self.snapshot.pdbs_of(info))))
+                out.append(_Candidate(info, row, state.pods[key]))
         return out
 
     def prerank(self, cands: list[_Candidate]) -> list[_Candidate]:
-        """Order by what removing each pod does to its source node alone (vectorised)."""
+        """Order by what removing each pod does to its source node alone (vectorised): the
+        fragmentation it takes away there plus the whole GPUs it frees. Ties by pod key, so
+        equal inputs give equal plans."""
         if not cands:
             return cands
         state = self.state
-        rows = np.array([c.row for c in cands], np.int64)
+        k = len(cands)
+        rows = np.fromiter((c.row for c in cands), np.int64, k)
+        milli = np.fromiter((c.placement.pod.gpu_milli for c in cands), np.int64, k)
+        cpu = np.fromiter((c.placement.pod.cpu_milli for c in cands), np.int64, k)
+        first = np.fromiter((c.placement.gpus[0] for c in cands), np.int64, k)
         free_after = state.gpu_free[rows].copy()
-        cpu_after = state.cpu_left[rows].copy()
-        for i, c in enumerate(cands):
-            placement = state.pods[c.info.key]
-            free_after[i, list(placement.gpus)] += placement.pod.gpu_milli
-            cpu_after[i] += placement.pod.cpu_milli
-        after = fragmentation_of(free_after, cpu_after, state.product[rows], self.workload,
-                                 self.allowed)
-        freed = np.array([
-            sum(1 for g in state.pods[c.info.key].gpus if free_after[i, g] == MILLI_PER_GPU)
-            for i, c in enumerate(cands)])
+        idx = np.arange(k)
+        free_after[idx, first] += milli
+        freed = (free_after[idx, first] == MILLI_PER_GPU).astype(np.int64)
+        for i, c in enumerate(cands):  # the other GPUs of multi-GPU pods (rare)
+            for g in c.placement.gpus[1:]:
+                free_after[i, g] += milli[i]
+                freed[i] += int(free_after[i, g] == MILLI_PER_GPU)
+        after = fragmentation_of(free_after, state.cpu_left[rows] + cpu, state.product[rows],
+                                 self.workload, self.allowed)
         gain = (self.frag[rows] - after) / MILLI_PER_GPU + freed
-        order = sorted(range(len(cands)), key=lambda i: (-gain[i], cands[i].info.key))
+        keys = np.array([c.info.key for c in cands])
+        order = np.lexsort((keys, -gain))
         return [cands[i] for i in order]
 
     # ---------------------------------------------------------------- scoring
+    def pdbs(self, c: _Candidate) -> tuple[Pdb, ...]:
+        if c.pdbs is None:
+            c.pdbs = tuple(self.snapshot.pdbs_of(c.info))
+        return c.pdbs
+
     def refusal(self, c: _Candidate) -> str | None:
         if not self.may_give[c.row]:
             return "source node received a pod this cycle"
-        return self.budget.refusal(self.state.names[c.row], c.info.namespace, c.pdbs)
+        return self.budget.refusal(self.state.names[c.row], c.info.namespace, self.pdbs(c))
 
     def constraint_mask(self, constraints: NodeConstraints) -> BoolArray:
         """Rows whose labels and taints ``constraints`` accept (cached per distinct value)."""
@@ -432,7 +444,8 @@ class _Planner:
         self.frag[both] = node_fragmentation(state, self.workload, both)
         self.may_receive[src] = False
         self.may_give[s.target] = False
-        self.budget.take(state.names[src], c.info.namespace, c.pdbs)
+        pdbs = self.pdbs(c)
+        self.budget.take(state.names[src], c.info.namespace, pdbs)
         self.unblocked.update(s.unblocks)
         self.applied.append((key, old, new))
         self.epoch += 1
@@ -443,7 +456,7 @@ class _Planner:
             target_gpus=s.target_gpus, frag_delta_milli=s.frag_delta, waste_delta_mib=s.waste_delta,
             freed_gpus=s.freed, unblocks=s.unblocks, gain=s.gain,
             reason=self.triggers.reason(src, self.measurement),
-            pdb=c.pdbs[0].key if c.pdbs else "",
+            pdb=pdbs[0].key if pdbs else "",
         )
 
     def revert(self) -> None:

@@ -21,13 +21,18 @@ from defrag.model import PodInfo
 from scheduler.core.feasibility import allowed_products, feasible_mask
 from scheduler.core.state import ClusterState
 
+# A move frees room for one pending pod; listing a few per node is enough to choose from.
+PODS_PER_ROW = 16
+
 
 @dataclass(frozen=True)
 class Triggers:
     """Triggered node rows, and the pending pods each blocking node holds back."""
 
     waste: frozenset[int] = frozenset()
+    # Row -> pending pods it holds back (at most PODS_PER_ROW listed; ``blocked`` counts all).
     blocking: Mapping[int, tuple[PodInfo, ...]] = field(default_factory=dict)
+    blocked: Mapping[int, int] = field(default_factory=dict)
     # Pending GPU pods that fit nowhere now (whether or not any node could be consolidated).
     unplaceable: tuple[PodInfo, ...] = ()
 
@@ -40,8 +45,8 @@ class Triggers:
         if row in self.waste:
             parts.append(f"waste {measurement.waste_ratio[row]:.0%}")
         if row in self.blocking:
-            pods = self.blocking[row]
-            parts.append(f"blocks {len(pods)} pending pod{'s' if len(pods) != 1 else ''}")
+            n = self.blocked.get(row, len(self.blocking[row]))
+            parts.append(f"blocks {n} pending pod{'s' if n != 1 else ''}")
         return ", ".join(parts)
 
 
@@ -65,21 +70,22 @@ def find_triggers(state: ClusterState, measurement: Measurement, pending: Sequen
         over = np.flatnonzero(np.nan_to_num(measurement.waste_ratio, nan=0.0) > threshold)
     waste = frozenset(int(r) for r in over if state.active[r])
     rows = state.active_rows()
-    blocking: dict[int, list[PodInfo]] = {}
-    unplaceable: list[PodInfo] = []
-    verdicts: dict[tuple[int, int, int, int, frozenset[str]], list[int] | None] = {}
+    by_shape: dict[tuple[int, int, int, int, frozenset[str]], list[PodInfo]] = {}
     for pod in pending:
-        if not pod.request.wants_gpu:
-            continue
-        shape = pod.request.shape
-        if shape not in verdicts:
-            fits_now = bool(feasible_mask(state, pod.request, rows).any())
-            verdicts[shape] = None if fits_now else blocking_rows(state, pod)
-        found = verdicts[shape]
-        if found is None:
-            continue
-        unplaceable.append(pod)
-        for row in found:
-            blocking.setdefault(row, []).append(pod)
+        if pod.request.wants_gpu:
+            by_shape.setdefault(pod.request.shape, []).append(pod)
+    blocking: dict[int, list[PodInfo]] = {}
+    blocked: dict[int, int] = {}
+    unplaceable: list[PodInfo] = []
+    for group in by_shape.values():
+        if feasible_mask(state, group[0].request, rows).any():
+            continue  # it fits somewhere now: waiting, not blocked by fragmentation
+        unplaceable.extend(group)
+        for row in blocking_rows(state, group[0]):
+            listed = blocking.setdefault(row, [])
+            listed.extend(group[: PODS_PER_ROW - len(listed)])
+            blocked[row] = blocked.get(row, 0) + len(group)
+    order = {id(p): i for i, p in enumerate(pending)}
+    unplaceable.sort(key=lambda p: order[id(p)])
     return Triggers(waste=waste, blocking={r: tuple(p) for r, p in blocking.items()},
-                    unplaceable=tuple(unplaceable))
+                    blocked=blocked, unplaceable=tuple(unplaceable))
