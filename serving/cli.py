@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=64 * 1024 * 1024,
                    help="larger request bodies get 413 (default %(default)s)")
     p.add_argument("--intra-op-threads", type=int, default=0,
-                   help="ONNX Runtime threads per batch (0 = one per core)")
+                   help="ONNX Runtime threads per batch (0 = all cores but one, kept for the "
+                   "HTTP event loop)")
     p.add_argument("--model-cache-dir", type=Path,
                    help="where built-in models are generated (default ~/.cache/gpufrag/models)")
     p.add_argument("--engine-cache-dir", type=Path,

@@ -11,6 +11,7 @@ loop free to accept and parse requests.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,12 @@ def choose_providers(available: list[str], *, allow_cuda: bool = True) -> list[s
     """CUDA first when present (and allowed), CPU always last."""
     providers = [CUDA_PROVIDER] if allow_cuda and CUDA_PROVIDER in available else []
     return [*providers, CPU_PROVIDER]
+
+
+def default_intra_op_threads() -> int:
+    """All cores but one: the event loop needs a core to accept, parse and answer requests
+    while a batch computes; ORT's default (every core) starves it on small CPU machines."""
+    return max(1, (os.cpu_count() or 2) - 1)
 
 
 def spec_from_onnx(name: str, onnx_type: str, shape: list[Any], *, what: str) -> TensorSpec:
@@ -45,8 +52,7 @@ class OnnxRuntimeBackend:
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if intra_op_threads:
-            options.intra_op_num_threads = intra_op_threads
+        options.intra_op_num_threads = intra_op_threads or default_intra_op_threads()
         # ORT's pool busy-waits between ops by default; in a server that steals the cores the
         # event loop needs to accept and parse the next requests, so idle threads sleep.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -109,3 +109,12 @@ def test_load_backend_times_the_load(small_model: Path, tmp_path: Path) -> None:
     loaded = select.load_backend("auto", small_model, gpu_name=None,
                                  engine_cache_dir=tmp_path, max_batch_size=8)
     assert loaded.load_seconds > 0 and loaded.backend.kind == "onnxruntime-cpu"
+
+
+def test_default_threads_leave_a_core_for_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from serving.backends import onnx_runtime
+
+    monkeypatch.setattr(onnx_runtime.os, "cpu_count", lambda: 16)
+    assert onnx_runtime.default_intra_op_threads() == 15
+    monkeypatch.setattr(onnx_runtime.os, "cpu_count", lambda: 1)
+    assert onnx_runtime.default_intra_op_threads() == 1
