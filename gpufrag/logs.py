@@ -21,7 +21,9 @@ class StderrLogger:
     """
 
     def msg(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+        stream = sys.stderr
+        stream.write(message + "\n")  # one write: lines from threads never interleave
+        stream.flush()
 
     log = debug = info = warn = warning = error = critical = exception = fatal = msg
 

@@ -1,0 +1,210 @@
+"""gpufrag-scheduler end to end: the real kube-scheduler calls our extender over HTTP, and the
+real API server stores the result.
+
+- placement: every pod lands on the node the extender ranked first, GPU annotations are
+  consistent, no GPU is over-committed, replicas of a model version co-locate up to the cap;
+- fragmentation: the same workload through the default scheduler and through ours;
+- failure: the extender stopped mid-run, with ``ignorable`` true and false.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from gpufrag import conventions as cv
+from gpufrag.devcluster import ControlPlane, wait_until
+from scheduler.core import PodRequest, TargetWorkload, fragmentation_ratio
+from tests.e2e.stack import (
+    Extender,
+    bound_node,
+    cluster_state,
+    delete_nodes,
+    gpu_pod,
+    make_nodes,
+    scheduler_config,
+)
+
+PRODUCTS = {"T4": 15_360, "V100M32": 32_768, "A10": 23_028, "G2": 16_384}
+CAP = 3
+
+
+@pytest.fixture(scope="module")
+def extender(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[Extender]:
+    log = tmp_path_factory.mktemp("extender") / "extender.log"
+    # Affinity weighted above the policy so the co-location rule is what the test observes.
+    ext = Extender(control_plane, log, extra_args=(
+        "--set", f"affinity.max_replicas_per_node={CAP}", "--set", "affinity.cap_is_hard=true",
+        "--set", "weights.affinity=2.0"))
+    ext.start()
+    control_plane.start_scheduler("gpufrag-scheduler", scheduler_config(ext.url))
+    yield ext
+    control_plane.stop_scheduler("gpufrag-scheduler")
+    ext.stop()
+
+
+def _stream(rng: random.Random) -> list[dict[str, object]]:
+    pods: list[dict[str, object]] = []
+    for i in range(30):
+        kind = rng.choice(["whole", "share", "share", "multi", "constrained"])
+        if kind == "whole":
+            pods.append(gpu_pod(f"whole-{i}", gpus=1, group="place"))
+        elif kind == "multi":
+            pods.append(gpu_pod(f"multi-{i}", gpus=rng.choice([2, 4]), group="place"))
+        elif kind == "constrained":
+            pods.append(gpu_pod(f"spec-{i}", milli=rng.choice([300, 500]),
+                                products=("V100M32", "A10"), group="place"))
+        else:
+            pods.append(gpu_pod(f"share-{i}", milli=rng.choice([230, 470, 650, 810]),
+                                group="place"))
+    for i in range(7):
+        pods.append(gpu_pod(f"llm-v1-{i}", milli=250, model="llm", version="v1", group="place"))
+    for i in range(3):
+        pods.append(gpu_pod(f"llm-v2-{i}", milli=250, model="llm", version="v2", group="place"))
+    return pods
+
+
+def test_every_pod_lands_where_the_extender_ranked_it_first(
+        control_plane: ControlPlane, extender: Extender, namespace: str) -> None:
+    nodes = make_nodes(control_plane, "place", PRODUCTS, per_product=4)
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    try:
+        placed: dict[str, str] = {}
+        for body in _stream(random.Random(7)):
+            name = body["metadata"]["name"]  # type: ignore[index]
+            core.create_namespaced_pod(namespace, body)
+            placed[name] = bound_node(core, namespace, name)
+
+        ranked = {r["pod"]: r["node"] for r in extender.log_events("prioritize")
+                  if r["pod"].startswith(f"{namespace}/")}
+        for name, node in placed.items():
+            assert ranked[f"{namespace}/{name}"] == node, name
+
+        # GPU annotations: present, the right count, never over-committed, products honoured.
+        used: dict[tuple[str, int], int] = defaultdict(int)
+        node_product = {n: n.split("-")[1] for n in nodes}
+        for pod in core.list_namespaced_pod(namespace).items:
+            annotations = pod.metadata.annotations or {}
+            gpus = [int(g) for g in annotations[cv.ANNOTATION_GPU_INDICES].split(",")]
+            requests = pod.spec.containers[0].resources.requests
+            whole = int(requests.get(cv.RESOURCE_GPU, "0"))
+            milli = int(requests.get(cv.RESOURCE_GPU_MILLI, "0"))
+            assert len(gpus) == (whole or 1) and len(set(gpus)) == len(gpus)
+            for g in gpus:
+                assert 0 <= g < 8
+                used[(pod.spec.node_name, g)] += 1000 if whole else milli
+            spec = annotations.get(cv.ANNOTATION_GPU_SPEC)
+            if spec:
+                assert node_product[pod.spec.node_name] in {p.lower() for p in spec.split("|")}
+        assert max(used.values()) <= 1000
+
+        # Model-version replicas co-locate, at most CAP per node.
+        v1 = Counter(node for name, node in placed.items() if name.startswith("llm-v1"))
+        assert max(v1.values()) == CAP and len(v1) == 3  # 7 replicas: 3 + 3 + 1
+        assert '_bucket{le="0.005",verb="prioritize"}' in extender.metrics()
+    finally:
+        for name in [p.metadata.name for p in core.list_namespaced_pod(namespace).items]:
+            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        delete_nodes(control_plane, nodes)
+
+
+def test_ours_ends_less_fragmented_than_the_default_scheduler(
+        control_plane: ControlPlane, extender: Extender, namespace: str) -> None:
+    """Whole-GPU pods of 1, 2 and 4 GPUs filling 6 four-GPU nodes, in a shuffled order.
+
+    Whole GPUs only: the default scheduler counts a node's GPUs but not per-GPU shares, so with
+    shares it would "bind" pods no GPU can hold and the comparison would be meaningless.
+    """
+    groups = {"default-scheduler": "frag-default", cv.SCHEDULER_NAME: "frag-ours"}
+    nodes = [n for g in groups.values() for n in make_nodes(control_plane, g, {"A10": 23_028},
+                                                              per_product=6, gpus=4)]
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    sizes = [1] * 10 + [2] * 3 + [4] * 2  # 24 GPUs: exactly the capacity
+    random.Random(5).shuffle(sizes)
+    try:
+        for i, gpus in enumerate(sizes):  # interleaved, so both see the same arrival order
+            for scheduler, group in groups.items():
+                core.create_namespaced_pod(namespace, gpu_pod(
+                    f"{group}-{i}", gpus=gpus, scheduler=scheduler, group=group))
+
+        def settled() -> dict[str, int] | None:
+            pods = core.list_namespaced_pod(namespace).items
+            counts = {s: sum(1 for p in pods if p.spec.node_name and
+                             p.metadata.name.startswith(g + "-")) for s, g in groups.items()}
+            history.append(counts)
+            stable = len(history) > 25 and history[-25] == counts  # unchanged for ~5 s
+            return counts if stable or min(counts.values()) == len(sizes) else None
+
+        history: list[dict[str, int]] = []
+        bound = wait_until(settled, timeout_s=120, what="both schedulers settled")
+        states = {s: cluster_state(control_plane, g) for s, g in groups.items()}
+        workload = TargetWorkload.from_pods(
+            gpu_request for gpu_request in _requests(sizes))
+        ratio = {s: fragmentation_ratio(st, workload) for s, st in states.items()}
+        print(f"bound: {bound}; fragmentation ratio: {ratio}")
+        assert bound[cv.SCHEDULER_NAME] >= bound["default-scheduler"]
+        assert ratio[cv.SCHEDULER_NAME] < ratio["default-scheduler"]
+    finally:
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        delete_nodes(control_plane, nodes)
+
+
+def _requests(sizes: list[int]) -> list[PodRequest]:
+    return [PodRequest(name=f"w{i}", cpu_milli=1000, memory_mib=1024, num_gpu=g, gpu_milli=1000)
+            for i, g in enumerate(sizes)]
+
+
+def _pending_for(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
+                 seconds: float) -> bool:
+    try:
+        wait_until(lambda: core.read_namespaced_pod(name, namespace).spec.node_name or None,
+                   timeout_s=seconds, what="bind")
+    except Exception:
+        return True
+    return False
+
+
+def test_extender_outage_ignorable_and_not(control_plane: ControlPlane, extender: Extender,
+                                            namespace: str, tmp_path: Path) -> None:
+    nodes = make_nodes(control_plane, "outage", {"T4": 15_360}, per_product=4, gpus=4)
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    # A second scheduler profile that may go on without the extender (prioritize only: the
+    # default binder binds when the extender is away).
+    control_plane.start_scheduler("gpufrag-ignorable", scheduler_config(
+        extender.url, ignorable=True, bind=False, name="gpufrag-ignorable"))
+    try:
+        core.create_namespaced_pod(namespace, gpu_pod("before", milli=300, group="outage"))
+        bound_node(core, namespace, "before")
+        extender.stop()
+
+        # ignorable: true -> scheduled by the default scoring while the extender is down.
+        core.create_namespaced_pod(namespace, gpu_pod(
+            "ign-down", milli=300, group="outage", scheduler="gpufrag-ignorable"))
+        bound_node(core, namespace, "ign-down", timeout_s=60)
+        # ignorable: false -> waits.
+        core.create_namespaced_pod(namespace, gpu_pod("strict-down", milli=300, group="outage"))
+        assert _pending_for(core, namespace, "strict-down", 8)
+
+        extender.start()  # resyncs from the API server, then the waiting pod goes through
+        bound_node(core, namespace, "strict-down", timeout_s=120)
+        core.create_namespaced_pod(namespace, gpu_pod(
+            "ign-up", milli=300, group="outage", scheduler="gpufrag-ignorable"))
+        bound_node(core, namespace, "ign-up")
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
+        assert all(p.spec.node_name for p in pods.values()) and len(pods) == 4
+        seen = {r["pod"] for r in extender.log_events("prioritize")}
+        assert f"{namespace}/ign-up" in seen and f"{namespace}/strict-down" in seen
+        annotated = pods["strict-down"].metadata.annotations or {}
+        assert cv.ANNOTATION_GPU_INDICES in annotated
+    finally:
+        control_plane.stop_scheduler("gpufrag-ignorable")
+        if extender.process is None:
+            extender.start()
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        delete_nodes(control_plane, nodes)
