@@ -96,7 +96,7 @@ def create_app(extender: Extender, *, registry: CollectorRegistry | None = None)
         args = wire.parse_extender_args(body)
         fields: dict[str, Any] = {"pod": _pod_id(args.pod), "nodes": len(args.names)}
         outcome = extender.filter(args.pod, args.names)
-        fields.update(passed=len(outcome.passed), failed=len(outcome.failed))
+        fields.update(passed=int(outcome.passed.sum()), failed=int(outcome.failed.size))
         return wire.filter_result(args, outcome), fields
 
     def do_prioritize(body: bytes) -> tuple[Payload, dict[str, Any]]:

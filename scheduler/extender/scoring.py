@@ -42,9 +42,40 @@ UNKNOWN_NODE_REASON = "node not yet known to the gpufrag extender (its watch is 
 
 
 @dataclass(frozen=True, slots=True)
-class FailedNode:
-    reason: str
-    unresolvable: bool
+class FilterVerdicts:
+    """Per requested position: passes or not; for the failing ones (in request order) the
+    reason and whether the node can never fit (kube-scheduler's "unresolvable")."""
+
+    passed: BoolArray
+    failed: IntArray          # positions in the request
+    reasons: list[str]        # one per failed position
+    unresolvable: BoolArray   # one per failed position
+
+
+class _Verdicts:
+    """The core's ``explain`` per row for one pod shape, kept until the row's version moves
+    (like the core's ``ScoreCache``): a loaded cluster fails most nodes for a big pod, and
+    explaining thousands of rows per request would dominate the filter's latency."""
+
+    def __init__(self, size: int) -> None:
+        self.seen = np.full(size, -1, np.int64)
+        self.reason: list[str] = [""] * size
+        self.unresolvable = np.zeros(size, np.bool_)
+
+    def grow(self, size: int) -> None:
+        if size > self.seen.shape[0]:
+            extra = size - self.seen.shape[0]
+            self.seen = np.concatenate([self.seen, np.full(extra, -1, np.int64)])
+            self.unresolvable = np.concatenate([self.unresolvable, np.zeros(extra, np.bool_)])
+            self.reason += [""] * extra
+
+    def refresh(self, state: ClusterState, pod: PodRequest, rows: IntArray) -> None:
+        stale = rows[self.seen[rows] != state.version[rows]]
+        for row in np.unique(stale).tolist():
+            verdict = explain(state, pod, row)
+            self.reason[row] = verdict.reason or "does not fit"  # mask and explain share rules
+            self.unresolvable[row] = verdict.unresolvable
+            self.seen[row] = state.version[row]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +124,7 @@ class Scorer:
         self.affinity = affinity
         self._cache: ScoreCache | None = ScoreCache(policy) if policy.node_local else None
         self._shapes: set[tuple[object, ...]] = set()
+        self._verdicts: dict[tuple[object, ...], _Verdicts] = {}
 
     @property
     def cache(self) -> ScoreCache | None:
@@ -107,9 +139,17 @@ class Scorer:
         return self._cache
 
     # ------------------------------------------------------------------ filter
-    def filter(self, state: ClusterState, pod: PodRequest,
-               rows: IntArray) -> tuple[BoolArray, dict[int, FailedNode]]:
-        """Which requested rows pass, and for each failing position its reason."""
+    def _verdicts_for(self, state: ClusterState, pod: PodRequest) -> _Verdicts:
+        verdicts = self._verdicts.get(pod.shape)
+        if verdicts is None:
+            if len(self._verdicts) >= MAX_CACHED_SHAPES:
+                self._verdicts.clear()
+            verdicts = self._verdicts[pod.shape] = _Verdicts(state.cpu_cap.shape[0])
+        verdicts.grow(state.cpu_cap.shape[0])
+        return verdicts
+
+    def filter(self, state: ClusterState, pod: PodRequest, rows: IntArray) -> FilterVerdicts:
+        """Which requested rows pass; the reasons of the ones that do not."""
         known = rows != UNKNOWN
         safe = np.where(known, rows, 0)
         passed: BoolArray = known & feasible_mask(state, pod, safe)
@@ -117,19 +157,22 @@ class Scorer:
         if self.affinity.cap_is_hard and pod.model:
             capped = passed & at_cap(state, pod, safe, self.affinity)
             passed &= ~capped
-        failed: dict[int, FailedNode] = {}
-        for i in np.flatnonzero(~passed):
-            row = int(rows[i])
-            if row == UNKNOWN:
-                failed[int(i)] = FailedNode(UNKNOWN_NODE_REASON, False)
-            elif capped[i]:
-                failed[int(i)] = FailedNode(
-                    _cap_reason(state, pod, row, self.affinity.max_replicas_per_node), False)
-            else:
-                verdict = explain(state, pod, row)
-                reason = verdict.reason or "does not fit"  # mask and explain share rules
-                failed[int(i)] = FailedNode(reason, verdict.unresolvable)
-        return passed, failed
+        failed = np.flatnonzero(~passed)
+        if failed.size == 0:
+            return FilterVerdicts(passed, failed, [], np.zeros(0, np.bool_))
+        failed_rows = rows[failed]
+        explained = known[failed] & ~capped[failed]
+        verdicts = self._verdicts_for(state, pod)
+        verdicts.refresh(state, pod, failed_rows[explained])
+        reason = verdicts.reason
+        reasons = [reason[r] for r in failed_rows.tolist()]
+        unresolvable = np.where(explained, verdicts.unresolvable[np.where(explained,
+                                                                          failed_rows, 0)], False)
+        for i in np.flatnonzero(~explained).tolist():
+            row = int(failed_rows[i])
+            reasons[i] = (UNKNOWN_NODE_REASON if row == UNKNOWN else
+                          _cap_reason(state, pod, row, self.affinity.max_replicas_per_node))
+        return FilterVerdicts(passed, failed, reasons, unresolvable)
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, state: ClusterState, pod: PodRequest, rows: IntArray, now: float,
@@ -170,4 +213,5 @@ class Scorer:
                       self._score_cache(pod))
 
 
-__all__ = ["MAX_PRIORITY", "UNKNOWN", "FailedNode", "Priorities", "Scorer", "scale_priorities"]
+__all__ = ["MAX_PRIORITY", "UNKNOWN", "FilterVerdicts", "Priorities", "Scorer",
+           "scale_priorities"]

@@ -8,6 +8,7 @@ recomputed every ``workload.refresh_s`` by :meth:`maintain` — never on the req
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from scheduler.core.feasibility import explain
 from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_ratio
 from scheduler.core.state import IntArray
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
-from scheduler.extender.scoring import UNKNOWN, FailedNode, Priorities, Scorer
+from scheduler.extender.scoring import UNKNOWN, FilterVerdicts, Priorities, Scorer
 from scheduler.kube.binder import Binder, BindError
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import owner_uid, pod_from_k8s
@@ -43,13 +44,6 @@ log = structlog.get_logger("gpufrag.extender")
 
 class BindRefused(Exception):
     """The bind cannot be done; the message says why (it goes back in ``Error``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class FilterOutcome:
-    passed: list[int]                     # positions in the request, in request order
-    failed: dict[int, FailedNode]         # position -> reason
-    gpu_pod: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,23 +130,35 @@ class Extender:
         return pod_from_k8s(obj, self.config.names)
 
     def _rows(self, names: Sequence[str]) -> IntArray:
+        """State rows of ``names`` (``UNKNOWN`` where the state has no such node). The common
+        case — every name known — is one C-level lookup; names are checked only otherwise."""
         index = self.cache.state.index
-        rows = np.fromiter((index.get(n, UNKNOWN) for n in names), np.int64, len(names))
-        return rows
+        if not names:
+            return np.zeros(0, np.int64)
+        try:
+            found = operator.itemgetter(*names)(index)
+            return np.array(found if len(names) > 1 else (found,), np.int64)
+        except (KeyError, TypeError):
+            pass
+        for i, name in enumerate(names):
+            if not isinstance(name, str) or not name:
+                raise BadInput(f"node names must be non-empty strings, got {name!r}",
+                               field=f"NodeNames[{i}]")
+        return np.array([index.get(n, UNKNOWN) for n in names], np.int64)
 
     def fragmentation_ratio(self) -> float:
         with self.cache.lock:
             return fragmentation_ratio(self.cache.state, self.workload)
 
     # ------------------------------------------------------------------ verbs
-    def filter(self, pod_obj: Obj, names: Sequence[str]) -> FilterOutcome:
+    def filter(self, pod_obj: Obj, names: Sequence[str]) -> FilterVerdicts:
         pod = self._pod(pod_obj)
-        if not pod.wants_gpu:
-            return FilterOutcome(list(range(len(names))), {}, False)
         with self.cache.lock:
             rows = self._rows(names)
-            passed, failed = self.scorer.filter(self.cache.state, pod, rows)
-        return FilterOutcome(np.flatnonzero(passed).tolist(), failed, True)
+            if not pod.wants_gpu:  # not ours to judge: every node passes
+                return FilterVerdicts(np.ones(len(names), np.bool_), np.zeros(0, np.int64), [],
+                                      np.zeros(0, np.bool_))
+            return self.scorer.filter(self.cache.state, pod, rows)
 
     def prioritize(self, pod_obj: Obj, names: Sequence[str]) -> tuple[Priorities, str]:
         """Scores in request order and the top node's name ('' when none / a CPU-only pod)."""
@@ -213,4 +219,4 @@ class Extender:
         return BindOutcome(node, gpus)
 
 
-__all__ = ["BindOutcome", "BindRefused", "Extender", "FilterOutcome"]
+__all__ = ["BindOutcome", "BindRefused", "Extender"]

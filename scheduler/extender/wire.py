@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import compress
 from typing import Any
 
 import orjson
 
-from scheduler.extender.scoring import FailedNode
-from scheduler.extender.service import FilterOutcome
+from scheduler.extender.scoring import FilterVerdicts
 
 Obj = Mapping[str, Any]
 
@@ -95,9 +95,8 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     if names is not None:
         if not isinstance(names, list):
             raise WireError(f"NodeNames must be a list of strings, got {type(names).__name__}")
-        for i, name in enumerate(names):
-            if not isinstance(name, str) or not name:
-                raise WireError(f"NodeNames[{i}] must be a non-empty string, got {name!r}")
+        # The entries are checked where they are looked up (Extender._rows): a per-name check
+        # here would cost as much as the lookup itself on every request.
         return ExtenderArgs(pod, names, None)
     nodes = args.get("Nodes")
     if nodes is None:
@@ -124,18 +123,22 @@ def parse_binding_args(body: bytes) -> BindingArgs:
                        node=_string(args, "Node", required=True))
 
 
-def filter_result(args: ExtenderArgs, outcome: FilterOutcome) -> dict[str, Any]:
+def filter_result(args: ExtenderArgs, outcome: FilterVerdicts) -> dict[str, Any]:
     """ExtenderFilterResult in the form the request used (NodeNames or Nodes)."""
-    failed: dict[str, str] = {}
-    unresolvable: dict[str, str] = {}
-    for i, verdict in outcome.failed.items():
-        (unresolvable if verdict.unresolvable else failed)[args.names[i]] = verdict.reason
+    names = args.names
+    failed_names = [names[i] for i in outcome.failed.tolist()]
+    hard = outcome.unresolvable.tolist()
+    soft = (~outcome.unresolvable).tolist()
+    failed = dict(zip(compress(failed_names, soft), compress(outcome.reasons, soft),
+                      strict=True))
+    unresolvable = dict(zip(compress(failed_names, hard), compress(outcome.reasons, hard),
+                            strict=True))
+    mask = outcome.passed.tolist()
     if args.nodes is None:
-        names = args.names
-        return {"Nodes": None, "NodeNames": [names[i] for i in outcome.passed],
-                "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
-    items = args.nodes
-    return {"Nodes": {"metadata": {}, "items": [items[i] for i in outcome.passed]},
+        passed = names if not failed_names else list(compress(names, mask))
+        return {"Nodes": None, "NodeNames": passed, "FailedNodes": failed,
+                "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+    return {"Nodes": {"metadata": {}, "items": list(compress(args.nodes, mask))},
             "NodeNames": None, "FailedNodes": failed,
             "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
 
@@ -149,5 +152,5 @@ def priorities(names: list[str], scores: list[int]) -> list[dict[str, Any]]:
     return [{"Host": n, "Score": s} for n, s in zip(names, scores, strict=True)]
 
 
-__all__ = ["BindingArgs", "ExtenderArgs", "FailedNode", "WireError", "filter_error",
+__all__ = ["BindingArgs", "ExtenderArgs", "WireError", "filter_error",
            "filter_result", "parse_binding_args", "parse_extender_args", "priorities"]
