@@ -165,10 +165,13 @@ def test_full_queue_gets_503_with_retry_after_at_once() -> None:
     config = BatcherConfig(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=2,
                            default_timeout_s=10.0, retry_after_s=2)
     with ThreadedServer(FakeBackend(gate=gate), config) as server:
+        batcher = server.state.batcher
+        assert batcher is not None
         pending = [threading.Thread(target=post, args=(server, infer_body(1))) for _ in range(3)]
-        for thread in pending:  # one computing (held by the gate), two queued
-            thread.start()
-        _wait_for(lambda: server.call(lambda: server.state.batcher.depth) == 2)  # type: ignore[union-attr]
+        for thread, (computing, queued) in zip(pending, [(1, 0), (1, 1), (1, 2)], strict=True):
+            thread.start()  # one computing (held by the gate), then two queued, in turn
+            _wait_for(lambda c=computing, q=queued: server.call(
+                lambda: (batcher.inflight_batches, batcher.depth)) == (c, q))
         started = time.monotonic()
         response = post(server, infer_body(1))
         elapsed = time.monotonic() - started

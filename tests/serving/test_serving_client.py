@@ -252,13 +252,17 @@ def test_client_against_a_real_server_with_a_full_queue() -> None:
             gate.set()  # the server frees up while the client waits
 
         c = InferenceClient(server.url, sleep=sleep, rng=random.Random(0))
+        batcher = server.state.batcher
+        assert batcher is not None
         blockers = [threading.Thread(target=c.infer, args=("fake", X)) for _ in range(2)]
-        for thread in blockers:
-            thread.start()
-        deadline = walltime.monotonic() + 5
-        while server.call(lambda: server.state.batcher.depth) < 1:  # type: ignore[union-attr]
-            assert walltime.monotonic() < deadline
-            walltime.sleep(0.005)
+        for thread, (what, count) in zip(blockers, [("computing", 1), ("queued", 1)],
+                                         strict=True):
+            thread.start()  # the first computes (held by the gate), the second fills the queue
+            deadline = walltime.monotonic() + 10
+            while server.call(lambda what=what: batcher.inflight_batches if what == "computing"
+                              else batcher.depth) < count:
+                assert walltime.monotonic() < deadline
+                walltime.sleep(0.005)
         result = c.infer("fake", X, timeout_s=5.0)
         for thread in blockers:
             thread.join(timeout=10)
