@@ -103,7 +103,13 @@ class KubeBinder:
                                                _content_type=_MERGE_PATCH,
                                                _preload_content=False).release_conn()
             except kubernetes.client.ApiException as e:
-                raise _refusal(f"annotating pod {namespace}/{name}", e) from None
+                refusal = _refusal(f"annotating pod {namespace}/{name}", e)
+                if e.status == 422 and "metadata.uid" in str(refusal):
+                    # The UID in the patch did not match: the API server calls it immutable.
+                    raise BindError(f"pod {namespace}/{name} is not the pod to bind: its UID is "
+                                    f"no longer {uid} (re-created under the same name)",
+                                    retryable=False) from None
+                raise refusal from None
         body = kubernetes.client.V1Binding(
             metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace,
                                                     uid=uid or None),
