@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--exclude-namespaces", default=",".join(sorted(d.excluded_namespaces)),
                    help="comma-separated namespaces never touched (default: "
                         f"{','.join(sorted(d.excluded_namespaces))})")
+    s.add_argument("--namespaces", default="",
+                   help="comma-separated: only pods in these namespaces may move (default: all)")
     s.add_argument("--policy", default=d.policy,
                    help=f"the scheduler's policy, to predict landings: one of "
                         f"{', '.join(n for n in POLICY_NAMES if n != 'random')} "
@@ -115,6 +117,10 @@ def _url(value: str | None, flag: str, *, bare_host_ok: bool = False) -> None:
                        field=flag)
 
 
+def _names(text: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in text.split(",") if n.strip())
+
+
 def config_from(args: argparse.Namespace) -> DefragConfig:
     if args.output not in OUTPUTS:
         raise BadInput(f"{args.output!r} is not one of {', '.join(OUTPUTS)}", field="--output")
@@ -129,8 +135,8 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
         coverage=args.coverage, stale_intervals=args.stale_intervals,
         prometheus_interval_s=args.prometheus_interval_s, bind_timeout_s=args.bind_timeout_s,
         hint_ttl_s=args.hint_ttl_s, candidates_per_eviction=args.candidates_per_eviction,
-        excluded_namespaces=frozenset(n.strip() for n in args.exclude_namespaces.split(",")
-                                      if n.strip()),
+        excluded_namespaces=_names(args.exclude_namespaces),
+        namespaces=_names(args.namespaces),
         dry_run=args.dry_run,
     ).validate()
 

@@ -54,6 +54,8 @@ class DefragConfig:
     # How many candidate moves the planner scores with the policy, per allowed eviction.
     candidates_per_eviction: int = 8
     excluded_namespaces: frozenset[str] = frozenset({"kube-system"})
+    # When not empty, only pods in these namespaces may move.
+    namespaces: frozenset[str] = frozenset()
     dry_run: bool = False
 
     def validate(self) -> DefragConfig:

@@ -134,6 +134,8 @@ def movability(pod: PodInfo, config: DefragConfig) -> str | None:
         return "not running"
     if pod.namespace in config.excluded_namespaces:
         return "namespace excluded"
+    if config.namespaces and pod.namespace not in config.namespaces:
+        return "namespace not selected (--namespaces)"
     if pod.owner_kind == "DaemonSet":
         return "DaemonSet pod"
     if not pod.owner_kind:

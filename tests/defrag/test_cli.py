@@ -53,10 +53,12 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
 def test_defaults_and_flags_make_the_config() -> None:
     args = build_parser().parse_args(["--threshold", "0.4", "--max-evictions-total", "3",
                                       "--exclude-namespaces", "a, b", "--dry-run",
+                                      "--namespaces", "serving",
                                       "--pushgateway", "gw:9091"])
     config = config_from(args)
     assert (config.threshold, config.limits.total, config.limits.per_node) == (0.4, 3, 2)
     assert config.excluded_namespaces == frozenset({"a", "b"}) and config.dry_run
+    assert config.namespaces == frozenset({"serving"})
 
 
 def test_unreachable_api_server_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]

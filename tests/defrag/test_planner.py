@@ -115,6 +115,10 @@ def test_movability_of_big_and_system_pods() -> None:
     assert movability(system, cfg) == "namespace excluded"
     cpu = PodInfo(key="ns/c", request=share("c", 0, num_gpu=0), owner_kind="ReplicaSet")
     assert movability(cpu, cfg) == "no GPU"
+    web = PodInfo(key="ns/w", request=share("w", 100), owner_kind="ReplicaSet")
+    assert movability(web, config(namespaces=frozenset({"serving"}))) == (
+        "namespace not selected (--namespaces)")
+    assert movability(web, config(namespaces=frozenset({"ns"}))) is None
 
 
 # Shares of 700 are popular here, so a 300 share is best put where only 300 is left: the sink.

@@ -1,0 +1,369 @@
+"""``gpufrag defrag`` end to end against the real control plane.
+
+Scenario: a deliberately fragmented cluster of fake GPU nodes. One 16 GiB T4 node holds two bare
+700-milli pods (a 300-milli leftover on each GPU); three 32 GiB V100 nodes each hold one
+300-milli replica — of Deployment ``web`` (2 replicas, PDB minAvailable 1) or ``api`` (1
+replica) — that uses 2 GiB of the 9.6 GiB it reserves. Usage is reported as the node agent would:
+the ``gpufrag.io/gpu-usage`` annotation, written on the Nodes directly. The initial layout is made
+with real schedulers by uncordoning one node at a time.
+
+Who binds: when the extender's end-to-end harness (``tests/e2e/stack.py``) is present, the pods
+use gpufrag-scheduler (kube-scheduler + our extender), and every replacement must land on the
+node its placement hint names. Otherwise they use an upstream kube-scheduler profile that packs
+``gpufrag.io/gpu-milli`` (MostAllocated), and the test checks that each hint was written and each
+eviction happened — landing "via the hint" is only claimed with the extender running.
+
+Checked after one cycle: fragmentation ratio and wasted GiB drop and whole GPUs come free (read
+back from the API server through the same converters), every Deployment is back at full replicas,
+the PDB never had fewer than minAvailable ready pods, the bare pods are untouched, the hints are
+cleaned up; and ``--dry-run`` changes nothing at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import kubernetes
+import pytest
+
+from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from defrag.measure import Summary, measure
+from defrag.snapshot import UsageSource, build_snapshot
+from gpufrag import conventions as cv
+from gpufrag.cli import main as gpufrag
+from gpufrag.devcluster import ControlPlane, wait_until
+from scheduler.core import TargetWorkload
+
+pytestmark = pytest.mark.e2e
+
+T4, V100 = "Tesla-T4", "Tesla-V100-SXM2-32GB"
+T4_MIB, V100_MIB = 16_384, 32_768
+SINK = "dfg-t4"
+SOURCES = ("dfg-v100-1", "dfg-v100-2", "dfg-v100-3")
+NODES = (SINK, *SOURCES)
+USED_MIB = 2048  # what each replica really uses
+ANCHOR_USED_MIB = 11_000
+WAIT_S = 90.0
+PACKING = "gpufrag-e2e-packing"
+PACKING_CONFIG = f"""\
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+  - schedulerName: {PACKING}
+    plugins:
+      score:
+        disabled:
+          - name: NodeResourcesBalancedAllocation
+          - name: PodTopologySpread
+    pluginConfig:
+      - name: NodeResourcesFit
+        args:
+          scoringStrategy:
+            type: MostAllocated
+            resources:
+              - name: {cv.RESOURCE_GPU_MILLI}
+                weight: 1
+"""
+
+
+@dataclass
+class Binder:
+    scheduler: str
+    via_extender: bool
+
+
+@pytest.fixture(scope="module")
+def binder(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[Binder]:
+    """gpufrag-scheduler with the extender if its harness is here, else the packing profile
+    (``GPUFRAG_E2E_DEFRAG_BINDER=packing`` forces the latter)."""
+    try:
+        if os.environ.get("GPUFRAG_E2E_DEFRAG_BINDER") == "packing":
+            raise ImportError("packing scheduler requested")
+        from tests.e2e.stack import Extender, scheduler_config
+    except ImportError:
+        control_plane.start_scheduler(PACKING, PACKING_CONFIG)
+        yield Binder(PACKING, via_extender=False)
+        control_plane.stop_scheduler(PACKING)
+        return
+    extender = Extender(control_plane, tmp_path_factory.mktemp("defrag") / "extender.log")
+    extender.start()
+    control_plane.start_scheduler(cv.SCHEDULER_NAME, scheduler_config(extender.url))
+    try:
+        yield Binder(cv.SCHEDULER_NAME, via_extender=True)
+    finally:
+        control_plane.stop_scheduler(cv.SCHEDULER_NAME)
+        extender.stop()
+
+
+# ------------------------------------------------------------------------------ objects
+def pod_spec(scheduler: str, milli: int) -> dict[str, Any]:
+    return {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0, "containers": [{
+        "name": "main", "image": "gpufrag-e2e:none",
+        "resources": {"requests": {"cpu": "500m", "memory": "512Mi",
+                                   cv.RESOURCE_GPU_MILLI: str(milli)},
+                      "limits": {cv.RESOURCE_GPU_MILLI: str(milli)}}}]}
+
+
+def deployment(name: str, replicas: int, scheduler: str) -> dict[str, Any]:
+    labels = {"app": name}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": pod_spec(scheduler, 300)}}}
+
+
+@dataclass
+class Cluster:
+    plane: ControlPlane
+    namespace: str
+    binder: Binder
+    core: Any
+    apps: Any
+    anchors: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (uid, node)
+
+    def pods(self) -> list[dict[str, Any]]:
+        api = self.plane.api_client()
+        return [api.sanitize_for_serialization(p)
+                for p in self.core.list_namespaced_pod(self.namespace).items]
+
+    def layout(self) -> dict[str, tuple[str, str]]:
+        """uid -> (name, node) of every pod in the namespace."""
+        return {p["metadata"]["uid"]: (p["metadata"]["name"], p["spec"].get("nodeName", ""))
+                for p in self.pods()}
+
+    def cordon(self, *, allow: str | None) -> None:
+        for name in NODES:
+            self.core.patch_node(name, {"spec": {"unschedulable": name != allow and allow != "*"}})
+
+    def running(self, prefix: str, count: int) -> list[dict[str, Any]]:
+        """Wait until exactly ``count`` pods whose name starts with ``prefix`` are bound and
+        Running (and none is on its way out)."""
+        def ready() -> list[dict[str, Any]] | None:
+            pods = [p for p in self.pods() if p["metadata"]["name"].startswith(prefix)]
+            done = [p for p in pods if p["spec"].get("nodeName")
+                    and not p["metadata"].get("deletionTimestamp")
+                    and (p.get("status") or {}).get("phase") == "Running"]
+            return done if len(done) == count == len(pods) else None
+
+        found: list[dict[str, Any]] = wait_until(ready, timeout_s=WAIT_S,
+                                                 what=f"{count} running {prefix} pods")
+        return found
+
+    def publish_usage(self) -> None:
+        """Write each node's usage annotation as the agent would: replicas use 2 GiB, anchors
+        11,000 MiB, on the GPU recorded at bind (or the core's rule, as the controller reads)."""
+        api = self.plane.api_client()
+        nodes = [api.sanitize_for_serialization(n) for n in
+                 (self.core.read_node(name) for name in NODES)]
+        snap, _ = build_snapshot(nodes, self.pods(), [], UsageSource(8, time.time()))
+        for name in NODES:
+            row = snap.state.index[name]
+            per_gpu: dict[int, list[PodGpuUsage]] = {0: [], 1: []}
+            for key in sorted(snap.state.pods_on_node[row]):
+                info = snap.pods[key]
+                used = ANCHOR_USED_MIB if info.name.startswith("anchor") else USED_MIB
+                for g in snap.state.pods[key].gpus:
+                    per_gpu[g].append(PodGpuUsage(info.namespace, info.name, info.uid, used))
+            total = T4_MIB if name == SINK else V100_MIB
+            reading = NodeGpuUsage(node=name, timestamp=time.time(), interval_s=15.0, gpus=tuple(
+                GpuUsage(index=g, uuid=f"GPU-{name}-{g}", product=T4 if name == SINK else V100,
+                         memory_used_mib=sum(p.memory_used_mib for p in pods),
+                         memory_total_mib=total, utilization_pct=20, pods=tuple(pods))
+                for g, pods in per_gpu.items()))
+            self.core.patch_node(name, {"metadata": {"annotations": {
+                cv.ANNOTATION_GPU_USAGE: reading.to_json()}}})
+
+    def measure(self) -> Summary:
+        api = self.plane.api_client()
+        nodes = [api.sanitize_for_serialization(self.core.read_node(n)) for n in NODES]
+        snap, problems = build_snapshot(nodes, self.pods(), [], UsageSource(8, time.time()))
+        assert problems == []
+        requests = [p.pod for p in snap.state.pods.values()]
+        return measure(snap.state, snap.usage, TargetWorkload.from_pods(requests)).summary
+
+    def hints(self) -> Mapping[str, str]:
+        try:
+            cm = self.core.read_namespaced_config_map(cv.HINTS_CONFIGMAP, cv.HINTS_NAMESPACE)
+        except kubernetes.client.ApiException as e:
+            if e.status == 404:
+                return {}
+            raise
+        return dict(cm.data or {})
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: ControlPlane, binder: Binder) -> Iterator[Cluster]:
+    api = control_plane.api_client()
+    core, apps = kubernetes.client.CoreV1Api(api), kubernetes.client.AppsV1Api(api)
+    namespace = control_plane.create_namespace(f"e2e-defrag-{int(time.time()) % 100000}")
+    with suppress(kubernetes.client.ApiException):
+        control_plane.create_namespace(cv.HINTS_NAMESPACE)
+    for name in NODES:
+        sink = name == SINK
+        control_plane.create_gpu_node(name, 2, T4 if sink else V100, T4_MIB if sink else V100_MIB,
+                                      cpu_milli=16_000, memory_mib=64 * 1024)
+    c = Cluster(control_plane, namespace, binder, core, apps)
+    try:
+        scheduler = binder.scheduler
+        c.cordon(allow=SINK)
+        for i in range(2):
+            core.create_namespaced_pod(namespace, {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"anchor-{i}"},
+                "spec": pod_spec(scheduler, 700)})
+        for anchor in c.running("anchor", 2):
+            c.anchors[anchor["metadata"]["name"]] = (anchor["metadata"]["uid"],
+                                                      anchor["spec"]["nodeName"])
+        c.cordon(allow=SOURCES[0])
+        apps.create_namespaced_deployment(namespace, deployment("web", 1, scheduler))
+        c.running("web", 1)
+        c.cordon(allow=SOURCES[1])
+        apps.patch_namespaced_deployment_scale("web", namespace, {"spec": {"replicas": 2}})
+        c.running("web", 2)
+        c.cordon(allow=SOURCES[2])
+        apps.create_namespaced_deployment(namespace, deployment("api", 1, scheduler))
+        c.running("api", 1)
+        c.cordon(allow="*")
+        kubernetes.client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(namespace, {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}})
+        policy = kubernetes.client.PolicyV1Api(api)
+        wait_until(lambda: (policy.read_namespaced_pod_disruption_budget_status(
+            "web", namespace).status.disruptions_allowed == 1) or None, timeout_s=WAIT_S,
+            what="the disruption controller to count web's pods")
+        c.publish_usage()
+        yield c
+    finally:
+        with suppress(kubernetes.client.ApiException):
+            core.delete_namespace(namespace)
+        for name in NODES:
+            with suppress(kubernetes.client.ApiException):
+                core.delete_node(name)
+
+
+def run_defrag(cluster: Cluster, *extra: str, capsys: pytest.CaptureFixture[str]
+               ) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    code = gpufrag(["defrag", "--kubeconfig", str(cluster.plane.kubeconfig_path),
+                    "--namespaces", cluster.namespace, "--output", "json",
+                    "--max-evictions-total", "3", "--max-evictions-per-node", "2",
+                    "--bind-timeout-s", str(int(WAIT_S)), *extra])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+             if line.startswith("{")]
+    plan = next(d for d in lines if d["kind"] == "plan")
+    result = next(d for d in lines if d["kind"] == "result")
+    return code, plan, result
+
+
+class Watcher(threading.Thread):
+    """Polls, while the cycle runs: the fewest ready ``web`` pods, and every hint seen."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.core = kubernetes.client.CoreV1Api(cluster.plane.new_api_client())
+        self.stop_event = threading.Event()
+        self.fewest_ready_web = 99
+        self.hints_seen: set[tuple[str, str]] = set()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            pods = self.core.list_namespaced_pod(self.cluster.namespace,
+                                                 label_selector="app=web").items
+            ready = sum(1 for p in pods if p.metadata.deletion_timestamp is None
+                        and p.status is not None and p.status.phase == "Running"
+                        and any(c.type == "Ready" and c.status == "True"
+                                for c in p.status.conditions or []))
+            self.fewest_ready_web = min(self.fewest_ready_web, ready)
+            with suppress(kubernetes.client.ApiException):
+                cm = self.core.read_namespaced_config_map(cv.HINTS_CONFIGMAP,
+                                                          cv.HINTS_NAMESPACE)
+                for owner, text in (cm.data or {}).items():
+                    for entry in json.loads(text):
+                        self.hints_seen.add((owner, entry["node"]))
+            self.stop_event.wait(0.05)
+
+
+def test_dry_run_changes_nothing(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    before_layout, before_hints = cluster.layout(), cluster.hints()
+    before = cluster.measure()
+    code, plan, result = run_defrag(cluster, "--dry-run", capsys=capsys)
+    assert code == 0 and plan["dry_run"] and result["dry_run"]
+    assert len(plan["moves"]) >= 2
+    assert all(m["outcome"] == "landed" for m in result["moves"])  # as planned, in the model
+    time.sleep(1.0)
+    assert cluster.layout() == before_layout
+    assert cluster.hints() == before_hints
+    assert cluster.measure() == before
+
+
+def test_one_cycle_defragments_and_keeps_every_promise(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    before = cluster.measure()
+    before_layout = cluster.layout()
+    watcher = Watcher(cluster)
+    watcher.start()
+    try:
+        code, plan, result = run_defrag(cluster, capsys=capsys)
+    finally:
+        watcher.stop_event.set()
+        watcher.join(10)
+    assert code == 0, result
+    moves = plan["moves"]
+    # The plan: small replicas off the V100 nodes, at most one web replica (its PDB allows one).
+    assert len(moves) >= 2 and {m["source"] for m in moves} <= set(SOURCES)
+    assert sum(1 for m in moves if m["pod"].split("/")[1].startswith("web")) <= 1
+    assert SINK in {m["target"] for m in moves}
+    assert result["ok"] and len(result["moves"]) == len(moves)
+
+    # Each evicted pod is gone, its owner wrote a hint that named the planned target, and the
+    # hint is gone again.
+    layout = cluster.layout()
+    for move in moves:
+        assert move["uid"] not in layout
+        assert (move["owner_uid"], move["target"]) in watcher.hints_seen
+    assert not set(cluster.hints()) & {m["owner_uid"] for m in moves}
+    if cluster.binder.via_extender:
+        for outcome in result["moves"]:
+            assert outcome["outcome"] == "landed" and outcome["landed_on"] == outcome["target"]
+
+    # Bare pods untouched; every Deployment back at full replicas; the PDB held.
+    for name, (uid, node) in cluster.anchors.items():
+        assert layout[uid] == (name, node)
+    web, api = cluster.running("web", 2), cluster.running("api", 1)
+    assert len(web) == 2 and len(api) == 1
+    for name, replicas in (("web", 2), ("api", 1)):
+        status = cluster.apps.read_namespaced_deployment_status(name, cluster.namespace).status
+        assert status.ready_replicas == replicas == status.available_replicas
+    assert watcher.fewest_ready_web >= 1
+    assert len(layout) == len(before_layout)
+
+    # Read back from the API server (usage republished as the agent would): less fragmentation,
+    # less reserved-but-unused memory, more whole GPUs free.
+    cluster.publish_usage()
+    after = cluster.measure()
+    assert after.frag_ratio < before.frag_ratio
+    assert after.wasted_gib < before.wasted_gib
+    assert after.free_whole_gpus >= before.free_whole_gpus + 2
+    assert after.waste_ratio < before.waste_ratio
+    assert result["after"]["free_whole_gpus"] == after.free_whole_gpus
+
+
+def test_a_rerun_continues_from_the_live_state(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """Idempotent: a second cycle plans from what is there now and never undoes the first."""
+    before = cluster.measure()
+    code, plan, result = run_defrag(cluster, capsys=capsys)
+    assert code == 0 and result["ok"]
+    cluster.publish_usage()
+    after = cluster.measure()
+    assert after.free_whole_gpus >= before.free_whole_gpus
+    assert after.frag_gpus <= before.frag_gpus + 1e-9
+    assert all(m["source"] != SINK for m in plan["moves"])
+
