@@ -237,6 +237,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=6.0, help="length of each load phase")
     parser.add_argument("--deadline-ms", type=float, default=250.0,
                         help="per-request deadline in the overload run")
+    parser.add_argument("--overload-connections", type=int, default=256,
+                        help="keep-alive connections the overload is offered through, as an "
+                        "ingress proxy pools them (0 = a new one per waiting request)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     name = model_name(args.model)
@@ -306,7 +309,8 @@ def main() -> int:
     try:
         outcomes, sent, _, _ = asyncio.run(open_loop(server.url, name, body, rate=rate,
                                                      seconds=args.seconds,
-                                                     timeout_ms=args.deadline_ms, seed=1))
+                                                     timeout_ms=args.deadline_ms, seed=1,
+                                                     connections=args.overload_connections))
     finally:
         server.stop()
     by_status: dict[int, list[Outcome]] = {}
@@ -319,8 +323,10 @@ def main() -> int:
     met = sum(1 for latency in accepted if latency * 1000 <= args.deadline_ms)
     met_server = sum(1 for latency in accepted_server if latency * 1000 <= args.deadline_ms)
     print()
-    print(f"2x overload: max batch {size}, offered {rate:.0f} req/s (sent {sent:.0f}/s), queue "
-          f"bound {queue}, deadline {args.deadline_ms:g} ms, {len(outcomes)} requests")
+    pool = args.overload_connections or "unbounded"
+    print(f"2x overload: max batch {size}, offered {rate:.0f} req/s (sent {sent:.0f}/s) over "
+          f"{pool} connections, queue bound {queue}, deadline {args.deadline_ms:g} ms, "
+          f"{len(outcomes)} requests")
     counts = ", ".join(f"{status or 'conn-error'}: {len(v)}"
                        for status, v in sorted(by_status.items()))
     print(f"  responses        {counts}")
