@@ -36,9 +36,8 @@ from defrag.config import DefragConfig
 from defrag.errors import ApiRefusal, CycleStopped, call_api, call_api_or_refusal
 from defrag.measure import Summary, measure
 from defrag.metrics import CycleMetrics
-from defrag.model import PodInfo, Snapshot
+from defrag.model import PodInfo, Snapshot, place_gpus
 from defrag.planner import Move, Plan
-from defrag.snapshot import place_gpus
 from defrag.trigger import find_triggers
 from gpufrag import conventions as cv
 from scheduler.core.fragmentation import TargetWorkload

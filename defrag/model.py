@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from defrag.measure import UsageTable
+from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import PodRequest
 
@@ -199,3 +200,22 @@ def snapshot_of_state(state: ClusterState, pod_used_mib: Mapping[str, float], *,
                        owner_kind=owner_kind, owner_uid=f"owner-{pod_key(p)}")
                for p in pending]
     return Snapshot(state=state, pods=pods, pending=waiting, usage=usage, pdbs=list(pdbs or []))
+
+
+def place_gpus(state: ClusterState, pod: PodRequest, row: int,
+                recorded: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The GPUs a bound pod holds: as recorded at bind (or seen by the agent) when that is
+    consistent with the node, else the core's default rule, else the freest GPUs (the live
+    cluster may be over-committed; it is the truth)."""
+    count = int(state.gpu_count[row])
+    if recorded is not None and len(recorded) == pod.num_gpu and len(set(recorded)) == len(
+            recorded) and all(0 <= g < count for g in recorded):
+        return recorded
+    free = state.gpu_free[row, :count]
+    if (pod.is_share and free.max(initial=0) >= pod.gpu_milli) or (
+            not pod.is_share and int((free == 1000).sum()) >= pod.num_gpu):
+        gpus = gpus_for(state, pod, row, NO_GPU)
+        if len(gpus) == pod.num_gpu:
+            return gpus
+    order = sorted(range(count), key=lambda g: (-int(free[g]), g))
+    return tuple(sorted(order[: pod.num_gpu]))
