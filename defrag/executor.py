@@ -44,6 +44,9 @@ from scheduler.core.fragmentation import TargetWorkload
 
 EvictionOutcome = Literal["evicted", "refused", "gone"]
 Entries = dict[str, list[tuple[str, float]]]  # owner UID -> [(node, expires)]
+# Labels a controller puts on every pod it creates: ReplicaSet, StatefulSet, Job.
+OWNER_LABELS = ("pod-template-hash", "controller-revision-hash",
+                "batch.kubernetes.io/controller-uid", "controller-uid")
 Log = Any  # a structlog bound logger
 
 
@@ -209,7 +212,9 @@ class KubeActions:
 
     # -- pods -----------------------------------------------------------------------------
     def _owner_pods(self, pod: PodInfo) -> list[Mapping[str, Any]]:
-        selector = ",".join(f"{k}={v}" for k, v in sorted(pod.labels.items()))
+        # Narrow the list with the label every replica of the owner carries (set by its
+        # controller, so a replacement has it too); other labels may have been added later.
+        selector = ",".join(f"{k}={pod.labels[k]}" for k in OWNER_LABELS if k in pod.labels)
         answer = call_api(f"listing pods of {pod.owner_kind}/{pod.owner_name}",
                             lambda: self.core.list_namespaced_pod(
                                 pod.namespace, label_selector=selector or None,

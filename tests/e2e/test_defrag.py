@@ -297,6 +297,10 @@ def test_dry_run_changes_nothing(cluster: Cluster, capsys: pytest.CaptureFixture
     assert code == 0 and plan["dry_run"] and result["dry_run"]
     assert len(plan["moves"]) >= 2
     assert all(m["outcome"] == "landed" for m in result["moves"])  # as planned, in the model
+    assert gpufrag(["defrag", "--kubeconfig", str(cluster.plane.kubeconfig_path),
+                    "--namespaces", cluster.namespace, "--dry-run"]) == 0
+    table = capsys.readouterr().out
+    assert "defrag plan (dry run):" in table and "defrag cycle summary (dry run" in table
     time.sleep(1.0)
     assert cluster.layout() == before_layout
     assert cluster.hints() == before_hints
