@@ -325,7 +325,7 @@ class _Planner:
         frag_delta = float(after.sum() - self.frag[src] - self.frag[dst])
         freed = (sum(1 for g in placement.gpus if free_src[g] == MILLI_PER_GPU)
                  - sum(1 for g in dst_gpus if state.gpu_free[dst, g] == MILLI_PER_GPU))
-        waste_delta = self._waste_delta(placement, src, dst, dst_gpus)
+        waste_delta = round(self._waste_delta(placement, src, dst, dst_gpus), 3) + 0.0  # no -0
         unblocks = self._unblocks(src, free_src, pod)
         improves = ((frag_delta < -FRAG_EPSILON_MILLI or freed > 0 or bool(unblocks))
                     and (freed >= 0 or bool(unblocks)))
