@@ -36,11 +36,14 @@ from serving.errors import (
 )
 from serving.metrics import ServingMetrics
 from serving.protocol import (
+    BINARY_CONTENT_TYPE,
+    HEADER_LENGTH,
     MODEL_VERSION,
     InferRequest,
     ModelInfo,
     encode_infer_response,
     error_body,
+    parse_header_length,
     parse_infer_request,
 )
 
@@ -123,7 +126,8 @@ def build_app(state: ServerState) -> web.Application:
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return json_response({"name": SERVER_NAME, "version": "0.1.0", "extensions": []})
+    return json_response({"name": SERVER_NAME, "version": "0.1.0",
+                          "extensions": ["binary_tensor_data"]})
 
 
 async def live(request: web.Request) -> web.Response:
@@ -221,8 +225,11 @@ async def _infer(request: web.Request, state: ServerState) -> web.Response:
         state.metrics.outcome(exc.outcome)
         raise
     outputs = await future  # cancelled with the handler if the client disconnects
-    return web.Response(body=encode_infer_response(model, parsed, outputs),
-                        content_type="application/json")
+    encoded = encode_infer_response(model, parsed, outputs)
+    if encoded.header_length is None:
+        return web.Response(body=encoded.body, content_type="application/json")
+    return web.Response(body=encoded.body, content_type=BINARY_CONTENT_TYPE,
+                        headers={HEADER_LENGTH: str(encoded.header_length)})
 
 
 async def _read_request(request: web.Request, state: ServerState,
@@ -237,8 +244,17 @@ async def _read_request(request: web.Request, state: ServerState,
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
     timeout_header = request.headers.get("Timeout-Ms")
-    if len(body) > PARSE_OFFLOAD_BYTES:
+    header_length = request.headers.get(HEADER_LENGTH)
+    json_bytes = len(body)  # only the JSON part costs parsing; binary tensors are views
+    if header_length is not None:
+        try:
+            json_bytes = parse_header_length(header_length, len(body))
+        except InvalidRequest:
+            json_bytes = 0  # rejected at once by the parser below
+    if json_bytes > PARSE_OFFLOAD_BYTES:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            None, lambda: parse_infer_request(body, model, timeout_header=timeout_header))
-    return parse_infer_request(body, model, timeout_header=timeout_header)
+            None, lambda: parse_infer_request(body, model, timeout_header=timeout_header,
+                                              header_length=header_length))
+    return parse_infer_request(body, model, timeout_header=timeout_header,
+                               header_length=header_length)

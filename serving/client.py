@@ -18,6 +18,10 @@ Retry rules (each one is there because its absence has taken services down):
 
 ``sleep``, ``clock``, ``rng`` and the HTTP ``transport`` are injectable, so tests check the
 exact waits, attempts and deadlines without a server or wall-clock time.
+
+``InferenceClient(url, binary=True)`` sends input tensors with the v2 **binary tensor data
+extension** (raw little-endian bytes after a JSON header, ``Inference-Header-Content-Length``)
+and asks for the outputs the same way: no numbers are printed or parsed as text on either side.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ import numpy as np
 import orjson
 
 from serving.backends.base import Array
+from serving.errors import InvalidRequest
+from serving.protocol import (
+    BINARY_CONTENT_TYPE,
+    HEADER_LENGTH,
+    decode_binary_tensor,
+    little_endian,
+    parse_header_length,
+)
 from serving.tensors import NUMPY_TO_V2, V2_TO_NUMPY
 
 RETRYABLE_STATUSES = frozenset({502, 503, 504})
@@ -125,6 +137,10 @@ class DeadlineExceeded(ClientError):
     """The caller's deadline passed (or would pass before the next attempt)."""
 
 
+class MalformedResponse(ClientError):
+    """A 200 whose body is not a v2 response this client can decode."""
+
+
 # -- transport -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -168,7 +184,17 @@ class RequestsTransport:
             raise TransportTimeout(str(exc)) from exc
         except exceptions.ConnectionError as exc:
             raise TransportConnectionError(str(exc)) from exc
-        return HttpResponse(response.status_code, dict(response.headers), response.content)
+        # requests' headers are case-insensitive; keep them so (no dict() copy)
+        return HttpResponse(response.status_code, response.headers, response.content)
+
+
+def header_value(headers: Mapping[str, str], name: str) -> str | None:
+    """``headers[name]`` regardless of case (transports differ in what they keep)."""
+    value = headers.get(name)
+    if value is not None:
+        return value
+    lowered = name.lower()
+    return next((v for k, v in headers.items() if k.lower() == lowered), None)
 
 
 def parse_retry_after(value: str | None, *, now_epoch_s: float) -> float | None:
@@ -189,31 +215,83 @@ def parse_retry_after(value: str | None, *, now_epoch_s: float) -> float | None:
 
 # -- the client ------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class EncodedRequest:
+    """An infer request body; ``header_length`` is its JSON part's size when binary follows."""
+
+    body: bytes
+    header_length: int | None = None
+
+    def headers(self) -> dict[str, str]:
+        if self.header_length is None:
+            return {"Content-Type": "application/json"}
+        return {"Content-Type": BINARY_CONTENT_TYPE, HEADER_LENGTH: str(self.header_length)}
+
+
 def encode_inputs(inputs: Mapping[str, Array], *, request_id: str | None = None,
-                  outputs: Sequence[str] | None = None) -> bytes:
+                  outputs: Sequence[str] | None = None, binary: bool = False) -> EncodedRequest:
+    """The v2 request for ``inputs``. ``binary``: tensors as raw bytes after the JSON header,
+    and every output asked for as binary too."""
     tensors = []
+    chunks: list[memoryview] = []
     for name, value in inputs.items():
-        array = np.ascontiguousarray(value)
-        datatype = NUMPY_TO_V2.get(array.dtype)
+        array = np.asarray(value)
+        datatype = NUMPY_TO_V2.get(array.dtype.newbyteorder("="))
         if datatype is None:
             raise TypeError(f"input {name!r} has dtype {array.dtype}, not a v2 datatype")
-        flat = array.astype(np.float32) if array.dtype == np.float16 else array
-        tensors.append({"name": name, "shape": list(array.shape), "datatype": datatype,
-                        "data": flat.ravel()})
+        tensor: dict[str, Any] = {"name": name, "shape": list(array.shape),
+                                  "datatype": datatype}
+        if binary:
+            raw = np.ascontiguousarray(array, dtype=little_endian(array.dtype))
+            chunks.append(raw.reshape(-1).view(np.uint8).data)
+            tensor["parameters"] = {"binary_data_size": raw.nbytes}
+        else:
+            flat = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+            tensor["data"] = (flat.astype(np.float32) if flat.dtype == np.float16
+                              else flat).ravel()
+        tensors.append(tensor)
     doc: dict[str, Any] = {"inputs": tensors}
     if request_id is not None:
         doc["id"] = request_id
     if outputs is not None:
         doc["outputs"] = [{"name": name} for name in outputs]
-    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if binary:
+        doc["parameters"] = {"binary_data_output": True}
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not binary:
+        return EncodedRequest(header)
+    return EncodedRequest(b"".join([header, *chunks]), len(header))
 
 
-def decode_outputs(body: bytes) -> dict[str, Array]:
-    doc = orjson.loads(body)
-    result: dict[str, Array] = {}
-    for tensor in doc["outputs"]:
-        dtype = V2_TO_NUMPY[tensor["datatype"]]
-        result[tensor["name"]] = np.asarray(tensor["data"], dtype=dtype).reshape(tensor["shape"])
+def decode_outputs(body: bytes, header_length: int | None = None) -> dict[str, Array]:
+    """A v2 response's outputs as arrays; ``header_length`` (the response's
+    ``Inference-Header-Content-Length``) says where binary output data starts."""
+    split = len(body) if header_length is None else header_length
+    if not 0 <= split <= len(body):
+        raise MalformedResponse(f"{HEADER_LENGTH} {split} is outside the {len(body)}-byte body")
+    buffer = bytearray(body) if split < len(body) else None  # writeable arrays for the caller
+    try:
+        doc = orjson.loads(memoryview(body)[:split])
+        offset = split
+        result: dict[str, Array] = {}
+        for tensor in doc["outputs"]:
+            dtype = V2_TO_NUMPY[tensor["datatype"]]
+            shape = [int(d) for d in tensor["shape"]]
+            size = (tensor.get("parameters") or {}).get("binary_data_size")
+            if size is None:
+                value = np.asarray(tensor["data"], dtype=dtype).reshape(shape)
+            else:
+                needed = math.prod(shape) * dtype.itemsize
+                if buffer is None or size != needed or offset + size > len(body):
+                    raise MalformedResponse(f"output {tensor['name']!r}: binary_data_size "
+                                            f"{size} for shape {shape} ({needed} bytes) at "
+                                            f"offset {offset} of a {len(body)}-byte body")
+                value = decode_binary_tensor(buffer, offset, shape, dtype)
+                offset += size
+            result[tensor["name"]] = value
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise MalformedResponse(f"cannot decode the response: {type(exc).__name__}: "
+                                f"{exc}") from None
     return result
 
 
@@ -235,8 +313,9 @@ class InferenceClient:
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.monotonic,
                  wall_clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, binary: bool = False) -> None:
         self._base = base_url.rstrip("/")
+        self.binary = binary
         self.policy = policy or RetryPolicy()
         self.budget = budget or RetryBudget(ratio=self.policy.budget_ratio,
                                             capacity=self.policy.budget_capacity,
@@ -251,9 +330,18 @@ class InferenceClient:
     def infer(self, model: str, inputs: Mapping[str, Array], *,
               timeout_s: float | None = None, outputs: Sequence[str] | None = None,
               request_id: str | None = None) -> dict[str, Array]:
-        body = encode_inputs(inputs, request_id=request_id, outputs=outputs)
-        response = self._call("POST", f"/v2/models/{model}/infer", body, timeout_s)
-        return decode_outputs(response.body)
+        request = encode_inputs(inputs, request_id=request_id, outputs=outputs,
+                                binary=self.binary)
+        response = self._call("POST", f"/v2/models/{model}/infer", request.body, timeout_s,
+                              request.headers())
+        length = header_value(response.headers, HEADER_LENGTH)
+        if length is None:
+            return decode_outputs(response.body)
+        try:
+            split = parse_header_length(length, len(response.body))
+        except InvalidRequest as exc:
+            raise MalformedResponse(f"response {exc.message}") from None
+        return decode_outputs(response.body, split)
 
     def model_metadata(self, model: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         doc: dict[str, Any] = orjson.loads(
@@ -268,15 +356,15 @@ class InferenceClient:
             return False
         return response.status == 200
 
-    def _call(self, method: str, path: str, body: bytes | None,
-              timeout_s: float | None) -> HttpResponse:
+    def _call(self, method: str, path: str, body: bytes | None, timeout_s: float | None,
+              body_headers: Mapping[str, str] | None = None) -> HttpResponse:
         policy = self.policy
         deadline = None if timeout_s is None else self._clock() + timeout_s
         self.budget.deposit()
         attempt = 0
         while True:
             attempt += 1
-            headers = {"Content-Type": "application/json"} if body is not None else {}
+            headers = dict(body_headers or {})
             remaining = None if deadline is None else deadline - self._clock()
             if remaining is not None:
                 if remaining <= 0:
@@ -301,7 +389,7 @@ class InferenceClient:
                     kind = RequestRejected if response.status < 500 else ServerError
                     raise kind(f"HTTP {response.status}: {message}", status=response.status,
                                attempts=attempt)
-                retry_after = parse_retry_after(response.headers.get("Retry-After"),
+                retry_after = parse_retry_after(header_value(response.headers, "Retry-After"),
                                                 now_epoch_s=self._wall_clock())
                 error = ServerUnavailable(f"HTTP {response.status}: {message}",
                                           status=response.status, attempts=attempt,

@@ -1,13 +1,25 @@
-"""The KServe / Triton v2 inference protocol (JSON tensors), parsed and checked in one place.
+"""The KServe / Triton v2 inference protocol, parsed and checked in one place.
 
 Everything a client can get wrong is caught here, before the batcher sees the request, and
 turned into :class:`serving.errors.InvalidRequest` with a message that quotes the bad value and
 what the model expects: malformed JSON, missing/unknown/duplicate tensor names, datatype,
 rank and dimension mismatches, element counts that do not match the shape, non-numeric or
-out-of-range values, bad ``timeout_ms``. Pure functions over bytes: easy to fuzz.
+out-of-range values, bad ``timeout_ms``, binary sizes that do not add up. Pure functions over
+bytes: easy to fuzz.
 
-Tensor data may be flat (row-major) or nested, as the protocol allows; responses are flat.
-The binary-data extension is not supported and says so.
+Tensors travel either as JSON ``data`` (flat row-major or nested; responses flat) or with the
+**binary tensor data extension** (Triton's ``binary_tensor_data``, which KServe shares):
+
+- request: the body is a JSON header of ``Inference-Header-Content-Length`` bytes followed by
+  the raw little-endian, row-major bytes of every input whose ``parameters`` carry
+  ``binary_data_size``, in the order of the ``inputs`` list. Those bytes become arrays with
+  ``np.frombuffer`` (no Python numbers, no copy unless misaligned or big-endian host), after
+  the size is checked against shape x datatype.
+- response: an output asked for with ``"parameters": {"binary_data": true}`` (or every output,
+  with the request-level ``"parameters": {"binary_data_output": true}``; a per-output value
+  wins) is sent the same way, and the response carries ``Inference-Header-Content-Length``.
+
+BOOL is one byte per element (0 or 1); BYTES is not supported by this server at all.
 """
 
 from __future__ import annotations
@@ -25,6 +37,9 @@ from serving.errors import InvalidRequest
 from serving.tensors import TensorSpec
 
 MODEL_VERSION = "1"
+# The HTTP header that gives the JSON part's size when binary tensor data follows it.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+BINARY_CONTENT_TYPE = "application/octet-stream"
 
 # Which JSON-decoded numpy kinds each v2 datatype accepts (b=bool, i/u=integers, f=floats).
 _ACCEPTED_KINDS: dict[str, str] = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
@@ -57,6 +72,44 @@ class InferRequest:
     inputs: dict[str, Array]
     requested_outputs: tuple[str, ...] | None
     timeout_s: float | None
+    binary_outputs: frozenset[str] = frozenset()  # outputs to answer as raw bytes
+
+
+@dataclass(frozen=True)
+class EncodedResponse:
+    """A response body; ``header_length`` is the JSON part's size when binary data follows."""
+
+    body: bytes
+    header_length: int | None
+
+
+def little_endian(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The wire dtype of the binary extension (little-endian; 1-byte types have no order)."""
+    return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+
+
+def parse_header_length(value: str, body_size: int) -> int:
+    """``Inference-Header-Content-Length``: a decimal byte count within the body."""
+    text = value.strip()
+    if (not (text.isascii() and text.isdigit()) or len(text) > 18
+            or int(text) > body_size):
+        raise InvalidRequest(f"header {HEADER_LENGTH} must be the size in bytes of the JSON "
+                             f"part of the body (0..{body_size}), got {value!r:.40}")
+    return int(text)
+
+
+def decode_binary_tensor(buffer: bytes | bytearray | memoryview, offset: int, shape: list[int],
+                         dtype: np.dtype[Any]) -> Array:
+    """``shape`` x ``dtype`` read from ``buffer[offset:]`` without a copy where possible: an
+    unaligned slice is copied (backends and numpy are faster on aligned data), a big-endian
+    host converts."""
+    wire = little_endian(dtype)
+    array = np.frombuffer(buffer, dtype=wire, count=math.prod(shape), offset=offset)
+    if not array.flags.aligned:
+        array = array.copy()
+    if wire != dtype:
+        array = array.astype(dtype)
+    return array.reshape(shape)
 
 
 def error_body(message: str) -> bytes:
@@ -79,10 +132,21 @@ def parse_timeout_ms(value: object, where: str) -> float:
 
 
 def parse_infer_request(body: bytes, model: ModelInfo, *,
-                        timeout_header: str | None = None) -> InferRequest:
-    """Decode and check one ``POST /v2/models/{name}/infer`` body against ``model``."""
+                        timeout_header: str | None = None,
+                        header_length: str | None = None) -> InferRequest:
+    """Decode and check one ``POST /v2/models/{name}/infer`` body against ``model``.
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` header, if sent: the body's
+    first that many bytes are JSON and the rest is binary tensor data.
+    """
+    binary: _BinaryData | None = None
+    header: bytes | memoryview = body
+    if header_length is not None:
+        split = parse_header_length(header_length, len(body))
+        binary = _BinaryData(body, split)
+        header = memoryview(body)[:split]  # orjson reads buffers: no copy of the JSON part
     try:
-        doc = orjson.loads(body)
+        doc = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"malformed JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -108,10 +172,12 @@ def parse_infer_request(body: bytes, model: ModelInfo, *,
     specs = {spec.name: spec for spec in model.inputs}
     inputs: dict[str, Array] = {}
     for index, raw in enumerate(raw_inputs):
-        name, array = _parse_tensor(raw, index, specs, model)
+        name, array = _parse_tensor(raw, index, specs, model, binary)
         if name in inputs:
             raise InvalidRequest(f"input {name!r} is given more than once")
         inputs[name] = array
+    if binary is not None:
+        binary.check_all_used()
     missing = [name for name in specs if name not in inputs]
     if missing:
         raise InvalidRequest(f"missing input {missing[0]!r}; model {model.name!r} expects: "
@@ -124,9 +190,43 @@ def parse_infer_request(body: bytes, model: ModelInfo, *,
         raise InvalidRequest(f"batch dimension {rows} exceeds the max batch size "
                              f"{model.max_batch_size}; split the request")
 
-    return InferRequest(request_id=request_id, inputs=inputs,
-                        requested_outputs=_parse_requested_outputs(doc.get("outputs"), model),
-                        timeout_s=min(timeouts) if timeouts else None)
+    binary_default = parameters.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise InvalidRequest("parameters.binary_data_output must be true or false, got "
+                             f"{binary_default!r:.40}")
+    requested, binary_outputs = _parse_requested_outputs(doc.get("outputs"), model,
+                                                         binary_default)
+    return InferRequest(request_id=request_id, inputs=inputs, requested_outputs=requested,
+                        timeout_s=min(timeouts) if timeouts else None,
+                        binary_outputs=binary_outputs)
+
+
+class _BinaryData:
+    """The binary part of a body, handed out to inputs in order (each slice checked)."""
+
+    def __init__(self, body: bytes, start: int) -> None:
+        self.body = body
+        self.start = start
+        self.cursor = start
+
+    def take(self, name: str, size: int) -> int:
+        """The offset of input ``name``'s ``size`` bytes; moves past them."""
+        offset, end = self.cursor, self.cursor + size
+        if end > len(self.body):
+            have = len(self.body) - self.start
+            raise InvalidRequest(f"input {name!r} needs binary bytes {offset - self.start}.."
+                                 f"{end - self.start} but the body has {have} bytes after its "
+                                 f"{self.start}-byte JSON header ({HEADER_LENGTH})")
+        self.cursor = end
+        return offset
+
+    def check_all_used(self) -> None:
+        extra = len(self.body) - self.cursor
+        if extra:
+            used = self.cursor - self.start
+            raise InvalidRequest(f"{extra} bytes of binary data follow the inputs' "
+                                 f"binary_data_size total of {used}; the sizes must add up "
+                                 f"to the body after the {self.start}-byte JSON header")
 
 
 def _names(specs: tuple[TensorSpec, ...]) -> str:
@@ -134,7 +234,7 @@ def _names(specs: tuple[TensorSpec, ...]) -> str:
 
 
 def _parse_tensor(raw: object, index: int, specs: Mapping[str, TensorSpec],
-                  model: ModelInfo) -> tuple[str, Array]:
+                  model: ModelInfo, binary: _BinaryData | None) -> tuple[str, Array]:
     if not isinstance(raw, dict):
         raise InvalidRequest(f"inputs[{index}] must be an object with name, shape, datatype "
                              f"and data, got {raw!r:.80}")
@@ -161,14 +261,41 @@ def _parse_tensor(raw: object, index: int, specs: Mapping[str, TensorSpec],
                              f"{list(expected)} (-1 = any size)")
     if shape[0] < 1:
         raise InvalidRequest(f"input {name!r} has batch dimension 0; send at least one row")
-    if "binary_data_size" in (raw.get("parameters") or {}):
-        raise InvalidRequest(f"input {name!r} uses the binary data extension, which this "
-                             "server does not support; send JSON 'data'")
+    parameters = raw.get("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise InvalidRequest(f"input {name!r} parameters must be an object, got "
+                             f"{parameters!r:.80}")
+    if parameters and "shared_memory_region" in parameters:
+        raise InvalidRequest(f"input {name!r} uses the shared-memory extension, which this "
+                             "server does not support; send JSON 'data' or binary data")
+    if parameters and "binary_data_size" in parameters:
+        return name, _binary_tensor(name, raw, parameters["binary_data_size"], shape, spec,
+                                    binary)
     data = raw.get("data")
     if not isinstance(data, list):
         raise InvalidRequest(f"input {name!r} needs 'data' as a (flat or nested) list of "
                              f"numbers, got {type(data).__name__}")
     return name, _to_array(name, data, shape, spec)
+
+
+def _binary_tensor(name: str, raw: dict[str, Any], size: object, shape: list[int],
+                   spec: TensorSpec, binary: _BinaryData | None) -> Array:
+    if binary is None:
+        raise InvalidRequest(f"input {name!r} has binary_data_size but the request has no "
+                             f"{HEADER_LENGTH} header; send the JSON part's size in it")
+    if "data" in raw:
+        raise InvalidRequest(f"input {name!r} has both 'data' and binary_data_size; send one")
+    dtype = spec.dtype
+    needed = math.prod(shape) * dtype.itemsize
+    if isinstance(size, bool) or not isinstance(size, int) or size != needed:
+        raise InvalidRequest(f"input {name!r} has binary_data_size {size!r:.40}; shape {shape} "
+                             f"{spec.datatype} is {needed} bytes")
+    offset = binary.take(name, size)
+    if dtype.kind == "b":  # one byte per element; anything but 0/1 is not a boolean
+        raw_bytes = np.frombuffer(binary.body, dtype=np.uint8, count=size, offset=offset)
+        if size and int(raw_bytes.max()) > 1:
+            raise InvalidRequest(f"input {name!r} is BOOL: each byte must be 0 or 1")
+    return decode_binary_tensor(binary.body, offset, shape, dtype)
 
 
 def _to_array(name: str, data: list[Any], shape: list[int], spec: TensorSpec) -> Array:
@@ -201,13 +328,17 @@ def _to_array(name: str, data: list[Any], shape: list[int], spec: TensorSpec) ->
     return array
 
 
-def _parse_requested_outputs(raw: object, model: ModelInfo) -> tuple[str, ...] | None:
+def _parse_requested_outputs(raw: object, model: ModelInfo, binary_default: bool
+                             ) -> tuple[tuple[str, ...] | None, frozenset[str]]:
+    """The outputs asked for (None = all) and which of them go back as binary data."""
     if raw is None:
-        return None
+        everything = frozenset(spec.name for spec in model.outputs)
+        return None, everything if binary_default else frozenset()
     if not isinstance(raw, list):
         raise InvalidRequest(f"'outputs' must be a list of {{\"name\": ...}}, got {raw!r:.80}")
     known = {spec.name for spec in model.outputs}
     names: list[str] = []
+    binary: set[str] = set()
     for index, item in enumerate(raw):
         name = item.get("name") if isinstance(item, dict) else None
         if not isinstance(name, str):
@@ -215,26 +346,51 @@ def _parse_requested_outputs(raw: object, model: ModelInfo) -> tuple[str, ...] |
         if name not in known:
             raise InvalidRequest(f"unknown output {name!r:.80}; model {model.name!r} has: "
                                  f"{_names(model.outputs)}")
+        parameters = item.get("parameters")
+        if parameters is None:
+            parameters = {}
+        elif not isinstance(parameters, dict):
+            raise InvalidRequest(f"output {name!r} parameters must be an object, got "
+                                 f"{parameters!r:.80}")
+        if "classification" in parameters:
+            raise InvalidRequest(f"output {name!r} asks for classification, which this server "
+                                 "does not support; take the top classes from the logits")
+        wants_binary = parameters.get("binary_data", binary_default)
+        if not isinstance(wants_binary, bool):
+            raise InvalidRequest(f"output {name!r} parameters.binary_data must be true or "
+                                 f"false, got {wants_binary!r:.40}")
+        if wants_binary:
+            binary.add(name)
         names.append(name)
-    return tuple(names)
+    return tuple(names), frozenset(binary)
 
 
 def encode_infer_response(model: ModelInfo, request: InferRequest,
-                          outputs: Mapping[str, Array]) -> bytes:
-    """The v2 response: each output flat, row-major, with its datatype and shape."""
+                          outputs: Mapping[str, Array]) -> EncodedResponse:
+    """The v2 response: each output with its datatype and shape, its values flat and
+    row-major, either as JSON ``data`` or (binary outputs) as raw bytes after the JSON."""
     wanted = request.requested_outputs or tuple(spec.name for spec in model.outputs)
     by_name = {spec.name: spec for spec in model.outputs}
     tensors = []
+    chunks: list[bytes | memoryview] = []
     for name in wanted:
         value = np.asarray(outputs[name])
-        if value.dtype == np.float16:  # orjson serialises fp16 only via a wider type
-            flat = value.astype(np.float32).ravel()
+        tensor: dict[str, Any] = {"name": name, "datatype": by_name[name].datatype,
+                                  "shape": list(value.shape)}
+        if name in request.binary_outputs:
+            raw = np.ascontiguousarray(value, dtype=little_endian(value.dtype))
+            chunks.append(raw.reshape(-1).view(np.uint8).data)
+            tensor["parameters"] = {"binary_data_size": raw.nbytes}
+        elif value.dtype == np.float16:  # orjson serialises fp16 only via a wider type
+            tensor["data"] = value.astype(np.float32).ravel()
         else:
-            flat = np.ascontiguousarray(value).ravel()
-        tensors.append({"name": name, "datatype": by_name[name].datatype,
-                        "shape": list(value.shape), "data": flat})
+            tensor["data"] = np.ascontiguousarray(value).ravel()
+        tensors.append(tensor)
     doc: dict[str, Any] = {"model_name": model.name, "model_version": MODEL_VERSION,
                            "outputs": tensors}
     if request.request_id is not None:
         doc["id"] = request.request_id
-    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return EncodedResponse(header, None)
+    return EncodedResponse(b"".join([header, *chunks]), len(header))

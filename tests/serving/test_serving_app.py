@@ -57,7 +57,8 @@ def metric(server: ThreadedServer, name: str, **labels: str) -> float:
 def test_health_and_server_metadata(server: ThreadedServer) -> None:
     assert requests.get(f"{server.url}/v2/health/live", timeout=5).json() == {"live": True}
     assert requests.get(f"{server.url}/v2/health/ready", timeout=5).status_code == 200
-    assert requests.get(f"{server.url}/v2", timeout=5).json()["name"] == "gpufrag-serving"
+    meta = requests.get(f"{server.url}/v2", timeout=5).json()
+    assert meta["name"] == "gpufrag-serving" and meta["extensions"] == ["binary_tensor_data"]
 
 
 def test_models_lists_what_is_loaded(server: ThreadedServer) -> None:
@@ -96,6 +97,75 @@ def test_nested_data_is_accepted(server: ThreadedServer) -> None:
     body = {"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
                         "data": [[1, 2, 3, 4], [5, 6, 7, 8]]}]}
     assert post(server, body).status_code == 200
+
+
+# -- binary tensor data extension -------------------------------------------------------------
+
+def binary_request(x: np.ndarray[Any, Any], *, size: int | None = None,
+                   **extra: Any) -> tuple[bytes, dict[str, str]]:
+    header = json.dumps({"inputs": [{
+        "name": "x", "shape": list(x.shape), "datatype": "FP32",
+        "parameters": {"binary_data_size": x.nbytes if size is None else size}}],
+        **extra}).encode()
+    return header + x.astype("<f4").tobytes(), {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header))}
+
+
+def test_binary_request_and_binary_response(server: ThreadedServer) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) - 2.5
+    raw, headers = binary_request(x, parameters={"binary_data_output": True})
+    response = post(server, None, raw=raw, headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["Content-Type"] == "application/octet-stream"
+    split = int(response.headers["Inference-Header-Content-Length"])
+    doc = json.loads(response.content[:split])
+    assert [(o["name"], o["shape"], o["parameters"]) for o in doc["outputs"]] == [
+        ("y", [2, 4], {"binary_data_size": 32}), ("total", [2, 1], {"binary_data_size": 8})]
+    tail = response.content[split:]
+    assert np.array_equal(np.frombuffer(tail[:32], "<f4").reshape(2, 4), 2 * x)
+    assert np.array_equal(np.frombuffer(tail[32:], "<f4"), x.sum(axis=1))
+
+
+def test_binary_request_with_a_json_response(server: ThreadedServer) -> None:
+    x = np.ones((1, 4), dtype=np.float32)
+    raw, headers = binary_request(x, outputs=[{"name": "total"}])
+    response = post(server, None, raw=raw, headers=headers)
+    assert response.status_code == 200 and "Inference-Header-Content-Length" not in (
+        response.headers)
+    assert response.json()["outputs"][0]["data"] == [4.0]
+
+
+@pytest.mark.parametrize(("size", "cut", "length", "needle"), [
+    (15, 0, None, "binary_data_size 15; shape [1, 4] FP32 is 16 bytes"),
+    (None, 1, None, "needs binary bytes 0..16 but the body has 15 bytes"),
+    (None, -3, None, "3 bytes of binary data follow"),
+    (None, 0, "-4", "Inference-Header-Content-Length must be the size in bytes"),
+    (None, 0, "99999", "Inference-Header-Content-Length must be the size in bytes"),
+    (None, 0, "3", "malformed JSON"),
+])
+def test_malformed_binary_requests_get_400(server: ThreadedServer, size: int | None, cut: int,
+                                           length: str | None, needle: str) -> None:
+    raw, headers = binary_request(np.ones((1, 4), dtype=np.float32), size=size)
+    raw = raw[:-cut] if cut > 0 else raw + b"\0" * -cut
+    if length is not None:
+        headers["Inference-Header-Content-Length"] = length
+    response = post(server, None, raw=raw, headers=headers)
+    assert response.status_code == 400 and needle in response.json()["error"]
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(length=st.integers(-3, 120).map(str) | st.text(
+    alphabet=st.characters(min_codepoint=33, max_codepoint=126), max_size=8),
+    tail=st.binary(max_size=24))
+def test_fuzzed_header_lengths_get_200_or_400(server: ThreadedServer, length: str,
+                                              tail: bytes) -> None:
+    raw, headers = binary_request(np.ones((1, 4), dtype=np.float32))
+    headers["Inference-Header-Content-Length"] = length
+    response = post(server, None, raw=raw + tail, headers=headers)
+    assert response.status_code in {200, 400}, response.text
+    assert response.status_code == 400 or not tail
 
 
 # -- errors: status and message --------------------------------------------------------------

@@ -16,6 +16,7 @@ from serving.client import (
     DeadlineExceeded,
     HttpResponse,
     InferenceClient,
+    MalformedResponse,
     RequestRejected,
     RetryBudget,
     RetryPolicy,
@@ -219,7 +220,10 @@ def test_budget_refills_with_successful_traffic() -> None:
 def test_encode_decode_round_trip() -> None:
     inputs = {"a": np.arange(6, dtype=np.int64).reshape(2, 3),
               "b": np.array([[0.5]], dtype=np.float16)}
-    doc = orjson.loads(encode_inputs(inputs, request_id="i", outputs=["y"]))
+    encoded = encode_inputs(inputs, request_id="i", outputs=["y"])
+    assert encoded.header_length is None
+    assert encoded.headers() == {"Content-Type": "application/json"}
+    doc = orjson.loads(encoded.body)
     assert doc["id"] == "i" and doc["outputs"] == [{"name": "y"}]
     assert doc["inputs"][0] == {"name": "a", "shape": [2, 3], "datatype": "INT64",
                                 "data": [0, 1, 2, 3, 4, 5]}
@@ -227,6 +231,69 @@ def test_encode_decode_round_trip() -> None:
     decoded = decode_outputs(orjson.dumps({"outputs": [
         {"name": "a", "datatype": "INT64", "shape": [2, 3], "data": list(range(6))}]}))
     assert np.array_equal(decoded["a"], inputs["a"])
+
+
+def test_binary_encoding_puts_raw_little_endian_bytes_after_the_json_header() -> None:
+    inputs = {"a": np.arange(6, dtype=np.int64).reshape(2, 3),
+              "b": np.array([[0.5, -2]], dtype=">f2")}  # big-endian in, little-endian out
+    encoded = encode_inputs(inputs, outputs=["y"], binary=True)
+    assert encoded.header_length is not None
+    assert encoded.headers() == {"Content-Type": "application/octet-stream",
+                                 "Inference-Header-Content-Length": str(encoded.header_length)}
+    doc = orjson.loads(encoded.body[:encoded.header_length])
+    assert doc["parameters"] == {"binary_data_output": True}
+    assert doc["inputs"] == [
+        {"name": "a", "shape": [2, 3], "datatype": "INT64",
+         "parameters": {"binary_data_size": 48}},
+        {"name": "b", "shape": [1, 2], "datatype": "FP16", "parameters": {"binary_data_size": 4}},
+    ]
+    tail = encoded.body[encoded.header_length:]
+    assert tail == inputs["a"].astype("<i8").tobytes() + inputs["b"].astype("<f2").tobytes()
+
+
+def test_decode_outputs_reads_binary_and_json_outputs_in_order() -> None:
+    logits = np.array([[1.5, -2.0, 3.25]], dtype=np.float32)
+    mask = np.array([True, False, True])
+    header = orjson.dumps({"outputs": [
+        {"name": "logits", "datatype": "FP32", "shape": [1, 3],
+         "parameters": {"binary_data_size": 12}},
+        {"name": "n", "datatype": "INT32", "shape": [1], "data": [7]},
+        {"name": "mask", "datatype": "BOOL", "shape": [3], "parameters": {"binary_data_size": 3}},
+    ]})
+    body = header + logits.tobytes() + mask.tobytes()
+    decoded = decode_outputs(body, len(header))
+    assert np.array_equal(decoded["logits"], logits) and decoded["logits"].flags.writeable
+    assert decoded["n"].tolist() == [7] and decoded["mask"].tolist() == [True, False, True]
+
+
+SHORT = orjson.dumps({"outputs": [{"name": "y", "datatype": "FP32", "shape": [2],
+                                    "parameters": {"binary_data_size": 8}}]})
+
+
+@pytest.mark.parametrize(("body", "header_length", "needle"), [
+    (SHORT + b"\0" * 4, len(SHORT), "binary_data_size 8 for shape \\[2\\] \\(8 bytes\\)"),
+    (SHORT, None, "binary_data_size 8"),  # binary output but no header length
+    (b"{}", None, "KeyError"),
+    (b"{}", 5, "outside the 2-byte body"),
+])
+def test_malformed_responses_are_named(body: bytes, header_length: int | None,
+                                       needle: str) -> None:
+    with pytest.raises(MalformedResponse, match=needle):
+        decode_outputs(body, header_length)
+
+
+def test_binary_client_round_trips_through_a_real_server() -> None:
+    from serving.config import BatcherConfig
+    from serving.testing import FakeBackend, ThreadedServer
+
+    config = BatcherConfig(max_batch_size=4, max_queue_delay_s=0.0, default_timeout_s=5.0)
+    x = np.array([[0.25, -1.0, 3.0], [1e30, 0.0, -0.5]], dtype=np.float32)
+    with ThreadedServer(FakeBackend(features=3), config) as server:
+        binary = InferenceClient(server.url, binary=True).infer("fake", {"x": x})
+        as_json = InferenceClient(server.url).infer("fake", {"x": x}, outputs=["y"])
+    assert binary["y"].dtype == np.float32 and np.array_equal(binary["y"], 2 * x)
+    assert np.array_equal(binary["total"], x.sum(axis=1, keepdims=True))
+    assert np.array_equal(as_json["y"], binary["y"]) and set(as_json) == {"y"}
 
 
 def test_policy_validation_names_the_field() -> None:

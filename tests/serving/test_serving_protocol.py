@@ -76,7 +76,10 @@ def test_header_and_parameter_timeouts_take_the_smaller() -> None:
     ([tensor("image", [1, 2, 2], "FP32", "1,2,3,4"), IDS], "needs 'data' as a"),
     ([tensor("image", [1, True, 2], "FP32", [1, 2, 3, 4]), IDS], "non-negative integers"),
     ([{"name": "image", "shape": [1, 2, 2], "datatype": "FP32",
-       "parameters": {"binary_data_size": 16}}, IDS], "binary data extension"),
+       "parameters": {"binary_data_size": 16}}, IDS],
+     "has binary_data_size but the request has no Inference-Header-Content-Length header"),
+    ([{**IDS, "parameters": {"shared_memory_region": "r"}}], "shared-memory extension"),
+    ([{**IDS, "parameters": 5}], "input 'ids' parameters must be an object"),
     (["image"], "inputs[0] must be an object"),
     ([tensor("image", [5, 2, 2], "FP32", [1] * 20),
       tensor("ids", [5, 3], "INT32", [1] * 15)], "exceeds the max batch size 4"),
@@ -116,7 +119,9 @@ def test_response_is_flat_row_major_with_datatypes_and_id() -> None:
     request = InferRequest(request_id="abc", inputs={}, requested_outputs=None, timeout_s=None)
     outputs = {"out": np.array([[1.5, 2], [3, 4]], dtype=np.float16),
                "flag": np.array([True, False])}
-    doc = orjson.loads(encode_infer_response(MODEL, request, outputs))
+    encoded = encode_infer_response(MODEL, request, outputs)
+    assert encoded.header_length is None
+    doc = orjson.loads(encoded.body)
     assert doc == {"model_name": "m", "model_version": "1", "id": "abc", "outputs": [
         {"name": "out", "datatype": "FP16", "shape": [2, 2], "data": [1.5, 2.0, 3.0, 4.0]},
         {"name": "flag", "datatype": "BOOL", "shape": [2], "data": [True, False]},
@@ -127,8 +132,181 @@ def test_response_keeps_only_requested_outputs() -> None:
     request = InferRequest(request_id=None, inputs={}, requested_outputs=("flag",),
                            timeout_s=None)
     doc = orjson.loads(encode_infer_response(
-        MODEL, request, {"out": np.zeros((1, 2), np.float16), "flag": np.array([True])}))
+        MODEL, request, {"out": np.zeros((1, 2), np.float16), "flag": np.array([True])}).body)
     assert [o["name"] for o in doc["outputs"]] == ["flag"] and "id" not in doc
+
+
+# -- binary tensor data extension -------------------------------------------------------------
+
+IMAGE = np.array([[[0.5, -1.0], [3.25, 1e-3]]], dtype=np.float32)
+IDS_ARRAY = np.array([[7, -8, 2**31 - 1]], dtype=np.int32)
+
+
+def binary_input(name: str, array: np.ndarray[Any, Any], datatype: str,
+                 size: object = None) -> dict[str, Any]:
+    return {"name": name, "shape": list(array.shape), "datatype": datatype,
+            "parameters": {"binary_data_size": array.nbytes if size is None else size}}
+
+
+def framed(doc: dict[str, Any], *chunks: bytes) -> tuple[bytes, str]:
+    """(body, Inference-Header-Content-Length) for a JSON header followed by ``chunks``."""
+    header = orjson.dumps(doc)
+    return header + b"".join(chunks), str(len(header))
+
+
+def test_binary_inputs_decode_straight_into_numpy() -> None:
+    raw, length = framed({"inputs": [binary_input("image", IMAGE, "FP32"),
+                                     binary_input("ids", IDS_ARRAY, "INT32")]},
+                         IMAGE.astype("<f4").tobytes(), IDS_ARRAY.astype("<i4").tobytes())
+    parsed = parse_infer_request(raw, MODEL, header_length=length)
+    assert parsed.inputs["image"].dtype == np.float32 and parsed.inputs["ids"].dtype == np.int32
+    assert np.array_equal(parsed.inputs["image"], IMAGE)
+    assert np.array_equal(parsed.inputs["ids"], IDS_ARRAY)
+    assert parsed.binary_outputs == frozenset()
+
+
+def test_binary_and_json_inputs_mix_in_one_request() -> None:
+    raw, length = framed({"inputs": [IDS, binary_input("image", IMAGE, "FP32")]},
+                         IMAGE.tobytes())
+    parsed = parse_infer_request(raw, MODEL, header_length=length)
+    assert np.array_equal(parsed.inputs["image"], IMAGE)
+    assert parsed.inputs["ids"].tolist() == [[1, 2, 3]]
+
+
+def test_header_length_equal_to_the_body_means_all_json() -> None:
+    raw = body()
+    parsed = parse_infer_request(raw, MODEL, header_length=f" {len(raw)} ")
+    assert parsed.inputs["ids"].tolist() == [[1, 2, 3]]
+
+
+def test_unaligned_binary_data_is_copied_to_an_aligned_array() -> None:
+    doc: dict[str, Any] = {"inputs": [binary_input("image", IMAGE, "FP32"), IDS]}
+    for pad in range(4):  # the JSON header's length decides the alignment of what follows
+        doc["id"] = "x" * pad
+        raw, length = framed(doc, IMAGE.tobytes())
+        image = parse_infer_request(raw, MODEL, header_length=length).inputs["image"]
+        assert image.flags.aligned and np.array_equal(image, IMAGE)
+
+
+BOOL_MODEL = ModelInfo(name="b", platform="test", inputs=(TensorSpec("mask", "BOOL", (-1, 3)),),
+                       outputs=(TensorSpec("n", "INT64", (-1,)),), max_batch_size=4)
+
+
+def test_binary_bool_is_one_byte_per_element_zero_or_one() -> None:
+    raw, length = framed({"inputs": [{"name": "mask", "shape": [1, 3], "datatype": "BOOL",
+                                      "parameters": {"binary_data_size": 3}}]}, b"\x01\x00\x01")
+    assert parse_infer_request(raw, BOOL_MODEL, header_length=length).inputs[
+        "mask"].tolist() == [[True, False, True]]
+    with pytest.raises(InvalidRequest, match="each byte must be 0 or 1"):
+        parse_infer_request(raw[:-1] + b"\x02", BOOL_MODEL, header_length=length)
+
+
+@pytest.mark.parametrize(("inputs", "chunks", "needle"), [
+    ([binary_input("image", IMAGE, "FP32", size=15), IDS], [IMAGE.tobytes()[:15]],
+     "input 'image' has binary_data_size 15; shape [1, 2, 2] FP32 is 16 bytes"),
+    ([binary_input("image", IMAGE, "FP32", size=-16), IDS], [],
+     "binary_data_size -16"),
+    ([binary_input("image", IMAGE, "FP32", size="16"), IDS], [IMAGE.tobytes()],
+     "binary_data_size '16'"),
+    ([binary_input("image", IMAGE, "FP32", size=True), IDS], [IMAGE.tobytes()],
+     "binary_data_size True"),
+    ([binary_input("image", IMAGE, "FP32"), IDS], [IMAGE.tobytes()[:10]],
+     "input 'image' needs binary bytes 0..16 but the body has 10 bytes after its"),
+    ([binary_input("image", IMAGE, "FP32"), IDS], [IMAGE.tobytes(), b"\0\0\0"],
+     "3 bytes of binary data follow the inputs' binary_data_size total of 16"),
+    ([tensor("image", [1, 2, 2], "FP32", [1, 2, 3, 4]), IDS], [b"junk"],
+     "4 bytes of binary data follow the inputs' binary_data_size total of 0"),
+    ([{**binary_input("image", IMAGE, "FP32"), "data": [1, 2, 3, 4]}, IDS], [IMAGE.tobytes()],
+     "has both 'data' and binary_data_size"),
+    ([binary_input("image", IMAGE, "FP32"), binary_input("ids", IDS_ARRAY, "INT32")],
+     [IMAGE.tobytes(), IDS_ARRAY.tobytes()[:-1]],
+     "input 'ids' needs binary bytes 16..28 but the body has 27 bytes"),
+    ([binary_input("image", IMAGE, "FP64"), IDS], [IMAGE.tobytes()],
+     "datatype 'FP64'; the model expects FP32"),
+    ([{**binary_input("image", IMAGE, "FP32"), "shape": [1, 2, 3]}, IDS], [IMAGE.tobytes()],
+     "has shape [1, 2, 3]; the model expects [-1, 2, 2]"),
+])
+def test_bad_binary_sizes_are_named(inputs: list[Any], chunks: list[bytes], needle: str) -> None:
+    raw, length = framed({"inputs": inputs}, *chunks)
+    with pytest.raises(InvalidRequest) as raised:
+        parse_infer_request(raw, MODEL, header_length=length)
+    assert needle in raised.value.message and raised.value.status == 400
+
+
+@pytest.mark.parametrize("length", ["-1", "abc", "", "1e3", "0x10", "+5", "٣", "9" * 30, "10000"])
+def test_bad_header_lengths_are_named(length: str) -> None:
+    with pytest.raises(InvalidRequest, match="Inference-Header-Content-Length must be the size "
+                                             "in bytes of the JSON part of the body"):
+        parse_infer_request(body(), MODEL, header_length=length)
+
+
+@settings(max_examples=150, deadline=None)
+@given(length=st.integers(-5, 400).map(str) | st.text(max_size=12),
+       tail=st.binary(max_size=40))
+def test_fuzzed_header_length_parses_or_is_rejected_cleanly(length: str, tail: bytes) -> None:
+    raw, _ = framed({"inputs": [binary_input("image", IMAGE, "FP32"), IDS]}, IMAGE.tobytes())
+    try:
+        parsed = parse_infer_request(raw + tail, MODEL, header_length=length)
+    except InvalidRequest as exc:
+        assert exc.message
+        return
+    assert not tail and np.array_equal(parsed.inputs["image"], IMAGE)
+
+
+@pytest.mark.parametrize(("parameters", "outputs", "binary"), [
+    ({}, None, set()),
+    ({"binary_data_output": True}, None, {"out", "flag"}),
+    ({"binary_data_output": True}, [{"name": "out", "parameters": {"binary_data": False}},
+                                    {"name": "flag"}], {"flag"}),
+    ({}, [{"name": "out", "parameters": {"binary_data": True}}, {"name": "flag"}], {"out"}),
+])
+def test_binary_outputs_per_output_or_for_the_request(parameters: dict[str, Any],
+                                                      outputs: Any, binary: set[str]) -> None:
+    extra: dict[str, Any] = {"parameters": parameters}
+    if outputs is not None:
+        extra["outputs"] = outputs
+    assert parse_infer_request(body(**extra), MODEL).binary_outputs == binary
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    ({"parameters": {"binary_data_output": 1}}, "binary_data_output must be true or false"),
+    ({"outputs": [{"name": "out", "parameters": {"binary_data": "yes"}}]},
+     "binary_data must be true or false"),
+    ({"outputs": [{"name": "out", "parameters": []}]}, "parameters must be an object"),
+    ({"outputs": [{"name": "out", "parameters": {"classification": 3}}]},
+     "classification, which this server does not support"),
+])
+def test_bad_output_parameters_are_named(extra: dict[str, Any], needle: str) -> None:
+    with pytest.raises(InvalidRequest, match=needle):
+        parse_infer_request(body(**extra), MODEL)
+
+
+def test_binary_response_has_json_header_then_raw_bytes_in_output_order() -> None:
+    request = InferRequest(request_id=None, inputs={}, requested_outputs=None, timeout_s=None,
+                           binary_outputs=frozenset({"out", "flag"}))
+    out = np.array([[1.5, 2], [3, -4]], dtype=np.float16)
+    flag = np.array([True, False])
+    encoded = encode_infer_response(MODEL, request, {"out": out, "flag": flag})
+    assert encoded.header_length is not None
+    doc = orjson.loads(encoded.body[:encoded.header_length])
+    assert doc["outputs"] == [
+        {"name": "out", "datatype": "FP16", "shape": [2, 2],
+         "parameters": {"binary_data_size": 8}},
+        {"name": "flag", "datatype": "BOOL", "shape": [2], "parameters": {"binary_data_size": 2}},
+    ]
+    assert encoded.body[encoded.header_length:] == out.astype("<f2").tobytes() + b"\x01\x00"
+
+
+def test_binary_and_json_outputs_mix_in_one_response() -> None:
+    request = InferRequest(request_id="r", inputs={}, requested_outputs=("flag", "out"),
+                           timeout_s=None, binary_outputs=frozenset({"out"}))
+    out = np.arange(4, dtype=np.float16).reshape(2, 2)[:, ::-1]  # not contiguous
+    encoded = encode_infer_response(MODEL, request, {"out": out, "flag": np.array([True])})
+    assert encoded.header_length is not None
+    doc = orjson.loads(encoded.body[:encoded.header_length])
+    assert doc["outputs"][0] == {"name": "flag", "datatype": "BOOL", "shape": [1],
+                                 "data": [True]}
+    assert encoded.body[encoded.header_length:] == np.ascontiguousarray(out).tobytes()
 
 
 @settings(max_examples=120, deadline=None)
