@@ -32,14 +32,15 @@ from scheduler.extender import wire
 from scheduler.extender.metrics import ExtenderMetrics
 from scheduler.extender.service import BindRefused, Extender
 
-Payload = dict[str, Any] | list[dict[str, Any]]
+Payload = dict[str, Any] | bytes  # bytes: JSON already encoded
 Work = Callable[[bytes], tuple[Payload, dict[str, Any]]]
 
 log = structlog.get_logger("gpufrag.extender")
 
 
 def _json(payload: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status=status, mimetype="application/json")
+    data = payload if isinstance(payload, bytes) else orjson.dumps(payload)
+    return Response(data, status=status, mimetype="application/json")
 
 
 def _error_payload(verb: str, message: str) -> Payload:
@@ -97,14 +98,14 @@ def create_app(extender: Extender, *, registry: CollectorRegistry | None = None)
         fields: dict[str, Any] = {"pod": _pod_id(args.pod), "nodes": len(args.names)}
         outcome = extender.filter(args.pod, args.names)
         fields.update(passed=int(outcome.passed.sum()), failed=int(outcome.failed.size))
-        return wire.filter_result(args, outcome), fields
+        return wire.filter_result(args, outcome, extender.node_json), fields
 
     def do_prioritize(body: bytes) -> tuple[Payload, dict[str, Any]]:
         args = wire.parse_extender_args(body)
         fields: dict[str, Any] = {"pod": _pod_id(args.pod), "nodes": len(args.names)}
         result, best = extender.prioritize(args.pod, args.names)
         fields["node"] = best
-        return wire.priorities(args.names, result.scores.tolist()), fields
+        return wire.priorities(args, result, extender.node_json), fields
 
     def do_bind(body: bytes) -> tuple[Payload, dict[str, Any]]:
         args = wire.parse_binding_args(body)

@@ -19,7 +19,9 @@ Prioritize: the selected policy's score (through the core's ``rank_candidates`` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +40,8 @@ UNKNOWN = -1  # row of a node name the state does not know
 # the state's size; real workloads have tens of shapes, garbage requests could have millions).
 MAX_CACHED_SHAPES = 512
 
+Render = Callable[[str], Any]
+
 UNKNOWN_NODE_REASON = "node not yet known to the gpufrag extender (its watch is behind); retry"
 
 
@@ -46,10 +50,12 @@ class FilterVerdicts:
     """Per requested position: passes or not; for the failing ones (in request order) the
     reason and whether the node can never fit (kube-scheduler's "unresolvable")."""
 
+    rows: IntArray            # the state row of each requested node (``UNKNOWN`` if none)
     passed: BoolArray
     failed: IntArray          # positions in the request
     reasons: list[str]        # one per failed position
     unresolvable: BoolArray   # one per failed position
+    rendered: list[Any]       # ``render(reason)`` per failed position (see ``Scorer``)
 
 
 class _Verdicts:
@@ -57,23 +63,28 @@ class _Verdicts:
     (like the core's ``ScoreCache``): a loaded cluster fails most nodes for a big pod, and
     explaining thousands of rows per request would dominate the filter's latency."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, render: Render) -> None:
+        self.render = render
         self.seen = np.full(size, -1, np.int64)
-        self.reason: list[str] = [""] * size
+        self.reason = np.full(size, "", object)
+        self.rendered = np.full(size, None, object)
         self.unresolvable = np.zeros(size, np.bool_)
 
     def grow(self, size: int) -> None:
         if size > self.seen.shape[0]:
             extra = size - self.seen.shape[0]
             self.seen = np.concatenate([self.seen, np.full(extra, -1, np.int64)])
+            self.reason = np.concatenate([self.reason, np.full(extra, "", object)])
+            self.rendered = np.concatenate([self.rendered, np.full(extra, None, object)])
             self.unresolvable = np.concatenate([self.unresolvable, np.zeros(extra, np.bool_)])
-            self.reason += [""] * extra
 
     def refresh(self, state: ClusterState, pod: PodRequest, rows: IntArray) -> None:
         stale = rows[self.seen[rows] != state.version[rows]]
         for row in np.unique(stale).tolist():
             verdict = explain(state, pod, row)
-            self.reason[row] = verdict.reason or "does not fit"  # mask and explain share rules
+            reason = verdict.reason or "does not fit"  # mask and explain share rules
+            self.reason[row] = reason
+            self.rendered[row] = self.render(reason)
             self.unresolvable[row] = verdict.unresolvable
             self.seen[row] = state.version[row]
 
@@ -82,6 +93,7 @@ class _Verdicts:
 class Priorities:
     """Per requested node (request order): its 0..10 score; ``best`` is the top node's row."""
 
+    rows: IntArray  # the state row of each requested node (``UNKNOWN`` if none)
     scores: npt.NDArray[np.int64]
     best: int  # -1 when the pod fits none of them
 
@@ -113,12 +125,15 @@ class Scorer:
     """One policy with its score cache, the blend weights and the affinity settings.
 
     Built once per target workload (the extender swaps in a new one when the workload is
-    recomputed); every method must be called with the cluster cache's lock held.
+    recomputed); every method must be called with the cluster cache's lock held. ``render``
+    turns a filter reason into what the caller will send (the wire's pre-encoded JSON); it is
+    cached with the reason, so a reason is rendered once per row and pod shape.
     """
 
     def __init__(self, policy: Policy, *, policy_weight: float, affinity_weight: float,
-                 affinity: AffinityParams) -> None:
+                 affinity: AffinityParams, render: Render = str) -> None:
         self.policy = policy
+        self.render = render
         self.policy_weight = policy_weight
         self.affinity_weight = affinity_weight
         self.affinity = affinity
@@ -144,7 +159,8 @@ class Scorer:
         if verdicts is None:
             if len(self._verdicts) >= MAX_CACHED_SHAPES:
                 self._verdicts.clear()
-            verdicts = self._verdicts[pod.shape] = _Verdicts(state.cpu_cap.shape[0])
+            verdicts = self._verdicts[pod.shape] = _Verdicts(state.cpu_cap.shape[0],
+                                                             self.render)
         verdicts.grow(state.cpu_cap.shape[0])
         return verdicts
 
@@ -159,20 +175,21 @@ class Scorer:
             passed &= ~capped
         failed = np.flatnonzero(~passed)
         if failed.size == 0:
-            return FilterVerdicts(passed, failed, [], np.zeros(0, np.bool_))
+            return FilterVerdicts(rows, passed, failed, [], np.zeros(0, np.bool_), [])
         failed_rows = rows[failed]
         explained = known[failed] & ~capped[failed]
         verdicts = self._verdicts_for(state, pod)
         verdicts.refresh(state, pod, failed_rows[explained])
-        reason = verdicts.reason
-        reasons = [reason[r] for r in failed_rows.tolist()]
-        unresolvable = np.where(explained, verdicts.unresolvable[np.where(explained,
-                                                                          failed_rows, 0)], False)
+        at = np.where(explained, failed_rows, 0)
+        reasons: list[str] = verdicts.reason[at].tolist()
+        rendered: list[Any] = verdicts.rendered[at].tolist()
+        unresolvable = explained & verdicts.unresolvable[at]
         for i in np.flatnonzero(~explained).tolist():
             row = int(failed_rows[i])
             reasons[i] = (UNKNOWN_NODE_REASON if row == UNKNOWN else
                           _cap_reason(state, pod, row, self.affinity.max_replicas_per_node))
-        return FilterVerdicts(passed, failed, reasons, unresolvable)
+            rendered[i] = self.render(reasons[i])
+        return FilterVerdicts(rows, passed, failed, reasons, unresolvable, rendered)
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, state: ClusterState, pod: PodRequest, rows: IntArray, now: float,
@@ -187,7 +204,7 @@ class Scorer:
             candidates = candidates[keep]
             scores = scores._replace(score=scores.score[keep], share_gpu=scores.share_gpu[keep])
         if candidates.size == 0:
-            return Priorities(out, -1)
+            return Priorities(rows, out, -1)
         key = scores.score
         if self.affinity_weight > 0 and pod.model:
             bonus = affinity_score(state, pod, candidates, self.affinity, now)
@@ -204,7 +221,7 @@ class Scorer:
         per_row[candidates] = scale_priorities(key, best, top)
         out[rows != UNKNOWN] = per_row[known]
         best_row = int(candidates[int(np.flatnonzero(top)[0])] if top.any() else candidates[best])
-        return Priorities(out, best_row)
+        return Priorities(rows, out, best_row)
 
     # ------------------------------------------------------------------ bind
     def place_on(self, state: ClusterState, pod: PodRequest, row: int) -> Decision | None:

@@ -24,6 +24,7 @@ from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_
 from scheduler.core.state import IntArray
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
 from scheduler.extender.scoring import UNKNOWN, FilterVerdicts, Priorities, Scorer
+from scheduler.extender.wire import NodeJson, encode_reason
 from scheduler.kube.binder import Binder, BindError
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import owner_uid, pod_from_k8s
@@ -74,6 +75,7 @@ class Extender:
         self._workload_at = -float("inf")
         self._workload_changes = -1
         self._workload_after_sync = False
+        self.node_json = NodeJson()
         self.scorer = self._make_scorer(self.workload)
         self.refresh_workload(force=True)
         self._workload_after_sync = cache.synced  # built from a full state already
@@ -83,7 +85,7 @@ class Extender:
         policy = make_policy(self.config.policy, workload=workload, seed=self.config.seed)
         return Scorer(policy, policy_weight=self.config.weights.policy,
                       affinity_weight=self.config.weights.affinity,
-                      affinity=self.config.affinity)
+                      affinity=self.config.affinity, render=encode_reason)
 
     def refresh_workload(self, *, force: bool = False) -> bool:
         """Recompute the target workload from the pods seen (when due and they changed) and
@@ -155,21 +157,23 @@ class Extender:
         pod = self._pod(pod_obj)
         with self.cache.lock:
             rows = self._rows(names)
+            self.node_json.sync(self.cache.state.names)
             if not pod.wants_gpu:  # not ours to judge: every node passes
-                return FilterVerdicts(np.ones(len(names), np.bool_), np.zeros(0, np.int64), [],
-                                      np.zeros(0, np.bool_))
+                return FilterVerdicts(rows, np.ones(len(names), np.bool_),
+                                      np.zeros(0, np.int64), [], np.zeros(0, np.bool_), [])
             return self.scorer.filter(self.cache.state, pod, rows)
 
     def prioritize(self, pod_obj: Obj, names: Sequence[str]) -> tuple[Priorities, str]:
         """Scores in request order and the top node's name ('' when none / a CPU-only pod)."""
         pod = self._pod(pod_obj)
-        if not pod.wants_gpu:
-            return Priorities(np.zeros(len(names), np.int64), -1), ""
         now = self.clock()
         owner = owner_uid(pod_obj)
         with self.cache.lock:
-            hinted = self.cache.hints.nodes_for(owner, now)
             rows = self._rows(names)
+            self.node_json.sync(self.cache.state.names)
+            if not pod.wants_gpu:  # neutral: every node the same
+                return Priorities(rows, np.zeros(len(names), np.int64), -1), ""
+            hinted = self.cache.hints.nodes_for(owner, now)
             result = self.scorer.prioritize(self.cache.state, pod, rows, now, hinted)
             best = self.cache.state.names[result.best] if result.best >= 0 else ""
         return result, best
@@ -191,7 +195,10 @@ class Extender:
                 raise BindRefused(str(e)) from None
             if obj is None:
                 raise BindRefused(f"pod {key} not found")
-            request = pod_from_k8s(obj, self.config.names)
+            try:
+                request = pod_from_k8s(obj, self.config.names)
+            except BadInput as e:
+                raise BindRefused(f"pod {key} cannot be read: {e}") from None
         else:
             request = known.request
         with self.cache.lock:

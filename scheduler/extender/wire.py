@@ -18,14 +18,17 @@ the Pod — that is ``scheduler.kube.convert``'s job.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
-from scheduler.extender.scoring import FilterVerdicts
+from scheduler.core.state import IntArray
+from scheduler.extender.scoring import MAX_PRIORITY, UNKNOWN, FilterVerdicts, Priorities
 
 Obj = Mapping[str, Any]
 
@@ -123,24 +126,103 @@ def parse_binding_args(body: bytes) -> BindingArgs:
                        node=_string(args, "Node", required=True))
 
 
-def filter_result(args: ExtenderArgs, outcome: FilterVerdicts) -> dict[str, Any]:
-    """ExtenderFilterResult in the form the request used (NodeNames or Nodes)."""
+class NodeJson:
+    """Each node's name, and its prioritize entry up to the score, pre-encoded as JSON.
+
+    A row's name never changes, so these are encoded once per node; answers about thousands of
+    nodes are then gathered with numpy and joined at C speed instead of built as Python dicts
+    and encoded (at 5,000 nodes that was most of a request's time).
+    """
+
+    def __init__(self) -> None:
+        self._names: list[bytes] = []
+        self._hosts: list[bytes] = []
+        self.name = np.zeros(0, object)
+        self.host = np.zeros(0, object)
+
+    def sync(self, names: Sequence[str]) -> None:
+        """Encode the names of rows added since the last call (call with the state locked)."""
+        if len(names) == len(self._names):
+            return
+        for text in names[len(self._names):]:
+            encoded = orjson.dumps(text)
+            self._names.append(encoded)
+            self._hosts.append(b'{"Host":' + encoded + b',"Score":')
+        name, host = np.empty(len(self._names), object), np.empty(len(self._hosts), object)
+        name[:], host[:] = self._names, self._hosts
+        self.name, self.host = name, host  # swapped whole: readers never see a half-built one
+
+    @staticmethod
+    def gather(table: npt.NDArray[np.object_], rows: IntArray, names: Sequence[Any],
+               positions: Sequence[int], make: Callable[[Any], bytes]) -> list[bytes]:
+        """``table[row]`` for each row; for ``UNKNOWN`` rows, ``make(names[position])``."""
+        unknown = rows == UNKNOWN
+        if not unknown.any():
+            out: list[bytes] = table[rows].tolist()
+            return out
+        out = table[np.where(unknown, 0, rows)].tolist() if table.size else [b""] * rows.size
+        for i in np.flatnonzero(unknown).tolist():
+            out[i] = make(names[positions[i]])
+        return out
+
+
+def encode_reason(text: str) -> bytes:
+    """A filter reason as the value half of a FailedNodes entry: ``:"<reason>",``."""
+    return b":" + orjson.dumps(text) + b","
+
+
+def _host(name: Any) -> bytes:
+    return b'{"Host":' + orjson.dumps(name) + b',"Score":'
+
+
+SCORE_TAIL = np.array([f"{score}}},".encode() for score in range(MAX_PRIORITY + 1)], object)
+
+
+def _joined(heads: list[bytes], tails: list[bytes], open_: bytes, close: bytes) -> bytes:
+    """``open_ + heads[0] + tails[0] + ... + close`` without the last tail's trailing comma.
+
+    Interleaving by slice assignment and one join runs at C speed; concatenating each pair
+    first costs a Python-level call per node."""
+    if not heads:
+        return open_ + close
+    seq = [b""] * (2 * len(heads))
+    seq[0::2] = heads
+    seq[1::2] = tails
+    return open_ + b"".join(seq)[:-1] + close
+
+
+def filter_result(args: ExtenderArgs, outcome: FilterVerdicts, node_json: NodeJson) -> bytes:
+    """ExtenderFilterResult (JSON) in the form the request used (NodeNames or Nodes)."""
     names = args.names
-    failed_names = [names[i] for i in outcome.failed.tolist()]
-    hard = outcome.unresolvable.tolist()
-    soft = (~outcome.unresolvable).tolist()
-    failed = dict(zip(compress(failed_names, soft), compress(outcome.reasons, soft),
-                      strict=True))
-    unresolvable = dict(zip(compress(failed_names, hard), compress(outcome.reasons, hard),
-                            strict=True))
-    mask = outcome.passed.tolist()
+    positions = outcome.failed.tolist()
+    failed = unresolvable = b"{}"
+    if positions:
+        keys = node_json.gather(node_json.name, outcome.rows[outcome.failed], names, positions,
+                                orjson.dumps)
+        values = outcome.rendered
+        hard = outcome.unresolvable.tolist()
+        if any(hard):
+            soft = (~outcome.unresolvable).tolist()
+            failed = _joined(list(compress(keys, soft)), list(compress(values, soft)),
+                             b"{", b"}")
+            unresolvable = _joined(list(compress(keys, hard)), list(compress(values, hard)),
+                                   b"{", b"}")
+        else:
+            failed = _joined(keys, values, b"{", b"}")
     if args.nodes is None:
-        passed = names if not failed_names else list(compress(names, mask))
-        return {"Nodes": None, "NodeNames": passed, "FailedNodes": failed,
-                "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
-    return {"Nodes": {"metadata": {}, "items": list(compress(args.nodes, mask))},
-            "NodeNames": None, "FailedNodes": failed,
-            "FailedAndUnresolvableNodes": unresolvable, "Error": ""}
+        nodes = b"null"
+        if not positions:
+            passed = orjson.dumps(names)
+        else:
+            kept = np.flatnonzero(outcome.passed)
+            passed = b"[" + b",".join(node_json.gather(
+                node_json.name, outcome.rows[kept], names, kept.tolist(), orjson.dumps)) + b"]"
+    else:
+        nodes = orjson.dumps({"metadata": {},
+                              "items": list(compress(args.nodes, outcome.passed.tolist()))})
+        passed = b"null"
+    return (b'{"Nodes":' + nodes + b',"NodeNames":' + passed + b',"FailedNodes":' + failed
+            + b',"FailedAndUnresolvableNodes":' + unresolvable + b',"Error":""}')
 
 
 def filter_error(message: str) -> dict[str, Any]:
@@ -148,9 +230,13 @@ def filter_error(message: str) -> dict[str, Any]:
             "FailedAndUnresolvableNodes": {}, "Error": message}
 
 
-def priorities(names: list[str], scores: list[int]) -> list[dict[str, Any]]:
-    return [{"Host": n, "Score": s} for n, s in zip(names, scores, strict=True)]
+def priorities(args: ExtenderArgs, result: Priorities, node_json: NodeJson) -> bytes:
+    """HostPriorityList (JSON): ``[{"Host": name, "Score": 0..10}]`` in request order."""
+    heads = node_json.gather(node_json.host, result.rows, args.names,
+                             range(len(args.names)), _host)
+    tails: list[bytes] = SCORE_TAIL[result.scores].tolist()
+    return _joined(heads, tails, b"[", b"]")
 
 
-__all__ = ["BindingArgs", "ExtenderArgs", "WireError", "filter_error",
+__all__ = ["BindingArgs", "ExtenderArgs", "NodeJson", "WireError", "encode_reason", "filter_error",
            "filter_result", "parse_binding_args", "parse_extender_args", "priorities"]

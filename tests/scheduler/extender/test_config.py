@@ -119,3 +119,13 @@ def test_cli_print_config_and_bad_flag(capsys: pytest.CaptureFixture[str]) -> No
     assert "enabled: false" in out and "port: 9000" in out
     assert extender_main(["--print-config", "--set", "weights.policy=-3"]) == 2
     assert "field 'weights.policy': must be >= 0, got -3.0" in capsys.readouterr().err
+
+
+def test_cli_refuses_a_bad_snapshot_before_serving(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert extender_main(["--cluster-snapshot", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json: cannot read" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"kind": "List", "items": [')
+    assert extender_main(["--cluster-snapshot", str(bad)]) == 2
+    assert "bad.json: not valid JSON" in capsys.readouterr().err
