@@ -6,15 +6,10 @@ them); keyword overrides build variants, in the spirit of descheduler's ``BuildT
 
 from __future__ import annotations
 
-import json
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any, cast
-from urllib.parse import parse_qs, urlsplit
 
 import pynvml
 from structlog.typing import FilteringBoundLogger
@@ -223,75 +218,3 @@ class RecordingWriter:
             raise self.fail_with
         self.events.append({"pod": pod, "reason": reason, "message": message,
                             "type": event_type, "now": now})
-
-
-# --- a tiny API server, to check what the real kubernetes client puts on the wire -------------
-
-
-@dataclass
-class ApiRequest:
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    content_type: str | None
-    body: Any
-
-
-@dataclass
-class FakeApiServer:
-    """Answers with ``status`` and ``reply`` (default: echo the request body, as create does)."""
-
-    url: str = ""
-    requests: list[ApiRequest] = field(default_factory=list)
-    status: int = 200
-    reply: Any = None
-
-
-@contextmanager
-def fake_api_server() -> Iterator[FakeApiServer]:
-    state = FakeApiServer()
-
-    class Handler(BaseHTTPRequestHandler):
-        def _handle(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            body = json.loads(raw) if raw else None
-            url = urlsplit(self.path)
-            state.requests.append(ApiRequest(self.command, url.path, parse_qs(url.query),
-                                             self.headers.get("Content-Type"), body))
-            if state.status >= 400:
-                payload: Any = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                "code": state.status, "message": "from the fake"}
-            else:
-                payload = state.reply if state.reply is not None else body
-            data = json.dumps(payload).encode()
-            self.send_response(state.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_POST = do_PATCH = _handle
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    # A short poll makes shutdown() quick; the default 0.5 s would dominate each test.
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01},
-                              daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def api_client_for(url: str) -> Any:
-    from kubernetes import client
-
-    configuration = client.Configuration(host=url)
-    configuration.retries = 0
-    return client.ApiClient(configuration)

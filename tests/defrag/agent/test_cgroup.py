@@ -5,7 +5,6 @@ from pathlib import Path
 import pytest
 
 from defrag.agent.cgroup import (
-    KubePodLister,
     PodDirectory,
     PodListError,
     PodRecord,
@@ -18,8 +17,6 @@ from tests.defrag.agent.fakes import (
     FakeClock,
     FakeLister,
     RecordingLog,
-    api_client_for,
-    fake_api_server,
 )
 
 UID = "7a1d2b3c-4e5f-6789-abcd-ef0123456789"
@@ -170,26 +167,4 @@ def test_resolver_joins_cgroup_and_directory(tmp_path: Path) -> None:
     assert resolver.pod_for_pid(31337) is None
 
 
-def test_kube_pod_lister_asks_for_this_node_only() -> None:
-    pod_list = {"apiVersion": "v1", "kind": "PodList", "metadata": {}, "items": [
-        {"metadata": {"name": "llama-7b-0", "namespace": "serving", "uid": UID}},
-        {"metadata": {"name": "gpu-probe-node1", "namespace": "kube-system", "uid": OTHER.uid,
-                      "annotations": {"kubernetes.io/config.hash": STATIC_HASH}}},
-    ]}
-    with fake_api_server() as server:
-        server.reply = pod_list
-        records = KubePodLister(api_client_for(server.url), "node1").list_pods()
-    assert records == [
-        PodRecord(REF),
-        PodRecord(PodRef("kube-system", "gpu-probe-node1", OTHER.uid), STATIC_HASH),
-    ]
-    (request,) = server.requests
-    assert (request.method, request.path) == ("GET", "/api/v1/pods")
-    assert request.query["fieldSelector"] == ["spec.nodeName=node1"]
-
-
-def test_kube_pod_lister_turns_http_errors_into_pod_list_error() -> None:
-    with fake_api_server() as server:
-        server.status = 403
-        with pytest.raises(PodListError, match=r"node1.*HTTP 403"):
-            KubePodLister(api_client_for(server.url), "node1").list_pods()
+# KubePodLister against the real API server: tests/e2e/test_agent.py.

@@ -1,14 +1,10 @@
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import replace
 
 import pytest
 
 from defrag.agent.publish import (
-    EVENT_REASON_GPU_MEMORY_GROWTH,
-    KubeClusterWriter,
     LogOnlyWriter,
     Publisher,
     PublishError,
@@ -20,8 +16,6 @@ from tests.defrag.agent.fakes import (
     POD_A,
     RecordingLog,
     RecordingWriter,
-    api_client_for,
-    fake_api_server,
 )
 
 T0 = 1_732_900_000.0
@@ -95,76 +89,4 @@ def test_log_only_writer_writes_nothing_and_says_what_it_would() -> None:
                             now=T0)
     assert log.events() == ["dry_run_patch_node", "dry_run_create_event"]
 
-
-# --- the real client, against a fake API server -------------------------------------------------
-
-
-def test_patch_is_a_merge_patch_of_one_annotation_on_the_named_node() -> None:
-    value = reading(T0).to_json()
-    with fake_api_server() as server:
-        server.reply = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1"}}
-        KubeClusterWriter(api_client_for(server.url), node_name="node1").patch_node_annotation(
-            "node1", ANNOTATION_GPU_USAGE, value)
-    (request,) = server.requests
-    assert (request.method, request.path) == ("PATCH", "/api/v1/nodes/node1")
-    assert request.content_type == "application/merge-patch+json"
-    assert request.body == {"metadata": {"annotations": {ANNOTATION_GPU_USAGE: value}}}
-
-
-def test_event_is_a_core_v1_warning_on_the_pod() -> None:
-    with fake_api_server() as server:
-        writer = KubeClusterWriter(api_client_for(server.url), node_name="node1")
-        writer.create_pod_event(POD_A, reason=EVENT_REASON_GPU_MEMORY_GROWTH,
-                                message="GPU memory grew by 600 MiB", event_type="Warning",
-                                now=T0 + 0.5)
-    (request,) = server.requests
-    assert (request.method, request.path) == ("POST", "/api/v1/namespaces/serving/events")
-    event = request.body
-    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "serving",
-                                       "name": POD_A.name, "uid": POD_A.uid}
-    assert (event["reason"], event["type"], event["count"]) == ("GPUMemoryGrowth", "Warning", 1)
-    assert event["message"] == "GPU memory grew by 600 MiB"
-    assert event["metadata"]["name"] == f"{POD_A.name}.{int((T0 + 0.5) * 1e9):x}"
-    assert event["metadata"]["namespace"] == "serving"
-    assert event["firstTimestamp"].startswith("2024-11-29T17:06:40.5")
-    assert event["source"] == {"component": "gpufrag-agent", "host": "node1"}
-    assert event["reportingComponent"] == "gpufrag-agent"
-    json.dumps(event)  # plain JSON all the way down
-
-
-@pytest.mark.parametrize(("status", "retryable", "says"), [
-    (404, False, "node 'node1' does not exist; check --node-name / NODE_NAME"),
-    (403, False, "needs RBAC 'patch nodes'"),
-    (401, False, "needs RBAC"),
-    (409, True, "HTTP 409"),
-    (429, True, "HTTP 429"),
-    (503, True, "HTTP 503"),
-    (422, False, "HTTP 422"),
-])
-def test_api_errors_say_whether_to_retry_and_what_to_fix(status: int, retryable: bool,
-                                                         says: str) -> None:
-    with fake_api_server() as server:
-        server.status = status
-        writer = KubeClusterWriter(api_client_for(server.url), node_name="node1")
-        with pytest.raises(PublishError, match=re.escape(says)) as caught:
-            writer.patch_node_annotation("node1", ANNOTATION_GPU_USAGE, "{}")
-    assert caught.value.retryable is retryable
-
-
-def test_event_rbac_error_names_the_verb() -> None:
-    with fake_api_server() as server:
-        server.status = 403
-        writer = KubeClusterWriter(api_client_for(server.url), node_name="node1")
-        with pytest.raises(PublishError, match="'create events'"):
-            writer.create_pod_event(POD_A, reason="GPUMemoryGrowth", message="m",
-                                    event_type="Warning", now=T0)
-
-
-def test_unreachable_api_server_is_retryable() -> None:
-    with fake_api_server() as server:
-        url = server.url
-    # The server is shut down: nothing listens on the port any more.
-    writer = KubeClusterWriter(api_client_for(url), node_name="node1", request_timeout_s=2.0)
-    with pytest.raises(PublishError) as caught:
-        writer.patch_node_annotation("node1", ANNOTATION_GPU_USAGE, "{}")
-    assert caught.value.retryable
+# The real client against the real API server: tests/e2e/test_agent.py.
