@@ -154,7 +154,8 @@ class NodeJson:
 
     @staticmethod
     def gather(table: npt.NDArray[np.object_], rows: IntArray, names: Sequence[Any],
-               positions: Sequence[int], make: Callable[[Any], bytes]) -> list[bytes]:
+               positions: Sequence[int] | IntArray,
+               make: Callable[[Any], bytes]) -> list[bytes]:
         """``table[row]`` for each row; for ``UNKNOWN`` rows, ``make(names[position])``."""
         unknown = rows == UNKNOWN
         if not unknown.any():
@@ -194,14 +195,14 @@ def _joined(heads: list[bytes], tails: list[bytes], open_: bytes, close: bytes) 
 def filter_result(args: ExtenderArgs, outcome: FilterVerdicts, node_json: NodeJson) -> bytes:
     """ExtenderFilterResult (JSON) in the form the request used (NodeNames or Nodes)."""
     names = args.names
-    positions = outcome.failed.tolist()
+    positions = outcome.failed
     failed = unresolvable = b"{}"
-    if positions:
-        keys = node_json.gather(node_json.name, outcome.rows[outcome.failed], names, positions,
+    if positions.size:
+        keys = node_json.gather(node_json.name, outcome.rows[positions], names, positions,
                                 orjson.dumps)
         values = outcome.rendered
-        hard = outcome.unresolvable.tolist()
-        if any(hard):
+        if outcome.unresolvable.any():
+            hard = outcome.unresolvable.tolist()
             soft = (~outcome.unresolvable).tolist()
             failed = _joined(list(compress(keys, soft)), list(compress(values, soft)),
                              b"{", b"}")
@@ -211,12 +212,12 @@ def filter_result(args: ExtenderArgs, outcome: FilterVerdicts, node_json: NodeJs
             failed = _joined(keys, values, b"{", b"}")
     if args.nodes is None:
         nodes = b"null"
-        if not positions:
+        if not positions.size:
             passed = orjson.dumps(names)
         else:
             kept = np.flatnonzero(outcome.passed)
             passed = b"[" + b",".join(node_json.gather(
-                node_json.name, outcome.rows[kept], names, kept.tolist(), orjson.dumps)) + b"]"
+                node_json.name, outcome.rows[kept], names, kept, orjson.dumps)) + b"]"
     else:
         nodes = orjson.dumps({"metadata": {},
                               "items": list(compress(args.nodes, outcome.passed.tolist()))})
