@@ -61,10 +61,12 @@ class TaskSpec:
 @dataclass(frozen=True, slots=True)
 class WorkloadConfig:
     """FGD's target workload: fixed ``specs``, or (when empty) derived from the pods the
-    extender sees, recomputed every ``refresh_s`` (never per request)."""
+    extender sees, recomputed every ``refresh_s`` or once pod changes reach ``change_fraction``
+    of the pods (0 = only every ``refresh_s``), in the background — never per request."""
 
     specs: tuple[TaskSpec, ...] = ()
     refresh_s: float = 300.0
+    change_fraction: float = 0.1
     coverage: float = 0.95
 
 
@@ -297,6 +299,9 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
     w = config.workload
     need(w.refresh_s > 0, "workload.refresh_s", f"must be > 0 seconds, got {w.refresh_s}")
     need(0 < w.coverage <= 1, "workload.coverage", f"must be in (0, 1], got {w.coverage}")
+    need(0 <= w.change_fraction <= 1, "workload.change_fraction",
+         f"must be in 0..1 (0 = refresh only every workload.refresh_s), got "
+         f"{w.change_fraction}")
     for i, spec in enumerate(w.specs):
         at = f"workload.specs[{i}]"
         need(spec.cpu_milli >= 0, f"{at}.cpu_milli", f"must be >= 0, got {spec.cpu_milli}")

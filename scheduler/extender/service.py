@@ -88,14 +88,19 @@ class Extender:
                       affinity=self.config.affinity, render=encode_reason)
 
     def refresh_workload(self, *, force: bool = False) -> bool:
-        """Recompute the target workload from the pods seen (when due and they changed) and
-        swap in a scorer for it; returns whether it did."""
+        """Recompute the target workload from the pods seen and swap in a scorer for it, when
+        ``workload.refresh_s`` has passed and pods changed, or sooner when the pods changed by
+        ``workload.change_fraction`` of their number (a burst of new shapes should not be
+        placed against a stale workload); returns whether it did."""
         now = self.clock()
         if self._fixed_workload is not None and not force:
             return False
-        due = now - self._workload_at >= self.config.workload.refresh_s
         changes = self.cache.pod_changes
-        if not force and (not due or changes == self._workload_changes):
+        changed = changes - self._workload_changes
+        due = now - self._workload_at >= self.config.workload.refresh_s and changed > 0
+        fraction = self.config.workload.change_fraction
+        burst = fraction > 0 and changed >= max(1.0, fraction * len(self.cache.pods))
+        if not (force or due or burst):
             return False
         workload = self._fixed_workload
         if workload is None:
