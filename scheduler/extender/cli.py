@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             runtime = snapshot_runtime(read_snapshot(args.cluster_snapshot), config)
             source = f"snapshot {args.cluster_snapshot}"
         else:
-            runtime = cluster_runtime(api_client(args.kubeconfig, args.context), config)
+            runtime = cluster_runtime(lambda: api_client(args.kubeconfig, args.context), config)
             source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster"
     except BadInput as e:
         print(f"gpufrag extender: {e}", file=sys.stderr)

@@ -37,6 +37,7 @@ class Runtime:
         self.extender = extender
         self.watcher = watcher
         self.app: Flask = create_app(extender)
+        self.clients: list[Any] = []  # API clients this runtime made, closed by stop()
         self._stop = threading.Event()
         self._maintainer: threading.Thread | None = None
 
@@ -60,6 +61,8 @@ class Runtime:
             self.watcher.stop(timeout_s)
         if self._maintainer is not None:
             self._maintainer.join(timeout_s)
+        for client in self.clients:
+            client.close()
 
 
 def _cache(config: ExtenderConfig, clock: Clock) -> ClusterCache:
@@ -80,13 +83,25 @@ def snapshot_runtime(snapshot: Snapshot, config: ExtenderConfig, *, clock: Clock
     return Runtime(config, cache, extender)
 
 
-def cluster_runtime(api_client: Any, config: ExtenderConfig, *,
+def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *,
                     clock: Clock = time.time) -> Runtime:
-    """Serve a live cluster through ``api_client`` (list + watch; binds write to it)."""
+    """Serve a live cluster (list + watch; binds write to it); ``new_api_client`` makes a
+    ``kubernetes.client.ApiClient``, closed again by ``Runtime.stop``.
+
+    The watches and the binder get clients (connection pools) of their own: a watch holds a
+    connection for the length of its stream, and binds should neither queue behind the watches
+    for a connection nor share one with them. (Binds once failed with ``BadStatusLine``: a
+    raw response handed back to the pool unread, fixed in ``binder._body``; separate pools keep
+    the two paths independent all the same.)
+    """
     cache = _cache(config, clock)
-    binder = KubeBinder(api_client, config.names) if config.bind.enabled else None
+    watch_client = new_api_client()
+    bind_client = new_api_client() if config.bind.enabled else None
+    binder = KubeBinder(bind_client, config.names) if bind_client is not None else None
     extender = Extender(cache, config, binder=binder, clock=clock)
-    return Runtime(config, cache, extender, ClusterWatcher(api_client, cache, config))
+    runtime = Runtime(config, cache, extender, ClusterWatcher(watch_client, cache, config))
+    runtime.clients = [c for c in (watch_client, bind_client) if c is not None]
+    return runtime
 
 
 __all__ = ["Runtime", "cluster_runtime", "snapshot_runtime"]

@@ -69,8 +69,7 @@ def runtime(control_plane: ControlPlane, nodes: list[str], namespace: str) -> It
         "hints": {"namespace": namespace},
         "maintenance_interval_s": 0.2,
     })
-    api = control_plane.new_api_client()
-    rt = cluster_runtime(api, config)
+    rt = cluster_runtime(control_plane.new_api_client, config)
     rt.start()
     try:
         wait_until(lambda: rt.extender.ready or None, timeout_s=WAIT_S,
@@ -78,7 +77,6 @@ def runtime(control_plane: ControlPlane, nodes: list[str], namespace: str) -> It
         yield rt
     finally:
         rt.stop()
-        api.close()
 
 
 def pod_body(name: str, *, gpus: int = 1, node: str = "",
@@ -177,6 +175,26 @@ def test_bind_annotates_binds_and_is_confirmed_by_the_watch(
     reply = client.post("/bind", data=orjson.dumps({
         "PodName": "to-bind", "PodNamespace": namespace, "PodUID": uid, "Node": node}))
     assert "already bound" in orjson.loads(reply.data)["Error"]
+
+
+def test_binds_in_a_row_reuse_connections_cleanly(core: kubernetes.client.CoreV1Api,
+                                                  runtime: Runtime, nodes: list[str],
+                                                  namespace: str) -> None:
+    # kube-scheduler binds one pod after another; each bind is two API calls on pooled
+    # connections, which must be read to the end before they are reused.
+    names = [f"row-{i}" for i in range(6)]
+    uids = {n: core.create_namespaced_pod(namespace, pod_body(n)).metadata.uid for n in names}
+    client = runtime.app.test_client()
+    for name in names:
+        reply = client.post("/bind", data=orjson.dumps({
+            "PodName": name, "PodNamespace": namespace, "PodUID": uids[name],
+            "Node": nodes[0] if name < "row-3" else nodes[1]}))
+        assert orjson.loads(reply.data) == {"Error": ""}, name
+    bound = {p.metadata.name: (p.spec.node_name, p.metadata.annotations[
+        cv.ANNOTATION_GPU_INDICES]) for p in core.list_namespaced_pod(namespace).items}
+    assert bound == {"row-0": (nodes[0], "0"), "row-1": (nodes[0], "1"),
+                     "row-2": (nodes[0], "2"), "row-3": (nodes[1], "0"),
+                     "row-4": (nodes[1], "1"), "row-5": (nodes[1], "2")}
 
 
 def test_bind_with_a_stale_uid_is_refused_by_the_api_server(

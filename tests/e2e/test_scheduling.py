@@ -116,7 +116,7 @@ def test_every_pod_lands_where_the_extender_ranked_it_first(
 
 def test_ours_ends_less_fragmented_than_the_default_scheduler(
         control_plane: ControlPlane, extender: Extender, namespace: str) -> None:
-    """Whole-GPU pods of 1, 2 and 4 GPUs filling 6 four-GPU nodes, in a shuffled order.
+    """Whole-GPU pods of 1, 2 and 4 GPUs on 6 four-GPU nodes, in a shuffled order.
 
     Whole GPUs only: the default scheduler counts a node's GPUs but not per-GPU shares, so with
     shares it would "bind" pods no GPU can hold and the comparison would be meaningless.
@@ -125,7 +125,8 @@ def test_ours_ends_less_fragmented_than_the_default_scheduler(
     nodes = [n for g in groups.values() for n in make_nodes(control_plane, g, {"A10": 23_028},
                                                               per_product=6, gpus=4)]
     core = kubernetes.client.CoreV1Api(control_plane.api_client())
-    sizes = [1] * 10 + [2] * 3 + [4] * 2  # 24 GPUs: exactly the capacity
+    # 20 of 24 GPUs: what matters is whether the 4 left over are usable by 2- and 4-GPU pods.
+    sizes = [1] * 10 + [2] * 3 + [4] * 1
     random.Random(5).shuffle(sizes)
     try:
         for i, gpus in enumerate(sizes):  # interleaved, so both see the same arrival order
