@@ -228,6 +228,9 @@ class Extender:
         except BindError as e:
             self.cache.forget(key)
             raise BindRefused(str(e)) from None
+        except BaseException:
+            self.cache.forget(key)  # whatever went wrong, the pod is not bound by us
+            raise
         return BindOutcome(node, gpus)
 
 

@@ -49,6 +49,17 @@ class Binder(Protocol):
         ...
 
 
+def _body(resp: Any) -> bytes:
+    """Read a raw (``_preload_content=False``) response to the end, then give its connection
+    back: a connection returned with its body unread would hand that body to the next request
+    on it as a status line."""
+    try:
+        data: bytes = resp.data
+        return data
+    finally:
+        resp.release_conn()
+
+
 def gpu_indices_text(gpus: tuple[int, ...]) -> str:
     return ",".join(str(g) for g in gpus)
 
@@ -80,15 +91,14 @@ class KubeBinder:
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
         try:
-            resp = self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            obj: Obj = orjson.loads(_body(self.core.read_namespaced_pod(
+                name, namespace, _preload_content=False)))
         except kubernetes.client.ApiException as e:
             if e.status == 404:
                 return None
             raise _refusal(f"reading pod {namespace}/{name}", e) from None
-        try:
-            obj: Obj = orjson.loads(resp.data)
-        finally:
-            resp.release_conn()
+        except Exception as e:  # connection refused or reset, timeouts, bad JSON
+            raise BindError(f"reading pod {namespace}/{name}: {e!r}", retryable=True) from None
         return obj
 
     def bind(self, namespace: str, name: str, uid: str, node: str,
@@ -99,9 +109,9 @@ class KubeBinder:
             if uid:
                 meta["uid"] = uid  # a precondition: 409 if the pod was re-created
             try:
-                self.core.patch_namespaced_pod(name, namespace, {"metadata": meta},
-                                               _content_type=_MERGE_PATCH,
-                                               _preload_content=False).release_conn()
+                _body(self.core.patch_namespaced_pod(name, namespace, {"metadata": meta},
+                                                     _content_type=_MERGE_PATCH,
+                                                     _preload_content=False))
             except kubernetes.client.ApiException as e:
                 refusal = _refusal(f"annotating pod {namespace}/{name}", e)
                 if e.status == 422 and "metadata.uid" in str(refusal):
@@ -110,6 +120,9 @@ class KubeBinder:
                                     f"no longer {uid} (re-created under the same name)",
                                     retryable=False) from None
                 raise refusal from None
+            except Exception as e:
+                raise BindError(f"annotating pod {namespace}/{name}: {e!r}",
+                                retryable=True) from None
         body = kubernetes.client.V1Binding(
             metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace,
                                                     uid=uid or None),
@@ -117,10 +130,13 @@ class KubeBinder:
                                                        name=node))
         try:
             # The API answers a Status, which the client cannot deserialise as a Binding.
-            self.core.create_namespaced_pod_binding(name, namespace, body,
-                                                    _preload_content=False).release_conn()
+            _body(self.core.create_namespaced_pod_binding(name, namespace, body,
+                                                          _preload_content=False))
         except kubernetes.client.ApiException as e:
             raise _refusal(f"binding pod {namespace}/{name} to {node}", e) from None
+        except Exception as e:
+            raise BindError(f"binding pod {namespace}/{name} to {node}: {e!r}",
+                            retryable=True) from None
 
 
 @dataclass(frozen=True, slots=True)

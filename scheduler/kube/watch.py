@@ -145,7 +145,7 @@ def list_objects(list_call: ListCall, page_size: int = 500, *,
         resp = list_call(limit=page_size, _continue=token, _preload_content=False,
                          _request_timeout=(CONNECT_TIMEOUT_S, LIST_READ_TIMEOUT_S))
         try:
-            body = orjson.loads(resp.data)
+            body = orjson.loads(resp.data)  # read to the end before the connection goes back
         finally:
             resp.release_conn()
         items += body.get("items") or []

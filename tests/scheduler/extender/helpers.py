@@ -14,7 +14,7 @@ from flask.testing import FlaskClient
 from scheduler.config import ExtenderConfig, config_from_mapping
 from scheduler.core import NodeSpec, PodRequest
 from scheduler.extender.runtime import Runtime, snapshot_runtime
-from scheduler.kube.binder import BindCall, BindError
+from scheduler.kube.binder import BindCall
 from scheduler.kube.convert import node_to_k8s, pod_to_k8s
 from scheduler.kube.snapshot import Snapshot
 
@@ -39,7 +39,7 @@ class RecordingBinder:
     pods: dict[str, Obj] = field(default_factory=dict)
     calls: list[BindCall] = field(default_factory=list)
     reads: list[str] = field(default_factory=list)
-    fail_with: BindError | None = None
+    fail_with: Exception | None = None
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
         self.reads.append(f"{namespace}/{name}")

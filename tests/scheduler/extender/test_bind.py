@@ -104,6 +104,17 @@ def test_a_failed_bind_is_forgotten() -> None:
     assert bind(runtime, "p1", "n0") == {"Error": ""}  # kube-scheduler's retry succeeds
 
 
+def test_an_unexpected_binder_failure_is_a_500_and_forgotten() -> None:
+    binder = RecordingBinder(fail_with=RuntimeError("connection pool broke"))
+    runtime = serve([node("n0", gpu_count=1)], pending("p1"), binder=binder)
+    status, reply = post(runtime.app.test_client(), "/bind", {
+        "PodName": "p1", "PodNamespace": "default", "Node": "n0"})
+    assert status == 500
+    assert reply == {"Error": "internal error in the gpufrag extender; see its log"}
+    assert runtime.cache.counts()["pods_assumed"] == 0 and not runtime.cache.state.pods
+    assert bind(runtime, "p1", "n0") == {"Error": ""}
+
+
 def test_a_repeated_bind_to_the_same_node_gives_the_same_gpus() -> None:
     binder = RecordingBinder()
     runtime = serve([node("n0", gpu_count=2), node("n1")], pending("p1"), binder=binder)
