@@ -21,8 +21,14 @@ from pathlib import Path
 
 import kubernetes
 
-from gpufrag.devcluster import ControlPlane, build_control_plane, wait_until
-from tests.e2e.stack import Extender, gpu_pod, scheduler_config
+from gpufrag.devcluster import (
+    ControlPlane,
+    ExtenderProcess,
+    build_control_plane,
+    gpufrag_scheduler_config,
+    wait_until,
+)
+from tests.e2e.stack import gpu_pod
 
 QPS = "clientConnection:\n  qps: 1000\n  burst: 2000\n"
 PLAIN = """\
@@ -75,10 +81,10 @@ def main() -> int:
                 gpu_pod(f"p-{i:05d}", milli=rng.choice([230, 470, 650, 810]), cpu="2")
                 for i in range(args.pods)]
         with tempfile.TemporaryDirectory() as tmp:
-            extender = Extender(plane, Path(tmp) / "extender.log",
+            extender = ExtenderProcess(plane, Path(tmp) / "extender.log",
                                 extra_args=("--threads", "16")).start()
             plane.start_scheduler("bench-default", PLAIN + QPS)
-            plane.start_scheduler("bench-gpufrag", scheduler_config(extender.url) + QPS)
+            plane.start_scheduler("bench-gpufrag", gpufrag_scheduler_config(extender.url) + QPS)
             try:
                 default_s = run(plane, "bench-default", pods, ns)
                 ours_s = run(plane, "gpufrag-scheduler", pods, ns)

@@ -1,118 +1,31 @@
-"""Pieces of the gpufrag stack for end-to-end tests: the extender as a real subprocess, the
-gpufrag-scheduler configuration, GPU pods, and waits on the real API server.
+"""Pieces of the gpufrag stack for end-to-end tests: GPU pods, fake GPU nodes and waits on the
+real API server.
+
+The extender subprocess and the gpufrag-scheduler configuration live in product code
+(:class:`gpufrag.devcluster.ExtenderProcess`, :func:`gpufrag.devcluster.gpufrag_scheduler_config`),
+shared with ``gpufrag demo`` and the benchmarks; ``Extender`` and ``scheduler_config`` are kept
+here as aliases for the e2e modules that import them from this module.
 
 Shared by the e2e modules so each test states only its scenario.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import urllib.request
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kubernetes
 
 from gpufrag import conventions as cv
-from gpufrag.devcluster import ControlPlane, free_port, wait_until
+from gpufrag.devcluster import ControlPlane, ExtenderProcess, gpufrag_scheduler_config, wait_until
 from scheduler.core import ClusterState
 from scheduler.kube.cache import ClusterCache
 
 SCHEDULER = cv.SCHEDULER_NAME
 GROUP_LABEL = "e2e.gpufrag.io/group"
 
-# Why weight 200: see manifests/base/scheduler-config.yaml (one extender point outweighs all
-# default score plugins together, so the extender's ranking decides).
-SCHEDULER_CONFIG = """\
-apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-profiles:
-  - schedulerName: {name}
-extenders:
-  - urlPrefix: {url}
-    filterVerb: filter
-    prioritizeVerb: prioritize
-{bind}    weight: 200
-    nodeCacheCapable: true
-    httpTimeout: 5s
-    ignorable: {ignorable}
-    managedResources:
-      - name: nvidia.com/gpu
-        ignoredByScheduler: false
-      - name: gpufrag.io/gpu-milli
-        ignoredByScheduler: true
-"""
-
-
-def scheduler_config(url: str, *, ignorable: bool = False, bind: bool = True,
-                     name: str = SCHEDULER) -> str:
-    return SCHEDULER_CONFIG.format(name=name, url=url, ignorable=str(ignorable).lower(),
-                                   bind="    bindVerb: bind\n" if bind else "")
-
-
-@dataclass
-class Extender:
-    """``gpufrag extender`` watching the control plane, in its own process, on a free port."""
-
-    control_plane: ControlPlane
-    log_path: Path
-    extra_args: tuple[str, ...] = ()
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 60.0) -> Extender:
-        env = {**os.environ, "GPUFRAG_LOG_FORMAT": "json"}
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpufrag.cli", "extender", "--kubeconfig",
-             str(self.control_plane.kubeconfig_path), "--host", "127.0.0.1", "--port",
-             str(self.port), "--set", "maintenance_interval_s=1", *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        log.close()
-        wait_until(self._ready, timeout_s=timeout_s, what=f"extender ready on {self.url}")
-        return self
-
-    def _ready(self) -> bool | None:
-        if self.process is not None and self.process.poll() is not None:
-            raise RuntimeError(f"extender exited with {self.process.returncode}:\n"
-                               + self.log_path.read_text()[-3000:])
-        try:
-            with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as reply:
-                return reply.status == 200 or None
-        except OSError:
-            return None
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        self.process = None
-
-    def log_events(self, event: str) -> Iterator[dict[str, Any]]:
-        """The extender's JSON log lines for one event (verb), oldest first."""
-        for line in self.log_path.read_text().splitlines():
-            if line.startswith("{"):
-                record = json.loads(line)
-                if record.get("event") == event:
-                    yield record
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as reply:
-            return str(reply.read().decode())
-
+Extender = ExtenderProcess
+scheduler_config = gpufrag_scheduler_config
 
 def gpu_pod(name: str, *, gpus: int = 0, milli: int = 0, cpu: str = "1", memory: str = "1Gi",
             products: Iterable[str] = (), model: str = "", version: str = "",

@@ -18,16 +18,19 @@ import kubernetes
 import pytest
 
 from gpufrag import conventions as cv
-from gpufrag.devcluster import ControlPlane, wait_until
+from gpufrag.devcluster import (
+    ControlPlane,
+    ExtenderProcess,
+    gpufrag_scheduler_config,
+    wait_until,
+)
 from scheduler.core import PodRequest, TargetWorkload, fragmentation_ratio
 from tests.e2e.stack import (
-    Extender,
     bound_node,
     cluster_state,
     delete_nodes,
     gpu_pod,
     make_nodes,
-    scheduler_config,
 )
 
 PRODUCTS = {"T4": 15_360, "V100M32": 32_768, "A10": 23_028, "G2": 16_384}
@@ -36,14 +39,14 @@ CAP = 3
 
 @pytest.fixture(scope="module")
 def extender(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[Extender]:
+             ) -> Iterator[ExtenderProcess]:
     log = tmp_path_factory.mktemp("extender") / "extender.log"
     # Affinity weighted above the policy so the co-location rule is what the test observes.
-    ext = Extender(control_plane, log, extra_args=(
+    ext = ExtenderProcess(control_plane, log, extra_args=(
         "--set", f"affinity.max_replicas_per_node={CAP}", "--set", "affinity.cap_is_hard=true",
         "--set", "weights.affinity=2.0"))
     ext.start()
-    control_plane.start_scheduler("gpufrag-scheduler", scheduler_config(ext.url))
+    control_plane.start_scheduler("gpufrag-scheduler", gpufrag_scheduler_config(ext.url))
     yield ext
     control_plane.stop_scheduler("gpufrag-scheduler")
     ext.stop()
@@ -71,7 +74,7 @@ def _stream(rng: random.Random) -> list[dict[str, object]]:
 
 
 def test_every_pod_lands_where_the_extender_ranked_it_first(
-        control_plane: ControlPlane, extender: Extender, namespace: str) -> None:
+        control_plane: ControlPlane, extender: ExtenderProcess, namespace: str) -> None:
     nodes = make_nodes(control_plane, "place", PRODUCTS, per_product=4)
     core = kubernetes.client.CoreV1Api(control_plane.api_client())
     try:
@@ -115,7 +118,7 @@ def test_every_pod_lands_where_the_extender_ranked_it_first(
 
 
 def test_ours_ends_less_fragmented_than_the_default_scheduler(
-        control_plane: ControlPlane, extender: Extender, namespace: str) -> None:
+        control_plane: ControlPlane, extender: ExtenderProcess, namespace: str) -> None:
     """Whole-GPU pods of 1, 2 and 4 GPUs on 6 four-GPU nodes, in a shuffled order.
 
     Whole GPUs only: the default scheduler counts a node's GPUs but not per-GPU shares, so with
@@ -171,13 +174,13 @@ def _pending_for(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
     return False
 
 
-def test_extender_outage_ignorable_and_not(control_plane: ControlPlane, extender: Extender,
+def test_extender_outage_ignorable_and_not(control_plane: ControlPlane, extender: ExtenderProcess,
                                             namespace: str, tmp_path: Path) -> None:
     nodes = make_nodes(control_plane, "outage", {"T4": 15_360}, per_product=4, gpus=4)
     core = kubernetes.client.CoreV1Api(control_plane.api_client())
     # A second scheduler profile that may go on without the extender (prioritize only: the
     # default binder binds when the extender is away).
-    control_plane.start_scheduler("gpufrag-ignorable", scheduler_config(
+    control_plane.start_scheduler("gpufrag-ignorable", gpufrag_scheduler_config(
         extender.url, ignorable=True, bind=False, name="gpufrag-ignorable"))
     try:
         core.create_namespaced_pod(namespace, gpu_pod("before", milli=300, group="outage"))
