@@ -1,0 +1,123 @@
+"""RBAC from manifests/: each component, run with exactly its ServiceAccount's permissions (a
+real token from the TokenRequest API), does its job; calls outside its job are forbidden.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+import yaml
+
+from defrag.agent.cgroup import KubePodLister
+from defrag.agent.publish import KubeClusterWriter
+from defrag.cli import main as defrag_main
+from gpufrag import conventions as cv
+from gpufrag.devcluster import ControlPlane, kubeconfig_yaml, wait_until
+from scheduler.config import config_from_mapping
+from scheduler.extender.runtime import cluster_runtime
+from tests.e2e.stack import delete_nodes, gpu_pod
+from tests.e2e.test_manifests import render
+
+NS = "gpufrag-system"
+RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+              "RoleBinding"}
+NODE = "rbac-node-0"
+
+Clients = Callable[[str], kubernetes.client.ApiClient]
+
+
+@pytest.fixture(scope="module")
+def as_service_account(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+                       ) -> Iterator[Clients]:
+    """Apply the manifests' RBAC for real, and hand out clients authenticated as each SA."""
+    docs = [d for d in render(control_plane, "base") if d["kind"] in RBAC_KINDS or
+            d["metadata"]["name"] == cv.HINTS_CONFIGMAP]  # type: ignore[index]
+    control_plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
+    control_plane.create_gpu_node(NODE, 2, "A10", 23_028)
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    ca = Path(control_plane.api_client().configuration.ssl_ca_cert).read_bytes()
+    folder = tmp_path_factory.mktemp("sa")
+
+    def client(account: str) -> kubernetes.client.ApiClient:
+        path = folder / f"{account}.kubeconfig"
+        if not path.exists():
+            token = wait_until(lambda: core.create_namespaced_service_account_token(
+                account, NS, {"spec": {"expirationSeconds": 3600}}).status.token,
+                timeout_s=30, what=f"a token for {account}")
+            path.write_text(kubeconfig_yaml(control_plane.server, ca, token))
+        api = kubernetes.config.new_client_from_config(config_file=str(path))
+        api.kubeconfig_path = path  # for components that take --kubeconfig
+        return api
+
+    yield client
+    delete_nodes(control_plane, [NODE])
+
+
+def _forbidden(call: Callable[[], object]) -> bool:
+    try:
+        call()
+    except kubernetes.client.ApiException as e:
+        return e.status == 403
+    return False
+
+
+def test_extender_watches_and_binds_with_its_service_account(
+        control_plane: ControlPlane, as_service_account: Clients, namespace: str) -> None:
+    config = config_from_mapping({"maintenance_interval_s": 0.2, "watch": {"timeout_s": 5}})
+    runtime = cluster_runtime(lambda: as_service_account("gpufrag-scheduler"), config)
+    runtime.start()
+    admin = kubernetes.client.CoreV1Api(control_plane.api_client())
+    try:
+        wait_until(lambda: runtime.extender.ready or None, timeout_s=60,
+                   what="the extender to list and watch as gpufrag-scheduler")
+        admin.create_namespaced_pod(namespace, gpu_pod("p", milli=300, scheduler="nobody"))
+        uid = admin.read_namespaced_pod("p", namespace).metadata.uid
+        wait_until(lambda: runtime.cache.pods.get(f"{namespace}/p"), timeout_s=30,
+                   what="the watch to see the pod")
+        outcome = runtime.extender.bind(namespace, "p", uid, NODE)
+        pod = admin.read_namespaced_pod("p", namespace)
+        assert pod.spec.node_name == NODE
+        assert pod.metadata.annotations[cv.ANNOTATION_GPU_INDICES] == str(outcome.gpus[0])
+    finally:
+        runtime.stop()
+    core = kubernetes.client.CoreV1Api(as_service_account("gpufrag-scheduler"))
+    # (Deleting pods is allowed: kube-scheduler's own role needs it for preemption.)
+    assert _forbidden(lambda: core.create_namespaced_pod_eviction("p", namespace, {
+        "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "p"}}))
+    assert _forbidden(lambda: core.list_secret_for_all_namespaces())
+    assert _forbidden(lambda: core.patch_node(NODE, {"metadata": {"labels": {"x": "y"}}}))
+
+
+def test_defrag_cycle_runs_with_its_service_account(
+        control_plane: ControlPlane, as_service_account: Clients, namespace: str) -> None:
+    client = as_service_account("gpufrag-defrag")
+    kubeconfig = str(client.kubeconfig_path)
+    assert defrag_main(["--kubeconfig", kubeconfig, "--dry-run", "--output", "json"]) == 0
+
+    admin = kubernetes.client.CoreV1Api(control_plane.api_client())
+    admin.create_namespaced_pod(namespace, gpu_pod("victim", milli=300, scheduler="nobody"))
+    core = kubernetes.client.CoreV1Api(client)
+    core.create_namespaced_pod_eviction("victim", namespace, {
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": "victim", "namespace": namespace}})
+    core.patch_namespaced_config_map(cv.HINTS_CONFIGMAP, NS, {"data": {"uid-1": "[]"}})
+    assert _forbidden(lambda: core.delete_namespaced_pod("other", namespace))
+    assert _forbidden(lambda: core.list_secret_for_all_namespaces())
+    assert _forbidden(lambda: core.create_namespaced_config_map(
+        NS, {"metadata": {"name": "not-hints"}}))
+
+
+def test_agent_publishes_with_its_service_account(
+        control_plane: ControlPlane, as_service_account: Clients) -> None:
+    client = as_service_account("gpufrag-agent")
+    KubeClusterWriter(client, node_name=NODE).patch_node_annotation(
+        NODE, cv.ANNOTATION_GPU_USAGE, "{}")
+    assert KubePodLister(client, NODE).list_pods() is not None
+    core = kubernetes.client.CoreV1Api(client)
+    assert _forbidden(lambda: core.delete_node(NODE))
+    assert _forbidden(lambda: core.patch_namespaced_pod("x", "default", {"metadata": {}}))
+    assert _forbidden(lambda: core.list_secret_for_all_namespaces())
+
