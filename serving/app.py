@@ -29,7 +29,6 @@ from serving.errors import (
     BodyTooLarge,
     InvalidRequest,
     ModelNotFound,
-    QueueFull,
     RequestTimedOut,
     ServingError,
     Unavailable,
@@ -198,12 +197,11 @@ async def _infer(request: web.Request, state: ServerState) -> web.Response:
         if not state.ready or batcher is None:
             raise Unavailable("server is shutting down" if state.shutting_down
                               else "server is not ready", retry_after_s=state.retry_after_s)
-        if batcher.depth >= batcher.config.max_queue_size:
-            # Shed load before reading and parsing the body: under overload the rejection
-            # must be the cheapest thing the server does, or parsing becomes the bottleneck.
-            raise QueueFull(f"queue is full ({batcher.config.max_queue_size} requests "
-                            f"waiting); retry after {state.retry_after_s}s",
-                            retry_after_s=state.retry_after_s)
+        # Shed load before reading and parsing the body: under overload the rejection must
+        # be the cheapest thing the server does, or parsing becomes the bottleneck.
+        refused = batcher.admission_error()
+        if refused is not None:
+            raise refused
         parsed = await _read_request(request, state, model)
         timeout_s = parsed.timeout_s
         if timeout_s is not None:  # the deadline runs from arrival, not from enqueue

@@ -11,6 +11,7 @@ loop free to accept and parse requests.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,10 +30,45 @@ def choose_providers(available: list[str], *, allow_cuda: bool = True) -> list[s
     return [*providers, CPU_PROVIDER]
 
 
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroup_cpu_limit(root: Path = CGROUP_ROOT) -> float | None:
+    """The CPU quota of this container in CPUs (a Kubernetes CPU limit), None if unlimited
+    or unknown. cgroup v2 ``cpu.max`` ("200000 100000" = 2 CPUs, "max 100000" = none), else
+    cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1 = none)."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        if quota == "max":
+            return None
+        return int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask (cpuset), capped by the cgroup quota,
+    which ``os.cpu_count()`` does not see (a pod limited to 2 CPUs on a 64-core node)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    if limit is not None:
+        cpus = min(cpus, max(1, math.ceil(limit)))
+    return max(1, cpus)
+
+
 def default_intra_op_threads() -> int:
     """All cores but one: the event loop needs a core to accept, parse and answer requests
     while a batch computes; ORT's default (every core) starves it on small CPU machines."""
-    return max(1, (os.cpu_count() or 2) - 1)
+    return max(1, available_cpus() - 1)
 
 
 def spec_from_onnx(name: str, onnx_type: str, shape: list[Any], *, what: str) -> TensorSpec:
@@ -53,6 +89,8 @@ class OnnxRuntimeBackend:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = intra_op_threads or default_intra_op_threads()
+        options.inter_op_num_threads = 1  # sequential execution: no second pool of threads
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         # ORT's pool busy-waits between ops by default; in a server that steals the cores the
         # event loop needs to accept and parse the next requests, so idle threads sleep.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")

@@ -238,20 +238,24 @@ def test_full_queue_gets_503_with_retry_after_at_once() -> None:
         batcher = server.state.batcher
         assert batcher is not None
         pending = [threading.Thread(target=post, args=(server, infer_body(1))) for _ in range(3)]
-        for thread, (computing, queued) in zip(pending, [(1, 0), (1, 1), (1, 2)], strict=True):
-            thread.start()  # one computing (held by the gate), then two queued, in turn
-            _wait_for(lambda c=computing, q=queued: server.call(
+        # one computing (held by the gate), then two waiting: the first of them handed ahead
+        # to the busy worker (a full batch of 1 row), the second queued
+        for thread, (batches, waiting) in zip(pending, [(1, 0), (2, 1), (2, 2)], strict=True):
+            thread.start()
+            _wait_for(lambda c=batches, q=waiting: server.call(
                 lambda: (batcher.inflight_batches, batcher.depth)) == (c, q))
         started = time.monotonic()
         response = post(server, infer_body(1))
         elapsed = time.monotonic() - started
+        garbage = post(server, None, raw=b'{"inputs": [not json')
         gate.set()
         for thread in pending:
             thread.join(timeout=10)
         assert response.status_code == 503 and response.headers["Retry-After"] == "2"
         assert "queue is full" in response.json()["error"]
         assert elapsed < 1.0  # rejected at once, not after waiting
-        assert metric(server, "gpufrag_serving_requests_total", outcome="rejected") == 1
+        assert garbage.status_code == 503  # shed before the body is read, let alone parsed
+        assert metric(server, "gpufrag_serving_requests_total", outcome="rejected") == 2
         assert metric(server, "gpufrag_serving_requests_total", outcome="ok") == 3
 
 
@@ -298,7 +302,8 @@ def test_disconnected_client_is_dropped_before_compute() -> None:
                         b"Content-Type: application/json\r\n"
                         + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
             _wait_for(lambda: server.call(lambda: server.state.batcher.depth) == 1)  # type: ignore[union-attr]
-        # the socket is closed: the handler is cancelled and the request leaves the queue
+        # the socket is closed: the handler is cancelled and the request is dropped (it was
+        # handed ahead to the busy worker, a full batch of 1 row, but had not started)
         _wait_for(lambda: metric(server, "gpufrag_serving_requests_total",
                                  outcome="cancelled") == 1)
         gate.set()

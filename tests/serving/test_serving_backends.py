@@ -114,7 +114,36 @@ def test_load_backend_times_the_load(small_model: Path, tmp_path: Path) -> None:
 def test_default_threads_leave_a_core_for_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     from serving.backends import onnx_runtime
 
-    monkeypatch.setattr(onnx_runtime.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(onnx_runtime, "available_cpus", lambda: 16)
     assert onnx_runtime.default_intra_op_threads() == 15
-    monkeypatch.setattr(onnx_runtime.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(onnx_runtime, "available_cpus", lambda: 1)
     assert onnx_runtime.default_intra_op_threads() == 1
+
+
+@pytest.mark.parametrize(("files", "limit"), [
+    ({"cpu.max": "200000 100000\n"}, 2.0),
+    ({"cpu.max": "150000 100000\n"}, 1.5),
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 3.0),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+    ({"cpu.max": "garbled"}, None),
+    ({}, None),
+])
+def test_cgroup_cpu_limit_reads_v2_then_v1(tmp_path: Path, files: dict[str, str],
+                                           limit: float | None) -> None:
+    from serving.backends import onnx_runtime
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert onnx_runtime.cgroup_cpu_limit(tmp_path) == limit
+
+
+def test_available_cpus_is_capped_by_the_container_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from serving.backends import onnx_runtime
+
+    monkeypatch.setattr(onnx_runtime.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(onnx_runtime, "cgroup_cpu_limit", lambda: 1.5)
+    assert onnx_runtime.available_cpus() == 2  # a 1.5-CPU limit still runs on 2 cores
+    monkeypatch.setattr(onnx_runtime, "cgroup_cpu_limit", lambda: None)
+    assert onnx_runtime.available_cpus() == 64

@@ -404,26 +404,105 @@ def test_stop_serves_everything_queued_then_refuses_new_requests() -> None:
     asyncio.run(main())
 
 
-def test_concurrent_batches_are_bounded_by_the_semaphore() -> None:
-    """With real threads: two slots, a gated backend -> at most two batches in flight."""
+def test_concurrent_batches_are_bounded_by_the_slots() -> None:
+    """With real threads: two slots, a gated backend -> two batches compute, one full batch
+    waits handed ahead to the executor, the rest stay queued."""
     import threading
 
     gate = threading.Event()
     backend = FakeBackend(gate=gate)
+    lock = threading.Lock()
+    running = {"now": 0, "most": 0}
+    infer = backend.infer
+
+    def counted(inputs: Any) -> dict[str, Any]:
+        with lock:
+            running["now"] += 1
+            running["most"] = max(running["most"], running["now"])
+        try:
+            return infer(inputs)
+        finally:
+            with lock:
+                running["now"] -= 1
+
+    backend.infer = counted  # type: ignore[method-assign]
 
     async def main() -> None:
         batcher = DynamicBatcher(backend, cfg(max_concurrent_batches=2, max_queue_delay_s=0.0))
         batcher.start()
-        futures = [batcher.submit(rows(4, start=i)) for i in range(4)]
+        futures = [batcher.submit(rows(4, start=i)) for i in range(5)]
         for _ in range(200):
             await asyncio.sleep(0.001)
-            if batcher.inflight_batches == 2:
+            if running["now"] == 2 and batcher.inflight_batches == 3:
                 break
-        assert batcher.inflight_batches == 2 and batcher.depth == 2
+        assert batcher.inflight_batches == 3 and batcher.depth == 3  # 1 ahead + 2 queued
         gate.set()
         await asyncio.wait_for(asyncio.gather(*futures), timeout=5)
         await batcher.stop()
-        assert backend.batches == [4, 4, 4, 4]
+        assert backend.batches == [4] * 5 and running["most"] == 2
+
+    asyncio.run(main())
+
+
+def test_a_full_batch_is_handed_ahead_while_the_slot_is_busy_a_partial_one_is_not() -> None:
+    async def main() -> None:
+        clock = FakeClock(start_s=0.0)
+        backend = FakeBackend()
+        executor = ManualExecutor()
+        batcher = DynamicBatcher(backend, cfg(), clock=clock, executor=executor)
+        batcher.start()
+        first = batcher.submit(rows(4, start=0))
+        await settle()
+        second = [batcher.submit(rows(2, start=10 + i)) for i in range(2)]  # full: 4 rows
+        partial = batcher.submit(rows(1, start=50))
+        clock.advance(0.010)  # the partial one's delay has passed, but no slot is free
+        await settle()
+        # 1 computing, 1 full batch handed ahead; the partial one stays queued. (The manual
+        # executor starts nothing until told, so all 4 requests still count as waiting.)
+        assert len(executor.pending) == 2 and batcher.depth == 4
+        executor.finish_next()
+        await settle()
+        # the batch handed ahead now holds the slot; the partial one waits for it to free
+        assert first.done() and len(executor.pending) == 1 and batcher.depth == 3
+        executor.finish_next()
+        await settle()
+        assert all(f.done() for f in second) and len(executor.pending) == 1
+        executor.finish_next()
+        await settle()
+        assert backend.batches == [4, 4, 1] and partial.result()["y"].shape == (1, 4)
+        await batcher.stop()
+
+    asyncio.run(main())
+
+
+def test_requests_handed_ahead_are_checked_again_when_their_batch_starts() -> None:
+    async def main() -> None:
+        clock = FakeClock(start_s=0.0)
+        backend = FakeBackend()
+        recorder = Recorder()
+        executor = ManualExecutor()
+        batcher = DynamicBatcher(backend, cfg(), clock=clock, executor=executor,
+                                 observer=recorder)
+        batcher.start()
+        batcher.submit(rows(4, start=0))
+        await settle()
+        short = batcher.submit(rows(1, start=100), timeout_s=0.050)
+        gone = batcher.submit(rows(1, start=200))
+        kept = batcher.submit(rows(2, start=300))  # 4 rows: handed ahead
+        await settle()
+        assert len(executor.pending) == 2 and batcher.depth == 4  # none started yet
+        gone.cancel()
+        clock.advance(0.060)  # short's deadline passes while it waits in the executor
+        executor.finish_next()
+        executor.finish_next()
+        await settle()
+        assert isinstance(short.exception(), RequestTimedOut)
+        assert "waiting for its batch to start" in short.exception().message  # type: ignore[union-attr]
+        assert kept.result()["y"].shape == (2, 4)
+        assert backend.batches == [4, 2]  # neither the expired nor the cancelled one computed
+        assert recorder.outcomes == {"ok": 2, "timeout": 1, "cancelled": 1}
+        assert recorder.waits[-1] == pytest.approx(0.060)  # queue wait runs to compute start
+        await batcher.stop()
 
     asyncio.run(main())
 

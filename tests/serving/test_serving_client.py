@@ -324,7 +324,9 @@ def test_client_against_a_real_server_with_a_full_queue() -> None:
         blockers = [threading.Thread(target=c.infer, args=("fake", X)) for _ in range(2)]
         for thread, (what, count) in zip(blockers, [("computing", 1), ("queued", 1)],
                                          strict=True):
-            thread.start()  # the first computes (held by the gate), the second fills the queue
+            # the first computes (held by the gate), the second fills the queue (a full batch
+            # of 1 row, it waits handed ahead to the busy worker, and counts as waiting)
+            thread.start()
             deadline = walltime.monotonic() + 10
             while server.call(lambda what=what: batcher.inflight_batches if what == "computing"
                               else batcher.depth) < count:
