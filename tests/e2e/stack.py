@@ -3,8 +3,7 @@ real API server.
 
 The extender subprocess and the gpufrag-scheduler configuration live in product code
 (:class:`gpufrag.devcluster.ExtenderProcess`, :func:`gpufrag.devcluster.gpufrag_scheduler_config`),
-shared with ``gpufrag demo`` and the benchmarks; ``Extender`` and ``scheduler_config`` are kept
-here as aliases for the e2e modules that import them from this module.
+shared with ``gpufrag demo`` and the benchmarks.
 
 Shared by the e2e modules so each test states only its scenario.
 """
@@ -17,15 +16,13 @@ from typing import Any
 import kubernetes
 
 from gpufrag import conventions as cv
-from gpufrag.devcluster import ControlPlane, ExtenderProcess, gpufrag_scheduler_config, wait_until
+from gpufrag.devcluster import ControlPlane, wait_until
 from scheduler.core import ClusterState
 from scheduler.kube.cache import ClusterCache
 
 SCHEDULER = cv.SCHEDULER_NAME
 GROUP_LABEL = "e2e.gpufrag.io/group"
 
-Extender = ExtenderProcess
-scheduler_config = gpufrag_scheduler_config
 
 def gpu_pod(name: str, *, gpus: int = 0, milli: int = 0, cpu: str = "1", memory: str = "1Gi",
             products: Iterable[str] = (), model: str = "", version: str = "",

@@ -38,7 +38,12 @@ from defrag.measure import Summary, measure
 from defrag.snapshot import UsageSource, build_snapshot
 from gpufrag import conventions as cv
 from gpufrag.cli import main as gpufrag
-from gpufrag.devcluster import ControlPlane, wait_until
+from gpufrag.devcluster import (
+    ControlPlane,
+    ExtenderProcess,
+    gpufrag_scheduler_config,
+    wait_until,
+)
 from scheduler.core import TargetWorkload
 
 pytestmark = pytest.mark.e2e
@@ -82,20 +87,16 @@ class Binder:
 @pytest.fixture(scope="module")
 def binder(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[Binder]:
-    """gpufrag-scheduler with the extender if its harness is here, else the packing profile
-    (``GPUFRAG_E2E_DEFRAG_BINDER=packing`` forces the latter)."""
-    try:
-        if os.environ.get("GPUFRAG_E2E_DEFRAG_BINDER") == "packing":
-            raise ImportError("packing scheduler requested")
-        from tests.e2e.stack import Extender, scheduler_config
-    except ImportError:
+    """gpufrag-scheduler with the extender, or (``GPUFRAG_E2E_DEFRAG_BINDER=packing``) a
+    packing profile of kube-scheduler alone, to check the controller without the hints."""
+    if os.environ.get("GPUFRAG_E2E_DEFRAG_BINDER") == "packing":
         control_plane.start_scheduler(PACKING, PACKING_CONFIG)
         yield Binder(PACKING, via_extender=False)
         control_plane.stop_scheduler(PACKING)
         return
-    extender = Extender(control_plane, tmp_path_factory.mktemp("defrag") / "extender.log")
+    extender = ExtenderProcess(control_plane, tmp_path_factory.mktemp("defrag") / "extender.log")
     extender.start()
-    control_plane.start_scheduler(cv.SCHEDULER_NAME, scheduler_config(extender.url))
+    control_plane.start_scheduler(cv.SCHEDULER_NAME, gpufrag_scheduler_config(extender.url))
     try:
         yield Binder(cv.SCHEDULER_NAME, via_extender=True)
     finally:
