@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Serve one model over the KServe/Triton v2 inference "
                 "protocol with a dynamic batcher.")
     p.add_argument("--model", required=True,
-                   help="an .onnx file, or builtin:resnet50 / builtin:resnet-small")
+                   help="an .onnx file, or builtin:resnet50 / builtin:resnet-medium / "
+                   "builtin:resnet-small")
     p.add_argument("--model-name", help="name in the v2 API (default: from --model)")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="auto: TensorRT when importable and a GPU is present, else ONNX Runtime")

@@ -8,9 +8,14 @@ bottleneck stack), not trained weights. The graph is written with the ``onnx`` h
   [3, 4, 6, 3] with widths 64/128/256/512 (x4 expansion, stride on the 3x3), global average
   pool, fully connected 2048 -> 1000. Input ``input`` float32 [N, 3, 224, 224], output
   ``logits`` float32 [N, 1000]. About 25.5 M parameters (~100 MB on disk).
-- ``builtin:resnet-small`` — the same structure at toy scale for tests and CPU benchmarks:
-  3x3 stem, bottleneck stages [1, 1, 1, 1] with widths 8/16/32/64, input [N, 3, 32, 32],
-  output ``logits`` [N, 10].
+- ``builtin:resnet-medium`` — ResNet-18: the same 7x7/2 stem and max pool, *basic* blocks
+  (two 3x3 convolutions) in stages [2, 2, 2, 2] with widths 64/128/256/512, fully connected
+  512 -> 1000, on input [N, 3, 64, 64]. About 11.7 M parameters, ~0.15 GFLOPs per image: a
+  model whose compute dominates the per-request HTTP cost on a CPU (tens to a few hundred
+  images/s on two cores), so CPU benchmarks measure the batcher rather than the web stack.
+- ``builtin:resnet-small`` — the ResNet-50 structure at toy scale for tests: 3x3 stem,
+  bottleneck stages [1, 1, 1, 1] with widths 8/16/32/64, input [N, 3, 32, 32], output
+  ``logits`` [N, 10]. Its compute (~0.3 ms per image) is *less* than a request's HTTP cost.
 
 BatchNormalization is folded into the convolutions (a Conv with bias), as inference exports
 do; the FLOPs and memory traffic are those of the deployed graph. Weights are He-initialised
@@ -56,6 +61,7 @@ class ResNetSpec:
     expansion: int
     num_classes: int
     seed: int = 0
+    block: str = "bottleneck"  # or "basic" (ResNet-18/34: two 3x3 convolutions, no expansion)
 
     def digest(self) -> str:
         payload = json.dumps({"v": GENERATOR_VERSION, **asdict(self)}, sort_keys=True)
@@ -67,6 +73,11 @@ BUILTIN_MODELS: dict[str, ResNetSpec] = {
         name="resnet50", image_size=224, stem_channels=64, stem_kernel=7, stem_stride=2,
         stem_max_pool=True, stage_blocks=(3, 4, 6, 3), stage_widths=(64, 128, 256, 512),
         expansion=4, num_classes=1000,
+    ),
+    "resnet-medium": ResNetSpec(
+        name="resnet-medium", image_size=64, stem_channels=64, stem_kernel=7, stem_stride=2,
+        stem_max_pool=True, stage_blocks=(2, 2, 2, 2), stage_widths=(64, 128, 256, 512),
+        expansion=1, num_classes=1000, block="basic",
     ),
     "resnet-small": ResNetSpec(
         name="resnet-small", image_size=32, stem_channels=16, stem_kernel=3, stem_stride=1,
@@ -131,6 +142,14 @@ class _GraphBuilder:
             shortcut = self.conv(x, c_in, c_out, 1, stride, relu=False)
         return self.relu(self.add(y, shortcut))
 
+    def basic(self, x: str, c_in: int, width: int, stride: int) -> str:
+        y = self.conv(x, c_in, width, 3, stride, relu=True)
+        y = self.conv(y, width, width, 3, 1, relu=False, gain=0.2)
+        shortcut = x
+        if stride != 1 or c_in != width:
+            shortcut = self.conv(x, c_in, width, 1, stride, relu=False)
+        return self.relu(self.add(y, shortcut))
+
     def head(self, x: str, c_in: int, num_classes: int, output: str) -> None:
         pooled, flat = self._name("gap"), self._name("flatten")
         self.nodes.append(helper.make_node("GlobalAveragePool", [x], [pooled], name=pooled))
@@ -155,8 +174,12 @@ def build_resnet(spec: ResNetSpec) -> onnx.ModelProto:
                                                 strict=True)):
         for block in range(blocks):
             stride = 2 if stage > 0 and block == 0 else 1
-            x = g.bottleneck(x, c_in, width, spec.expansion, stride)
-            c_in = width * spec.expansion
+            if spec.block == "basic":
+                x = g.basic(x, c_in, width, stride)
+                c_in = width
+            else:
+                x = g.bottleneck(x, c_in, width, spec.expansion, stride)
+                c_in = width * spec.expansion
     g.head(x, c_in, spec.num_classes, "logits")
     size = spec.image_size
     graph = helper.make_graph(

@@ -57,10 +57,27 @@ def test_resnet50_has_the_resnet50_structure() -> None:
     assert out.name == "logits" and out.type.tensor_type.shape.dim[1].dim_value == 1000
 
 
+def test_resnet_medium_is_resnet18_on_64x64_and_runs() -> None:
+    model = build_resnet(BUILTIN_MODELS["resnet-medium"])
+    convs = [n for n in model.graph.node if n.op_type == "Conv"]
+    assert len(convs) == 1 + 2 * 8 + 3  # stem, two 3x3 per basic block, 3 projections
+    assert sum(1 for n in model.graph.node if n.op_type == "Add") == 8
+    params = sum(int(np.prod(t.dims)) for t in model.graph.initializer)
+    assert 11_600_000 < params < 11_800_000  # ResNet-18's 11.7 M (batch norm folded)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (inp,), (out,) = session.get_inputs(), session.get_outputs()
+    assert (inp.name, inp.shape[1:], out.shape[1:]) == ("input", [3, 64, 64], [1000])
+    x = np.random.default_rng(0).random((2, 3, 64, 64), dtype=np.float32)
+    (logits,) = session.run(None, {"input": x})
+    assert logits.shape == (2, 1000) and np.isfinite(logits).all()
+    assert not np.allclose(logits[0], logits[1])
+
+
 def test_references_are_checked_before_anything_is_built(tmp_path: Path) -> None:
     assert model_name("builtin:resnet50") == "resnet50"
     with pytest.raises(BadInput, match="unknown built-in model builtin:vgg; known: "
-                                       "builtin:resnet50, builtin:resnet-small"):
+                                       "builtin:resnet50, builtin:resnet-medium, "
+                                       "builtin:resnet-small"):
         model_name("builtin:vgg")
     with pytest.raises(BadInput, match="field '--model'.*does not exist"):
         model_name(str(tmp_path / "missing.onnx"))
