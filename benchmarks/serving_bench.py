@@ -152,7 +152,6 @@ class Outcome:
     status: int
     latency_s: float  # from the scheduled send time: what the user sees
     server_s: float  # from the request's headers leaving the client: the server's response time
-    reason: str = ""  # for a 503: "deadline" (refused by the deadline estimate) or "queue"
 
 
 def _timed_session(connections: int) -> aiohttp.ClientSession:
@@ -175,13 +174,12 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes,
     try:
         async with session.post(url, data=body, headers=headers,
                                 trace_request_ctx=stamps) as response:
-            answer = await response.read()
+            await response.read()
             status = response.status
     except aiohttp.ClientError:
-        status, answer = 0, b""
+        status = 0
     done = time.perf_counter()
-    reason = ("deadline" if b"deadline" in answer else "queue") if status == 503 else ""
-    return Outcome(status, done - scheduled, done - stamps.get("sent", scheduled), reason)
+    return Outcome(status, done - scheduled, done - stamps.get("sent", scheduled))
 
 
 async def closed_loop(url: str, model: str, request: EncodedRequest, *, concurrency: int,
@@ -444,9 +442,7 @@ def overload(model: str, name: str, cache: Path, request: EncodedRequest, best: 
           f"{len(outcomes)} requests")
     counts = ", ".join(f"{status or 'conn-error'}: {len(v)}"
                        for status, v in sorted(by_status.items()))
-    refused_late = sum(1 for o in by_status.get(503, []) if o.reason == "deadline")
-    print(f"  responses        {counts} (503s: {len(rejected) - refused_late} queue full, "
-          f"{refused_late} deadline unreachable)")
+    print(f"  responses        {counts}")
     print(f"  server batches   mean {stats.mean_batch:.1f} rows, compute "
           f"{stats.compute_ms_per_batch:.0f} ms per batch (direct full batch: "
           f"{best.batch_ms:.0f} ms)")
