@@ -1,0 +1,7 @@
+"""``python -m gpufrag.demo``: the same as ``gpufrag demo``."""
+
+import sys
+
+from gpufrag.demo.cli import main
+
+sys.exit(main())
