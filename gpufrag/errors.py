@@ -6,6 +6,9 @@ see which file, row and field to fix instead of a traceback.
 
 from __future__ import annotations
 
+import argparse
+from typing import NoReturn
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -29,3 +32,11 @@ class BadInput(ValueError):
             where.append(f"field {field!r}")
         prefix = ", ".join(where)
         super().__init__(f"{prefix}: {message}" if prefix else message)
+
+
+class BadInputArgumentParser(argparse.ArgumentParser):
+    """argparse that raises :class:`BadInput` for a bad flag instead of printing usage and
+    exiting, so a command reports it like any other bad input: one line, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise BadInput(message)

@@ -11,12 +11,17 @@ import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 import structlog
 
 from gpufrag import logs
-from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NO_GPU, BadInput
+from gpufrag.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_NO_GPU,
+    BadInput,
+    BadInputArgumentParser,
+)
 from serving.backends.tensorrt_engine import BackendUnavailable
 from serving.config import BACKENDS, BatcherConfig, ServerConfig, parse_sizes
 
@@ -24,14 +29,10 @@ PROG = "gpufrag serve"
 log = structlog.get_logger("serving.cli")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise BadInput(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
     d = BatcherConfig()
-    p = _Parser(prog=PROG, description="Serve one model over the KServe/Triton v2 inference "
+    p = BadInputArgumentParser(
+        prog=PROG, description="Serve one model over the KServe/Triton v2 inference "
                 "protocol with a dynamic batcher.")
     p.add_argument("--model", required=True,
                    help="an .onnx file, or builtin:resnet50 / builtin:resnet-medium / "

@@ -11,25 +11,20 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
 
 from gpufrag.demo.run import DemoError, run_demo
 from gpufrag.demo.summary import MAX_NODES, MIN_NODES, DemoOptions
 from gpufrag.devcluster import BINARY_ENV, BuildError, ControlPlaneError
-from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput, BadInputArgumentParser
 
 PROG = "gpufrag demo"
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise BadInput(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
     d = DemoOptions()
-    p = _Parser(prog=PROG, description="Show the whole gpufrag path on a local control plane: "
+    p = BadInputArgumentParser(
+        prog=PROG, description="Show the whole gpufrag path on a local control plane: "
                 "fragmented fake GPU nodes, gpufrag-scheduler with model affinity, gpufrag serve "
                 "stand-ins under load, GPU memory through the node agent, one defrag cycle, and "
                 "a before/after summary (table, JSON, PNG).")
