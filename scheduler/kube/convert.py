@@ -9,7 +9,7 @@ its containers and any single init container, plus its overhead.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -124,26 +124,28 @@ def _requests(container: Obj, path: str) -> Mapping[str, Any]:
     return {**limits, **requests}
 
 
+def _container_requests(spec: Obj, key: str,
+                        resource_names: tuple[str, ...]) -> Iterator[dict[str, Decimal]]:
+    """Each container's requests (of ``spec[key]``) for the named resources, parsed."""
+    for i, c in enumerate(_list(spec, key, "spec")):
+        path = f"spec.{key}[{i}]"
+        if not isinstance(c, Mapping):
+            raise BadInput("expected an object", field=path)
+        req = _requests(c, path)
+        yield {r: _quantity(req[r], f"{path}.resources.requests.{r}")
+               for r in resource_names if r in req}
+
+
 def effective_requests(obj: Obj, resource_names: tuple[str, ...]) -> dict[str, Decimal]:
     """Per resource: max(sum of containers, largest init container) + pod overhead."""
     spec = _mapping(obj, "spec", "pod")
     totals = dict.fromkeys(resource_names, Decimal(0))
-    for i, c in enumerate(_list(spec, "containers", "spec")):
-        path = f"spec.containers[{i}]"
-        if not isinstance(c, Mapping):
-            raise BadInput("expected an object", field=path)
-        req = _requests(c, path)
-        for r in resource_names:
-            if r in req:
-                totals[r] += _quantity(req[r], f"{path}.resources.requests.{r}")
-    for i, c in enumerate(_list(spec, "initContainers", "spec")):
-        path = f"spec.initContainers[{i}]"
-        if not isinstance(c, Mapping):
-            raise BadInput("expected an object", field=path)
-        req = _requests(c, path)
-        for r in resource_names:
-            if r in req:
-                totals[r] = max(totals[r], _quantity(req[r], f"{path}.resources.requests.{r}"))
+    for requests in _container_requests(spec, "containers", resource_names):
+        for r, quantity in requests.items():
+            totals[r] += quantity
+    for requests in _container_requests(spec, "initContainers", resource_names):
+        for r, quantity in requests.items():
+            totals[r] = max(totals[r], quantity)
     overhead = _mapping(spec, "overhead", "spec")
     for r in resource_names:
         if r in overhead:

@@ -29,6 +29,7 @@ from scheduler.config import config_from_mapping
 from scheduler.extender.runtime import Runtime, cluster_runtime
 from scheduler.kube.export import main as export_main
 from scheduler.kube.snapshot import read_snapshot
+from tests.e2e.stack import delete_nodes
 
 pytestmark = pytest.mark.e2e
 
@@ -47,19 +48,13 @@ def core(control_plane: ControlPlane) -> kubernetes.client.CoreV1Api:
 
 
 @pytest.fixture
-def nodes(control_plane: ControlPlane, core: kubernetes.client.CoreV1Api,
-          prefix: str) -> Iterator[list[str]]:
+def nodes(control_plane: ControlPlane, prefix: str) -> Iterator[list[str]]:
     names = [f"{prefix}-gpu-{i}" for i in range(2)]
     for name in names:
         control_plane.create_gpu_node(name, gpus=4, product="NVIDIA-A100-SXM4-80GB",
                                       gpu_memory_mib=81920)
     yield names
-    for name in names:
-        try:
-            core.delete_node(name)
-        except kubernetes.client.ApiException as e:
-            if e.status != 404:
-                raise
+    delete_nodes(control_plane, names)
 
 
 @pytest.fixture
