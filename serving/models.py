@@ -137,17 +137,19 @@ class _GraphBuilder:
         y = self.conv(x, c_in, width, 1, 1, relu=True)
         y = self.conv(y, width, width, 3, stride, relu=True)
         y = self.conv(y, width, c_out, 1, 1, relu=False, gain=0.2)
-        shortcut = x
-        if stride != 1 or c_in != c_out:
-            shortcut = self.conv(x, c_in, c_out, 1, stride, relu=False)
-        return self.relu(self.add(y, shortcut))
+        return self.residual(x, y, c_in, c_out, stride)
 
     def basic(self, x: str, c_in: int, width: int, stride: int) -> str:
         y = self.conv(x, c_in, width, 3, stride, relu=True)
         y = self.conv(y, width, width, 3, 1, relu=False, gain=0.2)
+        return self.residual(x, y, c_in, width, stride)
+
+    def residual(self, x: str, y: str, c_in: int, c_out: int, stride: int) -> str:
+        """relu(y + shortcut): the identity, or a strided 1x1 projection when the shape
+        changes (shared by the bottleneck and basic blocks)."""
         shortcut = x
-        if stride != 1 or c_in != width:
-            shortcut = self.conv(x, c_in, width, 1, stride, relu=False)
+        if stride != 1 or c_in != c_out:
+            shortcut = self.conv(x, c_in, c_out, 1, stride, relu=False)
         return self.relu(self.add(y, shortcut))
 
     def head(self, x: str, c_in: int, num_classes: int, output: str) -> None:
