@@ -119,40 +119,50 @@ def test_every_pod_lands_where_the_extender_ranked_it_first(
 
 def test_ours_ends_less_fragmented_than_the_default_scheduler(
         control_plane: ControlPlane, extender: ExtenderProcess, namespace: str) -> None:
-    """Whole-GPU pods of 1, 2 and 4 GPUs on 6 four-GPU nodes, in a shuffled order.
+    """The same pods, in the same order, through the default scheduler and through ours, each
+    on its own 6 four-GPU nodes: one 4-GPU pod, six 1-GPU pods, then two more 4-GPU pods.
 
-    Whole GPUs only: the default scheduler counts a node's GPUs but not per-GPU shares, so with
-    shares it would "bind" pods no GPU can hold and the comparison would be meaningless.
+    Each pod waits for both schedulers to bind it before the next one is created, so both see
+    the same state at every step and the outcome does not depend on timing. The default
+    scheduler scores CPU and memory only (LeastAllocated): it spreads the 1-GPU pods one per
+    node, which leaves no node with 4 free GPUs, so the last two pods cannot be placed. FGD
+    knows 4-GPU pods are part of the workload and packs the 1-GPU pods instead. Whole GPUs
+    only: the default scheduler does not see per-GPU shares, so with shares it would "bind"
+    pods no GPU can hold and the comparison would be meaningless.
     """
     groups = {"default-scheduler": "frag-default", cv.SCHEDULER_NAME: "frag-ours"}
     nodes = [n for g in groups.values() for n in make_nodes(control_plane, g, {"A10": 23_028},
                                                               per_product=6, gpus=4)]
     core = kubernetes.client.CoreV1Api(control_plane.api_client())
-    # 20 of 24 GPUs: what matters is whether the 4 left over are usable by 2- and 4-GPU pods.
-    sizes = [1] * 10 + [2] * 3 + [4] * 1
-    random.Random(5).shuffle(sizes)
+    placed_first, last = [4] + [1] * 6, [4, 4]
     try:
-        for i, gpus in enumerate(sizes):  # interleaved, so both see the same arrival order
+        for i, gpus in enumerate(placed_first):
             for scheduler, group in groups.items():
                 core.create_namespaced_pod(namespace, gpu_pod(
-                    f"{group}-{i}", gpus=gpus, scheduler=scheduler, group=group))
+                    f"{group}-{i}", gpus=gpus, cpu="8", scheduler=scheduler, group=group))
+            for group in groups.values():
+                bound_node(core, namespace, f"{group}-{i}")
 
-        def settled() -> dict[str, int] | None:
-            pods = core.list_namespaced_pod(namespace).items
-            counts = {s: sum(1 for p in pods if p.spec.node_name and
-                             p.metadata.name.startswith(g + "-")) for s, g in groups.items()}
-            history.append(counts)
-            stable = len(history) > 25 and history[-25] == counts  # unchanged for ~5 s
-            return counts if stable or min(counts.values()) == len(sizes) else None
+        def used_nodes(group: str) -> int:
+            return len({p.spec.node_name for p in core.list_namespaced_pod(namespace).items
+                        if p.metadata.name.startswith(group + "-") and p.spec.node_name})
 
-        history: list[dict[str, int]] = []
-        bound = wait_until(settled, timeout_s=120, what="both schedulers settled")
+        # Spread versus packed, before the big pods arrive: the reason for what follows.
+        assert used_nodes("frag-default") == 6
+        assert used_nodes("frag-ours") == 3  # the 4-GPU node, four 1-GPU pods, two 1-GPU pods
+
+        for j, gpus in enumerate(last, start=len(placed_first)):
+            for scheduler, group in groups.items():
+                core.create_namespaced_pod(namespace, gpu_pod(
+                    f"{group}-{j}", gpus=gpus, cpu="8", scheduler=scheduler, group=group))
+            bound_node(core, namespace, f"frag-ours-{j}")
+            wait_until(lambda j=j: _unschedulable(core, namespace, f"frag-default-{j}"),
+                       timeout_s=60, what=f"default scheduler gives up on frag-default-{j}")
+
         states = {s: cluster_state(control_plane, g) for s, g in groups.items()}
-        workload = TargetWorkload.from_pods(
-            gpu_request for gpu_request in _requests(sizes))
+        workload = TargetWorkload.from_pods(_requests(placed_first + last))
         ratio = {s: fragmentation_ratio(st, workload) for s, st in states.items()}
-        print(f"bound: {bound}; fragmentation ratio: {ratio}")
-        assert bound[cv.SCHEDULER_NAME] >= bound["default-scheduler"]
+        print(f"fragmentation ratio: {ratio}")
         assert ratio[cv.SCHEDULER_NAME] < ratio["default-scheduler"]
     finally:
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
@@ -160,8 +170,16 @@ def test_ours_ends_less_fragmented_than_the_default_scheduler(
 
 
 def _requests(sizes: list[int]) -> list[PodRequest]:
-    return [PodRequest(name=f"w{i}", cpu_milli=1000, memory_mib=1024, num_gpu=g, gpu_milli=1000)
+    return [PodRequest(name=f"w{i}", cpu_milli=8000, memory_mib=1024, num_gpu=g, gpu_milli=1000)
             for i, g in enumerate(sizes)]
+
+
+def _unschedulable(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> bool | None:
+    """True once the scheduler has marked the pod PodScheduled=False, reason Unschedulable."""
+    pod = core.read_namespaced_pod(name, namespace)
+    assert not pod.spec.node_name, f"{name} was bound to {pod.spec.node_name}"
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+               for c in pod.status.conditions or ()) or None
 
 
 def _pending_for(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
