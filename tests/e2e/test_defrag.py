@@ -105,8 +105,10 @@ def binder(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 
 
 # ------------------------------------------------------------------------------ objects
-def pod_spec(scheduler: str, milli: int) -> dict[str, Any]:
-    return {"schedulerName": scheduler, "terminationGracePeriodSeconds": 0, "containers": [{
+def pod_spec(scheduler: str, milli: int, node: str = "") -> dict[str, Any]:
+    pinned = {"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}
+    return {**pinned, "schedulerName": scheduler, "terminationGracePeriodSeconds": 0,
+            "containers": [{
         "name": "main", "image": "gpufrag-e2e:none",
         "resources": {"requests": {"cpu": "500m", "memory": "512Mi",
                                    cv.RESOURCE_GPU_MILLI: str(milli)},
@@ -157,6 +159,27 @@ class Cluster:
         found: list[dict[str, Any]] = wait_until(ready, timeout_s=WAIT_S,
                                                  what=f"{count} running {prefix} pods")
         return found
+
+    def running_on(self, prefix: str, nodes: list[str]) -> None:
+        """Wait until the ``prefix`` pods (a controller's) run on exactly ``nodes``.
+
+        The layout is built by cordoning, and the scheduler learns of a cordon through its own
+        node watch: a pod created right after the patch can still race it onto a node that
+        was meant to be closed. Such a pod is deleted and its controller makes another."""
+        for _ in range(5):
+            wanted = list(nodes)
+            misplaced = []
+            for pod in self.running(prefix, len(nodes)):
+                node = pod["spec"]["nodeName"]
+                if node in wanted:
+                    wanted.remove(node)
+                else:
+                    misplaced.append(pod["metadata"]["name"])
+            if not misplaced:
+                return
+            for name in misplaced:
+                self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+        raise AssertionError(f"{prefix} pods not on {nodes} after 5 tries")
 
     def publish_usage(self) -> None:
         """Write each node's usage annotation as the agent would: replicas use 2 GiB, anchors
@@ -218,19 +241,19 @@ def cluster(control_plane: ControlPlane, binder: Binder) -> Iterator[Cluster]:
         for i in range(2):
             core.create_namespaced_pod(namespace, {
                 "apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"anchor-{i}"},
-                "spec": pod_spec(scheduler, 700)})
+                "spec": pod_spec(scheduler, 700, node=SINK)})  # bare: pinned, never raced
         for anchor in c.running("anchor", 2):
             c.anchors[anchor["metadata"]["name"]] = (anchor["metadata"]["uid"],
                                                       anchor["spec"]["nodeName"])
         c.cordon(allow=SOURCES[0])
         apps.create_namespaced_deployment(namespace, deployment("web", 1, scheduler))
-        c.running("web", 1)
+        c.running_on("web", [SOURCES[0]])
         c.cordon(allow=SOURCES[1])
         apps.patch_namespaced_deployment_scale("web", namespace, {"spec": {"replicas": 2}})
-        c.running("web", 2)
+        c.running_on("web", [SOURCES[0], SOURCES[1]])
         c.cordon(allow=SOURCES[2])
         apps.create_namespaced_deployment(namespace, deployment("api", 1, scheduler))
-        c.running("api", 1)
+        c.running_on("api", [SOURCES[2]])
         c.cordon(allow="*")
         kubernetes.client.PolicyV1Api(api).create_namespaced_pod_disruption_budget(namespace, {
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "web"},
@@ -272,23 +295,30 @@ class Watcher(threading.Thread):
         self.stop_event = threading.Event()
         self.fewest_ready_web = 99
         self.hints_seen: set[tuple[str, str]] = set()
+        self.errors: list[str] = []
 
     def run(self) -> None:
         while not self.stop_event.is_set():
-            pods = self.core.list_namespaced_pod(self.cluster.namespace,
-                                                 label_selector="app=web").items
-            ready = sum(1 for p in pods if p.metadata.deletion_timestamp is None
-                        and p.status is not None and p.status.phase == "Running"
-                        and any(c.type == "Ready" and c.status == "True"
-                                for c in p.status.conditions or []))
-            self.fewest_ready_web = min(self.fewest_ready_web, ready)
-            with suppress(kubernetes.client.ApiException):
-                cm = self.core.read_namespaced_config_map(cv.HINTS_CONFIGMAP,
-                                                          cv.HINTS_NAMESPACE)
-                for owner, text in (cm.data or {}).items():
-                    for entry in json.loads(text):
-                        self.hints_seen.add((owner, entry["node"]))
+            try:
+                self._poll()
+            except Exception as e:  # reported by the test, never a dead thread
+                self.errors.append(repr(e))
             self.stop_event.wait(0.05)
+
+    def _poll(self) -> None:
+        pods = self.core.list_namespaced_pod(self.cluster.namespace,
+                                             label_selector="app=web").items
+        ready = sum(1 for p in pods if p.metadata.deletion_timestamp is None
+                    and p.status is not None and p.status.phase == "Running"
+                    and any(c.type == "Ready" and c.status == "True"
+                            for c in p.status.conditions or []))
+        self.fewest_ready_web = min(self.fewest_ready_web, ready)
+        with suppress(kubernetes.client.ApiException):
+            cm = self.core.read_namespaced_config_map(cv.HINTS_CONFIGMAP,
+                                                      cv.HINTS_NAMESPACE)
+            for owner, text in (cm.data or {}).items():
+                for entry in json.loads(text):
+                    self.hints_seen.add((owner, entry["node"]))
 
 
 def test_dry_run_changes_nothing(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
@@ -329,10 +359,12 @@ def test_one_cycle_defragments_and_keeps_every_promise(
 
     # Each evicted pod is gone, its owner wrote a hint that named the planned target, and the
     # hint is gone again.
+    evicted = {m["uid"] for m in moves}  # deletions complete asynchronously (pod completer)
+    wait_until(lambda: not evicted & set(cluster.layout()) or None, timeout_s=WAIT_S,
+               what="evicted pods gone")
     layout = cluster.layout()
-    for move in moves:
-        assert move["uid"] not in layout
-        assert (move["owner_uid"], move["target"]) in watcher.hints_seen
+    for move in moves:  # (a failed poll can only make a hint look missed: say so)
+        assert (move["owner_uid"], move["target"]) in watcher.hints_seen, watcher.errors
     assert not set(cluster.hints()) & {m["owner_uid"] for m in moves}
     if cluster.binder.via_extender:
         for outcome in result["moves"]:
@@ -343,9 +375,17 @@ def test_one_cycle_defragments_and_keeps_every_promise(
         assert layout[uid] == (name, node)
     web, api = cluster.running("web", 2), cluster.running("api", 1)
     assert len(web) == 2 and len(api) == 1
-    for name, replicas in (("web", 2), ("api", 1)):
-        status = cluster.apps.read_namespaced_deployment_status(name, cluster.namespace).status
-        assert status.ready_replicas == replicas == status.available_replicas
+
+    def full_replicas() -> bool | None:
+        # Status lags the pods: the ReplicaSet, then the Deployment controller update it.
+        for name, replicas in (("web", 2), ("api", 1)):
+            status = cluster.apps.read_namespaced_deployment_status(name,
+                                                                    cluster.namespace).status
+            if not status.ready_replicas == replicas == status.available_replicas:
+                return None
+        return True
+
+    wait_until(full_replicas, timeout_s=WAIT_S, what="web and api ready at full replicas")
     assert watcher.fewest_ready_web >= 1
     assert len(layout) == len(before_layout)
 

@@ -253,7 +253,7 @@ def test_full_queue_gets_503_with_retry_after_at_once() -> None:
             thread.join(timeout=10)
         assert response.status_code == 503 and response.headers["Retry-After"] == "2"
         assert "queue is full" in response.json()["error"]
-        assert elapsed < 1.0  # rejected at once, not after waiting
+        assert elapsed < 5.0  # rejected at once, not after the 10 s queue timeout
         assert garbage.status_code == 503  # shed before the body is read, let alone parsed
         assert metric(server, "gpufrag_serving_requests_total", outcome="rejected") == 2
         assert metric(server, "gpufrag_serving_requests_total", outcome="ok") == 3

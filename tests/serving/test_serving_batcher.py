@@ -8,6 +8,7 @@ unique across the whole tree.)
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -428,10 +429,13 @@ def test_concurrent_batches_are_bounded_by_the_slots() -> None:
     backend.infer = counted  # type: ignore[method-assign]
 
     async def main() -> None:
-        batcher = DynamicBatcher(backend, cfg(max_concurrent_batches=2, max_queue_delay_s=0.0))
+        # Real threads and the real clock: generous deadlines, so a slow machine only waits.
+        batcher = DynamicBatcher(backend, cfg(max_concurrent_batches=2, max_queue_delay_s=0.0,
+                                              default_timeout_s=30.0))
         batcher.start()
         futures = [batcher.submit(rows(4, start=i)) for i in range(5)]
-        for _ in range(200):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
             await asyncio.sleep(0.001)
             if running["now"] == 2 and batcher.inflight_batches == 3:
                 break

@@ -316,7 +316,11 @@ def test_client_against_a_real_server_with_a_full_queue() -> None:
 
         def sleep(seconds: float) -> None:
             slept.append(seconds)
-            gate.set()  # the server frees up while the client waits
+            gate.set()  # the server frees up while the client waits...
+            deadline = walltime.monotonic() + 10  # ...and has, before the retry goes out
+            while server.call(lambda: batcher.depth) > 0:
+                assert walltime.monotonic() < deadline
+                walltime.sleep(0.005)
 
         c = InferenceClient(server.url, sleep=sleep, rng=random.Random(0))
         batcher = server.state.batcher

@@ -106,7 +106,7 @@ def test_gpufrag_serve_subprocess_drains_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "GPUFRAG_CACHE_DIR": str(tmp_path), "GPUFRAG_LOG_FORMAT": "json"}
     command = [sys.executable, "-m", "gpufrag.cli", "serve", "--model", "builtin:resnet-small",
                "--host", "127.0.0.1", "--port", "0", "--max-batch-size", "32",
-               "--max-queue-delay-ms", "3000", "--intra-op-threads", "1"]
+               "--max-queue-delay-ms", "20000", "--intra-op-threads", "1"]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     log_lines: list[dict[str, Any]] = []
     try:
@@ -127,7 +127,7 @@ def test_gpufrag_serve_subprocess_drains_on_sigterm(tmp_path: Path) -> None:
         with ThreadPoolExecutor(max_workers=10) as pool:
             accepted = [pool.submit(requests.post, f"{url}/v2/models/resnet-small/infer",
                                     json=body, timeout=30) for _ in range(10)]
-            # the 3 s queue delay holds them queued until the drain flushes them
+            # the 20 s queue delay holds them queued until the drain flushes them
             wait_until(lambda: 'gpufrag_serving_queue_depth{model="resnet-small"} 10.0'
                        in requests.get(f"{url}/metrics", timeout=2).text)
             process.send_signal(signal.SIGTERM)
