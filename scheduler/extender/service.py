@@ -184,7 +184,7 @@ class Extender:
         return result, best
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindOutcome:
-        """Choose the GPUs on ``node``, count the placement at once, annotate, bind."""
+        """Choose the GPUs on ``node``, count the placement at once, bind (with the GPUs)."""
         if self.binder is None:
             raise BindRefused("binding is disabled in this extender (bind.enabled: false)")
         key = f"{namespace}/{name}"

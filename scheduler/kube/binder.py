@@ -1,10 +1,12 @@
 """All of the extender's writes to the cluster, in one place.
 
-Binding a pod is two writes: record the chosen GPUs on the pod (annotation, so the device plugin
-can honour them and the defrag controller can read per-GPU allocation), then create the Binding.
-The annotation goes first: once the Binding exists the pod may start, and it must not start
-without its GPU indices. Both carry the pod's UID as a precondition, so a pod deleted and
-re-created under the same name is never bound by a decision made for its predecessor.
+Binding a pod is one write: a Binding whose metadata carries the chosen GPUs as an annotation
+(the API server copies a Binding's annotations onto the pod in the same update that sets
+``spec.nodeName``) and the pod's UID as a precondition. One write rather than an annotation
+patch and then a Binding: the pod can never start without its GPU indices, a refused bind leaves
+no stale annotation behind, a pod deleted and re-created under the same name is never bound by a
+decision made for its predecessor, and each bind costs the API server one update (and every
+watcher one event) instead of two.
 
 ``DryRunBinder`` swaps the writer, not the logic: with a snapshot there is no cluster to write
 to, so the extender records what it would have done.
@@ -23,7 +25,8 @@ import structlog
 from scheduler.kube.convert import KubeNames
 
 Obj = Mapping[str, Any]
-_MERGE_PATCH = "application/merge-patch+json"
+# How the API server words a failed UID precondition (storage preconditions, as a 409).
+_UID_PRECONDITION = "Precondition failed: UID in precondition"
 
 log = structlog.get_logger("gpufrag.binder")
 
@@ -45,7 +48,7 @@ class Binder(Protocol):
 
     def bind(self, namespace: str, name: str, uid: str, node: str,
              gpus: tuple[int, ...] | None) -> None:
-        """Annotate the pod with ``gpus`` (when not None), then bind it to ``node``."""
+        """Bind the pod to ``node``, annotated with ``gpus`` (when not None), in one write."""
         ...
 
 
@@ -103,37 +106,24 @@ class KubeBinder:
 
     def bind(self, namespace: str, name: str, uid: str, node: str,
              gpus: tuple[int, ...] | None) -> None:
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid  # a precondition: 409 if the pod was re-created meanwhile
         if gpus is not None:
-            meta: dict[str, Any] = {
-                "annotations": {self.names.annotation_gpu_indices: gpu_indices_text(gpus)}}
-            if uid:
-                meta["uid"] = uid  # a precondition: 409 if the pod was re-created
-            try:
-                _body(self.core.patch_namespaced_pod(name, namespace, {"metadata": meta},
-                                                     _content_type=_MERGE_PATCH,
-                                                     _preload_content=False))
-            except kubernetes.client.ApiException as e:
-                refusal = _refusal(f"annotating pod {namespace}/{name}", e)
-                if e.status == 422 and "metadata.uid" in str(refusal):
-                    # The UID in the patch did not match: the API server calls it immutable.
-                    raise BindError(f"pod {namespace}/{name} is not the pod to bind: its UID is "
-                                    f"no longer {uid} (re-created under the same name)",
-                                    retryable=False) from None
-                raise refusal from None
-            except Exception as e:
-                raise BindError(f"annotating pod {namespace}/{name}: {e!r}",
-                                retryable=True) from None
-        body = kubernetes.client.V1Binding(
-            metadata=kubernetes.client.V1ObjectMeta(name=name, namespace=namespace,
-                                                    uid=uid or None),
-            target=kubernetes.client.V1ObjectReference(api_version="v1", kind="Node",
-                                                       name=node))
+            meta["annotations"] = {self.names.annotation_gpu_indices: gpu_indices_text(gpus)}
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
             # The API answers a Status, which the client cannot deserialise as a Binding.
             _body(self.core.create_namespaced_pod_binding(name, namespace, body,
                                                           _preload_content=False))
         except kubernetes.client.ApiException as e:
-            raise _refusal(f"binding pod {namespace}/{name} to {node}", e) from None
+            refusal = _refusal(f"binding pod {namespace}/{name} to {node}", e)
+            if e.status == 409 and uid and _UID_PRECONDITION in str(refusal):
+                raise BindError(f"pod {namespace}/{name} is not the pod to bind: its UID is "
+                                f"no longer {uid} (re-created under the same name)",
+                                retryable=False) from None
+            raise refusal from None
         except Exception as e:
             raise BindError(f"binding pod {namespace}/{name} to {node}: {e!r}",
                             retryable=True) from None

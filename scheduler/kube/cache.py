@@ -178,7 +178,7 @@ class ClusterCache:
                 self.pod_changes += 1
             if not known.node:
                 # Pending. An assumed placement stays until the watch shows the binding or
-                # the assumption expires (the annotation patch before the bind lands here).
+                # the assumption expires (an update made before the bind lands here).
                 if key in self.state.pods and key not in self.assumed:
                     self.state.remove_pod(key)
                 return

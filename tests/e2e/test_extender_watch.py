@@ -175,8 +175,8 @@ def test_bind_annotates_binds_and_is_confirmed_by_the_watch(
 def test_binds_in_a_row_reuse_connections_cleanly(core: kubernetes.client.CoreV1Api,
                                                   runtime: Runtime, nodes: list[str],
                                                   namespace: str) -> None:
-    # kube-scheduler binds one pod after another; each bind is two API calls on pooled
-    # connections, which must be read to the end before they are reused.
+    # kube-scheduler binds one pod after another; each bind is an API call on a pooled
+    # connection, which must be read to the end before it is reused.
     names = [f"row-{i}" for i in range(6)]
     uids = {n: core.create_namespaced_pod(namespace, pod_body(n)).metadata.uid for n in names}
     client = runtime.app.test_client()
@@ -206,7 +206,9 @@ def test_bind_with_a_stale_uid_is_refused_by_the_api_server(
     error = orjson.loads(reply.data)["Error"]
     assert error == (f"pod {namespace}/again is not the pod to bind: its UID is no longer {old} "
                      "(re-created under the same name)")
-    assert not core.read_namespaced_pod("again", namespace).spec.node_name
+    pod = core.read_namespaced_pod("again", namespace)
+    assert not pod.spec.node_name  # refused as one write: neither bound nor annotated
+    assert cv.ANNOTATION_GPU_INDICES not in (pod.metadata.annotations or {})
     assert f"{namespace}/again" not in runtime.cache.assumed  # the assumption is undone
 
 

@@ -89,6 +89,9 @@ def test_extender_watches_and_binds_with_its_service_account(
         "apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "p"}}))
     assert _forbidden(lambda: core.list_secret_for_all_namespaces())
     assert _forbidden(lambda: core.patch_node(NODE, {"metadata": {"labels": {"x": "y"}}}))
+    # The GPU annotation travels in the Binding: no right to patch pods is needed, none given.
+    assert _forbidden(lambda: core.patch_namespaced_pod("p", namespace, {
+        "metadata": {"labels": {"x": "y"}}}))
 
 
 def test_defrag_cycle_runs_with_its_service_account(

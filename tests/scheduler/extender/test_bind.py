@@ -1,4 +1,4 @@
-"""Bind: GPUs chosen by the core on the requested node, recorded before the Binding, counted at
+"""Bind: GPUs chosen by the core on the requested node, recorded with the Binding, counted at
 once ("assumed") so the next pod sees them, confirmed by the watch or expired after the TTL."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def test_assumed_placement_expires_after_the_ttl(clock: FakeClock) -> None:
 def test_the_watch_confirms_an_assumption(clock: FakeClock) -> None:
     runtime = serve([node("n0", gpu_count=2)], pending("p1"), clock=clock)
     bind(runtime, "p1", "n0")
-    # The annotation patch arrives first (still pending): the assumption stands.
+    # An update of the still-pending pod arrives first: the assumption stands.
     runtime.cache.apply_pod(k8s_pod(pod("p1"), uid="uid-p1", gpus=(0,)))
     assert runtime.cache.counts()["pods_assumed"] == 1
     # Then the binding.
