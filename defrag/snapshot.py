@@ -38,6 +38,7 @@ from scheduler.kube.convert import (
     KubeNames,
     annotations_of,
     bound_gpus,
+    controller_ref,
     is_terminal,
     labels_of,
     node_from_k8s,
@@ -78,19 +79,6 @@ def _meta(obj: Obj) -> Mapping[str, Any]:
 def _spec(obj: Obj) -> Mapping[str, Any]:
     spec = obj.get("spec") or {}
     return spec if isinstance(spec, Mapping) else {}
-
-
-def controller_of(obj: Obj) -> tuple[str, str, str]:
-    """(kind, uid, name) of the pod's controlling owner; empty strings for a bare pod.
-
-    ``convert.owner_uid`` gives the UID alone; the planner also needs the kind (a DaemonSet
-    pod must never move) and the name (for the plan table).
-    """
-    for ref in _meta(obj).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller"):
-            return str(ref.get("kind") or ""), str(ref.get("uid") or ""), str(ref.get("name")
-                                                                               or "")
-    return "", "", ""
 
 
 def _requirements(items: object) -> tuple[SelectorRequirement, ...]:
@@ -164,7 +152,7 @@ def pod_info(obj: Obj, request: PodRequest, names: KubeNames = DEFAULT_NAMES) ->
     meta = _meta(obj)
     spec = _spec(obj)
     status = obj.get("status") or {}
-    kind, uid, owner = controller_of(obj)
+    kind, uid, owner = controller_ref(obj)
     priority = spec.get("priority")
     movable = annotations_of(obj).get(cv.ANNOTATION_DEFRAG_MOVABLE, "")
     return PodInfo(
@@ -240,11 +228,11 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
             continue
         try:
             request = pod_from_k8s(obj, names)
+            info = pod_info(obj, request, names)
         except BadInput as e:
             meta = _meta(obj)
             problems.append(f"pod {meta.get('namespace')}/{meta.get('name')}: {e}")
             continue
-        info = pod_info(obj, request, names)
         if not info.node:
             if request.wants_gpu or info.scheduler_name == scheduler_name:
                 pending.append(info)

@@ -72,8 +72,9 @@ class WorkloadConfig:
 
 @dataclass(frozen=True, slots=True)
 class BindConfig:
-    """The optional bind verb: choose GPUs, create the Binding that also annotates the pod with
-    them, and count the placement at once ("assumed") until the watch shows it or ``assume_ttl_s`` passes."""
+    """The optional bind verb: choose GPUs, create the Binding that also annotates the pod
+    with them, and count the placement at once ("assumed") until the watch shows it or
+    ``assume_ttl_s`` passes."""
 
     enabled: bool = True
     assume_ttl_s: float = 30.0

@@ -210,12 +210,20 @@ def node_name_of(obj: Obj) -> str:
     return str(value)
 
 
-def owner_uid(obj: Obj) -> str:
-    """The UID of the pod's controlling owner (ReplicaSet, StatefulSet, Job), or ''."""
+def controller_ref(obj: Obj) -> tuple[str, str, str]:
+    """(kind, uid, name) of the pod's controlling owner (ReplicaSet, StatefulSet, Job, ...);
+    empty strings for a bare pod. Affinity and hints key on the UID; the defrag planner also
+    needs the kind (a DaemonSet pod never moves) and the name (for its plan table)."""
     for ref in _list(_mapping(obj, "metadata", ""), "ownerReferences", "metadata"):
         if isinstance(ref, Mapping) and ref.get("controller"):
-            return str(ref.get("uid", ""))
-    return ""
+            return (str(ref.get("kind") or ""), str(ref.get("uid") or ""),
+                    str(ref.get("name") or ""))
+    return "", "", ""
+
+
+def owner_uid(obj: Obj) -> str:
+    """The UID of the pod's controlling owner, or ''."""
+    return controller_ref(obj)[1]
 
 
 def is_terminal(obj: Obj) -> bool:

@@ -103,8 +103,11 @@ def test_dcgm_samples_replace_the_annotation() -> None:
 
 def test_bad_objects_are_skipped_with_a_reason() -> None:
     bad = k8s_pod("x", node="n0", milli=1500)
-    snap, problems = build_snapshot([k8s_node("n0")], [bad], [], AGENT)
-    assert snap.state.pods == {} and len(problems) == 1 and "ns/x" in problems[0]
+    owners = k8s_pod("y", node="n0", milli=500)
+    owners["metadata"]["ownerReferences"] = {"kind": "ReplicaSet"}  # a mapping, not a list
+    snap, problems = build_snapshot([k8s_node("n0")], [bad, owners], [], AGENT)
+    assert snap.state.pods == {} and len(problems) == 2
+    assert "ns/x" in problems[0] and "ns/y" in problems[1] and "ownerReferences" in problems[1]
 
 
 def test_constraints_taints_and_cordon() -> None:

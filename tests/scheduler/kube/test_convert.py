@@ -7,7 +7,13 @@ from typing import Any
 import pytest
 
 from gpufrag.errors import BadInput
-from scheduler.kube.convert import bound_gpus, node_from_k8s, owner_uid, pod_from_k8s
+from scheduler.kube.convert import (
+    bound_gpus,
+    controller_ref,
+    node_from_k8s,
+    owner_uid,
+    pod_from_k8s,
+)
 
 
 def k8s_pod(requests: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
@@ -66,5 +72,11 @@ def test_bound_gpus_and_owner() -> None:
     assert bound_gpus(k8s_pod(annotations={"gpufrag.io/gpu-indices": "0,3"})) == (0, 3)
     assert bound_gpus(k8s_pod(annotations={"gpufrag.io/gpu-indices": "x"})) is None
     assert bound_gpus(k8s_pod()) is None
-    obj = k8s_pod(ownerReferences=[{"kind": "ReplicaSet", "uid": "u1", "controller": True}])
+    obj = k8s_pod(ownerReferences=[
+        {"kind": "Node", "uid": "n", "name": "n0"},  # an owner, not the controller
+        {"kind": "ReplicaSet", "uid": "u1", "name": "web-7d", "controller": True}])
     assert owner_uid(obj) == "u1" and owner_uid(k8s_pod()) == ""
+    assert controller_ref(obj) == ("ReplicaSet", "u1", "web-7d")
+    assert controller_ref(k8s_pod()) == ("", "", "")
+    with pytest.raises(BadInput, match="ownerReferences"):
+        controller_ref(k8s_pod(ownerReferences={"kind": "ReplicaSet"}))
