@@ -13,9 +13,13 @@ Per candidate node, for a pod labelled with model m at version v (``PodRequest.m
 - ``warm``          — a replica of (m, v) left the node within ``warm_window_s`` seconds
   (``ClusterState.remove_pod(now=...)`` records when).
 
-A node already holding ``max_replicas_per_node`` replicas of (m, v) gets no bonus (spreading
-replicas of one version limits the blast radius of a node failure); with ``cap_is_hard`` the
-extender's filter rejects it outright. Pods without a model label get 0 everywhere.
+A node already holding ``max_replicas_per_node`` replicas of (m, v) gets the same-version bonus
+as a penalty instead (``-same_version``): spreading replicas of one version limits the blast
+radius of a node failure, and merely withholding the bonus would leave such a node as good as
+any other, so a packing policy would keep stacking replicas on it. With the penalty the pod
+goes there only when the policy prefers that node by more than the affinity weight (soft, like
+a ``ScheduleAnyway`` spread constraint); with ``cap_is_hard`` the extender's filter rejects it
+outright. Pods without a model label get 0 everywhere.
 
 Pure numpy over ``ClusterState.replicas`` / ``model_last_seen``: no Kubernetes, no web.
 """
@@ -86,7 +90,8 @@ def at_cap(state: ClusterState, pod: PodRequest, rows: IntArray,
 
 def affinity_score(state: ClusterState, pod: PodRequest, rows: IntArray,
                    params: AffinityParams, now: float) -> FloatArray:
-    """The bonus in 0..1 for each row in ``rows`` (see the module docstring)."""
+    """The bonus in 0..1 for each row in ``rows``, or the penalty ``-same_version`` on rows
+    at the per-node cap (see the module docstring)."""
     if not pod.model:
         return np.zeros(rows.size, np.float64)
     key = (pod.model, pod.model_version)
@@ -105,7 +110,7 @@ def affinity_score(state: ClusterState, pod: PodRequest, rows: IntArray,
                        np.where(warm, params.warm, 0.0))
     bonus = np.where(same > 0, params.same_version, bonus)
     if params.max_replicas_per_node > 0:
-        bonus = np.where(same >= params.max_replicas_per_node, 0.0, bonus)
+        bonus = np.where(same >= params.max_replicas_per_node, -params.same_version, bonus)
     score: FloatArray = bonus
     return score
 

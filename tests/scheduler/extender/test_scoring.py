@@ -113,13 +113,24 @@ def test_warm_window_keeps_part_of_the_bonus(clock: FakeClock) -> None:
     assert scores(runtime, k8s_pod(model_pod("later")), NAMES) == plain
 
 
-def test_node_at_the_cap_gets_no_bonus_and_hard_cap_filters_it() -> None:
-    bound = [k8s_pod(model_pod(f"r{i}"), node="n2", gpus=(i,)) for i in range(2)]
+def test_at_the_cap_the_bonus_becomes_a_penalty_and_a_hard_cap_filters() -> None:
+    # n2 runs 2 replicas of 250 milli on GPU 0; with whole-GPU pods in the workload (one on n1)
+    # FGD alone would fill that GPU's other half rather than break a whole GPU elsewhere.
+    bound = [k8s_pod(model_pod(f"r{i}", gpu_milli=250), node="n2", gpus=(0,)) for i in range(2)]
+    bound.append(k8s_pod(pod("whole"), node="n1", gpus=(0,)))
+    request = k8s_pod(model_pod("new", gpu_milli=500))
+    uncapped = affinity_runtime(bound)
+    assert scores(uncapped, k8s_pod(pod("plain", gpu_milli=500)), NAMES)["n2"] == 10
+    assert scores(uncapped, request, NAMES)["n2"] == 10
+
+    # Soft cap: the penalty outweighs the policy's preference, so the third replica goes
+    # elsewhere (only withholding the bonus would have left n2 first); still feasible there,
+    # and chosen when nothing else is offered.
     soft = affinity_runtime(bound, max_replicas_per_node=2)
-    request = k8s_pod(model_pod("new"))
-    plain = scores(soft, k8s_pod(pod("plain")), NAMES)
-    assert scores(soft, request, NAMES) == plain  # no bonus at the cap: as if unlabelled
+    got = scores(soft, request, NAMES)
+    assert got["n2"] < 10 and max(got.values()) == 10
     assert filtered(soft, request, NAMES)["NodeNames"] == NAMES
+    assert scores(soft, request, ["n2"]) == {"n2": 10}
 
     hard = affinity_runtime(bound, max_replicas_per_node=2, cap_is_hard=True)
     reply = filtered(hard, request, NAMES)

@@ -53,7 +53,7 @@ ROWS = np.arange(len(NAMES), dtype=np.int64)
      {"same": 1.0, "other": 0.5, "warm": 0.6, "cold": 0.0, "none": 0.0, "capped": 1.0,
       "other+warm": 0.6, "same+warm": 1.0}),
     (AffinityParams(max_replicas_per_node=2),
-     {"same": 1.0, "other": 0.5, "warm": 0.6, "cold": 0.0, "none": 0.0, "capped": 0.0,
+     {"same": 1.0, "other": 0.5, "warm": 0.6, "cold": 0.0, "none": 0.0, "capped": -1.0,
       "other+warm": 0.6, "same+warm": 1.0}),
     (AffinityParams(same_version=0.9, other_version=0.7, warm=0.2, warm_window_s=3 * 3600),
      {"same": 0.9, "other": 0.7, "warm": 0.2, "cold": 0.2, "none": 0.0, "capped": 0.9,
@@ -62,8 +62,8 @@ ROWS = np.arange(len(NAMES), dtype=np.int64)
      {"same": 1.0, "other": 0.5, "warm": 0.0, "cold": 0.0, "none": 0.0, "capped": 1.0,
       "other+warm": 0.5, "same+warm": 1.0}),
     (AffinityParams(max_replicas_per_node=1),
-     {"same": 0.0, "other": 0.5, "warm": 0.6, "cold": 0.0, "none": 0.0, "capped": 0.0,
-      "other+warm": 0.6, "same+warm": 0.0}),
+     {"same": -1.0, "other": 0.5, "warm": 0.6, "cold": 0.0, "none": 0.0, "capped": -1.0,
+      "other+warm": 0.6, "same+warm": -1.0}),
 ])
 def test_bonus_per_kind_of_node(state: ClusterState, params: AffinityParams,
                                 expected: dict[str, float]) -> None:
