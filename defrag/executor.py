@@ -40,6 +40,7 @@ from defrag.model import PodInfo, Snapshot, place_gpus
 from defrag.planner import Move, Plan
 from defrag.trigger import find_triggers
 from gpufrag import conventions as cv
+from gpufrag.errors import BadInput
 from scheduler.core.fragmentation import TargetWorkload
 
 EvictionOutcome = Literal["evicted", "refused", "gone"]
@@ -262,10 +263,13 @@ class KubeActions:
 
 
 def _controller_uid(obj: Mapping[str, Any]) -> str:
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller"):
-            return str(ref.get("uid", ""))
-    return ""
+    """The controlling owner's UID ('' for a bare pod, or one whose owners cannot be read)."""
+    from scheduler.kube.convert import owner_uid  # lazy, like _recorded_gpus below
+
+    try:
+        return owner_uid(obj)
+    except BadInput:
+        return ""
 
 
 def _recorded_gpus(obj: Mapping[str, Any]) -> tuple[int, ...] | None:

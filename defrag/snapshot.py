@@ -226,13 +226,23 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
     for obj in pods:
         if is_terminal(obj):
             continue
+        where = f"pod {_meta(obj).get('namespace')}/{_meta(obj).get('name')}"
         try:
             request = pod_from_k8s(obj, names)
+        except BadInput as e:
+            problems.append(f"{where}: {e}")
+            continue
+        try:
             info = pod_info(obj, request, names)
         except BadInput as e:
-            meta = _meta(obj)
-            problems.append(f"pod {meta.get('namespace')}/{meta.get('name')}: {e}")
-            continue
+            # Its requests are readable, so it still holds them where it runs: keep it, as a
+            # pod without owners (never moved), rather than leave its GPUs looking free.
+            problems.append(f"{where}: {e}; kept as a pod without owners, never moved")
+            meta = {k: v for k, v in _meta(obj).items() if k != "ownerReferences"}
+            try:
+                info = pod_info({**obj, "metadata": meta}, request, names)
+            except BadInput:
+                continue
         if not info.node:
             if request.wants_gpu or info.scheduler_name == scheduler_name:
                 pending.append(info)

@@ -993,8 +993,8 @@ class ExtenderProcess:
 
     def log_events(self, event: str) -> Iterator[dict[str, Any]]:
         """The extender's JSON log lines for one event (verb), oldest first."""
-        for line in self.log_path.read_text().splitlines(keepends=True):
-            if line.startswith("{") and line.endswith("\n"):  # not a line still being written
+        for line in self.log_path.read_text().split("\n")[:-1]:  # the last: unfinished
+            if line.startswith("{"):
                 record = json.loads(line)
                 if record.get("event") == event:
                     yield record

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -140,6 +141,31 @@ class _Text:
 
 
 T = TypeVar("T")
+
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def qualified_name_problem(value: str) -> str | None:
+    """Why ``value`` is not a Kubernetes qualified name (``[prefix/]name``, the form of label
+    and annotation keys and extended resource names), or None.
+
+    Checked here because the API server does not check it where the extender writes: a Binding's
+    annotations are copied onto the pod unvalidated, and a bad key there would make every later
+    update of that pod (the kubelet's status writes included) fail."""
+    if not value:
+        return "must not be empty"
+    prefix, _, name = value.rpartition("/")
+    if "/" in value and (not prefix or len(prefix) > 253
+                         or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return (f"{value!r}: the prefix before '/' must be a DNS subdomain (lowercase "
+                f"alphanumerics, '-' and '.', at most 253 characters)")
+    if len(name) > 63 or not _NAME_PART.fullmatch(name):
+        return (f"{value!r} is not a Kubernetes qualified name: the name part must be 1-63 "
+                f"characters of A-Z, a-z, 0-9, '-', '_' and '.', starting and ending with a "
+                f"letter or digit")
+    return None
 
 
 def _type_name(tp: Any) -> str:
@@ -296,7 +322,8 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
     found += [(f"affinity.{f}", m) for f, m in config.affinity.problems()]
     for f in dataclasses.fields(config.names):
         value = getattr(config.names, f.name)
-        need(bool(value.strip()), f"names.{f.name}", "must not be empty")
+        problem = qualified_name_problem(value)
+        need(problem is None, f"names.{f.name}", problem or "")
     w = config.workload
     need(w.refresh_s > 0, "workload.refresh_s", f"must be > 0 seconds, got {w.refresh_s}")
     need(0 < w.coverage <= 1, "workload.coverage", f"must be in (0, 1], got {w.coverage}")

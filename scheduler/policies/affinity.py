@@ -3,7 +3,8 @@
 A replica placed where the same model version already runs (or ran a few minutes ago) skips
 most of its cold start: the image is pulled and the weights are in the page cache. This is not a
 placement policy on its own — it says nothing about fragmentation — but a bonus in 0..1 per node
-that the extender blends with the selected policy's score.
+(a penalty at the per-node replica cap) that the extender blends with the selected policy's
+score.
 
 Per candidate node, for a pod labelled with model m at version v (``PodRequest.model`` /
 ``model_version``), the bonus is the best that applies of:

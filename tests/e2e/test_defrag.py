@@ -296,11 +296,13 @@ class Watcher(threading.Thread):
         self.fewest_ready_web = 99
         self.hints_seen: set[tuple[str, str]] = set()
         self.errors: list[str] = []
+        self.polls = 0  # successful ones: what the PDB and hint checks rest on
 
     def run(self) -> None:
         while not self.stop_event.is_set():
             try:
                 self._poll()
+                self.polls += 1
             except Exception as e:  # reported by the test, never a dead thread
                 self.errors.append(repr(e))
             self.stop_event.wait(0.05)
@@ -386,6 +388,7 @@ def test_one_cycle_defragments_and_keeps_every_promise(
         return True
 
     wait_until(full_replicas, timeout_s=WAIT_S, what="web and api ready at full replicas")
+    assert watcher.polls > 0, watcher.errors
     assert watcher.fewest_ready_web >= 1
     assert len(layout) == len(before_layout)
 

@@ -156,8 +156,10 @@ def test_ours_ends_less_fragmented_than_the_default_scheduler(
                 core.create_namespaced_pod(namespace, gpu_pod(
                     f"{group}-{j}", gpus=gpus, cpu="8", scheduler=scheduler, group=group))
             bound_node(core, namespace, f"frag-ours-{j}")
-            wait_until(lambda j=j: _unschedulable(core, namespace, f"frag-default-{j}"),
-                       timeout_s=60, what=f"default scheduler gives up on frag-default-{j}")
+            verdict = wait_until(lambda j=j: _scheduling_verdict(core, namespace,
+                                                                  f"frag-default-{j}"),
+                                 timeout_s=60, what=f"the default scheduler on frag-default-{j}")
+            assert verdict == "unschedulable", verdict
 
         states = {s: cluster_state(control_plane, g) for s, g in groups.items()}
         workload = TargetWorkload.from_pods(_requests(placed_first + last))
@@ -174,12 +176,16 @@ def _requests(sizes: list[int]) -> list[PodRequest]:
             for i, g in enumerate(sizes)]
 
 
-def _unschedulable(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> bool | None:
-    """True once the scheduler has marked the pod PodScheduled=False, reason Unschedulable."""
+def _scheduling_verdict(core: kubernetes.client.CoreV1Api, namespace: str, name: str
+                        ) -> str | None:
+    """'unschedulable' once the scheduler marked the pod PodScheduled=False (Unschedulable),
+    'bound to <node>' if it was bound after all, None while neither."""
     pod = core.read_namespaced_pod(name, namespace)
-    assert not pod.spec.node_name, f"{name} was bound to {pod.spec.node_name}"
-    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
-               for c in pod.status.conditions or ()) or None
+    if pod.spec.node_name:
+        return f"bound to {pod.spec.node_name}"
+    unschedulable = any(c.type == "PodScheduled" and c.status == "False"
+                        and c.reason == "Unschedulable" for c in pod.status.conditions or ())
+    return "unschedulable" if unschedulable else None
 
 
 def _pending_for(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
