@@ -141,6 +141,22 @@ class Summary:
         }
 
 
+def comparison_rows(before: Summary, after: Summary, *, gib: str = ".1f",
+                    gpus: str = ".2f") -> list[tuple[str, str, str]]:
+    """(label, before, after) text for the figures a cycle is judged by, shared by the cycle
+    summary and the what-if table; ``gib`` and ``gpus`` are the format specs of the GiB and
+    GPU-count figures (a whole what-if cluster reads better with fewer digits)."""
+    b, a = before, after
+    return [
+        ("waste ratio", f"{b.waste_ratio:.1%}", f"{a.waste_ratio:.1%}"),
+        ("wasted GiB", format(b.wasted_gib, gib), format(a.wasted_gib, gib)),
+        ("fragmentation ratio", f"{b.frag_ratio:.1%}", f"{a.frag_ratio:.1%}"),
+        ("fragmentation (GPUs)", format(b.frag_gpus, gpus), format(a.frag_gpus, gpus)),
+        ("free whole GPUs", str(b.free_whole_gpus), str(a.free_whole_gpus)),
+        ("free GPU nodes", str(b.free_gpu_nodes), str(a.free_gpu_nodes)),
+    ]
+
+
 @dataclass(frozen=True)
 class Measurement:
     """Per node (index = ClusterState row): waste and fragmentation, plus the cluster summary."""

@@ -20,7 +20,7 @@ import collections
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, push_to_gateway
 
-from defrag.measure import Summary
+from defrag.measure import Summary, comparison_rows
 
 PREFIX = "gpufrag_defrag_"
 JOB = "gpufrag-defrag"
@@ -101,13 +101,6 @@ class CycleMetrics:
         keys = ["planned", "evicted", *rest]
         lines += [f"  {k:<36}{self.counts.get(k, 0):>10}" for k in keys]
         lines.append(f"  {'':<36}{'before':>10}{'after':>10}")
-        for label, b, a in (
-            ("waste ratio", f"{before.waste_ratio:.1%}", f"{after.waste_ratio:.1%}"),
-            ("wasted GiB", f"{before.wasted_gib:.1f}", f"{after.wasted_gib:.1f}"),
-            ("fragmentation ratio", f"{before.frag_ratio:.1%}", f"{after.frag_ratio:.1%}"),
-            ("fragmentation (GPUs)", f"{before.frag_gpus:.2f}", f"{after.frag_gpus:.2f}"),
-            ("free whole GPUs", str(before.free_whole_gpus), str(after.free_whole_gpus)),
-            ("free GPU nodes", str(before.free_gpu_nodes), str(after.free_gpu_nodes)),
-        ):
+        for label, b, a in comparison_rows(before, after):
             lines.append(f"  {label:<36}{b:>10}{a:>10}")
         return lines

@@ -40,7 +40,7 @@ import numpy.typing as npt
 
 from defrag.config import DefragConfig, Limits
 from defrag.executor import DryRunActions, Executor
-from defrag.measure import Summary, measure
+from defrag.measure import Summary, comparison_rows, measure
 from defrag.metrics import CycleMetrics
 from defrag.model import PodInfo, Snapshot, snapshot_of_state
 from defrag.planner import plan
@@ -274,12 +274,7 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
 def table(result: WhatIfResult) -> str:
     b, a = result.before, result.after
     rows = [
-        ("waste ratio", f"{b.waste_ratio:.1%}", f"{a.waste_ratio:.1%}"),
-        ("wasted GiB", f"{b.wasted_gib:.0f}", f"{a.wasted_gib:.0f}"),
-        ("fragmentation ratio", f"{b.frag_ratio:.1%}", f"{a.frag_ratio:.1%}"),
-        ("fragmentation (GPUs)", f"{b.frag_gpus:.1f}", f"{a.frag_gpus:.1f}"),
-        ("free whole GPUs", str(b.free_whole_gpus), str(a.free_whole_gpus)),
-        ("free GPU nodes", str(b.free_gpu_nodes), str(a.free_gpu_nodes)),
+        *comparison_rows(b, a, gib=".0f", gpus=".1f"),
         ("allocated GPUs", f"{b.allocated_gpus:.1f}", f"{a.allocated_gpus:.1f}"),
         ("pending pods", str(result.pending_before), str(result.pending_after)),
     ]
