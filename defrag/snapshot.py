@@ -76,6 +76,12 @@ def _meta(obj: Obj) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
+def _pod_label(obj: Obj) -> str:
+    """``pod namespace/name`` for a problem line (only built when there is a problem)."""
+    meta = _meta(obj)
+    return f"pod {meta.get('namespace')}/{meta.get('name')}"
+
+
 def _spec(obj: Obj) -> Mapping[str, Any]:
     spec = obj.get("spec") or {}
     return spec if isinstance(spec, Mapping) else {}
@@ -226,18 +232,17 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
     for obj in pods:
         if is_terminal(obj):
             continue
-        where = f"pod {_meta(obj).get('namespace')}/{_meta(obj).get('name')}"
         try:
             request = pod_from_k8s(obj, names)
         except BadInput as e:
-            problems.append(f"{where}: {e}")
+            problems.append(f"{_pod_label(obj)}: {e}")
             continue
         try:
             info = pod_info(obj, request, names)
         except BadInput as e:
             # Its requests are readable, so it still holds them where it runs: keep it, as a
             # pod without owners (never moved), rather than leave its GPUs looking free.
-            problems.append(f"{where}: {e}; kept as a pod without owners, never moved")
+            problems.append(f"{_pod_label(obj)}: {e}; kept as a pod without owners, never moved")
             meta = {k: v for k, v in _meta(obj).items() if k != "ownerReferences"}
             try:
                 info = pod_info({**obj, "metadata": meta}, request, names)
