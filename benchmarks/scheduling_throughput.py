@@ -26,6 +26,7 @@ from typing import Any
 import kubernetes
 import orjson
 
+from benchmarks.procstat import cpu_seconds
 from gpufrag.devcluster import (
     ControlPlane,
     ExtenderProcess,
@@ -44,31 +45,14 @@ profiles:
 """
 
 
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int, *, children: bool = True) -> float:
-    """User + system CPU of a process and (``children``) its live descendants (Linux /proc; 0
-    once gone). Descendants matter: the extender works in the gunicorn worker it forks."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        kids: list[int] = []
-        if children:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                kids = [int(c) for c in f.read().split()]
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICKS + sum(cpu_seconds(c) for c in kids)
-
-
 def cpu_by_process(plane: ControlPlane, extender: ExtenderProcess) -> dict[str, float]:
     pids = {name: c.process.pid for name, c in plane.components.items()}
     pids |= {f"scheduler {name}": c.process.pid for name, c in plane.schedulers.items()}
     if extender.process is not None:
         pids["gpufrag extender"] = extender.process.pid
-    cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    cpu["this client"] = cpu_seconds(os.getpid(), children=False)  # the rest are its children
+    # With descendants: the extender works in the gunicorn worker it forks.
+    cpu = {name: cpu_seconds(pid, descendants=True) for name, pid in pids.items()}
+    cpu["this client"] = cpu_seconds(os.getpid())  # the rest are its children
     return cpu
 
 

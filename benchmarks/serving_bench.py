@@ -33,8 +33,8 @@ delay + 2 x full-batch compute time; rejections < 5 ms; accepted within the dead
 how far off it is when missed. The load generator shares the machine with the server; on a
 small CPU box both compete for the same cores, which the figures include. Usage::
 
-    python benchmarks/serving_bench.py                 # ~4 minutes, both models
-    python benchmarks/serving_bench.py --models builtin:resnet-medium --seconds 3
+    python -m benchmarks.serving_bench                 # ~4 minutes, both models
+    python -m benchmarks.serving_bench --models builtin:resnet-medium --seconds 3
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from benchmarks.procstat import cpu_seconds
 from serving.backends.onnx_runtime import OnnxRuntimeBackend
 from serving.client import EncodedRequest, encode_inputs
 from serving.models import materialize, model_name
@@ -240,15 +241,6 @@ async def open_loop(url: str, model: str, request: EncodedRequest, *, rate: floa
                         rows=gained["gpufrag_serving_batch_size_sum"],
                         compute_s=gained["gpufrag_serving_compute_duration_seconds_sum"])
     return outcomes, sent_rate, stats
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (Linux /proc; NaN elsewhere)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return math.nan
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile_ms(values: list[float], q: float) -> float:
