@@ -5,7 +5,7 @@ The cluster: ``synthetic_nodes(5000)`` (the openb node mix, ~25,000 GPUs), fille
 (the fragmentation a fragmentation-blind scheduler leaves) with 50,000 pods — 15% CPU-only,
 65% GPU shares (openb's share sizes), 20% one whole GPU — each using a Beta(10.8, 11.7) share
 of what it reserves (the GenAI trace's shape), so nearly every node is over the 25% waste
-threshold and every small pod is a candidate. Timed: ``defrag.planner.plan`` end to end
+threshold and every small pod is a candidate. Timed: ``defrag.controller.planner.plan`` end to end
 (measure, triggers, candidates, ranking, scoring with FGD through the core's ``choose``, the
 predicted "after", restoring the snapshot), best of ``--repeat`` runs, for the CronJob's
 default budget (10 evictions) and bigger ones.
@@ -27,9 +27,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from defrag.config import DefragConfig, Limits
-from defrag.model import Snapshot, snapshot_of_state
-from defrag.planner import plan
+from defrag.controller.config import DefragConfig, Limits
+from defrag.controller.model import Snapshot, snapshot_of_state
+from defrag.controller.planner import plan
 from scheduler.core import ClusterState, PodRequest, TargetWorkload
 from scheduler.policies import make_policy
 from simulations.defrag_whatif import SYNTHETIC_BETA, with_gpu_memory

@@ -27,14 +27,11 @@ import kubernetes
 import orjson
 
 from benchmarks.procstat import cpu_seconds
-from gpufrag.devcluster import (
-    ControlPlane,
-    ExtenderProcess,
-    build_control_plane,
-    gpufrag_scheduler_config,
-    wait_until,
-)
-from tests.e2e.stack import gpu_pod
+from devkit.build import build_control_plane
+from devkit.controlplane import ControlPlane
+from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
+from devkit.procs import wait_until
+from devkit.stack import gpu_pod
 
 QPS = "clientConnection:\n  qps: 1000\n  burst: 2000\n"
 PLAIN = """\

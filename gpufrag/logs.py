@@ -12,6 +12,11 @@ import sys
 
 import structlog
 
+from gpufrag.errors import BadInput
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+          "error": logging.ERROR, "critical": logging.CRITICAL}
+
 
 class StderrLogger:
     """Writes each line to whatever ``sys.stderr`` is *now*.
@@ -33,11 +38,14 @@ def _stderr_logger_factory(*_args: object) -> StderrLogger:
 
 
 def configure(level: str | None = None, *, json: bool | None = None) -> None:
-    """Configure structlog; ``GPUFRAG_LOG_LEVEL`` / ``GPUFRAG_LOG_FORMAT`` override defaults."""
-    level_name = (level or os.environ.get("GPUFRAG_LOG_LEVEL") or "info").upper()
-    numeric = logging.getLevelName(level_name)
-    if not isinstance(numeric, int):
-        numeric = logging.INFO
+    """Configure structlog; ``GPUFRAG_LOG_LEVEL`` / ``GPUFRAG_LOG_FORMAT`` override defaults.
+    An unknown level is bad input (:class:`BadInput`), never a silent start at info."""
+    given = level or os.environ.get("GPUFRAG_LOG_LEVEL") or "info"
+    numeric = LEVELS.get(given.lower())
+    if numeric is None:
+        where = "--log-level" if level else "environment GPUFRAG_LOG_LEVEL"
+        raise BadInput(f"unknown log level {given!r}; choose from {', '.join(LEVELS)}",
+                       field=where)
     fmt = os.environ.get("GPUFRAG_LOG_FORMAT")
     if json is None:
         json = fmt == "json" if fmt else not sys.stderr.isatty()

@@ -1,7 +1,10 @@
 """``gpufrag serve``: parse flags into a validated :class:`ServerConfig` and run the server.
 
-Bad flags print one line (``gpufrag serve: <what is wrong>``) and exit 2; asking for a GPU
-backend where none can run prints why and exits 3.
+Bad flags print one line (``gpufrag serve: <what is wrong>``) and exit 2, and so does a
+``--model`` file that is missing, a directory, empty or not an ONNX model: it is checked before
+the server listens (:func:`serving.models.check_model_file`), so the user sees which file is
+wrong instead of a traceback after start-up logs. Asking for a GPU backend where none can run
+prints why and exits 3.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from gpufrag.errors import (
 )
 from serving.backends.tensorrt_engine import BackendUnavailable
 from serving.config import BACKENDS, BatcherConfig, ServerConfig, parse_sizes
+from serving.models import check_model_file
+from serving.server import serve
 
 PROG = "gpufrag serve"
 log = structlog.get_logger("serving.cli")
@@ -70,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where TensorRT engines are cached (default <model cache>/engines)")
     p.add_argument("--gpu-memory-growth-warn-mib", type=float, default=100.0,
                    help="warn when GPU memory grows more than this over one batch")
+    p.add_argument("--allow-non-finite", action="append", default=[], metavar="INPUT",
+                   help="accept NaN/Inf in this float input (binary tensor data only: JSON "
+                   "has no NaN); repeat for more inputs. Default: rejected with 400")
     p.add_argument("--shutdown-timeout-s", type=float, default=30.0,
                    help="longest the SIGTERM drain may take (default %(default)s)")
     p.add_argument("--log-level", default=None, help="debug, info, warning, error")
@@ -93,17 +101,15 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         intra_op_threads=args.intra_op_threads,
         gpu_memory_growth_warn_mib=args.gpu_memory_growth_warn_mib,
         shutdown_timeout_s=args.shutdown_timeout_s,
+        allow_non_finite_inputs=tuple(args.allow_non_finite),
     ).validate()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from serving.models import model_name
-    from serving.server import serve
-
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         config = config_from_args(args)
-        model_name(config.model)  # a typo in --model fails here, before listening
+        check_model_file(config.model)  # a typo or a broken file fails here, not listening
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
     except BadInput as exc:

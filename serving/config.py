@@ -68,6 +68,9 @@ class ServerConfig:
     intra_op_threads: int = 0
     gpu_memory_growth_warn_mib: float = 100.0
     shutdown_timeout_s: float = 30.0
+    # Inputs whose requests may carry NaN/+-Inf (see TensorSpec.allow_non_finite); checked
+    # against the model's inputs once it is loaded (serving.server.published_inputs).
+    allow_non_finite_inputs: tuple[str, ...] = ()
 
     def validate(self) -> ServerConfig:
         if not self.model:
@@ -89,6 +92,10 @@ class ServerConfig:
         if not self.shutdown_timeout_s > 0:
             raise BadInput(f"must be > 0, got {self.shutdown_timeout_s:g}",
                            field="--shutdown-timeout-s")
+        for name in self.allow_non_finite_inputs:
+            if not name.strip():
+                raise BadInput("needs an input name, got an empty one",
+                               field="--allow-non-finite")
         return self
 
 

@@ -1,113 +1,98 @@
-"""GPU probe: utilisation and memory per GPU through NVML (pynvml, from nvidia-ml-py).
+"""Serving's view of the GPUs: utilisation and memory per GPU, read through :mod:`gpufrag.nvml`.
 
-Where there is no GPU — no driver, no NVML library, no devices, or pynvml missing — the probe
-says so in one log line and :func:`detect_gpus` returns ``None``; callers then leave the GPU
-metrics out instead of publishing zeros. Tests drive :class:`NvmlProbe` with recorded readings
-through an NVML stand-in (:class:`serving.testing.RecordedNvml`), since CI has no GPU.
+NVML itself is read by the shared adapter (:class:`gpufrag.nvml.NvmlReader`), the same one the
+node agent uses; this module adds only what serving wants on top. Where there is no GPU — no
+driver, no NVML library, no devices — :func:`detect_gpus` says so in one log line and returns
+``None``; callers then leave the GPU metrics out instead of publishing zeros. A GPU whose read
+fails later (lost, driver reset) is skipped and said once, so neither a scrape nor a batch fails
+because a GPU went away. Tests drive the probe with recorded readings
+(:class:`gpufrag.nvml_recorded.RecordedNvml`), since CI has no GPU.
 
 :class:`MemoryGrowthWatch` wraps a backend and warns when a GPU's used memory grew by more than
 a threshold (default 100 MiB) across one batch — the signature of a leak or of an allocator
-growing its pool for a new, larger shape. NVML reports device-wide memory, so on a shared GPU
-another process's allocation can trip it too; the warning says which GPU and by how much.
+growing its pool for a new, larger shape. It uses the memory-only read (one NVML call per GPU,
+no process listing), cheap enough for every batch. NVML reports device-wide memory, so on a
+shared GPU another process's allocation can trip it too; the warning says which GPU and by how
+much.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 import structlog
 
+from gpufrag.nvml import MIB, GpuReadError, GpuReading, NvmlApi, NvmlReader, detect
 from serving.backends.base import Array, Backend
 from serving.tensors import TensorSpec
 
 log = structlog.get_logger("serving.gpu")
 
-MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    index: int
-    uuid: str
-    name: str
-    utilization_ratio: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-
-
 class GpuProbe(Protocol):
-    def read(self) -> list[GpuReading]: ...
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    def read(self) -> Sequence[GpuReading]: ...
 
 
 class NvmlProbe:
-    """Reads every GPU NVML can see. ``nvml`` is the pynvml module (or a recorded stand-in)."""
+    """Every GPU an opened :class:`~gpufrag.nvml.NvmlReader` sees, read leniently: a GPU whose
+    read fails is left out of that reading, and the first such failure is logged once.
 
-    def __init__(self, nvml: Any) -> None:
-        self._nvml = nvml
-        nvml.nvmlInit()
-        count = int(nvml.nvmlDeviceGetCount())
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        self.names = [_text(nvml.nvmlDeviceGetName(h)) for h in self._handles]
-        self.uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in self._handles]
+    Owns the reader: :meth:`close` shuts NVML down.
+    """
+
+    def __init__(self, reader: NvmlReader) -> None:
+        self._reader = reader
+        gpus = reader.inventory()  # names for the engine cache and the start-up log, read once
+        self.names = [gpu.product for gpu in gpus]
+        self.uuids = [gpu.uuid for gpu in gpus]
         self._read_failed = False
 
     @property
     def count(self) -> int:
-        return len(self._handles)
+        return self._reader.device_count
 
     def read(self) -> list[GpuReading]:
+        """Utilisation and memory of every readable GPU, without process lists (serving's
+        gauges need none, and listing processes is the slowest NVML call)."""
         readings: list[GpuReading] = []
-        for index, handle in enumerate(self._handles):
+        for index in range(self.count):
             try:
-                util = self._nvml.nvmlDeviceGetUtilizationRates(handle)
-                memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
-            except Exception as exc:  # NVMLError (GPU lost, driver reset): skip, say once
-                if not self._read_failed:
-                    log.warning("gpu_read_failed", gpu=index, error=str(exc))
-                    self._read_failed = True
-                continue
-            readings.append(GpuReading(
-                index=index, uuid=self.uuids[index], name=self.names[index],
-                utilization_ratio=float(util.gpu) / 100.0,
-                memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total)))
+                readings.append(self._reader.read_gpu(index, processes=False))
+            except GpuReadError as exc:
+                self._failed(index, exc)
         return readings
 
     def memory_used_bytes(self) -> dict[int, int]:
-        return {r.index: r.memory_used_bytes for r in self.read()}
+        """GPU index -> used bytes, one NVML call per GPU: the per-batch read."""
+        used: dict[int, int] = {}
+        for index in range(self.count):
+            try:
+                used[index] = self._reader.read_memory(index).memory_used_bytes
+            except GpuReadError as exc:
+                self._failed(index, exc)
+        return used
+
+    def _failed(self, index: int, exc: GpuReadError) -> None:
+        if not self._read_failed:  # a lost GPU fails every read; one line says it
+            log.warning("gpu_read_failed", gpu=index, error=str(exc))
+            self._read_failed = True
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):  # a probe's shutdown must never fail the exit
-            self._nvml.nvmlShutdown()
+        self._reader.close()  # never raises: a probe's shutdown must not fail the exit
 
 
-def detect_gpus(nvml: Any | None = None) -> NvmlProbe | None:
-    """An :class:`NvmlProbe` when a GPU is usable, else ``None`` after one clear log line."""
-    if nvml is None:
-        try:
-            nvml = importlib.import_module("pynvml")
-        except ImportError:
-            log.info("no_gpu", reason="pynvml (nvidia-ml-py) is not installed; GPU metrics off")
-            return None
+def detect_gpus(nvml: NvmlApi | None = None) -> NvmlProbe | None:
+    """An :class:`NvmlProbe` when a GPU is usable, else ``None`` after one clear log line.
+    ``nvml`` replaces the real binding (tests pass a recorded one)."""
+    reader = detect(nvml, log=log, effect="no GPU metrics, CPU backends only")
+    if reader is None:
+        return None
     try:
-        probe = NvmlProbe(nvml)
-    except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
-        log.info("no_gpu", reason=f"NVML unavailable ({type(exc).__name__}: {exc}); "
-                 "no GPU metrics, CPU backends only")
+        return NvmlProbe(reader)
+    except GpuReadError as exc:  # lost between detection and now; the same one line
+        reader.close()
+        log.warning("nvml_failed", error=str(exc), effect="no GPU metrics, CPU backends only")
         return None
-    if probe.count == 0:
-        log.info("no_gpu", reason="NVML found no GPU devices; GPU metrics off")
-        probe.close()
-        return None
-    log.info("gpus_found", count=probe.count, names=probe.names)
-    return probe
 
 
 class MemoryGrowthWatch:

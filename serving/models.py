@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from onnx import TensorProto, helper, numpy_helper
 
 from gpufrag.errors import BadInput
@@ -235,15 +236,52 @@ def _spec(name: str) -> ResNetSpec:
 
 
 def model_name(ref: str) -> str:
-    """The v2 model name for ``PATH`` or ``builtin:NAME``, checking the reference (cheap: no
-    generation, no load), so a typo fails before the server starts listening."""
+    """The v2 model name for ``PATH`` or ``builtin:NAME``, checking the reference (cheap: a
+    stat, no generation, no load), so a typo fails before the server starts listening."""
     if ref.startswith(BUILTIN_PREFIX):
         return _spec(ref[len(BUILTIN_PREFIX):]).name
     path = Path(ref)
+    if path.is_dir():
+        raise BadInput(f"model file {ref!r} is a directory; give the .onnx file in it",
+                       field="--model")
     if not path.is_file():
         raise BadInput(f"model file {ref!r} does not exist (or use {BUILTIN_PREFIX}NAME; "
                        f"known: {', '.join(BUILTIN_MODELS)})", field="--model")
+    if path.stat().st_size == 0:
+        raise BadInput(f"model file {ref!r} is empty (0 bytes), not an ONNX model",
+                       field="--model")
     return path.stem
+
+
+def check_model_file(ref: str) -> None:
+    """Fail fast, in one line, on a ``--model`` file that is not an ONNX model (truncated,
+    corrupt, some other protobuf), before the server listens and logs: otherwise the error
+    comes from ONNX Runtime after start-up, once the pod has been reported live.
+
+    Parses the protobuf without external data (~10 ms for ResNet-50's 100 MB) and asks only
+    for a graph with inputs and outputs, not ``onnx.checker``'s full check, which rejects
+    models ONNX Runtime runs (newer IR versions, contrib operators). Built-in models are
+    generated here and need no check. (``DecodeError`` comes from protobuf, which onnx is
+    built on and which ships no type stubs: hence the ignore on its import.)
+    """
+    model_name(ref)
+    if ref.startswith(BUILTIN_PREFIX):
+        return
+    try:
+        model = onnx.load_model(ref, load_external_data=False)
+    except DecodeError:
+        raise BadInput(f"model file {ref!r} is not an ONNX model: it does not parse as one "
+                       "(truncated, corrupt, or another kind of file?)", field="--model") from None
+    except OSError as exc:
+        raise BadInput(f"model file {ref!r} cannot be read: {exc.strerror or exc}",
+                       field="--model") from None
+    if not model.HasField("graph"):
+        raise BadInput(f"model file {ref!r} is not an ONNX model: it parses, but has no graph "
+                       "(another kind of protobuf?)", field="--model")
+    if not model.graph.input or not model.graph.output:
+        raise BadInput(f"model file {ref!r} has a graph with {len(model.graph.input)} inputs "
+                       f"and {len(model.graph.output)} outputs; a servable model needs at "
+                       "least one of each", field="--model")
 
 
 def materialize(ref: str, cache_dir: Path) -> Path:

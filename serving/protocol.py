@@ -20,11 +20,19 @@ Tensors travel either as JSON ``data`` (flat row-major or nested; responses flat
   wins) is sent the same way, and the response carries ``Inference-Header-Content-Length``.
 
 BOOL is one byte per element (0 or 1); BYTES is not supported by this server at all.
+
+NaN and +-Inf follow one rule whichever way a tensor travels (:func:`_check_finite`): a float
+input rejects them unless its :class:`TensorSpec` has ``allow_non_finite``, and the error names
+the input and the first bad element. JSON cannot carry them at all (RFC 8259 has no NaN or
+Infinity, and orjson refuses literals that overflow a double), so there a non-finite value can
+only be a finite number too large for the datatype, which is "out of range" even where
+non-finite values are allowed: the client sent 1e300, not Inf.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +51,9 @@ BINARY_CONTENT_TYPE = "application/octet-stream"
 
 # Which JSON-decoded numpy kinds each v2 datatype accepts (b=bool, i/u=integers, f=floats).
 _ACCEPTED_KINDS: dict[str, str] = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+# Tokens that Python's json.dumps writes for non-finite floats but JSON does not allow; looked
+# for only in a body that failed to parse, to say why.
+_NON_JSON_NUMBERS = re.compile(rb"\b(?:NaN|Infinity)\b")
 
 
 @dataclass(frozen=True)
@@ -148,7 +159,11 @@ def parse_infer_request(body: bytes, model: ModelInfo, *,
     try:
         doc = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"malformed JSON: {exc}") from None
+        hint = ""
+        if _NON_JSON_NUMBERS.search(header):
+            hint = ("; NaN and Infinity are not JSON numbers: send finite values, or send the "
+                    "tensor as binary data if the model allows non-finite values for it")
+        raise InvalidRequest(f"malformed JSON: {exc}{hint}") from None
     if not isinstance(doc, dict):
         raise InvalidRequest(f"request body must be a JSON object, got {type(doc).__name__}")
 
@@ -269,8 +284,9 @@ def _parse_tensor(raw: object, index: int, specs: Mapping[str, TensorSpec],
         raise InvalidRequest(f"input {name!r} uses the shared-memory extension, which this "
                              "server does not support; send JSON 'data' or binary data")
     if parameters and "binary_data_size" in parameters:
-        return name, _binary_tensor(name, raw, parameters["binary_data_size"], shape, spec,
-                                    binary)
+        array = _binary_tensor(name, raw, parameters["binary_data_size"], shape, spec, binary)
+        _check_finite(name, array, spec)
+        return name, array
     data = raw.get("data")
     if not isinstance(data, list):
         raise InvalidRequest(f"input {name!r} needs 'data' as a (flat or nested) list of "
@@ -323,9 +339,42 @@ def _to_array(name: str, data: list[Any], shape: list[int], spec: TensorSpec) ->
                                  f"{spec.datatype}")
     with np.errstate(over="ignore", invalid="ignore"):
         array = decoded.astype(target, copy=False).reshape(shape)
-    if target.kind == "f" and count and not np.isfinite(array).all():
-        raise InvalidRequest(f"input {name!r} has values out of range for {spec.datatype}")
+    _check_finite(name, array, spec, sent=decoded)
     return array
+
+
+def _check_finite(name: str, array: Array, spec: TensorSpec, *,
+                  sent: Array | None = None) -> None:
+    """The NaN/Inf rule, the same for JSON and binary tensors: a float input must be finite
+    unless ``spec.allow_non_finite``. One ``np.isfinite`` pass over float arrays only (none
+    at all for a binary input that allows non-finite values); locating the first bad element
+    costs something only for a request that is rejected anyway.
+
+    ``sent`` is the JSON-decoded array before the cast to the datatype: an element finite there
+    but not here overflowed the datatype, which is out of range whatever the input allows.
+    """
+    if array.dtype.kind != "f" or not array.size or (spec.allow_non_finite and sent is None):
+        return
+    finite = np.isfinite(array).reshape(-1)
+    if finite.all():
+        return
+    if sent is not None:
+        overflowed = ~finite & np.isfinite(sent).reshape(-1)
+        if overflowed.any():
+            index = int(np.argmax(overflowed))
+            value = sent.reshape(-1)[index].item()
+            raise InvalidRequest(f"input {name!r} value {value!r:.40} at element {index} is "
+                                 f"out of range for {spec.datatype} (largest "
+                                 f"{float(np.finfo(array.dtype).max):g})")
+        if spec.allow_non_finite:
+            return
+    index = int(np.argmin(finite))  # the first False, in row-major order
+    value = float(array.flat[index])
+    text = "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+    where = [int(i) for i in np.unravel_index(index, array.shape)]
+    raise InvalidRequest(f"input {name!r} has {text} at element {index} (index {where}); "
+                         f"this {spec.datatype} input accepts only finite values: replace "
+                         "NaN and Inf before sending")
 
 
 def _parse_requested_outputs(raw: object, model: ModelInfo, binary_default: bool

@@ -15,6 +15,7 @@ Order of events, and why:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from serving.gpu import MemoryGrowthWatch, NvmlProbe, detect_gpus
 from serving.metrics import ServingMetrics
 from serving.models import default_cache_dir, materialize, model_name
 from serving.protocol import ModelInfo
+from serving.tensors import TensorSpec
 
 log = structlog.get_logger("serving.server")
 
@@ -43,6 +45,25 @@ def check_limits(backend: Backend, config: ServerConfig) -> None:
     if limit is not None and config.batcher.max_batch_size > limit:
         raise BadInput(f"{config.batcher.max_batch_size} is larger than the model's batch limit "
                        f"{limit} ({backend.kind})", field="--max-batch-size")
+
+
+def published_inputs(backend: Backend, config: ServerConfig) -> tuple[TensorSpec, ...]:
+    """The input specs requests are checked against: the backend's, with ``allow_non_finite``
+    set where ``--allow-non-finite`` names the input. Checked here, once the model's inputs
+    are known, so a typo in a name fails the start instead of silently allowing nothing."""
+    allowed = set(config.allow_non_finite_inputs)
+    by_name = {spec.name: spec for spec in backend.inputs}
+    for name in config.allow_non_finite_inputs:
+        spec = by_name.get(name)
+        if spec is None:
+            raise BadInput(f"{name!r} is not an input of the model; its inputs: "
+                           f"{', '.join(by_name)}", field="--allow-non-finite")
+        if spec.dtype.kind != "f":
+            raise BadInput(f"input {name!r} is {spec.datatype}, which has no NaN or Inf; "
+                           "only FP16/FP32/FP64 inputs can allow them",
+                           field="--allow-non-finite")
+    return tuple(dataclasses.replace(spec, allow_non_finite=spec.name in allowed)
+                 for spec in backend.inputs)
 
 
 def _load(config: ServerConfig, probe: NvmlProbe | None) -> LoadedBackend:
@@ -93,6 +114,7 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
         loaded = await loop.run_in_executor(None, load or _load, config, probe)
         backend = loaded.backend
         check_limits(backend, config)
+        inputs = published_inputs(backend, config)
         metrics.model_load_seconds.labels(name, backend.kind).set(loaded.load_seconds)
         await loop.run_in_executor(None, _warm_up, backend)
         if probe is not None:
@@ -103,7 +125,7 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
                  inputs=[s.metadata() for s in backend.inputs])
         batcher = DynamicBatcher(backend, config.batcher, observer=metrics)
         batcher.start()
-        state.model = ModelInfo(name=name, platform=backend.kind, inputs=backend.inputs,
+        state.model = ModelInfo(name=name, platform=backend.kind, inputs=inputs,
                                 outputs=backend.outputs,
                                 max_batch_size=config.batcher.max_batch_size)
         state.batcher = batcher

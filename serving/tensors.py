@@ -46,11 +46,19 @@ ONNX_TO_V2: dict[str, str] = {
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One model input or output: name, v2 datatype, shape with -1 for the batch dimension."""
+    """One model input or output: name, v2 datatype, shape with -1 for the batch dimension.
+
+    ``allow_non_finite`` is the request rule for a floating-point *input*: False (the default)
+    makes the v2 protocol layer reject NaN and +-Inf, whether the tensor came as JSON or as
+    binary data, because a model fed NaN answers NaN with a 200 and nobody notices. Set it for
+    inputs where NaN means something (a missing-value marker). It is not published in the v2
+    metadata (the protocol has no such field) and backends ignore it.
+    """
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    allow_non_finite: bool = False
 
     @property
     def dtype(self) -> np.dtype[np.generic]:

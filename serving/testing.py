@@ -15,12 +15,15 @@ import heapq
 import itertools
 import threading
 from collections.abc import Callable, Mapping
-from types import SimpleNamespace
 from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
-from serving.backends.base import Array
+from serving.app import ServerState, build_app
+from serving.backends.base import Array, Backend
+from serving.batcher import DynamicBatcher
+from serving.metrics import ServingMetrics
+from serving.protocol import ModelInfo
 from serving.tensors import TensorSpec
 
 P = ParamSpec("P")
@@ -152,60 +155,6 @@ class FakeBackend:
         self.closed = True
 
 
-class RecordedNvml:
-    """Stands in for the ``pynvml`` module, replaying recorded readings.
-
-    ``recording`` is ``{"devices": [{"name", "uuid", "memory_total", "samples": [{"gpu": <util
-    %>, "memory_used": <bytes>}, ...]}]}``; each memory read moves a device to its next sample
-    (the last one repeats), so a test can script growth across a batch. ``fail_init`` makes
-    ``nvmlInit`` raise like a machine without a driver.
-    """
-
-    class NVMLError(Exception):
-        pass
-
-    def __init__(self, recording: Mapping[str, Any] | None = None, *,
-                 fail_init: str | None = None) -> None:
-        self._devices: list[dict[str, Any]] = [dict(d) for d in (recording or {}).get(
-            "devices", [])]
-        self._cursor = [0] * len(self._devices)
-        self._fail_init = fail_init
-        self.shutdown_called = False
-
-    def nvmlInit(self) -> None:
-        if self._fail_init:
-            raise RecordedNvml.NVMLError(self._fail_init)
-
-    def nvmlShutdown(self) -> None:
-        self.shutdown_called = True
-
-    def nvmlDeviceGetCount(self) -> int:
-        return len(self._devices)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
-
-    def nvmlDeviceGetName(self, handle: int) -> str:
-        return str(self._devices[handle]["name"])
-
-    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
-        return str(self._devices[handle]["uuid"]).encode()
-
-    def _sample(self, handle: int) -> dict[str, Any]:
-        samples: list[dict[str, Any]] = self._devices[handle]["samples"]
-        return samples[min(self._cursor[handle], len(samples) - 1)]
-
-    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
-        return SimpleNamespace(gpu=self._sample(handle)["gpu"], memory=0)
-
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
-        sample = self._sample(handle)
-        self._cursor[handle] += 1
-        total = int(self._devices[handle]["memory_total"])
-        used = int(sample["memory_used"])
-        return SimpleNamespace(total=total, used=used, free=total - used)
-
-
 def rows(n: int, features: int = 4, start: float = 0.0) -> dict[str, Array]:
     """A request's inputs for :class:`FakeBackend`: ``n`` rows of distinct values."""
     values = np.arange(start, start + n * features, dtype=np.float32).reshape(n, features)
@@ -213,7 +162,6 @@ def rows(n: int, features: int = 4, start: float = 0.0) -> dict[str, Array]:
 
 
 def _conforms(backend: FakeBackend) -> Any:
-    from serving.backends.base import Backend
 
     checked: Backend = backend  # mypy: FakeBackend implements the Backend Protocol
     return checked
@@ -228,8 +176,6 @@ class ThreadedServer:
 
     def __init__(self, backend: Any, config: Any, *, model_name: str = "fake",
                  max_body_bytes: int = 1 << 20) -> None:
-        from serving.app import ServerState
-        from serving.metrics import ServingMetrics
 
         self.backend = backend
         self.config = config
@@ -263,10 +209,6 @@ class ThreadedServer:
 
     async def _start(self) -> None:
         from aiohttp import web
-
-        from serving.app import build_app
-        from serving.batcher import DynamicBatcher
-        from serving.protocol import ModelInfo
 
         batcher = DynamicBatcher(self.backend, self.config, observer=self.state.metrics)
         batcher.start()

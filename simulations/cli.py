@@ -2,7 +2,8 @@
 
 Runs every (policy, seed) pair as one replay, in parallel processes, and writes the FGD authors'
 CSV layout, a summary JSON and plots to ``--out``. Bad input exits 2 with one line naming the
-file, row and field.
+file, row and field; a bad flag or flag value exits 2 with one line too (not argparse's usage
+block), because both mean "fix what you typed" and scripts should see one error to report.
 """
 
 from __future__ import annotations
@@ -11,42 +12,66 @@ import argparse
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, BadInputArgumentParser
 from scheduler.core.fragmentation import TargetWorkload
-from scheduler.core.types import NodeSpec, PodRequest
+from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.policies import POLICY_NAMES
-from simulations import report
+from simulations import defrag_whatif, report
 from simulations.openb import load_nodes, load_pods
 from simulations.replay import replay
 from simulations.synthetic import synthetic_nodes, synthetic_pods
-from simulations.workload import tune_workload
+from simulations.workload import MAX_ARRIVALS, expected_arrivals, tune_workload
+
+# Bounds on what one run may ask for, so a typo is an error and not an hour-long or
+# memory-filling run (the openb cluster has 1,213 nodes).
+MAX_SYNTHETIC_NODES = 100_000
+MAX_SEED = 2**63 - 1
 
 
-def _csv_list(text: str, kind: type = str) -> list:  # type: ignore[type-arg]
+def _items(text: str) -> list[str]:
+    """Non-empty items of a comma list; a repeat is refused, since it would only rerun a run."""
     items = [t.strip() for t in text.split(",") if t.strip()]
     if not items:
         raise argparse.ArgumentTypeError("expected a comma-separated list")
-    try:
-        return [kind(t) for t in items]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of {kind.__name__}: {text!r}") from None
+    doubled = sorted(t for t, n in Counter(items).items() if n > 1)
+    if doubled:
+        raise argparse.ArgumentTypeError(f"{','.join(doubled)} given more than once")
+    return items
+
+
+def _names(text: str) -> list[str]:
+    """A comma-separated list of names (policies)."""
+    return _items(text)
+
+
+def _seeds(text: str) -> list[int]:
+    """A comma-separated list of seeds, each in ``0..2^63-1`` (numpy refuses negative seeds)."""
+    seeds: list[int] = []
+    for item in _items(text):
+        if not item.isascii() or not item.isdigit() or len(item) > 19 or int(item) > MAX_SEED:
+            raise argparse.ArgumentTypeError(f"{item!r} is not a seed in 0..{MAX_SEED}")
+        if int(item) in seeds:
+            raise argparse.ArgumentTypeError(f"seed {int(item)} given more than once")
+        seeds.append(int(item))
+    return seeds
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = BadInputArgumentParser(
         prog="gpufrag whatif",
         description="Replay a cluster trace through each placement policy and compare them. "
         "With no --nodes/--pods, a seeded synthetic cluster shaped like the openb trace is used.",
     )
     p.add_argument("--nodes", type=Path, help="openb node CSV (sn,cpu_milli,memory_mib,gpu,model)")
     p.add_argument("--pods", type=Path, help="openb pod CSV (name,cpu_milli,...,gpu_spec)")
-    p.add_argument("--policies", type=_csv_list, default=list(POLICY_NAMES),
+    p.add_argument("--policies", type=_names, default=list(POLICY_NAMES),
                    help=f"comma-separated, from {','.join(POLICY_NAMES)} (default: all)")
-    p.add_argument("--seeds", type=lambda t: _csv_list(t, int), default=[42],
+    p.add_argument("--seeds", type=_seeds, default=[42],
                    help="comma-separated seeds (default: 42)")
     p.add_argument("--tune", type=float, default=1.3,
                    help="total GPU demand as a multiple of capacity (default: 1.3)")
@@ -84,8 +109,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise BadInput(f"--tune {args.tune} outside (0, 10]")
     if args.jobs < 1:
         raise BadInput(f"--jobs {args.jobs} must be >= 1")
-    if args.synthetic_nodes < 1:
-        raise BadInput(f"--synthetic-nodes {args.synthetic_nodes} must be >= 1")
+    if not 1 <= args.synthetic_nodes <= MAX_SYNTHETIC_NODES:
+        raise BadInput(f"--synthetic-nodes {args.synthetic_nodes} outside 1..{MAX_SYNTHETIC_NODES}")
     if not 0 < args.coverage <= 1:
         raise BadInput(f"--coverage {args.coverage} outside (0, 1]")
 
@@ -94,7 +119,7 @@ def run_one(workload: str, nodes: list[NodeSpec], pods: list[PodRequest], policy
             tune: float, target: TargetWorkload) -> report.RunRecord:
     """One replay; a top-level function so worker processes can run it."""
     start = time.perf_counter()
-    capacity = sum(n.gpu_count for n in nodes) * 1000
+    capacity = sum(n.gpu_count for n in nodes) * MILLI_PER_GPU
     arrivals = tune_workload(pods, capacity, tune, seed)
     result = replay(nodes, arrivals, policy, seed, target)
     return report.RunRecord(workload, tune, result, time.perf_counter() - start)
@@ -103,15 +128,25 @@ def run_one(workload: str, nodes: list[NodeSpec], pods: list[PodRequest], policy
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--defrag" in argv:
-        from simulations.defrag_whatif import main as defrag_main
-
-        return defrag_main([a for a in argv if a != "--defrag"])
-    args = build_parser().parse_args(argv)
+        return defrag_whatif.main([a for a in argv if a != "--defrag"])
+    try:
+        args = build_parser().parse_args(argv)
+    except BadInput as exc:
+        print(f"gpufrag whatif: {exc} (see gpufrag whatif --help)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SystemExit as exc:  # --help: argparse printed it and exits 0
+        return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT
     try:
         _validate(args)
         workload, nodes, pods = _load(args)
         if not any(n.gpu_count for n in nodes):
             raise BadInput("the cluster has no GPUs", source=str(args.nodes or "synthetic"))
+        capacity = sum(n.gpu_count for n in nodes) * MILLI_PER_GPU
+        arrivals = expected_arrivals(pods, capacity, args.tune)
+        if arrivals > MAX_ARRIVALS:
+            raise BadInput(f"reaching --tune {args.tune} x capacity needs about {arrivals} pods "
+                           f"(limit {MAX_ARRIVALS}): the GPU pods ask for too little; lower "
+                           "--tune or check gpu_milli", source=str(args.pods or "synthetic"))
         target = TargetWorkload.from_pods(pods, coverage=args.coverage)
     except BadInput as exc:
         print(f"gpufrag whatif: {exc}", file=sys.stderr)
@@ -119,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        print(f"gpufrag whatif: cannot create {args.out}: {exc.strerror}", file=sys.stderr)
+        print(f"gpufrag whatif: cannot create {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     runs = [(p, s) for p in args.policies for s in args.seeds]
     print(f"what-if: {workload}, {len(nodes)} nodes, {len(pods)} pods, tune {args.tune}, "
@@ -140,13 +175,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     records.sort(key=lambda r: (args.policies.index(r.result.policy), r.result.seed))
     columns = report.columns_for(args.tune)
     summaries = report.summarise(records, columns)
-    report.write_csvs(records, args.out, columns)
-    report.write_summary(summaries, args.out, {
-        "workload": workload, "nodes": len(nodes), "trace_pods": len(pods), "tune": args.tune,
-        "seeds": args.seeds, "wall_seconds": round(time.perf_counter() - started, 2),
-    })
-    if not args.no_plots:
-        report.plot(records, args.out, columns, f"{workload}, tune {args.tune}")
+    try:
+        report.write_csvs(records, args.out, columns)
+        report.write_summary(summaries, args.out, {
+            "workload": workload, "nodes": len(nodes), "trace_pods": len(pods),
+            "tune": args.tune, "seeds": args.seeds,
+            "wall_seconds": round(time.perf_counter() - started, 2),
+        })
+        if not args.no_plots:
+            report.plot(records, args.out, columns, f"{workload}, tune {args.tune}")
+    except OSError as exc:  # --out went away or is read-only: the same fix as a bad --out
+        print(f"gpufrag whatif: cannot write to {args.out}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(report.table(summaries, columns))
     print(f"\nwrote {args.out}/allocation.csv, frag_ratio.csv, frag_amount.csv, summary.json"
           + ("" if args.no_plots else ", allocation.png, frag_ratio.png"))

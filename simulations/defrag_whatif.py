@@ -38,12 +38,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from defrag.config import DefragConfig, Limits
-from defrag.executor import DryRunActions, Executor
-from defrag.measure import Summary, comparison_rows, measure
-from defrag.metrics import CycleMetrics
-from defrag.model import PodInfo, Snapshot, snapshot_of_state
-from defrag.planner import plan
+from defrag.controller.config import DefragConfig, Limits
+from defrag.controller.executor import DryRunActions, Executor
+from defrag.controller.measure import Summary, comparison_rows, measure
+from defrag.controller.metrics import CycleMetrics
+from defrag.controller.model import PodInfo, Snapshot, snapshot_of_state
+from defrag.controller.planner import plan
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.placement import ScoreCache, choose
@@ -221,9 +221,12 @@ def _place_pending(snapshot: Snapshot, policy: Policy, cache: ScoreCache | None,
     return placed
 
 
+_DEFAULTS = DefragConfig()
+
+
 def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str = "synthetic",
                fill: float = 0.85, fill_policy: str = "random", policy: str = "fgd",
-               seed: int = 42, cycles: int = 3, threshold: float = 0.25,
+               seed: int = 42, cycles: int = 3, threshold: float | None = None,
                max_evictions_total: int | None = None, max_evictions_per_node: int = 2,
                eviction_budget_pct: float = 1.5, fractions: FloatArray | None = None,
                coverage: float = 0.95) -> WhatIfResult:
@@ -242,7 +245,7 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
     total = (max_evictions_total if max_evictions_total is not None
              else max(1, int(placed_pods * eviction_budget_pct / 100)))
     # One namespace in the simulation: the namespace limit is the total.
-    config = DefragConfig(threshold=threshold,
+    config = DefragConfig(threshold=_DEFAULTS.threshold if threshold is None else threshold,
                           limits=Limits(per_node=max_evictions_per_node, per_namespace=total,
                                         total=total),
                           policy=policy, coverage=coverage, dry_run=True).validate()
@@ -354,8 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: fgd)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--cycles", type=int, default=3, help="defrag cycles (default: 3)")
-    p.add_argument("--threshold", type=float, default=0.25,
-                   help="waste ratio trigger (default: 0.25)")
+    p.add_argument("--threshold", type=float, default=_DEFAULTS.threshold,
+                   help=f"waste ratio trigger (default: {_DEFAULTS.threshold:g})")
     p.add_argument("--max-evictions-total", type=int,
                    help="per cycle (default: --eviction-budget-pct of the pods placed)")
     p.add_argument("--max-evictions-per-node", type=int, default=2)
@@ -375,23 +378,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    for flag, name in (("--fill-policy", args.fill_policy), ("--policy", args.policy)):
-        if name not in POLICY_NAMES:
-            raise BadInput(f"unknown policy {name!r}; choose from {','.join(POLICY_NAMES)}",
-                           field=flag)
-    if args.policy == "random":
-        raise BadInput("random cannot predict landings; use fgd or a deterministic baseline",
-                       field="--policy")
+    """Range checks for the what-if's own flags; the defrag knobs are validated by
+    :class:`DefragConfig`, the same way ``gpufrag defrag`` validates them."""
+    if args.fill_policy not in POLICY_NAMES:
+        raise BadInput(f"unknown policy {args.fill_policy!r}; choose from "
+                       f"{','.join(POLICY_NAMES)}", field="--fill-policy")
+    DefragConfig(threshold=args.threshold, policy=args.policy,
+                 limits=Limits(per_node=args.max_evictions_per_node,
+                               total=max(0, args.max_evictions_total or 0))).validate()
     if (args.nodes is None) != (args.pods is None):
         raise BadInput("--nodes and --pods go together (or give neither for the synthetic run)")
     checks = (("--fill", 0 < args.fill <= 10, args.fill),
               ("--cycles", 0 <= args.cycles <= 100, args.cycles),
-              ("--threshold", 0 <= args.threshold < 1, args.threshold),
               ("--synthetic-nodes", args.synthetic_nodes >= 1, args.synthetic_nodes),
               ("--eviction-budget-pct", 0 <= args.eviction_budget_pct <= 100,
                args.eviction_budget_pct),
-              ("--max-evictions-per-node", args.max_evictions_per_node >= 0,
-               args.max_evictions_per_node),
               ("--genai-gpu-gib", args.genai_gpu_gib > 0, args.genai_gpu_gib),
               ("--default-gpu-gib", args.default_gpu_gib > 0, args.default_gpu_gib))
     for flag, ok, value in checks:

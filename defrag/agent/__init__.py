@@ -2,7 +2,8 @@
 
 Modules, in data-flow order:
 
-- :mod:`defrag.agent.nvml` reads GPUs and their processes through pynvml;
+- :mod:`gpufrag.nvml` (the shared NVML adapter, not in this package) reads GPUs and their
+  processes through pynvml;
 - :mod:`defrag.agent.cgroup` maps a process to its pod (``/proc/<pid>/cgroup`` + the API);
 - :mod:`defrag.agent.usage` is the schema of the ``gpufrag.io/gpu-usage`` Node annotation, the
   public contract with the defrag controller;

@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import structlog
+from kubernetes.client import ApiClient, CoreV1Api
 from structlog.typing import FilteringBoundLogger
 
-if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+from scheduler.kube.errors import ApiError, api_errors
 
 ANNOTATION_CONFIG_HASH = "kubernetes.io/config.hash"
 
@@ -180,28 +180,21 @@ class KubePodLister:
 
     def __init__(self, api_client: ApiClient, node_name: str, *,
                  request_timeout_s: float = 10.0) -> None:
-        from kubernetes.client import CoreV1Api
-
         self._core = CoreV1Api(api_client)
         self._node_name = node_name
         self._request_timeout_s = request_timeout_s
 
     def list_pods(self) -> list[PodRecord]:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
         try:
-            pods = self._core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={self._node_name}",
-                # "0": served from the API server's watch cache, as the kubelet does.
-                resource_version="0",
-                _request_timeout=self._request_timeout_s,
-            )
-        except ApiException as exc:
-            raise PodListError(f"listing pods on node {self._node_name!r}: HTTP {exc.status} "
-                               f"{exc.reason}") from None
-        except (HTTPError, OSError) as exc:
-            raise PodListError(f"listing pods on node {self._node_name!r}: {exc}") from None
+            with api_errors(f"listing pods on node {self._node_name!r}"):
+                pods = self._core.list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={self._node_name}",
+                    # "0": served from the API server's watch cache, as the kubelet does.
+                    resource_version="0",
+                    _request_timeout=self._request_timeout_s,
+                )
+        except ApiError as exc:
+            raise PodListError(str(exc)) from None
         records = []
         for pod in pods.items or ():
             meta = pod.metadata

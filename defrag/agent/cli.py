@@ -28,7 +28,6 @@ from defrag.agent.loop import (
     AgentConfig,
 )
 from defrag.agent.metrics import AgentMetrics, Health, start_http_server
-from defrag.agent.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 from defrag.agent.publish import (
     ClusterWriter,
     KubeClusterWriter,
@@ -38,7 +37,9 @@ from defrag.agent.publish import (
 )
 from defrag.agent.usage import REFRESH_INTERVALS
 from gpufrag import logs
+from gpufrag.conventions import names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NO_GPU, EXIT_OK, BadInput
+from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -107,6 +108,7 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
             refresh_intervals=args.refresh_intervals,
             leak_threshold_mib=args.leak_threshold_mib,
             leak_intervals=args.leak_intervals,
+            names=names_from_environ(),
         ).validate()
         if not 0 <= args.metrics_port <= 65535:
             raise BadInput(f"{args.metrics_port} is not a TCP port (0 disables)",
@@ -152,7 +154,8 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
     health = Health(time.time, stall_after_s=max(3 * config.interval_s, 60.0))
     directory = PodDirectory(pod_lister, min_refresh_s=min(config.interval_s, 10.0), log=log)
     publisher = Publisher(writer, PublishPolicy(config.tolerance_mib, config.tolerance_pct,
-                                                config.refresh_s))
+                                                config.refresh_s),
+                          annotation_key=config.names.annotation_gpu_usage)
     agent = Agent(config, reader=reader, pods=PodResolver(directory, args.proc_root),
                   publisher=publisher, metrics=metrics, health=health, log=log)
     log.info("starting", gpus=gpu_count, interval_s=config.interval_s, once=args.once,

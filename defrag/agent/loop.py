@@ -22,10 +22,11 @@ from structlog.typing import FilteringBoundLogger
 from defrag.agent.cgroup import PodRef
 from defrag.agent.leakwatch import DEFAULT_INTERVALS, DEFAULT_THRESHOLD_MIB, LeakWatch
 from defrag.agent.metrics import AgentMetrics, Health
-from defrag.agent.nvml import GpuReadError, GpuReading
 from defrag.agent.publish import EVENT_REASON_GPU_MEMORY_GROWTH, Publisher, PublishError
 from defrag.agent.usage import REFRESH_INTERVALS, GpuUsage, NodeGpuUsage, PodGpuUsage
+from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
+from gpufrag.nvml import GpuReadError, GpuReading
 
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_TOLERANCE_MIB = 64
@@ -46,6 +47,8 @@ class AgentConfig:
     refresh_intervals: int = REFRESH_INTERVALS
     leak_threshold_mib: int = DEFAULT_THRESHOLD_MIB
     leak_intervals: int = DEFAULT_INTERVALS
+    # The shared names section (the usage annotation's key among them).
+    names: KubeNames = DEFAULT_NAMES
 
     @property
     def refresh_s(self) -> float:

@@ -21,16 +21,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from kubernetes import client
+from kubernetes.client import ApiClient, CoreV1Api
 from structlog.typing import FilteringBoundLogger
 
 from defrag.agent.cgroup import PodRef
 from defrag.agent.usage import NodeGpuUsage
 from gpufrag.conventions import ANNOTATION_GPU_USAGE
-
-if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+from scheduler.kube.errors import ApiError, api_errors
 
 COMPONENT = "gpufrag-agent"
 EVENT_REASON_GPU_MEMORY_GROWTH = "GPUMemoryGrowth"
@@ -60,8 +60,6 @@ class KubeClusterWriter:
 
     def __init__(self, api_client: ApiClient, *, node_name: str, component: str = COMPONENT,
                  request_timeout_s: float = 10.0) -> None:
-        from kubernetes.client import CoreV1Api
-
         self._core = CoreV1Api(api_client)
         self._node_name = node_name
         self._component = component
@@ -77,8 +75,6 @@ class KubeClusterWriter:
 
     def create_pod_event(self, pod: PodRef, *, reason: str, message: str, event_type: str,
                          now: float) -> None:
-        from kubernetes import client
-
         at = datetime.fromtimestamp(now, tz=UTC)
         event = client.CoreV1Event(
             # client-go's recorder names events "<object>.<unix nanos in hex>"; so do we.
@@ -108,26 +104,21 @@ class KubeClusterWriter:
 
 @contextmanager
 def _api_errors(what: str, *, verb: str, not_found: str) -> Iterator[None]:
-    """Map client exceptions to :class:`PublishError` with the fix in the message."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
+    """Map API failures (classified once, in :mod:`scheduler.kube.errors`) to
+    :class:`PublishError`, with the fix in the message."""
     try:
-        yield
-    except ApiException as exc:
-        status = exc.status
-        if status == 404:
+        with api_errors(what):
+            yield
+    except ApiError as exc:
+        if exc.status == 404:
             raise PublishError(f"{what}: {not_found}", retryable=False) from None
-        if status in (401, 403):
+        if exc.status in (401, 403):
             raise PublishError(
-                f"{what}: HTTP {status}; the agent's ServiceAccount needs RBAC '{verb}' "
+                f"{what}: HTTP {exc.status}; the agent's ServiceAccount needs RBAC '{verb}' "
                 "(see docs/agent.md)",
                 retryable=False,
             ) from None
-        retryable = status is None or status in (408, 409, 429) or status >= 500
-        raise PublishError(f"{what}: HTTP {status} {exc.reason}", retryable=retryable) from None
-    except (HTTPError, OSError) as exc:
-        raise PublishError(f"{what}: {exc}", retryable=True) from None
+        raise PublishError(str(exc), retryable=exc.retryable) from None
 
 
 class LogOnlyWriter:

@@ -18,7 +18,11 @@ import yaml
 
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
 from gpufrag.logs import configure
-from scheduler.config import config_to_mapping, load_config, parse_assignment
+from scheduler.extender.config import config_to_mapping, load_config, parse_assignment
+from scheduler.extender.runtime import cluster_runtime, snapshot_runtime
+from scheduler.extender.server import serve
+from scheduler.kube.client import api_client
+from scheduler.kube.snapshot import read_snapshot
 from scheduler.policies import POLICY_NAMES
 
 
@@ -67,10 +71,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(yaml.safe_dump(config_to_mapping(config), sort_keys=False), end="")
             return EXIT_OK
         # Imported here: --print-config and bad flags answer without loading Flask or gunicorn.
-        from scheduler.extender.runtime import cluster_runtime, snapshot_runtime
-        from scheduler.extender.server import serve
-        from scheduler.kube.client import api_client
-        from scheduler.kube.snapshot import read_snapshot
 
         if args.cluster_snapshot:
             runtime = snapshot_runtime(read_snapshot(args.cluster_snapshot), config)

@@ -15,8 +15,8 @@ from typing import Any
 import structlog
 from flask import Flask
 
-from scheduler.config import ExtenderConfig
 from scheduler.extender.app import create_app
+from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.service import Extender
 from scheduler.kube.binder import Binder, DryRunBinder, KubeBinder
 from scheduler.kube.cache import ClusterCache
@@ -73,7 +73,7 @@ def snapshot_runtime(snapshot: Snapshot, config: ExtenderConfig, *, clock: Clock
                      binder: Binder | None = None) -> Runtime:
     """Serve a static snapshot. Binds are dry runs unless ``binder`` is given."""
     cache = _cache(config, clock)
-    hints = snapshot.configmap(config.hints.namespace, config.hints.name)
+    hints = snapshot.configmap(config.names.hints_namespace, config.names.hints_configmap)
     cache.load(snapshot.nodes, snapshot.pods, hints if config.hints.enabled else None)
     if binder is None and config.bind.enabled:
         binder = DryRunBinder({key_of(p): p for p in snapshot.pods})
@@ -99,7 +99,8 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
     bind_client = new_api_client() if config.bind.enabled else None
     binder = KubeBinder(bind_client, config.names) if bind_client is not None else None
     extender = Extender(cache, config, binder=binder, clock=clock)
-    runtime = Runtime(config, cache, extender, ClusterWatcher(watch_client, cache, config))
+    runtime = Runtime(config, cache, extender, ClusterWatcher(
+        watch_client, cache, config.watch, names=config.names, hints=config.hints.enabled))
     runtime.clients = [c for c in (watch_client, bind_client) if c is not None]
     return runtime
 

@@ -8,7 +8,7 @@ from typing import Any
 from flask import Flask
 from gunicorn.app.base import BaseApplication
 
-from scheduler.config import ServerConfig
+from scheduler.extender.config import ServerConfig
 from scheduler.extender.runtime import Runtime
 
 KEEPALIVE_S = 75

@@ -18,11 +18,11 @@ import numpy as np
 import structlog
 
 from gpufrag.errors import BadInput
-from scheduler.config import ExtenderConfig
 from scheduler.core.feasibility import explain
 from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_ratio
 from scheduler.core.state import IntArray
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
+from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.scoring import UNKNOWN, FilterVerdicts, Priorities, Scorer
 from scheduler.extender.wire import NodeJson, encode_reason
 from scheduler.kube.binder import Binder, BindError

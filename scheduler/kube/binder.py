@@ -22,7 +22,7 @@ import kubernetes
 import orjson
 import structlog
 
-from scheduler.kube.convert import KubeNames
+from gpufrag.conventions import KubeNames
 
 Obj = Mapping[str, Any]
 # How the API server words a failed UID precondition (storage preconditions, as a 409).

@@ -25,13 +25,18 @@ from typing import Any
 import numpy as np
 import structlog
 
+from gpufrag.conventions import (
+    DEFAULT_NAMES,
+    NO_HINTS,
+    KubeNames,
+    PlacementHints,
+    hints_from_configmap,
+)
 from gpufrag.errors import BadInput
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import Placement, PodRequest
 from scheduler.kube.convert import (
-    DEFAULT_NAMES,
-    KubeNames,
     bound_gpus,
     is_terminal,
     key_of,
@@ -41,7 +46,6 @@ from scheduler.kube.convert import (
     pod_from_k8s,
     uid_of,
 )
-from scheduler.kube.hints import NO_HINTS, PlacementHints, hints_from_configmap
 
 Obj = Mapping[str, Any]
 Clock = Callable[[], float]

@@ -10,46 +10,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from kubernetes.utils.quantity import parse_quantity
-
-from gpufrag import conventions as cv
+from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, NodeSpec, PodRequest
+from scheduler.kube.quantity import QuantityError, parse_quantity
 
 Obj = Mapping[str, Any]
 _MIB = Decimal(1024 * 1024)
 
 
-@dataclass(frozen=True, slots=True)
-class KubeNames:
-    """Resource names, label and annotation keys; defaults from ``gpufrag.conventions`` so that
-    other device plugins' names (HAMi, Aliyun) can be mapped in configuration."""
-
-    gpu: str = cv.RESOURCE_GPU
-    gpu_milli: str = cv.RESOURCE_GPU_MILLI
-    label_gpu_product: str = cv.LABEL_GPU_PRODUCT
-    label_gpu_memory: str = cv.LABEL_GPU_MEMORY_MIB
-    label_model: str = cv.LABEL_MODEL
-    label_model_version: str = cv.LABEL_MODEL_VERSION
-    annotation_gpu_spec: str = cv.ANNOTATION_GPU_SPEC
-    annotation_gpu_indices: str = cv.ANNOTATION_GPU_INDICES
-
-
-DEFAULT_NAMES = KubeNames()
 
 
 def _quantity(value: object, path: str) -> Decimal:
     try:
-        q = parse_quantity(value)  # type: ignore[no-untyped-call]
-    except (ValueError, TypeError, ArithmeticError):
-        raise BadInput(f"{value!r} is not a Kubernetes quantity", field=path) from None
+        q = parse_quantity(value)
+    except QuantityError as e:
+        raise BadInput(str(e), field=path) from None
     if q < 0:
         raise BadInput(f"{value!r} is negative", field=path)
-    return Decimal(q)
+    return q
 
 
 def _mapping(obj: Obj, key: str, path: str) -> Mapping[str, Any]:

@@ -18,13 +18,14 @@ import functools
 import random
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import kubernetes
 import orjson
 import structlog
 
-from scheduler.config import ExtenderConfig, WatchConfig
+from gpufrag.conventions import KubeNames
 from scheduler.kube.cache import ClusterCache
 
 Obj = Mapping[str, Any]
@@ -37,6 +38,17 @@ CONNECT_TIMEOUT_S = 10.0
 LIST_READ_TIMEOUT_S = 120.0
 
 log = structlog.get_logger("gpufrag.watch")
+
+
+@dataclass(frozen=True, slots=True)
+class WatchConfig:
+    """List + watch of Nodes, Pods and the hints ConfigMap (the ``watch`` section of the
+    extender's configuration)."""
+
+    timeout_s: float = 60.0
+    page_size: int = 500
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
 
 
 class EventSink(Protocol):
@@ -267,20 +279,20 @@ class Reflector:
 class ClusterWatcher:
     """The reflectors for Nodes, Pods and (when enabled) the hints ConfigMap, each in a thread."""
 
-    def __init__(self, api_client: Any, cache: ClusterCache, config: ExtenderConfig) -> None:
+    def __init__(self, api_client: Any, cache: ClusterCache, w: WatchConfig, *,
+                 names: KubeNames, hints: bool) -> None:
         core = kubernetes.client.CoreV1Api(api_client)
         self.stop_event = threading.Event()
-        w = config.watch
         self.reflectors = [
             Reflector("nodes", core.list_node, NodeSink(cache), w, self.stop_event),
             Reflector("pods", functools.partial(core.list_pod_for_all_namespaces,
                                                 field_selector=NON_TERMINAL_PODS),
                       PodSink(cache), w, self.stop_event),
         ]
-        if config.hints.enabled:
+        if hints:
             self.reflectors.append(Reflector(
-                "hints", functools.partial(core.list_namespaced_config_map, config.hints.namespace,
-                                           field_selector=f"metadata.name={config.hints.name}"),
+                "hints", functools.partial(core.list_namespaced_config_map, names.hints_namespace,
+                                           field_selector=f"metadata.name={names.hints_configmap}"),
                 HintsSink(cache), w, self.stop_event))
         self._threads: list[threading.Thread] = []
 
@@ -299,4 +311,5 @@ class ClusterWatcher:
             thread.join(timeout_s)
 
 
-__all__ = ["Backoff", "ClusterWatcher", "EventSink", "Reflector", "WatchError", "list_objects"]
+__all__ = ["Backoff", "ClusterWatcher", "EventSink", "Reflector", "WatchConfig", "WatchError",
+           "list_objects"]

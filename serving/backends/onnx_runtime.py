@@ -7,16 +7,22 @@ actually runs the graph, so the metrics and logs say whether the GPU is in use.
 
 ``run`` releases the GIL, so batches computed in the batcher's worker thread leave the event
 loop free to accept and parse requests.
+
+A model file ONNX Runtime cannot load (corrupt protobuf, invalid graph, unknown operator,
+unsupported IR version) is :class:`gpufrag.errors.BadInput` naming the file and ORT's reason,
+so ``gpufrag serve`` reports it in one line with exit code 2 rather than a traceback.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gpufrag.errors import BadInput
 from serving.backends.base import Array, Backend
 from serving.tensors import ONNX_TO_V2, TensorSpec
 
@@ -71,14 +77,40 @@ def default_intra_op_threads() -> int:
     return max(1, available_cpus() - 1)
 
 
-def spec_from_onnx(name: str, onnx_type: str, shape: list[Any], *, what: str) -> TensorSpec:
-    """An ORT NodeArg -> TensorSpec; symbolic or unknown dims become -1."""
+def spec_from_onnx(name: str, onnx_type: str, shape: list[Any], *, what: str,
+                   source: str | None = None) -> TensorSpec:
+    """An ORT NodeArg -> TensorSpec; symbolic or unknown dims become -1. A type the server
+    cannot carry is the model's fault, so BadInput (exit 2), naming ``source`` (the file)."""
     datatype = ONNX_TO_V2.get(onnx_type)
     if datatype is None:
-        raise ValueError(f"{what} {name!r} has type {onnx_type}, which this server cannot "
-                         f"carry over JSON (supported: {', '.join(sorted(ONNX_TO_V2))})")
+        raise BadInput(f"{what} {name!r} has type {onnx_type}, which this server cannot "
+                       f"carry over JSON (supported: {', '.join(sorted(ONNX_TO_V2))})",
+                       source=source)
     dims = tuple(d if isinstance(d, int) and d > 0 else -1 for d in shape)
     return TensorSpec(name, datatype, dims)
+
+
+# ORT's error names that mean "this file is not a model ORT can run". FAIL is generic, so it
+# counts only while the file is being loaded; EP_FAIL, RUNTIME_EXCEPTION and the rest (a CUDA
+# provider failing, memory) are faults and keep their traceback.
+_MODEL_ERRORS = ("InvalidProtobuf", "InvalidGraph", "InvalidArgument", "NoSuchFile", "NoModel",
+                 "NotImplemented")
+_LOAD_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (?:Load model from .*? failed:)?")
+_CPP_LOCATION = re.compile(r"^\S+\.(?:cc|h|cpp):\d+ [^(]*\([^)]*\) ")
+
+
+def model_load_error(exc: Exception, model_path: Path) -> BadInput | None:
+    """``exc`` from ``ort.InferenceSession`` as a one-line BadInput naming the file, or None
+    when it is not the model's fault. Matched by class name: ORT's pybind11 classes derive
+    straight from Exception and live in a private module."""
+    kind = type(exc).__name__
+    text = str(exc).strip()
+    first_line = text.splitlines()[0] if text else kind
+    if kind not in _MODEL_ERRORS and not (kind == "Fail" and "Load model from" in first_line):
+        return None
+    reason = _CPP_LOCATION.sub("", _LOAD_PREFIX.sub("", first_line)).strip() or kind
+    return BadInput(f"model file {str(model_path)!r} cannot be loaded by ONNX Runtime: "
+                    f"{reason:.300}", field="--model")
 
 
 class OnnxRuntimeBackend:
@@ -96,13 +128,22 @@ class OnnxRuntimeBackend:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         providers = choose_providers(ort.get_available_providers(), allow_cuda=allow_cuda)
-        self._session = ort.InferenceSession(str(model_path), sess_options=options,
-                                             providers=providers)
+        try:
+            self._session = ort.InferenceSession(str(model_path), sess_options=options,
+                                                 providers=providers)
+        except Exception as exc:
+            bad = model_load_error(exc, model_path)
+            if bad is None:
+                raise
+            raise bad from None
         active = self._session.get_providers()
         self._kind = "onnxruntime-cuda" if CUDA_PROVIDER in active else "onnxruntime-cpu"
-        self._inputs = tuple(spec_from_onnx(i.name, i.type, list(i.shape), what="input")
+        source = str(model_path)
+        self._inputs = tuple(spec_from_onnx(i.name, i.type, list(i.shape), what="input",
+                                            source=source)
                              for i in self._session.get_inputs())
-        self._outputs = tuple(spec_from_onnx(o.name, o.type, list(o.shape), what="output")
+        self._outputs = tuple(spec_from_onnx(o.name, o.type, list(o.shape), what="output",
+                                             source=source)
                               for o in self._session.get_outputs())
         self._output_names = [o.name for o in self._outputs]
         batch_dims = {i.shape[0] for i in self._session.get_inputs() if i.shape}

@@ -1,1 +1,1 @@
-"""End-to-end tests against a real Kubernetes control plane (see gpufrag.devcluster)."""
+"""End-to-end tests against a real Kubernetes control plane (see devkit.controlplane)."""

@@ -1,14 +1,14 @@
 """Fixtures for the end-to-end tests: one real control plane per test session.
 
 Every test under tests/e2e is marked ``e2e``. The control plane is built from the upstream Go
-modules by ``tests/e2e/cluster/build`` (cached outside the repository; the first build takes tens
+modules by ``devkit/cluster/build`` (cached outside the repository; the first build takes tens
 of minutes) and started once per session, because starting it costs seconds and the tests
 clean up what they create. A failed build FAILS the tests with the build's output: an e2e suite
 that skips when its cluster cannot be built would pass while testing nothing.
 
 Fixtures:
 - ``control_plane_binary`` (session): path of the multi-call binary.
-- ``control_plane`` (session): a started :class:`gpufrag.devcluster.ControlPlane`.
+- ``control_plane`` (session): a started :class:`devkit.controlplane.ControlPlane`.
 - ``api_client`` (session): its shared ``kubernetes.client.ApiClient``.
 - ``namespace`` (function): a fresh namespace (with its default service account), deleted after.
 """
@@ -24,7 +24,9 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from gpufrag.devcluster import BuildError, ControlPlane, ControlPlaneError, build_control_plane
+from devkit.build import BuildError, build_control_plane
+from devkit.controlplane import ControlPlane
+from devkit.procs import ControlPlaneError
 
 E2E_DIR = Path(__file__).resolve().parent
 

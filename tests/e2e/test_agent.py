@@ -16,9 +16,10 @@ import pytest
 from defrag.agent.cgroup import KubePodLister, PodListError, PodRecord, PodRef
 from defrag.agent.publish import EVENT_REASON_GPU_MEMORY_GROWTH, KubeClusterWriter, PublishError
 from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage, parse
+from devkit.controlplane import ControlPlane
+from devkit.procs import free_port
+from devkit.stack import delete_nodes
 from gpufrag.conventions import ANNOTATION_GPU_USAGE
-from gpufrag.devcluster import ControlPlane, free_port
-from tests.e2e.stack import delete_nodes
 
 NODE = "agent-node-0"
 

@@ -36,6 +36,9 @@ from kubernetes.client import (
 )
 from kubernetes.utils import parse_quantity as _parse_quantity
 
+from devkit.build import BUILD_SCRIPT
+from devkit.controlplane import ControlPlane
+from devkit.procs import wait_until
 from gpufrag.conventions import (
     LABEL_GPU_COUNT,
     LABEL_GPU_MEMORY_MIB,
@@ -44,11 +47,10 @@ from gpufrag.conventions import (
     RESOURCE_GPU_MEMORY_MIB,
     RESOURCE_GPU_MILLI,
 )
-from gpufrag.devcluster import ControlPlane, wait_until
 
 pytestmark = pytest.mark.e2e
 
-GO_MOD = Path(__file__).resolve().parent / "cluster" / "go.mod"
+GO_MOD = BUILD_SCRIPT.parent / "go.mod"
 CPU_NODE = "smoke-cpu-0"
 GPU_NODE = "smoke-gpu-0"
 A100 = "NVIDIA-A100-SXM4-80GB"

@@ -34,16 +34,13 @@ import kubernetes
 import pytest
 
 from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
-from defrag.measure import Summary, measure
-from defrag.snapshot import UsageSource, build_snapshot
+from defrag.controller.measure import Summary, measure
+from defrag.controller.snapshot import UsageSource, build_snapshot
+from devkit.controlplane import ControlPlane
+from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
+from devkit.procs import wait_until
 from gpufrag import conventions as cv
 from gpufrag.cli import main as gpufrag
-from gpufrag.devcluster import (
-    ControlPlane,
-    ExtenderProcess,
-    gpufrag_scheduler_config,
-    wait_until,
-)
 from scheduler.core import TargetWorkload
 
 pytestmark = pytest.mark.e2e

@@ -23,9 +23,11 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from defrag.agent.nvml import GpuReading, NvmlReader, ProcessReading
-from gpufrag import demo
-from gpufrag.devcluster import ControlPlane, wait_until
+from devkit import demo
+from devkit.controlplane import ControlPlane
+from devkit.procs import wait_until
+from gpufrag.nvml import MIB, GpuReading, NvmlReader, ProcessReading
+from gpufrag.nvml_recorded import RecordedNvml
 
 PHASE_FIELDS = ("frag_ratio", "frag_gpus", "waste_ratio", "wasted_gib", "free_whole_gpus",
                 "placements", "cold_loads_avoided", "cold_loads", "placed_by", "p50_ms",
@@ -126,7 +128,7 @@ def test_replayed_nvml_reads_through_the_agent_reader(tmp_path: Path) -> None:
     pods = [demo.GpuPod("0b8f0c8e-1111-4a4a-9b9b-000000000001", (0,), 1400),
             demo.GpuPod("0b8f0c8e-2222-4a4a-9b9b-000000000002", (0, 2), 900)]
     gpus = demo.recorded_gpus("demo-t4-0", demo.T4, pods, proc.pid_of)
-    with NvmlReader(demo.ReplayNvml(gpus)) as reader:
+    with NvmlReader(RecordedNvml(gpus)) as reader:
         readings = reader.read()
     assert [r.memory_used_mib for r in readings] == [2300, 0, 900, 0]
     assert {r.memory_total_mib for r in readings} == {demo.T4.gpu_memory_mib}
@@ -138,9 +140,10 @@ def test_replayed_nvml_reads_through_the_agent_reader(tmp_path: Path) -> None:
 
 
 def test_live_nvml_figures_replace_recorded_ones_only_for_stand_ins_on_a_gpu() -> None:
-    readings = (GpuReading(0, "GPU-a", "NVIDIA H100", 9000, 81559, 40,
-                           (ProcessReading(111, 700), ProcessReading(222, 300))),
-                GpuReading(1, "GPU-b", "NVIDIA H100", 100, 81559, 0, (ProcessReading(111, 50),)))
+    readings = (GpuReading(0, "GPU-a", "NVIDIA H100", 9000 * MIB, 81559 * MIB, 40,
+                           (ProcessReading(111, 700 * MIB), ProcessReading(222, 300 * MIB))),
+                GpuReading(1, "GPU-b", "NVIDIA H100", 100 * MIB, 81559 * MIB, 0,
+                           (ProcessReading(111, 50 * MIB),)))
     assert demo.live_model_memory(readings, {"chat": 111, "embed": 333}) == {"chat": 750}
 
 

@@ -23,13 +23,14 @@ import kubernetes
 import orjson
 import pytest
 
+from devkit.controlplane import ControlPlane
+from devkit.procs import wait_until
+from devkit.stack import delete_nodes
 from gpufrag import conventions as cv
-from gpufrag.devcluster import ControlPlane, wait_until
-from scheduler.config import config_from_mapping
+from scheduler.extender.config import config_from_mapping
 from scheduler.extender.runtime import Runtime, cluster_runtime
 from scheduler.kube.export import main as export_main
 from scheduler.kube.snapshot import read_snapshot
-from tests.e2e.stack import delete_nodes
 
 pytestmark = pytest.mark.e2e
 
@@ -61,7 +62,7 @@ def nodes(control_plane: ControlPlane, prefix: str) -> Iterator[list[str]]:
 def runtime(control_plane: ControlPlane, nodes: list[str], namespace: str) -> Iterator[Runtime]:
     config = config_from_mapping({
         "watch": {"timeout_s": 5, "backoff_initial_s": 0.2, "backoff_max_s": 2},
-        "hints": {"namespace": namespace},
+        "names": {"hints_namespace": namespace},
         "maintenance_interval_s": 0.2,
     })
     rt = cluster_runtime(control_plane.new_api_client, config)

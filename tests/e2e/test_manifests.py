@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpufrag.devcluster import ControlPlane
+from devkit.controlplane import ControlPlane
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 OVERLAYS = ["base", "overlays/dev", "overlays/production"]

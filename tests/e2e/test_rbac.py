@@ -13,12 +13,14 @@ import yaml
 
 from defrag.agent.cgroup import KubePodLister
 from defrag.agent.publish import KubeClusterWriter
-from defrag.cli import main as defrag_main
+from defrag.controller.cli import main as defrag_main
+from devkit.controlplane import ControlPlane
+from devkit.pki import kubeconfig_yaml
+from devkit.procs import wait_until
+from devkit.stack import delete_nodes, gpu_pod
 from gpufrag import conventions as cv
-from gpufrag.devcluster import ControlPlane, kubeconfig_yaml, wait_until
-from scheduler.config import config_from_mapping
+from scheduler.extender.config import config_from_mapping
 from scheduler.extender.runtime import cluster_runtime
-from tests.e2e.stack import delete_nodes, gpu_pod
 from tests.e2e.test_manifests import render
 
 NS = "gpufrag-system"

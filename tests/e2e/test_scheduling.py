@@ -17,21 +17,18 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from gpufrag import conventions as cv
-from gpufrag.devcluster import (
-    ControlPlane,
-    ExtenderProcess,
-    gpufrag_scheduler_config,
-    wait_until,
-)
-from scheduler.core import PodRequest, TargetWorkload, fragmentation_ratio
-from tests.e2e.stack import (
+from devkit.controlplane import ControlPlane
+from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
+from devkit.procs import wait_until
+from devkit.stack import (
     bound_node,
     cluster_state,
     delete_nodes,
     gpu_pod,
     make_nodes,
 )
+from gpufrag import conventions as cv
+from scheduler.core import PodRequest, TargetWorkload, fragmentation_ratio
 
 PRODUCTS = {"T4": 15_360, "V100M32": 32_768, "A10": 23_028, "G2": 16_384}
 CAP = 3

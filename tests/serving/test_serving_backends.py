@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -9,12 +10,14 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from gpufrag.errors import BadInput
 from serving.backends import select
 from serving.backends.onnx_runtime import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
     OnnxRuntimeBackend,
     choose_providers,
+    model_load_error,
     spec_from_onnx,
 )
 from serving.backends.tensorrt_engine import BackendUnavailable
@@ -75,8 +78,43 @@ def test_choose_providers(available: list[str], allow_cuda: bool, expected: list
 def test_spec_from_onnx_maps_types_and_symbolic_dims() -> None:
     assert spec_from_onnx("a", "tensor(float16)", ["N", 3, None], what="input") == TensorSpec(
         "a", "FP16", (-1, 3, -1))
-    with pytest.raises(ValueError, match="input 's' has type tensor\\(string\\)"):
-        spec_from_onnx("s", "tensor(string)", [1], what="input")
+    with pytest.raises(BadInput, match="m.onnx: input 's' has type tensor\\(string\\)"):
+        spec_from_onnx("s", "tensor(string)", [1], what="input", source="m.onnx")
+
+
+@pytest.mark.parametrize(("kind", "needle"), [
+    ("unknown-op", "No Op registered for Frobnicate"),
+    ("bad-ir-version", "Unsupported model IR version: 99"),
+    ("random-bytes", "Protobuf parsing failed"),
+    ("no-graph", "No graph was found in the protobuf"),
+    ("missing", "File doesn't exist"),
+])
+def test_a_model_onnx_runtime_cannot_load_is_one_line_of_bad_input(
+        model_file: Callable[[str], Path], kind: str, needle: str) -> None:
+    path = model_file(kind)
+    with pytest.raises(BadInput) as raised:
+        OnnxRuntimeBackend(path, intra_op_threads=1)
+    message = str(raised.value)
+    assert message.startswith(f"field '--model': model file '{path}' cannot be loaded by "
+                              "ONNX Runtime: ")
+    assert needle in message and "\n" not in message
+    assert "[ONNXRuntimeError]" not in message and "model.cc" not in message
+
+
+def test_runtime_faults_are_not_mistaken_for_a_bad_model() -> None:
+    class EPFail(Exception):  # named like ORT's: a provider failing is a fault, not input
+        pass
+
+    class Fail(Exception):
+        pass
+
+    path = Path("m.onnx")
+    assert model_load_error(EPFail("CUDA failure 2: out of memory"), path) is None
+    assert model_load_error(Fail("[ONNXRuntimeError] : 1 : FAIL : bad alloc"), path) is None
+    assert model_load_error(RuntimeError("anything"), path) is None
+    loading = model_load_error(Fail("[ONNXRuntimeError] : 1 : FAIL : Load model from m.onnx "
+                                    "failed:opset 99 is unknown"), path)
+    assert loading is not None and str(loading).endswith("ONNX Runtime: opset 99 is unknown")
 
 
 @pytest.mark.parametrize(("requested", "trt_reason", "gpu", "expected"), [

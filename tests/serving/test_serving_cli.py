@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,52 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], needle: str,
     assert main(argv) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("gpufrag serve: ") and needle in err
+
+
+def test_allow_non_finite_names_reach_the_config() -> None:
+    args = build_parser().parse_args(["--model", "builtin:resnet-small", "--allow-non-finite",
+                                      "input", "--allow-non-finite", "mask"])
+    assert config_from_args(args).allow_non_finite_inputs == ("input", "mask")
+    default = build_parser().parse_args(["--model", "builtin:resnet-small"])
+    assert config_from_args(default).allow_non_finite_inputs == ()
+
+
+def test_an_empty_allow_non_finite_name_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", "builtin:resnet-small", "--allow-non-finite", " "]) == EXIT_BAD_INPUT
+    assert "field '--allow-non-finite': needs an input name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("kind", "needle"), [
+    ("missing", "does not exist"),
+    ("directory", "is a directory"),
+    ("empty", "is empty (0 bytes)"),
+    ("random-bytes", "is not an ONNX model: it does not parse as one"),
+    ("truncated", "is not an ONNX model: it does not parse as one"),
+    ("tensor-proto", "is not an ONNX model: it does not parse as one"),
+    ("no-graph", "it parses, but has no graph"),
+])
+def test_a_broken_model_file_is_one_line_naming_it_and_exit_2_before_listening(
+        model_file: Callable[[str], Path], kind: str, needle: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = model_file(kind)
+    assert main(["--model", str(path), "--port", "0", "--host", "127.0.0.1"]) == EXIT_BAD_INPUT
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.err.startswith("gpufrag serve: ")
+    assert str(path) in captured.err and needle in captured.err
+    assert captured.out == ""
+
+
+def test_a_model_only_onnx_runtime_rejects_still_exits_2_with_the_reason(
+        model_file: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("GPUFRAG_CACHE_DIR", str(tmp_path))
+    path = model_file("bad-ir-version")  # parses: found by the load, after listening
+    code = main(["--model", str(path), "--backend", "onnxruntime", "--port", "0",
+                 "--host", "127.0.0.1", "--log-level", "error"])
+    assert code == EXIT_BAD_INPUT
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"gpufrag serve: field '--model': model file '{path}' cannot be "
+                           "loaded by ONNX Runtime: Unsupported model IR version: 99")
 
 
 def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:

@@ -7,12 +7,14 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufrag.nvml import NvmlReader
+from gpufrag.nvml_recorded import RecordedNvml
 from serving.config import BatcherConfig
 from serving.gpu import NvmlProbe
 from serving.metrics import OUTCOMES, ServingMetrics
-from serving.testing import RecordedNvml
 
-RECORDING = json.loads((Path(__file__).parent / "data" / "nvml_2x_h100.json").read_text())
+RECORDING_PATH = Path(__file__).parent / "data" / "nvml_2x_h100.json"
+RECORDING = json.loads(RECORDING_PATH.read_text())
 
 
 def samples(metrics: ServingMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -58,7 +60,9 @@ def test_observer_hooks_feed_the_series() -> None:
 def test_gpu_series_come_from_the_probe_at_scrape_time() -> None:
     m = ServingMetrics(model="m")
     assert not any(name.startswith("gpufrag_serving_gpu_") for name, _ in samples(m))
-    m.add_gpu_collector(NvmlProbe(RecordedNvml(RECORDING)))
+    reader = NvmlReader(RecordedNvml.load(RECORDING_PATH))
+    reader.open()
+    m.add_gpu_collector(NvmlProbe(reader))
     got = samples(m)
     uuid = RECORDING["devices"][0]["uuid"]
     assert got[("gpufrag_serving_gpu_utilization_ratio", (("gpu", "0"), ("uuid", uuid)))] == 0.87

@@ -19,7 +19,7 @@ from serving.protocol import (
     parse_infer_request,
     parse_timeout_ms,
 )
-from serving.tensors import TensorSpec
+from serving.tensors import V2_TO_NUMPY, TensorSpec
 
 MODEL = ModelInfo(
     name="m", platform="test",
@@ -199,6 +199,86 @@ def test_binary_bool_is_one_byte_per_element_zero_or_one() -> None:
         "mask"].tolist() == [[True, False, True]]
     with pytest.raises(InvalidRequest, match="each byte must be 0 or 1"):
         parse_infer_request(raw[:-1] + b"\x02", BOOL_MODEL, header_length=length)
+
+
+# -- NaN and Inf: one rule for JSON and binary tensors ----------------------------------------
+
+def vector_model(datatype: str, *, allow_non_finite: bool = False) -> ModelInfo:
+    spec = TensorSpec("v", datatype, (-1, 3), allow_non_finite=allow_non_finite)
+    return ModelInfo(name="v", platform="test", inputs=(spec,),
+                     outputs=(TensorSpec("o", "FP32", (-1,)),), max_batch_size=4)
+
+
+def binary_vector(values: list[list[float]], datatype: str) -> tuple[bytes, str]:
+    array = np.array(values, dtype=V2_TO_NUMPY[datatype]).astype(
+        V2_TO_NUMPY[datatype].newbyteorder("<"))
+    return framed({"inputs": [binary_input("v", array, datatype)]}, array.tobytes())
+
+
+NON_FINITE = [
+    ("FP32", [[1, 2, 3], [4, float("nan"), 6]], "input 'v' has NaN at element 4 (index [1, 1])"),
+    ("FP32", [[float("inf"), 2, float("nan")]], "input 'v' has +Inf at element 0 (index [0, 0])"),
+    ("FP16", [[1, 2, float("-inf")]], "input 'v' has -Inf at element 2 (index [0, 2])"),
+    ("FP64", [[0, float("nan"), 0]], "input 'v' has NaN at element 1 (index [0, 1])"),
+]
+
+
+@pytest.mark.parametrize(("datatype", "values", "needle"), NON_FINITE)
+def test_binary_nan_and_inf_are_rejected_naming_the_input_and_first_element(
+        datatype: str, values: list[list[float]], needle: str) -> None:
+    raw, length = binary_vector(values, datatype)
+    with pytest.raises(InvalidRequest) as raised:
+        parse_infer_request(raw, vector_model(datatype), header_length=length)
+    assert needle in raised.value.message and raised.value.status == 400
+    assert f"this {datatype} input accepts only finite values" in raised.value.message
+
+
+@pytest.mark.parametrize(("datatype", "values", "needle"), NON_FINITE)
+def test_json_nan_and_inf_are_rejected_too_with_the_reason(
+        datatype: str, values: list[list[float]], needle: str) -> None:
+    del needle  # JSON has no NaN: the body is not JSON, and the message says so
+    doc = {"inputs": [tensor("v", [len(values), 3], datatype, values)]}
+    raw = json.dumps(doc).encode()  # Python writes NaN/Infinity, which JSON does not allow
+    with pytest.raises(InvalidRequest) as raised:
+        parse_infer_request(raw, vector_model(datatype, allow_non_finite=True))
+    assert raised.value.message.startswith("malformed JSON: ")
+    assert "NaN and Infinity are not JSON numbers" in raised.value.message
+
+
+@pytest.mark.parametrize(("datatype", "values", "needle"), NON_FINITE)
+def test_an_input_that_allows_non_finite_values_gets_them_as_sent(
+        datatype: str, values: list[list[float]], needle: str) -> None:
+    raw, length = binary_vector(values, datatype)
+    parsed = parse_infer_request(raw, vector_model(datatype, allow_non_finite=True),
+                                 header_length=length)
+    expected = np.array(values, dtype=V2_TO_NUMPY[datatype])
+    np.testing.assert_array_equal(parsed.inputs["v"], expected)  # NaN == NaN here
+
+
+@pytest.mark.parametrize("allow_non_finite", [False, True])
+def test_a_json_number_too_large_for_the_datatype_is_out_of_range_even_where_inf_is_allowed(
+        allow_non_finite: bool) -> None:
+    raw = orjson.dumps({"inputs": [tensor("v", [1, 3], "FP16", [1, 70000, 3])]})
+    with pytest.raises(InvalidRequest) as raised:
+        parse_infer_request(raw, vector_model("FP16", allow_non_finite=allow_non_finite))
+    assert raised.value.message == ("input 'v' value 70000 at element 1 is out of range for "
+                                    "FP16 (largest 65504)")
+
+
+def test_finite_and_integer_binary_inputs_are_untouched_by_the_rule() -> None:
+    raw, length = binary_vector([[1, -2, 3.5]], "FP32")
+    assert parse_infer_request(raw, vector_model("FP32"), header_length=length).inputs[
+        "v"].tolist() == [[1, -2, 3.5]]
+    raw, length = binary_vector([[1, -2, 3]], "INT32")
+    assert parse_infer_request(raw, vector_model("INT32"), header_length=length).inputs[
+        "v"].tolist() == [[1, -2, 3]]
+
+
+def test_orjson_still_refuses_every_non_finite_json_number() -> None:
+    """The JSON path relies on this: were it to change, NaN would need the binary rule."""
+    for literal in (b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400"):
+        with pytest.raises(orjson.JSONDecodeError):
+            orjson.loads(literal)
 
 
 @pytest.mark.parametrize(("inputs", "chunks", "needle"), [

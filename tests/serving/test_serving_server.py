@@ -17,16 +17,18 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
 import requests
 
 from gpufrag.errors import BadInput
+from serving.backends.base import Backend
 from serving.backends.select import LoadedBackend
 from serving.config import BatcherConfig, ServerConfig
-from serving.server import check_limits, serve
+from serving.server import check_limits, published_inputs, serve
+from serving.tensors import TensorSpec
 from serving.testing import FakeBackend
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
@@ -98,6 +100,34 @@ def test_batch_size_larger_than_the_backend_allows_is_bad_input() -> None:
     with pytest.raises(BadInput, match="--max-batch-size.*64 is larger than the model's batch "
                                        "limit 32"):
         check_limits(FakeBackend(max_batch_size=32), config)
+
+
+class _TwoInputs:
+    """Just the ``inputs`` of a backend: an image that may allow NaN and integer ids."""
+
+    inputs = (TensorSpec("image", "FP16", (-1, 2)), TensorSpec("ids", "INT64", (-1, 3)))
+
+
+def test_allow_non_finite_marks_only_the_named_inputs() -> None:
+    config = ServerConfig(model="m", allow_non_finite_inputs=("image",))
+    image, ids = published_inputs(cast(Backend, _TwoInputs()), config)
+    assert image == TensorSpec("image", "FP16", (-1, 2), allow_non_finite=True)
+    assert ids == TensorSpec("ids", "INT64", (-1, 3))  # untouched, default False
+    nothing = published_inputs(cast(Backend, _TwoInputs()), ServerConfig(model="m"))
+    assert not any(spec.allow_non_finite for spec in nothing)
+
+
+@pytest.mark.parametrize(("names", "needle"), [
+    (("imgae",), "'imgae' is not an input of the model; its inputs: image, ids"),
+    (("ids",), "input 'ids' is INT64, which has no NaN or Inf"),
+])
+def test_allow_non_finite_for_a_wrong_input_fails_the_start(names: tuple[str, ...],
+                                                             needle: str) -> None:
+    config = ServerConfig(model="m", allow_non_finite_inputs=names)
+    with pytest.raises(BadInput) as raised:
+        published_inputs(cast(Backend, _TwoInputs()), config)
+    assert str(raised.value).startswith("field '--allow-non-finite': ")
+    assert needle in str(raised.value)
 
 
 @pytest.mark.slow

@@ -56,3 +56,43 @@ def test_bad_input_exits_2_with_one_line(args: list[str], message: str, tmp_path
 def test_unknown_command_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["frobnicate"]) == 2
     assert main([]) == 0 and "whatif" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+        (["--seeds", "a,b"], "argument --seeds: 'a' is not a seed"),
+        (["--seeds", "-1"], "argument --seeds: '-1' is not a seed"),
+        (["--seeds", "1,01"], "argument --seeds: seed 1 given more than once"),
+        (["--tune", "lots"], "argument --tune: invalid float value: 'lots'"),
+        (["--tune", "nan"], "--tune nan outside (0, 10]"),
+        (["--policies", ","], "argument --policies: expected a comma-separated list"),
+        (["--policies", "fgd,fgd"], "argument --policies: fgd given more than once"),
+        (["--jobs"], "argument --jobs: expected one argument"),
+        (["--synthetic-nodes", "10000000"], "--synthetic-nodes 10000000 outside 1..100000"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args: list[str], message: str, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", "--out", str(tmp_path), *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert message in captured.err and "usage:" not in captured.err
+
+
+def test_help_still_prints_usage_and_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", "--help"]) == 0
+    assert "usage: gpufrag whatif" in capsys.readouterr().out
+
+
+def test_resampled_names_never_clash_with_trace_names(tmp_path: Path) -> None:
+    """A trace holding both ``p0`` and ``p0-r0``: resampling ``p0`` must not reuse the name
+    (the cluster state would see one pod placed twice)."""
+    (tmp_path / "n.csv").write_text(NODES)
+    pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(
+        f"p0{suffix},1,1,1,100\n" for suffix in ["", *(f"-r{k}" for k in range(10))])
+    (tmp_path / "p.csv").write_text(pods)
+    code = main(["whatif", "--nodes", str(tmp_path / "n.csv"), "--pods", str(tmp_path / "p.csv"),
+                 "--out", str(tmp_path / "o"), "--no-plots", "--jobs", "1", "--policies", "fgd"])
+    assert code == 0

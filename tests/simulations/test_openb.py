@@ -32,7 +32,7 @@ def test_loads_nodes_and_pods(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("sn,cpu_milli,memory_mib,gpu\nn0,1,1,1\n", r"n\.csv, row 1: missing column\(s\) model"),
-        (NODES + "n2,-5,1,1,T4\n", r"row 4, field 'cpu_milli': -5 outside >= 0"),
+        (NODES + "n2,-5,1,1,T4\n", r"row 4, field 'cpu_milli': -5 outside 0\.\."),
         (NODES + "n2,abc,1,1,T4\n", r"row 4, field 'cpu_milli': not a number: 'abc'"),
         (NODES + "n2,,1,1,T4\n", r"row 4, field 'cpu_milli': missing number"),
         (NODES + "n0,1,1,1,T4\n", r"row 4, field 'sn': duplicate node name 'n0'"),

@@ -1,53 +1,59 @@
 """Test doubles for the node agent: recorded NVML, a clock, a log, a writer, an API server.
 
-The NVML fake replays readings recorded from a 2 x A100-SXM4-80GB node (bytes as NVML reports
-them); keyword overrides build variants, in the spirit of descheduler's ``BuildTestNode``.
+NVML is the shared recorded fake (:class:`gpufrag.nvml_recorded.RecordedNvml`) on readings
+recorded from a 2 x A100-SXM4-80GB node (bytes as NVML reports them); :func:`build_gpu` builds
+variants with keyword overrides, in the spirit of descheduler's ``BuildTestNode``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, cast
 
-import pynvml
 from structlog.typing import FilteringBoundLogger
 
 from defrag.agent.cgroup import PodRecord, PodRef
+from gpufrag.nvml import MIB
+from gpufrag.nvml_recorded import RecordedDevice, RecordedNvml, RecordedProcess, RecordedSample
 
-MIB = 1024 * 1024
 A100_TOTAL_BYTES = 85_899_345_920  # 81920 MiB, as nvmlDeviceGetMemoryInfo reports it
 
 
 # --- NVML ----------------------------------------------------------------------------------------
 
 
-@dataclass
-class FakeDevice:
-    """One GPU's recorded answers. ``errors`` maps an NVML function name to what it raises."""
+def build_gpu(uuid: str | bytes, *, name: str | bytes = "NVIDIA A100-SXM4-80GB",
+              used_bytes: int = 0, total_bytes: int = A100_TOTAL_BYTES, utilization_pct: int = 0,
+              compute: Sequence[tuple[int, int | None]] = (),
+              graphics: Sequence[tuple[int, int | None]] = (),
+              errors: dict[str, list[str | None]] | None = None) -> RecordedDevice:
+    """One GPU's recorded answers (one sample); ``compute``/``graphics`` are (pid, bytes) and
+    ``errors`` maps an NVML function name to the pynvml error names its calls raise."""
+    return RecordedDevice(
+        name=name, uuid=uuid, memory_total_bytes=total_bytes,
+        samples=[RecordedSample(utilization_pct=utilization_pct, memory_used_bytes=used_bytes)],
+        processes=processes(*compute), graphics_processes=processes(*graphics),
+        errors=dict(errors or {}),
+    )
 
-    uuid: str | bytes
-    name: str | bytes = "NVIDIA A100-SXM4-80GB"
-    used_bytes: int = 0
-    total_bytes: int = A100_TOTAL_BYTES
-    utilization_pct: int = 0
-    compute: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes)
-    graphics: list[tuple[int, int | None]] = field(default_factory=list)
-    errors: dict[str, Exception] = field(default_factory=dict)
+
+def processes(*pid_bytes: tuple[int, int | None]) -> list[RecordedProcess]:
+    """(pid, used bytes) pairs as recorded processes."""
+    return [RecordedProcess(pid, used) for pid, used in pid_bytes]
 
 
-def recorded_devices() -> list[FakeDevice]:
+def recorded_devices() -> list[RecordedDevice]:
     """Two GPUs: GPU 0 shared by two inference pods, GPU 1 by one pod plus a host process."""
     return [
-        FakeDevice(
-            uuid="GPU-5a3c9f1e-7b2d-4c8e-9f01-23456789abcd",
+        build_gpu(
+            "GPU-5a3c9f1e-7b2d-4c8e-9f01-23456789abcd",
             used_bytes=30_512 * MIB + 123_456,
             utilization_pct=63,
             compute=[(4242, 20_000 * MIB), (5151, 10_000 * MIB)],
         ),
-        FakeDevice(
-            uuid="GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6",
+        build_gpu(
+            "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6",
             used_bytes=12_800 * MIB,
             utilization_pct=17,
             compute=[(6060, 12_000 * MIB)],
@@ -56,66 +62,12 @@ def recorded_devices() -> list[FakeDevice]:
     ]
 
 
-class FakeNvml:
-    """The pynvml calls :class:`defrag.agent.nvml.NvmlApi` names, answered from FakeDevices."""
-
-    def __init__(self, devices: Sequence[FakeDevice] | None = None, *,
-                 init_error: Exception | None = None) -> None:
-        self.devices = list(recorded_devices() if devices is None else devices)
-        self.init_error = init_error
-        self.calls: list[str] = []
-
-    def _device(self, name: str, handle: object) -> FakeDevice:
-        self.calls.append(name)
-        device = cast(FakeDevice, handle)
-        if name in device.errors:
-            raise device.errors[name]
-        return device
-
-    def nvmlInit(self) -> None:
-        self.calls.append("nvmlInit")
-        if self.init_error is not None:
-            raise self.init_error
-
-    def nvmlShutdown(self) -> None:
-        self.calls.append("nvmlShutdown")
-
-    def nvmlDeviceGetCount(self) -> int:
-        self.calls.append("nvmlDeviceGetCount")
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
-        self.calls.append("nvmlDeviceGetHandleByIndex")
-        return self.devices[index]
-
-    def nvmlDeviceGetUUID(self, handle: object) -> str | bytes:
-        return self._device("nvmlDeviceGetUUID", handle).uuid
-
-    def nvmlDeviceGetName(self, handle: object) -> str | bytes:
-        return self._device("nvmlDeviceGetName", handle).name
-
-    def nvmlDeviceGetMemoryInfo(self, handle: object) -> Any:
-        d = self._device("nvmlDeviceGetMemoryInfo", handle)
-        return SimpleNamespace(total=d.total_bytes, used=d.used_bytes,
-                               free=d.total_bytes - d.used_bytes)
-
-    def nvmlDeviceGetUtilizationRates(self, handle: object) -> Any:
-        d = self._device("nvmlDeviceGetUtilizationRates", handle)
-        return SimpleNamespace(gpu=d.utilization_pct, memory=0)
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[Any]:
-        d = self._device("nvmlDeviceGetComputeRunningProcesses", handle)
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.compute]
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: object) -> list[Any]:
-        d = self._device("nvmlDeviceGetGraphicsRunningProcesses", handle)
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in d.graphics]
-
-
-def nvml_error(cls_name: str) -> Exception:
-    """A real pynvml exception (the classes exist without the library)."""
-    error: Exception = getattr(pynvml, cls_name)()
-    return error
+def fake_nvml(devices: Sequence[RecordedDevice] | None = None, *,
+              init_error: str | None = None) -> RecordedNvml:
+    """The shared recorded NVML on :func:`recorded_devices` (or ``devices``); ``init_error``
+    names the pynvml error ``nvmlInit`` raises."""
+    return RecordedNvml(recorded_devices() if devices is None else devices,
+                        init_error=init_error)
 
 
 # --- pods ----------------------------------------------------------------------------------------

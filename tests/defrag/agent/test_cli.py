@@ -22,13 +22,13 @@ from defrag.agent.publish import PublishError
 from defrag.agent.usage import parse
 from gpufrag import cli as gpufrag_cli
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NO_GPU, EXIT_OK
+from gpufrag.nvml_recorded import RecordedNvml
 from tests.defrag.agent.fakes import (
     POD_A,
     POD_B,
     FakeLister,
-    FakeNvml,
     RecordingWriter,
-    nvml_error,
+    fake_nvml,
 )
 
 
@@ -54,7 +54,7 @@ def assert_one_clear_line(capsys: pytest.CaptureFixture[str], event: str) -> dic
 
 
 def test_no_nvml_library_is_one_log_line_and_exit_3(capsys: pytest.CaptureFixture[str]) -> None:
-    fake = FakeNvml(init_error=nvml_error("NVMLError_LibraryNotFound"))
+    fake = fake_nvml(init_error="NVMLError_LibraryNotFound")
     code = cli.main(["--node-name", "node1", "--once"], nvml=fake, writer=RecordingWriter(),
                     pod_lister=FakeLister())
     assert code == EXIT_NO_GPU == 3
@@ -64,10 +64,10 @@ def test_no_nvml_library_is_one_log_line_and_exit_3(capsys: pytest.CaptureFixtur
 
 
 @pytest.mark.parametrize("fake", [
-    FakeNvml(init_error=nvml_error("NVMLError_DriverNotLoaded")),
-    FakeNvml([]),
+    fake_nvml(init_error="NVMLError_DriverNotLoaded"),
+    fake_nvml([]),
 ], ids=["driver-not-loaded", "zero-devices"])
-def test_other_no_gpu_cases_exit_3(fake: FakeNvml, capsys: pytest.CaptureFixture[str]) -> None:
+def test_other_no_gpu_cases_exit_3(fake: RecordedNvml, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--node-name", "node1"], nvml=fake, writer=RecordingWriter(),
                     pod_lister=FakeLister()) == EXIT_NO_GPU
     assert_one_clear_line(capsys, "no_gpu")
@@ -90,22 +90,22 @@ def test_real_pynvml_without_a_gpu_through_the_gpufrag_command(
 
 
 def test_other_nvml_failures_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
-    fake = FakeNvml(init_error=nvml_error("NVMLError_NoPermission"))
+    fake = fake_nvml(init_error="NVMLError_NoPermission")
     assert cli.main(["--node-name", "node1"], nvml=fake, writer=RecordingWriter(),
                     pod_lister=FakeLister()) == EXIT_FAILURE
     assert_one_clear_line(capsys, "nvml_failed")
 
 
 def test_missing_node_name_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["--once"], nvml=FakeNvml()) == EXIT_BAD_INPUT
+    assert cli.main(["--once"], nvml=fake_nvml()) == EXIT_BAD_INPUT
     line = assert_one_clear_line(capsys, "bad_input")
     assert "NODE_NAME" in line["error"]
 
 
 def test_bad_flag_value_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["--node-name", "n", "--leak-intervals", "0"], nvml=FakeNvml()) == 2
+    assert cli.main(["--node-name", "n", "--leak-intervals", "0"], nvml=fake_nvml()) == 2
     assert "leak_intervals" in assert_one_clear_line(capsys, "bad_input")["error"]
-    assert cli.main(["--node-name", "n", "--metrics-port", "70000"], nvml=FakeNvml()) == 2
+    assert cli.main(["--node-name", "n", "--metrics-port", "70000"], nvml=fake_nvml()) == 2
     assert "metrics_port" in assert_one_clear_line(capsys, "bad_input")["error"]
     assert cli.main(["--interval-s", "soon"]) == EXIT_BAD_INPUT  # argparse's own message
     assert "invalid float value" in capsys.readouterr().err
@@ -142,7 +142,7 @@ def test_once_reads_resolves_publishes_and_exits_0(
     writer = RecordingWriter()
     proc_root = str(_proc_with_pods(tmp_path))
     code = cli.main(["--node-name", "node1", "--once", "--proc-root", proc_root],
-                    nvml=FakeNvml(), writer=writer,
+                    nvml=fake_nvml(), writer=writer,
                     pod_lister=FakeLister([PodRecord(POD_A), PodRecord(POD_B)]))
     assert code == EXIT_OK
     ((node, _, value),) = writer.patches
@@ -156,7 +156,7 @@ def test_once_reads_resolves_publishes_and_exits_0(
 def test_once_exits_1_when_the_publish_fails(capsys: pytest.CaptureFixture[str]) -> None:
     writer = RecordingWriter(fail_with=PublishError("node 'node1' does not exist",
                                                     retryable=False))
-    assert cli.main(["--node-name", "node1", "--once"], nvml=FakeNvml(), writer=writer,
+    assert cli.main(["--node-name", "node1", "--once"], nvml=fake_nvml(), writer=writer,
                     pod_lister=FakeLister()) == EXIT_FAILURE
     events = [line["event"] for line in log_lines(capsys.readouterr().err)]
     assert events == ["starting", "publish_failed"]
@@ -164,7 +164,7 @@ def test_once_exits_1_when_the_publish_fails(capsys: pytest.CaptureFixture[str])
 
 def test_dry_run_writes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     writer = RecordingWriter()
-    assert cli.main(["--node-name", "node1", "--once", "--dry-run"], nvml=FakeNvml(),
+    assert cli.main(["--node-name", "node1", "--once", "--dry-run"], nvml=fake_nvml(),
                     writer=writer, pod_lister=FakeLister()) == EXIT_OK
     assert writer.patches == []
     events = [line["event"] for line in log_lines(capsys.readouterr().err)]
@@ -174,7 +174,7 @@ def test_dry_run_writes_nothing(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unusable_kubeconfig_is_one_line_and_exit_1(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["--node-name", "node1", "--once", "--kubeconfig",
-                     str(tmp_path / "missing.yaml")], nvml=FakeNvml())
+                     str(tmp_path / "missing.yaml")], nvml=fake_nvml())
     assert code == EXIT_FAILURE
     line = assert_one_clear_line(capsys, "kube_config_failed")
     assert "--kubeconfig" in line["hint"]
@@ -193,7 +193,7 @@ def test_the_daemon_serves_probes_and_stops_cleanly(capsys: pytest.CaptureFixtur
     writer = RecordingWriter()
     codes: list[int] = []
     runner = threading.Thread(target=lambda: codes.append(cli.main(
-        ["--node-name", "node1", "--metrics-port", str(port)], nvml=FakeNvml(), writer=writer,
+        ["--node-name", "node1", "--metrics-port", str(port)], nvml=fake_nvml(), writer=writer,
         pod_lister=FakeLister(), stop=stop)))
     runner.start()
     try:

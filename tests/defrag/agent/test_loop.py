@@ -7,22 +7,23 @@ import pytest
 
 from defrag.agent.loop import Agent, AgentConfig, build_usage, memory_by_pod
 from defrag.agent.metrics import AgentMetrics, Health
-from defrag.agent.nvml import NvmlReader, ProcessReading
 from defrag.agent.publish import Publisher, PublishError, PublishPolicy
 from defrag.agent.usage import PodGpuUsage, parse
 from gpufrag.conventions import ANNOTATION_GPU_USAGE
 from gpufrag.errors import BadInput
+from gpufrag.nvml import NvmlReader, ProcessReading
+from gpufrag.nvml_recorded import RecordedNvml
 from tests.defrag.agent.fakes import (
     MIB,
     POD_A,
     POD_B,
     POD_C,
     FakeClock,
-    FakeNvml,
     FakePods,
     RecordingLog,
     RecordingWriter,
-    nvml_error,
+    fake_nvml,
+    processes,
 )
 
 CONFIG = AgentConfig(node_name="node1", interval_s=15.0, tolerance_mib=64, tolerance_pct=10,
@@ -34,7 +35,7 @@ class Rig:
     """An Agent on the recorded 2-GPU node with every collaborator in reach."""
 
     config: AgentConfig = CONFIG
-    nvml: FakeNvml = field(default_factory=FakeNvml)
+    nvml: RecordedNvml = field(default_factory=fake_nvml)
     pods: FakePods = field(default_factory=FakePods)
     writer: RecordingWriter = field(default_factory=RecordingWriter)
     clock: FakeClock = field(default_factory=FakeClock)
@@ -96,17 +97,17 @@ def test_unchanged_readings_wait_for_the_refresh() -> None:
 def test_a_change_beyond_tolerance_is_published_at_once() -> None:
     rig = Rig()
     rig.tick()
-    rig.nvml.devices[0].used_bytes += 65 * MIB
+    rig.nvml.devices[0].samples[0].memory_used_bytes += 65 * MIB
     rig.tick()
     assert len(rig.writer.patches) == 2
-    rig.nvml.devices[0].used_bytes += 10 * MIB
+    rig.nvml.devices[0].samples[0].memory_used_bytes += 10 * MIB
     rig.tick()
     assert len(rig.writer.patches) == 2
 
 
 def test_a_read_error_is_logged_counted_and_not_fatal() -> None:
     rig = Rig()
-    rig.nvml.devices[1].errors["nvmlDeviceGetMemoryInfo"] = nvml_error("NVMLError_GpuIsLost")
+    rig.nvml.devices[1].errors["nvmlDeviceGetMemoryInfo"] = ["NVMLError_GpuIsLost"]
     assert rig.tick() is None
     assert not rig.health.ready and rig.writer.patches == []
     assert rig.log.events("error") == ["gpu_read_failed"]
@@ -132,7 +133,8 @@ def test_a_growing_pod_gets_one_event_and_the_metric() -> None:
     rig = Rig()
     leak = "gpufrag_agent_gpu_memory_leak_suspected"
     for step in range(6):
-        rig.nvml.devices[0].compute = [(4242, (20_000 + 500 * step) * MIB), (5151, 10_000 * MIB)]
+        rig.nvml.devices[0].processes = processes((4242, (20_000 + 500 * step) * MIB),
+                                                  (5151, 10_000 * MIB))
         rig.tick()
         if step < 3:
             assert rig.sample(leak, namespace="serving", pod=POD_A.name) == 0
@@ -155,7 +157,7 @@ def test_a_failed_event_is_logged_and_the_interval_still_publishes() -> None:
 
     failing = EventsFail()
     rig.agent._publisher._writer = failing  # swap the writer, keep the publisher's state
-    rig.nvml.devices[0].compute = [(4242, 21_000 * MIB), (5151, 10_000 * MIB)]
+    rig.nvml.devices[0].processes = processes((4242, 21_000 * MIB), (5151, 10_000 * MIB))
     assert rig.tick() is not None
     assert "event_failed" in rig.log.events("warning")
     assert len(failing.patches) == 1
@@ -196,11 +198,11 @@ def test_run_does_not_queue_up_after_a_slow_tick() -> None:
 
 def test_build_usage_resolves_each_pid_once_and_sums_per_pod() -> None:
     pods = FakePods({1: POD_A, 2: POD_A})
-    reader = NvmlReader(FakeNvml())
+    reader = NvmlReader(fake_nvml())
     reader.open()
     readings = reader.read()
     shared = replace(readings[0], processes=(
-        ProcessReading(1, 100), ProcessReading(2, 50), ProcessReading(3, 7)))
+        ProcessReading(1, 100 * MIB), ProcessReading(2, 50 * MIB), ProcessReading(3, 7 * MIB)))
     usage = build_usage("node1", 1.23456, 15.0, [readings[1], shared], pods.pod_for_pid)
     assert [g.index for g in usage.gpus] == [0, 1]  # sorted by index
     assert usage.gpus[0].pods == (PodGpuUsage(POD_A.namespace, POD_A.name, POD_A.uid, 150),)

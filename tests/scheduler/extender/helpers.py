@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 from flask.testing import FlaskClient
 
-from scheduler.config import ExtenderConfig, config_from_mapping
 from scheduler.core import NodeSpec, PodRequest
+from scheduler.extender.config import ExtenderConfig, config_from_mapping
 from scheduler.extender.runtime import Runtime, snapshot_runtime
 from scheduler.kube.binder import BindCall
 from scheduler.kube.convert import node_to_k8s, pod_to_k8s

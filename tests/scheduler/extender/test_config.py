@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.config import (
+from scheduler.extender.cli import main as extender_main
+from scheduler.extender.config import (
     ConfigError,
     ExtenderConfig,
     config_from_mapping,
@@ -15,7 +16,6 @@ from scheduler.config import (
     load_config,
     parse_assignment,
 )
-from scheduler.extender.cli import main as extender_main
 
 
 def test_defaults_are_valid_and_round_trip() -> None:
@@ -67,7 +67,7 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
     ({"workload": {"specs": {"num_gpu": 1}}}, "workload.specs", "expected a list"),
     ({"workload": {"coverage": 0}}, "workload.coverage", "must be in (0, 1]"),
     ({"bind": {"assume_ttl_s": 0}}, "bind.assume_ttl_s", "must be > 0 seconds"),
-    ({"hints": {"name": ""}}, "hints.name", "must not be empty"),
+    ({"names": {"hints_configmap": ""}}, "names.hints_configmap", "must not be empty"),
     ({"watch": {"backoff_max_s": 0.1}}, "watch.backoff_max_s",
      "must be >= watch.backoff_initial_s (0.5)"),
     ({"server": {"url_prefix": "gpufrag/"}}, "server.url_prefix",

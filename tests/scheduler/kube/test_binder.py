@@ -8,8 +8,8 @@ from typing import Any
 import kubernetes
 import pytest
 
+from gpufrag.conventions import KubeNames
 from scheduler.kube.binder import BindError, KubeBinder
-from scheduler.kube.convert import KubeNames
 
 
 class _Response:

@@ -14,7 +14,7 @@ import kubernetes
 import orjson
 import pytest
 
-from scheduler.config import WatchConfig
+from scheduler.extender.config import WatchConfig
 from scheduler.kube.watch import Backoff, Reflector
 
 

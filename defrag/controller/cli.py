@@ -1,0 +1,227 @@
+"""``gpufrag defrag``: one defragmentation cycle (run it as a CronJob).
+
+Read the cluster -> measure -> trigger -> plan (printed before anything is evicted) -> act ->
+summary (+ ``--pushgateway``). Exit 0 when the cycle finished (moves refused by a PDB
+included), 1 when an API error or a replacement that never bound stopped it (the output says
+what was done), 2 on bad flags or configuration (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from typing import NoReturn
+from urllib.parse import urlparse
+
+import structlog
+
+from defrag.controller.cluster import read_cluster
+from defrag.controller.config import OUTPUTS, DefragConfig, Limits
+from defrag.controller.errors import CycleStopped
+from defrag.controller.executor import ClusterActions, DryRunActions, Executor, KubeActions
+from defrag.controller.metrics import CycleMetrics
+from defrag.controller.planner import plan as make_plan
+from defrag.controller.prometheus import fetch_samples
+from defrag.controller.report import plan_json, plan_table, result_json
+from defrag.controller.snapshot import UsageSource, build_snapshot
+from gpufrag import logs
+from gpufrag.conventions import names_from_environ
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
+from scheduler.core.fragmentation import TargetWorkload
+from scheduler.kube.client import api_client
+from scheduler.policies import POLICY_NAMES, make_policy
+
+PROG = "gpufrag defrag"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line (exit 2), like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{PROG}: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = DefragConfig()
+    p = _Parser(prog=PROG, description=(
+        "Run one defragmentation cycle: measure reserved-but-unused GPU memory and "
+        "fragmentation, plan moves of small pods off triggered nodes (predicting each landing "
+        "with the scheduler's own policy), print the plan, then evict through the Eviction API "
+        "(PodDisruptionBudgets respected), steering each replacement with a placement hint."))
+    k = p.add_argument_group("cluster")
+    k.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
+                                        "$KUBECONFIG or ~/.kube/config)")
+    k.add_argument("--context", help="kubeconfig context")
+    t = p.add_argument_group("trigger and measurement")
+    t.add_argument("--threshold", type=float, default=d.threshold,
+                   help="waste ratio above which a node is a source of moves (default: "
+                        f"{d.threshold})")
+    t.add_argument("--prometheus", metavar="URL",
+                   help="read used GPU memory from DCGM_FI_DEV_FB_USED in this Prometheus "
+                        "instead of the node agent's annotation")
+    t.add_argument("--prometheus-interval-s", type=float, default=d.prometheus_interval_s,
+                   help="DCGM scrape interval, for staleness (default: "
+                        f"{d.prometheus_interval_s:g})")
+    t.add_argument("--stale-intervals", type=float, default=d.stale_intervals,
+                   help="ignore (and report) usage older than this many publishing intervals "
+                        f"(default: {d.stale_intervals:g})")
+    t.add_argument("--coverage", type=float, default=d.coverage,
+                   help="FGD target workload: most popular pod specs covering this share "
+                        f"(default: {d.coverage})")
+    s = p.add_argument_group("what may move")
+    s.add_argument("--max-evictions-per-node", type=int, default=d.limits.per_node,
+                   help=f"default: {d.limits.per_node}")
+    s.add_argument("--max-evictions-per-namespace", type=int, default=d.limits.per_namespace,
+                   help=f"default: {d.limits.per_namespace}")
+    s.add_argument("--max-evictions-total", type=int, default=d.limits.total,
+                   help=f"default: {d.limits.total}")
+    s.add_argument("--max-priority", type=int, default=d.max_priority,
+                   help=f"never move pods with a higher priority (default: {d.max_priority})")
+    s.add_argument("--max-pod-gpus", type=int, default=d.max_pod_gpus,
+                   help="move GPU shares and pods of at most this many whole GPUs (default: "
+                        f"{d.max_pod_gpus})")
+    s.add_argument("--exclude-namespaces", default=",".join(sorted(d.excluded_namespaces)),
+                   help="comma-separated namespaces never touched (default: "
+                        f"{','.join(sorted(d.excluded_namespaces))})")
+    s.add_argument("--namespaces", default="",
+                   help="comma-separated: only pods in these namespaces may move (default: all)")
+    s.add_argument("--policy", default=d.policy,
+                   help=f"the scheduler's policy, to predict landings: one of "
+                        f"{', '.join(n for n in POLICY_NAMES if n != 'random')} "
+                        f"(default: {d.policy})")
+    s.add_argument("--candidates-per-eviction", type=int, default=d.candidates_per_eviction,
+                   help="candidate moves scored per allowed eviction (default: "
+                        f"{d.candidates_per_eviction})")
+    a = p.add_argument_group("acting")
+    a.add_argument("--dry-run", action="store_true",
+                   help="print the plan and what would be done; write nothing")
+    a.add_argument("--bind-timeout-s", type=float, default=d.bind_timeout_s,
+                   help="wait this long for each replacement to be bound (default: "
+                        f"{d.bind_timeout_s:g})")
+    a.add_argument("--hint-ttl-s", type=float, default=d.hint_ttl_s,
+                   help=f"placement hints expire after this long (default: {d.hint_ttl_s:g})")
+    o = p.add_argument_group("output")
+    o.add_argument("--output", default="table", help="table or json (JSON lines: the plan, "
+                                                     "then the result)")
+    o.add_argument("--pushgateway", metavar="URL",
+                   help="push the cycle's metrics to this Prometheus Pushgateway")
+    o.add_argument("--log-level", default=None, help="debug, info, warning, error")
+    return p
+
+
+def _url(value: str | None, flag: str, *, bare_host_ok: bool = False) -> None:
+    if value is None:
+        return
+    parsed = urlparse(value if "://" in value or not bare_host_ok else f"http://{value}")
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise BadInput(f"{value!r} is not an http(s) URL; e.g. http://prometheus:9090",
+                       field=flag)
+
+
+def _names(text: str) -> frozenset[str]:
+    return frozenset(n.strip() for n in text.split(",") if n.strip())
+
+
+def config_from(args: argparse.Namespace) -> DefragConfig:
+    if args.output not in OUTPUTS:
+        raise BadInput(f"{args.output!r} is not one of {', '.join(OUTPUTS)}", field="--output")
+    _url(args.prometheus, "--prometheus")
+    _url(args.pushgateway, "--pushgateway", bare_host_ok=True)
+    return DefragConfig(
+        threshold=args.threshold,
+        limits=Limits(per_node=args.max_evictions_per_node,
+                      per_namespace=args.max_evictions_per_namespace,
+                      total=args.max_evictions_total),
+        max_priority=args.max_priority, max_pod_gpus=args.max_pod_gpus, policy=args.policy,
+        coverage=args.coverage, stale_intervals=args.stale_intervals,
+        prometheus_interval_s=args.prometheus_interval_s, bind_timeout_s=args.bind_timeout_s,
+        hint_ttl_s=args.hint_ttl_s, candidates_per_eviction=args.candidates_per_eviction,
+        excluded_namespaces=_names(args.exclude_namespaces),
+        namespaces=_names(args.namespaces),
+        dry_run=args.dry_run,
+        names=names_from_environ(),
+    ).validate()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        config = config_from(args)
+    except BadInput as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SystemExit as e:
+        return int(e.code) if isinstance(e.code, int) else EXIT_BAD_INPUT
+    logs.configure(args.log_level)
+    log = structlog.get_logger("defrag").bind(dry_run=config.dry_run)
+    try:
+        client = api_client(args.kubeconfig, args.context)
+    except BadInput as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        return run_cycle(config, client, args, log)
+    except CycleStopped as e:
+        print(f"{PROG}: stopped before acting: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
+              log: structlog.typing.FilteringBoundLogger) -> int:
+    """Read, plan, print, act, summarise. Raises CycleStopped if reading fails."""
+    started = time.perf_counter()
+    nodes, pods, pdbs = read_cluster(client)
+    dcgm = None
+    if args.prometheus:
+        dcgm = fetch_samples(args.prometheus)
+    source = UsageSource(stale_intervals=config.stale_intervals, now=time.time(), dcgm=dcgm,
+                         dcgm_interval_s=config.prometheus_interval_s)
+    snapshot, problems = build_snapshot(nodes, pods, pdbs, source, config.names)
+    for problem in problems:
+        log.warning("object skipped", problem=problem)
+    for note in snapshot.notes:
+        log.warning("usage ignored", node=note.node, reason=note.reason)
+    requests = [p.pod for p in snapshot.state.pods.values()] + [p.request
+                                                                 for p in snapshot.pending]
+    workload = (TargetWorkload.from_pods(requests, coverage=config.coverage) if requests
+                else TargetWorkload.from_specs([((0, 1, 1000, frozenset()), 1.0)]))
+    policy = make_policy(config.policy, workload=workload)
+    the_plan = make_plan(snapshot, policy, workload, config)
+    log.info("plan made", moves=len(the_plan.moves), triggered=len(the_plan.triggered),
+             scored=the_plan.scored, seconds=round(the_plan.seconds, 3))
+    json_out = args.output == "json"
+    render = plan_json if json_out else plan_table
+    print(render(the_plan, snapshot.notes, dry_run=config.dry_run), flush=True)
+
+    metrics = CycleMetrics(dry_run=config.dry_run)
+    metrics.planned(len(the_plan.moves), the_plan.seconds)
+    actions: ClusterActions = (DryRunActions(log) if config.dry_run else KubeActions(
+        client, log=log, names=config.names))
+    report = Executor(actions, config, metrics, log=log).run(the_plan, snapshot, workload)
+    assert report.before is not None and report.after is not None
+    metrics.phase("before", report.before)
+    metrics.phase("after", report.after)
+    metrics.finished(time.perf_counter() - started)
+    if json_out:
+        print(result_json(report, dict(metrics.counts), dry_run=config.dry_run))
+    else:
+        for r in report.results:
+            print(f"  {r.move.pod}: {r.outcome}"
+                  + (f" on {r.landed_on} (planned {r.move.target})" if r.landed_on else ""))
+        for move, why in report.skipped:
+            print(f"  {move.pod}: skipped, {why}")
+        print("\n".join(metrics.summary_lines(report.before, report.after)))
+        if report.stopped_early:
+            print(f"stopped early: {report.stopped_early}")
+    if args.pushgateway:
+        try:
+            metrics.push(args.pushgateway)
+        except Exception as e:  # a metrics side channel never fails a cycle that did its work
+            log.warning("pushing metrics failed", pushgateway=args.pushgateway, error=str(e))
+    if report.error is not None:
+        print(f"{PROG}: cycle stopped: {report.error}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK

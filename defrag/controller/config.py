@@ -1,0 +1,98 @@
+"""The defrag controller's settings: one frozen dataclass, validated once at load.
+
+Every knob is named with its unit and has the default a CronJob run uses. ``validate`` names the
+exact flag that is wrong and quotes the bad value, so ``gpufrag defrag`` can exit 2 with one
+line a person can act on; the planner and executor never re-check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from defrag.agent.usage import STALE_AFTER_INTERVALS
+from gpufrag.conventions import DEFAULT_NAMES, KubeNames
+from gpufrag.errors import BadInput
+from scheduler.policies import POLICY_NAMES
+
+# Highest value a user-defined PriorityClass may take; system-critical classes sit above it
+# (2,000,000,000 and up) and are therefore never moved by default.
+USER_PRIORITY_MAX = 1_000_000_000
+OUTPUTS = ("table", "json")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Eviction budgets for one cycle (descheduler's per-node / per-namespace / total)."""
+
+    per_node: int = 2
+    per_namespace: int = 5
+    total: int = 10
+
+
+@dataclass(frozen=True, slots=True)
+class DefragConfig:
+    """What one defrag cycle may do and how it measures."""
+
+    # Trigger: a node whose waste ratio is above this is a source of moves.
+    threshold: float = 0.25
+    limits: Limits = field(default_factory=Limits)
+    # Pods whose priority is above this are never moved.
+    max_priority: int = USER_PRIORITY_MAX
+    # "Small" pods: GPU shares and pods of at most this many whole GPUs.
+    max_pod_gpus: int = 1
+    # The scheduler's placement policy: predicts where an evicted pod lands.
+    policy: str = "fgd"
+    # FGD target workload: the most popular pod specs covering this share of pods.
+    coverage: float = 0.95
+    # Usage older than this many publishing (or scrape) intervals is ignored and reported.
+    stale_intervals: float = float(STALE_AFTER_INTERVALS)
+    # Prometheus scrape interval of the DCGM exporter (staleness of --prometheus data).
+    prometheus_interval_s: float = 30.0
+    # How long to wait for an evicted pod's replacement to be bound.
+    bind_timeout_s: float = 180.0
+    # Placement hints expire after this long even if nobody removes them.
+    hint_ttl_s: float = 900.0
+    # How many candidate moves the planner scores with the policy, per allowed eviction.
+    candidates_per_eviction: int = 8
+    excluded_namespaces: frozenset[str] = frozenset({"kube-system"})
+    # When not empty, only pods in these namespaces may move.
+    namespaces: frozenset[str] = frozenset()
+    dry_run: bool = False
+    # The shared names section (resource, label and annotation names; the hints ConfigMap).
+    names: KubeNames = DEFAULT_NAMES
+
+    def validate(self) -> DefragConfig:
+        """Raise :class:`BadInput` naming the flag of the first bad value; return self."""
+        if not 0.0 <= self.threshold < 1.0:
+            raise BadInput(f"{self.threshold} is not a ratio in [0, 1); e.g. 0.25 for 25%",
+                           field="--threshold")
+        for flag, value in (("--max-evictions-per-node", self.limits.per_node),
+                            ("--max-evictions-per-namespace", self.limits.per_namespace),
+                            ("--max-evictions-total", self.limits.total)):
+            if value < 0:
+                raise BadInput(f"{value} is negative; use 0 to plan nothing", field=flag)
+        if not 1 <= self.max_pod_gpus <= 16:
+            raise BadInput(f"{self.max_pod_gpus} is outside 1..16", field="--max-pod-gpus")
+        if self.policy not in POLICY_NAMES:
+            raise BadInput(f"unknown policy {self.policy!r}; choose from "
+                           f"{', '.join(POLICY_NAMES)}", field="--policy")
+        if self.policy == "random":
+            raise BadInput("random cannot predict where a pod lands; use the scheduler's policy "
+                           "(fgd by default)", field="--policy")
+        if not 0.0 < self.coverage <= 1.0:
+            raise BadInput(f"{self.coverage} is outside (0, 1]", field="--coverage")
+        if self.stale_intervals <= 0:
+            raise BadInput(f"{self.stale_intervals} must be > 0", field="--stale-intervals")
+        if self.prometheus_interval_s <= 0:
+            raise BadInput(f"{self.prometheus_interval_s} must be > 0",
+                           field="--prometheus-interval-s")
+        if self.bind_timeout_s <= 0:
+            raise BadInput(f"{self.bind_timeout_s} must be > 0", field="--bind-timeout-s")
+        if self.hint_ttl_s < self.bind_timeout_s:
+            raise BadInput(f"{self.hint_ttl_s} is shorter than --bind-timeout-s "
+                           f"{self.bind_timeout_s}; a hint must outlive the wait",
+                           field="--hint-ttl-s")
+        if self.candidates_per_eviction < 1:
+            raise BadInput(f"{self.candidates_per_eviction} must be >= 1",
+                           field="--candidates-per-eviction")
+        return self

@@ -1,0 +1,395 @@
+"""Carry out a plan: every write to the cluster is in this module (descheduler's evictions/).
+
+For each move, in plan order:
+
+1. write the placement hint (``names.hints_configmap``: owner UID -> ``[{"node", "expires"}]``) so
+   the extender steers the replacement to the planned target;
+2. evict the pod through the Eviction API (policy/v1), with the pod's UID as a precondition —
+   the API server enforces PodDisruptionBudgets, and a 429 (budget spent) is a refusal that is
+   counted and skipped, not a fault;
+3. wait, for at most ``--bind-timeout-s``, for the owner's replacement pod to be bound;
+4. check where it landed, remove the hint, and update the model (the snapshot) so the next
+   move — and the "after" figures — start from what really happened;
+5. stop early when no node is triggered any more; skip a move whose source node's trigger has
+   cleared.
+
+Any other API error stops the cycle where it is (the report says what was done; the CLI exits
+1). A rerun reads the live state again and plans from there, so cycles are idempotent; hints a
+stopped cycle leaves behind expire on their own and are pruned at the start of the next.
+
+``--dry-run`` swaps :class:`KubeActions` for :class:`DryRunActions` (nothing written; every
+replacement "lands" where planned); the loop is the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Literal, Protocol
+
+import orjson
+import structlog
+from kubernetes import client
+
+from defrag.controller.config import DefragConfig
+from defrag.controller.errors import ApiRefusal, CycleStopped, call_api, call_api_or_refusal
+from defrag.controller.measure import Summary, measure
+from defrag.controller.metrics import CycleMetrics
+from defrag.controller.model import PodInfo, Snapshot, place_gpus
+from defrag.controller.planner import Move, Plan
+from defrag.controller.trigger import find_triggers
+from gpufrag.conventions import (
+    DEFAULT_NAMES,
+    KubeNames,
+    encode_hint_entries,
+    hints_from_configmap,
+)
+from gpufrag.errors import BadInput
+from scheduler.core.fragmentation import TargetWorkload
+from scheduler.kube.convert import bound_gpus, owner_uid
+
+EvictionOutcome = Literal["evicted", "refused", "gone"]
+Entries = dict[str, list[tuple[str, float]]]  # owner UID -> [(node, expires)]
+# Labels a controller puts on every pod it creates: ReplicaSet, StatefulSet, Job.
+OWNER_LABELS = ("pod-template-hash", "controller-revision-hash",
+                "batch.kubernetes.io/controller-uid", "controller-uid")
+Log = Any  # a structlog bound logger
+
+
+@dataclass(frozen=True, slots=True)
+class Landing:
+    """Where an evicted pod's replacement was bound."""
+
+    pod: str  # namespace/name of the replacement
+    uid: str
+    node: str
+    gpus: tuple[int, ...] | None = None
+
+
+class ClusterActions(Protocol):
+    """The writes (and the one wait) a cycle performs; swapped whole for a dry run."""
+
+    @property
+    def dry_run(self) -> bool: ...
+
+    def prune_hints(self, now: float) -> int: ...
+
+    def put_hint(self, owner_uid: str, node: str, expires: float) -> None: ...
+
+    def remove_hint(self, owner_uid: str, node: str, expires: float) -> None: ...
+
+    def owner_pods(self, pod: PodInfo) -> frozenset[str]: ...
+
+    def evict(self, pod: PodInfo) -> EvictionOutcome: ...
+
+    def await_replacement(self, pod: PodInfo, move: Move, known_uids: frozenset[str],
+                          timeout_s: float) -> Landing | None: ...
+
+
+# ------------------------------------------------------------------------------ dry run
+class DryRunActions:
+    """Writes nothing; every eviction "succeeds" and every replacement lands as planned."""
+
+    dry_run = True
+
+    def __init__(self, log: Log | None = None) -> None:
+        self.log = log if log is not None else structlog.get_logger("defrag")
+        self.written: list[tuple[str, str, str]] = []
+
+    def prune_hints(self, now: float) -> int:
+        return 0
+
+    def put_hint(self, owner_uid: str, node: str, expires: float) -> None:
+        self.written.append(("hint", owner_uid, node))
+        self.log.info("dry run: would write placement hint", owner_uid=owner_uid, node=node)
+
+    def remove_hint(self, owner_uid: str, node: str, expires: float) -> None:
+        self.log.info("dry run: would remove placement hint", owner_uid=owner_uid, node=node)
+
+    def owner_pods(self, pod: PodInfo) -> frozenset[str]:
+        return frozenset()
+
+    def evict(self, pod: PodInfo) -> EvictionOutcome:
+        self.written.append(("evict", pod.key, pod.uid))
+        self.log.info("dry run: would evict", pod=pod.key)
+        return "evicted"
+
+    def await_replacement(self, pod: PodInfo, move: Move, known_uids: frozenset[str],
+                          timeout_s: float) -> Landing | None:
+        return Landing(pod=move.pod, uid=pod.uid, node=move.target, gpus=move.target_gpus)
+
+
+# ------------------------------------------------------------------------------ the real one
+class KubeActions:
+    """Writes through the Kubernetes API: the hints ConfigMap and the Eviction API."""
+
+    dry_run = False
+
+    def __init__(self, api_client: Any, *, log: Log | None = None,
+                 clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], None] = time.sleep, poll_s: float = 1.0,
+                 names: KubeNames = DEFAULT_NAMES) -> None:
+        self._client = client
+        self.names = names
+        self.core: Any = client.CoreV1Api(api_client)  # bodies are passed as plain dicts
+        self.log = log if log is not None else structlog.get_logger("defrag")
+        self.clock = clock
+        self.sleep = sleep
+        self.poll_s = poll_s
+        self.hints_namespace = names.hints_namespace
+        self.hints_name = names.hints_configmap
+
+    # -- hints ----------------------------------------------------------------------------
+    def _read_hints(self) -> dict[str, Any] | None:
+        where = f"reading ConfigMap {self.hints_namespace}/{self.hints_name}"
+        answer = call_api_or_refusal(where, lambda: self.core.read_namespaced_config_map(
+            self.hints_name, self.hints_namespace, _preload_content=False), ok=(404,))
+        if isinstance(answer, ApiRefusal):
+            return None
+        obj: dict[str, Any] = orjson.loads(answer.data)
+        return obj
+
+    def _update_hints(self, edit: Callable[[Entries], Entries], what: str) -> None:
+        """Read-modify-write the hints ConfigMap with optimistic concurrency (retry on 409).
+        Entries are read with the extender's own reader; keys it cannot read are kept as-is."""
+        where = f"{what} in ConfigMap {self.hints_namespace}/{self.hints_name}"
+        for _ in range(5):
+            obj = self._read_hints()
+            raw = dict((obj or {}).get("data") or {})
+            hints, _problems = hints_from_configmap(obj)
+            current = {owner: list(entries) for owner, entries in hints.by_owner.items()}
+            edited = {owner: encode_hint_entries(entries)
+                      for owner, entries in edit(current).items() if entries}
+            data = {k: v for k, v in raw.items() if k not in hints.by_owner}
+            data.update(edited)
+            if obj is None:
+                if not edited:
+                    return
+                body = {"apiVersion": "v1", "kind": "ConfigMap", "data": data, "metadata": {
+                    "name": self.hints_name, "namespace": self.hints_namespace}}
+                write = partial(self.core.create_namespaced_config_map, self.hints_namespace,
+                                body)
+            else:
+                if data == raw:
+                    return
+                obj["data"] = data
+                write = partial(self.core.replace_namespaced_config_map, self.hints_name,
+                                self.hints_namespace, obj)
+            if not isinstance(call_api_or_refusal(where, write, ok=(409,)), ApiRefusal):
+                return
+        raise CycleStopped(where, "the ConfigMap kept changing under us (5 conflicts)")
+
+    def prune_hints(self, now: float) -> int:
+        pruned = 0
+
+        def edit(current: Entries) -> Entries:
+            nonlocal pruned
+            kept = {owner: [e for e in entries if e[1] > now] for owner, entries in current.items()}
+            pruned = sum(len(v) for v in current.values()) - sum(len(v) for v in kept.values())
+            return kept
+
+        self._update_hints(edit, "pruning expired placement hints")
+        return pruned
+
+    def put_hint(self, owner_uid: str, node: str, expires: float) -> None:
+        now = self.clock()
+
+        def edit(current: Entries) -> Entries:
+            entries = [e for e in current.get(owner_uid, []) if e[1] > now]
+            current[owner_uid] = [*entries, (node, expires)]
+            return current
+
+        self._update_hints(edit, f"writing the placement hint for owner {owner_uid}")
+        self.log.info("placement hint written", owner_uid=owner_uid, node=node,
+                      expires=round(expires))
+
+    def remove_hint(self, owner_uid: str, node: str, expires: float) -> None:
+        def edit(current: Entries) -> Entries:
+            current[owner_uid] = [e for e in current.get(owner_uid, [])
+                                  if not (e[0] == node and abs(e[1] - expires) < 1e-3)]
+            return current
+
+        self._update_hints(edit, f"removing the placement hint for owner {owner_uid}")
+        self.log.info("placement hint removed", owner_uid=owner_uid, node=node)
+
+    # -- pods -----------------------------------------------------------------------------
+    def _owner_pods(self, pod: PodInfo) -> list[Mapping[str, Any]]:
+        # Narrow the list with the label every replica of the owner carries (set by its
+        # controller, so a replacement has it too); other labels may have been added later.
+        selector = ",".join(f"{k}={pod.labels[k]}" for k in OWNER_LABELS if k in pod.labels)
+        answer = call_api(f"listing pods of {pod.owner_kind}/{pod.owner_name}",
+                            lambda: self.core.list_namespaced_pod(
+                                pod.namespace, label_selector=selector or None,
+                                _preload_content=False))
+        items = orjson.loads(answer.data).get("items") or []
+        return [p for p in items if _controller_uid(p) == pod.owner_uid]
+
+    def owner_pods(self, pod: PodInfo) -> frozenset[str]:
+        return frozenset(str((p.get("metadata") or {}).get("uid", ""))
+                         for p in self._owner_pods(pod))
+
+    def evict(self, pod: PodInfo) -> EvictionOutcome:
+        c = self._client
+        body = c.V1Eviction(
+            metadata=c.V1ObjectMeta(name=pod.name, namespace=pod.namespace),
+            delete_options=c.V1DeleteOptions(preconditions=c.V1Preconditions(uid=pod.uid)))
+        evict = partial(self.core.create_namespaced_pod_eviction, pod.name, pod.namespace, body)
+        answer = call_api_or_refusal(f"evicting pod {pod.key}", evict, ok=(404, 409, 429))
+        if isinstance(answer, ApiRefusal):
+            status = answer.status
+            self.log.warning("eviction refused" if status == 429 else "pod already gone",
+                             pod=pod.key, status=status, reason=answer.message)
+            return "refused" if status == 429 else "gone"
+        self.log.info("pod evicted", pod=pod.key, node=pod.node)
+        return "evicted"
+
+    def await_replacement(self, pod: PodInfo, move: Move, known_uids: frozenset[str],
+                          timeout_s: float) -> Landing | None:
+        deadline = self.clock() + timeout_s
+        while True:
+            fresh = [p for p in self._owner_pods(pod)
+                     if str((p.get("metadata") or {}).get("uid", "")) not in known_uids
+                     and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+            bound = sorted((p for p in fresh if (p.get("spec") or {}).get("nodeName")),
+                           key=lambda p: str((p.get("metadata") or {})
+                                             .get("creationTimestamp", "")))
+            if bound:
+                meta = bound[0].get("metadata") or {}
+                return Landing(pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                               uid=str(meta.get("uid", "")), node=str(bound[0]["spec"]["nodeName"]),
+                               gpus=bound_gpus(bound[0], self.names))
+            if self.clock() >= deadline:
+                return None
+            self.sleep(self.poll_s)
+
+
+def _controller_uid(obj: Mapping[str, Any]) -> str:
+    """The controlling owner's UID ('' for a bare pod, or one whose owners cannot be read)."""
+    try:
+        return owner_uid(obj)
+    except BadInput:
+        return ""
+
+
+
+
+# ------------------------------------------------------------------------------ the loop
+@dataclass(frozen=True, slots=True)
+class MoveResult:
+    move: Move
+    outcome: str  # landed | landed elsewhere | refused by PDB | pod gone | bind timeout
+    landed_on: str = ""
+    replacement: str = ""
+
+
+@dataclass
+class CycleReport:
+    results: list[MoveResult] = field(default_factory=list)
+    skipped: list[tuple[Move, str]] = field(default_factory=list)
+    error: str | None = None
+    stopped_early: str = ""
+    before: Summary | None = None
+    after: Summary | None = None
+
+    @property
+    def evicted(self) -> int:
+        return sum(1 for r in self.results if r.outcome not in ("refused by PDB", "pod gone"))
+
+
+class Executor:
+    def __init__(self, actions: ClusterActions, config: DefragConfig, metrics: CycleMetrics,
+                 *, clock: Callable[[], float] = time.time, log: Log | None = None) -> None:
+        self.actions = actions
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.log = log if log is not None else structlog.get_logger("defrag")
+
+    def run(self, plan: Plan, snapshot: Snapshot, workload: TargetWorkload) -> CycleReport:
+        """Carry out ``plan`` on the cluster; ``snapshot`` follows what really happened."""
+        report = CycleReport(before=plan.before)
+        state = snapshot.state
+        try:
+            pruned = self.actions.prune_hints(self.clock())
+            if pruned:
+                self.log.info("expired placement hints pruned", count=pruned)
+            for i, move in enumerate(plan.moves):
+                measurement = measure(state, snapshot.usage, workload)
+                triggers = find_triggers(state, measurement, snapshot.pending,
+                                         self.config.threshold)
+                if not triggers.rows:
+                    report.stopped_early = "no node is triggered any more"
+                    for rest in plan.moves[i:]:
+                        report.skipped.append((rest, "trigger cleared"))
+                        self.metrics.skipped("trigger_cleared")
+                    self.log.info("trigger cleared: stopping early", moves_left=len(plan.moves) - i)
+                    break
+                if state.index[move.source] not in triggers.rows:
+                    report.skipped.append((move, "trigger cleared on the source node"))
+                    self.metrics.skipped("trigger_cleared")
+                    self.log.info("move skipped: source no longer triggered", pod=move.pod,
+                                  source=move.source)
+                    continue
+                result = self._one(move, snapshot)
+                report.results.append(result)
+                if result.outcome == "bind timeout":
+                    report.error = (f"the replacement of {move.pod} was not bound within "
+                                    f"{self.config.bind_timeout_s:g}s; stopping (its hint "
+                                    f"expires on its own)")
+                    break
+        except CycleStopped as e:
+            report.error = str(e)
+            self.metrics.failed("api_error")
+            self.log.error("cycle stopped by an API error", error=str(e))
+        report.after = measure(state, snapshot.usage, workload).summary
+        return report
+
+    def _one(self, move: Move, snapshot: Snapshot) -> MoveResult:
+        pod = snapshot.pods[move.pod]
+        log = self.log.bind(pod=move.pod, source=move.source, target=move.target)
+        expires = self.clock() + self.config.hint_ttl_s
+        self.actions.put_hint(move.owner_uid, move.target, expires)
+        known = self.actions.owner_pods(pod) | {pod.uid}
+        outcome = self.actions.evict(pod)
+        if outcome != "evicted":
+            self.actions.remove_hint(move.owner_uid, move.target, expires)
+            self.metrics.refused("pdb" if outcome == "refused" else "gone")
+            log.info("move not carried out", outcome=outcome)
+            return MoveResult(move, "refused by PDB" if outcome == "refused" else "pod gone")
+        self.metrics.evicted()
+        landing = self.actions.await_replacement(pod, move, known, self.config.bind_timeout_s)
+        if landing is None:
+            self.metrics.failed("bind_timeout")
+            log.error("replacement not bound in time", timeout_s=self.config.bind_timeout_s)
+            return MoveResult(move, "bind timeout")
+        self.actions.remove_hint(move.owner_uid, move.target, expires)
+        on_target = landing.node == move.target
+        self.metrics.landed(on_target)
+        (log.info if on_target else log.warning)(
+            "replacement bound", replacement=landing.pod, node=landing.node,
+            on_target=on_target)
+        follow(snapshot, move, landing)
+        return MoveResult(move, "landed" if on_target else "landed elsewhere", landing.node,
+                          landing.pod)
+
+
+def follow(snapshot: Snapshot, move: Move, landing: Landing) -> None:
+    """Update the model: ``move``'s pod now runs where its replacement was bound."""
+    state = snapshot.state
+    old = state.pods.get(move.pod)
+    if old is None:
+        return
+    src = state.index[old.node]
+    row = state.index.get(landing.node)
+    state.remove_pod(move.pod)
+    if row is None:
+        snapshot.usage.move(old, src, src, ())
+        return
+    if landing.node == move.target and landing.gpus is None:
+        gpus = place_gpus(state, old.pod, row, move.target_gpus)
+    else:
+        gpus = place_gpus(state, old.pod, row, landing.gpus)
+    snapshot.usage.move(old, src, row, gpus)
+    state.place(old.pod, row, gpus, check=False)

@@ -1,0 +1,106 @@
+"""What one cycle did, counted: printed as a summary at the end and, with ``--pushgateway``,
+pushed to a Prometheus Pushgateway (a CronJob lives too briefly to be scraped).
+
+Metric names (all prefixed ``gpufrag_defrag_``):
+
+- ``moves_planned`` — moves in the plan;
+- ``evictions_total`` — pods evicted (in a dry run: that would have been);
+- ``eviction_refusals_total{reason}`` — evictions the API server refused (``pdb``, ``gone``);
+- ``failures_total{reason}`` — ``api_error``, ``bind_timeout``;
+- ``landings_total{where}`` — replacements bound on the ``target`` or ``elsewhere``;
+- ``skipped_total{reason}`` — planned moves not carried out (``trigger_cleared``);
+- ``waste_ratio``, ``wasted_gib``, ``fragmentation_ratio``, ``free_whole_gpus`` ``{phase}`` —
+  ``before`` the cycle and ``after`` it (the model, moved pods carrying their usage);
+- ``cycle_seconds``, ``plan_seconds``, ``dry_run``.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, push_to_gateway
+
+from defrag.controller.measure import Summary, comparison_rows
+
+PREFIX = "gpufrag_defrag_"
+JOB = "gpufrag-defrag"
+
+
+class CycleMetrics:
+    def __init__(self, *, dry_run: bool) -> None:
+        self.dry_run = dry_run
+        self.registry = CollectorRegistry()
+        r = self.registry
+        # Counters start at zero in every run: one push is the whole story of one cycle.
+        self._planned = Gauge(f"{PREFIX}moves_planned", "Moves in the plan", registry=r)
+        self._evictions = Counter(f"{PREFIX}evictions", "Pods evicted", registry=r)
+        self._refusals = Counter(f"{PREFIX}eviction_refusals",
+                                 "Evictions refused by the API server", ["reason"], registry=r)
+        self._failures = Counter(f"{PREFIX}failures", "Faults that stopped the cycle",
+                                 ["reason"], registry=r)
+        self._landings = Counter(f"{PREFIX}landings", "Replacements bound", ["where"],
+                                 registry=r)
+        self._skipped = Counter(f"{PREFIX}skipped", "Planned moves not carried out",
+                                ["reason"], registry=r)
+        self._phase = {
+            name: Gauge(f"{PREFIX}{name}", text, ["phase"], registry=r)
+            for name, text in (("waste_ratio", "Wasted / allocated GPU memory"),
+                               ("wasted_gib", "Allocated but unused GPU memory (GiB)"),
+                               ("fragmentation_ratio", "FGD fragmentation / free GPU share"),
+                               ("free_whole_gpus", "GPUs with nothing allocated"))
+        }
+        self._cycle_s = Gauge(f"{PREFIX}cycle_seconds", "Wall time of the cycle", registry=r)
+        self._plan_s = Gauge(f"{PREFIX}plan_seconds", "Time spent planning", registry=r)
+        Gauge(f"{PREFIX}dry_run", "1 when nothing was written", registry=r).set(int(dry_run))
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def planned(self, moves: int, seconds: float) -> None:
+        self._planned.set(moves)
+        self._plan_s.set(seconds)
+        self.counts["planned"] = moves
+
+    def evicted(self) -> None:
+        self._evictions.inc()
+        self.counts["evicted"] += 1
+
+    def refused(self, reason: str) -> None:
+        self._refusals.labels(reason).inc()
+        self.counts[f"refused ({reason})"] += 1
+
+    def failed(self, reason: str) -> None:
+        self._failures.labels(reason).inc()
+        self.counts[f"failed ({reason})"] += 1
+
+    def landed(self, on_target: bool) -> None:
+        where = "target" if on_target else "elsewhere"
+        self._landings.labels(where).inc()
+        self.counts[f"landed on {where}"] += 1
+
+    def skipped(self, reason: str) -> None:
+        self._skipped.labels(reason).inc()
+        self.counts[f"skipped ({reason})"] += 1
+
+    def phase(self, phase: str, summary: Summary) -> None:
+        self._phase["waste_ratio"].labels(phase).set(summary.waste_ratio)
+        self._phase["wasted_gib"].labels(phase).set(summary.wasted_gib)
+        self._phase["fragmentation_ratio"].labels(phase).set(summary.frag_ratio)
+        self._phase["free_whole_gpus"].labels(phase).set(summary.free_whole_gpus)
+
+    def finished(self, seconds: float) -> None:
+        self._cycle_s.set(seconds)
+
+    def push(self, url: str, *, timeout_s: float = 10.0) -> None:
+        """Push everything under job ``gpufrag-defrag``; raises OSError-like errors to the
+        caller, which reports them without failing a cycle that did its work."""
+        push_to_gateway(url, job=JOB, registry=self.registry, timeout=timeout_s)
+
+    def summary_lines(self, before: Summary, after: Summary) -> list[str]:
+        mode = "dry run: nothing was written" if self.dry_run else "live"
+        lines = [f"defrag cycle summary ({mode})"]
+        rest = sorted(k for k in self.counts if k not in ("planned", "evicted"))
+        keys = ["planned", "evicted", *rest]
+        lines += [f"  {k:<36}{self.counts.get(k, 0):>10}" for k in keys]
+        lines.append(f"  {'':<36}{'before':>10}{'after':>10}")
+        for label, b, a in comparison_rows(before, after):
+            lines.append(f"  {label:<36}{b:>10}{a:>10}")
+        return lines

@@ -1,0 +1,482 @@
+"""The planner: snapshot + the scheduler's policy + budgets -> a plan of moves. Pure.
+
+Which pods: small (GPU shares, or at most ``--max-pod-gpus`` whole GPUs), movable pods (owned
+by a ReplicaSet, StatefulSet or Job; not DaemonSet pods, not bare pods, not above
+``--max-priority``, not opted out with ``gpufrag.io/defrag-movable: "false"``) on triggered nodes.
+
+Where to: the planner never decides placement itself. For each candidate it asks the core's
+``choose`` — the same call the extender makes — where the evicted pod would land, on the state
+with the pod's source node (and every node already being drained this cycle) excluded. FGD, the
+scheduler's policy, lands a pod where fragmentation grows least, which is on fragmented nodes
+whose leftovers it fills. The move is then measured with the core's fragmentation functions and
+kept only if the cluster improves: fragmentation falls, or a whole GPU comes free, or a pending
+pod blocked by stranded share would fit on the source afterwards — and never by giving up a
+whole free GPU for nothing.
+
+In what order: greedily by gain per eviction, where gain is in GPUs:
+
+    gain = −Δ fragmentation / 1000  +  net whole GPUs freed
+           −Δ wasted-but-reserved MiB / source GPU memory  +  pending pods unblocked
+
+Scoring every pod with the policy would be slow on a large cluster, so candidates are first
+ranked by what freeing their share does to the source node alone (one vectorised call), and only
+the best ``limits.total x candidates_per_eviction`` are scored in full. A lazy-greedy queue then
+re-scores a candidate only when the state changed since it was scored, so every kept move is
+predicted on the state the moves before it leave behind — the order the executor follows.
+
+The state and usage passed in are changed while planning and restored before ``plan`` returns.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from defrag.controller.budget import EvictionBudget
+from defrag.controller.config import DefragConfig
+from defrag.controller.measure import Summary, measure
+from defrag.controller.model import MOVABLE_OWNERS, NodeConstraints, Pdb, PodInfo, Snapshot
+from defrag.controller.trigger import Triggers, find_triggers
+from scheduler.core.fragmentation import TargetWorkload, fragmentation_of, node_fragmentation
+from scheduler.core.placement import ScoreCache, choose
+from scheduler.core.policy import Policy
+from scheduler.core.state import BoolArray, IntArray
+from scheduler.core.types import MILLI_PER_GPU, Placement, PodRequest
+
+# A fragmentation change smaller than this (milli-GPU) is rounding, not an improvement.
+FRAG_EPSILON_MILLI = 1.0
+NO_CONSTRAINTS = NodeConstraints()
+# Re-scoring after earlier moves may take at most this many times the first round's scoring.
+RESCORE_FACTOR = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Evict ``pod`` from ``source``; its replacement is expected on ``target``/``target_gpus``."""
+
+    pod: str  # namespace/name
+    uid: str
+    owner_kind: str
+    owner_uid: str
+    owner_name: str
+    num_gpu: int
+    gpu_milli: int
+    source: str
+    source_gpus: tuple[int, ...]
+    target: str
+    target_gpus: tuple[int, ...]
+    frag_delta_milli: float  # change of cluster fragmentation (negative: it falls)
+    waste_delta_mib: float  # change of wasted-but-reserved GPU memory (negative: it falls)
+    freed_gpus: int  # net whole GPUs freed
+    unblocks: tuple[str, ...]  # pending pods that fit on the source afterwards
+    gain: float
+    reason: str  # why the source node was triggered
+    pdb: str = ""
+
+    @property
+    def namespace(self) -> str:
+        return self.pod.split("/", 1)[0] if "/" in self.pod else ""
+
+    @property
+    def name(self) -> str:
+        return self.pod.split("/", 1)[-1]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pod": self.pod, "uid": self.uid, "owner": f"{self.owner_kind}/{self.owner_name}",
+            "owner_uid": self.owner_uid, "num_gpu": self.num_gpu, "gpu_milli": self.gpu_milli,
+            "source": self.source, "source_gpus": list(self.source_gpus),
+            "target": self.target, "target_gpus": list(self.target_gpus),
+            "frag_delta_gpus": round(self.frag_delta_milli / MILLI_PER_GPU, 4),
+            "waste_delta_gib": round(self.waste_delta_mib / 1024.0, 3),
+            "freed_gpus": self.freed_gpus, "unblocks": list(self.unblocks),
+            "gain": round(self.gain, 4), "reason": self.reason, "pdb": self.pdb,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    moves: tuple[Move, ...]
+    triggered: Mapping[str, str]  # node -> why it was triggered
+    skipped: Mapping[str, int]  # reason -> candidate pods not moved for it
+    before: Summary
+    after: Summary  # predicted, if every move lands as planned
+    unplaceable: tuple[str, ...]  # pending GPU pods that fit nowhere now
+    scored: int  # candidate moves scored with the policy
+    seconds: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "moves": [m.as_dict() for m in self.moves],
+            "triggered": dict(sorted(self.triggered.items())),
+            "skipped": dict(sorted(self.skipped.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "before": self.before.as_dict(), "predicted_after": self.after.as_dict(),
+            "unplaceable_pending": list(self.unplaceable), "scored": self.scored,
+            "seconds": round(self.seconds, 4),
+        }
+
+
+def movability(pod: PodInfo, config: DefragConfig) -> str | None:
+    """Why ``pod`` may not be moved at all (None when it may)."""
+    req = pod.request
+    if not req.wants_gpu:
+        return "no GPU"
+    if pod.deleting:
+        return "terminating"
+    if not pod.running:
+        return "not running"
+    if pod.namespace in config.excluded_namespaces:
+        return "namespace excluded"
+    if config.namespaces and pod.namespace not in config.namespaces:
+        return "namespace not selected (--namespaces)"
+    if pod.owner_kind == "DaemonSet":
+        return "DaemonSet pod"
+    if not pod.owner_kind:
+        return "bare pod (no controller)"
+    if pod.owner_kind not in MOVABLE_OWNERS:
+        return f"owner kind {pod.owner_kind} is not movable"
+    if pod.opted_out:
+        return "opted out (gpufrag.io/defrag-movable=false)"
+    if pod.priority > config.max_priority:
+        return "priority above --max-priority"
+    if req.num_gpu > config.max_pod_gpus:
+        return "more GPUs than --max-pod-gpus"
+    return None
+
+
+@dataclass(slots=True)
+class _Scored:
+    target: int
+    target_gpus: tuple[int, ...]
+    frag_delta: float
+    waste_delta: float
+    freed: int
+    unblocks: tuple[str, ...]
+    gain: float
+
+
+@dataclass(slots=True)
+class _Candidate:
+    info: PodInfo
+    row: int
+    placement: Placement
+    pdbs: tuple[Pdb, ...] | None = None  # looked up when first needed
+    epoch: int = -1
+    scored: _Scored | None = None
+
+
+def plan(snapshot: Snapshot, policy: Policy, workload: TargetWorkload,
+         config: DefragConfig) -> Plan:
+    """The moves for one cycle. ``snapshot`` is left as it was given."""
+    started = time.perf_counter()
+    planner = _Planner(snapshot, policy, workload, config)
+    try:
+        moves = planner.run()
+        after = measure(snapshot.state, snapshot.usage, workload).summary
+    finally:
+        planner.revert()
+    m = planner.measurement
+    state = snapshot.state
+    return Plan(
+        moves=tuple(moves),
+        triggered={state.names[r]: planner.triggers.reason(r, m)
+                   for r in sorted(planner.triggers.rows)},
+        skipped=dict(planner.skipped),
+        before=m.summary,
+        after=after,
+        unplaceable=tuple(p.key for p in planner.triggers.unplaceable),
+        scored=planner.scored,
+        seconds=time.perf_counter() - started,
+    )
+
+
+class _Planner:
+    def __init__(self, snapshot: Snapshot, policy: Policy, workload: TargetWorkload,
+                 config: DefragConfig) -> None:
+        self.snapshot = snapshot
+        self.state = snapshot.state
+        self.usage = snapshot.usage
+        self.policy = policy
+        self.workload = workload
+        self.config = config
+        self.measurement = measure(self.state, self.usage, workload)
+        self.triggers: Triggers = find_triggers(self.state, self.measurement, snapshot.pending,
+                                                config.threshold)
+        n = self.state.size
+        self.frag = self.measurement.frag_milli.copy()
+        self.allowed = workload.allowed(self.state)
+        self.cache = ScoreCache(policy) if policy.node_local else None
+        self.may_receive = self.state.active[:n].copy()
+        for name in snapshot.cordoned:
+            if name in self.state.index:
+                self.may_receive[self.state.index[name]] = False
+        self.tainted = any(t.repels for ts in snapshot.taints.values() for t in ts)
+        self._constraint_masks: dict[NodeConstraints, BoolArray] = {}
+        self.may_give = np.ones(n, np.bool_)
+        self.budget = EvictionBudget(config.limits, snapshot.pdbs)
+        self.skipped: Counter[str] = Counter()
+        self.blocked_by = {r: list(p) for r, p in self.triggers.blocking.items()}
+        self.unblocked: set[str] = set()
+        self.applied: list[tuple[str, Placement, Placement]] = []
+        self.epoch = 0
+        self.scored = 0
+
+    # ---------------------------------------------------------------- candidates
+    def candidates(self) -> list[_Candidate]:
+        state, pods, config = self.state, self.snapshot.pods, self.config
+        out: list[_Candidate] = []
+        for row in self.triggers.rows:
+            for key in state.pods_on_node[row]:
+                info = pods.get(key)
+                reason = "unknown pod" if info is None else movability(info, config)
+                if reason is not None or info is None:
+                    self.skipped[reason or "unknown pod"] += 1
+                    continue
+                out.append(_Candidate(info, row, state.pods[key]))
+        return out
+
+    def prerank(self, cands: list[_Candidate]) -> list[_Candidate]:
+        """Order by what removing each pod does to its source node alone (vectorised): the
+        fragmentation it takes away there plus the whole GPUs it frees. Ties by pod key, so
+        equal inputs give equal plans."""
+        if not cands:
+            return cands
+        state = self.state
+        k = len(cands)
+        rows = np.fromiter((c.row for c in cands), np.int64, k)
+        milli = np.fromiter((c.placement.pod.gpu_milli for c in cands), np.int64, k)
+        cpu = np.fromiter((c.placement.pod.cpu_milli for c in cands), np.int64, k)
+        first = np.fromiter((c.placement.gpus[0] for c in cands), np.int64, k)
+        free_after = state.gpu_free[rows].copy()
+        idx = np.arange(k)
+        free_after[idx, first] += milli
+        freed = (free_after[idx, first] == MILLI_PER_GPU).astype(np.int64)
+        for i, c in enumerate(cands):  # the other GPUs of multi-GPU pods (rare)
+            for g in c.placement.gpus[1:]:
+                free_after[i, g] += milli[i]
+                freed[i] += int(free_after[i, g] == MILLI_PER_GPU)
+        after = fragmentation_of(free_after, state.cpu_left[rows] + cpu, state.product[rows],
+                                 self.workload, self.allowed)
+        gain = (self.frag[rows] - after) / MILLI_PER_GPU + freed
+        keys = np.array([c.info.key for c in cands])
+        order = np.lexsort((keys, -gain))
+        return [cands[i] for i in order]
+
+    # ---------------------------------------------------------------- scoring
+    def pdbs(self, c: _Candidate) -> tuple[Pdb, ...]:
+        if c.pdbs is None:
+            c.pdbs = tuple(self.snapshot.pdbs_of(c.info))
+        return c.pdbs
+
+    def refusal(self, c: _Candidate) -> str | None:
+        if not self.may_give[c.row]:
+            return "source node received a pod this cycle"
+        return self.budget.refusal(self.state.names[c.row], c.info.namespace, self.pdbs(c))
+
+    def constraint_mask(self, constraints: NodeConstraints) -> BoolArray:
+        """Rows whose labels and taints ``constraints`` accept (cached per distinct value)."""
+        mask = self._constraint_masks.get(constraints)
+        if mask is None:
+            state = self.state
+            if constraints == NO_CONSTRAINTS and not self.tainted:
+                mask = np.ones(state.size, np.bool_)
+            else:
+                taints = self.snapshot.taints
+                mask = np.array([constraints.allows(state.labels[r], taints.get(state.names[r], ()))
+                                 for r in range(state.size)], np.bool_)
+            self._constraint_masks[constraints] = mask
+        return mask
+
+    def score(self, c: _Candidate) -> _Scored | str:
+        """Predict where ``c`` lands and what the move does, or say why it is not worth it."""
+        self.scored += 1
+        state = self.state
+        src = c.row
+        placement = state.pods[c.info.key]
+        pod = placement.pod
+        mask = self.may_receive & self.constraint_mask(c.info.constraints)
+        mask[src] = False
+        rows: IntArray = np.flatnonzero(mask).astype(np.int64)
+        decision = choose(state, self.policy, pod, rows, self.cache)
+        if decision is None:
+            return "no node can take it"
+        dst, dst_gpus = decision.row, decision.gpus
+        src_mem = float(state.gpu_memory_mib[src])
+        dst_mem = float(state.gpu_memory_mib[dst])
+        figure = self.usage.pod_used_mib.get(c.info.key)
+        if figure is not None and dst_mem > 0 and figure > pod.gpu_milli / 1000 * dst_mem:
+            return "memory in use would not fit its share of the target GPU"
+        free_src = state.gpu_free[src].copy()
+        free_src[list(placement.gpus)] += pod.gpu_milli
+        free_dst = state.gpu_free[dst].copy()
+        free_dst[list(dst_gpus)] -= pod.gpu_milli
+        both = np.array([src, dst], np.int64)
+        after = fragmentation_of(
+            np.stack([free_src, free_dst]),
+            np.array([state.cpu_left[src] + pod.cpu_milli, state.cpu_left[dst] - pod.cpu_milli]),
+            state.product[both], self.workload, self.allowed)
+        frag_delta = float(after.sum() - self.frag[src] - self.frag[dst])
+        freed = (sum(1 for g in placement.gpus if free_src[g] == MILLI_PER_GPU)
+                 - sum(1 for g in dst_gpus if state.gpu_free[dst, g] == MILLI_PER_GPU))
+        waste_delta = round(self._waste_delta(placement, src, dst, dst_gpus), 3) + 0.0  # no -0
+        unblocks = self._unblocks(src, free_src, pod)
+        improves = ((frag_delta < -FRAG_EPSILON_MILLI or freed > 0 or bool(unblocks))
+                    and (freed >= 0 or bool(unblocks)))
+        gain = (-frag_delta / MILLI_PER_GPU + freed + len(unblocks)
+                - (waste_delta / src_mem if src_mem > 0 else 0.0))
+        if not improves or gain <= 0:
+            return "no landing improves the cluster"
+        return _Scored(dst, dst_gpus, frag_delta, waste_delta, freed, unblocks, gain)
+
+    def _waste_delta(self, placement: Placement, src: int, dst: int,
+                     dst_gpus: tuple[int, ...]) -> float:
+        """Change of Σ max(allocated − used, 0) over the GPUs the move touches."""
+        state, usage = self.state, self.usage
+        pod = placement.pod
+        delta = 0.0
+        for row, gpus, sign in ((src, placement.gpus, -1.0), (dst, dst_gpus, 1.0)):
+            memory = float(state.gpu_memory_mib[row])
+            moved_alloc = pod.gpu_milli / MILLI_PER_GPU * memory
+            moved_used = usage.pod_used(placement, row)
+            for g in gpus:
+                if not usage.known[row, g]:
+                    continue
+                alloc = (MILLI_PER_GPU - float(state.gpu_free[row, g])) / MILLI_PER_GPU * memory
+                used = float(usage.used_mib[row, g])
+                before = max(alloc - used, 0.0)
+                after = max(alloc + sign * moved_alloc - (used + sign * moved_used), 0.0)
+                delta += after - before
+        return delta
+
+    def _unblocks(self, src: int, free_src: np.ndarray, pod: PodRequest) -> tuple[str, ...]:
+        """Pending pods held back by ``src`` that would fit there once ``pod`` left."""
+        waiting = self.blocked_by.get(src)
+        if not waiting:
+            return ()
+        state = self.state
+        count = int(state.gpu_count[src])
+        free = free_src[:count]
+        cpu = int(state.cpu_left[src]) + pod.cpu_milli
+        mem = int(state.mem_left[src]) + pod.memory_mib
+        fit: list[str] = []
+        for p in waiting:
+            req = p.request
+            if p.key in self.unblocked or req.cpu_milli > cpu or req.memory_mib > mem:
+                continue
+            if req.is_share:
+                ok = bool((free >= req.gpu_milli).any())
+            else:
+                ok = int((free == MILLI_PER_GPU).sum()) >= req.num_gpu
+            if ok:
+                fit.append(p.key)
+                # One freed spot lets one pending pod in; count the best one only.
+                break
+        return tuple(fit)
+
+    # ---------------------------------------------------------------- the greedy loop
+    def run(self) -> list[Move]:
+        moves: list[Move] = []
+        if self.config.limits.total == 0:
+            return moves
+        ranked = self.prerank(self.candidates())
+        first_round = max(16, self.config.limits.total * self.config.candidates_per_eviction)
+        heap: list[tuple[float, int, _Candidate]] = []
+        seq = 0
+        for i, c in enumerate(ranked):
+            if self.scored >= first_round:
+                self.skipped["not scored (candidate limit)"] += len(ranked) - i
+                break
+            if not self._score_into(c, heap, seq):
+                continue
+            seq += 1
+        rescore_left = RESCORE_FACTOR * first_round
+        while heap and not self.budget.exhausted:
+            _, _, c = heapq.heappop(heap)
+            refusal = self.refusal(c)
+            if refusal is not None:
+                self.skipped[refusal] += 1
+                continue
+            if c.epoch != self.epoch:
+                if rescore_left <= 0:
+                    self.skipped["not re-scored (candidate limit)"] += 1
+                    continue
+                rescore_left -= 1
+                if self._score_into(c, heap, seq):
+                    seq += 1
+                continue
+            moves.append(self.accept(c))
+        for _, _, c in heap:
+            self.skipped[self.refusal(c) or "lower gain than the moves kept"] += 1
+        return moves
+
+    def _score_into(self, c: _Candidate, heap: list[tuple[float, int, _Candidate]],
+                    seq: int) -> bool:
+        refusal = self.refusal(c)
+        if refusal is not None:
+            self.skipped[refusal] += 1
+            return False
+        scored = self.score(c)
+        c.epoch = self.epoch
+        if isinstance(scored, str):
+            c.scored = None
+            self.skipped[scored] += 1
+            return False
+        c.scored = scored
+        heapq.heappush(heap, (-scored.gain, seq, c))
+        return True
+
+    def accept(self, c: _Candidate) -> Move:
+        assert c.scored is not None
+        s = c.scored
+        state = self.state
+        key = c.info.key
+        old = state.pods[key]
+        src = c.row
+        self.usage.move(old, src, s.target, s.target_gpus)
+        state.remove_pod(key)
+        new = state.place(old.pod, s.target, s.target_gpus, check=False)
+        both = np.array([src, s.target], np.int64)
+        self.frag[both] = node_fragmentation(state, self.workload, both)
+        self.may_receive[src] = False
+        self.may_give[s.target] = False
+        pdbs = self.pdbs(c)
+        self.budget.take(state.names[src], c.info.namespace, pdbs)
+        self.unblocked.update(s.unblocks)
+        self.applied.append((key, old, new))
+        self.epoch += 1
+        return Move(
+            pod=key, uid=c.info.uid, owner_kind=c.info.owner_kind, owner_uid=c.info.owner_uid,
+            owner_name=c.info.owner_name, num_gpu=old.pod.num_gpu, gpu_milli=old.pod.gpu_milli,
+            source=state.names[src], source_gpus=old.gpus, target=state.names[s.target],
+            target_gpus=s.target_gpus, frag_delta_milli=s.frag_delta, waste_delta_mib=s.waste_delta,
+            freed_gpus=s.freed, unblocks=s.unblocks, gain=s.gain,
+            reason=self.triggers.reason(src, self.measurement),
+            pdb=pdbs[0].key if pdbs else "",
+        )
+
+    def revert(self) -> None:
+        """Undo every applied move, newest first: the snapshot is as it was given."""
+        state = self.state
+        for key, old, new in reversed(self.applied):
+            self.usage.move(new, state.index[new.node], state.index[old.node], old.gpus)
+            state.remove_pod(key)
+            state.place(old.pod, old.node, old.gpus, check=False)
+        self.applied.clear()
+
+
+def apply_moves(snapshot: Snapshot, moves: list[Move] | tuple[Move, ...]) -> None:
+    """Move pods in ``snapshot`` as planned (the what-if's and the dry run's "it landed")."""
+    state = snapshot.state
+    for move in moves:
+        old = state.pods[move.pod]
+        snapshot.usage.move(old, state.index[old.node], state.index[move.target],
+                            move.target_gpus)
+        state.remove_pod(move.pod)
+        state.place(old.pod, move.target, move.target_gpus, check=False)

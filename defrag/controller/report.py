@@ -1,0 +1,77 @@
+"""The plan and the cycle's result, as a table for people or JSON lines for tools."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from defrag.controller.executor import CycleReport
+from defrag.controller.model import UsageNote
+from defrag.controller.planner import Plan
+
+MAX_SKIP_LINES = 12
+
+
+def _gpus(gpus: tuple[int, ...]) -> str:
+    return ",".join(str(g) for g in gpus) or "-"
+
+
+def plan_table(plan: Plan, notes: Sequence[UsageNote] = (), *, dry_run: bool = False) -> str:
+    lines = [f"defrag plan{' (dry run)' if dry_run else ''}: {len(plan.moves)} move"
+             f"{'' if len(plan.moves) == 1 else 's'}; {len(plan.triggered)} triggered node"
+             f"{'' if len(plan.triggered) == 1 else 's'}; {plan.scored} candidate moves scored "
+             f"in {plan.seconds:.2f}s"]
+    if plan.moves:
+        head = (f"  {'#':>3}  {'pod':<40} {'GPU':>6}  {'from (gpus)':<24} {'to (gpus)':<24}"
+                f" {'dFrag':>7} {'dWaste':>8} {'freed':>5}  reason")
+        lines += [head, "  " + "-" * (len(head) - 2)]
+        for i, m in enumerate(plan.moves, 1):
+            size = f"{m.gpu_milli}m" if m.gpu_milli < 1000 else f"{m.num_gpu}"
+            lines.append(
+                f"  {i:>3}  {m.pod[:40]:<40} {size:>6}  "
+                f"{(m.source + ' (' + _gpus(m.source_gpus) + ')')[:24]:<24} "
+                f"{(m.target + ' (' + _gpus(m.target_gpus) + ')')[:24]:<24} "
+                f"{m.frag_delta_milli / 1000:>+7.2f} {m.waste_delta_mib / 1024:>+7.1f}G "
+                f"{m.freed_gpus:>5}  {m.reason}"
+                + (f"; unblocks {', '.join(m.unblocks)}" if m.unblocks else ""))
+    b, a = plan.before, plan.after
+    lines.append(f"  before: waste {b.waste_ratio:.1%} ({b.wasted_gib:.1f} GiB), fragmentation "
+                 f"{b.frag_ratio:.1%} ({b.frag_gpus:.2f} GPUs), {b.free_whole_gpus} free whole "
+                 f"GPUs")
+    lines.append(f"  after (predicted): waste {a.waste_ratio:.1%} ({a.wasted_gib:.1f} GiB), "
+                 f"fragmentation {a.frag_ratio:.1%} ({a.frag_gpus:.2f} GPUs), "
+                 f"{a.free_whole_gpus} free whole GPUs")
+    if plan.skipped:
+        lines.append("  not moved:")
+        ranked = sorted(plan.skipped.items(), key=lambda kv: (-kv[1], kv[0]))
+        lines += [f"    {n:>6}  {reason}" for reason, n in ranked[:MAX_SKIP_LINES]]
+    if plan.unplaceable:
+        shown = ", ".join(plan.unplaceable[:5]) + (" ..." if len(plan.unplaceable) > 5 else "")
+        lines.append(f"  pending GPU pods that fit nowhere now: {len(plan.unplaceable)} "
+                     f"({shown})")
+    for note in notes:
+        lines.append(f"  usage ignored on {note.node}: {note.reason}")
+    return "\n".join(lines)
+
+
+def plan_json(plan: Plan, notes: Sequence[UsageNote] = (), *, dry_run: bool = False) -> str:
+    doc: dict[str, Any] = {"kind": "plan", "dry_run": dry_run, **plan.as_dict(),
+                           "usage_notes": [{"node": n.node, "reason": n.reason} for n in notes]}
+    return orjson.dumps(doc).decode()
+
+
+def result_json(report: CycleReport, counts: dict[str, int], *, dry_run: bool) -> str:
+    doc: dict[str, Any] = {
+        "kind": "result", "dry_run": dry_run, "ok": report.error is None, "error": report.error,
+        "stopped_early": report.stopped_early or None,
+        "moves": [{"pod": r.move.pod, "outcome": r.outcome, "target": r.move.target,
+                   "landed_on": r.landed_on, "replacement": r.replacement}
+                  for r in report.results],
+        "skipped": [{"pod": m.pod, "reason": why} for m, why in report.skipped],
+        "counts": counts,
+        "before": report.before.as_dict() if report.before else None,
+        "after": report.after.as_dict() if report.after else None,
+    }
+    return orjson.dumps(doc).decode()

@@ -1,0 +1,128 @@
+"""gpufrag-scheduler on the local control plane: kube-scheduler + the gpufrag extender process.
+
+Shared by the demo, the end-to-end tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from devkit.controlplane import ControlPlane
+from devkit.procs import ControlPlaneError, free_port, tail, wait_until
+from gpufrag.conventions import (
+    SCHEDULER_NAME,
+)
+
+# Why weight 200: see manifests/base/scheduler-config.yaml (one extender point outweighs all
+# default score plugins together, so the extender's ranking decides).
+_GPUFRAG_SCHEDULER_CONFIG: Final = """\
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+  - schedulerName: {name}
+extenders:
+  - urlPrefix: {url}
+    filterVerb: filter
+    prioritizeVerb: prioritize
+{bind}    weight: 200
+    nodeCacheCapable: true
+    httpTimeout: 5s
+    ignorable: {ignorable}
+    managedResources:
+      - name: nvidia.com/gpu
+        ignoredByScheduler: false
+      - name: gpufrag.io/gpu-milli
+        ignoredByScheduler: true
+"""
+
+
+def gpufrag_scheduler_config(url: str, *, ignorable: bool = False, bind: bool = True,
+                             name: str = SCHEDULER_NAME) -> str:
+    """A KubeSchedulerConfiguration whose profile ``name`` calls the extender at ``url``
+    (filter, prioritize and, with ``bind``, bind), for :meth:`ControlPlane.start_scheduler`."""
+    return _GPUFRAG_SCHEDULER_CONFIG.format(
+        name=name, url=url, ignorable=str(ignorable).lower(),
+        bind="    bindVerb: bind\n" if bind else "")
+
+
+@dataclass
+class ExtenderProcess:
+    """``gpufrag extender`` watching a control plane, in its own process, on a free port.
+
+    A subprocess rather than a thread because that is how it runs in a cluster (its own
+    gunicorn worker, its own watches), and so that its log is the JSON it writes in production.
+    """
+
+    control_plane: ControlPlane
+    log_path: Path
+    extra_args: tuple[str, ...] = ()
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 60.0) -> ExtenderProcess:
+        """Start it and wait until /readyz answers 200 (its cache has listed the cluster)."""
+        env = {**os.environ, "GPUFRAG_LOG_FORMAT": "json"}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpufrag.cli", "extender", "--kubeconfig",
+                 str(self.control_plane.kubeconfig_path), "--host", "127.0.0.1", "--port",
+                 str(self.port), "--set", "maintenance_interval_s=1", *self.extra_args],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)
+        try:
+            wait_until(self._ready, timeout_s=timeout_s, what=f"extender ready on {self.url}")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _ready(self) -> bool | None:
+        if self.process is not None and self.process.poll() is not None:
+            raise ControlPlaneError(f"extender exited with {self.process.returncode}:\n"
+                                    + tail(self.log_path))
+        try:
+            with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as reply:
+                return reply.status == 200 or None
+        except OSError:
+            return None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; a no-op when it is not running."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.process = None
+
+    def log_events(self, event: str) -> Iterator[dict[str, Any]]:
+        """The extender's JSON log lines for one event (verb), oldest first."""
+        for line in self.log_path.read_text().split("\n")[:-1]:  # the last: unfinished
+            if line.startswith("{"):
+                record = json.loads(line)
+                if record.get("event") == event:
+                    yield record
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as reply:
+            return str(reply.read().decode())
+
+

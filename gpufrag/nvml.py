@@ -1,0 +1,358 @@
+"""Read GPUs and the processes on them through NVML (pynvml): the one adapter every component uses.
+
+The node agent (``defrag.agent``) and the serving runtime (``serving``) both read GPUs through
+:class:`NvmlReader`, so there is one place that knows NVML's calls, its units and its errors.
+Only a handful of NVML calls are used; :class:`NvmlApi` names them, so the real ``pynvml``
+module and the recorded stand-in (:class:`gpufrag.nvml_recorded.RecordedNvml`) satisfy the same
+shape and mypy checks both.
+
+Readings carry NVML's own units as data (bytes, utilisation in percent); MiB and the 0..1 ratio
+are derived properties, so every consumer converts the same way (MiB floored) and none keeps a
+second copy of the numbers.
+
+"There is no GPU here" is not a fault: a node or pod without a GPU, without the NVIDIA driver,
+or without ``libnvidia-ml.so.1`` makes :meth:`NvmlReader.open` raise :class:`NoGpuError` with a
+message that says which it is. Everything else NVML reports (GPU lost, permissions, driver and
+library mismatch) is :class:`GpuReadError`, naming the GPU and the call. The agent's CLI turns
+the first into exit code 3 and the second into exit code 1; :func:`detect` turns either into one
+log line and ``None`` for callers (serving) that simply run without GPU features.
+
+This module is the shared base layer: it imports only the standard library, pynvml and
+:mod:`gpufrag` base modules, never a component.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import pynvml
+
+MIB = 1024 * 1024
+
+
+class NoGpuError(RuntimeError):
+    """No GPU to read: NVML library missing, driver not loaded, or zero devices."""
+
+
+class GpuReadError(RuntimeError):
+    """NVML is there but a call failed (GPU lost, driver mismatch, permissions)."""
+
+
+# --- the NVML calls used, as Protocols --------------------------------------------------------
+
+
+class MemoryInfo(Protocol):
+    @property
+    def used(self) -> int: ...
+    @property
+    def total(self) -> int: ...
+
+
+class Utilization(Protocol):
+    @property
+    def gpu(self) -> int: ...
+
+
+class ProcessInfo(Protocol):
+    @property
+    def pid(self) -> int: ...
+    # None when the driver cannot tell (NVML_VALUE_NOT_AVAILABLE, e.g. under WDDM).
+    @property
+    def usedGpuMemory(self) -> int | None: ...  # NVML's camelCase name
+
+
+class NvmlApi(Protocol):
+    """The pynvml calls gpufrag makes; the ``pynvml`` module itself conforms."""
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> object: ...
+    def nvmlDeviceGetUUID(self, handle: object) -> str | bytes: ...
+    def nvmlDeviceGetName(self, handle: object) -> str | bytes: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: object) -> MemoryInfo: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: object) -> Utilization: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> Sequence[ProcessInfo]: ...
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle: object) -> Sequence[ProcessInfo]: ...
+
+
+# --- readings -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessReading:
+    """One process with a context on a GPU; ``pid`` is in the host's PID namespace."""
+
+    pid: int
+    memory_used_bytes: int  # 0 when the driver cannot tell
+
+    @property
+    def memory_used_mib(self) -> int:
+        return self.memory_used_bytes // MIB
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """Which GPU: NVML's index, its UUID and product name (they do not change while open)."""
+
+    index: int
+    uuid: str
+    product: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryReading:
+    """One GPU's memory alone: the cheap read (one NVML call) for a per-batch growth watch."""
+
+    index: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+
+    @property
+    def memory_used_mib(self) -> int:
+        return self.memory_used_bytes // MIB
+
+    @property
+    def memory_total_mib(self) -> int:
+        return self.memory_total_bytes // MIB
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU at one moment, in NVML's units. Memory is device-wide (every process on it)."""
+
+    index: int
+    uuid: str
+    product: str
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilization_pct: int  # 0..100; 0 where NVML does not support it (e.g. MIG)
+    processes: tuple[ProcessReading, ...] = ()  # empty when read without processes
+
+    @property
+    def memory_used_mib(self) -> int:
+        return self.memory_used_bytes // MIB
+
+    @property
+    def memory_total_mib(self) -> int:
+        return self.memory_total_bytes // MIB
+
+    @property
+    def utilization_ratio(self) -> float:
+        """Busy fraction 0..1, the unit Prometheus gauges and autoscalers use."""
+        return self.utilization_pct / 100.0
+
+
+# --- the reader ---------------------------------------------------------------------------------
+
+
+def load_pynvml() -> NvmlApi:
+    """The real NVML binding. Importing it never needs the library; ``nvmlInit`` does."""
+    api: NvmlApi = pynvml
+    return api
+
+
+# NVML errors that mean "there is no GPU here to read" rather than "reading failed".
+_NO_GPU_ERRORS: dict[type[Exception], str] = {
+    pynvml.NVMLError_LibraryNotFound: (
+        "NVML library (libnvidia-ml.so.1) not found: no NVIDIA driver on this node, or the "
+        "container was started without the NVIDIA runtime"
+    ),
+    pynvml.NVMLError_DriverNotLoaded: "NVIDIA driver not loaded on this node",
+}
+
+
+class NvmlReader:
+    """Opens NVML once and reads its GPUs on demand.
+
+    Use as a context manager, or call :meth:`open` and :meth:`close`. :meth:`read` is the full,
+    strict reading (every GPU with its processes; any failure raises); :meth:`read_gpu` and
+    :meth:`read_memory` read one GPU, so a caller that would rather skip a lost GPU than fail
+    (serving's metrics) can.
+    """
+
+    def __init__(self, api: NvmlApi | None = None) -> None:
+        self._api = api if api is not None else load_pynvml()
+        self._handles: list[object] = []
+        self._open = False
+
+    @property
+    def device_count(self) -> int:
+        return len(self._handles)
+
+    def open(self) -> int:
+        """Initialise NVML and find the GPUs; returns how many. Raises :class:`NoGpuError`
+        when there is no GPU to read, :class:`GpuReadError` when NVML fails otherwise."""
+        try:
+            self._api.nvmlInit()
+        except pynvml.NVMLError as exc:
+            for error_type, message in _NO_GPU_ERRORS.items():
+                if isinstance(exc, error_type):
+                    raise NoGpuError(message) from None
+            raise GpuReadError(f"NVML initialisation failed: {exc}") from None
+        self._open = True
+        try:
+            count = self._api.nvmlDeviceGetCount()
+            if count == 0:
+                raise NoGpuError("NVML found no GPU devices on this node (zero GPUs)")
+            self._handles = [self._api.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except pynvml.NVMLError as exc:
+            self.close()
+            raise GpuReadError(f"NVML could not list GPUs: {exc}") from None
+        except NoGpuError:
+            self.close()
+            raise
+        return count
+
+    def close(self) -> None:
+        """Shut NVML down; safe to call twice, and never raises (it runs on the way out)."""
+        if self._open:
+            self._open = False
+            self._handles = []
+            # Shutting down anyway; an error here has nothing useful to say.
+            with contextlib.suppress(pynvml.NVMLError):
+                self._api.nvmlShutdown()
+
+    def __enter__(self) -> NvmlReader:
+        self.open()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def inventory(self) -> tuple[GpuIdentity, ...]:
+        """Every GPU's index, UUID and product name, without reading memory or utilisation."""
+        return tuple(self._identity(index, handle) for index, handle in self._each())
+
+    def read(self, *, processes: bool = True) -> tuple[GpuReading, ...]:
+        """Read every GPU; raises :class:`GpuReadError` naming the GPU and the failed call."""
+        return tuple(self._read_gpu(index, handle, processes=processes)
+                     for index, handle in self._each())
+
+    def read_gpu(self, index: int, *, processes: bool = True) -> GpuReading:
+        """Read one GPU; raises :class:`GpuReadError` naming it and the failed call."""
+        return self._read_gpu(index, self._handle(index), processes=processes)
+
+    def read_memory(self, index: int) -> MemoryReading:
+        """One GPU's used and total memory: a single NVML call, no process listing, so it is
+        cheap enough to run around every batch."""
+        memory = self._memory(index, self._handle(index))
+        return MemoryReading(index, int(memory.used), int(memory.total))
+
+    # -- one GPU -------------------------------------------------------------------------------
+
+    def _each(self) -> list[tuple[int, object]]:
+        self._check_open()
+        return list(enumerate(self._handles))
+
+    def _handle(self, index: int) -> object:
+        self._check_open()
+        if not 0 <= index < len(self._handles):
+            raise IndexError(f"GPU {index} does not exist; NVML found {len(self._handles)} "
+                             f"(indices 0..{len(self._handles) - 1})")
+        return self._handles[index]
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise GpuReadError("NVML is not open; call open() first")
+
+    def _identity(self, index: int, handle: object) -> GpuIdentity:
+        try:
+            uuid = _text(self._api.nvmlDeviceGetUUID(handle))
+            product = _text(self._api.nvmlDeviceGetName(handle))
+        except pynvml.NVMLError as exc:
+            raise GpuReadError(f"GPU {index}: reading identity/memory failed: {exc}") from None
+        return GpuIdentity(index, uuid, product)
+
+    def _memory(self, index: int, handle: object) -> MemoryInfo:
+        try:
+            return self._api.nvmlDeviceGetMemoryInfo(handle)
+        except pynvml.NVMLError as exc:
+            raise GpuReadError(f"GPU {index}: reading identity/memory failed: {exc}") from None
+
+    def _read_gpu(self, index: int, handle: object, *, processes: bool) -> GpuReading:
+        # Identity and memory before utilisation: the order a recorded replay's samples assume
+        # (gpufrag.nvml_recorded), and the one the agent has always used.
+        identity = self._identity(index, handle)
+        memory = self._memory(index, handle)
+        try:
+            utilization_pct = int(self._api.nvmlDeviceGetUtilizationRates(handle).gpu)
+        except pynvml.NVMLError_NotSupported:
+            utilization_pct = 0  # e.g. MIG-enabled GPUs; documented as 0 in docs/agent.md
+        except pynvml.NVMLError as exc:
+            raise GpuReadError(f"GPU {index}: reading utilisation failed: {exc}") from None
+        return GpuReading(
+            index=index,
+            uuid=identity.uuid,
+            product=identity.product,
+            memory_used_bytes=int(memory.used),
+            memory_total_bytes=int(memory.total),
+            utilization_pct=min(max(utilization_pct, 0), 100),
+            processes=self._read_processes(index, handle) if processes else (),
+        )
+
+    def _read_processes(self, index: int, handle: object) -> tuple[ProcessReading, ...]:
+        # A process with both a compute and a graphics context shows up in both lists with the
+        # same total; count it once.
+        used_by_pid: dict[int, int] = {}
+        for call in (self._api.nvmlDeviceGetComputeRunningProcesses,
+                     self._api.nvmlDeviceGetGraphicsRunningProcesses):
+            try:
+                running = call(handle)
+            except pynvml.NVMLError_NotSupported:
+                continue
+            except pynvml.NVMLError as exc:
+                raise GpuReadError(f"GPU {index}: listing processes failed: {exc}") from None
+            for process in running:
+                used = process.usedGpuMemory
+                used_bytes = 0 if used is None else int(used)
+                pid = int(process.pid)
+                used_by_pid[pid] = max(used_by_pid.get(pid, 0), used_bytes)
+        return tuple(ProcessReading(pid, used) for pid, used in sorted(used_by_pid.items()))
+
+
+def _text(value: str | bytes) -> str:
+    # Older pynvml releases return bytes, newer ones str.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# --- detection ----------------------------------------------------------------------------------
+
+
+class EventLog(Protocol):
+    """The two levels :func:`detect` logs at; a structlog bound logger conforms. Taken as a
+    parameter so the line carries the caller's logger name and this base layer needs no
+    logging set-up of its own."""
+
+    def info(self, event: str, **fields: Any) -> Any: ...
+    def warning(self, event: str, **fields: Any) -> Any: ...
+
+
+def detect(api: NvmlApi | None = None, *, log: EventLog,
+           effect: str = "GPU features off") -> NvmlReader | None:
+    """An opened :class:`NvmlReader` when a GPU is usable, else ``None`` after one log line.
+
+    For callers that run with or without a GPU (serving, the demo): no GPU is an ``info``
+    ``no_gpu`` line with the reason; NVML failing on a machine that has one is a ``warning``
+    ``nvml_failed`` line, since someone should look. ``effect`` says what the caller does
+    without it (``"no GPU metrics, CPU backends only"``). On success one ``gpus_found`` line
+    lists the products. The caller owns the reader and closes it.
+    """
+    reader = NvmlReader(api)
+    try:
+        reader.open()
+        gpus = reader.inventory()
+    except NoGpuError as exc:  # open() has already shut NVML down
+        log.info("no_gpu", reason=f"NVML unavailable: {exc}", effect=effect)
+        return None
+    except GpuReadError as exc:
+        reader.close()
+        log.warning("nvml_failed", error=str(exc), effect=effect)
+        return None
+    log.info("gpus_found", count=len(gpus), products=[gpu.product for gpu in gpus])
+    return reader

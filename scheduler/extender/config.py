@@ -1,0 +1,367 @@
+"""The extender's configuration: frozen dataclasses with defaults, validated once at load.
+
+Sources, later ones winning: the defaults below, a YAML file (``--config``), environment
+variables ``GPUFRAG_EXTENDER__<SECTION>__<FIELD>`` (``__`` separates path parts, e.g.
+``GPUFRAG_EXTENDER__AFFINITY__WARM_WINDOW_S=600``), then command-line flags (``--set
+affinity.warm_window_s=600`` and the named flags of ``gpufrag extender``). Every error names the
+exact field (``weights.affinity``), the bad value and what would be accepted, and nothing on the
+request path re-checks a setting. Units are in the field names (``_s`` seconds, ``_bytes``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from gpufrag.conventions import KubeNames, names_from_environ
+from gpufrag.errors import BadInput
+from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU
+from scheduler.kube.watch import WatchConfig
+from scheduler.policies import POLICY_NAMES
+from scheduler.policies.affinity import AffinityParams
+
+ENV_PREFIX = "GPUFRAG_EXTENDER__"
+
+
+class ConfigError(BadInput):
+    """A setting that cannot be used; the message names the field and the accepted values."""
+
+    def __init__(self, message: str, *, source: str | None = None,
+                 field: str | None = None) -> None:
+        super().__init__(message, source=source, field=field)
+        self.detail = message
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreWeights:
+    """How the prioritize score blends the policy's (normalised) score and the affinity bonus."""
+
+    policy: float = 1.0
+    affinity: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One task spec of FGD's target workload (see ``scheduler.core.fragmentation``)."""
+
+    cpu_milli: int = 0
+    num_gpu: int = 1
+    gpu_milli: int = MILLI_PER_GPU
+    gpu_spec: tuple[str, ...] = ()
+    popularity: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    """FGD's target workload: fixed ``specs``, or (when empty) derived from the pods the
+    extender sees, recomputed every ``refresh_s`` or once pod changes reach ``change_fraction``
+    of the pods (0 = only every ``refresh_s``), in the background — never per request."""
+
+    specs: tuple[TaskSpec, ...] = ()
+    refresh_s: float = 300.0
+    change_fraction: float = 0.1
+    coverage: float = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class BindConfig:
+    """The optional bind verb: choose GPUs, create the Binding that also annotates the pod
+    with them, and count the placement at once ("assumed") until the watch shows it or
+    ``assume_ttl_s`` passes."""
+
+    enabled: bool = True
+    assume_ttl_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class HintsConfig:
+    """Whether to read the defrag controller's placement hints; their ConfigMap is named in the
+    shared ``names`` section (``names.hints_namespace``, ``names.hints_configmap``)."""
+
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """HTTP serving: routes are ``{url_prefix}/filter`` etc.; one gunicorn worker (the state
+    lives in it) with ``threads`` threads."""
+
+    host: str = "0.0.0.0"
+    port: int = 8888
+    url_prefix: str = ""
+    max_body_bytes: int = 64 * 1024 * 1024
+    threads: int = 8
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderConfig:
+    policy: str = "fgd"
+    seed: int = 0
+    names: KubeNames = field(default_factory=KubeNames)
+    weights: ScoreWeights = field(default_factory=ScoreWeights)
+    affinity: AffinityParams = field(default_factory=AffinityParams)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    bind: BindConfig = field(default_factory=BindConfig)
+    hints: HintsConfig = field(default_factory=HintsConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    maintenance_interval_s: float = 5.0
+
+
+# ------------------------------------------------------------------------------------ loading
+
+
+@dataclass(frozen=True, slots=True)
+class _Text:
+    """A value given as text (environment, ``--set``): parsed as YAML unless a string is
+    expected, so ``names.label_model_version=1.10`` stays the string "1.10"."""
+
+    text: str
+    origin: str
+
+
+T = TypeVar("T")
+
+
+def _type_name(tp: Any) -> str:
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {bool: "true or false", int: "an integer", float: "a number",
+            str: "a string"}.get(tp, "a list")
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    if isinstance(value, _Text):
+        if tp is str:
+            return value.text
+        try:
+            value = yaml.safe_load(value.text)
+        except yaml.YAMLError:
+            raise ConfigError(f"{value.text!r} (from {value.origin}) is not {_type_name(tp)}",
+                              field=path) from None
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"expected a mapping, got {value!r}", field=path)
+        return _build(tp, value, path)
+    if typing.get_origin(tp) is tuple:
+        item_type = typing.get_args(tp)[0]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"expected a list, got {value!r}", field=path)
+        return tuple(_convert(item_type, v, f"{path}[{i}]") for i, v in enumerate(value))
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }.get(tp)
+    if ok is None:  # pragma: no cover - a field type this loader does not know is a bug here
+        raise TypeError(f"config field {path} has unsupported type {tp!r}")
+    if not ok:
+        raise ConfigError(f"expected {_type_name(tp)}, got {value!r}", field=path)
+    return float(value) if tp is float else value
+
+
+def _build(cls: type[T], data: Mapping[str, Any], path: str) -> T:
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in known:
+            raise ConfigError(f"unknown setting; known here: {', '.join(known)}", field=where)
+        kwargs[key] = _convert(hints[key], value, where)
+    return cls(**kwargs)
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = [p for p in dotted.split(".") if p]
+    if not parts:
+        raise ConfigError("empty setting name", field=dotted)
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _env_overrides(environ: Mapping[str, str]) -> list[tuple[str, _Text]]:
+    found = []
+    for name, text in sorted(environ.items()):
+        if name.startswith(ENV_PREFIX):
+            dotted = ".".join(p.lower() for p in name[len(ENV_PREFIX):].split("__"))
+            found.append((dotted, _Text(text, f"environment {name}")))
+    return found
+
+
+def parse_assignment(text: str) -> tuple[str, str]:
+    """``path.to.field=value`` (a ``--set`` flag) -> (path, value)."""
+    dotted, sep, value = text.partition("=")
+    if not sep or not dotted.strip():
+        raise ConfigError(f"{text!r} is not PATH=VALUE (e.g. affinity.warm_window_s=600)",
+                          field="--set")
+    return dotted.strip(), value
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    source = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror}", source=source) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"not valid YAML: {e}", source=source) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a mapping at the top, got {type(data).__name__}",
+                          source=source)
+    return data
+
+
+def load_config(path: str | Path | None = None, *, environ: Mapping[str, str] | None = None,
+                overrides: Sequence[tuple[str, str]] = ()) -> ExtenderConfig:
+    """Defaults < the shared names (``GPUFRAG_NAMES__*``) < YAML file < environment <
+    ``overrides`` ((dotted path, text) pairs)."""
+    env = os.environ if environ is None else environ
+    tree: dict[str, Any] = read_config_file(path) if path is not None else {}
+    shared = names_from_environ(env)
+    names = tree.setdefault("names", {})
+    if isinstance(names, dict):
+        for key, value in dataclasses.asdict(shared).items():
+            names.setdefault(key, value)
+    for dotted, value in _env_overrides(env):
+        _set_path(tree, dotted, value)
+    for dotted, text in overrides:
+        _set_path(tree, dotted, _Text(text, f"--set {dotted}"))
+    try:
+        return config_from_mapping(tree)
+    except ConfigError as e:
+        if path is not None and e.source is None:
+            raise ConfigError(e.detail, source=str(path), field=e.field) from None
+        raise
+
+
+def config_from_mapping(data: Mapping[str, Any]) -> ExtenderConfig:
+    """Build and validate a configuration from nested mappings (a parsed YAML file)."""
+    return validate(_build(ExtenderConfig, data, ""))
+
+
+def config_to_mapping(config: ExtenderConfig) -> dict[str, Any]:
+    """Plain nested dicts and lists (for ``--print-config``); loads back to the same config."""
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, tuple):
+            return [plain(v) for v in value]
+        return value
+
+    result: dict[str, Any] = plain(config)
+    return result
+
+
+# --------------------------------------------------------------------------------- validation
+
+
+def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+
+    def need(ok: bool, where: str, message: str) -> None:
+        if not ok:
+            found.append((where, message))
+
+    need(config.policy in POLICY_NAMES, "policy",
+         f"unknown policy {config.policy!r}; choose from {', '.join(POLICY_NAMES)}")
+    for name in ("policy", "affinity"):
+        value = getattr(config.weights, name)
+        need(value >= 0, f"weights.{name}", f"must be >= 0, got {value}")
+    need(config.weights.policy != 0 or config.weights.affinity != 0, "weights",
+         "weights.policy and weights.affinity cannot both be 0")
+    found += [(f"affinity.{f}", m) for f, m in config.affinity.problems()]
+    found += [(f"names.{f}", m) for f, m in config.names.problems()]
+    w = config.workload
+    need(w.refresh_s > 0, "workload.refresh_s", f"must be > 0 seconds, got {w.refresh_s}")
+    need(0 < w.coverage <= 1, "workload.coverage", f"must be in (0, 1], got {w.coverage}")
+    need(0 <= w.change_fraction <= 1, "workload.change_fraction",
+         f"must be in 0..1 (0 = refresh only every workload.refresh_s), got "
+         f"{w.change_fraction}")
+    for i, spec in enumerate(w.specs):
+        at = f"workload.specs[{i}]"
+        need(spec.cpu_milli >= 0, f"{at}.cpu_milli", f"must be >= 0, got {spec.cpu_milli}")
+        need(0 <= spec.num_gpu <= MAX_GPUS_PER_NODE, f"{at}.num_gpu",
+             f"must be in 0..{MAX_GPUS_PER_NODE}, got {spec.num_gpu}")
+        if spec.num_gpu:
+            need(0 < spec.gpu_milli <= MILLI_PER_GPU, f"{at}.gpu_milli",
+                 f"must be in 1..{MILLI_PER_GPU} for a GPU spec, got {spec.gpu_milli}")
+            need(spec.num_gpu == 1 or spec.gpu_milli == MILLI_PER_GPU, f"{at}.gpu_milli",
+                 f"a GPU share ({spec.gpu_milli} < {MILLI_PER_GPU}) needs num_gpu 1, "
+                 f"got num_gpu {spec.num_gpu}")
+        else:
+            need(spec.gpu_milli in (0, MILLI_PER_GPU), f"{at}.gpu_milli",
+                 f"must be 0 for a CPU-only spec (num_gpu 0), got {spec.gpu_milli}")
+        need(spec.popularity > 0, f"{at}.popularity", f"must be > 0, got {spec.popularity}")
+    need(config.bind.assume_ttl_s > 0, "bind.assume_ttl_s",
+         f"must be > 0 seconds, got {config.bind.assume_ttl_s}")
+    wc = config.watch
+    need(wc.timeout_s > 0, "watch.timeout_s", f"must be > 0 seconds, got {wc.timeout_s}")
+    need(wc.page_size >= 1, "watch.page_size", f"must be >= 1, got {wc.page_size}")
+    need(wc.backoff_initial_s > 0, "watch.backoff_initial_s",
+         f"must be > 0 seconds, got {wc.backoff_initial_s}")
+    need(wc.backoff_max_s >= wc.backoff_initial_s, "watch.backoff_max_s",
+         f"must be >= watch.backoff_initial_s ({wc.backoff_initial_s}), got {wc.backoff_max_s}")
+    s = config.server
+    need(s.url_prefix == "" or (s.url_prefix.startswith("/") and not s.url_prefix.endswith("/")),
+         "server.url_prefix",
+         f"must be empty or start with '/' and not end with '/' (e.g. /gpufrag), "
+         f"got {s.url_prefix!r}")
+    need(s.max_body_bytes >= 1024, "server.max_body_bytes",
+         f"must be >= 1024 bytes, got {s.max_body_bytes}")
+    need(s.threads >= 1, "server.threads", f"must be >= 1, got {s.threads}")
+    need(0 < s.port < 65536, "server.port", f"must be in 1..65535, got {s.port}")
+    need(s.timeout_s > 0, "server.timeout_s", f"must be > 0 seconds, got {s.timeout_s}")
+    need(config.maintenance_interval_s > 0, "maintenance_interval_s",
+         f"must be > 0 seconds, got {config.maintenance_interval_s}")
+    return found
+
+
+def validate(config: ExtenderConfig) -> ExtenderConfig:
+    """Return ``config`` unchanged, or raise one :class:`ConfigError` listing every problem."""
+    found = _problems(config)
+    if not found:
+        return config
+    if len(found) == 1:
+        raise ConfigError(found[0][1], field=found[0][0])
+    text = "; ".join(f"field {where!r}: {message}" for where, message in found)
+    raise ConfigError(f"{len(found)} problems: {text}")
+
+
+__all__ = [
+    "ENV_PREFIX",
+    "AffinityParams",
+    "BindConfig",
+    "ConfigError",
+    "ExtenderConfig",
+    "HintsConfig",
+    "ScoreWeights",
+    "ServerConfig",
+    "TaskSpec",
+    "WatchConfig",
+    "WorkloadConfig",
+    "config_from_mapping",
+    "config_to_mapping",
+    "load_config",
+    "parse_assignment",
+    "validate",
+]

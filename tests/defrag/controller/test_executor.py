@@ -1,0 +1,180 @@
+"""The executor's loop with the dry-run writer and with a recording fake of the same interface
+(the real writer is exercised against a real control plane in tests/e2e/test_defrag.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from defrag.controller.errors import CycleStopped
+from defrag.controller.executor import (
+    ClusterActions,
+    CycleReport,
+    DryRunActions,
+    EvictionOutcome,
+    Executor,
+    Landing,
+)
+from defrag.controller.metrics import CycleMetrics
+from defrag.controller.model import PodInfo, Snapshot
+from defrag.controller.planner import Move, Plan, plan
+from scheduler.policies import make_policy
+from tests.builders import workload
+from tests.defrag.controller.builders import config, gpu_node, share, snapshot
+
+WORKLOAD = workload((1000, 1, 1000, 0.5), (1000, 1, 700, 0.5))
+
+
+class Silent:
+    def bind(self, **_: object) -> Silent:
+        return self
+
+    def _drop(self, *_: object, **__: object) -> None:
+        return None
+
+    info = warning = error = debug = _drop
+
+
+class RecordingActions:
+    """Our ClusterActions interface, in memory: records calls, answers as told."""
+
+    dry_run = False
+
+    def __init__(self, *, refuse: frozenset[str] = frozenset(), fail_on: str = "",
+                 never_bind: frozenset[str] = frozenset(),
+                 land_on: dict[str, str] | None = None) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.refuse, self.fail_on, self.never_bind = refuse, fail_on, never_bind
+        self.land_on = land_on or {}
+        self.hints: dict[str, list[tuple[str, float]]] = {}
+
+    def prune_hints(self, now: float) -> int:
+        self.calls.append(("prune",))
+        return 0
+
+    def put_hint(self, owner_uid: str, node: str, expires: float) -> None:
+        self.calls.append(("hint", owner_uid, node))
+        self.hints.setdefault(owner_uid, []).append((node, expires))
+
+    def remove_hint(self, owner_uid: str, node: str, expires: float) -> None:
+        self.calls.append(("unhint", owner_uid, node))
+        self.hints[owner_uid].remove((node, expires))
+
+    def owner_pods(self, pod: PodInfo) -> frozenset[str]:
+        return frozenset({pod.uid})
+
+    def evict(self, pod: PodInfo) -> EvictionOutcome:
+        if pod.key == self.fail_on:
+            raise CycleStopped(f"evicting pod {pod.key}", "HTTP 500: etcd is sad", status=500)
+        self.calls.append(("evict", pod.key))
+        return "refused" if pod.key in self.refuse else "evicted"
+
+    def await_replacement(self, pod: PodInfo, move: Move, known_uids: frozenset[str],
+                          timeout_s: float) -> Landing | None:
+        if pod.key in self.never_bind:
+            return None
+        node = self.land_on.get(pod.key, move.target)
+        return Landing(pod=f"{pod.key}-new", uid="new", node=node,
+                       gpus=move.target_gpus if node == move.target else None)
+
+
+def sources_and_sink() -> Snapshot:
+    nodes = [gpu_node(f"s{i}") for i in range(3)] + [gpu_node("t", gpus=4), gpu_node("u")]
+    placed = [(share(f"p{i}", 300), f"s{i}", (0,)) for i in range(3)]
+    placed += [(share(f"fill{g}", 700, namespace="other"), "t", (g,)) for g in range(4)]
+    snap = snapshot(nodes, placed)
+    for key in list(snap.pods):  # the sink's pods stay put, to keep the plan simple
+        if key.startswith("other/"):
+            snap.pods[key] = dataclasses.replace(snap.pods[key], owner_kind="")
+    return snap
+
+
+def make(snap: Snapshot) -> Plan:
+    return plan(snap, make_policy("fgd", workload=WORKLOAD), WORKLOAD, config())
+
+
+def execute(actions: ClusterActions, snap: Snapshot, the_plan: Plan
+            ) -> tuple[CycleReport, CycleMetrics]:
+    metrics = CycleMetrics(dry_run=False)
+    report = Executor(actions, config(), metrics, clock=lambda: 1000.0,
+                      log=Silent()).run(the_plan, snap, WORKLOAD)
+    return report, metrics
+
+
+def test_dry_run_lands_everything_as_planned_and_matches_the_prediction() -> None:
+    snap = sources_and_sink()
+    the_plan = make(snap)
+    assert [m.pod for m in the_plan.moves] == ["ns/p0", "ns/p1", "ns/p2"]
+    actions = DryRunActions(Silent())
+    report, metrics = execute(actions, snap, the_plan)
+    assert [r.outcome for r in report.results] == ["landed"] * 3
+    assert report.after == the_plan.after and report.error is None
+    assert metrics.counts["evicted"] == 3 and metrics.counts["landed on target"] == 3
+    assert [w[0] for w in actions.written] == ["hint", "evict"] * 3
+    assert {snap.state.pods[f"ns/p{i}"].node for i in range(3)} == {"t"}
+
+
+def test_every_move_writes_a_hint_evicts_and_removes_the_hint() -> None:
+    snap = sources_and_sink()
+    actions = RecordingActions()
+    report, _ = execute(actions, snap, make(snap))
+    assert actions.calls[:4] == [("prune",), ("hint", "owner-ns/p0", "t"), ("evict", "ns/p0"),
+                                 ("unhint", "owner-ns/p0", "t")]
+    assert all(not v for v in actions.hints.values())  # every hint removed once bound
+    # The hint expires hint_ttl_s after "now".
+    assert report.error is None
+
+
+def test_a_refused_eviction_is_skipped_and_the_cycle_goes_on() -> None:
+    snap = sources_and_sink()
+    actions = RecordingActions(refuse=frozenset({"ns/p1"}))
+    report, metrics = execute(actions, snap, make(snap))
+    assert [r.outcome for r in report.results] == [
+        "landed", "refused by PDB", "landed"]
+    assert metrics.counts["refused (pdb)"] == 1 and report.error is None
+    assert snap.state.pods["ns/p1"].node == "s1"  # the model did not move it
+    assert ("unhint", "owner-ns/p1", "t") in actions.calls
+
+
+def test_an_api_error_stops_the_cycle_and_says_what_was_done() -> None:
+    snap = sources_and_sink()
+    actions = RecordingActions(fail_on="ns/p1")
+    report, metrics = execute(actions, snap, make(snap))
+    assert [r.move.pod for r in report.results] == ["ns/p0"]
+    assert report.error is not None and "evicting pod ns/p1: HTTP 500" in report.error
+    assert metrics.counts["failed (api_error)"] == 1
+    assert ("evict", "ns/p2") not in actions.calls
+
+
+def test_a_replacement_that_never_binds_stops_the_cycle() -> None:
+    snap = sources_and_sink()
+    report, metrics = execute(RecordingActions(never_bind=frozenset({"ns/p0"})), snap, make(snap))
+    assert [r.outcome for r in report.results] == ["bind timeout"]
+    assert report.error is not None and "was not bound within" in report.error
+    assert metrics.counts["failed (bind_timeout)"] == 1
+
+
+def test_the_model_follows_a_replacement_that_landed_elsewhere() -> None:
+    snap = sources_and_sink()
+    report, metrics = execute(RecordingActions(land_on={"ns/p0": "u"}), snap, make(snap))
+    assert report.results[0].outcome == "landed elsewhere"
+    assert snap.state.pods["ns/p0"].node == "u"
+    assert metrics.counts["landed on elsewhere"] == 1
+
+
+def test_stops_early_when_the_trigger_clears() -> None:
+    # Only trigger: a pending 1-GPU pod blocked by n0's stranded share. After the first move it
+    # fits on n0, so a second (made-up) move from n0 is not carried out.
+    nodes = [gpu_node("n0"), gpu_node("n1")]
+    placed = [(share("a", 600), "n0", (0,)), (share("b", 300), "n0", (1,)),
+              (share("c", 500), "n1", (0,)), (share("d", 800), "n1", (1,))]
+    snap = snapshot(nodes, placed, used_fraction=1.0, pending=[share("p", 1000)])
+    the_plan = make(snap)
+    assert [m.pod for m in the_plan.moves] == ["ns/b"]
+    extra = dataclasses.replace(the_plan.moves[0], pod="ns/a", source_gpus=(0,))
+    the_plan = dataclasses.replace(the_plan, moves=(*the_plan.moves, extra))
+    actions = RecordingActions()
+    report, metrics = execute(actions, snap, the_plan)
+    assert [r.move.pod for r in report.results] == ["ns/b"]
+    assert report.stopped_early == "no node is triggered any more"
+    assert metrics.counts["skipped (trigger_cleared)"] == 1
+    assert ("evict", "ns/a") not in actions.calls

@@ -1,0 +1,95 @@
+"""Waste and fragmentation per node, and the usage table that carries used memory."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from defrag.controller.measure import UsageTable, measure
+from defrag.controller.trigger import blocking_rows, find_triggers
+from scheduler.core import ClusterState
+from tests.builders import workload
+from tests.defrag.controller.builders import gpu_node, share, snapshot
+
+WORKLOAD = workload((1000, 1, 1000, 1.0))
+
+
+def test_waste_ratio_per_node_and_cluster() -> None:
+    # n0: GPU0 holds 500 milli of 16 GiB = 8 GiB, used 2 GiB -> 6 wasted; GPU1 holds 1000 =
+    # 16 GiB, used 16 GiB -> 0. Ratio 6/24. n1: nothing allocated -> no ratio.
+    state = ClusterState([gpu_node("n0"), gpu_node("n1")])
+    state.place(share("a", 500), "n0", (0,))
+    state.place(share("b", 1000), "n0", (1,))
+    usage = UsageTable.from_readings(state, {(0, 0): 2048.0, (0, 1): 16_384.0, (1, 0): 500.0},
+                                     {})
+    m = measure(state, usage, WORKLOAD)
+    assert m.waste_ratio[0] == pytest.approx(6 / 24)
+    assert math.isnan(m.waste_ratio[1])
+    assert m.summary.wasted_gib == pytest.approx(6.0)
+    assert m.summary.waste_ratio == pytest.approx(6 / 24)
+    assert m.summary.free_whole_gpus == 2 and m.summary.free_gpu_nodes == 1
+    assert m.summary.nodes_with_usage == 2
+    # Whole-GPU spec: n0's 500 free milli are a fragment; n1 is all usable.
+    assert m.frag_milli.tolist() == [500.0, 0.0]
+
+
+def test_gpus_without_a_reading_do_not_count() -> None:
+    state = ClusterState([gpu_node("n0")])
+    state.place(share("a", 500), "n0", (0,))
+    state.place(share("b", 500), "n0", (1,))
+    usage = UsageTable.from_readings(state, {(0, 0): 0.0}, {})  # GPU1 unread
+    m = measure(state, usage, WORKLOAD)
+    assert m.waste_ratio[0] == pytest.approx(1.0) and m.allocated_mib[0] == 8192
+
+
+def test_unexplained_memory_is_split_by_share_and_travels_with_pods() -> None:
+    state = ClusterState([gpu_node("n0"), gpu_node("n1")])
+    state.place(share("a", 600), "n0", (0,))
+    state.place(share("b", 200), "n0", (0,))
+    state.place(share("c", 300), "n0", (1,))
+    usage = UsageTable.from_readings(
+        state, {(0, 0): 8000.0, (0, 1): 3000.0, (1, 0): 100.0, (1, 1): 0.0},
+        {"ns/c": 1000.0})
+    # GPU0: a and b share 8000 as 3:1; GPU1: c says 1000, the other 2000 is not a pod's.
+    assert usage.pod_used_mib == {"ns/a": 6000.0, "ns/b": 2000.0, "ns/c": 1000.0}
+    assert usage.other_mib[0, 1] == 2000.0 and usage.other_mib[1, 0] == 100.0
+    old = state.pods["ns/a"]
+    usage.move(old, 0, 1, (1,))
+    state.remove_pod("ns/a")
+    state.place(old.pod, "n1", (1,))
+    assert usage.used_mib[0, 0] == 2000.0 and usage.used_mib[1, 1] == 6000.0
+
+
+def test_pod_without_a_figure_uses_what_it_reserves() -> None:
+    state = ClusterState([gpu_node("n0")])
+    placement = state.place(share("a", 250), "n0", (0,))
+    usage = UsageTable(state)
+    usage.add(placement, 0, None)
+    assert usage.used_mib[0, 0] == pytest.approx(4096.0)
+
+
+def test_waste_trigger_uses_the_threshold() -> None:
+    snap = snapshot([gpu_node("n0"), gpu_node("n1")],
+                    [(share("a", 500), "n0", (0,)), (share("b", 500), "n1", (0,))],
+                    used_fraction=0.7)
+    m = measure(snap.state, snap.usage, WORKLOAD)
+    assert find_triggers(snap.state, m, [], 0.25).waste == frozenset({0, 1})
+    assert find_triggers(snap.state, m, [], 0.35).rows == frozenset()
+
+
+def test_blocking_trigger_needs_a_pending_pod_that_fits_nowhere() -> None:
+    # n0 has 400 + 700 free: a 1-GPU pod fits nowhere now, but would after consolidating.
+    snap = snapshot([gpu_node("n0"), gpu_node("n1", gpus=1)],
+                    [(share("a", 600), "n0", (0,)), (share("b", 300), "n0", (1,)),
+                     (share("c", 100), "n1", (0,))],
+                    used_fraction=1.0, pending=[share("p", 1000), share("q", 200)])
+    m = measure(snap.state, snap.usage, WORKLOAD)
+    found = find_triggers(snap.state, m, snap.pending, 0.25)
+    assert found.waste == frozenset()
+    assert {r: [p.key for p in pods] for r, pods in found.blocking.items()} == {0: ["ns/p"]}
+    assert [p.key for p in found.unplaceable] == ["ns/p"]  # q (200) fits now: not blocked
+    assert found.reason(0, m) == "blocks 1 pending pod"
+    assert blocking_rows(snap.state, snap.pending[0]) == [0]
+    assert np.isnan(m.waste_ratio).sum() == 0

@@ -1,0 +1,132 @@
+"""Kubernetes objects -> snapshot: requests, GPUs, owners, usage (agent and DCGM), PDBs."""
+
+from __future__ import annotations
+
+import pytest
+
+from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from defrag.controller.measure import measure
+from defrag.controller.model import Taint
+from defrag.controller.snapshot import GpuSample, UsageSource, build_snapshot, constraints_of
+from gpufrag import conventions as cv
+from tests.builders import workload
+from tests.defrag.controller.builders import k8s_node, k8s_pdb, k8s_pod
+
+NOW = 1_000_000.0
+AGENT = UsageSource(stale_intervals=8, now=NOW)
+
+
+def usage_annotation(node: str, gpus: list[tuple[int, int, list[tuple[str, str, int]]]],
+                     *, age_s: float = 10.0, interval_s: float = 15.0) -> dict[str, str]:
+    """gpus: (index, used MiB, [(pod name, uid, MiB)])."""
+    reading = NodeGpuUsage(node=node, timestamp=NOW - age_s, interval_s=interval_s, gpus=tuple(
+        GpuUsage(index=i, uuid=f"GPU-{node}-{i}", product="Tesla-T4", memory_used_mib=used,
+                 memory_total_mib=16_384, utilization_pct=10,
+                 pods=tuple(PodGpuUsage("ns", n, u, mib) for n, u, mib in pods))
+        for i, used, pods in gpus))
+    return {cv.ANNOTATION_GPU_USAGE: reading.to_json()}
+
+
+def test_pods_land_on_recorded_gpus_with_their_facts() -> None:
+    nodes = [k8s_node("n0", annotations=usage_annotation(
+        "n0", [(0, 0, []), (1, 3000, [("a", "uid-a", 2500)])]))]
+    pods = [
+        k8s_pod("a", node="n0", milli=500, indices="1", labels={"app": "web"}, priority=5),
+        k8s_pod("d", node="n0", milli=200, owner="DaemonSet",
+                annotations={cv.ANNOTATION_DEFRAG_MOVABLE: "false"}),
+        k8s_pod("done", node="n0", gpus=1, phase="Succeeded"),
+        k8s_pod("wait", gpus=1),
+        k8s_pod("cpu-wait"),
+        k8s_pod("ours", scheduler_name=cv.SCHEDULER_NAME),
+        k8s_pod("elsewhere", node="gone-node", gpus=1),
+    ]
+    snap, problems = build_snapshot(nodes, pods, [k8s_pdb("web", match={"app": "web"})], AGENT)
+    assert problems == [] and snap.notes == []
+    state = snap.state
+    assert {k: (p.node, p.gpus) for k, p in state.pods.items()} == {
+        "ns/a": ("n0", (1,)), "ns/d": ("n0", (1,))}  # d: the tightest GPU that fits
+    a, d = snap.pods["ns/a"], snap.pods["ns/d"]
+    assert (a.owner_kind, a.owner_uid, a.priority, a.running, a.uid) == (
+        "ReplicaSet", "owner-a", 5, True, "uid-a")
+    assert (d.owner_kind, d.opted_out) == ("DaemonSet", True)
+    assert [p.key for p in snap.pending] == ["ns/wait", "ns/ours"]
+    assert [b.key for b in snap.pdbs_of(a)] == ["ns/web"] and snap.pdbs_of(d) == []
+    # The agent's figure for a; d has none and gets what a does not explain of GPU1's 3000.
+    assert snap.usage.pod_used_mib == {"ns/a": 2500.0, "ns/d": 500.0}
+    assert snap.usage.other_mib[0, 1] == 0.0
+    m = measure(state, snap.usage, workload((1000, 1, 1000, 1.0)))
+    # GPU1: 700 milli of 16 GiB = 11468.8 MiB reserved, 3000 used; GPU0: nothing reserved.
+    assert m.wasted_mib[0] == pytest.approx(11468.8 - 3000)
+
+
+def test_gpu_indices_fall_back_to_what_the_agent_saw() -> None:
+    nodes = [k8s_node("n0", annotations=usage_annotation(
+        "n0", [(0, 0, []), (1, 100, [("a", "uid-a", 100)])]))]
+    snap, _ = build_snapshot(nodes, [k8s_pod("a", node="n0", milli=300)], [], AGENT)
+    assert snap.state.pods["ns/a"].gpus == (1,)
+
+
+def test_stale_and_unreadable_usage_is_ignored_and_reported() -> None:
+    nodes = [
+        k8s_node("old", annotations=usage_annotation("old", [(0, 1, [])], age_s=8 * 15 + 1)),
+        k8s_node("bad", annotations={cv.ANNOTATION_GPU_USAGE: "{not json"}),
+        k8s_node("none"),
+    ]
+    snap, _ = build_snapshot(nodes, [], [], AGENT)
+    notes = {n.node: n.reason for n in snap.notes}
+    assert notes["old"].startswith("usage reading 121s old (> 8 x 15s)")
+    assert notes["bad"].startswith("unreadable usage annotation")
+    assert "none" not in notes
+    assert not snap.usage.known.any()
+
+
+def test_gpu_memory_from_the_agent_when_the_label_is_missing() -> None:
+    nodes = [k8s_node("n0", memory_mib=None, annotations=usage_annotation("n0", [(0, 5, [])]))]
+    snap, _ = build_snapshot(nodes, [], [], AGENT)
+    assert int(snap.state.gpu_memory_mib[0]) == 16_384
+
+
+def test_dcgm_samples_replace_the_annotation() -> None:
+    nodes = [k8s_node("n0", annotations=usage_annotation("n0", [(0, 1, []), (1, 1, [])]))]
+    pods = [k8s_pod("a", node="n0", milli=500, indices="0"),
+            k8s_pod("b", node="n0", milli=500, indices="0")]
+    samples = [GpuSample("n0", 0, 6000.0, NOW - 5, "ns", "a"),
+               GpuSample("n0", 0, 6000.0, NOW - 5, "ns", "b"),
+               GpuSample("n0", 1, 50.0, NOW - 10_000),  # stale
+               GpuSample("other", 0, 1.0, NOW)]
+    source = UsageSource(stale_intervals=8, now=NOW, dcgm=samples, dcgm_interval_s=30)
+    snap, _ = build_snapshot(nodes, pods, [], source)
+    assert snap.usage.known[0].tolist()[:2] == [True, False]
+    assert snap.usage.pod_used_mib == {"ns/a": 3000.0, "ns/b": 3000.0}
+    assert [n.node for n in snap.notes] == ["n0"] and "DCGM samples" in snap.notes[0].reason
+
+
+def test_bad_objects_are_skipped_with_a_reason() -> None:
+    bad = k8s_pod("x", node="n0", milli=1500)
+    owners = k8s_pod("y", node="n0", milli=500)
+    owners["metadata"]["ownerReferences"] = {"kind": "ReplicaSet"}  # a mapping, not a list
+    snap, problems = build_snapshot([k8s_node("n0")], [bad, owners], [], AGENT)
+    assert len(problems) == 2 and "ns/x" in problems[0]
+    assert "ns/y" in problems[1] and "ownerReferences" in problems[1]
+    # Unreadable owners: still holding its share where it runs, but never a candidate to move.
+    assert set(snap.state.pods) == {"ns/y"} and snap.pods["ns/y"].owner_kind == ""
+
+
+def test_constraints_taints_and_cordon() -> None:
+    pod = k8s_pod("a", spec_extra={
+        "nodeSelector": {"pool": "gold"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "zone", "operator": "In", "values": ["z1", "z2"]}]}]}}}})
+    c = constraints_of(pod)
+    gpu_taint = (Taint("gpu", "", "NoSchedule"),)
+    assert c.allows({"pool": "gold", "zone": "z1"}, gpu_taint)
+    assert not c.allows({"pool": "gold", "zone": "z3"})
+    assert not c.allows({"zone": "z1"})
+    assert not constraints_of(k8s_pod("b")).allows({}, gpu_taint)
+    assert constraints_of(k8s_pod("b")).allows({}, (Taint("x", "", "PreferNoSchedule"),))
+    nodes = [k8s_node("n0", unschedulable=True,
+                      taints=[{"key": "gpu", "effect": "NoSchedule"}])]
+    snap, _ = build_snapshot(nodes, [], [], AGENT)
+    assert snap.cordoned == frozenset({"n0"}) and snap.taints["n0"] == gpu_taint
