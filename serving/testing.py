@@ -104,7 +104,8 @@ class FakeBackend:
     """Doubles each input row's values: output ``y`` = 2 * input ``x`` summed per row.
 
     ``fail_when(batch)`` returning True makes that batch raise; ``gate`` (a threading.Event)
-    holds every batch until set; ``batches`` records the batch sizes (rows) seen.
+    holds every batch until set; ``batches`` records the batch sizes (rows) seen, ``entered``
+    the rows of every batch that reached the backend, counted before the gate holds it.
     """
 
     kind = "fake"
@@ -122,6 +123,7 @@ class FakeBackend:
         self.fail_when = fail_when
         self.gate = gate
         self.batches: list[int] = []
+        self.entered: list[int] = []
         self.batch_inputs: list[dict[str, Array]] = []
         self.closed = False
 
@@ -142,6 +144,7 @@ class FakeBackend:
         return self._max
 
     def infer(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        self.entered.append(int(inputs["x"].shape[0]))
         if self.gate is not None:
             self.gate.wait(timeout=30)
         x = inputs["x"]
