@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -38,7 +39,14 @@ from defrag.agent.publish import (
 from defrag.agent.usage import REFRESH_INTERVALS
 from gpufrag import logs
 from gpufrag.conventions import names_from_environ
-from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NO_GPU, EXIT_OK, BadInput
+from gpufrag.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_NO_GPU,
+    EXIT_OK,
+    BadInput,
+    BadInputArgumentParser,
+)
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 
 if TYPE_CHECKING:
@@ -48,7 +56,7 @@ DEFAULT_METRICS_PORT = 9401  # next to the DCGM exporter's 9400, so both can run
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = BadInputArgumentParser(
         prog="gpufrag agent",
         description="Read every GPU through NVML, attribute memory to pods, publish it on the "
                     "Node as the gpufrag.io/gpu-usage annotation and as Prometheus metrics.",
@@ -95,8 +103,11 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
     and Kubernetes client; ``stop`` ends the loop (default: SIGTERM / SIGINT set it)."""
     try:
         args = build_parser().parse_args(list(argv) if argv is not None else None)
-    except SystemExit as exc:  # --help, or argparse already printed the error
+    except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
+    except BadInput as exc:  # a bad flag: one line, like every other bad input
+        print(f"gpufrag agent: {exc} (see gpufrag agent --help)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     logs.configure(args.log_level)
     log: FilteringBoundLogger = structlog.get_logger("gpufrag.agent")
     try:

@@ -215,3 +215,11 @@ def test_the_daemon_serves_probes_and_stops_cleanly(capsys: pytest.CaptureFixtur
     assert len(writer.patches) == 1
     events = [line["event"] for line in log_lines(capsys.readouterr().err)]
     assert events == ["starting", "ready", "stopped"]
+
+
+@pytest.mark.parametrize("argv", [["--bogus"], ["--interval-s", "soon"], ["--once", "extra"]])
+def test_usage_errors_are_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("gpufrag agent: ")
