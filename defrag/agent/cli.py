@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import structlog
 from structlog.typing import FilteringBoundLogger
@@ -48,9 +47,7 @@ from gpufrag.errors import (
     BadInputArgumentParser,
 )
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
-
-if TYPE_CHECKING:
-    from kubernetes.client import ApiClient
+from scheduler.kube.client import api_client as kube_api_client
 
 DEFAULT_METRICS_PORT = 9401  # next to the DCGM exporter's 9400, so both can run on hostNetwork
 
@@ -149,7 +146,7 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
          pod_lister: PodLister | None, stop: threading.Event | None) -> int:
     if writer is None or pod_lister is None:
         try:
-            api_client = _api_client(args.kubeconfig)
+            api_client = kube_api_client(args.kubeconfig)
         except Exception as exc:  # the config loaders raise a zoo of types; all mean the same
             log.error("kube_config_failed", error=f"{type(exc).__name__}: {exc}",
                       hint="run in-cluster with a ServiceAccount, or pass --kubeconfig")
@@ -192,23 +189,6 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
             server.server_close()
     log.info("stopped")
     return EXIT_OK
-
-
-def _api_client(kubeconfig: str | None) -> ApiClient:
-    from kubernetes import client
-    from kubernetes import config as kube_config
-
-    # The config loaders carry no type hints; go through Any rather than silence each call.
-    loaders: Any = kube_config
-    if kubeconfig:
-        api_client: ApiClient = loaders.new_client_from_config(config_file=kubeconfig)
-        return api_client
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        configuration = client.Configuration()
-        loaders.load_incluster_config(client_configuration=configuration)
-        return client.ApiClient(configuration)
-    api_client = loaders.new_client_from_config()
-    return api_client
 
 
 def _stop_on_signals(stop: threading.Event, log: FilteringBoundLogger) -> None:

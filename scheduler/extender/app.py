@@ -8,11 +8,17 @@ Routes (``{prefix}`` is ``server.url_prefix``):
   target workload reflects it: 503 before),
   ``GET /metrics`` (Prometheus).
 
-Bad input is the caller's problem, never ours: malformed JSON, wrong types, a missing Pod or an
-unreadable quantity answer 400, an oversized body 413, each with ``{"Error": "<what is wrong>"}``
-in the verb's result shape. A bind the extender cannot do (pod gone, does not fit any more)
-answers 200 with the reason in ``Error``, which kube-scheduler reports on the pod. Only a bug
-answers 500, and then without a traceback (it goes to the log).
+Bad input is the caller's problem, never ours: malformed JSON (NaN, Infinity, 1e400, nesting
+past 1,024 levels), wrong types, a missing Pod or an unreadable quantity answer 400, a body
+over ``server.max_body_bytes`` 413 (whether its length was announced or it came chunked), a
+body that did not arrive within ``server.read_timeout_s`` 408, each with ``{"Error": "<what is
+wrong>"}`` in the verb's result shape. A bind the extender cannot do (pod gone, does not fit any
+more, not a pod of this scheduler) answers 200 with the reason in ``Error``, which
+kube-scheduler reports on the pod. Only a bug answers 500, and then without a traceback (it goes
+to the log).
+
+The probes (``/healthz``, ``/readyz``, ``/metrics``) are plain functions (:func:`probes`), so the
+server can also answer them on a listener of their own, away from the verbs' threads.
 """
 
 from __future__ import annotations
@@ -34,6 +40,13 @@ from scheduler.extender.service import BindRefused, Extender
 
 Payload = dict[str, Any] | bytes  # bytes: JSON already encoded
 Work = Callable[[bytes], tuple[Payload, dict[str, Any]]]
+# A probe's answer: HTTP status, content type, body.
+ProbeAnswer = tuple[int, str, bytes]
+Probe = Callable[[], ProbeAnswer]
+TEXT = "text/plain; charset=utf-8"
+# Bodies are read in pieces of this size, so that one over the limit is refused after reading
+# at most this much past it.
+_READ_CHUNK_BYTES = 1024 * 1024
 
 log = structlog.get_logger("gpufrag.extender")
 
@@ -54,28 +67,95 @@ def _pod_id(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
 
+class BodyTimeout(Exception):
+    """The request body did not arrive within ``server.read_timeout_s`` (answered 408)."""
+
+
+def read_body(limit: int) -> bytes:
+    """The current request's body, refused (413) once it is over ``limit`` bytes.
+
+    The limit is checked here rather than by Flask's ``MAX_CONTENT_LENGTH``: for a chunked
+    body (no Content-Length) Werkzeug stops reading at the limit and hands back the truncated
+    body, which then fails as "not valid JSON" (400) instead of "too large" (413). Reading
+    stops at ``limit + 1`` bytes, so an endless body costs at most that much.
+
+    Reading is the client's side of the exchange: a read that times out (the server's
+    per-request deadline, see ``server.read_timeout_s``) raises :class:`BodyTimeout`; a body
+    that cannot be read at all (a malformed chunk, the client gone) is a :class:`WireError`.
+    """
+    length = request.content_length
+    if length is not None and length > limit:
+        raise RequestEntityTooLarge()
+    stream = request.stream
+    chunks: list[bytes] = []
+    total = 0
+    try:
+        while total <= limit:
+            chunk = stream.read(min(_READ_CHUNK_BYTES, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except TimeoutError:
+        raise BodyTimeout() from None
+    except HTTPException:
+        raise
+    except Exception as e:  # the server's stream: malformed chunks, a client gone mid-body
+        raise wire.WireError(f"request body could not be read: {type(e).__name__}: {e}") from None
+    if total > limit:
+        raise RequestEntityTooLarge()
+    return b"".join(chunks)
+
+
+def probes(extender: Extender, metrics: ExtenderMetrics) -> dict[str, Probe]:
+    """``/healthz`` (the process answers), ``/readyz`` (the state has synced and the target
+    workload reflects it) and ``/metrics``, by path."""
+
+    def healthz() -> ProbeAnswer:
+        return 200, TEXT, b"ok\n"
+
+    def readyz() -> ProbeAnswer:
+        if extender.ready:
+            return 200, TEXT, b"ok\n"
+        return 503, TEXT, b"state not synced yet\n"
+
+    def metrics_page() -> ProbeAnswer:
+        return 200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry)
+
+    return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics_page}
+
+
+def app_probes(app: Flask) -> Mapping[str, Probe]:
+    """The probes of an app made by :func:`create_app`."""
+    found: Mapping[str, Probe] = app.extensions["gpufrag"]["probes"]
+    return found
+
+
 def create_app(extender: Extender, *, registry: CollectorRegistry | None = None) -> Flask:
     """The Flask app serving ``extender``; metrics go to ``registry`` (a fresh one if None)."""
     config = extender.config
     app = Flask("gpufrag.extender")
-    app.config["MAX_CONTENT_LENGTH"] = config.server.max_body_bytes
     metrics = ExtenderMetrics(extender, registry)
-    app.extensions["gpufrag"] = {"extender": extender, "metrics": metrics}
+    routes = probes(extender, metrics)
+    app.extensions["gpufrag"] = {"extender": extender, "metrics": metrics, "probes": routes}
     prefix = config.server.url_prefix
     limit = config.server.max_body_bytes
+    read_timeout_s = config.server.read_timeout_s
 
     def handle(verb: str, work: Work) -> Response:
         started = time.perf_counter()
         fields: dict[str, Any] = {}
         status = 200
         try:
-            if request.content_length is not None and request.content_length > limit:
-                raise RequestEntityTooLarge()
-            payload, fields = work(request.get_data(cache=False))
+            payload, fields = work(read_body(limit))
         except RequestEntityTooLarge:
             status = 413
             payload = _error_payload(verb, f"request body is larger than the limit of {limit} "
                                            "bytes (server.max_body_bytes)")
+        except BodyTimeout:
+            status = 408
+            payload = _error_payload(verb, f"request body did not arrive within "
+                                           f"{read_timeout_s:g} s (server.read_timeout_s)")
         except (wire.WireError, BadInput) as e:
             status = 400
             payload = _error_payload(verb, str(e))
@@ -132,19 +212,15 @@ def create_app(extender: Extender, *, registry: CollectorRegistry | None = None)
         def bind_verb() -> Response:
             return handle("bind", do_bind)
 
-    @app.get("/healthz")
-    def healthz() -> Response:
-        return Response("ok\n", mimetype="text/plain")
+    def probe_view(probe: Probe) -> Callable[[], Response]:
+        def view() -> Response:
+            status, content_type, body = probe()
+            return Response(body, status=status, content_type=content_type)
+        return view
 
-    @app.get("/readyz")
-    def readyz() -> Response:
-        if extender.ready:
-            return Response("ok\n", mimetype="text/plain")
-        return Response("state not synced yet\n", status=503, mimetype="text/plain")
-
-    @app.get("/metrics")
-    def metrics_page() -> Response:
-        return Response(generate_latest(metrics.registry), mimetype=CONTENT_TYPE_LATEST)
+    for path, probe in routes.items():
+        app.add_url_rule(path, endpoint=path.strip("/"), view_func=probe_view(probe),
+                         methods=["GET"])
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException) -> Response:
@@ -155,4 +231,5 @@ def create_app(extender: Extender, *, registry: CollectorRegistry | None = None)
     return app
 
 
-__all__ = ["create_app"]
+__all__ = ["BodyTimeout", "Probe", "ProbeAnswer", "app_probes", "create_app", "probes",
+           "read_body"]

@@ -16,11 +16,16 @@ from collections.abc import Sequence
 import structlog
 import yaml
 
-from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from gpufrag.logs import configure
-from scheduler.extender.config import config_to_mapping, load_config, parse_assignment
-from scheduler.extender.runtime import cluster_runtime, snapshot_runtime
-from scheduler.extender.server import serve
+from scheduler.extender.config import (
+    ExtenderConfig,
+    config_to_mapping,
+    load_config,
+    parse_assignment,
+)
+from scheduler.extender.runtime import Runtime, cluster_runtime, snapshot_runtime
+from scheduler.extender.server import ListenError, serve
 from scheduler.kube.client import api_client
 from scheduler.kube.snapshot import read_snapshot
 from scheduler.policies import POLICY_NAMES
@@ -36,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="watch the cluster of this kubeconfig (default: in-cluster)")
     p.add_argument("--context", help="kubeconfig context (default: the current one)")
     p.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    p.add_argument("--host", help="address to listen on (server.host, default 0.0.0.0)")
+    p.add_argument("--host", help="address to listen on (server.host, default 127.0.0.1: "
+                                  "the kube-scheduler sidecar; see docs/operations.md)")
     p.add_argument("--port", help="port to listen on (server.port, default 8888)")
     p.add_argument("--url-prefix", metavar="PATH",
                    help="path before /filter, /prioritize, /bind (server.url_prefix)")
@@ -55,6 +61,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(text: str) -> str:
+    """A message on one line: YAML and JSON parsers report over several."""
+    return " ".join(text.split())
+
+
+def _snapshot_runtime(path: str, config: ExtenderConfig) -> Runtime:
+    """The runtime serving the snapshot at ``path``; any failure to read it is bad input.
+
+    The snapshot is a file the user gave, so whatever it holds (NaN, Infinity, numbers too
+    large, objects of the wrong shape at any depth) is reported as that file being wrong: one
+    line, exit 2, never a traceback, even where a reader further down has no check for that
+    shape yet."""
+    try:
+        return snapshot_runtime(read_snapshot(path), config)
+    except BadInput:
+        raise
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError) as e:
+        raise BadInput(f"not a usable cluster snapshot: {type(e).__name__}: {e}",
+                       source=path) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure(args.log_level)
@@ -70,23 +97,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.print_config:
             print(yaml.safe_dump(config_to_mapping(config), sort_keys=False), end="")
             return EXIT_OK
-        # Imported here: --print-config and bad flags answer without loading Flask or gunicorn.
-
         if args.cluster_snapshot:
-            runtime = snapshot_runtime(read_snapshot(args.cluster_snapshot), config)
+            runtime = _snapshot_runtime(args.cluster_snapshot, config)
             source = f"snapshot {args.cluster_snapshot}"
         else:
             runtime = cluster_runtime(lambda: api_client(args.kubeconfig, args.context), config)
             source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster"
     except BadInput as e:
-        print(f"gpufrag extender: {e}", file=sys.stderr)
+        print(f"gpufrag extender: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    server = config.server
     structlog.get_logger("gpufrag.extender").info(
         "extender starting", source=source, policy=config.policy,
-        address=f"{config.server.host}:{config.server.port}",
-        url_prefix=config.server.url_prefix, bind=config.bind.enabled,
+        address=f"{server.host}:{server.port}", tls=server.tls,
+        client_certificates=bool(server.tls_client_ca_file),
+        health_address=(f"{server.health_host}:{server.health_port}" if server.health_port
+                        else None),
+        url_prefix=server.url_prefix, bind=config.bind.enabled,
         nodes=runtime.cache.counts()["nodes"])
-    serve(runtime, config.server)
+    try:
+        serve(runtime, server)
+    except ListenError as e:
+        print(f"gpufrag extender: {e}", file=sys.stderr)
+        return EXIT_FAILURE
     return EXIT_OK
 
 

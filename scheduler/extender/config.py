@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,14 +92,40 @@ class HintsConfig:
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """HTTP serving: routes are ``{url_prefix}/filter`` etc.; one gunicorn worker (the state
-    lives in it) with ``threads`` threads."""
+    lives in it) with ``threads`` threads.
 
-    host: str = "0.0.0.0"
+    ``host`` is the loopback address by default: the extender runs as a sidecar of its
+    kube-scheduler, and ``/bind`` writes Bindings with the pod's service account, so it should
+    answer nobody else unless asked to (see "Threat model" in docs/operations.md).
+
+    ``read_timeout_s`` bounds how long one request may take to arrive (request line, headers
+    and body, counted from its first byte) and how long one write of the answer may block: a
+    slow client holds a request thread for at most that long. ``health_port`` (0 = off) serves
+    ``/healthz``, ``/readyz`` and ``/metrics`` on a listener of their own, so that probes are
+    answered even while slow clients hold every request thread.
+
+    TLS: with ``tls_cert_file`` and ``tls_key_file`` the verbs are served over HTTPS (for
+    kube-scheduler's ``enableHTTPS``); with ``tls_client_ca_file`` too, every client must
+    present a certificate signed by that CA (the ``certFile``/``keyFile`` of the extender's
+    ``tlsConfig``). The files are read and checked at load.
+    """
+
+    host: str = "127.0.0.1"
     port: int = 8888
     url_prefix: str = ""
     max_body_bytes: int = 64 * 1024 * 1024
     threads: int = 8
     timeout_s: float = 30.0
+    read_timeout_s: float = 5.0
+    health_host: str = "127.0.0.1"
+    health_port: int = 0
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_client_ca_file: str = ""
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert_file)
 
 
 @dataclass(frozen=True, slots=True)
@@ -331,8 +358,59 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
     need(s.threads >= 1, "server.threads", f"must be >= 1, got {s.threads}")
     need(0 < s.port < 65536, "server.port", f"must be in 1..65535, got {s.port}")
     need(s.timeout_s > 0, "server.timeout_s", f"must be > 0 seconds, got {s.timeout_s}")
+    need(s.read_timeout_s > 0, "server.read_timeout_s",
+         f"must be > 0 seconds, got {s.read_timeout_s}")
+    need(0 <= s.health_port < 65536, "server.health_port",
+         f"must be in 1..65535, or 0 for no separate health listener, got {s.health_port}")
+    need(s.health_port != s.port, "server.health_port",
+         f"must differ from server.port ({s.port}), or be 0 for no separate health listener")
+    found += _tls_problems(s)
     need(config.maintenance_interval_s > 0, "maintenance_interval_s",
          f"must be > 0 seconds, got {config.maintenance_interval_s}")
+    return found
+
+
+def _tls_problems(s: ServerConfig) -> list[tuple[str, str]]:
+    """The TLS files: a certificate and its key together or neither, a client CA only with
+    them, each readable, and all of them loadable as they would be when serving.
+
+    Checked here because gunicorn builds its TLS context only when the first client connects:
+    a key that does not match its certificate would otherwise surface as every kube-scheduler
+    call failing, not as an error at start-up."""
+    found: list[tuple[str, str]] = []
+    if bool(s.tls_cert_file) != bool(s.tls_key_file):
+        given, missing = (("tls_cert_file", "tls_key_file") if s.tls_cert_file
+                          else ("tls_key_file", "tls_cert_file"))
+        found.append((f"server.{missing}", f"must be set too when server.{given} is: a "
+                                           "certificate and its key come together"))
+    if s.tls_client_ca_file and not s.tls_cert_file:
+        found.append(("server.tls_client_ca_file",
+                      "needs server.tls_cert_file and server.tls_key_file: clients are "
+                      "verified only over TLS"))
+    for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file"):
+        path = getattr(s, name)
+        if not path:
+            continue
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+        except OSError as e:
+            found.append((f"server.{name}", f"cannot read {path!r}: {e.strerror}"))
+    if found or not s.tls_cert_file:
+        return found
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(s.tls_cert_file, s.tls_key_file)
+    except (ssl.SSLError, ValueError) as e:
+        found.append(("server.tls_cert_file",
+                      f"{s.tls_cert_file!r} with key {s.tls_key_file!r} is not a usable PEM "
+                      f"certificate and matching private key: {e}"))
+    if s.tls_client_ca_file:
+        try:
+            context.load_verify_locations(cafile=s.tls_client_ca_file)
+        except (ssl.SSLError, ValueError) as e:
+            found.append(("server.tls_client_ca_file",
+                          f"{s.tls_client_ca_file!r} holds no usable PEM CA certificate: {e}"))
     return found
 
 

@@ -41,6 +41,8 @@ FALLBACK_SPECS: tuple[tuple[SpecKey, float], ...] = tuple(
                         (4, MILLI_PER_GPU), (8, MILLI_PER_GPU)))
 
 log = structlog.get_logger("gpufrag.extender")
+# The scheduler the API server names in a pod created without spec.schedulerName.
+API_DEFAULT_SCHEDULER = "default-scheduler"
 
 
 class BindRefused(Exception):
@@ -183,8 +185,29 @@ class Extender:
             best = self.cache.state.names[result.best] if result.best >= 0 else ""
         return result, best
 
+    def _check_scheduler(self, key: str, obj: Obj) -> None:
+        """Refuse a pod that is not ours to schedule.
+
+        ``/bind`` creates Bindings with the extender's service account, which may bind any pod
+        in the cluster; checking that the pod asked for this scheduler keeps a caller that can
+        reach the port (or a misconfigured second scheduler) from placing other schedulers'
+        pods. An empty schedulerName is what the API server defaults to
+        ``default-scheduler``."""
+        spec = obj.get("spec")
+        actual = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+        if actual is None or actual == "":
+            actual = API_DEFAULT_SCHEDULER
+        expected = self.config.names.scheduler_name
+        if actual != expected:
+            raise BindRefused(f"pod {key} has spec.schedulerName {actual!r}, not {expected!r} "
+                              "(names.scheduler_name): the gpufrag extender binds only the pods "
+                              "of its own scheduler")
+
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindOutcome:
-        """Choose the GPUs on ``node``, count the placement at once, bind (with the GPUs)."""
+        """Choose the GPUs on ``node``, count the placement at once, bind (with the GPUs).
+
+        Refused (:class:`BindRefused`, nothing written) when the pod is bound already, gone,
+        unreadable, not of this scheduler (``names.scheduler_name``), or does not fit."""
         if self.binder is None:
             raise BindRefused("binding is disabled in this extender (bind.enabled: false)")
         key = f"{namespace}/{name}"
@@ -192,20 +215,20 @@ class Extender:
             known = self.cache.pods.get(key)
         if known is not None and known.node:
             raise BindRefused(f"pod {key} is already bound to {known.node}")
-        if known is None or (uid and known.uid and known.uid != uid):
-            # Not seen yet (the watch is behind) or re-created: ask the API server.
-            try:
-                obj = self.binder.read_pod(namespace, name)
-            except BindError as e:
-                raise BindRefused(str(e)) from None
-            if obj is None:
-                raise BindRefused(f"pod {key} not found")
-            try:
-                request = pod_from_k8s(obj, self.config.names)
-            except BadInput as e:
-                raise BindRefused(f"pod {key} cannot be read: {e}") from None
-        else:
-            request = known.request
+        # Always the pod as the API server has it now, not the cache's copy: the cache may be
+        # behind (not seen yet, re-created), and it does not keep spec.schedulerName, which
+        # decides whether this extender may bind the pod at all.
+        try:
+            obj = self.binder.read_pod(namespace, name)
+        except BindError as e:
+            raise BindRefused(str(e)) from None
+        if obj is None:
+            raise BindRefused(f"pod {key} not found")
+        self._check_scheduler(key, obj)
+        try:
+            request = pod_from_k8s(obj, self.config.names)
+        except BadInput as e:
+            raise BindRefused(f"pod {key} cannot be read: {e}") from None
         with self.cache.lock:
             state = self.cache.state
             row = state.index.get(node)

@@ -56,13 +56,39 @@ class BindingArgs:
     node: str
 
 
+# What orjson's terse messages mean for the inputs a fuzzer (or a Go client with a bug) sends.
+_NOT_JSON_NUMBERS = ("-Infinity", "NaN", "Infinity")
+_JSON_HINTS = {
+    "number is infinity when parsed as double":
+        "a number beyond the range of a double (such as 1e400) cannot be read",
+    "depth limit exceeded": "JSON nested more than 1024 levels deep is refused",
+}
+# orjson refuses to encode objects nested deeper than this; Nodes mode sends Nodes.items back.
+MAX_ECHO_DEPTH = 254
+
+
+def json_error(e: orjson.JSONDecodeError) -> str:
+    """Why a body is not JSON, with where (line, column) and, for the usual suspects (NaN and
+    Infinity, which Go's and Python's encoders can be talked into writing, numbers too large
+    for a double, deep nesting), what the rule is: orjson's own words do not say."""
+    doc = e.doc if isinstance(e.doc, str) else ""
+    hint = _JSON_HINTS.get(e.msg, "")
+    for token in _NOT_JSON_NUMBERS:
+        # orjson stops at the "I" of "-Infinity", after the sign.
+        if doc.startswith(token, e.pos) or doc.startswith(token, max(e.pos - 1, 0)):
+            hint = f"{token} is not a JSON number (JSON has no NaN or infinities)"
+            break
+    where = f"line {e.lineno} column {e.colno}"
+    return f"{e.msg} at {where}" + (f": {hint}" if hint else "")
+
+
 def _object(body: bytes) -> dict[str, Any]:
     if not body:
         raise WireError("empty request body; expected a JSON object")
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as e:
-        raise WireError(f"request body is not valid JSON: {e}") from None
+        raise WireError(f"request body is not valid JSON: {json_error(e)}") from None
     if not isinstance(value, dict):
         raise WireError(f"request body must be a JSON object, got {type(value).__name__}")
     return value
@@ -219,11 +245,31 @@ def filter_result(args: ExtenderArgs, outcome: FilterVerdicts, node_json: NodeJs
             passed = b"[" + b",".join(node_json.gather(
                 node_json.name, outcome.rows[kept], names, kept, orjson.dumps)) + b"]"
     else:
-        nodes = orjson.dumps({"metadata": {},
-                              "items": list(compress(args.nodes, outcome.passed.tolist()))})
+        nodes = _echo_items(args.nodes, outcome.passed.tolist())
         passed = b"null"
     return (b'{"Nodes":' + nodes + b',"NodeNames":' + passed + b',"FailedNodes":' + failed
             + b',"FailedAndUnresolvableNodes":' + unresolvable + b',"Error":""}')
+
+
+def _echo_items(items: list[Obj], passed: list[bool]) -> bytes:
+    """The NodeList of the items that passed, the very objects sent (Nodes mode).
+
+    orjson reads 1,024 levels of nesting but writes only 254, so a Node object nested between
+    the two parses and then cannot be sent back; that is the request's fault (a 400 naming the
+    item), found only on this error path so that the usual request pays nothing for it."""
+    try:
+        return orjson.dumps({"metadata": {}, "items": list(compress(items, passed))})
+    except orjson.JSONEncodeError:
+        for i, item in enumerate(items):
+            if not passed[i]:
+                continue
+            try:
+                orjson.dumps(item)
+            except orjson.JSONEncodeError as e:
+                raise WireError(f"Nodes.items[{i}] cannot be sent back in Nodes.items: {e} "
+                                f"(objects nested more than {MAX_ECHO_DEPTH} levels deep are "
+                                "refused)") from None
+        raise
 
 
 def filter_error(message: str) -> dict[str, Any]:
@@ -240,4 +286,5 @@ def priorities(args: ExtenderArgs, result: Priorities, node_json: NodeJson) -> b
 
 
 __all__ = ["BindingArgs", "ExtenderArgs", "NodeJson", "WireError", "encode_reason", "filter_error",
-           "filter_result", "parse_binding_args", "parse_extender_args", "priorities"]
+           "filter_result", "json_error", "parse_binding_args", "parse_extender_args",
+           "priorities"]

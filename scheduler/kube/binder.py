@@ -23,6 +23,7 @@ import orjson
 import structlog
 
 from gpufrag.conventions import KubeNames
+from scheduler.kube.errors import ApiError, api_errors
 
 Obj = Mapping[str, Any]
 # How the API server words a failed UID precondition (storage preconditions, as a 409).
@@ -40,7 +41,10 @@ class BindError(RuntimeError):
 
 
 class Binder(Protocol):
-    """Reads a pod the cache has not seen yet, and binds pods."""
+    """Reads pods and binds them. The extender reads the pod before every bind: the cache may
+    be behind, and it does not keep ``spec.schedulerName``, which decides whether the extender
+    may bind the pod at all (one GET per bind; the service account already has ``get`` on
+    pods)."""
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
         """The pod as the API server has it now (None when it does not exist)."""
@@ -67,21 +71,10 @@ def gpu_indices_text(gpus: tuple[int, ...]) -> str:
     return ",".join(str(g) for g in gpus)
 
 
-def _refusal(what: str, e: Any) -> BindError:
-    status = getattr(e, "status", 0) or 0
-    body = getattr(e, "body", None)
-    detail = ""
-    if body:
-        try:
-            detail = str(orjson.loads(body).get("message") or "")
-        except (orjson.JSONDecodeError, AttributeError, TypeError):
-            detail = str(body)[:300]
-    text = f"{what}: HTTP {status} {getattr(e, 'reason', '')}".rstrip()
-    if detail:
-        text += f": {detail}"
-    # 404: the pod is gone; 409: it changed (UID precondition) or is bound already; 422: the
-    # request is invalid. Anything else (429, 5xx, connection errors) may pass on a retry.
-    return BindError(text, retryable=status not in (400, 403, 404, 409, 422))
+def _bind_error(e: ApiError) -> BindError:
+    """The one classification (:mod:`scheduler.kube.errors`): 404 gone, 409 changed or already
+    bound, 400/422 invalid are permanent; 408, 429, 5xx and no answer may pass on a retry."""
+    return BindError(str(e), retryable=e.retryable)
 
 
 class KubeBinder:
@@ -94,13 +87,14 @@ class KubeBinder:
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
         try:
-            obj: Obj = orjson.loads(_body(self.core.read_namespaced_pod(
-                name, namespace, _preload_content=False)))
-        except kubernetes.client.ApiException as e:
+            with api_errors(f"reading pod {namespace}/{name}"):
+                obj: Obj = orjson.loads(_body(self.core.read_namespaced_pod(
+                    name, namespace, _preload_content=False)))
+        except ApiError as e:
             if e.status == 404:
                 return None
-            raise _refusal(f"reading pod {namespace}/{name}", e) from None
-        except Exception as e:  # connection refused or reset, timeouts, bad JSON
+            raise _bind_error(e) from None
+        except Exception as e:  # a body that is not JSON, a client-side fault
             raise BindError(f"reading pod {namespace}/{name}: {e!r}", retryable=True) from None
         return obj
 
@@ -115,10 +109,11 @@ class KubeBinder:
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
             # The API answers a Status, which the client cannot deserialise as a Binding.
-            _body(self.core.create_namespaced_pod_binding(name, namespace, body,
-                                                          _preload_content=False))
-        except kubernetes.client.ApiException as e:
-            refusal = _refusal(f"binding pod {namespace}/{name} to {node}", e)
+            with api_errors(f"binding pod {namespace}/{name} to {node}"):
+                _body(self.core.create_namespaced_pod_binding(name, namespace, body,
+                                                              _preload_content=False))
+        except ApiError as e:
+            refusal = _bind_error(e)
             if e.status == 409 and uid and _UID_PRECONDITION in str(refusal):
                 raise BindError(f"pod {namespace}/{name} is not the pod to bind: its UID is "
                                 f"no longer {uid} (re-created under the same name)",

@@ -34,12 +34,15 @@ class ApiError(RuntimeError):
     """A failed API call: what was being done, the HTTP status (None when the server never
     answered), the server's own message, and whether a retry may succeed."""
 
-    def __init__(self, doing: str, status: int | None, message: str) -> None:
+    def __init__(self, doing: str, status: int | None, message: str, *,
+                 reason: str = "") -> None:
         self.doing = doing
         self.status = status
         self.message = message
+        self.reason = reason
         self.retryable = is_retryable(status)
-        where = "cannot reach the API server" if status is None else f"HTTP {status}"
+        where = ("cannot reach the API server" if status is None
+                 else f"HTTP {status} {reason}".rstrip())
         super().__init__(f"{doing}: {where}: {message}" if message else f"{doing}: {where}")
 
 
@@ -68,7 +71,9 @@ def api_error(doing: str, e: BaseException) -> ApiError | None:
     """``e`` as an :class:`ApiError`, or None when it is not a failure of the API call."""
     if isinstance(e, ApiException):
         status = e.status if isinstance(e.status, int) and e.status else None
-        return ApiError(doing, status, server_message(e))
+        message = server_message(e)
+        reason = str(e.reason or "")
+        return ApiError(doing, status, "" if message == reason else message, reason=reason)
     if isinstance(e, HTTPError | OSError):
         return ApiError(doing, None, str(e) or type(e).__name__)
     return None

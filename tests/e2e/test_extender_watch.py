@@ -62,7 +62,8 @@ def nodes(control_plane: ControlPlane, prefix: str) -> Iterator[list[str]]:
 def runtime(control_plane: ControlPlane, nodes: list[str], namespace: str) -> Iterator[Runtime]:
     config = config_from_mapping({
         "watch": {"timeout_s": 5, "backoff_initial_s": 0.2, "backoff_max_s": 2},
-        "names": {"hints_namespace": namespace},
+        # The extender binds only its own scheduler's pods, which no kube-scheduler serves here.
+        "names": {"hints_namespace": namespace, "scheduler_name": NOWHERE},
         "maintenance_interval_s": 0.2,
     })
     rt = cluster_runtime(control_plane.new_api_client, config)

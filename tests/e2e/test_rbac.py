@@ -68,7 +68,9 @@ def _forbidden(call: Callable[[], object]) -> bool:
 
 def test_extender_watches_and_binds_with_its_service_account(
         control_plane: ControlPlane, as_service_account: Clients, namespace: str) -> None:
-    config = config_from_mapping({"maintenance_interval_s": 0.2, "watch": {"timeout_s": 5}})
+    # The extender binds only its own scheduler's pods; "nobody" keeps kube-scheduler away.
+    config = config_from_mapping({"maintenance_interval_s": 0.2, "watch": {"timeout_s": 5},
+                                  "names": {"scheduler_name": "nobody"}})
     runtime = cluster_runtime(lambda: as_service_account("gpufrag-scheduler"), config)
     runtime.start()
     admin = kubernetes.client.CoreV1Api(control_plane.api_client())

@@ -1,10 +1,19 @@
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
-from tests.scheduler.extender.helpers import FakeClock
+from tests.scheduler.extender.helpers import FakeClock, Pki, make_pki
 
 
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is needed to make test certificates")
+    return make_pki(tmp_path_factory.mktemp("pki"))

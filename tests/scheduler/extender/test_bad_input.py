@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import orjson
@@ -72,12 +73,80 @@ def test_bad_binding_args_answer_400(runtime: Runtime, body: Any, message: str) 
     assert set(reply) == {"Error"} and message in reply["Error"]
 
 
+# Bodies no JSON encoder should write but some can be talked into (allow_nan, bignums), and
+# nesting past orjson's limits: the message says what the rule is and where it was broken.
+_POD = orjson.dumps(PENDING).decode()
+NOT_JSON: list[tuple[str, str, str]] = [
+    ("NaN", '{"Pod": ' + _POD + ', "NodeNames": ["gpu-a"], "X": NaN}',
+     "NaN is not a JSON number (JSON has no NaN or infinities)"),
+    ("Infinity", '{"Pod": ' + _POD + ', "NodeNames": [Infinity]}',
+     "Infinity is not a JSON number"),
+    ("-Infinity", '{"Pod": {"spec": {"priority": -Infinity}}, "NodeNames": []}',
+     "-Infinity is not a JSON number"),
+    ("1e400", '{"Pod": ' + _POD + ', "NodeNames": ["gpu-a"], "X": 1e400}',
+     "a number beyond the range of a double (such as 1e400) cannot be read"),
+    ("a 400-digit integer", '{"Pod": ' + _POD + ', "X": ' + "9" * 400 + "}",
+     "a number beyond the range of a double"),
+    ("nested 2,000 deep", '{"Pod": ' + _POD + ', "X": ' + "[" * 2000 + "]" * 2000 + "}",
+     "JSON nested more than 1024 levels deep is refused"),
+]
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "bind"])
+@pytest.mark.parametrize(("case", "body", "message"), NOT_JSON, ids=[c[0] for c in NOT_JSON])
+def test_bodies_that_are_not_json_answer_400(runtime: Runtime, verb: str, case: str, body: str,
+                                             message: str) -> None:
+    status, reply = post(runtime.app.test_client(), f"/{verb}", body.encode())
+    assert status == 400
+    assert reply["Error"].startswith("request body is not valid JSON: ")
+    assert " at line 1 column " in reply["Error"] and message in reply["Error"]
+
+
+@pytest.mark.parametrize("depth", [200, 300, 1000])
+def test_a_node_object_too_deep_to_send_back_answers_400(runtime: Runtime, depth: int) -> None:
+    # Nodes mode answers with the very Node objects sent; orjson reads 1,024 levels of nesting
+    # but writes only 254.
+    deep = b"[" * depth + b"]" * depth
+    items = b",".join(orjson.dumps(node)[:-1] + b',"x":' + deep + b"}" for node in NODES)
+    body = b'{"Pod":' + orjson.dumps(PENDING) + b',"Nodes":{"items":[' + items + b"]}}"
+    status, reply = post(runtime.app.test_client(), "/filter", body)
+    if depth < 254:
+        assert status == 200 and reply["Error"] == ""
+    else:
+        assert status == 400
+        assert reply["Error"].startswith("Nodes.items[0] cannot be sent back in Nodes.items: ")
+        assert "nested more than 254 levels deep" in reply["Error"]
+
+
 @pytest.mark.parametrize("verb", ["filter", "prioritize", "bind"])
 def test_oversized_body_answers_413(runtime: Runtime, verb: str) -> None:
     body = orjson.dumps({"Pod": PENDING, "NodeNames": [f"node-{i:06d}" for i in range(10_000)]})
     status, reply = post(runtime.app.test_client(), f"/{verb}", body)
     assert status == 413
     assert "larger than the limit of 65536 bytes (server.max_body_bytes)" in reply["Error"]
+
+
+def _chunked_post(runtime: Runtime, path: str, body: bytes) -> tuple[int, Any]:
+    """A POST whose length is not announced (as a chunked one reaches the app from gunicorn)."""
+    response = runtime.app.test_client().post(
+        path, input_stream=io.BytesIO(body), content_type="application/json",
+        headers={"Transfer-Encoding": "chunked"},
+        environ_overrides={"wsgi.input_terminated": True, "CONTENT_LENGTH": ""})
+    return response.status_code, orjson.loads(response.data)
+
+
+@pytest.mark.parametrize("verb", ["filter", "prioritize", "bind"])
+def test_a_chunked_body_over_the_limit_answers_413_too(runtime: Runtime, verb: str) -> None:
+    limit = 64 * 1024
+    body = orjson.dumps({"Pod": PENDING, "NodeNames": ["gpu-a"]})
+    exactly = body[:-1] + b" " * (limit - len(body)) + b"}"
+    assert len(exactly) == limit
+    status, reply = _chunked_post(runtime, f"/{verb}", exactly)
+    assert status in (200, 400) and "larger than the limit" not in str(reply)
+    status, reply = _chunked_post(runtime, f"/{verb}", exactly + b" ")
+    assert status == 413
+    assert reply["Error"] == (f"request body is larger than the limit of {limit} bytes "
+                              "(server.max_body_bytes)")
 
 
 def test_wrong_method_and_unknown_path_answer_json(runtime: Runtime) -> None:
@@ -204,4 +273,66 @@ def test_fuzz_raw_bytes(runtime: Runtime, raw: bytes) -> None:
         assert response.status_code in (200, 400), response.data
         reply = orjson.loads(response.data)
         if response.status_code == 400:
+            assert reply["Error"]
+
+
+# A valid body with one value, anywhere in it, replaced by something it must not hold: numbers
+# JSON has not got, numbers no double holds, nesting past orjson's limits, and the wrong type.
+# Each request must be answered 200 or 400 in its verb's shape, never 500.
+ODD_RAW = [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400", b"1e-400", b"9" * 400,
+           b"18446744073709551616", b"-9223372036854775809", b"[" * 300 + b"]" * 300,
+           b'{"a":' * 300 + b"1" + b"}" * 300, b"[" * 1100 + b"]" * 1100, b"null", b"true",
+           b"0", b"-1", b"1.5", b'""', b'"x"', b'"1e400"', b'"NaN"', b'"-5"', b"[]", b"{}",
+           b'[1, "x", null]', b'{"a": 1}', b'"' + b"9" * 40 + b'"']
+MUTATION_BASES: list[tuple[tuple[str, ...], Any]] = [
+    (("filter", "prioritize"), {"Pod": PENDING, "NodeNames": NAMES}),
+    (("filter", "prioritize"), {"Pod": PENDING, "Nodes": {"items": NODES}}),
+    (("bind",), {"PodName": "infer-7d9f-abcde", "PodNamespace": "serving",
+                 "PodUID": "uid-infer-7d9f-abcde", "Node": "gpu-a"}),
+]
+
+
+def _paths(value: Any, here: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    found = [here]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _paths(item, (*here, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += _paths(item, (*here, i))
+    return found
+
+
+def _encode(value: Any, where: tuple[Any, ...], odd: bytes, here: tuple[Any, ...] = ()) -> bytes:
+    """``value`` as JSON, with the raw bytes ``odd`` in place of the value at ``where``."""
+    if here == where:
+        return odd
+    if isinstance(value, dict):
+        return b"{" + b",".join(orjson.dumps(k) + b":" + _encode(v, where, odd, (*here, k))
+                                for k, v in value.items()) + b"}"
+    if isinstance(value, list):
+        return b"[" + b",".join(_encode(v, where, odd, (*here, i))
+                                for i, v in enumerate(value)) + b"]"
+    return orjson.dumps(value)
+
+
+@st.composite
+def mutated(draw: st.DrawFn) -> tuple[tuple[str, ...], bytes]:
+    verbs, base = draw(st.sampled_from(MUTATION_BASES))
+    return verbs, _encode(base, draw(st.sampled_from(_paths(base))), draw(st.sampled_from(ODD_RAW)))
+
+
+@_fuzz(400)
+@given(case=mutated())
+def test_fuzz_one_odd_value_anywhere(runtime: Runtime, case: tuple[tuple[str, ...], bytes]) -> None:
+    verbs, body = case
+    client = runtime.app.test_client()
+    for verb in verbs:
+        status, reply = post(client, f"/{verb}", body)
+        assert status in (200, 400), (verb, status, reply, body[:300])
+        if verb == "filter":
+            assert set(reply) == FILTER_KEYS
+        elif status == 400 or verb == "bind":
+            assert isinstance(reply, dict) and set(reply) == {"Error"}
+        if status == 400:
             assert reply["Error"]

@@ -151,3 +151,36 @@ def test_a_cpu_only_pod_is_bound_without_gpu_indices() -> None:
 def test_a_bound_pod_is_not_bound_again() -> None:
     runtime = serve([node("n0")], [k8s_pod(pod("p1"), node="n0", gpus=(1,))])
     assert bind(runtime, "p1", "n0")["Error"] == "pod default/p1 is already bound to n0"
+
+
+def test_a_pod_of_another_scheduler_is_not_bound() -> None:
+    binder = RecordingBinder()
+    others = [k8s_pod(pod("theirs"), scheduler_name="default-scheduler"),
+              {**k8s_pod(pod("unnamed")), "spec": {"containers": []}}]  # the API's default
+    runtime = serve([node("n0", gpu_count=2)], others, binder=binder)
+    assert bind(runtime, "theirs", "n0")["Error"] == (
+        "pod default/theirs has spec.schedulerName 'default-scheduler', not "
+        "'gpufrag-scheduler' (names.scheduler_name): the gpufrag extender binds only the pods "
+        "of its own scheduler")
+    assert "spec.schedulerName 'default-scheduler'" in bind(runtime, "unnamed", "n0")["Error"]
+    assert binder.calls == [] and runtime.cache.counts()["pods_assumed"] == 0
+    assert binder.reads == ["default/theirs", "default/unnamed"]
+
+
+def test_the_scheduler_name_is_the_configured_one() -> None:
+    binder = RecordingBinder()
+    runtime = serve([node("n0")], [k8s_pod(pod("p1"), scheduler_name="gpu-b")], binder=binder,
+                    config=make_config(names={"scheduler_name": "gpu-b"}))
+    assert bind(runtime, "p1", "n0") == {"Error": ""}
+    runtime = serve([node("n0")], [k8s_pod(pod("p1"))], binder=RecordingBinder(),
+                    config=make_config(names={"scheduler_name": "gpu-b"}))
+    assert "not 'gpu-b'" in bind(runtime, "p1", "n0")["Error"]
+
+
+def test_the_pod_is_read_from_the_api_before_every_bind() -> None:
+    # The watch has shown the pod, but the API server is what decides (here: it is gone).
+    binder = RecordingBinder()
+    runtime = serve([node("n0")], pending("p1"), binder=binder)
+    del binder.pods["default/p1"]
+    assert bind(runtime, "p1", "n0")["Error"] == "pod default/p1 not found"
+    assert binder.reads == ["default/p1"] and binder.calls == []

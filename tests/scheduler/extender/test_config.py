@@ -16,6 +16,7 @@ from scheduler.extender.config import (
     load_config,
     parse_assignment,
 )
+from tests.scheduler.extender.helpers import Pki
 
 
 def test_defaults_are_valid_and_round_trip() -> None:
@@ -82,6 +83,15 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
      "prefix before '/' must be a DNS subdomain"),
     ({"names": {"label_model": "x" * 64}}, "names.label_model", "1-63 characters"),
     ({"server": "fast"}, "server", "expected a mapping, got 'fast'"),
+    ({"server": {"read_timeout_s": 0}}, "server.read_timeout_s", "must be > 0 seconds"),
+    ({"server": {"health_port": 8888}}, "server.health_port", "must differ from server.port"),
+    ({"server": {"health_port": -1}}, "server.health_port", "or 0 for no separate health"),
+    ({"server": {"tls_cert_file": "/etc/hostname"}}, "server.tls_key_file",
+     "must be set too when server.tls_cert_file is"),
+    ({"server": {"tls_key_file": "/etc/hostname"}}, "server.tls_cert_file",
+     "must be set too when server.tls_key_file is"),
+    ({"server": {"tls_client_ca_file": "/etc/hostname"}}, "server.tls_client_ca_file",
+     "needs server.tls_cert_file and server.tls_key_file"),
 ])
 def test_invalid_settings_name_the_field(data: dict[str, object], field: str,
                                          message: str) -> None:
@@ -90,6 +100,32 @@ def test_invalid_settings_name_the_field(data: dict[str, object], field: str,
     assert error.value.field == field
     assert f"field {field!r}: " in str(error.value)
     assert message in str(error.value)
+
+
+def test_the_defaults_listen_on_loopback_only() -> None:
+    server = ExtenderConfig().server
+    assert (server.host, server.health_port, server.tls) == ("127.0.0.1", 0, False)
+
+
+def test_tls_files_are_checked_at_load(pki: Pki, tmp_path: Path) -> None:
+    good = {"tls_cert_file": str(pki.server_cert), "tls_key_file": str(pki.server_key),
+            "tls_client_ca_file": str(pki.ca)}
+    assert config_from_mapping({"server": good}).server.tls
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    cases = [
+        ({"tls_key_file": str(tmp_path / "missing.key")}, "server.tls_key_file",
+         "missing.key': No such file or directory"),
+        ({"tls_key_file": str(pki.client_key)}, "server.tls_cert_file",
+         "is not a usable PEM certificate and matching private key"),
+        ({"tls_cert_file": str(garbage)}, "server.tls_cert_file", "is not a usable PEM"),
+        ({"tls_client_ca_file": str(garbage)}, "server.tls_client_ca_file",
+         "holds no usable PEM CA certificate"),
+    ]
+    for change, field, message in cases:
+        with pytest.raises(ConfigError) as error:
+            config_from_mapping({"server": {**good, **change}})
+        assert error.value.field == field and message in str(error.value), str(error.value)
 
 
 def test_several_problems_are_reported_together() -> None:
@@ -135,3 +171,29 @@ def test_cli_refuses_a_bad_snapshot_before_serving(tmp_path: Path,
     bad.write_text('{"kind": "List", "items": [')
     assert extender_main(["--cluster-snapshot", str(bad)]) == 2
     assert "bad.json: not valid JSON" in capsys.readouterr().err
+
+
+NODE = '{"kind": "Node", "metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "4"}}}'
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("nan.json", '{"kind": "List", "items": [' + NODE + ', {"x": NaN}]}', "not valid JSON"),
+    ("inf.json", '{"kind": "List", "items": [{"x": -Infinity}]}', "not valid JSON"),
+    ("big.json", '{"kind": "List", "items": [{"x": 1e400}]}', "not valid JSON"),
+    ("deep.json", "[" * 5000 + "]" * 5000, "depth limit exceeded"),
+    ("garbage.json", "\x00\x01garbage{", "not valid JSON"),
+    ("garbage.yaml", "{[}: - :\n\t\x00", "not valid JSON or YAML"),  # a multi-line message
+    ("deep.yaml", "items: " + "[" * 5000 + "]" * 5000, "not valid JSON or YAML"),
+    ("scalar.yaml", "5\n", "document 0 is int, not an object"),
+    ("odd-configmap.yaml", "kind: List\nitems:\n- kind: ConfigMap\n  metadata: 7\n",
+     "not a usable cluster snapshot: AttributeError"),
+])
+def test_cli_refuses_a_garbled_snapshot_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str,
+        message: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    assert extender_main(["--cluster-snapshot", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"gpufrag extender: {path}")
+    assert message in err and "Traceback" not in err

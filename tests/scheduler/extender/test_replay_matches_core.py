@@ -13,7 +13,7 @@ from scheduler.core import ClusterState, NodeSpec, PodRequest, ScoreCache, Targe
 from scheduler.kube.convert import node_to_k8s, pod_to_k8s
 from scheduler.policies import make_policy
 from simulations.synthetic import synthetic_nodes, synthetic_pods
-from tests.scheduler.extender.helpers import RecordingBinder, post, serve
+from tests.scheduler.extender.helpers import RecordingBinder, k8s_pod, post, serve
 
 OPENB = Path(__file__).resolve().parents[4] / "shared" / "data" / "openb"
 PODS = 300
@@ -39,7 +39,7 @@ def _fields(p: PodRequest) -> dict[str, object]:
 def test_extender_picks_the_core_node_and_gpus_for_every_pod() -> None:
     nodes, pods = trace()
     binder = RecordingBinder()
-    runtime = serve(nodes, [pod_to_k8s(p) for p in pods], binder=binder)
+    runtime = serve(nodes, [k8s_pod(p) for p in pods], binder=binder)
     client = runtime.app.test_client()
     names = [n.name for n in nodes]
     node_objs = [node_to_k8s(n) for n in nodes]
