@@ -26,7 +26,6 @@ those placed), evictions — a table, ``DIR/defrag_summary.json`` and a plot.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 import time
@@ -51,7 +50,7 @@ from scheduler.core.policy import Policy
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.policies import POLICY_NAMES, make_policy
-from simulations.openb import load_nodes, load_pods
+from simulations.openb import amount, load_nodes, load_pods, read_rows
 from simulations.replay import replay
 from simulations.synthetic import synthetic_nodes, synthetic_pods
 from simulations.workload import tune_workload
@@ -60,6 +59,7 @@ FloatArray = npt.NDArray[np.float64]
 GIB_MIB = 1024
 BYTES_PER_GIB = 1024**3
 GENAI_FILE = "pod_gpu_memory_used_bytes_anon.csv"
+MAX_SAMPLE_BYTES = 2**63
 # Where DESIGN.md keeps the shared data, relative to the project root (the working directory).
 DEFAULT_GENAI = Path("..") / "shared" / "data" / "genai" / GENAI_FILE
 GENAI_GPU_GIB = 48.0
@@ -86,23 +86,13 @@ UsedFractions = Callable[[int], FloatArray]
 
 
 def genai_fractions(path: Path, gpu_gib: float = GENAI_GPU_GIB) -> FloatArray:
-    """Every sample of the trace as a fraction of a ``gpu_gib`` GPU (capped at 1)."""
-    values: list[float] = []
+    """Every sample of the trace as a fraction of a ``gpu_gib`` GPU (capped at 1).
+
+    Read with the traces' one bounded CSV reader; a sample must be a finite number of bytes in
+    0..2^63 (a NaN or a negative reading would poison every draw made from the pool)."""
     source = str(path)
-    try:
-        with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            if "value" not in (reader.fieldnames or []):
-                raise BadInput(f"missing column value; header is {reader.fieldnames}",
-                               source=source, row=1)
-            for number, row in enumerate(reader, start=2):
-                try:
-                    values.append(float(row["value"]))
-                except (TypeError, ValueError):
-                    raise BadInput(f"not a number: {row.get('value')!r}", source=source,
-                                   row=number, field="value") from None
-    except OSError as e:
-        raise BadInput(f"cannot read: {e.strerror or e}", source=source) from None
+    values = [float(amount(row, "value", source, number, MAX_SAMPLE_BYTES))
+              for number, row in read_rows(path, ("value",))]
     if not values:
         raise BadInput("no samples", source=source)
     return np.clip(np.array(values) / (gpu_gib * BYTES_PER_GIB), 0.0, 1.0)

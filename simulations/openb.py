@@ -106,8 +106,10 @@ class _BoundedLines:
         return line
 
 
-def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    """``(row number, {column: text})`` for each non-blank row, after checking the header."""
+def read_rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """``(row number, {column: text})`` for each non-blank row, after checking the header:
+    the one bounded CSV reader of the traces (openb here, the GenAI samples in
+    :mod:`simulations.defrag_whatif`)."""
     source = str(path)
     try:
         handle = path.open("rb")
@@ -156,7 +158,8 @@ def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str
             raise BadInput(f"cannot read: {exc.strerror or exc}", source=source) from None
 
 
-def _amount(row: dict[str, str], field: str, source: str, number: int, high: int) -> Decimal:
+def amount(row: dict[str, str], field: str, source: str, number: int,
+           high: int) -> Decimal:
     """The number in ``row[field]``, exact and in ``0..high``; anything else is ``BadInput``.
 
     Parsed as a decimal and range-checked before anything becomes an ``int``: ``float()``
@@ -181,7 +184,7 @@ def _amount(row: dict[str, str], field: str, source: str, number: int, high: int
 def _whole(row: dict[str, str], field: str, source: str, number: int, *,
            high: int = MAX_AMOUNT) -> int:
     """``row[field]`` as a whole number in ``0..high``; a fraction is refused, not truncated."""
-    value = _amount(row, field, source, number, high)
+    value = amount(row, field, source, number, high)
     if value != value.to_integral_value():
         raise BadInput(f"{_clip(row[field].strip())} is not a whole number", source=source,
                        row=number, field=field)
@@ -194,7 +197,7 @@ def load_nodes(path: str | Path) -> list[NodeSpec]:
     source = str(path)
     nodes: list[NodeSpec] = []
     first_row: dict[str, int] = {}
-    for number, row in _rows(path, NODE_COLUMNS):
+    for number, row in read_rows(path, NODE_COLUMNS):
         name = row["sn"].strip()
         if not name:
             raise BadInput("empty node name", source=source, row=number, field="sn")
@@ -224,7 +227,7 @@ def load_nodes(path: str | Path) -> list[NodeSpec]:
 
 def _num_gpu(row: dict[str, str], source: str, number: int) -> int:
     """``num_gpu`` as a count; a fraction gets a message saying how openb writes a share."""
-    value = _amount(row, "num_gpu", source, number, MAX_GPUS_PER_NODE)
+    value = amount(row, "num_gpu", source, number, MAX_GPUS_PER_NODE)
     if value == value.to_integral_value():
         return int(value)
     hint = "num_gpu 1 with gpu_milli below 1000"
@@ -243,7 +246,7 @@ def load_pods(path: str | Path, known_products: set[str] | None = None) -> list[
     source = str(path)
     pods: list[PodRequest] = []
     first_row: dict[str, int] = {}
-    for number, row in _rows(path, POD_COLUMNS):
+    for number, row in read_rows(path, POD_COLUMNS):
         name = row["name"].strip() or f"pod-{number}"
         if name in first_row:
             raise BadInput(f"duplicate pod name '{_clip(name)}' (first on row {first_row[name]})",
