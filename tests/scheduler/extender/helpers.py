@@ -137,3 +137,16 @@ def make_pki(directory: Path) -> Pki:
                client_cert=directory / "kube-scheduler.crt",
                client_key=directory / "kube-scheduler.key",
                rogue_cert=directory / "rogue.crt", rogue_key=directory / "rogue.key")
+
+
+def json_paths(value: Any, here: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path (keys and list indices) into a JSON-shaped value, the root ``()`` first:
+    where a fuzz test may put an odd value."""
+    found = [here]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += json_paths(item, (*here, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += json_paths(item, (*here, i))
+    return found

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scheduler.extender.runtime import Runtime
-from tests.scheduler.extender.helpers import make_config, post, serve
+from tests.scheduler.extender.helpers import json_paths, make_config, post, serve
 from tests.scheduler.extender.test_contract import FILTER_KEYS, NODES, PENDING, pod_json
 
 NAMES = ["gpu-a", "gpu-b", "cpu-1"]
@@ -292,17 +292,6 @@ MUTATION_BASES: list[tuple[tuple[str, ...], Any]] = [
 ]
 
 
-def _paths(value: Any, here: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [here]
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found += _paths(item, (*here, key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            found += _paths(item, (*here, i))
-    return found
-
-
 def _encode(value: Any, where: tuple[Any, ...], odd: bytes, here: tuple[Any, ...] = ()) -> bytes:
     """``value`` as JSON, with the raw bytes ``odd`` in place of the value at ``where``."""
     if here == where:
@@ -319,7 +308,8 @@ def _encode(value: Any, where: tuple[Any, ...], odd: bytes, here: tuple[Any, ...
 @st.composite
 def mutated(draw: st.DrawFn) -> tuple[tuple[str, ...], bytes]:
     verbs, base = draw(st.sampled_from(MUTATION_BASES))
-    return verbs, _encode(base, draw(st.sampled_from(_paths(base))), draw(st.sampled_from(ODD_RAW)))
+    where = draw(st.sampled_from(json_paths(base)))
+    return verbs, _encode(base, where, draw(st.sampled_from(ODD_RAW)))
 
 
 @_fuzz(400)

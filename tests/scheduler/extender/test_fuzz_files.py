@@ -17,6 +17,7 @@ from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.extender.cli import _snapshot_runtime
 from scheduler.extender.config import ExtenderConfig, load_config
 from scheduler.kube.convert import node_to_k8s, pod_to_k8s
+from tests.scheduler.extender.helpers import json_paths
 
 FUZZ = settings(max_examples=150, deadline=1000, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -39,17 +40,6 @@ def _skeleton() -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "List", "items": [node, pod]}
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    found = [prefix]
-    if isinstance(value, dict):
-        for key, child in value.items():
-            found += _paths(child, (*prefix, key))
-    elif isinstance(value, list):
-        for i, child in enumerate(value):
-            found += _paths(child, (*prefix, i))
-    return found
-
-
 def _replace(tree: Any, path: tuple[Any, ...], new: Any) -> Any:
     if not path:
         return new
@@ -62,7 +52,7 @@ def _replace(tree: Any, path: tuple[Any, ...], new: Any) -> Any:
 def test_a_snapshot_with_any_value_anywhere_is_usable_or_bad_input(
         tmp_path: Path, data: st.DataObject, odd: Any) -> None:
     doc = _skeleton()
-    path = data.draw(st.sampled_from(_paths(doc)))
+    path = data.draw(st.sampled_from(json_paths(doc)))
     doc = _replace(doc, path, odd)
     # json.dumps writes NaN/Infinity tokens, which strict JSON readers refuse: part of the test.
     file = tmp_path / "snapshot.json"
