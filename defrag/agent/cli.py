@@ -3,6 +3,13 @@
 Exit codes: 0 done (``--once`` succeeded, or stopped by SIGTERM), 1 something broke (NVML
 failed, no cluster credentials, ``--once`` could not read or publish), 2 bad flags, 3 no GPU on
 this node (one log line, no traceback; keep the DaemonSet off such nodes with a nodeSelector).
+
+``--nvml-recording FILE`` is the recorded inventory mode: the GPUs are read from a JSON recording
+(:class:`gpufrag.nvml_recorded.RecordedNvml`) instead of the NVIDIA driver, so the whole agent
+(pid -> cgroup -> pod, publishing) runs where there is no GPU: the demo's fake nodes, a laptop, CI.
+The usage annotation's format has no field for where a reading came from (and a new field would
+change that contract, :mod:`defrag.agent.usage`), so the agent says so in its log instead: a
+``recorded_nvml`` warning at start and ``nvml=recorded`` on its ``starting`` line.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from gpufrag.errors import (
     BadInputArgumentParser,
 )
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
+from gpufrag.nvml_recorded import RecordedNvml
 from scheduler.kube.client import api_client as kube_api_client
 
 DEFAULT_METRICS_PORT = 9401  # next to the DCGM exporter's 9400, so both can run on hostNetwork
@@ -85,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "$KUBECONFIG / ~/.kube/config outside a cluster)")
     parser.add_argument("--proc-root", type=Path, default=Path("/proc"),
                         help="host /proc for the pid -> pod lookup (default: %(default)s)")
+    parser.add_argument("--nvml-recording", type=Path, default=None, metavar="FILE",
+                        help="read the GPUs from this JSON recording (gpufrag.nvml_recorded) "
+                             "instead of NVML: for nodes without a GPU; logged as recorded")
     parser.add_argument("--once", action="store_true",
                         help="read and publish once, then exit (0 on success)")
     parser.add_argument("--dry-run", action="store_true",
@@ -97,7 +108,8 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
          writer: ClusterWriter | None = None, pod_lister: PodLister | None = None,
          stop: threading.Event | None = None) -> int:
     """Run the agent. ``nvml``, ``writer`` and ``pod_lister`` replace the real NVML binding
-    and Kubernetes client; ``stop`` ends the loop (default: SIGTERM / SIGINT set it)."""
+    and Kubernetes client (``--nvml-recording`` replaces ``nvml``); ``stop`` ends the loop
+    (default: SIGTERM / SIGINT set it)."""
     try:
         args = build_parser().parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:  # --help
@@ -121,10 +133,17 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
         if not 0 <= args.metrics_port <= 65535:
             raise BadInput(f"{args.metrics_port} is not a TCP port (0 disables)",
                            field="metrics_port")
+        if args.nvml_recording is not None:
+            # A bad recording is bad input (exit 2), named by its path and field, like a flag.
+            nvml = RecordedNvml.load(args.nvml_recording)
     except BadInput as exc:
         log.error("bad_input", error=str(exc))
         return EXIT_BAD_INPUT
     log = log.bind(node=config.node_name)
+    if args.nvml_recording is not None:
+        # Said before anything is published: what this agent publishes is not a measurement.
+        log.warning("recorded_nvml", file=str(args.nvml_recording),
+                    note=f"recorded NVML readings from {args.nvml_recording}, not a real GPU")
 
     reader = NvmlReader(nvml)
     try:
@@ -167,7 +186,8 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
     agent = Agent(config, reader=reader, pods=PodResolver(directory, args.proc_root),
                   publisher=publisher, metrics=metrics, health=health, log=log)
     log.info("starting", gpus=gpu_count, interval_s=config.interval_s, once=args.once,
-             dry_run=args.dry_run)
+             dry_run=args.dry_run,
+             nvml="recorded" if args.nvml_recording is not None else "live")
     if args.once:
         return EXIT_OK if agent.tick() is not None else EXIT_FAILURE
 

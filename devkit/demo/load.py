@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import math
 import os
 import random
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,15 +17,20 @@ from typing import Any
 
 import numpy as np
 
-from devkit.procs import ControlPlaneError, wait_until
+from devkit.procs import ControlPlaneError, free_port, wait_until
 from serving.client import encode_inputs
 
 STANDIN_MODEL = "builtin:resnet-small"
+LOAD_SECONDS_METRIC = "gpufrag_serving_model_load_seconds"
 
 
 @dataclass
 class StandIn:
-    """``gpufrag serve --model builtin:resnet-small`` serving one Deployment's traffic."""
+    """``gpufrag serve --model builtin:resnet-small`` serving one Deployment's traffic.
+
+    Known through its own HTTP API only, as a client would know it: the port is chosen here,
+    readiness is ``/v2/health/ready``, the model's load time is its ``/metrics`` gauge. Its log
+    is for people (``logs/serve-<deployment>.log``)."""
 
     deployment: str
     process: subprocess.Popen[bytes]
@@ -41,33 +45,39 @@ class StandIn:
     @classmethod
     def start(cls, deployment: str, log_path: Path) -> StandIn:
         env = {**os.environ, "GPUFRAG_LOG_FORMAT": "json"}
+        port = free_port()
         with log_path.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "gpufrag.cli", "serve", "--model", STANDIN_MODEL,
-                 "--model-name", deployment, "--host", "127.0.0.1", "--port", "0",
+                 "--model-name", deployment, "--host", "127.0.0.1", "--port", str(port),
                  "--intra-op-threads", "1", "--max-queue-delay-ms", "2"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
-        return cls(deployment, process, log_path)
+        return cls(deployment, process, log_path, port)
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
+        """Until ``/v2/health/ready`` answers 200; then read the model's load time."""
         def ready() -> bool | None:
-            events = {}
-            for line in self.log_path.read_text(errors="replace").splitlines():
-                if line.startswith("{"):
-                    with contextlib.suppress(json.JSONDecodeError):
-                        record = json.loads(line)
-                        events[record.get("event")] = record
             if self.process.poll() is not None:
                 raise ControlPlaneError(f"gpufrag serve for {self.deployment} exited with "
                                         f"{self.process.returncode}; see {self.log_path}")
-            if "listening" in events:
-                self.port = int(events["listening"]["port"])
-            if "model_loaded" in events:
-                self.load_s = float(events["model_loaded"].get("load_seconds", math.nan))
-            return "ready" in events or None
+            try:
+                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=1) as reply:
+                    return reply.status == 200 or None
+            except OSError:  # not listening yet, or 503 while the model loads
+                return None
 
         wait_until(ready, timeout_s=timeout_s, what=f"gpufrag serve for {self.deployment}")
+        self.load_s = self._load_seconds()
+
+    def _load_seconds(self) -> float:
+        """The server's own measurement of its model load (NaN if it does not export it)."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        for line in text.splitlines():
+            if line.split("{", 1)[0].split(" ", 1)[0] == LOAD_SECONDS_METRIC:
+                return float(line.rsplit(" ", 1)[1])
+        return math.nan
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -1,16 +1,25 @@
-"""Recorded NVML answers, replayed through the node agent when there is no GPU.
+"""Recorded NVML answers for the node agent on a fake node, and the /proc that names the pods.
 
-The answers are :class:`gpufrag.nvml_recorded.RecordedDevice` recordings, served by the shared
-recorded NVML (:class:`gpufrag.nvml_recorded.RecordedNvml`), so the agent reads them through the
-same adapter and the same fake as everywhere else.
+The demo's nodes have no GPU and no processes, so for each node the demo writes the two inputs
+the agent would read on a real one, as files a ``gpufrag agent`` subprocess reads:
+
+- a JSON **recording** of the node's GPUs (the format of :mod:`gpufrag.nvml_recorded`), one
+  process per pod on each of its GPUs with the scenario's memory figure, for
+  ``--nvml-recording``; the agent serves it through the shared recorded NVML
+  (:class:`gpufrag.nvml_recorded.RecordedNvml`), the same adapter and fake as everywhere else;
+- a **proc root** (``--proc-root``) with a ``<pid>/cgroup`` file per recorded process naming
+  its pod's cgroup as the kubelet's systemd driver does, so the agent's pid -> pod lookup
+  (:mod:`defrag.agent.cgroup`) runs unchanged, pod UIDs to names through the API server.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from devkit.demo.scenario import NodeShape
 from gpufrag.nvml import MIB, GpuReading
@@ -60,6 +69,31 @@ def recorded_gpus(node: str, shape: NodeShape, pods: Sequence[GpuPod],
                                     memory_used_bytes=used)],
             processes=processes))
     return gpus
+
+
+def recording_json(devices: Sequence[RecordedDevice]) -> dict[str, Any]:
+    """``devices`` as a recording file holds them: NVML's names and units (bytes, percent)."""
+    def text(value: str | bytes) -> str:
+        return value.decode() if isinstance(value, bytes) else value
+
+    def processes(found: Sequence[RecordedProcess]) -> list[dict[str, Any]]:
+        return [{"pid": p.pid, "used_bytes": p.used_bytes} for p in found]
+
+    return {"devices": [{
+        "name": text(d.name), "uuid": text(d.uuid), "memory_total": d.memory_total_bytes,
+        "samples": [{"gpu": s.utilization_pct, "memory_used": s.memory_used_bytes}
+                    for s in d.samples],
+        "processes": processes(d.processes),
+        "graphics_processes": processes(d.graphics_processes),
+        **({"errors": d.errors} if d.errors else {}),
+    } for d in devices]}
+
+
+def write_recording(path: Path, devices: Sequence[RecordedDevice]) -> Path:
+    """Write ``devices`` to ``path`` for ``gpufrag agent --nvml-recording`` (replaced whole)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(recording_json(devices), indent=1) + "\n")
+    return path
 
 
 def live_model_memory(readings: Sequence[GpuReading], pids: Mapping[str, int]) -> dict[str, int]:

@@ -1,4 +1,12 @@
-"""The run: the before cluster, gpufrag-scheduler, stand-ins under load, the agent, one defrag."""
+"""The run: the before cluster, gpufrag-scheduler, stand-ins under load, the agent, one defrag.
+
+Every gpufrag component runs one way, as in a cluster: its own ``gpufrag <command>`` process
+(the extender behind kube-scheduler, ``gpufrag agent`` per node, ``gpufrag defrag``), and the
+demo learns what each did only through the Kubernetes API (:mod:`devkit.demo.observe`): pods
+and their GPUs, the scheduler's Scheduled Events, evictions and placement hints, and the
+agent's usage annotation on each Node. No component's log or output is parsed; their logs and
+the defrag controller's printed plan are kept under ``logs/`` for people to read.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +20,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TextIO
 
 import kubernetes
 
-from defrag.agent import cli as agent_cli
-from defrag.agent.cgroup import KubePodLister
-from defrag.agent.publish import KubeClusterWriter
+from defrag.agent.usage import NodeGpuUsage, parse
 from defrag.controller.measure import measure
 from defrag.controller.snapshot import UsageSource, build_snapshot
 from devkit.build import build_control_plane
@@ -28,7 +35,14 @@ from devkit.controlplane import ControlPlane
 from devkit.demo.before import LegacyPod, spread_placement
 from devkit.demo.coldloads import ColdLoads
 from devkit.demo.load import STANDIN_MODEL, LoadResult, StandIn, _round, run_load
-from devkit.demo.nvml_replay import FakeProcRoot, GpuPod, live_model_memory, recorded_gpus
+from devkit.demo.nvml_replay import (
+    FakeProcRoot,
+    GpuPod,
+    live_model_memory,
+    recorded_gpus,
+    write_recording,
+)
+from devkit.demo.observe import ClusterObserver, ObservedMove, SeenPod
 from devkit.demo.scenario import (
     BATCH_PODS,
     DEPLOYMENTS,
@@ -43,14 +57,15 @@ from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
 from gpufrag import conventions as cv
 from gpufrag.conventions import DEFAULT_NAMES
-from gpufrag.errors import EXIT_OK
+from gpufrag.errors import BadInput
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
-from gpufrag.nvml_recorded import RecordedNvml
 from scheduler.core import TargetWorkload
 from scheduler.kube.binder import KubeBinder
+from scheduler.kube.convert import bound_gpus
 
 NODE_LABEL = "demo.gpufrag.io/node"  # on every demo node, to tell them from others
 WAIT_S = 90.0
+AGENT_TIMEOUT_S = 60.0  # one 'gpufrag agent --once': start, one NVML reading, one patch
 
 
 class DemoError(RuntimeError):
@@ -80,7 +95,10 @@ class Demo:
         self.shapes = dict(self.nodes)
         self.logs_dir = options.out / "logs"
         self.work_dir = Path(tempfile.mkdtemp(prefix="gpufrag-demo-"))
-        self.proc = FakeProcRoot(self.work_dir / "proc")
+        # Per fake node, what its agent reads: --nvml-recording and --proc-root.
+        self.agent_dir = self.work_dir / "agent"
+        self.procs: dict[str, FakeProcRoot] = {}
+        self.observer: ClusterObserver | None = None
         self.extender: ExtenderProcess | None = None
         self.scheduler_process = f"gpufrag-demo-{uuid.uuid4().hex[:6]}"
         self.standins: list[StandIn] = []
@@ -91,7 +109,7 @@ class Demo:
         self.phases_s: dict[str, float] = {}
         self._phase_started = time.monotonic()
         self._legacy_counts = ColdLoads()
-        self._binds_seen = 0
+        self._scheduled_seen = 0  # Scheduled Events counted by the scale-up
 
     # -- narration -------------------------------------------------------------------------
 
@@ -114,6 +132,8 @@ class Demo:
         shutil.rmtree(self.logs_dir, ignore_errors=True)
         self.logs_dir.mkdir(parents=True)
         self._make_nodes()
+        # Watching from before the first pod exists: every bind, eviction and hint is seen.
+        self.observer = ClusterObserver(self.plane.new_api_client(), self.namespace).start()
         legacy = self._legacy_state()
         self.standins = [StandIn.start(d.name, self.logs_dir / f"serve-{d.name}.log")
                          for d in DEPLOYMENTS]
@@ -135,8 +155,8 @@ class Demo:
 
         defrag = self._defrag()
         self._wait_deployments()
-        self._wait_binds_logged(self._binds_seen + sum(1 for m in defrag["moves"]
-                                                       if m.get("landed_on")))
+        self._wait_scheduled(self._scheduled_seen + sum(1 for m in defrag["moves"]
+                                                        if m["landed_on"]))
         replacements = self._count_replacements(scale_up)
         self.lap("defrag")
 
@@ -249,41 +269,53 @@ class Demo:
             self.apps.patch_namespaced_deployment_scale(d.name, self.namespace,
                                                         {"spec": {"replicas": d.replicas}})
         self._wait_running(sum(d.replicas for d in DEPLOYMENTS) + len(BATCH_PODS))
-        self._wait_binds_logged(sum(d.replicas - d.legacy_replicas for d in DEPLOYMENTS))
+        self._wait_scheduled(sum(d.replicas - d.legacy_replicas for d in DEPLOYMENTS))
         counts = legacy.phase()
         for node, d, warm in self._binds(counts, since=0):
             self.detail(f"{d.name:<7} {d.model}:{d.version} -> {node:<12} "
                         f"{'warm: ran this version already' if warm else 'cold load'}")
-        self._binds_seen = len(self._bind_events())
+        self._scheduled_seen = len(self._observer().scheduled())
         self.say(f"   cold loads avoided by affinity: {counts.avoided} of {counts.placements} "
                  f"new replicas (spread placement: {legacy.avoided} of {legacy.placements})")
         return counts
 
-    def _bind_events(self) -> list[dict[str, Any]]:
-        assert self.extender is not None
-        prefix = f"{self.namespace}/"
-        return [r for r in self.extender.log_events("bind")
-                if str(r.get("pod", "")).startswith(prefix) and not r.get("refused")]
+    def _observer(self) -> ClusterObserver:
+        assert self.observer is not None, "run() starts the observer first"
+        return self.observer
 
-    def _wait_binds_logged(self, count: int) -> None:
-        """The extender logs a bind just after the Binding is made: wait for the line."""
-        wait_until(lambda: len(self._bind_events()) >= count or None, timeout_s=30,
-                   what=f"{count} binds in the extender's log")
+    def _wait_scheduled(self, count: int) -> None:
+        """kube-scheduler records a Scheduled Event once a bind succeeded (through the
+        extender here); the event reaches the API server a moment later: wait for it."""
+        observer = self._observer()
+        wait_until(lambda: len(observer.scheduled()) >= count or None, timeout_s=30,
+                   what=f"{count} Scheduled Events from {cv.SCHEDULER_NAME} in "
+                        f"{self.namespace}")
+
+    def _bound(self, uid: str) -> SeenPod:
+        """The pod as the watch saw it once bound (the Event can arrive before the watch)."""
+        observer = self._observer()
+
+        def bound() -> SeenPod | None:
+            pod = observer.pod(uid)
+            return pod if pod is not None and pod.node else None
+
+        return wait_until(bound, timeout_s=30, what=f"the pod watch to see pod {uid} bound")
 
     def _binds(self, counts: ColdLoads, since: int) -> Iterator[tuple[str, ModelDeployment, bool]]:
-        """The extender's binds in this namespace from the ``since``-th on, in bind order,
-        counted into ``counts``."""
-        for record in self._bind_events()[since:]:
-            name = str(record["pod"]).split("/", 1)[1]
-            d = next((d for d in DEPLOYMENTS if name.startswith(f"{d.name}-")), None)
+        """gpufrag-scheduler's binds in this namespace (its Scheduled Events) from the
+        ``since``-th on, in bind order, counted into ``counts``; the node is the pod's
+        ``spec.nodeName``."""
+        by_app = {d.name: d for d in DEPLOYMENTS}
+        for scheduled in self._observer().scheduled()[since:]:
+            pod = self._bound(scheduled.pod_uid)
+            d = by_app.get(pod.app)
             if d is not None:
-                node = str(record["node"])
-                yield node, d, counts.place(node, (d.model, d.version))
+                yield pod.node, d, counts.place(pod.node, (d.model, d.version))
 
     def _count_replacements(self, counts: ColdLoads) -> ColdLoads:
         """Add the defrag cycle's replacements to the scale-up's count: together they are what
         gpufrag-scheduler placed."""
-        for node, d, warm in self._binds(counts, since=self._binds_seen):
+        for node, d, warm in self._binds(counts, since=self._scheduled_seen):
             self.detail(f"replacement {d.name:<7} -> {node:<12} "
                         f"{'warm: ran this version already' if warm else 'cold load'}")
         return counts
@@ -306,8 +338,8 @@ class Demo:
             reader.open()
         except (NoGpuError, GpuReadError) as e:
             self.detail(f"no GPU on this machine ({e}):")
-            self.detail("GPU memory comes from RECORDED NVML readings (per-model figures), "
-                        "replayed through the node agent")
+            self.detail("GPU memory comes from RECORDED NVML readings (per-model figures): one "
+                        "--nvml-recording file per node, read by that node's agent")
             return
         try:
             readings = reader.read()
@@ -323,41 +355,102 @@ class Demo:
                         "the other figures are recorded")
         else:
             self.detail(f"GPU present ({names}) but the stand-ins run on the CPU: GPU memory "
-                        "comes from RECORDED NVML readings, replayed through the node agent")
+                        "comes from RECORDED NVML readings, one --nvml-recording file per node")
 
     def _publish_usage(self, phase: str) -> None:
-        """Run the node agent once per node (its CLI, with the replayed NVML as its hook)."""
+        """Run ``gpufrag agent --once`` per node, each its own process as on a DaemonSet's
+        node, then read what they published: the usage annotation on each Node.
 
+        Per node the demo first writes what that agent reads there: the recorded NVML
+        readings (``--nvml-recording``: one process per pod on each of its GPUs) and a proc
+        root whose cgroup files name those processes' pods (``--proc-root``); the agent maps
+        pid -> cgroup -> pod UID -> pod (listed from the API server) itself.
+        """
         if phase == "before":
-            self.say("4/6 GPU memory: 'gpufrag agent --once' per node publishes the "
-                     f"{cv.ANNOTATION_GPU_USAGE} annotation (NVML -> pid -> cgroup -> pod)")
+            self.say("4/6 GPU memory: 'gpufrag agent --once --nvml-recording' per node publishes "
+                     f"the {cv.ANNOTATION_GPU_USAGE} annotation (NVML -> pid -> cgroup -> pod)")
             self._live_memory()
         pods = self._gpu_pods()
+        started = time.time()
+        commands = []
         for node, shape in self.nodes:
-            nvml = RecordedNvml(recorded_gpus(node, shape, pods.get(node, []),
-                                              self.proc.pid_of))
-            code = agent_cli.main(
-                ["--node-name", node, "--once", "--metrics-port", "0", "--proc-root",
-                 str(self.proc.root), "--log-level", "warning"],
-                nvml=nvml, writer=KubeClusterWriter(self.api, node_name=node),
-                pod_lister=KubePodLister(self.api, node))
-            if code != EXIT_OK:
-                raise DemoError(f"the node agent failed on {node} (exit {code})")
-        attributed = sum(len(v) for v in pods.values())
-        self.detail(f"agent published {len(self.nodes)} nodes, {attributed} pods attributed "
-                    f"({phase} the defrag cycle)")
+            proc = self.procs.setdefault(node, FakeProcRoot(self.agent_dir / node / "proc"))
+            recording = write_recording(
+                self.agent_dir / node / "nvml.json",
+                recorded_gpus(node, shape, pods.get(node, []), proc.pid_of))
+            commands.append((node, self.agent_command(node, recording, proc.root)))
+        workers = max(1, min(len(commands), os.cpu_count() or 2))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="demo-agent") as pool:
+            codes = list(pool.map(lambda c: (c[0], self._run_agent(*c)), commands))
+        failed = [f"{node} (exit {code}, log {self._agent_log(node)})"
+                  for node, code in codes if code != 0]
+        if failed:
+            raise DemoError(f"the node agent failed on {', '.join(failed)}")
+        published = self._published_usage(since=started)
+        attributed = {p.uid for usage in published.values() for g in usage.gpus for p in g.pods}
+        expected = sum(len(v) for v in pods.values())
+        self.detail(f"{len(published)} agents published (read back from the Nodes): "
+                    f"{len(attributed)} of {expected} GPU pods attributed, "
+                    f"{sum(g.memory_used_mib for u in published.values() for g in u.gpus):,} "
+                    f"MiB in use ({phase} the defrag cycle); logs "
+                    f"{self.logs_dir / 'agent-<node>.log'}")
+
+    def agent_command(self, node: str, recording: Path, proc_root: Path) -> list[str]:
+        """``gpufrag agent`` for one fake node: once, on its recording, against this cluster."""
+        return [sys.executable, "-m", "gpufrag.cli", "agent", "--node-name", node, "--once",
+                "--metrics-port", "0", "--kubeconfig", str(self.plane.kubeconfig_path),
+                "--proc-root", str(proc_root), "--nvml-recording", str(recording)]
+
+    def _agent_log(self, node: str) -> Path:
+        return self.logs_dir / f"agent-{node}.log"
+
+    def _run_agent(self, node: str, command: Sequence[str]) -> int:
+        env = {**os.environ, "GPUFRAG_LOG_FORMAT": "json"}
+        with self._agent_log(node).open("ab") as log:
+            try:
+                done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                      stdin=subprocess.DEVNULL, timeout=AGENT_TIMEOUT_S,
+                                      check=False)
+            except subprocess.TimeoutExpired:
+                return -1
+        return done.returncode
+
+    def _published_usage(self, since: float) -> dict[str, NodeGpuUsage]:
+        """node -> the usage its agent published (the Node's annotation), each read at or
+        after ``since``: the agents exit only once their patch is made, so anything else is
+        a fault, not a wait."""
+        found: dict[str, NodeGpuUsage] = {}
+        problems = []
+        for n in self.core.list_node(label_selector=f"{NODE_LABEL}=true").items:
+            name = n.metadata.name
+            text = (n.metadata.annotations or {}).get(cv.ANNOTATION_GPU_USAGE)
+            if not text:
+                problems.append(f"{name}: no {cv.ANNOTATION_GPU_USAGE} annotation")
+                continue
+            try:
+                usage = parse(text, source=f"node {name} annotation {cv.ANNOTATION_GPU_USAGE}")
+            except BadInput as e:
+                problems.append(str(e))
+                continue
+            if usage.timestamp < since - 1.0:  # 1 s: the clocks are the same, the floats not
+                problems.append(f"{name}: the usage is from before this run of the agents")
+            found[name] = usage
+        if problems:
+            raise DemoError("the agents' published usage is not there: " + "; ".join(problems))
+        return found
 
     def _gpu_pods(self) -> dict[str, list[GpuPod]]:
-        """node -> the demo's pods on it, with their GPUs and recorded memory per GPU."""
+        """node -> the demo's pods on it, with their GPUs (as the binder recorded them) and
+        recorded memory per GPU."""
         by_app = {d.name: d for d in DEPLOYMENTS}
         batch = {b.name: b for b in BATCH_PODS}
         found: dict[str, list[GpuPod]] = {}
-        for pod in self.core.list_namespaced_pod(self.namespace).items:
-            meta, node = pod.metadata, pod.spec.node_name
-            text = (meta.annotations or {}).get(cv.ANNOTATION_GPU_INDICES, "")
-            if not node or meta.deletion_timestamp is not None or not text:
+        for item in self.core.list_namespaced_pod(self.namespace).items:
+            pod = self.api.sanitize_for_serialization(item)
+            meta, node = item.metadata, item.spec.node_name
+            gpus = bound_gpus(pod, DEFAULT_NAMES)
+            if not node or meta.deletion_timestamp is not None or not gpus:
                 continue
-            gpus = tuple(int(g) for g in text.split(","))
             d = by_app.get((meta.labels or {}).get("app", ""))
             if d is not None:
                 used = self.model_used_mib[d.name]
@@ -415,53 +508,81 @@ class Demo:
                                                    "Deployments' ready pods")
 
     def _defrag(self) -> dict[str, Any]:
+        """One ``gpufrag defrag`` cycle as a CronJob would run it, seen from the cluster: the
+        hints it wrote, the pods it evicted, where each replacement was bound. Its printed
+        plan (triggered nodes, why other pods were not moved, its own predictions) goes to
+        ``logs/defrag-plan.txt`` for people to read; the demo does not parse it."""
         self._wait_pdbs()
         self.say("5/6 one defrag cycle: 'gpufrag defrag' (not a dry run) plans moves, writes "
                  "placement hints, evicts through the Eviction API; the extender follows the "
                  "hints")
+        observer = self._observer()
+        since = observer.mark()
         command = [sys.executable, "-m", "gpufrag.cli", "defrag", "--kubeconfig",
                    str(self.plane.kubeconfig_path), "--namespaces", self.namespace,
-                   "--output", "json", "--max-evictions-total", "8",
+                   "--max-evictions-total", "8",
                    "--max-evictions-per-node", "2", "--max-evictions-per-namespace", "8",
                    "--bind-timeout-s", str(int(WAIT_S))]
         log_path = self.logs_dir / "defrag.log"
+        plan_path = self.logs_dir / "defrag-plan.txt"
         env = {**os.environ, "GPUFRAG_LOG_FORMAT": "json"}
-        with log_path.open("ab") as log:
-            done = subprocess.run(command, stdout=subprocess.PIPE, stderr=log, env=env,
+        with log_path.open("ab") as log, plan_path.open("wb") as plan:
+            done = subprocess.run(command, stdout=plan, stderr=log, env=env,
                                   stdin=subprocess.DEVNULL, timeout=600, check=False)
-        (self.logs_dir / "defrag-output.jsonl").write_bytes(done.stdout)
-        docs = [json.loads(line) for line in done.stdout.decode().splitlines()
-                if line.startswith("{")]
-        plan = next((d for d in docs if d.get("kind") == "plan"), None)
-        result = next((d for d in docs if d.get("kind") == "result"), None)
-        if plan is None or result is None:
-            raise DemoError(f"gpufrag defrag exited {done.returncode} without a plan and a "
-                            f"result; see {log_path}")
-        moves = result["moves"]
-        landed = sum(1 for m in moves if m.get("landed_on") and m["landed_on"] == m["target"])
-        triggered = plan.get("triggered", {})
-        self.detail(f"{len(triggered)} nodes triggered (waste ratio above 25%, or stranded "
-                    f"share blocking a pending pod): {', '.join(sorted(triggered))}")
-        self.detail(f"{'pod':<30} {'GPU':>5} {'from':<12} {'hinted':<12} {'landed on':<12}"
-                    f" {'freed':>5}")
-        for planned, m in zip(plan["moves"], moves, strict=False):
-            self.detail(f"{m['pod'].split('/', 1)[1]:<30} {planned['gpu_milli']:>4}m "
-                        f"{planned['source']:<12} {m['target']:<12} "
-                        f"{m.get('landed_on') or m['outcome']:<12} {planned['freed_gpus']:>5}"
-                        + ("  hint followed" if m.get("landed_on") == m["target"] else ""))
-        for reason, count in plan.get("skipped", {}).items():
-            self.detail(f"not moved: {count} x {reason}")
-        self.say(f"   defrag exit {done.returncode}: {len(plan['moves'])} moves planned, "
-                 f"{len(moves)} carried out, {landed} replacements landed on the hinted node; "
-                 f"log {log_path}")
-        return {"exit_code": done.returncode, "moves_planned": len(plan["moves"]),
-                "moves": [{**m, "source": p["source"], "gpu_milli": p["gpu_milli"],
-                           "freed_gpus": p["freed_gpus"], "reason": p["reason"]}
-                          for p, m in zip(plan["moves"], moves, strict=False)],
-                "landed_on_hint": landed, "triggered": triggered,
-                "not_moved": plan.get("skipped", {}), "skipped": result.get("skipped", []),
-                "counts": result.get("counts", {}), "predicted": {
-                    "before": result.get("before"), "after": result.get("after")}}
+        moves = self._observed_moves(since, wait=done.returncode == 0)
+        owners = {p.owner_uid for p in observer.pods() if p.owner_uid}
+        started = [h for h in observer.hints(since) if h.owner_uid in owners]
+        landed = sum(1 for m in moves if m.on_hint)
+        live = [p for p in observer.pods() if p.live]
+        self.detail(f"{'pod':<30} {'GPU':>5} {'from':<12} {'hinted':<12} {'landed on':<12} "
+                    "source GPU")
+        rows = []
+        for m in moves:
+            d = next((d for d in DEPLOYMENTS if d.name == m.evicted.app), None)
+            milli = d.gpu_milli if d is not None else 0
+            emptied = not any(p.node == m.evicted.node and set(p.gpus) & set(m.evicted.gpus)
+                              for p in live)
+            self.detail(f"{m.evicted.name:<30} {milli:>4}m {m.evicted.node:<12} "
+                        f"{','.join(m.hinted) or '-':<12} {m.landed_on or 'not bound':<12} "
+                        f"{'emptied' if emptied else 'shared':<10}"
+                        + ("  hint followed" if m.on_hint else ""))
+            rows.append({"pod": m.evicted.key, "uid": m.evicted.uid, "gpu_milli": milli,
+                         "source": m.evicted.node, "source_gpus": list(m.evicted.gpus),
+                         "target": m.hinted[0] if m.hinted else "", "hinted": list(m.hinted),
+                         "landed_on": m.landed_on,
+                         "replacement": m.replacement.key if m.replacement else "",
+                         "outcome": ("landed" if m.on_hint else "landed elsewhere"
+                                     if m.landed_on else "not bound"),
+                         "source_gpus_emptied": emptied})
+        refused = max(0, len(started) - len(moves))
+        self.say(f"   defrag exit {done.returncode}: {len(started)} moves started (a placement "
+                 f"hint each), {len(moves)} pods evicted"
+                 + (f", {refused} refused" if refused else "")
+                 + f", {landed} replacements landed on the hinted node (seen through the API "
+                 f"server); its plan: {plan_path}, log {log_path}")
+        return {"exit_code": done.returncode, "moves_planned": len(started),
+                "evictions": len(moves), "moves": rows, "landed_on_hint": landed,
+                "hints": [{"owner_uid": h.owner_uid, "node": h.node} for h in started],
+                "plan_file": str(plan_path), "log": str(log_path)}
+
+    def _observed_moves(self, since: int, *, wait: bool) -> list[ObservedMove]:
+        """The cycle's moves once the pod watch has caught up with the cluster (every pod a
+        fresh list shows is seen, every pod gone is seen gone) and, when ``wait`` (the cycle
+        finished), each evicted pod's hint and bound replacement are seen too: the controller
+        writes the hint before it evicts and returns only once the replacement is bound."""
+        observer = self._observer()
+
+        def settled() -> list[ObservedMove] | None:
+            listed = {p.metadata.uid for p in self.core.list_namespaced_pod(self.namespace).items}
+            seen = {p.uid for p in observer.pods() if not p.deleted}
+            moves = observer.moves(since)
+            if listed != seen or (wait and not all(m.hinted and m.landed_on for m in moves)):
+                return None
+            return moves
+
+        return wait_until(settled, timeout_s=WAIT_S,
+                          what="the pod and hint watches to see the defrag cycle's hints, "
+                               "evictions and bound replacements")
 
     def _wait_running(self, count: int) -> None:
         def settled() -> bool | None:
@@ -521,6 +642,11 @@ class Demo:
               f"  {kubectl} get nodes -L {cv.LABEL_GPU_PRODUCT}", file=self.out, flush=True)
         for s in self.standins:
             print(f"  curl {s.url}/v2/models/{s.deployment}", file=self.out)
+        node, _ = self.nodes[0]
+        proc = self.procs.get(node)
+        if proc is not None:  # the agent as the demo ran it, to try by hand
+            print("  " + " ".join(self.agent_command(node, self.agent_dir / node / "nvml.json",
+                                                     proc.root)), file=self.out)
         with contextlib.suppress(KeyboardInterrupt):
             while True:
                 time.sleep(1.0)
@@ -536,6 +662,9 @@ class Demo:
         if self.extender is not None:
             with contextlib.suppress(Exception):
                 self.extender.stop()
+        if self.observer is not None:
+            with contextlib.suppress(Exception):
+                self.observer.stop()
         if not self.owns_plane:
             with contextlib.suppress(kubernetes.client.ApiException):
                 self.core.delete_namespace(self.namespace)

@@ -3,8 +3,9 @@
 The demo runs in-process against the shared ``control_plane`` (``run_demo(..., plane=...)``), so
 the test pays for the scenario, not for another control plane: fake GPU nodes, a spread
 "before" layout, gpufrag-scheduler (kube-scheduler + extender subprocess) scaling the model
-Deployments, ``gpufrag serve`` stand-ins under open-loop load, usage through the node agent's CLI
-with replayed NVML, one real ``gpufrag defrag`` cycle, and the summary files.
+Deployments, ``gpufrag serve`` stand-ins under open-loop load, usage through one ``gpufrag agent``
+process per node reading a recorded-NVML file, one real ``gpufrag defrag`` cycle, and the summary
+files; the demo sees what they did only through the API server.
 
 Checked: the summary JSON has every field; fragmentation does not rise and free whole GPUs do not
 fall across the cycle; every replacement followed its hint; every Deployment is back at full
@@ -26,6 +27,7 @@ import pytest
 from devkit import demo
 from devkit.controlplane import ControlPlane
 from devkit.procs import wait_until
+from gpufrag.conventions import DEFAULT_NAMES
 from gpufrag.nvml import MIB, GpuReading, NvmlReader, ProcessReading
 from gpufrag.nvml_recorded import RecordedNvml
 
@@ -123,12 +125,14 @@ def test_cold_loads_count_warm_nodes_in_bind_order_across_phases() -> None:
     assert later.as_dict() == {"placements": 2, "cold_loads_avoided": 1, "cold_loads": 1}
 
 
-def test_replayed_nvml_reads_through_the_agent_reader(tmp_path: Path) -> None:
-    proc = demo.FakeProcRoot(tmp_path)
+def test_a_node_recording_reads_through_the_agent_reader(tmp_path: Path) -> None:
+    proc = demo.FakeProcRoot(tmp_path / "proc")
     pods = [demo.GpuPod("0b8f0c8e-1111-4a4a-9b9b-000000000001", (0,), 1400),
             demo.GpuPod("0b8f0c8e-2222-4a4a-9b9b-000000000002", (0, 2), 900)]
     gpus = demo.recorded_gpus("demo-t4-0", demo.T4, pods, proc.pid_of)
-    with NvmlReader(RecordedNvml(gpus)) as reader:
+    # The file 'gpufrag agent --nvml-recording' reads, read back the way the agent reads it.
+    recording = demo.write_recording(tmp_path / "nvml.json", gpus)
+    with NvmlReader(RecordedNvml.load(recording)) as reader:
         readings = reader.read()
     assert [r.memory_used_mib for r in readings] == [2300, 0, 900, 0]
     assert {r.memory_total_mib for r in readings} == {demo.T4.gpu_memory_mib}
@@ -136,7 +140,41 @@ def test_replayed_nvml_reads_through_the_agent_reader(tmp_path: Path) -> None:
     from defrag.agent.cgroup import pod_uid_for_pid
 
     pid = readings[2].processes[0].pid
-    assert pod_uid_for_pid(pid, tmp_path) == pods[1].uid
+    assert pod_uid_for_pid(pid, proc.root) == pods[1].uid
+
+
+def _pod(name: str, uid: str, *, owner: str = "rs-chat", node: str = "", gpus: str = "",
+         evicted: bool = False) -> dict[str, object]:
+    """A pod as the API's JSON, with the fields the observer reads."""
+    return {"metadata": {"name": name, "namespace": "ns", "uid": uid, "labels": {"app": "chat"},
+                         "annotations": {DEFAULT_NAMES.annotation_gpu_indices: gpus}
+                         if gpus else {},
+                         "ownerReferences": [{"kind": "ReplicaSet", "uid": owner,
+                                              "controller": True}]},
+            "spec": {"nodeName": node},
+            "status": {"conditions": [{"type": "DisruptionTarget", "status": "True",
+                                       "reason": "EvictionByEvictionAPI"}] if evicted else []}}
+
+
+def test_the_observer_pairs_each_eviction_with_its_hint_and_replacement() -> None:
+    observer = demo.ClusterObserver(kubernetes.client.ApiClient(), "ns")  # no call is made
+    observer.on_pod("ADDED", _pod("chat-a", "u1", node="n1", gpus="2"))
+    observer.on_pod("ADDED", _pod("chat-b", "u2", node="n2", gpus="0"))
+    since = observer.mark()
+    observer.on_hints("MODIFIED", {"data": {"rs-chat": '[{"node": "n3", "expires": 9e9}]'}})
+    observer.on_pod("MODIFIED", _pod("chat-a", "u1", node="n1", gpus="2", evicted=True))
+    observer.on_pod("DELETED", _pod("chat-a", "u1", node="n1", gpus="2", evicted=True))
+    observer.on_pod("ADDED", _pod("chat-c", "u3"))
+    observer.on_pod("MODIFIED", _pod("chat-c", "u3", node="n3", gpus="1"))
+    observer.on_hints("MODIFIED", {"data": {}})  # removed once the replacement is bound
+
+    (move,) = observer.moves(since)
+    assert (move.evicted.name, move.evicted.node, move.evicted.gpus) == ("chat-a", "n1", (2,))
+    assert move.hinted == ("n3",) and move.landed_on == "n3" and move.on_hint
+    assert move.replacement is not None and move.replacement.name == "chat-c"
+    assert [p.name for p in observer.pods() if p.live] == ["chat-b", "chat-c"]
+    assert [h.node for h in observer.hints(since)] == ["n3"]
+    assert observer.moves(observer.mark()) == []  # nothing evicted after the cycle
 
 
 def test_live_nvml_figures_replace_recorded_ones_only_for_stand_ins_on_a_gpu() -> None:

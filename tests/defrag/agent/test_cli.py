@@ -116,7 +116,8 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert out.startswith("usage: gpufrag agent")
     for flag in ("--node-name", "--interval-s", "--tolerance-mib", "--leak-threshold-mib",
-                 "--leak-intervals", "--metrics-port", "--kubeconfig", "--once", "--proc-root"):
+                 "--leak-intervals", "--metrics-port", "--kubeconfig", "--once", "--proc-root",
+                 "--nvml-recording"):
         assert flag in out
 
 
@@ -126,6 +127,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert args.node_name == "from-env"
     assert (args.interval_s, args.leak_threshold_mib, args.leak_intervals) == (15.0, 100, 3)
     assert (args.proc_root, args.kubeconfig, args.once) == (Path("/proc"), None, False)
+    assert args.nvml_recording is None  # the real NVML unless asked
 
 
 def _proc_with_pods(root: Path) -> Path:
@@ -223,3 +225,78 @@ def test_usage_errors_are_one_line(argv: list[str], capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0].startswith("gpufrag agent: ")
+
+
+# --- --nvml-recording: the recorded inventory mode ------------------------------------------------
+
+A100_TOTAL = 85_899_345_920  # bytes, as NVML reports an 80 GiB A100
+MIB_BYTES = 1024 * 1024
+
+
+def _recording(path: Path) -> Path:
+    """A one-GPU recording in NVML's units (the format of gpufrag.nvml_recorded), with POD_A's
+    and POD_B's processes on it."""
+    path.write_text(json.dumps({"devices": [{
+        "name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-5a3c9f1e-7b2d-4c8e-9f01-23456789abcd",
+        "memory_total": A100_TOTAL,
+        "samples": [{"gpu": 63, "memory_used": 30_000 * MIB_BYTES}],
+        "processes": [{"pid": 4242, "used_bytes": 20_000 * MIB_BYTES},
+                      {"pid": 5151, "used_bytes": 10_000 * MIB_BYTES}]}]}))
+    return path
+
+
+def test_a_recording_is_read_instead_of_nvml_said_plainly_and_published(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recording = _recording(tmp_path / "nvml.json")
+    (tmp_path / "proc").mkdir()
+    proc_root = _proc_with_pods(tmp_path / "proc")
+    writer = RecordingWriter()
+    # No nvml hook: without the flag this would be the real pynvml (no GPU here).
+    code = cli.main(["--node-name", "node1", "--once", "--proc-root", str(proc_root),
+                     "--nvml-recording", str(recording)], writer=writer,
+                    pod_lister=FakeLister([PodRecord(POD_A), PodRecord(POD_B)]))
+    assert code == EXIT_OK
+    ((node, _, value),) = writer.patches
+    usage = parse(value)
+    assert node == usage.node == "node1"
+    (gpu,) = usage.gpus
+    assert (gpu.product, gpu.memory_used_mib, gpu.memory_total_mib, gpu.utilization_pct) == (
+        "NVIDIA A100-SXM4-80GB", 30_000, 81_920, 63)
+    assert [(p.name, p.memory_used_mib) for p in gpu.pods] == [(POD_A.name, 20_000),
+                                                                (POD_B.name, 10_000)]
+    lines = log_lines(capsys.readouterr().err)
+    assert [line["event"] for line in lines] == ["recorded_nvml", "starting", "ready"]
+    warning = lines[0]
+    assert warning["level"] == "warning"
+    assert warning["note"] == f"recorded NVML readings from {recording}, not a real GPU"
+    assert lines[1]["nvml"] == "recorded"
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    (None, "cannot read the NVML recording"),
+    ("{not json", "not JSON"),
+    ('{"devices": [{"name": "T4", "uuid": "GPU-1", "memory_total": 0, "samples": []}]}',
+     "devices[0].samples"),
+], ids=["missing", "not-json", "bad-device"])
+def test_a_bad_recording_is_one_line_and_exit_2(
+        content: str | None, said: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    recording = tmp_path / "nvml.json"
+    if content is not None:
+        recording.write_text(content)
+    code = cli.main(["--node-name", "node1", "--once", "--nvml-recording", str(recording)],
+                    writer=RecordingWriter(), pod_lister=FakeLister())
+    assert code == EXIT_BAD_INPUT == 2
+    line = assert_one_clear_line(capsys, "bad_input")
+    assert said in line["error"] and str(recording) in line["error"]
+
+
+def test_a_recording_of_a_node_without_nvml_exits_3_like_the_real_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    recording = tmp_path / "nvml.json"
+    recording.write_text('{"init_error": "NVMLError_LibraryNotFound", "devices": []}')
+    code = cli.main(["--node-name", "node1", "--once", "--nvml-recording", str(recording)],
+                    writer=RecordingWriter(), pod_lister=FakeLister())
+    assert code == EXIT_NO_GPU
+    assert [line["event"] for line in log_lines(capsys.readouterr().err)] == [
+        "recorded_nvml", "no_gpu"]
