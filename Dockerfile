@@ -1,19 +1,33 @@
 # One image for every gpufrag component (extender, defrag, agent, serve, whatif).
-# Multi-stage: build a wheel with its dependencies, then copy only the installed environment
-# into a slim runtime that runs as a non-root user.
-FROM python:3.11-slim AS build
+# Multi-stage: install the locked dependencies, then gpufrag itself without resolving anything,
+# and copy only the installed environment into a slim runtime that runs as a non-root user.
+# Base images are fully qualified; pin them by digest (...python:3.11-slim@sha256:<digest>) where
+# your build must be reproducible.
+FROM docker.io/library/python:3.11-slim AS build
 WORKDIR /src
 RUN python -m venv /opt/gpufrag
-ENV PATH=/opt/gpufrag/bin:$PATH
+ENV PATH=/opt/gpufrag/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+# Dependencies first, in a layer that changes only with the lock: every version pinned, every
+# file's hash checked, wheels only. The lock is generated from pyproject.toml (its header says
+# how); tests/packaging checks that it covers every runtime dependency.
+COPY requirements/image.lock requirements/image.lock
+RUN pip install --require-hashes --only-binary=:all: -r requirements/image.lock
 COPY pyproject.toml README.md ./
 COPY gpufrag ./gpufrag
 COPY scheduler ./scheduler
 COPY defrag ./defrag
 COPY simulations ./simulations
 COPY serving ./serving
-RUN pip install --no-cache-dir --upgrade pip && pip install --no-cache-dir .
+# gpufrag itself: no dependency resolution (--no-deps) and the locked setuptools as its build
+# backend (--no-build-isolation), so nothing outside the lock is fetched. setuptools is needed
+# only to build; pip check then proves the lock satisfies every installed requirement.
+RUN pip install --no-deps --no-build-isolation . \
+    && pip uninstall --yes setuptools \
+    && pip check
 
-FROM python:3.11-slim
+FROM docker.io/library/python:3.11-slim
 RUN useradd --system --uid 65532 --home-dir /nonexistent --shell /usr/sbin/nologin gpufrag
 COPY --from=build /opt/gpufrag /opt/gpufrag
 ENV PATH=/opt/gpufrag/bin:$PATH \

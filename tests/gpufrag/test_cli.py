@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from gpufrag import cli, logs
@@ -36,3 +38,9 @@ def test_a_subcommand_bad_log_level_is_one_line(capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "unknown log level 'bogus'" in err[0]
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_every_command_module_imports(name: str) -> None:
+    module = importlib.import_module(cli.COMMANDS[name][0])
+    assert callable(module.main)

@@ -1,0 +1,118 @@
+"""What the device plugin exports over HTTP: ``/metrics``, ``/healthz`` and ``/readyz``.
+
+``gpufrag_deviceplugin_inventory_recorded`` is 1 when the GPUs come from a recording
+(``--nvml-recording``) rather than the NVIDIA driver, so a dashboard or alert can tell a
+recorded node from a real one. Liveness means "the supervisor loop is still ticking"
+(registration and kubelet-restart watch); readiness means "registered with the kubelet for
+every resource served".
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+from defrag.deviceplugin.inventory import Gpu
+
+# Allocate must answer well inside the kubelet's patience; buckets resolve the 50 ms target.
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
+
+
+class PluginMetrics:
+    """The plugin's Prometheus series, on its own registry."""
+
+    def __init__(self, node_name: str, *, recorded: bool,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.node_name = node_name
+        self.recorded = Gauge("gpufrag_deviceplugin_inventory_recorded",
+                              "1 when the GPUs are read from an NVML recording, not a driver.",
+                              registry=r)
+        self.recorded.set(1 if recorded else 0)
+        self.gpu_healthy = Gauge("gpufrag_deviceplugin_gpu_healthy",
+                                 "1 while the GPU is reported Healthy to the kubelet.",
+                                 ("gpu", "UUID", "modelName", "Hostname"), registry=r)
+        self.registered = Gauge("gpufrag_deviceplugin_registered",
+                                "1 while registered with the kubelet for the resource.",
+                                ("resource",), registry=r)
+        self.registrations = Counter("gpufrag_deviceplugin_registrations",
+                                     "Registrations with the kubelet by result.",
+                                     ("resource", "result"), registry=r)
+        self.allocations = Counter("gpufrag_deviceplugin_allocations",
+                                   "Allocate calls (per container) by result (ok, refused).",
+                                   ("resource", "result"), registry=r)
+        self.allocate_seconds = Histogram("gpufrag_deviceplugin_allocate_seconds",
+                                          "Time to answer one Allocate call.", ("resource",),
+                                          buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.mark_errors = Counter("gpufrag_deviceplugin_mark_errors",
+                                   "Failed writes of the gpu-allocated annotation.", registry=r)
+
+    def observe_health(self, gpu: Gpu, healthy: bool) -> None:
+        self.gpu_healthy.labels(str(gpu.index), gpu.uuid, gpu.product,
+                                self.node_name).set(1 if healthy else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class Liveness:
+    """Ticks from the supervisor loop; stalled after ``stall_after_s`` without one."""
+
+    def __init__(self, clock: Callable[[], float], *, stall_after_s: float) -> None:
+        self._clock = clock
+        self._stall_after_s = stall_after_s
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def tick(self) -> None:
+        with self._lock:
+            self._last = self._clock()
+
+    def live(self) -> bool:
+        with self._lock:
+            last = self._last
+        return last is None or self._clock() - last <= self._stall_after_s
+
+
+def respond(path: str, metrics: PluginMetrics, live: Callable[[], bool],
+            ready: Callable[[], bool]) -> tuple[int, str, bytes]:
+    """(status, content type, body) for one GET."""
+    text = "text/plain; charset=utf-8"
+    route = path.split("?", 1)[0]
+    if route == "/metrics":
+        return 200, CONTENT_TYPE_LATEST, metrics.render()
+    if route == "/healthz":
+        return (200, text, b"ok\n") if live() else (503, text, b"stalled\n")
+    if route == "/readyz":
+        if ready():
+            return 200, text, b"ready\n"
+        return 503, text, b"not ready: not registered with the kubelet for every resource\n"
+    return 404, text, b"not found: try /metrics, /healthz, /readyz\n"
+
+
+def start_http_server(port: int, metrics: PluginMetrics, live: Callable[[], bool],
+                      ready: Callable[[], bool], *, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """Serve in a daemon thread; call ``shutdown()`` and ``server_close()`` on the result."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, content_type, body = respond(self.path, metrics, live, ready)
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # probes would drown the plugin's own log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="deviceplugin-http", daemon=True,
+                     kwargs={"poll_interval": 0.5}).start()
+    return server

@@ -1,0 +1,767 @@
+"""charts/gpufrag, generated from the kustomize base: one template per object, the knobs as values.
+
+The base (``manifests/base``) stays the one source of truth. This module renders it with
+kubectl's kustomize and writes each object as a Helm template in which a fixed list of fields
+(:data:`KNOBS`, plus the namespace and every container image) reads ``.Values``; the defaults in
+``values.yaml`` are the values the base has, so ``helm template`` with default values gives back
+exactly the objects ``kubectl kustomize manifests/base`` gives (``tests/e2e/test_helm.py``
+checks both that and that the committed chart is what this module writes today).
+
+    python -m devkit.chart            # rewrite charts/gpufrag from manifests/base
+    python -m devkit.chart --check    # exit 1 naming each file that is out of date
+
+How a field becomes a template: the object tree is dumped with a placeholder token where a knob
+sits, then each token is replaced by its template action -- ``{{ .Values.x | quote }}`` for a
+whole string, ``{{ .Values.x }}`` for a number or a boolean, ``{{- toYaml .Values.x | nindent N }}``
+for a map or a list, and for a knob inside a longer string (``--threshold=0.25``, a line of an
+embedded config file) the whole string is rebuilt from its literal parts and the values, with
+``print`` on one line or as a literal block over several. A literal ``{{`` in the base (a
+Prometheus template, a Grafana legend) is emitted so that Helm prints it unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import tomllib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, TypeAlias
+
+import yaml
+
+from devkit.build import REPO_ROOT, BuildError, build_control_plane
+from scheduler.policies import POLICY_NAMES
+
+BASE_DIR: Final = REPO_ROOT / "manifests" / "base"
+CHART_DIR: Final = REPO_ROOT / "charts" / "gpufrag"
+# The namespace the base installs into; every occurrence becomes `namespace.name`.
+BASE_NAMESPACE: Final = "gpufrag-system"
+REGENERATE: Final = "python -m devkit.chart"
+
+Doc: TypeAlias = dict[str, object]
+
+
+class ChartError(Exception):
+    """The base no longer has what a knob points at, or holds what a template cannot carry;
+    the message names the knob or the object and the field."""
+
+
+# --------------------------------------------------------------------------------------------
+# What is configurable
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One field of one base object that the chart reads from ``.Values.<value>``.
+
+    ``path`` walks the object: keys separated by ``/`` (a key may hold dots:
+    ``data/config.yaml``), ``key[name=x]`` picks the list item whose ``name`` is ``x``. With
+    ``pattern`` (a regex with one group), only the group's text inside the string at ``path`` --
+    or inside the one item of a list of strings that matches -- is the knob; the default is that
+    text, as a YAML scalar (``15`` an integer, ``true`` a boolean). A map knob merges with its
+    default the way Helm merges values: a key set to null removes it.
+    """
+
+    value: str
+    kind: str
+    name: str
+    path: str
+    help: str
+    pattern: str | None = None
+    enum: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Toggle:
+    """``.Values.<value>`` (default true) renders the objects whose name starts with
+    ``name_prefix``; false leaves them out."""
+
+    value: str
+    name_prefix: str
+    help: str
+
+
+_SCHED = ("Deployment", "gpufrag-scheduler")
+_SCHED_CFG = ("ConfigMap", "gpufrag-scheduler-config")
+_EXT_CFG = ("ConfigMap", "gpufrag-extender-config")
+_DEFRAG = ("CronJob", "gpufrag-defrag")
+_DEFRAG_C = "spec/jobTemplate/spec/template/spec/containers[name=defrag]"
+_AGENT = ("DaemonSet", "gpufrag-agent")
+_AGENT_C = "spec/template/spec/containers[name=agent]"
+
+KNOBS: Final[tuple[Knob, ...]] = (
+    Knob("scheduler.replicas", *_SCHED, "spec/replicas",
+         "gpufrag-scheduler replicas; more than one needs scheduler.leaderElect: true."),
+    Knob("scheduler.leaderElect", *_SCHED_CFG, "data/config.yaml",
+         "Leader election among the scheduler's replicas (leaderElection.leaderElect of the "
+         "KubeSchedulerConfiguration).", pattern=r"leaderElect: (true|false)"),
+    Knob("scheduler.resources", *_SCHED, "spec/template/spec/containers[name=kube-scheduler]"
+         "/resources", "Resources of the kube-scheduler container."),
+    Knob("extender.policy", *_EXT_CFG, "data/config.yaml",
+         "Placement policy of the extender (docs/extender.md).", pattern=r"(?m)^policy: (\S+)$",
+         enum=POLICY_NAMES),
+    Knob("extender.weight", *_SCHED_CFG, "data/config.yaml",
+         "kube-scheduler's weight for the extender's scores (why 200: "
+         "manifests/base/scheduler-config.yaml).", pattern=r"weight: (\d+)"),
+    Knob("extender.ignorable", *_SCHED_CFG, "data/config.yaml",
+         "true: schedule with the default plugins while the extender is unreachable; false: "
+         "pods wait for it.", pattern=r"ignorable: (true|false)"),
+    Knob("extender.resources", *_SCHED, "spec/template/spec/containers[name=extender]/resources",
+         "Resources of the extender container."),
+    Knob("defrag.schedule", *_DEFRAG, "spec/schedule", "When a defrag cycle runs (cron)."),
+    Knob("defrag.dryRun", *_DEFRAG, f"{_DEFRAG_C}/env[name=GPUFRAG_DEFRAG_DRY_RUN]/value",
+         "Print the plan and evict nothing; set false once the plans look right."),
+    Knob("defrag.threshold", *_DEFRAG, f"{_DEFRAG_C}/args",
+         "Fragmentation ratio above which a cycle plans moves.", pattern=r"--threshold=(\S+)"),
+    Knob("defrag.maxEvictionsPerNode", *_DEFRAG, f"{_DEFRAG_C}/args",
+         "Eviction budget per node and cycle.", pattern=r"--max-evictions-per-node=(\d+)"),
+    Knob("defrag.maxEvictionsPerNamespace", *_DEFRAG, f"{_DEFRAG_C}/args",
+         "Eviction budget per namespace and cycle.",
+         pattern=r"--max-evictions-per-namespace=(\d+)"),
+    Knob("defrag.maxEvictionsTotal", *_DEFRAG, f"{_DEFRAG_C}/args",
+         "Eviction budget per cycle.", pattern=r"--max-evictions-total=(\d+)"),
+    Knob("defrag.resources", *_DEFRAG, f"{_DEFRAG_C}/resources",
+         "Resources of the defrag container."),
+    Knob("agent.intervalS", *_AGENT, f"{_AGENT_C}/args",
+         "Seconds between two NVML readings published on the Node.",
+         pattern=r"^--interval-s=(\d+)$"),
+    Knob("agent.runtimeClassName", *_AGENT, "spec/template/spec/runtimeClassName",
+         "RuntimeClass that exposes the GPUs to the agent (the NVIDIA container runtime)."),
+    Knob("agent.nodeSelector", *_AGENT, "spec/template/spec/nodeSelector",
+         "Nodes the agent runs on (GPU nodes); maps merge with this default, a key set to null "
+         "removes it."),
+    Knob("agent.tolerations", *_AGENT, "spec/template/spec/tolerations",
+         "Taints of GPU nodes the agent tolerates."),
+    Knob("agent.resources", *_AGENT, f"{_AGENT_C}/resources", "Resources of the agent container."),
+)
+
+TOGGLES: Final[tuple[Toggle, ...]] = (
+    Toggle("defrag.enabled", "gpufrag-defrag", "The defrag CronJob and its RBAC."),
+    Toggle("agent.enabled", "gpufrag-agent", "The node agent DaemonSet and its RBAC."),
+    Toggle("devicePlugin.enabled", "gpufrag-device-plugin",
+           "The gpufrag device plugin DaemonSet and its RBAC."),
+    Toggle("servingExample.enabled", "resnet-serving",
+           "The example model service (Deployment, Service, PDB, HPA)."),
+)
+
+GROUP_HELP: Final = {
+    "namespace": "Where the objects go.",
+    "images": "Container images, fully qualified (registry host first). digest, when set, "
+              "pins the image (repository:tag@digest).",
+    "scheduler": "gpufrag-scheduler: the upstream kube-scheduler with the extender as a sidecar.",
+    "extender": "The extender (docs/extender.md).",
+    "defrag": "The defrag controller, one cycle per CronJob run (docs/defrag.md).",
+    "agent": "The GPU node agent (docs/agent.md).",
+    "devicePlugin": "The kubelet device plugin: whole GPUs and GPU shares on GPU nodes "
+                    "(docs/deviceplugin.md).",
+    "servingExample": "An example model service on gpufrag (manifests/base/serving-example.yaml).",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Template pieces standing in the object tree until it is dumped
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A template pipeline that yields a scalar (``.Values.agent.intervalS``)."""
+
+    text: str
+
+    def arg(self) -> str:
+        """The pipeline as an operand of another call."""
+        return f"({self.text})" if " " in self.text else self.text
+
+
+NAMESPACE_EXPR: Final = Expr('include "gpufrag.namespace" .')
+
+
+@dataclass
+class Whole:
+    """A whole field read from the values; ``value`` is the base's (the default)."""
+
+    expr: Expr
+    value: object
+
+
+@dataclass
+class Spliced:
+    """A string built from literal parts and template expressions."""
+
+    parts: list[str | Expr]
+
+
+@dataclass
+class Template:
+    """One generated file's content plus the values it reads (for values.yaml and the schema)."""
+
+    text: str
+    defaults: dict[str, object] = field(default_factory=dict)
+
+
+def _go_literal(text: str) -> str:
+    """``text`` as a Go interpreted string literal (what a template action accepts)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _typed(text: str) -> object:
+    """A knob's text from the base as the default it stands for: the YAML scalar, where Go's
+    template printing gives the same text back (``15``, ``0.25``, ``true``), else the string."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, bool):
+        return value if text in ("true", "false") else text
+    if isinstance(value, int):
+        return value if str(value) == text else text
+    if isinstance(value, float):
+        return value if repr(value) == text and not value.is_integer() else text
+    return text
+
+
+def _resolve(doc: Doc, path: str, where: str) -> tuple[object, str | int]:
+    """The container (dict or list) holding the field at ``path`` and its key there."""
+    node: object = doc
+    segments = path.split("/")
+    for i, segment in enumerate(segments):
+        m = re.fullmatch(r"([\w.-]+)(?:\[(\w+)=([^\]]+)\])?", segment)
+        if m is None:
+            raise ChartError(f"{where}: bad path segment {segment!r}")
+        key, sel_key, sel_value = m.groups()
+        if not isinstance(node, dict) or key not in node:
+            raise ChartError(f"{where}: {'/'.join(segments[:i + 1])} not found in the base")
+        if sel_key is None:
+            if i == len(segments) - 1:
+                return node, key
+            node = node[key]
+            continue
+        items = node[key]
+        matches = [j for j, item in enumerate(items if isinstance(items, list) else [])
+                   if isinstance(item, dict) and item.get(sel_key) == sel_value]
+        if len(matches) != 1:
+            raise ChartError(f"{where}: {len(matches)} items of {key} have {sel_key}="
+                             f"{sel_value} (expected one)")
+        if i == len(segments) - 1:
+            return items, matches[0]
+        node = items[matches[0]]
+    raise ChartError(f"{where}: empty path")
+
+
+def _get(holder: object, key: str | int) -> object:
+    return holder[key]  # type: ignore[index]
+
+
+def _set(holder: object, key: str | int, value: object) -> None:
+    holder[key] = value  # type: ignore[index]
+
+
+def _splice(value: str | Spliced, pattern: re.Pattern[str], expr: Expr
+            ) -> tuple[Spliced, list[str]] | None:
+    """``value`` with the pattern's group replaced by ``expr``, and the texts it replaced;
+    None when the pattern is not in it (literal parts are searched, never earlier splices)."""
+    parts = value.parts if isinstance(value, Spliced) else [value]
+    out: list[str | Expr] = []
+    found: list[str] = []
+    for part in parts:
+        if isinstance(part, Expr):
+            out.append(part)
+            continue
+        last = 0
+        for m in pattern.finditer(part):
+            out += [part[last:m.start(1)], expr]
+            found.append(m.group(1))
+            last = m.end(1)
+        out.append(part[last:])
+    return (Spliced(out), found) if found else None
+
+
+def _apply_knob(doc: Doc, knob: Knob) -> object:
+    """Put the knob's template into ``doc``; return its default."""
+    where = f"knob {knob.value} ({knob.kind}/{knob.name} {knob.path})"
+    holder, key = _resolve(doc, knob.path, where)
+    current = _get(holder, key)
+    expr = Expr(f".Values.{knob.value}")
+    if knob.pattern is None:
+        if isinstance(current, (Whole, Spliced)):
+            raise ChartError(f"{where}: the field is already a knob")
+        _set(holder, key, Whole(expr, current))
+        return _typed(current) if isinstance(current, str) else current
+    pattern = re.compile(knob.pattern)
+    targets: list[tuple[object, str | int]] = (
+        [(current, i) for i in range(len(current))] if isinstance(current, list)
+        else [(holder, key)])
+    hits: list[tuple[object, str | int, Spliced, list[str]]] = []
+    for t_holder, t_key in targets:
+        text = _get(t_holder, t_key)
+        if isinstance(text, (str, Spliced)):
+            result = _splice(text, pattern, expr)
+            if result is not None:
+                hits.append((t_holder, t_key, *result))
+    found = [text for *_, texts in hits for text in texts]
+    if len(found) != 1:
+        raise ChartError(f"{where}: pattern {knob.pattern!r} matches {len(found)} times in the "
+                         f"base (expected once)")
+    t_holder, t_key, spliced, _ = hits[0]
+    _set(t_holder, t_key, spliced)
+    return _typed(found[0])
+
+
+def _walk(node: object) -> Iterator[tuple[object, str | int, object]]:
+    """Every (container, key, value) below ``node``; values only, never keys."""
+    items: Iterator[tuple[str | int, object]]
+    if isinstance(node, dict):
+        items = iter(node.items())
+    elif isinstance(node, list):
+        items = iter(enumerate(node))
+    else:
+        return
+    for key, value in list(items):
+        yield node, key, value
+        yield from _walk(value)
+
+
+_NAMESPACE_RE: Final = re.compile(rf"(?<![\w.-])({re.escape(BASE_NAMESPACE)})(?![\w-])")
+
+
+def _apply_namespace(doc: Doc) -> None:
+    """Every value that is, or names, the base's namespace reads ``namespace.name``."""
+    for holder, key, value in _walk(doc):
+        if value == BASE_NAMESPACE:
+            _set(holder, key, Whole(NAMESPACE_EXPR, value))
+        elif isinstance(value, (str, Spliced)):
+            spliced = _splice(value, _NAMESPACE_RE, NAMESPACE_EXPR)
+            if spliced is not None:
+                _set(holder, key, spliced[0])
+
+
+_CONTAINER_LISTS: Final = ("containers", "initContainers", "ephemeralContainers")
+
+
+def _image_key(repository: str) -> str:
+    """``registry.k8s.io/kube-scheduler`` -> ``kubeScheduler`` (the values key)."""
+    words = re.split(r"[^a-zA-Z0-9]+", repository.rsplit("/", 1)[-1])
+    return words[0] + "".join(w[:1].upper() + w[1:] for w in words[1:])
+
+
+def has_registry_host(ref: str) -> bool:
+    """Whether an image reference names its registry: the first path component has a dot or a
+    port, or is ``localhost`` (the rule container runtimes apply; any other name is resolved
+    against a default registry the node chooses)."""
+    first, sep, _ = ref.partition("/")
+    return bool(sep) and ("." in first or ":" in first or first == "localhost")
+
+
+def split_image(ref: str) -> tuple[str, str, str]:
+    """An image reference as (repository, tag, digest); tag and digest may be empty."""
+    name, _, digest = ref.partition("@")
+    repository, tag = name, ""
+    if ":" in name.rsplit("/", 1)[-1]:
+        repository, tag = name.rsplit(":", 1)
+    return repository, tag, digest
+
+
+def _apply_images(doc: Doc, images: dict[str, dict[str, str]], where: str) -> None:
+    """Every container image reads ``images.<key>`` (key from the repository's last segment)."""
+    for _, key, value in _walk(doc):
+        if key not in _CONTAINER_LISTS or not isinstance(value, list):
+            continue
+        for container in value:
+            ref = container.get("image") if isinstance(container, dict) else None
+            if not isinstance(ref, str):
+                continue
+            repository, tag, digest = split_image(ref)
+            image_key = _image_key(repository)
+            spec = {"repository": repository, "tag": tag, "digest": digest}
+            if images.setdefault(image_key, spec) != spec:
+                raise ChartError(f"{where}: image {ref} and {images[image_key]} share the values "
+                                 f"key images.{image_key}; give them one reference")
+            container["image"] = Whole(Expr(f'include "gpufrag.image" .Values.images.{image_key}'),
+                                       ref)
+
+
+# --------------------------------------------------------------------------------------------
+# Dumping
+
+
+class _Token(str):
+    """A placeholder that dumps as a plain scalar."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Token, lambda d, t: d.represent_scalar("tag:yaml.org,2002:str", str(t)))
+
+
+def _key_column(prefix: str) -> int:
+    """Where the content of a block under ``prefix`` (``    key: `` or ``  - ``) is indented."""
+    if prefix.endswith(": "):
+        lead = re.match(r"(?:\s*- )*\s*", prefix)
+        assert lead is not None
+        return len(lead.group(0)) + 2
+    return len(prefix)
+
+
+def _render_piece(piece: Whole | Spliced, prefix: str, where: str) -> str:
+    """The template text that replaces the token of ``piece`` after ``prefix`` on its line."""
+    if isinstance(piece, Whole):
+        if isinstance(piece.value, str):
+            return f"{{{{ {piece.expr.text} | quote }}}}"
+        if isinstance(piece.value, (dict, list)):
+            return f"{{{{- toYaml {piece.expr.text} | nindent {_key_column(prefix)} }}}}"
+        return f"{{{{ {piece.expr.text} }}}}"
+    text = "".join(p if isinstance(p, str) else "\0" for p in piece.parts)
+    if "\n" not in text.rstrip("\n"):
+        parts = list(piece.parts)
+        while parts and parts[0] == "":  # an empty literal between two values stays: print
+            parts.pop(0)                 # puts a blank between two operands that are not
+        while parts and parts[-1] == "":  # strings
+            parts.pop()
+        args = [_go_literal(p) if isinstance(p, str) else p.arg() for p in parts]
+        return f"{{{{ print {' '.join(args)} | quote }}}}"
+    if text[:1] in (" ", "\t"):
+        raise ChartError(f"{where}: a multi-line string that starts with a blank cannot be "
+                         f"templated as a literal block")
+    body = "".join(p.replace("{{", '{{ "{{" }}') if isinstance(p, str)
+                   else f"{{{{ {p.text} }}}}" for p in piece.parts)
+    stripped = body.rstrip("\n")
+    trailing = len(body) - len(stripped)
+    chomp = "-" if trailing == 0 else ("" if trailing == 1 else "+")
+    indent = " " * _key_column(prefix)
+    lines = [(indent + line) if line else "" for line in stripped.split("\n")]
+    return f"|{chomp}\n" + "\n".join(lines) + "\n" * (trailing - 1 if trailing > 1 else 0)
+
+
+def _dump(doc: Doc, where: str) -> str:
+    """``doc`` as YAML with every Whole/Spliced piece written as its template."""
+    pieces: dict[str, Whole | Spliced] = {}
+
+    def tokenize(node: object) -> object:
+        if isinstance(node, (Whole, Spliced)):
+            token = f"gpufragtemplatepiece{len(pieces):04d}"
+            pieces[token] = node
+            return _Token(token)
+        if isinstance(node, str) and "{{" in node:  # a literal "{{": emit through a template
+            return tokenize(Spliced([node]))
+        if isinstance(node, dict):
+            return {k: tokenize(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [tokenize(v) for v in node]
+        return node
+
+    text = yaml.dump(tokenize(doc), Dumper=_Dumper, sort_keys=False, width=10**9,
+                     default_flow_style=False, allow_unicode=True)
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        for m in re.finditer(r"gpufragtemplatepiece\d{4}", line):
+            if line[m.end():].strip():
+                raise ChartError(f"{where}: placeholder not alone at the end of its line: {line!r}")
+            prefix = line[:m.start()]
+            lines[i] = prefix + _render_piece(pieces[m.group(0)], prefix, where)
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# The chart
+
+
+_HEADER: Final = ("# Generated by devkit/chart.py from manifests/base; do not edit: change the "
+                  f"base, then run\n# `{REGENERATE}`.\n")
+# Templates carry it as a template comment, so the rendered objects do not.
+_TEMPLATE_HEADER: Final = ("{{- /* Generated by devkit/chart.py from manifests/base; do not edit: "
+                           f"change the base, then run `{REGENERATE}`. */}}}}\n")
+
+
+def _name(doc: Doc) -> str:
+    meta = doc.get("metadata")
+    name = meta.get("name") if isinstance(meta, dict) else None
+    if not isinstance(name, str):
+        raise ChartError(f"a {doc.get('kind')} in the base has no metadata.name")
+    return name
+
+
+def _find(docs: Sequence[Doc], kind: str, name: str, where: str) -> Doc:
+    for doc in docs:
+        if doc.get("kind") == kind and _name(doc) == name:
+            return doc
+    raise ChartError(f"{where}: {kind}/{name} is not in the base")
+
+
+def _file_name(doc: Doc, taken: set[str]) -> str:
+    meta = doc["metadata"]
+    assert isinstance(meta, dict)
+    stem = f"{str(doc['kind']).lower()}-{meta['name']}"
+    if stem in taken:
+        stem = f"{stem}-{meta.get('namespace', 'cluster')}"
+    if stem in taken:
+        raise ChartError(f"two objects would be written to templates/{stem}.yaml")
+    taken.add(stem)
+    return f"templates/{stem}.yaml"
+
+
+def _set_default(values: dict[str, object], dotted: str, value: object) -> None:
+    node = values
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        child = node.setdefault(key, {})
+        assert isinstance(child, dict)
+        node = child
+    if leaf in node:
+        raise ChartError(f"value {dotted} is set twice")
+    node[leaf] = value
+
+
+def build_chart(docs: Sequence[Doc], version: str, *, knobs: Sequence[Knob] = KNOBS,
+                toggles: Sequence[Toggle] = TOGGLES) -> dict[str, str]:
+    """The chart's files (relative path -> text) for the rendered base ``docs``."""
+    docs = [copy.deepcopy(d) for d in docs]
+    values: dict[str, object] = {group: {} for group in GROUP_HELP}  # the order of values.yaml
+    values["namespace"] = {"name": BASE_NAMESPACE, "create": True}
+    images: dict[str, dict[str, str]] = {}
+
+    names = [_name(d) for d in docs]
+    for toggle in toggles:
+        if not any(name.startswith(toggle.name_prefix) for name in names):
+            raise ChartError(f"toggle {toggle.value}: no object named {toggle.name_prefix}* in "
+                             f"the base")
+        _set_default(values, toggle.value, True)
+
+    for knob in knobs:
+        where = f"knob {knob.value}"
+        _set_default(values, knob.value, _apply_knob(_find(docs, knob.kind, knob.name, where),
+                                                     knob))
+
+    files: dict[str, str] = {}
+    taken: set[str] = set()
+    for doc, name in zip(docs, names, strict=True):
+        where = f"{doc.get('kind')}/{name}"
+        path = _file_name(doc, taken)
+        _apply_namespace(doc)
+        _apply_images(doc, images, where)
+        conditions = [f".Values.{t.value}" for t in toggles if name.startswith(t.name_prefix)]
+        if doc.get("kind") == "Namespace":
+            conditions.append(".Values.namespace.create")
+        if len(conditions) > 1:
+            raise ChartError(f"{where}: more than one toggle applies ({', '.join(conditions)})")
+        body = _dump(doc, where)
+        if conditions:
+            body = f"{{{{- if {conditions[0]} }}}}\n{body}{{{{- end }}}}\n"
+        files[path] = _TEMPLATE_HEADER + body
+    values["images"] = dict(sorted(images.items()))
+    files["templates/_helpers.tpl"] = HELPERS
+    files["Chart.yaml"] = _chart_yaml(version)
+    notes = {k.value: k.help for k in knobs} | {t.value: t.help for t in toggles}
+    enums = {k.value: k.enum for k in knobs if k.enum}
+    files["values.yaml"] = _values_yaml(values, notes)
+    files["values.schema.json"] = json.dumps(_schema(values, enums), indent=2) + "\n"
+    files["README.md"] = _readme(values, notes)
+    files["templates/NOTES.txt"] = NOTES
+    return dict(sorted(files.items()))
+
+
+HELPERS: Final = """\
+{{/* Generated by devkit/chart.py; do not edit. */}}
+
+{{/* The namespace of every namespaced object: namespace.name, else the release namespace. */}}
+{{- define "gpufrag.namespace" -}}
+{{- .Values.namespace.name | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* An image reference from {repository, tag, digest}: repository[:tag][@digest]. */}}
+{{- define "gpufrag.image" -}}
+{{- .repository -}}{{- with .tag -}}:{{ . }}{{- end -}}{{- with .digest -}}@{{ . }}{{- end -}}
+{{- end -}}
+"""
+
+NOTES: Final = """\
+gpufrag is installed in namespace {{ include "gpufrag.namespace" . }}.
+{{- if .Values.defrag.enabled }}
+The defrag CronJob runs {{ if .Values.defrag.dryRun -}}
+in dry-run: it prints plans and evicts nothing (set defrag.dryRun=false once they look right).
+{{- else -}}
+for real: it evicts through the Eviction API, within the PDBs.
+{{- end }}
+{{- end }}
+Opt workloads in with spec.schedulerName: gpufrag-scheduler (docs/operations.md).
+"""
+
+
+def _chart_yaml(version: str) -> str:
+    return _HEADER + yaml.safe_dump({
+        "apiVersion": "v2",
+        "name": "gpufrag",
+        "description": "GPU-fragmentation-aware scheduling for Kubernetes: the FGD scheduler "
+                       "extender, the defrag controller and the GPU node side.",
+        "type": "application",
+        "version": version,
+        "appVersion": version,
+    }, sort_keys=False)
+
+
+def _help(path: str, notes: dict[str, str]) -> str:
+    fixed = {
+        "namespace.name": "Namespace of every namespaced object; empty: the release namespace.",
+        "namespace.create": "Create the Namespace (with its Pod Security labels). false: install "
+                            "into an existing one (helm install -n NS, namespace.name empty).",
+    }
+    if path.startswith("images.") and path.count(".") == 2:
+        fixed[path] = {"repository": "Registry host and repository of the image.",
+                       "tag": "Tag of the image.",
+                       "digest": "sha256:... to pin the image by digest; empty: by tag only.",
+                       }.get(path.rsplit(".", 1)[1], "")
+    return notes.get(path) or fixed.get(path) or GROUP_HELP.get(path, "")
+
+
+def _values_yaml(values: dict[str, object], notes: dict[str, str]) -> str:
+    out = [_HEADER.rstrip("\n")]
+
+    def emit(node: dict[str, object], prefix: str, depth: int) -> None:
+        pad = "  " * depth
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            note = _help(path, notes)
+            if note:
+                out.extend(f"{pad}# {line}" for line in textwrap.wrap(note, 96 - len(pad),
+                                                                   break_on_hyphens=False))
+            if isinstance(value, dict) and value and (depth == 0 or path.startswith("images.")):
+                out.append(f"{pad}{key}:")
+                emit(value, f"{path}.", depth + 1)
+                continue
+            text = yaml.safe_dump({key: value}, sort_keys=False, default_flow_style=False,
+                                  width=10**9).rstrip("\n")
+            out.extend(pad + line for line in text.split("\n"))
+
+    emit(values, "", 0)
+    return "\n".join(out) + "\n"
+
+
+def _schema_of(value: object, path: str, enums: dict[str, tuple[str, ...]]
+               ) -> dict[str, object]:
+    if isinstance(value, bool):
+        return {"type": "boolean"}
+    if isinstance(value, int):
+        return {"type": "integer"}
+    if isinstance(value, float):
+        # `helm --set x=0.4` passes a float as a string (it types only integers and booleans);
+        # a numeric string prints the same in a template, so it is accepted too.
+        return {"anyOf": [{"type": "number"},
+                          {"type": "string", "pattern": r"^-?[0-9]+(\.[0-9]+)?$"}]}
+    if isinstance(value, str):
+        if path in enums:
+            return {"type": "string", "enum": list(enums[path])}
+        if path.startswith("images.") and path.endswith(".repository"):
+            return {"type": "string", "minLength": 1}
+        return {"type": "string"}
+    if isinstance(value, list):
+        return {"type": "array"}
+    assert isinstance(value, dict)
+    if path and not (path.count(".") == 0 or path.startswith("images")):
+        return {"type": "object"}  # a Kubernetes map (resources, nodeSelector): free-form
+    return {"type": "object", "additionalProperties": False,
+            "properties": {k: _schema_of(v, f"{path}.{k}" if path else k, enums)
+                           for k, v in value.items()}}
+
+
+def _schema(values: dict[str, object], enums: dict[str, tuple[str, ...]]) -> dict[str, object]:
+    return {"$schema": "https://json-schema.org/draft-07/schema#", "title": "gpufrag values",
+            **_schema_of(values, "", enums)}
+
+
+def _readme(values: dict[str, object], notes: dict[str, str]) -> str:
+    rows = []
+
+    def leaves(node: dict[str, object], prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if isinstance(value, dict) and value and (not prefix or path.startswith("images.")):
+                leaves(value, f"{path}.")
+            else:
+                shown = json.dumps(value) if not isinstance(value, str) else value or '""'
+                rows.append(f"| `{path}` | `{shown}` | {_help(path, notes)} |")
+
+    leaves(values, "")
+    return (f"<!-- Generated by devkit/chart.py; do not edit: run `{REGENERATE}`. -->\n"
+            "# gpufrag Helm chart\n\n"
+            "Generated from the kustomize base (`manifests/base`): with default values, `helm "
+            "template` renders exactly the objects `kubectl kustomize manifests/base` renders "
+            "(checked by `tests/e2e/test_helm.py`). Install and upgrade: the operations guide, "
+            "[Install with Helm](../../docs/operations.md#install-with-helm).\n\n"
+            "| value | default | what it sets |\n|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering the base, writing and checking
+
+
+def render_base(kubectl: Sequence[str], base: Path = BASE_DIR) -> list[Doc]:
+    """``kubectl kustomize base`` as a list of objects (``kubectl`` is the command prefix)."""
+    result = subprocess.run([*kubectl, "kustomize", str(base)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    if result.returncode != 0:
+        raise ChartError(f"kubectl kustomize {base} exited {result.returncode}: "
+                         f"{result.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def project_version() -> str:
+    with (REPO_ROOT / "pyproject.toml").open("rb") as f:
+        version = tomllib.load(f)["project"]["version"]
+    assert isinstance(version, str)
+    return version
+
+
+def stale_files(files: dict[str, str], chart_dir: Path = CHART_DIR) -> list[str]:
+    """The chart files that differ from ``files``, are missing, or should not be there."""
+    present = {str(p.relative_to(chart_dir)) for p in chart_dir.rglob("*") if p.is_file()
+               } if chart_dir.is_dir() else set()
+    differ = [name for name, text in files.items()
+              if name not in present or (chart_dir / name).read_text() != text]
+    return sorted(differ + sorted(present - set(files)))
+
+
+def write_chart(files: dict[str, str], chart_dir: Path = CHART_DIR) -> None:
+    for name in stale_files(files, chart_dir):
+        path = chart_dir / name
+        if name in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(files[name])
+        else:
+            path.unlink()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=REGENERATE, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 naming each out-of-date file")
+    parser.add_argument("--kubectl", default=None,
+                        help="kubectl command (default: the control-plane binary's kubectl)")
+    args = parser.parse_args(argv)
+    try:
+        kubectl = (args.kubectl.split() if args.kubectl
+                   else [str(build_control_plane(progress=sys.stderr)), "kubectl"])
+        files = build_chart(render_base(kubectl), project_version())
+    except (ChartError, BuildError) as e:
+        print(f"devkit.chart: {e}", file=sys.stderr)
+        return 2
+    stale = stale_files(files)
+    if args.check:
+        for name in stale:
+            print(f"devkit.chart: charts/gpufrag/{name} is out of date; run `{REGENERATE}`",
+                  file=sys.stderr)
+        return 1 if stale else 0
+    write_chart(files)
+    print(f"charts/gpufrag: {len(stale)} file(s) written, {len(files)} in the chart")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

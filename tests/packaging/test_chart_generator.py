@@ -1,0 +1,121 @@
+"""devkit/chart.py on small bases: what becomes a value, what a template looks like, and that a
+changed base leaves a written chart stale. Rendering with helm: tests/e2e/test_helm.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from devkit import chart
+from devkit.chart import ChartError, Knob, Toggle
+
+Doc = dict[str, object]
+
+
+def configmap(name: str, data: dict[str, str], namespace: str = "gpufrag-system") -> Doc:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace}, "data": data}
+
+
+def deployment(name: str = "web", image: str = "registry.k8s.io/pause:3.10") -> Doc:
+    container = {"name": "main", "image": image, "args": ["serve", "--port=8000"],
+                 "resources": {"requests": {"cpu": "100m"}}}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "gpufrag-system"},
+            "spec": {"replicas": 1, "template": {"spec": {"containers": [container]}}}}
+
+
+def build(docs: list[Doc], knobs: tuple[Knob, ...] = (), toggles: tuple[Toggle, ...] = ()
+          ) -> dict[str, str]:
+    return chart.build_chart(docs, "0.1.0", knobs=knobs, toggles=toggles)
+
+
+CONFIG = "policy: fgd\nweight: 200\n"
+
+
+def test_a_knob_inside_an_embedded_file_reads_the_value_and_defaults_to_the_base() -> None:
+    knob = Knob("extender.weight", "ConfigMap", "cfg", "data/config.yaml", "w",
+                pattern=r"weight: (\d+)")
+    files = build([configmap("cfg", {"config.yaml": CONFIG})], (knob,))
+    template = files["templates/configmap-cfg.yaml"]
+    assert "  config.yaml: |\n    policy: fgd\n    weight: {{ .Values.extender.weight }}\n" \
+        in template
+    assert yaml.safe_load(files["values.yaml"])["extender"]["weight"] == 200
+    schema = json.loads(files["values.schema.json"])
+    assert schema["properties"]["extender"]["properties"]["weight"] == {"type": "integer"}
+    assert schema["properties"]["extender"]["additionalProperties"] is False
+
+
+def test_whole_fields_keep_their_type() -> None:
+    knobs = (Knob("web.replicas", "Deployment", "web", "spec/replicas", "r"),
+             Knob("web.resources", "Deployment", "web",
+                  "spec/template/spec/containers[name=main]/resources", "res"),
+             Knob("web.port", "Deployment", "web",
+                  "spec/template/spec/containers[name=main]/args", "p", pattern=r"^--port=(\d+)$"))
+    template = build([deployment()], knobs)["templates/deployment-web.yaml"]
+    assert "  replicas: {{ .Values.web.replicas }}\n" in template
+    assert "\n        resources: {{- toYaml .Values.web.resources | nindent 10 }}\n" in template
+    assert '\n        - {{ print "--port=" .Values.web.port | quote }}\n' in template
+    assert "image: {{ include \"gpufrag.image\" .Values.images.pause | quote }}" in template
+    assert "namespace: {{ include \"gpufrag.namespace\" . | quote }}" in template
+
+
+def test_namespace_inside_a_string_follows_the_value_and_look_alikes_do_not() -> None:
+    files = build([configmap("cfg", {"a": "ns: gpufrag-system\nother: gpufrag-system-x\n"})])
+    assert ('ns: {{ include "gpufrag.namespace" . }}\n    other: gpufrag-system-x\n'
+            in files["templates/configmap-cfg.yaml"])
+
+
+def test_a_literal_template_in_the_base_is_escaped() -> None:
+    files = build([configmap("rules", {"one": "{{ $labels.pod }} is down",
+                                       "many": "summary: {{ $value }}\nok: 1\n"})])
+    template = files["templates/configmap-rules.yaml"]
+    assert '{{ print "{{ $labels.pod }} is down" | quote }}' in template
+    assert 'summary: {{ "{{" }} $value }}\n' in template
+
+
+def test_a_knob_the_base_no_longer_has_fails_naming_it() -> None:
+    knob = Knob("extender.weight", "ConfigMap", "cfg", "data/config.yaml", "w",
+                pattern=r"weight: (\d+)")
+    with pytest.raises(ChartError, match=r"knob extender\.weight .* matches 0 times"):
+        build([configmap("cfg", {"config.yaml": "policy: fgd\n"})], (knob,))
+    with pytest.raises(ChartError, match=r"knob extender\.weight: ConfigMap/cfg is not in"):
+        build([configmap("other", {})], (knob,))
+
+
+def test_a_toggle_wraps_the_objects_it_names() -> None:
+    toggle = Toggle("example.enabled", "web", "the example")
+    files = build([deployment(), configmap("cfg", {})], toggles=(toggle,))
+    assert "{{- if .Values.example.enabled }}\n" in files["templates/deployment-web.yaml"]
+    assert "{{- if" not in files["templates/configmap-cfg.yaml"]
+    with pytest.raises(ChartError, match="no object named nothing"):
+        build([deployment()], toggles=(Toggle("x.enabled", "nothing", "?"),))
+
+
+def test_two_repositories_with_one_values_key_are_refused() -> None:
+    with pytest.raises(ChartError, match=r"share the values key images\.pause"):
+        build([deployment("a", "registry.k8s.io/pause:3.10"),
+               deployment("b", "docker.io/library/pause:3.10")])
+
+
+def test_a_changed_base_leaves_the_written_chart_stale(tmp_path: Path) -> None:
+    docs = [deployment(), configmap("cfg", {"config.yaml": CONFIG})]
+    chart.write_chart(build(docs), tmp_path)
+    assert chart.stale_files(build(docs), tmp_path) == []
+
+    changed = copy.deepcopy(docs)
+    changed[1]["data"] = {"config.yaml": "policy: bestfit\n"}
+    assert chart.stale_files(build(changed), tmp_path) == ["templates/configmap-cfg.yaml"]
+    assert chart.stale_files(build(docs[:1]), tmp_path) == ["templates/configmap-cfg.yaml"]
+    assert chart.stale_files(build([*docs, configmap("new", {})]), tmp_path) == [
+        "templates/configmap-new.yaml"]
+
+
+def test_the_shipped_knobs_are_distinct_and_grouped() -> None:
+    names = [k.value for k in chart.KNOBS] + [t.value for t in chart.TOGGLES]
+    assert len(names) == len(set(names))
+    assert {n.split(".")[0] for n in names} <= set(chart.GROUP_HELP)
