@@ -1,9 +1,12 @@
 """``gpufrag whatif``: compare placement policies on a trace (or a synthetic cluster).
 
 Runs every (policy, seed) pair as one replay, in parallel processes, and writes the FGD authors'
-CSV layout, a summary JSON and plots to ``--out``. Bad input exits 2 with one line naming the
-file, row and field; a bad flag or flag value exits 2 with one line too (not argparse's usage
-block), because both mean "fix what you typed" and scripts should see one error to report.
+CSV layout, a summary JSON and plots to ``--out``. ``gpufrag whatif sweep`` runs the
+event-driven replay over a grid of policies x knobs x seeds (:mod:`simulations.sweep`) and
+``gpufrag whatif merge`` joins sweep results (the shards of an Indexed Job). Bad input exits 2
+with one line naming the file, row and field; a bad flag or flag value exits 2 with one line too
+(not argparse's usage block), because both mean "fix what you typed" and scripts should see one
+error to report.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, BadInputArgumentPa
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.policies import POLICY_NAMES
-from simulations import defrag_whatif, report
+from simulations import defrag_whatif, genai, report, sweep, timeline
+from simulations.events import EventConfig
 from simulations.openb import load_nodes, load_pods
 from simulations.replay import replay
 from simulations.synthetic import synthetic_nodes, synthetic_pods
@@ -65,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = BadInputArgumentParser(
         prog="gpufrag whatif",
         description="Replay a cluster trace through each placement policy and compare them. "
-        "With no --nodes/--pods, a seeded synthetic cluster shaped like the openb trace is used.",
+        "With no --nodes/--pods, a seeded synthetic cluster shaped like the openb trace is used. "
+        "Over time (arrivals, departures, defrag, autoscaling): gpufrag whatif sweep --help.",
     )
     p.add_argument("--nodes", type=Path, help="openb node CSV (sn,cpu_milli,memory_mib,gpu,model)")
     p.add_argument("--pods", type=Path, help="openb pod CSV (name,cpu_milli,...,gpu_spec)")
@@ -127,6 +132,10 @@ def run_one(workload: str, nodes: list[NodeSpec], pods: list[PodRequest], policy
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sweep":
+        return sweep_main(argv[1:])
+    if argv and argv[0] == "merge":
+        return merge_main(argv[1:])
     if "--defrag" in argv:
         return defrag_whatif.main([a for a in argv if a != "--defrag"])
     try:
@@ -198,3 +207,167 @@ def _progress(done: int, total: int, rec: report.RunRecord) -> None:
     r = rec.result
     print(f"  [{done}/{total}] {r.policy:<15} seed {r.seed}: placed {r.placed}, failed {r.failed}"
           f" ({rec.seconds:.1f}s)", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- sweep, merge
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def build_sweep_parser() -> argparse.ArgumentParser:
+    knobs = ", ".join(EventConfig.knobs())
+    p = BadInputArgumentParser(
+        prog="gpufrag whatif sweep",
+        description="Event-driven replays (arrivals, departures, pending retries, defrag "
+        "cycles, autoscaled model Deployments, cold starts) over a grid of policies x knobs x "
+        "seeds; one JSON per run in OUT/runs, a comparison table, comparison.csv and "
+        "timeline.png. With no --nodes/--pods, a seeded synthetic cluster and workload; with no "
+        "GenAI trace, a synthetic serving load. Knobs: " + knobs)
+    p.add_argument("--nodes", type=Path, help="openb node CSV")
+    p.add_argument("--pods", type=Path, help="openb pod CSV with creation_time, deletion_time")
+    p.add_argument("--genai", help="GenAI trace directory, or 'synthetic' (default: "
+                   f"{genai.DEFAULT_DIR} when present)")
+    p.add_argument("--synthetic-nodes", type=int, default=100,
+                   help="node count of the synthetic cluster (default: 100)")
+    p.add_argument("--load", type=_positive_float,
+                   help="superimpose time-shifted copies of the trace until it holds this "
+                   "share of GPU capacity on average (default: the trace as it is; synthetic: "
+                   "0.8)")
+    p.add_argument("--start-s", type=float,
+                   help="window start, trace seconds (default: the trace's last hours)")
+    p.add_argument("--workload-seed", type=int, default=0,
+                   help="seed of the copies' offsets and of the synthetic workload (default: 0)")
+    p.add_argument("--coverage", type=float, default=0.95,
+                   help="FGD target workload coverage (default: 0.95)")
+    p.add_argument("--policies", type=_names, help="shorthand for --set policy=...")
+    p.add_argument("--seeds", type=_seeds, help="shorthand for --set seed=...")
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=V1[,V2...]",
+                   help="a knob and its values in the grid (repeatable)")
+    p.add_argument("--grid", type=Path, help="YAML/JSON file: knob: [values]")
+    p.add_argument("--out", type=Path, default=Path("whatif-sweep"),
+                   help="output directory (default: ./whatif-sweep)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="local worker processes (default: CPU count)")
+    p.add_argument("--ray", metavar="auto|ADDRESS",
+                   help="run on a Ray cluster instead (pip install 'gpufrag[ray]')")
+    p.add_argument("--shard", help="i/N: run only the runs whose grid index is i modulo N "
+                   "(Indexed Job); then gpufrag whatif merge")
+    p.add_argument("--no-plots", action="store_true")
+    return p
+
+
+def _grid(args: argparse.Namespace) -> dict[str, list[object]]:
+    grid: dict[str, list[object]] = sweep.read_grid(args.grid) if args.grid else {}
+    for text in args.set:
+        knob, values = sweep.parse_assignment(text)
+        grid[knob] = values
+    if args.policies:
+        unknown = [p for p in args.policies if p not in POLICY_NAMES]
+        if unknown:
+            raise BadInput(f"unknown policy {', '.join(unknown)}; choose from "
+                           f"{','.join(POLICY_NAMES)}", field="--policies")
+        grid["policy"] = list(args.policies)
+    if args.seeds:
+        grid["seed"] = list(args.seeds)
+    return grid
+
+
+def _fail(prog: str, exc: BadInput | OSError, out: Path | None = None) -> int:
+    if isinstance(exc, OSError):
+        print(f"{prog}: cannot write to {out}: {exc.strerror or exc}", file=sys.stderr)
+    else:
+        print(f"{prog}: {exc}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def sweep_main(argv: Sequence[str]) -> int:
+    prog = "gpufrag whatif sweep"
+    try:
+        args = build_sweep_parser().parse_args(list(argv))
+    except BadInput as exc:
+        print(f"{prog}: {exc} (see {prog} --help)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SystemExit as exc:
+        return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT
+    try:
+        if args.jobs < 1:
+            raise BadInput(f"{args.jobs} must be >= 1", field="--jobs")
+        if not 1 <= args.synthetic_nodes <= MAX_SYNTHETIC_NODES:
+            raise BadInput(f"{args.synthetic_nodes} outside 1..{MAX_SYNTHETIC_NODES}",
+                           field="--synthetic-nodes")
+        if not 0 < args.coverage <= 1:
+            raise BadInput(f"{args.coverage} outside (0, 1]", field="--coverage")
+        if args.ray is not None and args.shard is not None:
+            raise BadInput("--ray and --shard are two ways to spread one sweep; pick one")
+        shard = sweep.parse_shard(args.shard) if args.shard else None
+        configs = sweep.expand(_grid(args), EventConfig())
+        hours = max(c.hours for c in configs)
+        inputs = sweep.load_inputs(
+            nodes_path=args.nodes, pods_path=args.pods, genai=args.genai,
+            synthetic_node_count=args.synthetic_nodes, load=args.load, start_s=args.start_s,
+            hours=hours, workload_seed=args.workload_seed, coverage=args.coverage)
+        args.out.mkdir(parents=True, exist_ok=True)
+    except BadInput as exc:
+        return _fail(prog, exc)
+    except OSError as exc:
+        return _fail(prog, exc, args.out)
+    for note in inputs.notes:
+        print(f"what-if sweep: {note}", file=sys.stderr)
+    where = (f"Ray ({args.ray})" if args.ray else f"shard {args.shard}" if shard else
+             f"{min(args.jobs, len(configs))} processes")
+    print(f"what-if sweep: {len(configs)} runs in the grid, on {where}", file=sys.stderr)
+    try:
+        outcome = sweep.sweep(inputs, configs, args.out, jobs=args.jobs, ray_address=args.ray,
+                              shard=shard)
+        if shard is None:
+            sweep.write_outputs(outcome.records, args.out, f"{inputs.workload} over time",
+                                plots=not args.no_plots)
+    except BadInput as exc:
+        return _fail(prog, exc)
+    except OSError as exc:
+        return _fail(prog, exc, args.out)
+    print(timeline.table(outcome.records))
+    done = f"ran {outcome.ran}, skipped {outcome.skipped} already done"
+    if shard is None:
+        extra = "" if args.no_plots else ", timeline.png"
+        print(f"\n{done}; wrote {args.out}/runs/*.json, comparison.csv{extra}")
+    else:
+        print(f"\n{done}; wrote {args.out}/runs/*.json (then: gpufrag whatif merge {args.out})")
+    return EXIT_OK
+
+
+def merge_main(argv: Sequence[str]) -> int:
+    prog = "gpufrag whatif merge"
+    p = BadInputArgumentParser(prog=prog, description="Join the runs of sweep shards (or of "
+                               "several sweeps) into one comparison.csv, table and plot.")
+    p.add_argument("dirs", nargs="+", type=Path, help="sweep output directories")
+    p.add_argument("--out", type=Path, help="where to write (default: the first directory)")
+    p.add_argument("--no-plots", action="store_true")
+    try:
+        args = p.parse_args(list(argv))
+    except BadInput as exc:
+        print(f"{prog}: {exc} (see {prog} --help)", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SystemExit as exc:
+        return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT
+    out = args.out or args.dirs[0]
+    try:
+        records = sweep.collect(args.dirs)
+        if not records:
+            raise BadInput("no run files found", source=",".join(map(str, args.dirs)))
+        workload = str(records[0].get("workload", "what-if"))
+        sweep.write_outputs(records, out, f"{workload} over time", plots=not args.no_plots)
+    except BadInput as exc:
+        return _fail(prog, exc)
+    except OSError as exc:
+        return _fail(prog, exc, out)
+    print(timeline.table(records))
+    print(f"\nmerged {len(records)} runs; wrote {out}/comparison.csv"
+          + ("" if args.no_plots else ", timeline.png"))
+    return EXIT_OK
