@@ -1,21 +1,26 @@
 """Prometheus metrics of the extender, in a registry of its own (one per app).
 
 Per verb: request counts by HTTP status and a latency histogram with buckets around the 5 ms
-budget. Cluster figures (nodes, pods by state, fragmentation ratio, whether the watch has synced)
-are read from the cache at scrape time, under its lock, so they are never stale and cost nothing
-between scrapes.
+budget. Cluster figures (nodes, pods by state, fragmentation ratio, whether the watch has synced,
+objects left out of the state because they could not be read) are read from the cache at scrape
+time, under its lock, so they are never stale and cost nothing between scrapes. The Events
+written about those objects (:class:`SkipEventCollector`) exist only where there is an API
+server to write to, so the runtime registers that collector for a live cluster only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from scheduler.extender.service import Extender
+from scheduler.kube.cache import SKIPPED_KINDS
+from scheduler.kube.skipreport import SKIP_EVENT_OUTCOMES
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -44,6 +49,47 @@ class _ClusterCollector(Collector):
                                    "1 once the node and pod lists have been loaded.")
         synced.add_metric([], 1.0 if cache.synced else 0.0)
         yield synced
+        with cache.lock:
+            current, total = cache.skipped_counts(), dict(cache.skips_total)
+        skipped = GaugeMetricFamily(
+            "gpufrag_extender_skipped_objects",
+            "Objects left out of the state now because they could not be read (see the log "
+            "and the object's GpufragUnreadable Event for why).", labels=["kind"])
+        skips = CounterMetricFamily(
+            "gpufrag_extender_object_skips",
+            "Objects newly left out of the state because they could not be read.",
+            labels=["kind"])
+        for kind in SKIPPED_KINDS:
+            skipped.add_metric([kind], current.get(kind, 0))
+            skips.add_metric([kind], total.get(kind, 0))
+        yield skipped
+        yield skips
+
+
+class SkipEventOutcomes(Protocol):
+    """What :class:`SkipEventCollector` reads (``scheduler.kube.watch.SkipReporter``)."""
+
+    @property
+    def outcomes(self) -> Mapping[str, int]: ...
+
+
+class SkipEventCollector(Collector):
+    """``gpufrag_extender_skip_events_total{outcome}``: Warning Events about unreadable
+    objects written, failed (the API refused or did not answer) and dropped (queue full)."""
+
+    def __init__(self, reporter: SkipEventOutcomes) -> None:
+        self.reporter = reporter
+
+    def collect(self) -> Iterator[Metric]:
+        outcomes = dict(self.reporter.outcomes)
+        family = CounterMetricFamily(
+            "gpufrag_extender_skip_events",
+            "Warning Events about objects left out of the state, by outcome: written, failed "
+            "(refused or unanswered), dropped (the writer's queue was full).",
+            labels=["outcome"])
+        for outcome in SKIP_EVENT_OUTCOMES:
+            family.add_metric([outcome], outcomes.get(outcome, 0))
+        yield family
 
 
 class ExtenderMetrics:

@@ -1,5 +1,6 @@
 """A ready-to-serve extender: the cache, the extender, its app, and the threads that keep the
-state current (the watch, or nothing for a snapshot; the maintenance loop either way).
+state current (the watch and the writer of Events about unreadable objects, or nothing for a
+snapshot; the maintenance loop either way).
 
 Built before the server forks and started in the worker (threads do not survive a fork), so
 ``start()`` is what gunicorn's worker calls.
@@ -7,6 +8,7 @@ Built before the server forks and started in the worker (threads do not survive 
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -14,14 +16,18 @@ from typing import Any
 
 import structlog
 from flask import Flask
+from prometheus_client import CollectorRegistry
 
 from scheduler.extender.app import create_app
 from scheduler.extender.config import ExtenderConfig
+from scheduler.extender.metrics import SkipEventCollector
 from scheduler.extender.service import Extender
 from scheduler.kube.binder import Binder, DryRunBinder, KubeBinder
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import key_of
 from scheduler.kube.snapshot import Snapshot
+from scheduler.kube.binder import KubeEventWriter
+from scheduler.kube.skipreport import SkipReporter
 from scheduler.kube.watch import ClusterWatcher
 
 Clock = Callable[[], float]
@@ -31,17 +37,24 @@ log = structlog.get_logger("gpufrag.extender")
 
 class Runtime:
     def __init__(self, config: ExtenderConfig, cache: ClusterCache, extender: Extender,
-                 watcher: ClusterWatcher | None = None) -> None:
+                 watcher: ClusterWatcher | None = None, *,
+                 reporter: SkipReporter | None = None) -> None:
         self.config = config
         self.cache = cache
         self.extender = extender
         self.watcher = watcher
-        self.app: Flask = create_app(extender)
+        self.reporter = reporter
+        self.registry = CollectorRegistry()
+        self.app: Flask = create_app(extender, registry=self.registry)
+        if reporter is not None:
+            self.registry.register(SkipEventCollector(reporter))
         self.clients: list[Any] = []  # API clients this runtime made, closed by stop()
         self._stop = threading.Event()
         self._maintainer: threading.Thread | None = None
 
     def start(self) -> None:
+        if self.reporter is not None:
+            self.reporter.start()  # before the watch: its first list may already skip objects
         if self.watcher is not None:
             self.watcher.start()
         self._maintainer = threading.Thread(target=self._maintain, name="maintenance",
@@ -59,6 +72,8 @@ class Runtime:
         self._stop.set()
         if self.watcher is not None:
             self.watcher.stop(timeout_s)
+        if self.reporter is not None:
+            self.reporter.stop(timeout_s)
         if self._maintainer is not None:
             self._maintainer.join(timeout_s)
         for client in self.clients:
@@ -71,7 +86,8 @@ def _cache(config: ExtenderConfig, clock: Clock) -> ClusterCache:
 
 def snapshot_runtime(snapshot: Snapshot, config: ExtenderConfig, *, clock: Clock = time.time,
                      binder: Binder | None = None) -> Runtime:
-    """Serve a static snapshot. Binds are dry runs unless ``binder`` is given."""
+    """Serve a static snapshot. Binds are dry runs unless ``binder`` is given; unreadable
+    objects are logged and counted but get no Event (there is no API server to write to)."""
     cache = _cache(config, clock)
     hints = snapshot.configmap(config.names.hints_namespace, config.names.hints_configmap)
     cache.load(snapshot.nodes, snapshot.pods, hints if config.hints.enabled else None)
@@ -93,15 +109,23 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
     for a connection nor share one with them. (Binds once failed with ``BadStatusLine``: a
     raw response handed back to the pool unread, fixed in ``binder._body``; separate pools keep
     the two paths independent all the same.)
+
+    Events about unreadable objects get a client of their own too: a slow Event write should
+    hold neither a bind nor a watch.
     """
     cache = _cache(config, clock)
     watch_client = new_api_client()
     bind_client = new_api_client() if config.bind.enabled else None
+    event_client = new_api_client()
     binder = KubeBinder(bind_client, config.names) if bind_client is not None else None
+    reporter = SkipReporter(KubeEventWriter(event_client), instance=socket.gethostname(),
+                            clock=clock)
+    cache.on_skip = reporter.report
     extender = Extender(cache, config, binder=binder, clock=clock)
     runtime = Runtime(config, cache, extender, ClusterWatcher(
-        watch_client, cache, config.watch, names=config.names, hints=config.hints.enabled))
-    runtime.clients = [c for c in (watch_client, bind_client) if c is not None]
+        watch_client, cache, config.watch, names=config.names, hints=config.hints.enabled),
+        reporter=reporter)
+    runtime.clients = [c for c in (watch_client, bind_client, event_client) if c is not None]
     return runtime
 
 

@@ -150,4 +150,27 @@ class DryRunBinder:
                  gpus=gpu_indices_text(gpus) if gpus is not None else None)
 
 
-__all__ = ["BindCall", "BindError", "Binder", "DryRunBinder", "KubeBinder", "gpu_indices_text"]
+# A hung Event write frees the writer thread: (connect, read) seconds.
+EVENT_WRITE_TIMEOUT_S = (5.0, 10.0)
+
+
+class KubeEventWriter:
+    """Creates Events through the Kubernetes API, each call bounded by
+    :data:`EVENT_WRITE_TIMEOUT_S`."""
+
+    def __init__(self, api_client: Any) -> None:
+        # Typed as Any: with _preload_content=False the calls return raw responses.
+        self.core: Any = kubernetes.client.CoreV1Api(api_client)
+
+    def __call__(self, namespace: str, body: dict[str, Any]) -> None:
+        resp = self.core.create_namespaced_event(namespace, body, _preload_content=False,
+                                                 _request_timeout=EVENT_WRITE_TIMEOUT_S)
+        try:
+            resp.data  # noqa: B018  (read to the end before the connection goes back)
+        finally:
+            resp.release_conn()
+
+
+
+__all__ = ["EVENT_WRITE_TIMEOUT_S", "BindCall", "BindError", "Binder", "DryRunBinder", "KubeBinder",
+           "KubeEventWriter", "gpu_indices_text"]

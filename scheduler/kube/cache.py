@@ -7,6 +7,13 @@ the extender *assumed* at bind and the watch has not confirmed yet (they expire 
 and pods bound to a node the cache has not seen yet (the pod event raced the node event; they
 are placed when the node arrives).
 
+An object the converters cannot read (a quantity of 5,000 digits, a GPU count that is not a
+whole number) is *skipped*: left out of the state, logged once, kept in ``skipped`` with the
+reason until it is deleted, read fine or missing from a relist (that is what the
+``skipped_objects`` gauge counts), and handed to ``on_skip`` each time it is read, so the
+extender can put a Warning Event on it. ``on_skip`` runs on the watch thread under the lock: it
+must not block (the runtime's listener only queues).
+
 Concurrency: one re-entrant lock, ``lock``. Every public method takes it; request handlers hold
 it while they read the state so a watch event never lands in the middle of a score. The
 mutations are small (one object each), and relists apply their items in chunks, so requests
@@ -50,7 +57,8 @@ from scheduler.kube.convert import (
 Obj = Mapping[str, Any]
 Clock = Callable[[], float]
 RELIST_CHUNK = 500
-MAX_SKIPPED = 100
+# The kinds the cache reads, as metric label values (every one is reported, zero included).
+SKIPPED_KINDS = ("node", "pod")
 
 log = structlog.get_logger("gpufrag.cache")
 
@@ -67,9 +75,32 @@ class KnownPod:
     gpus: tuple[int, ...] | None
 
 
+@dataclass(frozen=True, slots=True)
+class SkippedObject:
+    """An object left out of the state because it could not be read: its Kubernetes kind
+    (``Pod``, ``Node``), cache key (``namespace/name`` for a pod), namespace ('' for a node),
+    name, UID ('' when it has none) and the converter's reason, which names the field and
+    quotes the value. Enough to write an Event on it without the object itself."""
+
+    kind: str
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    reason: str
+
+    @property
+    def label(self) -> str:
+        """The kind as a metric label value: ``pod``, ``node``."""
+        return self.kind.lower()
+
+
+SkipListener = Callable[[SkippedObject], None]
+
+
 class ClusterCache:
     def __init__(self, names: KubeNames = DEFAULT_NAMES, *, clock: Clock = time.time,
-                 assume_ttl_s: float = 30.0) -> None:
+                 assume_ttl_s: float = 30.0, on_skip: SkipListener | None = None) -> None:
         self.lock = threading.RLock()
         self.names = names
         self.clock = clock
@@ -79,7 +110,11 @@ class ClusterCache:
         self.assumed: dict[str, float] = {}            # pod key -> deadline (clock seconds)
         self.orphans: dict[str, set[str]] = {}         # node name -> keys of pods bound to it
         self.unaccounted: dict[str, str] = {}          # pod key -> why it is not in the state
-        self.skipped: dict[str, str] = {}              # object -> why it could not be read
+        # "pod ns/name" | "node name" -> the object left out of the state, and why. Not
+        # capped: each entry is smaller than the KnownPod a readable pod costs.
+        self.skipped: dict[str, SkippedObject] = {}
+        self.skips_total = dict.fromkeys(SKIPPED_KINDS, 0)  # objects newly skipped, by kind
+        self.on_skip = on_skip
         self.hints: PlacementHints = NO_HINTS
         self.nodes_synced = False
         self.pods_synced = False
@@ -104,11 +139,39 @@ class ClusterCache:
         with self.lock:
             return [p.request for p in self.pods.values()]
 
-    def _skip(self, what: str, reason: str) -> None:
-        if len(self.skipped) >= MAX_SKIPPED and what not in self.skipped:
-            self.skipped.pop(next(iter(self.skipped)))
-        self.skipped[what] = reason
-        log.warning("object skipped", object=what, reason=reason)
+    def skipped_counts(self) -> dict[str, int]:
+        """Objects left out of the state now, by kind (``pod``, ``node``), zeros included."""
+        with self.lock:
+            counts = dict.fromkeys(SKIPPED_KINDS, 0)
+            for skipped in self.skipped.values():
+                counts[skipped.label] = counts.get(skipped.label, 0) + 1
+            return counts
+
+    def _skip(self, kind: str, obj: Obj, key: str, reason: str) -> None:
+        """Leave ``obj`` out of the state. Logged (and counted) when it is newly skipped or
+        for a new reason, not on every status update of the same object; ``on_skip`` hears
+        of every read, so a report that failed can be tried again at the next one."""
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        namespace = meta.get("namespace") if kind == "Pod" else ""
+        skipped = SkippedObject(
+            kind=kind, key=key, namespace=namespace if isinstance(namespace, str) else "",
+            name=_name_or_unknown(obj), uid=str(meta.get("uid") or ""), reason=reason)
+        what = f"{skipped.label} {key}"
+        if self.skipped.get(what) != skipped:
+            if what not in self.skipped:
+                self.skips_total[skipped.label] = self.skips_total.get(skipped.label, 0) + 1
+            log.warning("object skipped", object=what, uid=skipped.uid, reason=reason)
+        self.skipped[what] = skipped
+        if self.on_skip is not None:
+            try:
+                self.on_skip(skipped)
+            except Exception:  # a report that fails must not stop the watch
+                log.exception("skip report failed", object=what)
+
+    def _unskip(self, kind: str, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.skipped.pop(f"{kind} {key}", None)
 
     # ------------------------------------------------------------------ nodes
     def apply_node(self, obj: Obj) -> None:
@@ -117,12 +180,16 @@ class ClusterCache:
             try:
                 spec = node_from_k8s(obj, self.names)
             except BadInput as e:
-                self._skip(f"node {_name_or_unknown(obj)}", str(e))
+                name = _name_or_unknown(obj)
+                # A node that turned unreadable is gone from the state, not left at its old
+                # capacity; its pods wait as orphans, as for a deleted node.
+                self.delete_node(name)
+                self._skip("Node", obj, name, str(e))
                 return
             row = self.state.index.get(spec.name)
             if row is not None and self.state.active[row] and self.state.node_spec(row) == spec:
                 return  # a status heartbeat: nothing placement reads changed
-            self.skipped.pop(f"node {spec.name}", None)
+            self._unskip("node", [spec.name])
             self.state.add_node(spec)
             for key in sorted(self.orphans.pop(spec.name, set())):
                 self._place_known(key)
@@ -130,6 +197,7 @@ class ClusterCache:
     def delete_node(self, name: str) -> None:
         """A Node is gone; its pods wait as orphans until they are deleted or it returns."""
         with self.lock:
+            self._unskip("node", [name])
             row = self.state.index.get(name)
             if row is None or not self.state.active[row]:
                 return
@@ -153,6 +221,8 @@ class ClusterCache:
                 name = self.state.names[int(row)]
                 if name not in listed:
                     self.delete_node(name)
+            self._unskip("node", [s.key for s in list(self.skipped.values())
+                                  if s.kind == "Node" and s.key not in listed])
             self.nodes_synced = True
 
     # ------------------------------------------------------------------ pods
@@ -162,7 +232,7 @@ class ClusterCache:
             try:
                 key = key_of(obj)
             except BadInput as e:
-                self._skip("pod without a name", str(e))
+                self._skip("Pod", obj, "<unnamed>", str(e))
                 return
             if is_terminal(obj):
                 self.delete_pod(key)
@@ -170,10 +240,10 @@ class ClusterCache:
             try:
                 request = pod_from_k8s(obj, self.names)
             except BadInput as e:
-                self._skip(f"pod {key}", str(e))
-                self.delete_pod(key)
+                self._drop_pod(key)  # it may have been readable before
+                self._skip("Pod", obj, key, str(e))
                 return
-            self.skipped.pop(f"pod {key}", None)
+            self._unskip("pod", [key])
             known = KnownPod(request=request, node=node_name_of(obj), uid=uid_of(obj),
                              owner=owner_uid(obj), gpus=bound_gpus(obj, self.names))
             previous = self.pods.get(key)
@@ -245,13 +315,18 @@ class ClusterCache:
     def delete_pod(self, key: str) -> None:
         """A Pod is gone (or terminal); a model replica leaving is recorded for the warm window."""
         with self.lock:
-            if self.pods.pop(key, None) is not None:
-                self.pod_changes += 1
-            self.assumed.pop(key, None)
-            self.unaccounted.pop(key, None)
-            self._drop_orphan(key)
-            if key in self.state.pods:
-                self.state.remove_pod(key, now=self.clock())
+            self._unskip("pod", [key])
+            self._drop_pod(key)
+
+    def _drop_pod(self, key: str) -> None:
+        """Take the pod out of the state and every record but ``skipped``."""
+        if self.pods.pop(key, None) is not None:
+            self.pod_changes += 1
+        self.assumed.pop(key, None)
+        self.unaccounted.pop(key, None)
+        self._drop_orphan(key)
+        if key in self.state.pods:
+            self.state.remove_pod(key, now=self.clock())
 
     def delete_pod_object(self, obj: Obj) -> None:
         try:
@@ -273,6 +348,8 @@ class ClusterCache:
         with self.lock:
             for key in [k for k in self.pods if k not in listed]:
                 self.delete_pod(key)
+            self._unskip("pod", [s.key for s in list(self.skipped.values())
+                                 if s.kind == "Pod" and s.key not in listed])
             self.pods_synced = True
 
     # ------------------------------------------------------------------ assumed placements
@@ -333,4 +410,4 @@ def _chunks(objs: Iterable[Obj], size: int) -> Iterable[list[Obj]]:
         yield chunk
 
 
-__all__ = ["ClusterCache", "KnownPod"]
+__all__ = ["SKIPPED_KINDS", "ClusterCache", "KnownPod", "SkipListener", "SkippedObject"]

@@ -9,6 +9,13 @@ RBAC is being fixed) retries after a capped exponential backoff with full jitter
 
 Objects travel as the API's JSON (parsed with orjson), never as the client's model classes: the
 converters read JSON, and deserialising 100,000 pods into models would take minutes.
+
+An object the cache cannot read (a request of "1e100000" or 5,000 digits GPUs: the API server
+stores both) is left out of the state; :class:`SkipReporter` puts one Warning Event on it per
+UID, written by a thread of its own from a small bounded queue, so a slow or failing API server
+delays no watch event (when the queue is full the report is dropped and counted). It sits here,
+beside the reads it reports on, rather than in ``binder`` with the binds: it is the watch's
+account of what it could not read, not a scheduling decision.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ HTTP_GONE = 410
 NON_TERMINAL_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 CONNECT_TIMEOUT_S = 10.0
 LIST_READ_TIMEOUT_S = 120.0
+
 
 log = structlog.get_logger("gpufrag.watch")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.kube.cache import ClusterCache
+from scheduler.kube.cache import ClusterCache, SkippedObject
 from scheduler.kube.convert import node_to_k8s, pod_to_k8s
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import FakeClock
@@ -133,11 +133,112 @@ def test_unreadable_objects_are_skipped_with_the_reason(cache: ClusterCache) -> 
     bad["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
     cache.apply_pod(bad)
     assert "default/bad" not in cache.state.pods
-    assert "'lots' is not a Kubernetes quantity" in cache.skipped["pod default/bad"]
+    assert "'lots' is not a Kubernetes quantity" in cache.skipped["pod default/bad"].reason
     cache.apply_node({"metadata": {"name": "odd"}, "status": {"allocatable": {
         "nvidia.com/gpu": "1.5"}}})
     assert "odd" not in cache.state.index
-    assert "not a whole number" in cache.skipped["node odd"]
+    assert "not a whole number" in cache.skipped["node odd"].reason
+    assert cache.skipped_counts() == {"node": 1, "pod": 1}
+
+
+# What the API server stores (checked against a real one in tests/e2e/test_hardening.py):
+# "1e100000" comes back as "10e99999", five thousand 9s as given.
+PATHOLOGICAL = ["10e99999", "9" * 5000, "9" * 5000 + "e3"]
+
+
+def unreadable_pod(name: str, quantity: str, *, resource: str = "nvidia.com/gpu", at: str = "",
+                   uid: str = "") -> dict[str, Any]:
+    body = gpu_pod(name, at)
+    body["metadata"]["uid"] = uid or f"uid-{name}"
+    resources = body["spec"]["containers"][0]["resources"]
+    resources["requests"][resource] = quantity
+    resources.setdefault("limits", {})[resource] = quantity
+    return body
+
+
+@pytest.mark.parametrize("resource", ["nvidia.com/gpu", "gpufrag.io/gpu-milli"])
+@pytest.mark.parametrize("quantity", PATHOLOGICAL, ids=["exponent", "digits", "digits-e3"])
+def test_a_pathological_quantity_is_left_out_and_reported(
+        clock: FakeClock, quantity: str, resource: str) -> None:
+    heard: list[SkippedObject] = []
+    c = ClusterCache(clock=clock, on_skip=heard.append)
+    c.replace_nodes([node_to_k8s(node("n0", gpu_count=4))])
+    c.replace_pods([unreadable_pod("huge", quantity, resource=resource, at="n0")])
+    assert "default/huge" not in c.state.pods and "default/huge" not in c.pods
+    assert c.counts()["pods_placed"] == 0
+    assert heard == [c.skipped["pod default/huge"]]
+    assert (heard[0].kind, heard[0].namespace, heard[0].name, heard[0].uid) == (
+        "Pod", "default", "huge", "uid-huge")
+    assert resource in heard[0].reason and len(heard[0].reason) < 300  # quotes, bounded
+
+
+def logged(capsys: pytest.CaptureFixture[str]) -> str:
+    out, err = capsys.readouterr()
+    return out + err
+
+
+def test_a_skipped_pod_is_counted_once_logged_once_and_heard_every_time(
+        clock: FakeClock, capsys: pytest.CaptureFixture[str]) -> None:
+    heard: list[SkippedObject] = []
+    c = ClusterCache(clock=clock, on_skip=heard.append)
+    bad = unreadable_pod("bad", "10e99999")
+    for _ in range(3):  # e.g. kube-scheduler updating its PodScheduled condition
+        c.apply_pod(bad)
+    assert len(heard) == 3  # the listener de-duplicates (by UID), so it may retry
+    assert c.skips_total == {"node": 0, "pod": 1}
+    assert logged(capsys).count("object skipped") == 1
+    c.apply_pod(unreadable_pod("bad", "10e99999", uid="uid-recreated"))
+    assert c.skips_total == {"node": 0, "pod": 1}  # the same object, re-created: logged again
+    assert logged(capsys).count("object skipped") == 1
+    assert c.skipped["pod default/bad"].uid == "uid-recreated"
+
+
+def test_a_skip_is_forgotten_when_the_object_goes_or_reads_fine(cache: ClusterCache) -> None:
+    cache.apply_pod(unreadable_pod("deleted", "9" * 5000))
+    cache.apply_pod(unreadable_pod("done", "9" * 5000))
+    cache.apply_pod(unreadable_pod("fixed", "9" * 5000))
+    cache.apply_pod(unreadable_pod("unlisted", "9" * 5000))
+    assert cache.skipped_counts()["pod"] == 4
+    cache.delete_pod("default/deleted")
+    done = unreadable_pod("done", "9" * 5000)
+    done["status"] = {"phase": "Succeeded"}
+    cache.apply_pod(done)
+    cache.apply_pod(gpu_pod("fixed"))
+    assert set(cache.skipped) == {"pod default/unlisted"}
+    assert "default/fixed" in cache.pods
+    cache.replace_pods([gpu_pod("fixed")])  # a relist without it
+    assert cache.skipped == {}
+    assert cache.skips_total["pod"] == 4  # the counter keeps what the gauge forgets
+
+
+def test_a_node_that_turns_unreadable_leaves_the_state_until_it_reads_fine(
+        cache: ClusterCache) -> None:
+    cache.apply_pod(gpu_pod("on-n0", "n0", (1,)))
+    broken = node_to_k8s(node("n0", gpu_count=4))
+    broken["status"]["allocatable"]["nvidia.com/gpu"] = "9" * 5000
+    cache.apply_node(broken)
+    assert not cache.state.active[cache.state.index["n0"]]
+    assert cache.skipped_counts() == {"node": 1, "pod": 0}
+    assert cache.counts()["pods_unaccounted"] == 1  # waits as an orphan
+    cache.apply_node(node_to_k8s(node("n0", gpu_count=4)))
+    assert cache.skipped_counts()["node"] == 0
+    assert free(cache, "n0") == [1000, 0, 1000, 1000]
+    cache.apply_node(broken)
+    cache.replace_nodes([node_to_k8s(node("n1"))])  # n0 is gone from the relist
+    assert cache.skipped == {}
+    cache.apply_node(broken)
+    cache.delete_node("n0")
+    assert cache.skipped == {}
+
+
+def test_a_listener_that_raises_does_not_stop_the_apply(cache: ClusterCache) -> None:
+    def broken(skipped: SkippedObject) -> None:
+        raise RuntimeError("bug")
+
+    cache.on_skip = broken
+    cache.apply_pod(unreadable_pod("bad", "9" * 5000))
+    cache.apply_pod(gpu_pod("good", "n0"))
+    assert "pod default/bad" in cache.skipped and "default/good" in cache.state.pods
 
 
 def test_expire_only_drops_unconfirmed_assumptions(cache: ClusterCache,

@@ -15,7 +15,13 @@ import orjson
 import pytest
 
 from scheduler.extender.config import WatchConfig
-from scheduler.kube.watch import Backoff, Reflector
+from scheduler.kube.cache import ClusterCache
+from scheduler.kube.convert import node_to_k8s, pod_to_k8s
+from scheduler.kube.skipreport import (
+    SkipReporter,
+)
+from scheduler.kube.watch import Backoff, PodSink, Reflector
+from tests.builders import node, pod
 
 
 class FakeResponse:
@@ -159,3 +165,50 @@ def test_backoff_is_capped_exponential_with_full_jitter(seed: int) -> None:
     assert all(0 <= d <= c for d, c in zip(delays, ceilings, strict=True))
     backoff.reset()
     assert backoff.next_delay() <= 0.5
+
+
+
+
+def test_a_hung_api_server_never_stalls_the_watch() -> None:
+    """The writer thread is stuck in a write; the watch goes on applying events at once, and
+    reports past the queue's capacity are dropped, not waited for."""
+    release, writing = threading.Event(), threading.Event()
+    written: list[str] = []
+
+    def hung(namespace: str, body: dict[str, Any]) -> None:
+        writing.set()
+        release.wait(30)
+        written.append(body["involvedObject"]["name"])
+
+    reporter = SkipReporter(hung, instance="i", capacity=2)
+    cache = ClusterCache(on_skip=reporter.report)
+    cache.replace_nodes([node_to_k8s(node("n0", gpu_count=8))])
+    reporter.start()
+    stop = threading.Event()
+    lines = b"".join(pod_event(f"bad-{i}", "9" * 5000) for i in range(5))
+    lines += pod_event("good", "1")
+    script = Script([listing([], version="1"), FakeResponse(chunks=(lines,))], stop)
+    try:
+        cache.apply_pod(bad_pod("first", "9" * 5000))
+        assert writing.wait(10)  # the writer is now stuck on "first"
+        Reflector("pods", script, PodSink(cache), WatchConfig(
+            backoff_initial_s=0.001, backoff_max_s=0.001), stop).run()
+        assert "default/good" in cache.state.pods   # applied while the writer hangs
+        assert cache.skipped_counts()["pod"] == 5     # "first" was not in the list
+        assert reporter.outcomes["dropped"] == 3    # 5 reports, room for 2
+    finally:
+        release.set()
+        reporter.stop()
+    assert written[0] == "first"
+
+
+def bad_pod(name: str, quantity: str) -> dict[str, Any]:
+    body = pod_to_k8s(pod(name), node="n0")
+    body["metadata"]["uid"] = f"uid-{name}"
+    requests = body["spec"]["containers"][0]["resources"]["requests"]
+    requests["nvidia.com/gpu"] = quantity
+    return body
+
+
+def pod_event(name: str, quantity: str) -> bytes:
+    return orjson.dumps({"type": "ADDED", "object": bad_pod(name, quantity)}) + b"\n"

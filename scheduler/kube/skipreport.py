@@ -1,0 +1,197 @@
+"""Reports of objects the extender cannot read: one Warning Event per object, off the watch.
+
+The cache leaves an unreadable pod or node out of the state (a quantity no converter can use,
+a malformed field); the watch hands each new skip to :class:`SkipReporter`, which queues it
+and returns at once, so a slow or failing API can never stall the watch. One writer thread
+creates the Events (through :class:`scheduler.kube.binder.KubeEventWriter`, with the
+extender's other writes); a full queue drops the report and counts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import queue
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Final
+
+import structlog
+
+from scheduler.kube.cache import SkippedObject
+from scheduler.kube.errors import api_error
+
+log = structlog.get_logger("gpufrag.skipreport")
+
+# The Warning Event put on an object the extender cannot read.
+EVENT_REASON_UNREADABLE: Final = "GpufragUnreadable"
+REPORTING_COMPONENT: Final = "gpufrag-extender"
+# Reports waiting for the writer; one burst of bad objects past this is dropped (and counted).
+EVENT_QUEUE_SIZE: Final = 256
+# Objects (UIDs) already reported; past this the oldest may be reported again, which the
+# deterministic Event name turns into a harmless 409 while the first Event lives (1 h default).
+REMEMBERED_REPORTS: Final = 10_000
+EVENT_MESSAGE_CHARS: Final = 1024        # the events.k8s.io limit on a note
+EVENT_INSTANCE_CHARS: Final = 128        # the limit on reportingInstance
+HTTP_CONFLICT = 409
+SKIP_EVENT_OUTCOMES: Final = ("written", "failed", "dropped")
+
+
+# -------------------------------------------------------------------------------- skip reports
+EventWrite = Callable[[str, dict[str, Any]], None]
+"""Create one Event (namespace, body); raises what the API client raises."""
+
+_NOT_IN_A_NAME = re.compile(r"[^a-z0-9.-]+")
+
+
+def _event_name(skipped: SkippedObject) -> str:
+    """``<object>.<16 hex digits of kind and UID>``: one name per object, so a restarted
+    extender re-reporting it gets 409 AlreadyExists instead of writing a duplicate."""
+    prefix = _NOT_IN_A_NAME.sub("-", skipped.name.lower())[:200].strip(".-") or "object"
+    digest = hashlib.sha256(f"{skipped.kind}/{skipped.uid or skipped.key}".encode()).hexdigest()
+    return f"{prefix}.{digest[:16]}"
+
+
+def skip_event(skipped: SkippedObject, *, instance: str, now_s: float
+               ) -> tuple[str, dict[str, Any]]:
+    """The namespace and body of the core/v1 Warning Event about one skipped object. A node's
+    Event goes to ``default``, as the kubelet's do; the message is the converter's reason
+    (field and value), which is what the owner of the object needs to fix it."""
+    namespace = skipped.namespace or "default"
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s))
+    involved: dict[str, Any] = {"apiVersion": "v1", "kind": skipped.kind, "name": skipped.name}
+    if skipped.namespace:
+        involved["namespace"] = skipped.namespace
+    if skipped.uid:
+        involved["uid"] = skipped.uid
+    message = (f"gpufrag extender cannot read this {skipped.label} and leaves it out of its "
+               f"cluster state: {skipped.reason}")
+    return namespace, {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": _event_name(skipped), "namespace": namespace},
+        "involvedObject": involved,
+        "type": "Warning", "reason": EVENT_REASON_UNREADABLE,
+        "message": message[:EVENT_MESSAGE_CHARS],
+        "source": {"component": REPORTING_COMPONENT},
+        "reportingComponent": REPORTING_COMPONENT,
+        "reportingInstance": instance[:EVENT_INSTANCE_CHARS],
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+
+
+class SkipReporter:
+    """Puts a Warning Event on each object the cache skips, at most once per UID.
+
+    :meth:`report` is the cache's ``on_skip``: it runs on a watch thread under the cache lock,
+    so it only remembers the UID and queues (never waits); one writer thread (:meth:`start`)
+    does the API calls. A report that finds the queue full is dropped; one whose write may pass
+    on a retry (no answer, 429, 5xx) is forgotten again. Either way the object is reported
+    at its next read (a status update, a relist). A refused write (403: RBAC without
+    ``create events``) is not retried. ``outcomes`` counts ``written`` (409 AlreadyExists
+    included: the Event is there), ``failed`` and ``dropped``."""
+
+    def __init__(self, write: EventWrite, *, instance: str, clock: Callable[[], float] = time.time,
+                 capacity: int = EVENT_QUEUE_SIZE, remember: int = REMEMBERED_REPORTS) -> None:
+        self.write = write
+        self.instance = instance
+        self.clock = clock
+        self.remember = remember
+        self.outcomes = dict.fromkeys(SKIP_EVENT_OUTCOMES, 0)
+        self._queue: queue.Queue[SkippedObject | None] = queue.Queue(maxsize=capacity)
+        self._reported: OrderedDict[str, None] = OrderedDict()
+        self._lock = threading.Lock()  # _reported and outcomes: the watch and writer threads
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def _identity(skipped: SkippedObject) -> str:
+        return f"{skipped.kind}/{skipped.uid or skipped.key}"
+
+    def report(self, skipped: SkippedObject) -> None:
+        """Queue an Event for ``skipped`` unless it has been reported already."""
+        identity = self._identity(skipped)
+        with self._lock:
+            if identity in self._reported:
+                return
+            self._reported[identity] = None
+            while len(self._reported) > self.remember:
+                self._reported.popitem(last=False)
+            try:
+                self._queue.put_nowait(skipped)
+            except queue.Full:
+                self._reported.pop(identity, None)
+                self.outcomes["dropped"] += 1
+                log.debug("skip event dropped: queue full", object=identity)
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[outcome] += 1
+
+    def _forget(self, skipped: SkippedObject) -> None:
+        with self._lock:
+            self._reported.pop(self._identity(skipped), None)
+
+    def write_one(self, skipped: SkippedObject) -> None:
+        """Write the Event for one report (the writer thread's step; tests call it directly)."""
+        namespace, body = skip_event(skipped, instance=self.instance, now_s=self.clock())
+        what = f"{skipped.label} {skipped.key}"
+        try:
+            self.write(namespace, body)
+        except Exception as e:
+            error = api_error(f"writing an Event on {what}", e)
+            if error is not None and error.status == HTTP_CONFLICT:
+                self._count("written")  # reported before (a restart): the Event is there
+                return
+            self._count("failed")
+            if error is None:  # not the API refusing: a bug here; keep the trace
+                log.exception("skip event not written", object=what)
+                return
+            if error.retryable:
+                self._forget(skipped)
+            log.warning("skip event not written", object=what, error=str(error),
+                        retry_at_next_read=error.retryable)
+            return
+        self._count("written")
+        log.info("skip event written", object=what, event_name=body["metadata"]["name"])
+
+    def write_queued(self) -> int:
+        """Write every queued report now, on this thread; returns how many (for tests)."""
+        done = 0
+        while True:
+            try:
+                skipped = self._queue.get_nowait()
+            except queue.Empty:
+                return done
+            if skipped is not None:
+                self.write_one(skipped)
+                done += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            skipped = self._queue.get()
+            if skipped is None or self._stop.is_set():
+                return
+            try:
+                self.write_one(skipped)
+            except Exception:  # the writer must outlive any one report
+                log.exception("skip event writer failed")
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="skip-events", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        with contextlib.suppress(queue.Full):
+            self._queue.put_nowait(None)  # wakes an idle writer; a busy one sees _stop
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+
+
+__all__ = ["EVENT_REASON_UNREADABLE", "REPORTING_COMPONENT", "SKIP_EVENT_OUTCOMES", "EventWrite",
+           "SkipReporter", "skip_event"]
