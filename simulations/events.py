@@ -63,7 +63,7 @@ from scheduler.core.policy import Policy
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.policies import POLICY_NAMES, make_policy
-from scheduler.policies.affinity import AffinityParams, affinity_score
+from scheduler.policies.affinity import AffinityParams, blended_key
 from simulations.autoscale import Hpa, HpaSpec, Load, Signals, prewarm_minimum
 from simulations.defrag_whatif import _Silent, sampler, with_gpu_memory
 from simulations.genai import ServingTrace
@@ -356,9 +356,8 @@ class EventReplay:
     def _decide(self, pod: PodRequest) -> Decision | None:
         """The core's choice; for a model replica, the extender's blend with affinity.
 
-        The blend is ``scheduler.extender.scoring.Scorer.prioritize``'s, which the simulator
-        may not import (it is the web layer): the policy's scores min-max normalised, plus
-        ``affinity_weight`` x the affinity bonus, ties by the core's fixed order."""
+        The blend is the extender's (``scheduler.policies.affinity.blended_key``), ties by the
+        core's fixed order."""
         config = self.config
         if not pod.model or config.affinity_weight == 0:
             return choose(self.state, self.policy, pod, self.rows, self.cache)
@@ -366,12 +365,9 @@ class EventReplay:
         candidates, scores = rank_candidates(state, self.policy, pod, self.rows, self.cache)
         if candidates.size == 0:
             return None
-        key = scores.score
-        bonus = affinity_score(state, pod, candidates, self.affinity, self.now)
-        if bonus.any():
-            lo, hi = float(key.min()), float(key.max())
-            norm = (key - lo) / (hi - lo) if hi > lo else np.ones(key.shape)
-            key = config.policy_weight * norm + config.affinity_weight * bonus
+        key = blended_key(state, pod, candidates, scores.score, self.affinity, self.now,
+                          policy_weight=config.policy_weight,
+                          affinity_weight=config.affinity_weight)
         i = best_index(state, candidates, key)
         row = int(candidates[i])
         gpus = gpus_for(state, pod, row, int(scores.share_gpu[i]))

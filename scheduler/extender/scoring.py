@@ -32,7 +32,7 @@ from scheduler.core.placement import Decision, ScoreCache, best_index, choose, r
 from scheduler.core.policy import Policy
 from scheduler.core.state import BoolArray, ClusterState, IntArray
 from scheduler.core.types import PodRequest
-from scheduler.policies.affinity import AffinityParams, affinity_score, at_cap, replica_counts
+from scheduler.policies.affinity import AffinityParams, at_cap, blended_key, replica_counts
 
 MAX_PRIORITY = 10  # kube-scheduler's MaxExtenderPriority
 UNKNOWN = -1  # row of a node name the state does not know
@@ -205,13 +205,9 @@ class Scorer:
             scores = scores._replace(score=scores.score[keep], share_gpu=scores.share_gpu[keep])
         if candidates.size == 0:
             return Priorities(rows, out, -1)
-        key = scores.score
-        if self.affinity_weight > 0 and pod.model:
-            bonus = affinity_score(state, pod, candidates, self.affinity, now)
-            if bonus.any():
-                lo, hi = float(key.min()), float(key.max())
-                norm = (key - lo) / (hi - lo) if hi > lo else np.ones(key.shape)
-                key = self.policy_weight * norm + self.affinity_weight * bonus
+        key = blended_key(state, pod, candidates, scores.score, self.affinity, now,
+                          policy_weight=self.policy_weight,
+                          affinity_weight=self.affinity_weight)
         best = best_index(state, candidates, key)
         top = np.zeros(candidates.size, np.bool_)
         if hinted:

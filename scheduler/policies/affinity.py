@@ -117,3 +117,24 @@ def affinity_score(state: ClusterState, pod: PodRequest, rows: IntArray,
 
 
 __all__ = ["AffinityParams", "affinity_score", "at_cap", "replica_counts"]
+
+
+def blended_key(state: ClusterState, pod: PodRequest, rows: IntArray, policy_scores: FloatArray,
+                params: AffinityParams, now: float, *, policy_weight: float,
+                affinity_weight: float) -> FloatArray:
+    """The ranking key of ``rows`` (higher is better) for a pod, blending the policy's scores
+    with model-version affinity: the policy's scores min-max normalised to 0..1 times
+    ``policy_weight``, plus ``affinity_weight`` times the bonus. Where no row earns a bonus
+    (no model label, weight 0, no replica or warm node) the policy's own scores rank alone.
+
+    One home for the blend: the extender's prioritize and the event-driven what-if both rank
+    with it, so a simulated placement is the one the extender would make."""
+    if affinity_weight <= 0 or not pod.model:
+        return policy_scores
+    bonus = affinity_score(state, pod, rows, params, now)
+    if not bonus.any():
+        return policy_scores
+    lo, hi = float(policy_scores.min()), float(policy_scores.max())
+    norm = (policy_scores - lo) / (hi - lo) if hi > lo else np.ones(policy_scores.shape)
+    key: FloatArray = policy_weight * norm + affinity_weight * bonus
+    return key
