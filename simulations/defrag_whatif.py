@@ -69,10 +69,10 @@ GPU_MEMORY_GIB = {"T4": 16, "P100": 16, "V100M16": 16, "V100M32": 32, "A10": 24}
 DEFAULT_GPU_GIB = 32
 
 
-class _Silent:
+class SilentLog:
     """A logger that drops everything: the what-if reports in its table, not per move."""
 
-    def bind(self, **_: Any) -> _Silent:
+    def bind(self, **_: Any) -> SilentLog:
         return self
 
     def _drop(self, *_: Any, **__: Any) -> None:
@@ -250,7 +250,7 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
         started = time.perf_counter()
         the_plan = plan(snapshot, scheduler, target, config)
         metrics = CycleMetrics(dry_run=True)
-        report = Executor(DryRunActions(_Silent()), config, metrics, log=_Silent()).run(
+        report = Executor(DryRunActions(SilentLog()), config, metrics, log=SilentLog()).run(
             the_plan, snapshot, target)
         placed = _place_pending(snapshot, scheduler, cache, draw)
         result.cycles.append(CycleRecord(

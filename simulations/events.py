@@ -65,7 +65,7 @@ from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.policies import POLICY_NAMES, make_policy
 from scheduler.policies.affinity import AffinityParams, blended_key
 from simulations.autoscale import Hpa, HpaSpec, Load, Signals, prewarm_minimum
-from simulations.defrag_whatif import _Silent, sampler, with_gpu_memory
+from simulations.defrag_whatif import SilentLog, sampler, with_gpu_memory
 from simulations.genai import ServingTrace
 from simulations.replay import ReplayResult, tie_order
 from simulations.timed import TimedPod
@@ -593,9 +593,9 @@ class EventReplay:
         if not the_plan.moves:
             return
         before = {m.pod: self.state.index[m.source] for m in the_plan.moves}
-        report = Executor(DryRunActions(_Silent()), self.defrag_config,
+        report = Executor(DryRunActions(SilentLog()), self.defrag_config,
                           CycleMetrics(dry_run=True), clock=lambda: self.now,
-                          log=_Silent()).run(the_plan, snapshot, self.target)
+                          log=SilentLog()).run(the_plan, snapshot, self.target)
         self.counts["evictions"] += report.evicted
         freed: list[int] = []
         for result in report.results:
