@@ -22,12 +22,11 @@ from scheduler.extender.app import create_app
 from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.metrics import SkipEventCollector
 from scheduler.extender.service import Extender
-from scheduler.kube.binder import Binder, DryRunBinder, KubeBinder
+from scheduler.kube.binder import Binder, DryRunBinder, KubeBinder, KubeEventWriter
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import key_of
-from scheduler.kube.snapshot import Snapshot
-from scheduler.kube.binder import KubeEventWriter
 from scheduler.kube.skipreport import SkipReporter
+from scheduler.kube.snapshot import Snapshot
 from scheduler.kube.watch import ClusterWatcher
 
 Clock = Callable[[], float]
