@@ -33,6 +33,7 @@ extenders:
   - urlPrefix: {url}
     filterVerb: filter
     prioritizeVerb: prioritize
+    preemptVerb: preempt
 {bind}    weight: 200
     nodeCacheCapable: true
     httpTimeout: 5s

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extender": ("scheduler.extender.cli", "run the kube-scheduler extender webhook"),
     "export-snapshot": ("scheduler.kube.export", "write a live cluster's nodes and pods to a file"),
     "defrag": ("defrag.controller.cli", "run one defragmentation cycle (CronJob)"),
+    "admission": ("defrag.admission.cli", "right-size GPU shares of new pods (mutating webhook)"),
     "agent": ("defrag.agent.cli", "publish per-GPU usage read through NVML (DaemonSet)"),
     "device-plugin": ("defrag.deviceplugin.cli", "hand each container the GPUs the extender "
                       "chose (kubelet device plugin, DaemonSet)"),

@@ -36,6 +36,17 @@ RESOURCE_GPU = "nvidia.com/gpu"
 RESOURCE_GPU_MILLI = "gpufrag.io/gpu-milli"
 RESOURCE_GPU_MEMORY_MIB = "gpufrag.io/gpu-memory-mib"
 
+# Optional share resources, off ("") unless mapped: a share's compute in percent of one GPU
+# (HAMi's nvidia.com/gpucores).
+RESOURCE_GPU_CORES_PERCENT = ""
+# The unit of the GPU-memory share resource: "MiB" (gpufrag, HAMi's nvidia.com/gpumem) or
+# "GiB" (Aliyun gpushare's aliyun.com/gpu-mem with its device plugin's default --memory-unit).
+GPU_MEMORY_UNITS = ("MiB", "GiB")
+# Whose device plugin runs on the nodes, and so which annotations a bind writes besides the
+# GPU indices: "gpufrag", "hami" (Project-HAMi's hami.io/* keys) or "gpushare"
+# (AliyunContainerService's ALIYUN_COM_GPU_MEM_* keys).
+DEVICE_PLUGINS = ("gpufrag", "hami", "gpushare")
+
 # GPU feature discovery labels on nodes.
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
 LABEL_GPU_MEMORY_MIB = "nvidia.com/gpu.memory"
@@ -53,6 +64,12 @@ ANNOTATION_GPU_INDICES = "gpufrag.io/gpu-indices"
 ANNOTATION_GPU_USAGE = "gpufrag.io/gpu-usage"
 # Opt a pod out of defragmentation moves ("false").
 ANNOTATION_DEFRAG_MOVABLE = "gpufrag.io/defrag-movable"
+# GPU right-sizing (defrag.rightsizing): the mode on a workload's controller ("off",
+# "recommend" (default), "auto"); the recommendation (+ its history) the defrag controller
+# publishes there (JSON); the admission webhook's record of what it changed on a pod, and why.
+ANNOTATION_RIGHTSIZING_MODE = "gpufrag.io/rightsizing-mode"
+ANNOTATION_GPU_RECOMMENDATION = "gpufrag.io/gpu-recommendation"
+ANNOTATION_RIGHTSIZING_CHANGE = "gpufrag.io/rightsizing"
 
 SCHEDULER_NAME = "gpufrag-scheduler"
 
@@ -73,6 +90,10 @@ class KubeNames:
 
     gpu: str = RESOURCE_GPU
     gpu_milli: str = RESOURCE_GPU_MILLI
+    gpu_memory: str = RESOURCE_GPU_MEMORY_MIB
+    gpu_memory_unit: str = "MiB"
+    gpu_cores: str = RESOURCE_GPU_CORES_PERCENT
+    device_plugin: str = "gpufrag"
     label_gpu_product: str = LABEL_GPU_PRODUCT
     label_gpu_memory: str = LABEL_GPU_MEMORY_MIB
     label_model: str = LABEL_MODEL
@@ -81,6 +102,9 @@ class KubeNames:
     annotation_gpu_indices: str = ANNOTATION_GPU_INDICES
     annotation_gpu_usage: str = ANNOTATION_GPU_USAGE
     annotation_defrag_movable: str = ANNOTATION_DEFRAG_MOVABLE
+    annotation_rightsizing_mode: str = ANNOTATION_RIGHTSIZING_MODE
+    annotation_gpu_recommendation: str = ANNOTATION_GPU_RECOMMENDATION
+    annotation_rightsizing_change: str = ANNOTATION_RIGHTSIZING_CHANGE
     scheduler_name: str = SCHEDULER_NAME
     hints_namespace: str = HINTS_NAMESPACE
     hints_configmap: str = HINTS_CONFIGMAP
@@ -144,7 +168,20 @@ def _dns_subdomain_problem(value: str) -> str | None:
     return None
 
 
+def _optional_name_problem(value: str) -> str | None:
+    return None if value == "" else qualified_name_problem(value)
+
+
+def _choice_problem(choices: tuple[str, ...]) -> Any:
+    def check(value: str) -> str | None:
+        return None if value in choices else f"{value!r}: must be one of {', '.join(choices)}"
+    return check
+
+
 _OBJECT_NAME_CHECKS = {
+    "gpu_cores": _optional_name_problem,
+    "gpu_memory_unit": _choice_problem(GPU_MEMORY_UNITS),
+    "device_plugin": _choice_problem(DEVICE_PLUGINS),
     "hints_namespace": _dns_label_problem,
     "hints_configmap": _dns_subdomain_problem,
     "scheduler_name": _dns_subdomain_problem,

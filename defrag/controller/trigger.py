@@ -70,7 +70,7 @@ def find_triggers(state: ClusterState, measurement: Measurement, pending: Sequen
         over = np.flatnonzero(np.nan_to_num(measurement.waste_ratio, nan=0.0) > threshold)
     waste = frozenset(int(r) for r in over if state.active[r])
     rows = state.active_rows()
-    by_shape: dict[tuple[int, int, int, int, frozenset[str]], list[PodInfo]] = {}
+    by_shape: dict[tuple[int, int, int, int, frozenset[str], int], list[PodInfo]] = {}
     for pod in pending:
         if pod.request.wants_gpu:
             by_shape.setdefault(pod.request.shape, []).append(pod)

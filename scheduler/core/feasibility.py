@@ -44,13 +44,31 @@ def feasible_mask(state: ClusterState, pod: PodRequest, rows: IntArray) -> BoolA
     )
     if pod.wants_gpu:
         # Shares use one GPU; several GPUs are always whole ones (PodRequest guarantees it).
-        if pod.num_gpu == 1:
+        if pod.gpu_memory_mib:
+            ok &= state.gpu_max_free[rows] >= milli_needed(state, pod, rows)
+        elif pod.num_gpu == 1:
             ok &= state.gpu_max_free[rows] >= pod.gpu_milli
         else:
             ok &= state.gpu_full_count[rows] >= pod.num_gpu
         if pod.gpu_spec:
             ok &= allowed_products(state, pod.gpu_spec)[state.product[rows]]
     return ok
+
+
+_NEVER = np.iinfo(np.int64).max
+
+
+def milli_needed(state: ClusterState, pod: PodRequest, rows: IntArray) -> IntArray:
+    """Per row, the milli-GPU share ``pod`` takes on one GPU there (a GPU-memory share
+    converted with the node's GPU memory, see ``PodRequest.milli_on``); an impossible value
+    where it cannot be placed at all (GPU memory unknown or too small)."""
+    if not pod.gpu_memory_mib:
+        return np.full(rows.size, pod.gpu_milli, np.int64)
+    memory = state.gpu_memory_mib[rows]
+    known = memory >= pod.gpu_memory_mib
+    by_memory = -(-pod.gpu_memory_mib * MILLI_PER_GPU // np.maximum(memory, 1))
+    need = np.maximum(np.maximum(by_memory, pod.gpu_milli), 1)
+    return np.where(known, need, _NEVER).astype(np.int64)
 
 
 def _spec_text(spec: frozenset[str]) -> str:
@@ -77,12 +95,23 @@ def explain(state: ClusterState, pod: PodRequest, row: int) -> Verdict:
         if need > left:
             return Verdict(False, f"needs {need} {unit} {what}, {left} left")
     if pod.wants_gpu:
+        milli = pod.milli_on(int(state.gpu_memory_mib[row]))
+        if milli is None:
+            memory = int(state.gpu_memory_mib[row])
+            if memory <= 0:
+                return Verdict(False, f"needs {pod.gpu_memory_mib} MiB of GPU memory, and the "
+                               "node's GPU memory is unknown (no GPU memory label)", True)
+            return Verdict(False, f"needs {pod.gpu_memory_mib} MiB of GPU memory, the node's "
+                           f"GPUs have {memory} MiB", True)
         free = state.gpu_free[row, :gpus]
-        fitting = int((free >= pod.gpu_milli).sum())
+        fitting = int((free >= milli).sum())
         if fitting < pod.num_gpu:
-            if pod.gpu_milli >= MILLI_PER_GPU:
+            if milli >= MILLI_PER_GPU:
                 text = f"needs {pod.num_gpu} free GPUs, has {fitting}"
             else:
-                text = f"needs {pod.num_gpu} GPUs with >= {pod.gpu_milli} milli free, has {fitting}"
+                asked = (f" ({pod.gpu_memory_mib} MiB of GPU memory)" if pod.gpu_memory_mib
+                         else "")
+                text = (f"needs {pod.num_gpu} GPUs with >= {milli} milli free{asked}, "
+                        f"has {fitting}")
             return Verdict(False, text)
     return FITS

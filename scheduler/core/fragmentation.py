@@ -84,7 +84,10 @@ class TargetWorkload:
         """The most popular specs of ``pods`` that together cover >= ``coverage`` of them."""
         if not 0 < coverage <= 1:
             raise ValueError(f"coverage must be in (0, 1], got {coverage}")
-        counts = Counter((p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods)
+        # A GPU-memory share is a different milli share on each GPU size; one that asks no
+        # milli at all has no node-independent spec and is left out of the target.
+        counts = Counter((p.cpu_milli, p.num_gpu, p.gpu_milli, p.gpu_spec) for p in pods
+                         if not (p.gpu_memory_mib and not p.gpu_milli))
         total = sum(counts.values())
         if total == 0:
             raise ValueError("TargetWorkload.from_pods needs at least one pod")

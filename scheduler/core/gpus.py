@@ -35,6 +35,10 @@ def gpus_for(state: ClusterState, pod: PodRequest, row: int, share_gpu: int) -> 
     """The GPU indices a pod takes on ``row``; ``share_gpu`` is the policy's pick for shares."""
     if not pod.wants_gpu:
         return ()
+    resolved = pod.on_gpu_memory(int(state.gpu_memory_mib[row]))
+    if resolved is None:
+        return ()
+    pod = resolved
     if pod.is_share:
         if share_gpu == NO_GPU:
             share_gpu = int(tightest_gpu(state.gpu_free[row : row + 1], pod.gpu_milli)[0])

@@ -17,7 +17,7 @@ from scheduler.core.policy import Policy, Scores
 from scheduler.core.state import ClusterState, IntArray
 from scheduler.core.types import PodRequest
 
-ShapeKey = tuple[int, int, int, int, frozenset[str]]
+ShapeKey = tuple[int, int, int, int, frozenset[str], int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,12 +63,27 @@ class ScoreCache:
 
 def rank_candidates(state: ClusterState, policy: Policy, pod: PodRequest, rows: IntArray,
                     cache: ScoreCache | None = None) -> tuple[IntArray, Scores]:
-    """Feasible rows among ``rows`` and their scores (unsorted)."""
+    """Feasible rows among ``rows`` and their scores (unsorted).
+
+    A GPU-memory share is a different milli-GPU share on nodes with different GPU memory, so
+    it is scored once per GPU memory size among the candidates, each time as the milli-GPU
+    share it is there (policies only ever see milli-GPU)."""
     candidates = rows[feasible_mask(state, pod, rows)]
     if candidates.size == 0:
         return candidates, Scores(np.zeros(0), np.zeros(0, np.int64))
-    scores = (cache.score if cache is not None else policy.score)(state, pod, candidates)
-    return candidates, scores
+    score_of = cache.score if cache is not None else policy.score
+    if not pod.gpu_memory_mib:
+        return candidates, score_of(state, pod, candidates)
+    score = np.zeros(candidates.size)
+    share_gpu = np.full(candidates.size, NO_GPU, np.int64)
+    memory = state.gpu_memory_mib[candidates]
+    for size in np.unique(memory).tolist():
+        at = np.flatnonzero(memory == size)
+        resolved = pod.on_gpu_memory(int(size))
+        assert resolved is not None  # feasible_mask kept only nodes it converts on
+        part = score_of(state, resolved, candidates[at])
+        score[at], share_gpu[at] = part.score, part.share_gpu
+    return candidates, Scores(score, share_gpu)
 
 
 def best_index(state: ClusterState, candidates: IntArray, score: np.ndarray) -> int:

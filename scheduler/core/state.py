@@ -10,6 +10,7 @@ caches know exactly which rows to recompute.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -175,6 +176,16 @@ class ClusterState:
         cluster is the truth even if it over-commits; the simulator checks)."""
         row = self.index[node] if isinstance(node, str) else node
         key = pod_key(pod)
+        if pod.gpu_memory_mib:
+            # Accounted as the milli-GPU share it is on this node's GPUs. On a node whose GPU
+            # memory is unknown (or smaller than asked) the live cluster still runs the pod:
+            # count the whole GPU, never less than it may use.
+            resolved = pod.on_gpu_memory(int(self.gpu_memory_mib[row]))
+            if resolved is None and check:
+                raise PlacementError(f"pod {key}: {pod.gpu_memory_mib} MiB of GPU memory does "
+                                     f"not fit the GPUs of {self.names[row]}")
+            pod = resolved or dataclasses.replace(pod, gpu_milli=MILLI_PER_GPU,
+                                                  gpu_memory_mib=0)
         if key in self.pods:
             raise PlacementError(f"pod {key} is already placed on {self.pods[key].node}")
         if len(gpus) != pod.num_gpu:

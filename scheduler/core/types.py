@@ -7,8 +7,9 @@ same thing and every policy sees one shape.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 MILLI_PER_GPU = 1000
 MAX_GPUS_PER_NODE = 16
@@ -41,6 +42,11 @@ class PodRequest:
 
     ``gpu_milli`` is per GPU, as in openb: 1000 for whole GPUs, below 1000 only when
     ``num_gpu == 1`` (a GPU share). ``gpu_spec`` lists acceptable GPU products; empty = any.
+
+    A share may also (or instead) ask for GPU memory: ``gpu_memory_mib`` on its one GPU. How
+    much of a GPU that is depends on the node (a 4,000 MiB share is a sixth of a 24 GiB GPU and
+    a twentieth of an 80 GiB one), so it is converted per node by :meth:`on_gpu_memory` (the
+    larger of the two shares wins); such a pod may have ``gpu_milli == 0`` (memory only).
     """
 
     name: str
@@ -52,13 +58,20 @@ class PodRequest:
     namespace: str = ""
     model: str = ""
     model_version: str = ""
+    gpu_memory_mib: int = 0
 
     def __post_init__(self) -> None:
-        if self.cpu_milli < 0 or self.memory_mib < 0 or self.num_gpu < 0 or self.gpu_milli < 0:
+        if (self.cpu_milli < 0 or self.memory_mib < 0 or self.num_gpu < 0 or self.gpu_milli < 0
+                or self.gpu_memory_mib < 0):
             raise ValueError(f"pod {self.name}: negative request")
         if self.num_gpu > MAX_GPUS_PER_NODE:
             raise ValueError(f"pod {self.name}: num_gpu {self.num_gpu} > {MAX_GPUS_PER_NODE}")
-        if self.num_gpu > 0 and not 0 < self.gpu_milli <= MILLI_PER_GPU:
+        if self.gpu_memory_mib:
+            if self.num_gpu != 1:
+                raise ValueError(f"pod {self.name}: a GPU-memory share needs num_gpu == 1")
+            if self.gpu_milli > MILLI_PER_GPU:
+                raise ValueError(f"pod {self.name}: gpu_milli {self.gpu_milli} above 1000")
+        elif self.num_gpu > 0 and not 0 < self.gpu_milli <= MILLI_PER_GPU:
             raise ValueError(f"pod {self.name}: gpu_milli {self.gpu_milli} outside 1..1000")
         if self.num_gpu > 1 and self.gpu_milli != MILLI_PER_GPU:
             raise ValueError(f"pod {self.name}: a GPU share (gpu_milli < 1000) needs num_gpu == 1")
@@ -76,10 +89,32 @@ class PodRequest:
     def gpu_demand_milli(self) -> int:
         return self.num_gpu * self.gpu_milli
 
+    def milli_on(self, gpu_memory_mib: int) -> int | None:
+        """The share of one GPU this pod takes on a node whose GPUs have ``gpu_memory_mib``:
+        ``gpu_milli``, or its GPU memory converted (rounded up), whichever is larger; None when
+        a memory share cannot be placed there (GPU memory unknown, or smaller than asked)."""
+        if not self.gpu_memory_mib:
+            return self.gpu_milli
+        if gpu_memory_mib <= 0 or self.gpu_memory_mib > gpu_memory_mib:
+            return None
+        by_memory = math.ceil(self.gpu_memory_mib * MILLI_PER_GPU / gpu_memory_mib)
+        return max(self.gpu_milli, by_memory, 1)
+
+    def on_gpu_memory(self, gpu_memory_mib: int) -> PodRequest | None:
+        """This request as it is on a node whose GPUs have ``gpu_memory_mib`` (a memory share
+        turned into milli-GPU, see :meth:`milli_on`); itself when it asks no GPU memory."""
+        if not self.gpu_memory_mib:
+            return self
+        milli = self.milli_on(gpu_memory_mib)
+        if milli is None:
+            return None
+        return replace(self, gpu_milli=milli, gpu_memory_mib=0)
+
     @property
-    def shape(self) -> tuple[int, int, int, int, frozenset[str]]:
+    def shape(self) -> tuple[int, int, int, int, frozenset[str], int]:
         """Everything placement depends on, minus identity: pods of one shape score alike."""
-        return (self.cpu_milli, self.memory_mib, self.num_gpu, self.gpu_milli, self.gpu_spec)
+        return (self.cpu_milli, self.memory_mib, self.num_gpu, self.gpu_milli, self.gpu_spec,
+                self.gpu_memory_mib)
 
     @property
     def clustering_tag(self) -> int:

@@ -2,8 +2,8 @@
 
 Routes (``{prefix}`` is ``server.url_prefix``):
 
-- ``POST {prefix}/filter``, ``POST {prefix}/prioritize``, ``POST {prefix}/bind`` (when
-  ``bind.enabled``) — the kube-scheduler extender v1 protocol (see ``wire``).
+- ``POST {prefix}/filter``, ``POST {prefix}/prioritize``, ``POST {prefix}/preempt``,
+  ``POST {prefix}/bind`` (when ``bind.enabled``): the extender v1 protocol (see ``wire``).
 - ``GET /healthz`` (the process answers), ``GET /readyz`` (the state has synced and the
   target workload reflects it: 503 before),
   ``GET /metrics`` (Prometheus).
@@ -198,6 +198,17 @@ def create_app(extender: Extender, *, registry: CollectorRegistry | None = None)
             return {"Error": str(e)}, fields
         fields["gpus"] = ",".join(str(g) for g in outcome.gpus)
         return {"Error": ""}, fields
+
+    def do_preempt(body: bytes) -> tuple[Payload, dict[str, Any]]:
+        args = wire.parse_preemption_args(body)
+        fields: dict[str, Any] = {"pod": _pod_id(args.pod), "nodes": len(args.victims)}
+        chosen = extender.preempt(args.pod, args.victims)
+        fields.update(kept=len(chosen), victims=sum(len(u) for u, _ in chosen.values()))
+        return wire.preemption_result(chosen), fields
+
+    @app.post(f"{prefix}/preempt")
+    def preempt_verb() -> Response:
+        return handle("preempt", do_preempt)
 
     @app.post(f"{prefix}/filter")
     def filter_verb() -> Response:

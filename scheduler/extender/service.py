@@ -20,14 +20,20 @@ import structlog
 from gpufrag.errors import BadInput
 from scheduler.core.feasibility import explain
 from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_ratio
+from scheduler.core.preemption import fewest_victims
 from scheduler.core.state import IntArray
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
 from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.scoring import UNKNOWN, FilterVerdicts, Priorities, Scorer
-from scheduler.extender.wire import NodeJson, encode_reason
+from scheduler.extender.wire import NodeJson, NodeVictims, encode_reason
 from scheduler.kube.binder import Binder, BindError
 from scheduler.kube.cache import ClusterCache
-from scheduler.kube.convert import owner_uid, pod_from_k8s
+from scheduler.kube.convert import (
+    UnsupportedRequest,
+    device_plugin_annotations,
+    owner_uid,
+    pod_from_k8s,
+)
 from scheduler.policies import make_policy
 
 Obj = Mapping[str, Any]
@@ -107,8 +113,10 @@ class Extender:
         workload = self._fixed_workload
         if workload is None:
             pods = self.cache.workload_pods()
-            workload = (TargetWorkload.from_pods(pods, self.config.workload.coverage) if pods
-                        else TargetWorkload.from_specs(FALLBACK_SPECS))
+            try:
+                workload = TargetWorkload.from_pods(pods, self.config.workload.coverage)
+            except ValueError:  # no pods, or none with a node-independent spec
+                workload = TargetWorkload.from_specs(FALLBACK_SPECS)
         scorer = self._make_scorer(workload)
         with self.cache.lock:
             self.workload, self.scorer = workload, scorer
@@ -161,7 +169,10 @@ class Extender:
 
     # ------------------------------------------------------------------ verbs
     def filter(self, pod_obj: Obj, names: Sequence[str]) -> FilterVerdicts:
-        pod = self._pod(pod_obj)
+        try:
+            pod = self._pod(pod_obj)
+        except UnsupportedRequest as e:  # fits no node, ever: say why on each
+            return self._unplaceable(str(e), names)
         with self.cache.lock:
             rows = self._rows(names)
             self.node_json.sync(self.cache.state.names)
@@ -170,9 +181,24 @@ class Extender:
                                       np.zeros(0, np.int64), [], np.zeros(0, np.bool_), [])
             return self.scorer.filter(self.cache.state, pod, rows)
 
+    def _unplaceable(self, reason: str, names: Sequence[str]) -> FilterVerdicts:
+        """Every node fails, unresolvable, with ``reason`` (a request the extender cannot
+        place anywhere, such as a MIG device)."""
+        with self.cache.lock:
+            rows = self._rows(names)
+            self.node_json.sync(self.cache.state.names)
+        n = len(names)
+        return FilterVerdicts(rows, np.zeros(n, np.bool_), np.arange(n, dtype=np.int64),
+                              [reason] * n, np.ones(n, np.bool_), [encode_reason(reason)] * n)
+
     def prioritize(self, pod_obj: Obj, names: Sequence[str]) -> tuple[Priorities, str]:
         """Scores in request order and the top node's name ('' when none / a CPU-only pod)."""
-        pod = self._pod(pod_obj)
+        try:
+            pod = self._pod(pod_obj)
+        except UnsupportedRequest:  # filtered out everywhere; neutral here
+            with self.cache.lock:
+                rows = self._rows(names)
+            return Priorities(rows, np.zeros(len(names), np.int64), -1), ""
         now = self.clock()
         owner = owner_uid(pod_obj)
         with self.cache.lock:
@@ -184,6 +210,47 @@ class Extender:
             result = self.scorer.prioritize(self.cache.state, pod, rows, now, hinted)
             best = self.cache.state.names[result.best] if result.best >= 0 else ""
         return result, best
+
+    def preempt(self, pod_obj: Obj,
+                victims: Mapping[str, NodeVictims]) -> dict[str, tuple[list[str], int]]:
+        """Per node, the UIDs of the fewest candidate victims whose eviction lets the pod fit
+        a GPU there (ties: least fragmentation after), with kube-scheduler's PDB violation
+        count capped at the set's size (it counted the candidates; without the PDBs the
+        extender cannot recount a subset). Nodes where no subset helps are left out. A pod
+        without a GPU request gets kube-scheduler's candidates back unchanged; a candidate
+        the extender's state does not hold is kept (its eviction may be what kube-scheduler
+        needs for a resource the extender does not track)."""
+        try:
+            pod = self._pod(pod_obj)
+        except UnsupportedRequest:
+            return {}
+        if not pod.wants_gpu:
+            return {n: (list(v.uids), v.num_pdb_violations) for n, v in victims.items()}
+        chosen: dict[str, tuple[list[str], int]] = {}
+        with self.cache.lock:
+            state = self.cache.state
+            for node, candidates in victims.items():
+                row = state.index.get(node)
+                if row is None:
+                    continue
+                by_uid = {self.cache.pods[k].uid: k for k in state.pods_on_node[row]
+                          if k in self.cache.pods}
+                keys: list[str] = []
+                uid_of: dict[str, str] = {}
+                unknown: list[str] = []  # UIDs of candidates the state does not hold
+                for key, uid in zip(candidates.keys, candidates.uids, strict=True):
+                    key = key or by_uid.get(uid, "")
+                    if key in state.pods:
+                        keys.append(key)
+                        uid_of[key] = uid
+                    else:
+                        unknown.append(uid)
+                subset = fewest_victims(state, self.workload, pod, row, keys)
+                if subset is None:
+                    continue
+                uids = [uid_of[k] for k in subset] + unknown
+                chosen[node] = (uids, min(candidates.num_pdb_violations, len(uids)))
+        return chosen
 
     def _check_scheduler(self, key: str, obj: Obj) -> None:
         """Refuse a pod that is not ours to schedule.
@@ -202,6 +269,20 @@ class Extender:
             raise BindRefused(f"pod {key} has spec.schedulerName {actual!r}, not {expected!r} "
                               "(names.scheduler_name): the gpufrag extender binds only the pods "
                               "of its own scheduler")
+
+    def _device_plugin_annotations(self, request: PodRequest, gpus: tuple[int, ...],
+                                   node: str, row: int) -> dict[str, str]:
+        """What ``names.device_plugin``'s device plugin reads, besides the GPU indices."""
+        names = self.config.names
+        if names.device_plugin == "gpufrag" or not request.wants_gpu:
+            return {}
+        assert self.binder is not None
+        node_obj = self.binder.read_node(node) if names.device_plugin == "hami" else None
+        with self.cache.lock:
+            gpu_memory_mib = int(self.cache.state.gpu_memory_mib[row])
+        return device_plugin_annotations(names, request, gpus, node=node,
+                                         gpu_memory_mib=gpu_memory_mib, node_obj=node_obj,
+                                         now_ns=int(self.clock() * 1e9))
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindOutcome:
         """Choose the GPUs on ``node``, count the placement at once, bind (with the GPUs).
@@ -247,8 +328,10 @@ class Extender:
                 gpus = decision.gpus
                 self.cache.assume(request, row, gpus)
         try:
-            self.binder.bind(namespace, name, uid, node, gpus if request.wants_gpu else None)
-        except BindError as e:
+            extra = self._device_plugin_annotations(request, gpus, node, row)
+            self.binder.bind(namespace, name, uid, node, gpus if request.wants_gpu else None,
+                             **({"extra": extra} if extra else {}))
+        except (BindError, UnsupportedRequest) as e:
             self.cache.forget(key)
             raise BindRefused(str(e)) from None
         except BaseException:

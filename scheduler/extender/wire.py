@@ -152,6 +152,83 @@ def parse_binding_args(body: bytes) -> BindingArgs:
                        node=_string(args, "Node", required=True))
 
 
+@dataclass(frozen=True, slots=True)
+class NodeVictims:
+    """One node's candidate victims: pod keys (``namespace/name``, Victims mode; '' in
+    MetaVictims mode), their UIDs, and kube-scheduler's PDB violation count for the set."""
+
+    keys: list[str]
+    uids: list[str]
+    num_pdb_violations: int
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionArgs:
+    """ExtenderPreemptionArgs: ``{"Pod", "NodeNameToVictims": {node: {"Pods": [v1.Pod],
+    "NumPDBViolations"}}}``, or ``"NodeNameToMetaVictims": {node: {"Pods": [{"UID"}],
+    "NumPDBViolations"}}`` when ``nodeCacheCapable: true``."""
+
+    pod: Obj
+    victims: dict[str, NodeVictims]
+
+
+def _victims(node: str, value: Any, meta: bool) -> NodeVictims:
+    where = f"{'NodeNameToMetaVictims' if meta else 'NodeNameToVictims'}[{node!r}]"
+    if value is None:
+        return NodeVictims([], [], 0)
+    if not isinstance(value, dict):
+        raise WireError(f"{where} must be an object, got {type(value).__name__}")
+    pods = value.get("Pods") or []
+    pdb = value.get("NumPDBViolations") or 0
+    if not isinstance(pods, list):
+        raise WireError(f"{where}.Pods must be a list, got {type(pods).__name__}")
+    if isinstance(pdb, bool) or not isinstance(pdb, int) or pdb < 0:
+        raise WireError(f"{where}.NumPDBViolations must be a count, got {pdb!r}")
+    keys, uids = [], []
+    for i, item in enumerate(pods):
+        if not isinstance(item, dict):
+            raise WireError(f"{where}.Pods[{i}] must be an object")
+        if meta:
+            uid = item.get("UID")
+            key = ""
+        else:
+            metadata = item.get("metadata")
+            metadata = metadata if isinstance(metadata, dict) else {}
+            uid, name = metadata.get("uid"), metadata.get("name")
+            if not isinstance(name, str) or not name:
+                raise WireError(f"{where}.Pods[{i}].metadata.name must be a non-empty string")
+            key = f"{metadata.get('namespace') or ''}/{name}"
+        if not isinstance(uid, str) or not uid:
+            raise WireError(f"{where}.Pods[{i}] has no UID")
+        keys.append(key)
+        uids.append(uid)
+    return NodeVictims(keys, uids, pdb)
+
+
+def parse_preemption_args(body: bytes) -> PreemptionArgs:
+    """ExtenderPreemptionArgs for preempt (k8s.io/kube-scheduler/extender/v1 types.go)."""
+    args = _object(body)
+    pod = args.get("Pod")
+    if not isinstance(pod, dict):
+        raise WireError("Pod is missing or not a v1.Pod object")
+    meta = args.get("NodeNameToMetaVictims")
+    plain = args.get("NodeNameToVictims")
+    source, is_meta = (meta, True) if meta is not None else (plain, False)
+    if source is None:
+        source = {}
+    if not isinstance(source, dict):
+        raise WireError("NodeNameToVictims / NodeNameToMetaVictims must be an object")
+    return PreemptionArgs(pod, {str(n): _victims(str(n), v, is_meta) for n, v in source.items()})
+
+
+def preemption_result(victims: Mapping[str, tuple[list[str], int]]) -> dict[str, Any]:
+    """ExtenderPreemptionResult: ``{"NodeNameToMetaVictims": {node: {"Pods": [{"UID"}],
+    "NumPDBViolations"}}}`` (the only form kube-scheduler reads back)."""
+    return {"NodeNameToMetaVictims": {
+        node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": pdb}
+        for node, (uids, pdb) in victims.items()}}
+
+
 class NodeJson:
     """Each node's name, and its prioritize entry up to the score, pre-encoded as JSON.
 
@@ -285,6 +362,20 @@ def priorities(args: ExtenderArgs, result: Priorities, node_json: NodeJson) -> b
     return _joined(heads, tails, b"[", b"]")
 
 
-__all__ = ["BindingArgs", "ExtenderArgs", "NodeJson", "WireError", "encode_reason", "filter_error",
-           "filter_result", "json_error", "parse_binding_args", "parse_extender_args",
-           "priorities"]
+__all__ = [
+    "BindingArgs",
+    "ExtenderArgs",
+    "NodeJson",
+    "NodeVictims",
+    "PreemptionArgs",
+    "WireError",
+    "encode_reason",
+    "filter_error",
+    "filter_result",
+    "json_error",
+    "parse_binding_args",
+    "parse_extender_args",
+    "parse_preemption_args",
+    "preemption_result",
+    "priorities",
+]

@@ -15,7 +15,7 @@ to, so the extender records what it would have done.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import kubernetes
@@ -50,9 +50,15 @@ class Binder(Protocol):
         """The pod as the API server has it now (None when it does not exist)."""
         ...
 
+    def read_node(self, name: str) -> Obj | None:
+        """The node as the API server has it now (None when it does not exist); read only when
+        a device plugin needs what the node says about its GPUs (HAMi's GPU UUIDs)."""
+        ...
+
     def bind(self, namespace: str, name: str, uid: str, node: str,
-             gpus: tuple[int, ...] | None) -> None:
-        """Bind the pod to ``node``, annotated with ``gpus`` (when not None), in one write."""
+             gpus: tuple[int, ...] | None, extra: Mapping[str, str] | None = None) -> None:
+        """Bind the pod to ``node``, annotated with ``gpus`` (when not None) and the ``extra``
+        annotations (another device plugin's, see ``names.device_plugin``), in one write."""
         ...
 
 
@@ -98,13 +104,28 @@ class KubeBinder:
             raise BindError(f"reading pod {namespace}/{name}: {e!r}", retryable=True) from None
         return obj
 
+    def read_node(self, name: str) -> Obj | None:
+        try:
+            with api_errors(f"reading node {name}"):
+                obj: Obj = orjson.loads(_body(self.core.read_node(name, _preload_content=False)))
+        except ApiError as e:
+            if e.status == 404:
+                return None
+            raise _bind_error(e) from None
+        except Exception as e:
+            raise BindError(f"reading node {name}: {e!r}", retryable=True) from None
+        return obj
+
     def bind(self, namespace: str, name: str, uid: str, node: str,
-             gpus: tuple[int, ...] | None) -> None:
+             gpus: tuple[int, ...] | None, extra: Mapping[str, str] | None = None) -> None:
         meta: dict[str, Any] = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid  # a precondition: 409 if the pod was re-created meanwhile
+        annotations = dict(extra or {})
         if gpus is not None:
-            meta["annotations"] = {self.names.annotation_gpu_indices: gpu_indices_text(gpus)}
+            annotations[self.names.annotation_gpu_indices] = gpu_indices_text(gpus)
+        if annotations:
+            meta["annotations"] = annotations
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
         try:
@@ -131,21 +152,27 @@ class BindCall:
     uid: str
     node: str
     gpus: tuple[int, ...] | None
+    extra: Mapping[str, str] = field(default_factory=dict)
 
 
 class DryRunBinder:
     """Records and logs binds instead of writing (snapshot mode); reads from a fixed set."""
 
-    def __init__(self, pods: Mapping[str, Obj] | None = None) -> None:
+    def __init__(self, pods: Mapping[str, Obj] | None = None,
+                 nodes: Mapping[str, Obj] | None = None) -> None:
         self.pods = dict(pods or {})
+        self.nodes = dict(nodes or {})
         self.calls: list[BindCall] = []
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
         return self.pods.get(f"{namespace}/{name}")
 
+    def read_node(self, name: str) -> Obj | None:
+        return self.nodes.get(name)
+
     def bind(self, namespace: str, name: str, uid: str, node: str,
-             gpus: tuple[int, ...] | None) -> None:
-        self.calls.append(BindCall(namespace, name, uid, node, gpus))
+             gpus: tuple[int, ...] | None, extra: Mapping[str, str] | None = None) -> None:
+        self.calls.append(BindCall(namespace, name, uid, node, gpus, dict(extra or {})))
         log.info("dry run: would bind", pod=f"{namespace}/{name}", node=node,
                  gpus=gpu_indices_text(gpus) if gpus is not None else None)
 

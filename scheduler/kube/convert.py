@@ -9,9 +9,12 @@ its containers and any single init container, plus its overhead.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping
 from decimal import Decimal
 from typing import Any
+
+import orjson
 
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
@@ -135,18 +138,72 @@ def effective_requests(obj: Obj, resource_names: tuple[str, ...]) -> dict[str, D
     return totals
 
 
+class UnsupportedRequest(BadInput):
+    """A pod asks for something the extender cannot place (a GPU-like resource the
+    configuration does not map, a share of several GPUs): a reason to fail every node with,
+    not a malformed request."""
+
+
+# GPU-like extended resources: name part starting gpu / vgpu / mig- (nvidia.com/mig-1g.5gb,
+# amd.com/gpu, nvidia.com/gpumem-percentage, aliyun.com/gpu-count, ...).
+_GPU_LIKE = re.compile(r"(gpu|vgpu|mig-)", re.IGNORECASE)
+_MIB_PER_GIB = 1024
+_PERCENT = Decimal(100)
+
+
+def _gpu_like(resource: str) -> bool:
+    prefix, _, name = resource.rpartition("/")
+    return bool(prefix) and bool(_GPU_LIKE.match(name))
+
+
+def _requested_names(obj: Obj) -> set[str]:
+    """Every resource name any container, init container or the overhead names."""
+    spec = _mapping(obj, "spec", "pod")
+    found: set[str] = set()
+    for key in ("containers", "initContainers"):
+        for c in _list(spec, key, "spec"):
+            if isinstance(c, Mapping):
+                found.update(str(r) for r in _requests(c, f"spec.{key}"))
+    found.update(str(r) for r in _mapping(spec, "overhead", "spec"))
+    return found
+
+
+def share_resources(names: KubeNames) -> tuple[str, ...]:
+    """The resource names the configuration maps to GPUs: whole GPUs, milli-GPU, GPU memory
+    and (when mapped) GPU cores in percent."""
+    return tuple(r for r in (names.gpu, names.gpu_milli, names.gpu_memory, names.gpu_cores) if r)
+
+
 def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
-    """What a Pod asks for. Whole GPUs come from ``names.gpu``; a GPU share from
-    ``names.gpu_milli`` (milli-GPU on one GPU; 1000 or more means whole GPUs)."""
+    """What a Pod asks for. Whole GPUs come from ``names.gpu``; a share of one GPU from
+    ``names.gpu_milli`` (milli-GPU; 1000 or more means whole GPUs), from ``names.gpu_memory``
+    (GPU memory in ``names.gpu_memory_unit``, converted per node) and from ``names.gpu_cores``
+    (percent of one GPU's compute, HAMi's ``nvidia.com/gpucores``). Memory and cores may come
+    with ``names.gpu: 1`` (HAMi) or alone (gpushare). A GPU-like resource the configuration
+    does not map raises :class:`UnsupportedRequest` rather than being taken for a CPU pod."""
     name, namespace = _name(obj, "Pod")
-    req = effective_requests(obj, ("cpu", "memory", names.gpu, names.gpu_milli))
+    mapped = share_resources(names)
+    unknown = sorted(r for r in _requested_names(obj) if _gpu_like(r) and r not in mapped)
+    if unknown:
+        raise UnsupportedRequest(
+            f"asks for {', '.join(unknown)}, a GPU resource the gpufrag extender is not "
+            f"configured for (it maps {', '.join(mapped)}); MIG devices cannot be placed by it, "
+            "and other names are mapped with names.gpu, names.gpu_milli, names.gpu_memory or "
+            "names.gpu_cores", field=f"requests.{unknown[0]}")
+    req = effective_requests(obj, ("cpu", "memory", *mapped))
     whole = req[names.gpu]
     milli = req[names.gpu_milli]
+    memory = req.get(names.gpu_memory, Decimal(0))
+    cores = req.get(names.gpu_cores, Decimal(0)) if names.gpu_cores else Decimal(0)
     if whole != whole.to_integral_value():
         raise BadInput(f"{whole} is not a whole number of GPUs", field=f"requests.{names.gpu}")
-    num_gpu, gpu_milli = int(whole), MILLI_PER_GPU if whole else 0
+    num_gpu, gpu_milli, gpu_memory_mib = int(whole), MILLI_PER_GPU if whole else 0, 0
     if milli and whole:
         raise BadInput(f"asks for both {names.gpu} and {names.gpu_milli}; use one",
+                       field=f"requests.{names.gpu_milli}")
+    if milli and (memory or cores):
+        other = names.gpu_memory if memory else names.gpu_cores
+        raise BadInput(f"asks for both {names.gpu_milli} and {other}; use one",
                        field=f"requests.{names.gpu_milli}")
     if milli:
         if milli < MILLI_PER_GPU:
@@ -156,6 +213,19 @@ def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
         else:
             raise BadInput(f"{milli} milli-GPU: shares must be below 1000 or whole GPUs",
                            field=f"requests.{names.gpu_milli}")
+    elif memory or cores:
+        if whole > 1:
+            share = names.gpu_memory if memory else names.gpu_cores
+            raise UnsupportedRequest(
+                f"asks for {whole} GPUs with a share of each ({share}); "
+                f"the gpufrag extender places a share on one GPU only: ask for {names.gpu}: 1, "
+                "or for whole GPUs without a share", field=f"requests.{names.gpu}")
+        if cores > _PERCENT:
+            raise BadInput(f"{cores}% of a GPU's compute: at most 100",
+                           field=f"requests.{names.gpu_cores}")
+        per_mib = _MIB_PER_GIB if names.gpu_memory_unit == "GiB" else 1
+        num_gpu, gpu_milli = 1, math.ceil(cores * MILLI_PER_GPU / _PERCENT)
+        gpu_memory_mib = math.ceil(memory * per_mib)
     if num_gpu > MAX_GPUS_PER_NODE:
         raise BadInput(f"{num_gpu} GPUs is more than any node has", field=f"requests.{names.gpu}")
     annotations = annotations_of(obj)
@@ -168,6 +238,7 @@ def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
         memory_mib=math.ceil(req["memory"] / _MIB),
         num_gpu=num_gpu,
         gpu_milli=gpu_milli,
+        gpu_memory_mib=gpu_memory_mib,
         gpu_spec=frozenset(s.strip() for s in spec_text.split("|") if s.strip()) if num_gpu
         else frozenset(),
         model=labels.get(names.label_model, ""),
@@ -257,7 +328,13 @@ def pod_to_k8s(pod: PodRequest, names: KubeNames = DEFAULT_NAMES, *, node: str =
     """A v1 Pod (JSON shape) asking for what ``pod`` asks; bound to ``node`` when given, with
     the GPU indices annotation when ``gpus`` is given and ``owner`` as its controlling owner."""
     requests = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
-    if pod.is_share:
+    if pod.gpu_memory_mib:
+        requests[names.gpu] = "1"
+        requests[names.gpu_memory] = (str(pod.gpu_memory_mib) if names.gpu_memory_unit == "MiB"
+                                      else str(math.ceil(pod.gpu_memory_mib / _MIB_PER_GIB)))
+        if pod.gpu_milli and names.gpu_cores:
+            requests[names.gpu_cores] = str(math.ceil(pod.gpu_milli / 10))
+    elif pod.is_share:
         requests[names.gpu_milli] = str(pod.gpu_milli)
     elif pod.wants_gpu:
         requests[names.gpu] = str(pod.num_gpu)
@@ -289,3 +366,87 @@ def pod_to_k8s(pod: PodRequest, names: KubeNames = DEFAULT_NAMES, *, node: str =
         spec["schedulerName"] = scheduler_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec,
             "status": {"phase": "Running" if node else "Pending"}}
+
+
+# ------------------------------------------------------------- annotations for device plugins
+# What a bind writes besides ``names.annotation_gpu_indices`` when another project's device
+# plugin runs on the nodes (``names.device_plugin``), so that plugin hands the container the
+# GPU gpufrag chose. The keys are the ones those projects document (upstream sources could not
+# be downloaded here; see docs/extender.md, "Interop with HAMi and gpushare").
+
+# Aliyun gpushare (gpushare-scheduler-extender pkg/utils/const.go, read by
+# gpushare-device-plugin pkg/gpu/nvidia/const.go and podmanager.go).
+GPUSHARE_IDX = "ALIYUN_COM_GPU_MEM_IDX"
+GPUSHARE_POD = "ALIYUN_COM_GPU_MEM_POD"
+GPUSHARE_DEV = "ALIYUN_COM_GPU_MEM_DEV"
+GPUSHARE_ASSIGNED = "ALIYUN_COM_GPU_MEM_ASSIGNED"
+GPUSHARE_ASSUME_TIME = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
+# HAMi (pkg/util/types.go, pkg/device/nvidia/device.go).
+HAMI_NODE = "hami.io/vgpu-node"
+HAMI_TIME = "hami.io/vgpu-time"
+HAMI_BIND_PHASE = "hami.io/bind-phase"
+HAMI_BIND_TIME = "hami.io/bind-time"
+HAMI_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+HAMI_ALLOCATED = "hami.io/vgpu-devices-allocated"
+HAMI_NODE_REGISTER = "hami.io/node-nvidia-register"
+HAMI_DEVICE_TYPE = "NVIDIA"
+
+
+def hami_gpu_uuids(node: Obj) -> dict[int, str]:
+    """GPU index -> UUID from the HAMi device plugin's registration annotation on a Node:
+    the JSON list of newer releases (``[{"id": "GPU-..", "index": 0, ...}]``) or the older
+    ``uuid,count,devmem,devcore,type,numa,health:`` records, in index order."""
+    text = annotations_of(node).get(HAMI_NODE_REGISTER, "").strip()
+    if not text:
+        return {}
+    if text.startswith("["):
+        try:
+            items = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return {}
+        found = {}
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            if isinstance(item, Mapping) and isinstance(item.get("id"), str):
+                index = item.get("index", i)
+                found[int(index) if isinstance(index, int) else i] = item["id"]
+        return found
+    records = [r for r in text.split(":") if r.strip()]
+    return {i: r.split(",")[0].strip() for i, r in enumerate(records)}
+
+
+def device_plugin_annotations(names: KubeNames, pod: PodRequest, gpus: tuple[int, ...], *,
+                              node: str, gpu_memory_mib: int, node_obj: Obj | None,
+                              now_ns: int) -> dict[str, str]:
+    """The annotations ``names.device_plugin``'s device plugin reads for a pod bound to
+    ``node`` on ``gpus`` (empty for gpufrag's own). Raises :class:`UnsupportedRequest` when
+    they cannot be written (HAMi: the node does not say its GPUs' UUIDs)."""
+    if names.device_plugin == "gpushare":
+        if not pod.gpu_memory_mib or len(gpus) != 1:
+            return {}  # whole GPUs: NVIDIA's own device plugin, no annotation
+        gib = _MIB_PER_GIB if names.gpu_memory_unit == "GiB" else 1
+        return {GPUSHARE_IDX: str(gpus[0]),
+                GPUSHARE_POD: str(math.ceil(pod.gpu_memory_mib / gib)),
+                GPUSHARE_DEV: str(gpu_memory_mib // gib),
+                GPUSHARE_ASSIGNED: "false",
+                GPUSHARE_ASSUME_TIME: str(now_ns)}
+    if names.device_plugin == "hami":
+        if not gpus:
+            return {}
+        uuids = hami_gpu_uuids(node_obj or {})
+        missing = [g for g in gpus if g not in uuids]
+        if missing:
+            raise UnsupportedRequest(
+                f"node {node} does not list the UUID of GPU {missing[0]} in its "
+                f"{HAMI_NODE_REGISTER} annotation, which HAMi's device plugin needs to hand "
+                "the container that GPU (is HAMi's device plugin running there?)",
+                field=f"metadata.annotations.{HAMI_NODE_REGISTER}")
+        milli = pod.milli_on(gpu_memory_mib) or MILLI_PER_GPU
+        memory = pod.gpu_memory_mib or (gpu_memory_mib * milli // MILLI_PER_GPU)
+        cores = math.ceil(pod.gpu_milli / 10)
+        devices = "".join(f"{uuids[g]},{HAMI_DEVICE_TYPE},{memory},{cores}:" for g in gpus)
+        encoded = devices + ";"  # one container holds the GPUs (HAMi: containers split by ;)
+        seconds = str(now_ns // 1_000_000_000)
+        return {HAMI_NODE: node, HAMI_TIME: seconds, HAMI_BIND_TIME: seconds,
+                HAMI_BIND_PHASE: "allocating", HAMI_TO_ALLOCATE: encoded,
+                HAMI_ALLOCATED: encoded}
+    return {}

@@ -42,18 +42,22 @@ class RecordingBinder:
     pods: dict[str, Obj] = field(default_factory=dict)
     calls: list[BindCall] = field(default_factory=list)
     reads: list[str] = field(default_factory=list)
+    nodes: dict[str, Obj] = field(default_factory=dict)
     fail_with: Exception | None = None
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
         self.reads.append(f"{namespace}/{name}")
         return self.pods.get(f"{namespace}/{name}")
 
+    def read_node(self, name: str) -> Obj | None:
+        return self.nodes.get(name)
+
     def bind(self, namespace: str, name: str, uid: str, node: str,
-             gpus: tuple[int, ...] | None) -> None:
+             gpus: tuple[int, ...] | None, extra: Mapping[str, str] | None = None) -> None:
         if self.fail_with is not None:
             error, self.fail_with = self.fail_with, None
             raise error
-        self.calls.append(BindCall(namespace, name, uid, node, gpus))
+        self.calls.append(BindCall(namespace, name, uid, node, gpus, dict(extra or {})))
 
 
 def make_config(**sections: Any) -> ExtenderConfig:
@@ -69,6 +73,8 @@ def serve(nodes: Iterable[NodeSpec | Obj], pods: Iterable[Obj] = (), *,
     binder = binder if binder is not None else RecordingBinder()
     for obj in snapshot.pods:  # the API server knows the pods the watch showed
         binder.pods.setdefault(key_of(obj), obj)
+    for obj in snapshot.nodes:
+        binder.nodes.setdefault(key_of(obj), obj)
     return snapshot_runtime(snapshot, config or ExtenderConfig(), clock=clock or FakeClock(),
                             binder=binder)
 

@@ -1,0 +1,157 @@
+"""The webhook's decisions, through AdmissionReview v1 bodies, with a fake workload lookup."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from typing import Any
+
+import orjson
+import pytest
+
+from defrag.admission.review import AdmissionMetrics, answer
+from defrag.rightsizing.recommender import PodSample, RightsizingConfig, encode, parse, update
+from defrag.rightsizing.workloads import Workload
+from gpufrag.conventions import DEFAULT_NAMES as NAMES
+
+NOW = 1_767_225_600.0
+OWNER = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-abc", "uid": "rs-1",
+          "controller": True}]
+
+
+def recommendation(peak_mib: int = 8000, *, version: str = "*") -> str:
+    text, _ = update(None, {version: [PodSample("ns", "p", "u", peak_mib, 81920, NOW)]}, NOW,
+                     RightsizingConfig(headroom_fraction=0.0, headroom_mib=0, min_mib=0))
+    return text
+
+
+def workload(mode: str | None = "auto", rec: str | None = None) -> Workload:
+    annotations = {}
+    if mode is not None:
+        annotations[NAMES.annotation_rightsizing_mode] = mode
+    if rec is not None:
+        annotations[NAMES.annotation_gpu_recommendation] = rec
+    return Workload("Deployment", "ns", "web", "d-1", annotations)
+
+
+def pod(milli: str | None = "500", *, owner: Any = OWNER, limits: bool = True,
+        labels: dict[str, str] | None = None) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    if milli is not None:
+        resources["requests"] = {NAMES.gpu_milli: milli, "cpu": "1"}
+        if limits:
+            resources["limits"] = {NAMES.gpu_milli: milli}
+    meta: dict[str, Any] = {"generateName": "web-abc-", "labels": labels or {}}
+    if owner is not None:
+        meta["ownerReferences"] = owner
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "main", "image": "x", "resources": resources}]}}
+
+
+def review(obj: dict[str, Any], operation: str = "CREATE", kind: str = "Pod") -> bytes:
+    return orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                         "request": {"uid": "req-1", "kind": {"kind": kind},
+                                     "operation": operation, "namespace": "ns", "object": obj}})
+
+
+def run(obj: dict[str, Any], wl: Workload | None, **kw: Any) -> tuple[dict[str, Any],
+                                                                      AdmissionMetrics]:
+    metrics = AdmissionMetrics()
+    out = answer(review(obj, **kw), lambda _ns, _refs: wl, NAMES, metrics)
+    return out["response"], metrics
+
+
+def patch_of(response: dict[str, Any]) -> list[dict[str, Any]]:
+    return orjson.loads(base64.b64decode(response["patch"]))
+
+
+def skips(metrics: AdmissionMetrics, reason: str) -> float:
+    return metrics.registry.get_sample_value("gpufrag_admission_skips_total",
+                                             {"reason": reason}) or 0.0
+
+
+def test_auto_mode_sets_the_share_to_the_recommendation_and_says_why() -> None:
+    response, metrics = run(pod("500"), workload("auto", recommendation(8192)))
+    assert response["allowed"] is True and response["uid"] == "req-1"
+    ops = patch_of(response)
+    paths = {op["path"]: op["value"] for op in ops}
+    # 8192 MiB of an 81920 MiB GPU = 100 milli.
+    assert paths["/spec/containers/0/resources/requests/gpufrag.io~1gpu-milli"] == "100"
+    assert paths["/spec/containers/0/resources/limits/gpufrag.io~1gpu-milli"] == "100"
+    record = orjson.loads(paths["/metadata/annotations"][NAMES.annotation_rightsizing_change])
+    assert (record["from"], record["to"], record["workload"]) == (500, 100, "Deployment/ns/web")
+    assert "percentile" in record["why"]
+    assert metrics.registry.get_sample_value("gpufrag_admission_milli_saved_total") == 400
+
+
+def test_never_above_what_the_user_asked() -> None:
+    response, metrics = run(pod("50"), workload("auto", recommendation(8192)))
+    assert "patch" not in response
+    assert skips(metrics, "at_or_below_recommendation") == 1
+
+
+def test_the_model_versions_own_recommendation_wins() -> None:
+    text = recommendation(16384, version="v2")
+    response, _ = run(pod("500", labels={NAMES.label_model_version: "v2"}),
+                      workload("auto", text))
+    assert any(op.get("value") == "200" for op in patch_of(response))
+
+
+@pytest.mark.parametrize(("obj", "wl", "reason", "warned"), [
+    (pod(), workload("off", recommendation()), "mode_off", False),
+    (pod(), workload("recommend", recommendation()), "mode_recommend", False),
+    (pod(), workload(None, recommendation()), "mode_recommend", False),
+    (pod(), workload("sometimes", recommendation()), "bad_mode", True),
+    (pod(), workload("auto", None), "no_recommendation", False),
+    (pod(), workload("auto", '{"version": 1, "recommendations": {"*": 3}}'),
+     "bad_recommendation", True),
+    (pod(), workload("auto", "not json"), "bad_recommendation", True),
+    (pod(owner=None), workload(), "bare_pod", False),
+    (pod(), None, "owner_unknown", False),
+    (pod(None), workload("auto", recommendation()), "no_gpu_share", False),
+    (pod("2000"), workload("auto", recommendation()), "no_gpu_share", False),
+    (pod("lots"), workload("auto", recommendation()), "bad_request", True),
+])
+def test_skips_admit_unchanged_with_a_reason(obj: dict[str, Any], wl: Workload | None,
+                                            reason: str, warned: bool) -> None:
+    response, metrics = run(obj, wl)
+    assert response["allowed"] is True
+    assert "patch" not in response
+    assert skips(metrics, reason) == 1
+    assert bool(response.get("warnings")) is warned
+
+
+def test_a_failing_lookup_admits_with_a_warning() -> None:
+    def broken(_ns: str, _refs: Any) -> Workload | None:
+        raise ConnectionError("api server unreachable")
+    metrics = AdmissionMetrics()
+    response = answer(review(pod()), broken, NAMES, metrics)["response"]
+    assert response["allowed"] is True and "patch" not in response
+    assert "unreachable" in response["warnings"][0]
+    assert skips(metrics, "lookup_failed") == 1
+
+
+def test_updates_and_other_kinds_are_not_touched() -> None:
+    response, metrics = run(pod(), workload("auto", recommendation()), operation="UPDATE")
+    assert "patch" not in response and skips(metrics, "not_a_pod_create") == 1
+
+
+def test_a_pod_without_annotations_gets_the_map_created() -> None:
+    obj = pod("500")
+    response, _ = run(obj, workload("auto", recommendation(8192)))
+    assert patch_of(response)[-1]["path"] == "/metadata/annotations"
+    obj["metadata"]["annotations"] = {"a": "b"}
+    response, _ = run(obj, workload("auto", recommendation(8192)))
+    assert patch_of(response)[-1]["path"] == "/metadata/annotations/gpufrag.io~1rightsizing"
+
+
+def test_never_below_the_observed_peak() -> None:
+    recs = parse(recommendation(8192))
+    recs["*"] = dataclasses.replace(recs["*"], milli=10, peak_mib=16384)
+    response, _ = run(pod("500"), workload("auto", encode(recs)))
+    assert any(op.get("value") == "200" for op in patch_of(response))
+
+
+def test_requests_only_pods_are_patched_in_requests_only() -> None:
+    response, _ = run(pod("500", limits=False), workload("auto", recommendation(8192)))
+    assert [op["path"].split("/")[5] for op in patch_of(response)[:-1]] == ["requests"]

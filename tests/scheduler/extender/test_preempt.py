@@ -1,0 +1,61 @@
+"""The preempt verb: of kube-scheduler's candidate victims per node, only the fewest that free
+a GPU the preemptor fits on (ties: least fragmentation); nodes where none helps are dropped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.builders import node, pod
+from tests.scheduler.extender.helpers import k8s_pod, post, serve
+
+
+def placed(name: str, gpu: int, milli: int) -> dict[str, Any]:
+    return k8s_pod(pod(name, gpu_milli=milli), node="n0", gpus=(gpu,), uid=f"uid-{name}")
+
+
+def preempt(runtime: Any, body: dict[str, Any]) -> dict[str, Any]:
+    status, reply = post(runtime.app.test_client(), "/preempt", body)
+    assert status == 200, reply
+    result: dict[str, Any] = reply
+    return result
+
+
+def test_only_the_victims_on_the_gpu_the_pod_needs_are_kept() -> None:
+    # GPU 0 holds a (400) + b (400); GPU 1 holds c (500). A 700 share needs both a and b
+    # gone, or c alone: c is the fewest victims.
+    pods = [placed("a", 0, 400), placed("b", 0, 400), placed("c", 1, 500)]
+    runtime = serve([node("n0", gpu_count=2)], pods)
+    preemptor = k8s_pod(pod("hi", gpu_milli=700), uid="uid-hi")
+    reply = preempt(runtime, {"Pod": preemptor, "NodeNameToMetaVictims": {
+        "n0": {"Pods": [{"UID": "uid-a"}, {"UID": "uid-b"}, {"UID": "uid-c"}],
+               "NumPDBViolations": 2}}})
+    assert reply == {"NodeNameToMetaVictims": {
+        "n0": {"Pods": [{"UID": "uid-c"}], "NumPDBViolations": 1}}}
+
+
+def test_victims_mode_with_pod_objects_and_a_node_where_nothing_helps() -> None:
+    pods = [placed("a", 0, 300), placed("b", 1, 300)]
+    runtime = serve([node("n0", gpu_count=2), node("n1", gpu_count=1)], pods)
+    preemptor = k8s_pod(pod("hi", num_gpu=2), uid="uid-hi")
+    reply = preempt(runtime, {"Pod": preemptor, "NodeNameToVictims": {
+        "n0": {"Pods": [pods[0], pods[1]], "NumPDBViolations": 0},
+        "n1": {"Pods": [], "NumPDBViolations": 0}}})
+    assert reply == {"NodeNameToMetaVictims": {
+        "n0": {"Pods": [{"UID": "uid-a"}, {"UID": "uid-b"}], "NumPDBViolations": 0}}}
+
+
+def test_a_victim_on_the_wrong_gpu_does_not_help() -> None:
+    pods = [placed("a", 0, 900)]
+    runtime = serve([node("n0", gpu_count=2)], pods)
+    preemptor = k8s_pod(pod("hi", gpu_milli=500), uid="uid-hi")
+    reply = preempt(runtime, {"Pod": preemptor, "NodeNameToMetaVictims": {
+        "n0": {"Pods": [{"UID": "uid-a"}], "NumPDBViolations": 0}}})
+    # GPU 1 is free: the pod fits without evicting anyone.
+    assert reply == {"NodeNameToMetaVictims": {"n0": {"Pods": [], "NumPDBViolations": 0}}}
+
+
+def test_bad_preemption_args_are_400() -> None:
+    runtime = serve([node("n0")])
+    status, reply = post(runtime.app.test_client(), "/preempt", {
+        "Pod": k8s_pod(pod("hi")), "NodeNameToMetaVictims": {"n0": {"Pods": [{}]}}})
+    assert status == 400 and "UID" in reply["Error"]
