@@ -17,6 +17,7 @@ from typing import Any
 
 from devkit.build import BINARY_ENV, BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
+from devkit.node import Node
 from devkit.procs import ControlPlaneError, signal_group, tail
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
 
@@ -87,7 +88,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
     # SIGTERM (from 'down') must clean up like Ctrl-C does; Python's default would just die.
     signal.signal(signal.SIGTERM, interrupt)
-    plane = ControlPlane(binary, start_timeout_s=args.timeout_s)
+    # With a real node the kubelet reports pod status; the harness's pod completer must not.
+    plane = ControlPlane(binary, start_timeout_s=args.timeout_s, complete_pods=not args.node)
+    node: Node | None = None
     try:
         try:
             plane.start()
@@ -97,6 +100,11 @@ def _cmd_up(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
         _create_demo_nodes(plane, args.gpu_nodes)
+        if args.node:
+            node = Node(plane, "node-0").start()
+            print(f"node {node.name} Ready in {node.startup_s or 0:.1f}s (runtime {node.runtime}"
+                  f"{'; ' + node.runtime_note if node.runtime_note else ''}); logs: "
+                  f"{node.logs_dir}", flush=True)
         state_file.parent.mkdir(parents=True, exist_ok=True)
         state_file.write_text(json.dumps({
             "pid": os.getpid(), "kubeconfig": str(plane.kubeconfig_path), "server": plane.server,
@@ -117,6 +125,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
         print(f"dev-cluster: {e}", file=sys.stderr)
         return EXIT_FAILURE
     finally:
+        if node is not None:
+            node.stop()
         plane.stop()
         state = _read_state(state_file)
         if state is not None and state.get("pid") == os.getpid():
@@ -135,7 +145,7 @@ def _up_detached(args: argparse.Namespace) -> int:
     log_path = state_file.with_suffix(".log")
     command = [sys.executable, "-m", "devkit.cli", "up", "--quiet-wait",
                f"--state-file={state_file}", f"--timeout-s={args.timeout_s}",
-               f"--gpu-nodes={args.gpu_nodes}"]
+               f"--gpu-nodes={args.gpu_nodes}", *(["--node"] if args.node else [])]
     if args.binary:
         command.append(f"--binary={args.binary}")
     with log_path.open("wb") as log:
@@ -192,6 +202,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="run in the background; stop it with 'gpufrag dev-cluster down'")
     up.add_argument("--gpu-nodes", type=int, default=0, metavar="N",
                     help="create N fake nodes with 8 A100-80GB GPUs each (default 0)")
+    up.add_argument("--node", action="store_true",
+                    help="also start a real node (kubelet + containerd, or a fake CRI where "
+                         "containers cannot run; needs root; see docs/node.md)")
     up.add_argument("--timeout-s", type=float, default=120.0,
                     help="how long each component may take to become ready (default 120)")
     up.add_argument("--quiet-wait", action="store_true", help=argparse.SUPPRESS)

@@ -13,7 +13,7 @@ import yaml
 from devkit.procs import ControlPlaneError
 
 
-def _run_openssl(args: Sequence[str], cwd: Path) -> None:
+def run_openssl(args: Sequence[str], cwd: Path) -> None:
     result = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True,
                             check=False)
     if result.returncode != 0:
@@ -30,7 +30,7 @@ def make_pki(pki_dir: Path, service_ip: str) -> None:
         raise ControlPlaneError("the 'openssl' command is needed to make the control plane's "
                                 "certificates; install it (e.g. the openssl package)")
     pki_dir.mkdir(parents=True, exist_ok=True)
-    _run_openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+    run_openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
                   "-out", "ca.crt", "-days", "3650", "-subj", "/CN=gpufrag-dev-ca",
                   "-addext", "basicConstraints=critical,CA:TRUE",
                   "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature"], pki_dir)
@@ -41,13 +41,13 @@ def make_pki(pki_dir: Path, service_ip: str) -> None:
         f"subjectAltName={','.join(sans)}\n"
         "keyUsage=critical,digitalSignature,keyEncipherment\n"
         "extendedKeyUsage=serverAuth\n")
-    _run_openssl(["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key",
+    run_openssl(["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "apiserver.key",
                   "-out", "apiserver.csr", "-subj", "/CN=kube-apiserver"], pki_dir)
-    _run_openssl(["x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+    run_openssl(["x509", "-req", "-in", "apiserver.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
                   "-CAcreateserial", "-days", "3650", "-out", "apiserver.crt",
                   "-extfile", "apiserver.ext"], pki_dir)
-    _run_openssl(["genrsa", "-out", "sa.key", "2048"], pki_dir)
-    _run_openssl(["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"], pki_dir)
+    run_openssl(["genrsa", "-out", "sa.key", "2048"], pki_dir)
+    run_openssl(["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"], pki_dir)
 
 
 def kubeconfig_yaml(server: str, ca_pem: bytes, token: str) -> str:

@@ -1,6 +1,7 @@
 // Command cluster is the upstream Kubernetes control plane as one multi-call binary: etcd,
-// kube-apiserver, kube-controller-manager, kube-scheduler and kubectl, built from the published
-// Go modules for gpufrag's end-to-end tests.
+// kube-apiserver, kube-controller-manager, kube-scheduler and kubectl, plus a node (the kubelet
+// and, where the sandbox cannot run containers, upstream's fake CRI runtime "fake-cri"), built
+// from the published Go modules for gpufrag's end-to-end tests.
 //
 // One binary instead of five because the five share almost all of their dependency graph: one
 // link is far cheaper than five, and the test harness has one file to cache. The component is
@@ -10,11 +11,14 @@ package main
 
 import (
 	"fmt"
+	"context"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 	_ "time/tzdata" // CronJob time zones, as the upstream kube-apiserver/controller-manager mains.
 
@@ -25,11 +29,13 @@ import (
 	_ "k8s.io/component-base/logs/json/register"          // JSON log format, as upstream mains.
 	_ "k8s.io/component-base/metrics/prometheus/clientgo" // client-go metrics, as upstream mains.
 	_ "k8s.io/component-base/metrics/prometheus/version"  // version metric, as upstream mains.
+	fakecri "k8s.io/cri-client/pkg/fake"
 	kubectlcmd "k8s.io/kubectl/pkg/cmd"
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 // components maps a component name to its entry point. Each entry point receives the
@@ -50,6 +56,33 @@ var components = map[string]func(args []string) int{
 		return runCobra(scheduler.NewSchedulerCommand(), args)
 	},
 	"kubectl": runKubectl,
+	"kubelet": func(args []string) int {
+		// As cmd/kubelet/kubelet.go.
+		return runCobra(kubelet.NewKubeletCommand(context.Background()), args)
+	},
+	"fake-cri": runFakeCRI,
+}
+
+// runFakeCRI serves upstream's fake CRI runtime (k8s.io/cri-client/pkg/fake, the one the
+// kubelet's own remote-runtime tests use) on a unix socket: a kubelet pointed at it admits pods,
+// runs the device manager and walks the pod lifecycle, but no container ever starts. It is the
+// node's runtime where the sandbox cannot run containers. Usage: fake-cri unix:///path/cri.sock
+func runFakeCRI(args []string) int {
+	if len(args) != 1 {
+		fmt.Fprintln(os.Stderr, "usage: fake-cri unix:///path/to/cri.sock")
+		return 2
+	}
+	runtime := fakecri.NewFakeRemoteRuntime()
+	if err := runtime.Start(args[0]); err != nil {
+		fmt.Fprintf(os.Stderr, "fake-cri: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "fake-cri: serving on %s\n", args[0])
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+	<-stop
+	runtime.Stop()
+	return 0
 }
 
 // runCobra runs an upstream component command the way its own main does (cli.Run sets up

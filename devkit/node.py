@@ -1,0 +1,532 @@
+"""A real node beside the dev control plane: the upstream kubelet, and containerd + runc + CNI.
+
+The kubelet is the ``kubelet`` entry of the multi-call binary ``devkit/cluster/build`` makes (the
+same ``k8s.io/kubernetes`` module as the control plane). The runtime is either
+
+- ``"containerd"``: Debian's containerd, runc and containernetworking-plugins
+  (``scripts/install-node-deps``), with a private config, root, state and socket under the node's
+  directory; pods get a bridge network (``gpufrag0``, 10.244.0.0/24, host-local IPAM) and really
+  run; images are imported into containerd's store from OCI archives (no registry, no pull); or
+- ``"fake"``: upstream's fake CRI (``k8s.io/cri-client/pkg/fake``, the ``fake-cri`` entry of
+  the same binary): admission, the device manager and the pod lifecycle run, no container does.
+
+``runtime="auto"`` picks containerd when its binaries exist and runc can start a container here
+(:func:`probe_containers`), else the fake one, and says which in :attr:`Node.runtime`.
+
+The node authenticates with a client certificate minted from the control plane's CA as
+``system:node:<name>`` in ``system:nodes``, so the Node authorizer and NodeRestriction apply to it
+exactly as in a cluster.
+
+One node per machine: the kubelet's device-plugin registration socket is not under its
+``--root-dir`` but fixed at ``/var/lib/kubelet/device-plugins/kubelet.sock``
+(``k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1.KubeletSocket``), so :class:`Node` holds an
+exclusive lock (``/run/gpufrag-node.lock``) while it runs.
+
+Settings that this machine needs (cgroup v1 hierarchy, no systemd) are in :func:`kubelet_config`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import kubernetes
+import yaml
+
+from devkit.controlplane import ControlPlane
+from devkit.pki import run_openssl
+from devkit.procs import (
+    EXIT_WITH_PARENT_ENV,
+    ComponentProcess,
+    ControlPlaneError,
+    free_port,
+    wait_until,
+)
+
+DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
+NODE_LOCK: Final = Path("/run/gpufrag-node.lock")
+POD_SUBNET: Final = "10.244.0.0/24"
+BRIDGE: Final = "gpufrag0"
+# Images the node imports into containerd at start (built from busybox-static, no registry).
+PAUSE_IMAGE: Final = "gpufrag.local/pause:1"
+BUSYBOX_IMAGE: Final = "gpufrag.local/busybox:1"
+BUSYBOX_BINARY: Final = Path("/usr/bin/busybox")  # Debian's busybox-static
+CNI_BIN_DIR: Final = Path("/usr/lib/cni")
+BUSYBOX_APPLETS: Final = ("sh", "echo", "sleep", "cat", "ls", "id", "hostname", "ip", "wget",
+                          "nc", "httpd", "true", "false", "env", "ps", "mkdir", "touch", "test")
+
+
+class NodeError(ControlPlaneError):
+    """The node could not be started (what failed, and the component's last log lines)."""
+
+
+# -- images --------------------------------------------------------------------------------------
+
+def _tar_add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, 0
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _blob(tar: tarfile.TarFile, data: bytes, media_type: str) -> dict[str, Any]:
+    import hashlib
+    digest = hashlib.sha256(data).hexdigest()
+    _tar_add_bytes(tar, f"blobs/sha256/{digest}", data)
+    return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
+
+
+def busybox_oci_archive(path: Path, ref: str, cmd: Sequence[str]) -> Path:
+    """An OCI image archive (``ctr images import`` reads it) with a busybox-static root file
+    system and ``cmd`` as its command. Deterministic, so the same bytes every time."""
+    import hashlib
+    layer_buf = io.BytesIO()
+    with tarfile.open(fileobj=layer_buf, mode="w", format=tarfile.PAX_FORMAT) as layer:
+        for d in ("bin", "etc", "tmp", "proc", "sys", "dev", "var", "var/www"):
+            info = tarfile.TarInfo(d)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755, 0
+            layer.addfile(info)
+        _tar_add_bytes(layer, "bin/busybox", BUSYBOX_BINARY.read_bytes(), 0o755)
+        for applet in BUSYBOX_APPLETS:
+            info = tarfile.TarInfo(f"bin/{applet}")
+            info.type, info.linkname, info.mode, info.mtime = tarfile.SYMTYPE, "busybox", 0o777, 0
+            layer.addfile(info)
+        _tar_add_bytes(layer, "etc/passwd", b"root:x:0:0:root:/:/bin/sh\n"
+                                            b"nobody:x:65534:65534:nobody:/:/bin/false\n")
+        _tar_add_bytes(layer, "etc/group", b"root:x:0:\nnogroup:x:65534:\n")
+        _tar_add_bytes(layer, "var/www/index.html", b"ok\n")
+    layer_bytes = layer_buf.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    config = {"architecture": "amd64", "os": "linux",
+              "config": {"Cmd": list(cmd), "Env": ["PATH=/bin"], "WorkingDir": "/"},
+              "rootfs": {"type": "layers", "diff_ids": [diff_id]}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        layer_desc = _blob(tar, layer_bytes, "application/vnd.oci.image.layer.v1.tar")
+        config_desc = _blob(tar, json.dumps(config, sort_keys=True).encode(),
+                            "application/vnd.oci.image.config.v1+json")
+        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "config": config_desc, "layers": [layer_desc]}
+        manifest_desc = _blob(tar, json.dumps(manifest, sort_keys=True).encode(),
+                              "application/vnd.oci.image.manifest.v1+json")
+        manifest_desc["platform"] = {"architecture": "amd64", "os": "linux"}
+        manifest_desc["annotations"] = {"io.containerd.image.name": ref,
+                                        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1]}
+        _tar_add_bytes(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        _tar_add_bytes(tar, "index.json", json.dumps(
+            {"schemaVersion": 2, "manifests": [manifest_desc]}, sort_keys=True).encode())
+    tmp.replace(path)
+    return path
+
+
+# -- what this machine allows --------------------------------------------------------------------
+
+def containerd_installed() -> list[str]:
+    """The node-runtime binaries that are missing (empty when containerd can be used)."""
+    need = ["containerd", "containerd-shim-runc-v2", "ctr", "runc"]
+    missing = [b for b in need if shutil.which(b) is None]
+    missing += [str(CNI_BIN_DIR / p) for p in ("bridge", "host-local", "loopback")
+                if not (CNI_BIN_DIR / p).exists()]
+    if not BUSYBOX_BINARY.exists():
+        missing.append(str(BUSYBOX_BINARY))
+    return missing
+
+
+def probe_containers(timeout_s: float = 30.0) -> str | None:
+    """Start a trivial container with runc (busybox-static rootfs, runc's default spec: new
+    pid/mount/net/ipc/uts namespaces, cgroups). None when it ran; else what failed."""
+    missing = containerd_installed()
+    if missing:
+        return f"missing: {', '.join(missing)} (run scripts/install-node-deps)"
+    with tempfile.TemporaryDirectory(prefix="gpufrag-runc-probe-") as tmp:
+        bundle = Path(tmp)
+        (bundle / "rootfs" / "bin").mkdir(parents=True)
+        shutil.copy(BUSYBOX_BINARY, bundle / "rootfs" / "bin" / "busybox")
+        (bundle / "rootfs" / "bin" / "sh").symlink_to("busybox")
+        subprocess.run(["runc", "spec"], cwd=bundle, check=True, capture_output=True)
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["process"]["terminal"] = False
+        spec["process"]["args"] = ["sh", "-c", "echo gpufrag-probe-ok"]
+        (bundle / "config.json").write_text(json.dumps(spec))
+        try:
+            result = subprocess.run(
+                ["runc", "--root", str(bundle / "state"), "run", f"probe-{os.getpid()}"],
+                cwd=bundle, capture_output=True, text=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return f"runc run did not finish in {timeout_s:.0f}s"
+        if result.returncode != 0 or "gpufrag-probe-ok" not in result.stdout:
+            return f"runc run failed (rc {result.returncode}): {result.stderr.strip()[-500:]}"
+    return None
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+def kubelet_config(*, runtime_endpoint: str, port: int, healthz_port: int, ca_file: Path,
+                   pod_logs_dir: Path, cgroup_driver: str = "cgroupfs") -> dict[str, Any]:
+    """The KubeletConfiguration that works in this sandbox (each non-default setting says why)."""
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # The machine mounts the cgroup v1 hierarchies (plus an empty v2 at /unified); the
+        # kubelet refuses v1 unless told otherwise (KEP-5573).
+        "failCgroupV1": False,
+        # No systemd: cgroups are made directly in the cgroupfs hierarchy (containerd's runc
+        # options say SystemdCgroup = false to match).
+        "cgroupDriver": cgroup_driver,
+        # There is no swap; do not fail if some machine has it.
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": runtime_endpoint,
+        "address": "127.0.0.1",
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": healthz_port,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
+                           "x509": {"clientCAFile": str(ca_file)}},
+        "authorization": {"mode": "Webhook"},
+        # A shared development disk: the defaults (10% free) would evict on a full-ish disk.
+        "evictionHard": {"memory.available": "50Mi", "nodefs.available": "1%",
+                         "imagefs.available": "1%", "nodefs.inodesFree": "1%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        # Faster status for tests (defaults: 10s / 5m).
+        "nodeStatusUpdateFrequency": "2s",
+        "nodeStatusReportFrequency": "10s",
+        "syncFrequency": "5s",
+        "fileCheckFrequency": "5s",
+        # No kernel tuning from the kubelet in a sandbox it does not own.
+        "protectKernelDefaults": False,
+        "makeIPTablesUtilChains": False,
+        "serializeImagePulls": False,
+        "shutdownGracePeriod": "0s",
+        "resolvConf": "/etc/resolv.conf",
+        "maxPods": 32,
+        # Container logs under the node's directory, not /var/log/pods (tests read them there).
+        "podLogsDir": str(pod_logs_dir),
+    }
+
+
+def containerd_config(node_dir: Path, *, cgroup_driver: str = "cgroupfs") -> str:
+    """containerd 1.6 (config version 2) with everything private to ``node_dir``."""
+    c = node_dir / "containerd"
+    return f"""version = 2
+root = "{c / 'root'}"
+state = "{c / 'state'}"
+[grpc]
+  address = "{c / 'containerd.sock'}"
+[ttrpc]
+  address = "{c / 'containerd.sock.ttrpc'}"
+[debug]
+  level = "info"
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{c / 'opt'}"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  enable_selinux = false
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = {"true" if cgroup_driver == "systemd" else "false"}
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "{node_dir / 'cni' / 'net.d'}"
+    max_conf_num = 1
+"""
+
+
+def cni_conflist(node_dir: Path) -> dict[str, Any]:
+    """A bridge network with host-local IPAM; no masquerading (nothing here leaves the host)."""
+    return {"cniVersion": "1.0.0", "name": "gpufrag", "plugins": [
+        {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": False,
+         "hairpinMode": True,
+         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                  "routes": [{"dst": "0.0.0.0/0"}],
+                  "dataDir": str(node_dir / "cni" / "ipam")}},
+    ]}
+
+
+# -- the node ------------------------------------------------------------------------------------
+
+class Node:
+    """A kubelet (and its runtime) registered with ``plane`` as Node ``name``.
+
+    ``start()`` waits until the Node is Ready; ``stop()`` stops the kubelet, the runtime and what
+    the runtime left (its containers' shims, mounts). Logs are in ``node_dir/logs``.
+    """
+
+    def __init__(self, plane: ControlPlane, name: str = "node-0", *, runtime: str = "auto",
+                 node_dir: Path | None = None, start_timeout_s: float = 90.0,
+                 labels: dict[str, str] | None = None) -> None:
+        if runtime not in ("auto", "containerd", "fake"):
+            raise ValueError(f"runtime must be auto, containerd or fake, not {runtime!r}")
+        self.plane = plane
+        self.name = name
+        self.requested_runtime = runtime
+        self.runtime = ""  # the one that ran: "containerd" or "fake"
+        self.runtime_note = ""  # why "auto" chose the fake runtime
+        self.node_dir = node_dir or plane.work_dir / f"node-{name}"
+        self.logs_dir = self.node_dir / "logs"
+        self.root_dir = self.node_dir / "kubelet"
+        self.pod_logs_dir = self.node_dir / "pod-logs"
+        self.start_timeout_s = start_timeout_s
+        self.labels = labels or {}
+        self.components: dict[str, ComponentProcess] = {}
+        self.startup_s: float | None = None
+        self._lock: io.TextIOWrapper | None = None
+        self._stopped = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def __enter__(self) -> Node:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def device_plugin_dir(self) -> Path:
+        """Where the kubelet's registration socket is (fixed upstream; see the module doc)."""
+        return DEVICE_PLUGIN_DIR
+
+    @property
+    def runtime_endpoint(self) -> str:
+        if self.runtime == "containerd":
+            return f"unix://{self.node_dir / 'containerd' / 'containerd.sock'}"
+        return f"unix://{self.node_dir / 'fake-cri.sock'}"
+
+    def start(self) -> Node:
+        started = time.monotonic()
+        NODE_LOCK.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = NODE_LOCK.open("w")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            self._lock = None
+            raise NodeError(f"another gpufrag node runs on this machine ({NODE_LOCK} is locked); "
+                            "the kubelet's device-plugin socket path is machine-wide") from None
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def _choose_runtime(self) -> str:
+        if self.requested_runtime != "auto":
+            return self.requested_runtime
+        problem = probe_containers()
+        if problem is None:
+            return "containerd"
+        self.runtime_note = problem
+        return "fake"
+
+    def _start(self) -> None:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.root_dir.mkdir(parents=True, exist_ok=True)
+        self.runtime = self._choose_runtime()
+        if self.runtime == "containerd":
+            self._start_containerd()
+        else:
+            self._start_fake_cri()
+        kubeconfig = self._node_kubeconfig()
+        DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
+        port, healthz_port = free_port(), free_port()
+        config_path = self.node_dir / "kubelet-config.yaml"
+        config_path.write_text(yaml.safe_dump(kubelet_config(
+            runtime_endpoint=self.runtime_endpoint, port=port, healthz_port=healthz_port,
+            ca_file=self.plane.pki_dir / "ca.crt", pod_logs_dir=self.pod_logs_dir)))
+        labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
+        kubelet = self._launch("kubelet", [str(self.plane.binary), "kubelet",
+            f"--config={config_path}", f"--kubeconfig={kubeconfig}",
+            f"--root-dir={self.root_dir}", f"--cert-dir={self.node_dir / 'kubelet-pki'}",
+            f"--hostname-override={self.name}", "--node-ip=127.0.0.1",
+            *([f"--node-labels={labels}"] if labels else []), "--v=2"], port)
+        core = kubernetes.client.CoreV1Api(self.plane.api_client())
+
+        def ready() -> bool | None:
+            if not kubelet.running():
+                raise NodeError(kubelet.describe_failure("exited before its Node was Ready"))
+            try:
+                node = core.read_node(self.name)
+            except kubernetes.client.ApiException:
+                return None
+            conditions = (node.status.conditions if node.status else None) or []
+            return True if any(c.type == "Ready" and c.status == "True"
+                               for c in conditions) else None
+
+        try:
+            wait_until(ready, timeout_s=self.start_timeout_s,
+                       what=f"Node {self.name} to register and become Ready")
+        except ControlPlaneError as exc:
+            raise NodeError(f"{exc}\n{kubelet.describe_failure('did not get Ready')}") from exc
+
+    def _launch(self, name: str, argv: Sequence[str], port: int = 0) -> ComponentProcess:
+        log_path = self.logs_dir / f"{name}.log"
+        env = {**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())}
+        with log_path.open("ab") as log:
+            process = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, cwd=self.node_dir, env=env,
+                                       start_new_session=True)
+        component = ComponentProcess(name=name, process=process, log_path=log_path, port=port)
+        self.components[name] = component
+        return component
+
+    def _node_kubeconfig(self) -> Path:
+        """A client certificate for system:node:<name> (group system:nodes) from the plane's CA."""
+        pki = self.node_dir / "pki"
+        pki.mkdir(parents=True, exist_ok=True)
+        (pki / "client.ext").write_text("keyUsage=critical,digitalSignature,keyEncipherment\n"
+                                        "extendedKeyUsage=clientAuth\n")
+        run_openssl(["req", "-newkey", "rsa:2048", "-nodes", "-keyout", "node.key", "-out",
+                      "node.csr", "-subj", f"/O=system:nodes/CN=system:node:{self.name}"], pki)
+        ca = self.plane.pki_dir
+        run_openssl(["x509", "-req", "-in", "node.csr", "-CA", str(ca / "ca.crt"),
+                      "-CAkey", str(ca / "ca.key"), "-CAcreateserial", "-days", "365",
+                      "-out", "node.crt", "-extfile", "client.ext"], pki)
+        path = self.node_dir / "kubelet.kubeconfig"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "gpufrag-dev", "cluster": {
+                "server": self.plane.server, "certificate-authority": str(ca / "ca.crt")}}],
+            "users": [{"name": self.name, "user": {
+                "client-certificate": str(pki / "node.crt"),
+                "client-key": str(pki / "node.key")}}],
+            "contexts": [{"name": "node", "context": {"cluster": "gpufrag-dev",
+                                                      "user": self.name}}],
+            "current-context": "node"}))
+        path.chmod(0o600)
+        return path
+
+    def _start_fake_cri(self) -> None:
+        sock = self.node_dir / "fake-cri.sock"
+        sock.unlink(missing_ok=True)
+        fake = self._launch("fake-cri", [str(self.plane.binary), "fake-cri", f"unix://{sock}"])
+        wait_until(lambda: True if sock.exists() else _alive_or_raise(fake),
+                   timeout_s=30, what="the fake CRI to listen")
+
+    def _ctr(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ctr", "--address", str(self.node_dir / "containerd" / "containerd.sock"),
+             "--namespace", "k8s.io", *args], capture_output=True, text=True,
+            timeout=timeout_s, check=False)
+
+    def _start_containerd(self) -> None:
+        missing = containerd_installed()
+        if missing:
+            raise NodeError(f"containerd runtime: missing {', '.join(missing)}; "
+                            "run scripts/install-node-deps")
+        (self.node_dir / "containerd").mkdir(parents=True, exist_ok=True)
+        (self.node_dir / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
+        (self.node_dir / "cni" / "net.d" / "10-gpufrag.conflist").write_text(
+            json.dumps(cni_conflist(self.node_dir), indent=1))
+        config = self.node_dir / "containerd" / "config.toml"
+        config.write_text(containerd_config(self.node_dir))
+        containerd = self._launch("containerd", ["containerd", "--config", str(config)])
+        sock = self.node_dir / "containerd" / "containerd.sock"
+        wait_until(lambda: True if (sock.exists() and self._ctr("version").returncode == 0)
+                   else _alive_or_raise(containerd), timeout_s=30, what="containerd to listen")
+        for ref, cmd in ((PAUSE_IMAGE, ["/bin/sh", "-c", "trap 'exit 0' TERM INT; "
+                                                          "while :; do sleep 3600 & wait; done"]),
+                         (BUSYBOX_IMAGE, ["/bin/sh"])):
+            self.import_image(busybox_oci_archive(
+                self.node_dir / "images" / (ref.rsplit("/", 1)[1].replace(":", "-") + ".tar"),
+                ref, cmd))
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """What a container wrote (the kubelet's CRI log file; "" when there is none yet)."""
+        text = ""
+        for path in sorted(self.pod_logs_dir.glob(f"{namespace}_{pod}_*/{container}/*.log")):
+            with contextlib.suppress(OSError):
+                text += path.read_text()
+        return text
+
+    def import_image(self, archive: Path) -> None:
+        """Import an OCI/docker archive into the node's containerd (the kubelet never pulls)."""
+        if self.runtime != "containerd":
+            raise NodeError("images are imported only into the containerd runtime")
+        result = self._ctr("images", "import", str(archive), timeout_s=600)
+        if result.returncode != 0:
+            raise NodeError(f"ctr images import {archive} failed: {result.stderr.strip()}")
+
+    def stop(self) -> None:
+        """Stop the kubelet, then the runtime and everything it left; idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        kubelet = self.components.get("kubelet")
+        if kubelet is not None:
+            kubelet.stop()
+        if self.runtime == "containerd" and "containerd" in self.components:
+            self._remove_containers()
+        for name, component in reversed(list(self.components.items())):
+            if name != "kubelet":
+                component.stop()
+        self._kill_shims()
+        self._unmount_under(self.node_dir)
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def _remove_containers(self) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            listed = self._ctr("tasks", "ls", "-q", timeout_s=15)
+            for task in listed.stdout.split():
+                self._ctr("tasks", "kill", "-s", "SIGKILL", task, timeout_s=10)
+            time.sleep(0.5)
+            for task in listed.stdout.split():
+                self._ctr("tasks", "rm", "-f", task, timeout_s=10)
+            for container in self._ctr("containers", "ls", "-q", timeout_s=15).stdout.split():
+                self._ctr("containers", "rm", container, timeout_s=10)
+
+    def _kill_shims(self) -> None:
+        """containerd's shims run in their own sessions and outlive it: stop the ones that
+        belong to this node's containerd (their command line names its socket)."""
+        address = str(self.node_dir / "containerd" / "containerd.sock")
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and \
+                    address.encode() in cmdline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(proc.name), 9)
+
+    @staticmethod
+    def _unmount_under(root: Path) -> None:
+        prefix = str(root.resolve())
+        try:
+            mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text()
+                      .splitlines()]
+        except OSError:
+            return
+        for target in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
+            subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+
+def _alive_or_raise(component: ComponentProcess) -> None:
+    if not component.running():
+        raise NodeError(component.describe_failure("exited during start"))
+    return None
