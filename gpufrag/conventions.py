@@ -64,6 +64,8 @@ ANNOTATION_GPU_INDICES = "gpufrag.io/gpu-indices"
 ANNOTATION_GPU_USAGE = "gpufrag.io/gpu-usage"
 # Opt a pod out of defragmentation moves ("false").
 ANNOTATION_DEFRAG_MOVABLE = "gpufrag.io/defrag-movable"
+# On the hints ConfigMap: what one defrag cycle leaves for the next (cooldown, hysteresis).
+ANNOTATION_DEFRAG_STATE = "gpufrag.io/defrag-state"
 # GPU right-sizing (defrag.rightsizing): the mode on a workload's controller ("off",
 # "recommend" (default), "auto"); the recommendation (+ its history) the defrag controller
 # publishes there (JSON); the admission webhook's record of what it changed on a pod, and why.
@@ -102,6 +104,7 @@ class KubeNames:
     annotation_gpu_indices: str = ANNOTATION_GPU_INDICES
     annotation_gpu_usage: str = ANNOTATION_GPU_USAGE
     annotation_defrag_movable: str = ANNOTATION_DEFRAG_MOVABLE
+    annotation_defrag_state: str = ANNOTATION_DEFRAG_STATE
     annotation_rightsizing_mode: str = ANNOTATION_RIGHTSIZING_MODE
     annotation_gpu_recommendation: str = ANNOTATION_GPU_RECOMMENDATION
     annotation_rightsizing_change: str = ANNOTATION_RIGHTSIZING_CHANGE

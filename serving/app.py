@@ -7,9 +7,15 @@ cancels its handler, which cancels the future the batcher holds, so the request 
 before compute instead of burning a batch slot on an answer nobody reads.
 
 Routes: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models``,
-``/v2/models/{name}``, ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer``,
-``GET /metrics``. Every error, including unknown routes, has the v2 shape
-``{"error": "<message>"}``; 503s carry ``Retry-After``.
+``/v2/models/{name}``, ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer``, the same
+three model routes under ``/v2/models/{name}/versions/{version}``, and ``GET /metrics``. Every
+error, including unknown routes, has the v2 shape ``{"error": "<message>"}``; 503s carry
+``Retry-After``.
+
+The server serves one version of one model, ``MODEL_VERSION`` ("1"), and advertises it
+(``versions`` in the metadata, ``model_version`` in every response), so clients that address
+versions explicitly (``tritonclient`` with ``model_version="1"``) must find it there; any other
+version is a 404 naming the one that exists, never silently the latest.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 import structlog
@@ -64,11 +70,47 @@ class ServerState:
     model: ModelInfo | None = None
     batcher: DynamicBatcher | None = None
     ready: bool = False
+    # SIGTERM seen: readiness is 503 and every answer carries ``Connection: close``, but
+    # requests are still admitted until the drain delay ends (``shutting_down``).
+    draining: bool = False
+    # admission closed: new requests get 503 + Retry-After; accepted ones are still answered
     shutting_down: bool = False
+    # requests that arrived before admission closed whose handler is running or whose
+    # response is still being written (the drain waits for them before the listener closes)
+    active_requests: int = 0
+    _idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def __post_init__(self) -> None:
+        self._idle.set()
 
     def set_ready(self, ready: bool) -> None:
         self.ready = ready
         self.metrics.ready.set(1 if ready else 0)
+
+    @property
+    def admitting(self) -> bool:
+        """Whether an inference request may be queued now: ready, or draining before
+        admission closes (the endpoint may still be in a load balancer)."""
+        return self.batcher is not None and not self.shutting_down and (
+            self.ready or self.draining)
+
+    def request_started(self) -> None:
+        self.active_requests += 1
+        self._idle.clear()
+
+    def request_finished(self) -> None:
+        self.active_requests -= 1
+        if self.active_requests <= 0:
+            self.active_requests = 0
+            self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no request is being handled or written; False if ``timeout_s`` ran out."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout=max(timeout_s, 0.0))
+        except TimeoutError:
+            return False
+        return True
 
 
 STATE = web.AppKey("state", ServerState)
@@ -109,17 +151,44 @@ async def v2_errors(request: web.Request, handler: Handler) -> web.StreamRespons
                             status=500, content_type="application/json")
 
 
+@web.middleware
+async def lifecycle(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Counts every request until its response is written (the drain waits for that before
+    the listener closes), and once draining answers with ``Connection: close``, so keep-alive
+    clients reconnect (to another pod) instead of reusing a connection that will close."""
+    state = request.app[STATE]
+    # Only requests that arrived before admission closed are waited for: the late ones are
+    # fast 503s, and under a steady stream of them the count would seldom reach zero.
+    counted = not state.shutting_down
+    if counted:
+        state.request_started()
+    try:
+        response = await handler(request)
+        if state.draining:
+            response.force_close()  # before prepare: the header is set from it
+        # Written here rather than after the middleware returns, so the count covers the
+        # write; aiohttp's own prepare/write_eof afterwards are no-ops.
+        await response.prepare(request)
+        await response.write_eof()
+        return response
+    finally:
+        if counted:
+            state.request_finished()
+
+
 def build_app(state: ServerState) -> web.Application:
     # client_max_size is the hard stop; the handler checks Content-Length first for a clear 413.
-    app = web.Application(client_max_size=state.max_body_bytes, middlewares=[v2_errors])
+    app = web.Application(client_max_size=state.max_body_bytes,
+                          middlewares=[lifecycle, v2_errors])
     app[STATE] = state
     app.router.add_get("/v2", server_metadata)
     app.router.add_get("/v2/health/live", live)
     app.router.add_get("/v2/health/ready", ready)
     app.router.add_get("/v2/models", list_models)
-    app.router.add_get("/v2/models/{name}", model_metadata)
-    app.router.add_get("/v2/models/{name}/ready", model_ready)
-    app.router.add_post("/v2/models/{name}/infer", infer)
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        app.router.add_get(prefix, model_metadata)
+        app.router.add_get(f"{prefix}/ready", model_ready)
+        app.router.add_post(f"{prefix}/infer", infer)
     app.router.add_get("/metrics", metrics)
     return app
 
@@ -150,9 +219,21 @@ async def list_models(request: web.Request) -> web.Response:
     return json_response({"models": [entry]})
 
 
-def _model(state: ServerState, name: str) -> ModelInfo:
+def _check_route(state: ServerState, request: web.Request) -> str:
+    """The model name of a ``/v2/models/{name}[/versions/{version}]/...`` route, once the
+    name and (if given) the version are ones this server serves; else 404."""
+    name = request.match_info["name"]
     if name != state.model_name:
         raise ModelNotFound(f"unknown model {name!r}; this server serves {state.model_name!r}")
+    version = request.match_info.get("version")
+    if version is not None and version != MODEL_VERSION:
+        raise ModelNotFound(f"model {name!r} has no version {version!r:.40}; this server "
+                            f"serves version {MODEL_VERSION!r} only")
+    return name
+
+
+def _model(state: ServerState, request: web.Request) -> ModelInfo:
+    name = _check_route(state, request)
     if state.model is None:
         raise Unavailable(f"model {name!r} is still loading", retry_after_s=state.retry_after_s)
     return state.model
@@ -160,17 +241,22 @@ def _model(state: ServerState, name: str) -> ModelInfo:
 
 async def model_metadata(request: web.Request) -> web.Response:
     try:
-        model = _model(request.app[STATE], request.match_info["name"])
+        model = _model(request.app[STATE], request)
     except ServingError as exc:
         return error_response(exc)
     return json_response(model.metadata())
 
 
 async def model_ready(request: web.Request) -> web.Response:
+    """200 when the model admits requests, else 503; the body names the model and version,
+    as KServe's ``ModelReadyResponse`` does (clients read the status; people read the body)."""
     state = request.app[STATE]
-    if request.match_info["name"] != state.model_name:
-        return error_response(ModelNotFound(f"unknown model {request.match_info['name']!r}"))
-    return json_response({"ready": state.ready}, status=200 if state.ready else 503)
+    try:
+        name = _check_route(state, request)
+    except ServingError as exc:
+        return error_response(exc)
+    return json_response({"name": name, "version": MODEL_VERSION, "ready": state.ready},
+                         status=200 if state.ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -192,10 +278,11 @@ async def infer(request: web.Request) -> web.Response:
 async def _infer(request: web.Request, state: ServerState) -> web.Response:
     arrived = time.monotonic()
     try:
-        model = _model(state, request.match_info["name"])
+        model = _model(state, request)
         batcher = state.batcher
-        if not state.ready or batcher is None:
-            raise Unavailable("server is shutting down" if state.shutting_down
+        if not state.admitting or batcher is None:
+            raise Unavailable("server is shutting down"
+                              if state.shutting_down or state.draining
                               else "server is not ready", retry_after_s=state.retry_after_s)
         # Shed load before reading and parsing the body: under overload the rejection must
         # be the cheapest thing the server does, or parsing becomes the bottleneck.

@@ -26,6 +26,7 @@ from gpufrag.errors import (
     BadInputArgumentParser,
 )
 from serving.backends.tensorrt_engine import BackendUnavailable
+from serving.cache import CACHE_ROOT_ENV, MODEL_CACHE_ENV
 from serving.config import BACKENDS, BatcherConfig, ServerConfig, parse_sizes
 from serving.models import check_model_file
 from serving.server import serve
@@ -69,8 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--intra-op-threads", type=int, default=0,
                    help="ONNX Runtime threads per batch (0 = all cores but one, kept for the "
                    "HTTP event loop)")
-    p.add_argument("--model-cache-dir", type=Path,
-                   help="where built-in models are generated (default ~/.cache/gpufrag/models)")
+    p.add_argument("--model-cache-dir", "--model-cache", type=Path, dest="model_cache_dir",
+                   help="where built-in models are generated and TensorRT engines cached; "
+                   "mount a node-local volume here so a new pod starts warm (default: "
+                   f"${MODEL_CACHE_ENV}, else ${CACHE_ROOT_ENV}/models, else "
+                   "~/.cache/gpufrag/models, else a temp dir when that is not writable)")
     p.add_argument("--engine-cache-dir", type=Path,
                    help="where TensorRT engines are cached (default <model cache>/engines)")
     p.add_argument("--gpu-memory-growth-warn-mib", type=float, default=100.0,
@@ -79,7 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accept NaN/Inf in this float input (binary tensor data only: JSON "
                    "has no NaN); repeat for more inputs. Default: rejected with 400")
     p.add_argument("--shutdown-timeout-s", type=float, default=30.0,
-                   help="longest the SIGTERM drain may take (default %(default)s)")
+                   help="longest the SIGTERM drain may take, after the drain delay "
+                   "(default %(default)s)")
+    p.add_argument("--drain-delay-s", type=float, default=ServerConfig.drain_delay_s,
+                   help="after SIGTERM, keep admitting and answering requests this long with "
+                   "readiness already 503, so the endpoint is removed before admission closes "
+                   "(0 when a preStop hook already waits; default %(default)s)")
     p.add_argument("--log-level", default=None, help="debug, info, warning, error")
     return p
 
@@ -100,7 +109,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host, port=args.port, max_body_bytes=args.max_body_bytes,
         intra_op_threads=args.intra_op_threads,
         gpu_memory_growth_warn_mib=args.gpu_memory_growth_warn_mib,
-        shutdown_timeout_s=args.shutdown_timeout_s,
+        shutdown_timeout_s=args.shutdown_timeout_s, drain_delay_s=args.drain_delay_s,
         allow_non_finite_inputs=tuple(args.allow_non_finite),
     ).validate()
 

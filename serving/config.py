@@ -68,6 +68,9 @@ class ServerConfig:
     intra_op_threads: int = 0
     gpu_memory_growth_warn_mib: float = 100.0
     shutdown_timeout_s: float = 30.0
+    # After SIGTERM: readiness is 503 at once but requests are still admitted and answered for
+    # this long, so the endpoint is removed from Services/load balancers before admission closes.
+    drain_delay_s: float = 5.0
     # Inputs whose requests may carry NaN/+-Inf (see TensorSpec.allow_non_finite); checked
     # against the model's inputs once it is loaded (serving.server.published_inputs).
     allow_non_finite_inputs: tuple[str, ...] = ()
@@ -92,6 +95,8 @@ class ServerConfig:
         if not self.shutdown_timeout_s > 0:
             raise BadInput(f"must be > 0, got {self.shutdown_timeout_s:g}",
                            field="--shutdown-timeout-s")
+        if not self.drain_delay_s >= 0:
+            raise BadInput(f"must be >= 0, got {self.drain_delay_s:g}", field="--drain-delay-s")
         for name in self.allow_non_finite_inputs:
             if not name.strip():
                 raise BadInput("needs an input name, got an empty one",

@@ -10,10 +10,12 @@ because a GPU went away. Tests drive the probe with recorded readings
 
 :class:`MemoryGrowthWatch` wraps a backend and warns when a GPU's used memory grew by more than
 a threshold (default 100 MiB) across one batch — the signature of a leak or of an allocator
-growing its pool for a new, larger shape. It uses the memory-only read (one NVML call per GPU,
-no process listing), cheap enough for every batch. NVML reports device-wide memory, so on a
-shared GPU another process's allocation can trip it too; the warning says which GPU and by how
-much.
+growing its pool for a new, larger shape — and tells its :class:`GrowthObserver` (the runtime's
+metrics count it: ``gpufrag_serving_gpu_memory_growth_batches_total``, which the
+``GpufragServingGpuMemoryGrowth`` alert watches). It uses the memory-only read (one NVML call
+per GPU, no process listing), cheap enough for every batch. NVML reports device-wide memory, so
+on a shared GPU another process's allocation can trip it too; the warning says which GPU and by
+how much.
 """
 
 from __future__ import annotations
@@ -31,6 +33,13 @@ log = structlog.get_logger("serving.gpu")
 
 class GpuProbe(Protocol):
     def read(self) -> Sequence[GpuReading]: ...
+
+
+class GrowthObserver(Protocol):
+    """Told of each batch after which a GPU's used memory had grown beyond the threshold
+    (:class:`serving.metrics.ServingMetrics` counts them)."""
+
+    def gpu_memory_grew(self, gpu: int, grown_bytes: int) -> None: ...
 
 
 class NvmlProbe:
@@ -98,11 +107,12 @@ def detect_gpus(nvml: NvmlApi | None = None) -> NvmlProbe | None:
 class MemoryGrowthWatch:
     """A :class:`Backend` wrapper warning when GPU memory grows > threshold over one batch."""
 
-    def __init__(self, backend: Backend, probe: NvmlProbe, *,
-                 threshold_mib: float = 100.0) -> None:
+    def __init__(self, backend: Backend, probe: NvmlProbe, *, threshold_mib: float = 100.0,
+                 observer: GrowthObserver | None = None) -> None:
         self._backend = backend
         self._probe = probe
         self._threshold_bytes = threshold_mib * MIB
+        self._observer = observer
         self.warnings = 0
 
     @property
@@ -137,6 +147,8 @@ class MemoryGrowthWatch:
                 log.warning("gpu_memory_growth", gpu=gpu, grew_mib=round(grown / MIB, 1),
                             threshold_mib=self._threshold_bytes / MIB, batch_rows=rows,
                             used_mib=round(used / MIB, 1))
+                if self._observer is not None:
+                    self._observer.gpu_memory_grew(gpu, grown)
         return outputs
 
     def close(self) -> None:

@@ -4,7 +4,9 @@ A private :class:`prometheus_client.CollectorRegistry` (not the global default) 
 in one test process never collide and ``/metrics`` shows exactly this runtime. Names are
 prefixed ``gpufrag_serving_`` and carry their unit. The HPA signals read from here:
 ``gpufrag_serving_queue_depth`` (per pod), ``gpufrag_serving_gpu_utilization_ratio`` and the
-p99 of ``gpufrag_serving_request_duration_seconds``.
+p99 of ``gpufrag_serving_request_duration_seconds``. The leak alarm reads
+``gpufrag_serving_gpu_memory_growth_batches_total`` (batches after which a GPU's memory had grown
+by more than ``--gpu-memory-growth-warn-mib``; counted by :class:`serving.gpu.MemoryGrowthWatch`).
 
 GPU gauges are read from the probe at scrape time by a custom collector; without a GPU the
 collector yields nothing, so the series are absent rather than zero (a zero would read as an
@@ -19,8 +21,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from serving.cache import CacheState
 from serving.config import BatcherConfig
-from serving.gpu import GpuProbe
+from serving.gpu import GpuProbe, GrowthObserver
 
 PREFIX = "gpufrag_serving"
 OUTCOMES = ("ok", "rejected", "timeout", "error", "cancelled", "invalid")
@@ -62,13 +65,19 @@ class ServingMetrics:
         self._outcomes = {outcome: requests.labels(model, outcome) for outcome in OUTCOMES}
         self.model_load_seconds = Gauge(
             f"{PREFIX}_model_load_seconds",
-            "Seconds to load the model into its backend (the cold start).",
-            ("model", "backend"), registry=self.registry)
+            "Seconds this process took to load its model: getting the model file (a built-in "
+            "is generated) and loading it into the backend (a TensorRT engine is built or "
+            "deserialised). cache: warm = everything needed was in the model cache, cold = "
+            "something had to be made, none = the load uses no cache.",
+            ("model", "backend", "cache"), registry=self.registry)
         self.ready = Gauge(f"{PREFIX}_ready", "1 while the server admits requests.",
                            labels, registry=self.registry).labels(model)
         self.settings = Gauge(
             f"{PREFIX}_batcher_setting", "The batcher's configured knobs, for dashboards.",
             ("model", "setting"), registry=self.registry)
+        # Registered, with its one series at 0, only once there is a GPU (add_gpu_collector):
+        # the first growth is then an increase(), and a CPU pod exports no GPU metric at all.
+        self._growth_batches: Counter | None = None
 
     def record_settings(self, config: BatcherConfig) -> None:
         for setting, value in (("max_batch_size", config.max_batch_size),
@@ -78,8 +87,25 @@ class ServingMetrics:
                                ("max_concurrent_batches", config.max_concurrent_batches)):
             self.settings.labels(self._model, setting).set(value)
 
+    def record_model_load(self, *, backend: str, cache: CacheState, seconds: float) -> None:
+        """One series per process (a process loads its model once), labelled with what the
+        model cache had, so cold and warm starts can be told apart across pods."""
+        self.model_load_seconds.labels(self._model, backend, cache).set(seconds)
+
     def add_gpu_collector(self, probe: GpuProbe) -> None:
         self.registry.register(GpuCollector(probe))
+        self._growth_batches = Counter(
+            f"{PREFIX}_gpu_memory_growth_batches",
+            "Batches after which a GPU's used memory had grown by more than "
+            "--gpu-memory-growth-warn-mib (a leak, or an allocator growing its pool; the "
+            "gpu_memory_growth log line names the GPU).",
+            ("model",), registry=self.registry)
+        self._growth_batches.labels(self._model)
+
+    # GrowthObserver
+    def gpu_memory_grew(self, gpu: int, grown_bytes: int) -> None:
+        if self._growth_batches is not None:
+            self._growth_batches.labels(self._model).inc()
 
     # BatchObserver
     def queue_depth(self, depth: int) -> None:
@@ -123,3 +149,7 @@ class GpuCollector(Collector):
         yield util
         yield used
         yield total
+
+
+def _conforms(metrics: ServingMetrics) -> GrowthObserver:
+    return metrics  # mypy: the runtime's metrics are the growth watch's observer

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped, unused-ignore]
 from onnx import TensorProto, helper, numpy_helper
 
 from gpufrag.errors import BadInput
@@ -198,21 +198,26 @@ def build_resnet(spec: ResNetSpec) -> onnx.ModelProto:
     return model
 
 
-def default_cache_dir() -> Path:
-    """``$GPUFRAG_CACHE_DIR/models``, else ``$XDG_CACHE_HOME/gpufrag/models``, else ~/.cache."""
-    root = os.environ.get("GPUFRAG_CACHE_DIR")
-    if root:
-        return Path(root) / "models"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "gpufrag" / "models"
-
-
 def builtin_path(name: str, cache_dir: Path) -> Path:
     """Where ``builtin:<name>`` lives in ``cache_dir`` (generated there if missing)."""
+    return _builtin(name, cache_dir).path
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """The ONNX file to load, and what the model cache had: ``cached`` is True when a built-in
+    model was already generated there (warm), False when it was generated now (cold), None
+    for a file given by path (the cache plays no part)."""
+
+    path: Path
+    cached: bool | None
+
+
+def _builtin(name: str, cache_dir: Path) -> ModelFile:
     spec = _spec(name)
     path = cache_dir / f"{spec.name}-{spec.digest()}.onnx"
-    if not path.exists():
+    cached = path.exists()
+    if not cached:
         cache_dir.mkdir(parents=True, exist_ok=True)
         model = build_resnet(spec)
         fd, tmp = tempfile.mkstemp(prefix=f".{spec.name}-", suffix=".tmp", dir=cache_dir)
@@ -223,7 +228,7 @@ def builtin_path(name: str, cache_dir: Path) -> Path:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-    return path
+    return ModelFile(path, cached)
 
 
 def _spec(name: str) -> ResNetSpec:
@@ -262,7 +267,8 @@ def check_model_file(ref: str) -> None:
     for a graph with inputs and outputs, not ``onnx.checker``'s full check, which rejects
     models ONNX Runtime runs (newer IR versions, contrib operators). Built-in models are
     generated here and need no check. (``DecodeError`` comes from protobuf, which onnx is
-    built on and which ships no type stubs: hence the ignore on its import.)
+    built on; protobuf ships no type stubs, ``types-protobuf`` adds them where installed: hence
+    the ignore on its import, allowed to be unused.)
     """
     model_name(ref)
     if ref.startswith(BUILTIN_PREFIX):
@@ -286,7 +292,13 @@ def check_model_file(ref: str) -> None:
 
 def materialize(ref: str, cache_dir: Path) -> Path:
     """The ONNX file for ``ref``, generating a built-in model into ``cache_dir`` if needed."""
+    return materialize_model(ref, cache_dir).path
+
+
+def materialize_model(ref: str, cache_dir: Path) -> ModelFile:
+    """:func:`materialize`, also saying whether the cache already had the model (the server
+    exports that as the ``cache`` label of its load time)."""
     model_name(ref)
     if ref.startswith(BUILTIN_PREFIX):
-        return builtin_path(ref[len(BUILTIN_PREFIX):], cache_dir)
-    return Path(ref)
+        return _builtin(ref[len(BUILTIN_PREFIX):], cache_dir)
+    return ModelFile(Path(ref), None)

@@ -4,8 +4,13 @@ Everything a client can get wrong is caught here, before the batcher sees the re
 turned into :class:`serving.errors.InvalidRequest` with a message that quotes the bad value and
 what the model expects: malformed JSON, missing/unknown/duplicate tensor names, datatype,
 rank and dimension mismatches, element counts that do not match the shape, non-numeric or
-out-of-range values, bad ``timeout_ms``, binary sizes that do not add up. Pure functions over
-bytes: easy to fuzz.
+out-of-range values, bad ``timeout_ms`` or ``timeout``, binary sizes that do not add up. Pure
+functions over bytes: easy to fuzz.
+
+A request's deadline may come three ways, and the smallest wins (the batcher caps it at
+``--default-timeout-ms``): the ``Timeout-Ms`` header and ``parameters.timeout_ms`` (ours, in
+milliseconds), and ``parameters.timeout``, Triton's, in microseconds (its schedule-policy
+extension; ``tritonclient``'s ``infer(timeout=...)``), where 0 means no deadline of its own.
 
 Tensors travel either as JSON ``data`` (flat row-major or nested; responses flat) or with the
 **binary tensor data extension** (Triton's ``binary_tensor_data``, which KServe shares):
@@ -142,6 +147,24 @@ def parse_timeout_ms(value: object, where: str) -> float:
     return float(value) / 1000.0
 
 
+# Triton's request parameter ``timeout`` is an unsigned 64-bit count of microseconds, 0 meaning
+# "no timeout of its own" (Triton's HTTP server reads it with MemberAsUInt; its C API:
+# TRITONSERVER_InferenceRequestSetTimeoutMicroseconds, default 0 = none).
+_UINT64_MAX = (1 << 64) - 1
+
+
+def parse_timeout_us(value: object) -> float | None:
+    """Triton's ``parameters.timeout`` (what ``tritonclient``'s ``infer(timeout=...)`` sends):
+    whole microseconds -> seconds, 0 -> None (the server's default deadline, as in Triton).
+    Anything but a non-negative integer is rejected, as Triton rejects it, rather than
+    guessed: a float or a string here usually means a client that thinks in other units."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _UINT64_MAX:
+        raise InvalidRequest("parameters.timeout must be a whole number of microseconds "
+                             f"(0 = the server's default, as in Triton), got {value!r:.40}; "
+                             "for milliseconds use parameters.timeout_ms")
+    return value / 1_000_000 if value else None
+
+
 def parse_infer_request(body: bytes, model: ModelInfo, *,
                         timeout_header: str | None = None,
                         header_length: str | None = None) -> InferRequest:
@@ -179,6 +202,10 @@ def parse_infer_request(body: bytes, model: ModelInfo, *,
         raise InvalidRequest(f"'parameters' must be an object, got {parameters!r:.80}")
     if "timeout_ms" in parameters:
         timeouts.append(parse_timeout_ms(parameters["timeout_ms"], "parameters.timeout_ms"))
+    if "timeout" in parameters:
+        triton_timeout = parse_timeout_us(parameters["timeout"])
+        if triton_timeout is not None:
+            timeouts.append(triton_timeout)
 
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:

@@ -4,12 +4,23 @@ Order of events, and why:
 
 1. Listen first, with ``/v2/health/live`` 200 and ``/v2/health/ready`` 503, so Kubernetes sees a
    live pod during a long model load (cold start) instead of restarting it.
-2. Load (or build) the model in a worker thread, timing it: ``gpufrag_serving_model_load_seconds``.
+2. Load (or build) the model in a worker thread, timing it and noting whether the model cache
+   had what the load needed: ``gpufrag_serving_model_load_seconds{cache="cold|warm"}``.
 3. Start the batcher; ready turns 200.
-4. On SIGTERM/SIGINT: ready turns 503 and admission closes (new requests get 503 +
-   Retry-After, which the client retries on another pod), everything already queued or
-   computing is answered, then the listener closes and the process exits 0. If the drain
-   outlasts ``--shutdown-timeout-s``, what is still queued gets 503 rather than silence.
+4. On SIGTERM/SIGINT, in this order, so no accepted request is lost:
+
+   a. readiness turns 503 at once, and every answer from then on carries
+      ``Connection: close`` (keep-alive clients reconnect, to another pod);
+   b. for ``--drain-delay-s`` requests are still admitted and answered normally: the
+      endpoint is being removed from Services and load balancers meanwhile (what a preStop
+      ``sleep`` does, without needing one; a second signal ends the delay early);
+   c. admission closes: new requests get a fast 503 + Retry-After, which the client retries
+      on another pod;
+   d. the batcher answers everything queued or computing, and every response is written;
+   e. only then the listener closes and the process exits 0.
+
+   (d) is bounded by ``--shutdown-timeout-s``: what is still queued then gets 503 rather than
+   silence. ``terminationGracePeriodSeconds`` must cover preStop + drain delay + timeout.
 """
 
 from __future__ import annotations
@@ -17,8 +28,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
+import time
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 from aiohttp import web
@@ -28,15 +39,20 @@ from serving.app import ServerState, build_app
 from serving.backends.base import Backend, zeros_like_spec
 from serving.backends.select import LoadedBackend, load_backend
 from serving.batcher import DynamicBatcher
+from serving.cache import cache_state, combine, resolve_model_cache
 from serving.config import ServerConfig
 from serving.errors import ShuttingDown
 from serving.gpu import MemoryGrowthWatch, NvmlProbe, detect_gpus
 from serving.metrics import ServingMetrics
-from serving.models import default_cache_dir, materialize, model_name
+from serving.models import materialize_model, model_name
 from serving.protocol import ModelInfo
 from serving.tensors import TensorSpec
 
 log = structlog.get_logger("serving.server")
+
+# aiohttp's wait for handlers still running when the listener closes; the drain has already
+# waited for them (within --shutdown-timeout-s), so this is only a last short grace.
+LAST_WRITE_GRACE_S = 2.0
 
 
 def check_limits(backend: Backend, config: ServerConfig) -> None:
@@ -66,14 +82,21 @@ def published_inputs(backend: Backend, config: ServerConfig) -> tuple[TensorSpec
                  for spec in backend.inputs)
 
 
-def _load(config: ServerConfig, probe: NvmlProbe | None) -> LoadedBackend:
-    cache_dir = config.model_cache_dir or default_cache_dir()
-    path: Path = materialize(config.model, cache_dir)
-    return load_backend(config.backend, path,
-                        gpu_name=probe.names[0] if probe is not None else None,
-                        engine_cache_dir=config.engine_cache_dir or cache_dir / "engines",
-                        max_batch_size=config.batcher.max_batch_size,
-                        intra_op_threads=config.intra_op_threads)
+def load_model(config: ServerConfig, probe: NvmlProbe | None) -> LoadedBackend:
+    """The model, loaded into its backend. The time covers getting the model file (a built-in
+    one is generated into the cache when missing) as well as the backend's load (a TensorRT
+    engine built or deserialised), since both are what a cold start waits for; ``cache`` is
+    cold when either had to be made."""
+    cache = resolve_model_cache(config.model_cache_dir)
+    started = time.perf_counter()
+    model = materialize_model(config.model, cache.path)
+    loaded = load_backend(config.backend, model.path,
+                          gpu_name=probe.names[0] if probe is not None else None,
+                          engine_cache_dir=config.engine_cache_dir or cache.path / "engines",
+                          max_batch_size=config.batcher.max_batch_size,
+                          intra_op_threads=config.intra_op_threads)
+    return dataclasses.replace(loaded, load_seconds=time.perf_counter() - started,
+                               cache=combine(cache_state(model.cached), loaded.cache))
 
 
 Loader = Callable[[ServerConfig, NvmlProbe | None], LoadedBackend]
@@ -98,8 +121,10 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
+    # The drain itself waits for in-flight responses (state.wait_idle) within
+    # --shutdown-timeout-s; the runner's own grace is only for what is left after that.
     runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=config.shutdown_timeout_s)
+                           shutdown_timeout=min(config.shutdown_timeout_s, LAST_WRITE_GRACE_S))
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     await site.start()
@@ -111,17 +136,19 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
     batcher: DynamicBatcher | None = None
     backend: Backend | None = None
     try:
-        loaded = await loop.run_in_executor(None, load or _load, config, probe)
+        loaded = await loop.run_in_executor(None, load or load_model, config, probe)
         backend = loaded.backend
         check_limits(backend, config)
         inputs = published_inputs(backend, config)
-        metrics.model_load_seconds.labels(name, backend.kind).set(loaded.load_seconds)
+        metrics.record_model_load(backend=backend.kind, cache=loaded.cache,
+                                  seconds=loaded.load_seconds)
         await loop.run_in_executor(None, _warm_up, backend)
         if probe is not None:
             backend = MemoryGrowthWatch(backend, probe,
-                                        threshold_mib=config.gpu_memory_growth_warn_mib)
+                                        threshold_mib=config.gpu_memory_growth_warn_mib,
+                                        observer=metrics)
         log.info("model_loaded", model=name, backend=backend.kind,
-                 load_seconds=round(loaded.load_seconds, 3),
+                 load_seconds=round(loaded.load_seconds, 3), cache=loaded.cache,
                  inputs=[s.metadata() for s in backend.inputs])
         batcher = DynamicBatcher(backend, config.batcher, observer=metrics)
         batcher.start()
@@ -133,18 +160,7 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
             state.set_ready(True)
             log.info("ready", model=name, batcher=config.batcher)
         await stop.wait()
-        log.info("draining", queued=batcher.depth, computing=batcher.inflight_batches)
-        state.shutting_down = True
-        state.set_ready(False)
-        batcher.close_admission()
-        try:
-            await asyncio.wait_for(batcher.stop(), timeout=config.shutdown_timeout_s)
-        except TimeoutError:
-            failed = batcher.fail_pending(ShuttingDown(
-                "server shut down before this request was computed; retry",
-                retry_after_s=config.batcher.retry_after_s))
-            log.error("drain_timed_out", failed=failed, timeout_s=config.shutdown_timeout_s)
-        log.info("drained")
+        await _drain(config, state, batcher, stop)
         return 0
     finally:
         state.set_ready(False)
@@ -156,6 +172,40 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         log.info("stopped")
+
+
+async def _drain(config: ServerConfig, state: ServerState, batcher: DynamicBatcher,
+                 stop: asyncio.Event) -> None:
+    """Steps (a)-(d) of the module's shutdown order; the caller closes the listener."""
+    loop = asyncio.get_running_loop()
+    was_ready = state.ready
+    state.draining = True  # from here every answer says Connection: close
+    state.set_ready(False)
+    if was_ready and config.drain_delay_s > 0:  # never ready: no endpoint to wait out
+        log.info("drain_delay", seconds=config.drain_delay_s, queued=batcher.depth)
+        stop.clear()
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=config.drain_delay_s)
+            log.info("drain_delay_cut_short")
+        except TimeoutError:
+            pass
+    deadline = loop.time() + config.shutdown_timeout_s
+    log.info("draining", queued=batcher.depth, computing=batcher.inflight_batches,
+             connections_busy=state.active_requests)
+    state.shutting_down = True
+    batcher.close_admission()
+    try:
+        await asyncio.wait_for(batcher.stop(), timeout=config.shutdown_timeout_s)
+    except TimeoutError:
+        failed = batcher.fail_pending(ShuttingDown(
+            "server shut down before this request was computed; retry",
+            retry_after_s=config.batcher.retry_after_s))
+        log.error("drain_timed_out", failed=failed, timeout_s=config.shutdown_timeout_s)
+    # The batcher has resolved every future; the handlers still encode and write the answers.
+    if not await state.wait_idle(max(deadline - loop.time(), LAST_WRITE_GRACE_S)):
+        log.error("drain_timed_out", unwritten=state.active_requests,
+                  timeout_s=config.shutdown_timeout_s)
+    log.info("drained")
 
 
 def _warm_up(backend: Backend) -> None:

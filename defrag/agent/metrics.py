@@ -1,10 +1,15 @@
 """What the agent exports over HTTP: ``/metrics``, ``/healthz`` and ``/readyz``.
 
 GPU series use the DCGM exporter's names and label names (``DCGM_FI_DEV_FB_USED`` and friends,
-labelled ``gpu``, ``UUID``, ``modelName``, ``Hostname``) so dashboards and HPA rules written for
-DCGM work against the agent unchanged. Per-pod series are the agent's own (``gpufrag_``).
-Everything is registered on the agent's own :class:`CollectorRegistry`, never the global one,
-so tests and other components in the same process do not collide.
+labelled ``gpu``, ``UUID``, ``Hostname``) so dashboards, HPA rules and ``gpufrag defrag
+--prometheus`` written for DCGM work against the agent unchanged, with one exception: DCGM's
+``modelName`` is ``model_name`` here, because Prometheus label names are snake_case and
+``promtool check metrics`` rejects the camelCase one (a dashboard grouping by ``modelName``
+groups by ``model_name`` instead). The DCGM series keep DCGM's units (MiB, percent) since the
+names promise them. The agent's own series (``gpufrag_``) follow Prometheus's conventions:
+snake_case labels, base units (bytes, seconds), ``node`` for the node as kube-state-metrics
+names it. Everything is registered on the agent's own :class:`CollectorRegistry`, never the
+global one, so tests and other components in the same process do not collide.
 
 Liveness means "the loop is still ticking" (a hung NVML call fails it); readiness means "at
 least one reading has been read and published".
@@ -21,8 +26,11 @@ from prometheus_client.exposition import generate_latest
 
 from defrag.agent.cgroup import PodRef
 from defrag.agent.usage import NodeGpuUsage
+from gpufrag.nvml import MIB
 
-_GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
+# DCGM's label names, but snake_case model_name (see the module docstring).
+_GPU_LABELS = ("gpu", "UUID", "model_name", "Hostname")
+_POD_GPU_LABELS = ("namespace", "pod", "node", "gpu")
 
 
 class AgentMetrics:
@@ -38,10 +46,10 @@ class AgentMetrics:
                                  _GPU_LABELS, registry=r)
         self.gpu_util_pct = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).",
                                   _GPU_LABELS, registry=r)
-        self.pod_memory_mib = Gauge(
-            "gpufrag_pod_gpu_memory_used_mib",
-            "GPU memory held by a pod's processes on one GPU (MiB).",
-            ("namespace", "pod", "gpu"), registry=r,
+        self.pod_memory_bytes = Gauge(
+            "gpufrag_pod_gpu_memory_used_bytes",
+            "GPU memory held by a pod's processes on one GPU of this node (bytes; read in "
+            "whole MiB).", _POD_GPU_LABELS, registry=r,
         )
         self.leak_suspected = Gauge(
             "gpufrag_agent_gpu_memory_leak_suspected",
@@ -75,14 +83,14 @@ class AgentMetrics:
             self.fb_free_mib.labels(*labels).set(gpu.memory_free_mib)
             self.gpu_util_pct.labels(*labels).set(gpu.utilization_pct)
             for pod in gpu.pods:
-                pod_labels = (pod.namespace, pod.name, str(gpu.index))
+                pod_labels = (pod.namespace, pod.name, self.node_name, str(gpu.index))
                 pod_gpu_labels.add(pod_labels)
-                self.pod_memory_mib.labels(*pod_labels).set(pod.memory_used_mib)
+                self.pod_memory_bytes.labels(*pod_labels).set(pod.memory_used_mib * MIB)
         for gone in self._gpu_labels - gpu_labels:
             for gauge in (self.fb_used_mib, self.fb_free_mib, self.gpu_util_pct):
                 gauge.remove(*gone)
         for gone in self._pod_gpu_labels - pod_gpu_labels:
-            self.pod_memory_mib.remove(*gone)
+            self.pod_memory_bytes.remove(*gone)
         self._gpu_labels = gpu_labels
         self._pod_gpu_labels = pod_gpu_labels
 

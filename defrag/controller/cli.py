@@ -18,7 +18,8 @@ from urllib.parse import urlparse
 import structlog
 
 from defrag.controller.cluster import read_cluster
-from defrag.controller.config import OUTPUTS, DefragConfig, Limits
+from defrag.controller.config import DEFAULT_HYSTERESIS, OUTPUTS, DefragConfig, Limits
+from defrag.controller.convergence import DefragState, convergence, parse_state
 from defrag.controller.errors import CycleStopped
 from defrag.controller.executor import ClusterActions, DryRunActions, Executor, KubeActions
 from defrag.controller.metrics import CycleMetrics
@@ -30,6 +31,7 @@ from gpufrag import logs
 from gpufrag.conventions import names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from scheduler.core.fragmentation import TargetWorkload
+from scheduler.core.state import ClusterState
 from scheduler.kube.client import api_client
 from scheduler.policies import POLICY_NAMES, make_policy
 
@@ -59,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--threshold", type=float, default=d.threshold,
                    help="waste ratio above which a node is a source of moves (default: "
                         f"{d.threshold})")
+    t.add_argument("--threshold-off", type=float, default=None,
+                   help="hysteresis: a node triggered on waste stays triggered until its waste "
+                        "ratio falls to this (default: --threshold minus "
+                        f"{DEFAULT_HYSTERESIS:g})")
     t.add_argument("--prometheus", metavar="URL",
                    help="read used GPU memory from DCGM_FI_DEV_FB_USED in this Prometheus "
                         "instead of the node agent's annotation")
@@ -95,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--candidates-per-eviction", type=int, default=d.candidates_per_eviction,
                    help="candidate moves scored per allowed eviction (default: "
                         f"{d.candidates_per_eviction})")
+    s.add_argument("--cooldown-s", type=float, default=d.cooldown_s,
+                   help="an owner one of whose pods moved less than this long ago is not "
+                        f"moved again (default: {d.cooldown_s:g}; 0: no cooldown)")
     a = p.add_argument_group("acting")
     a.add_argument("--dry-run", action="store_true",
                    help="print the plan and what would be done; write nothing")
@@ -131,7 +140,8 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
     _url(args.prometheus, "--prometheus")
     _url(args.pushgateway, "--pushgateway", bare_host_ok=True)
     return DefragConfig(
-        threshold=args.threshold,
+        threshold=args.threshold, threshold_off=args.threshold_off,
+        cooldown_s=args.cooldown_s,
         limits=Limits(per_node=args.max_evictions_per_node,
                       per_namespace=args.max_evictions_per_namespace,
                       total=args.max_evictions_total),
@@ -169,6 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
+def _gpu_nodes(state: ClusterState) -> int:
+    n = state.size
+    return int((state.active[:n] & (state.gpu_count[:n] > 0)).sum())
+
+
 def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
               log: structlog.typing.FilteringBoundLogger) -> int:
     """Read, plan, print, act, summarise. Raises CycleStopped if reading fails."""
@@ -180,6 +195,15 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     source = UsageSource(stale_intervals=config.stale_intervals, now=time.time(), dcgm=dcgm,
                          dcgm_interval_s=config.prometheus_interval_s)
     snapshot, problems = build_snapshot(nodes, pods, pdbs, source, config.names)
+    now = time.time()
+    kube = KubeActions(client, log=log, names=config.names)
+    try:
+        previous = parse_state(kube.load_state())
+    except BadInput as e:
+        log.warning("defrag state unreadable: starting afresh", problem=str(e))
+        previous = DefragState()
+    snapshot.latched = previous.latched
+    snapshot.cooling = previous.cooling(now, config.cooldown_s)
     for problem in problems:
         log.warning("object skipped", problem=problem)
     for note in snapshot.notes:
@@ -198,15 +222,30 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
 
     metrics = CycleMetrics(dry_run=config.dry_run)
     metrics.planned(len(the_plan.moves), the_plan.seconds)
-    actions: ClusterActions = (DryRunActions(log) if config.dry_run else KubeActions(
-        client, log=log, names=config.names))
+    actions: ClusterActions = DryRunActions(log) if config.dry_run else kube
     report = Executor(actions, config, metrics, log=log).run(the_plan, snapshot, workload)
     assert report.before is not None and report.after is not None
+    summary = convergence(
+        triggered_waste=len(report.latched_after), triggered_blocking=report.blocking_after,
+        triggered=report.triggered_after, nodes=_gpu_nodes(snapshot.state),
+        planned=len(the_plan.moves), evicted=report.evicted,
+        cooling=the_plan.skipped.get("owner moved within --cooldown-s", 0))
+    metrics.converged(settled=summary.settled, waste=summary.triggered_waste,
+                      blocking=summary.triggered_blocking, any_=summary.triggered,
+                      cooling=summary.cooling)
+    if report.error is None or report.results:
+        try:
+            actions.save_state(previous.after_cycle(
+                time.time(), config.cooldown_s, report.moved_owners,
+                report.latched_after).encode())
+        except CycleStopped as e:
+            report.error = report.error or str(e)
     metrics.phase("before", report.before)
     metrics.phase("after", report.after)
     metrics.finished(time.perf_counter() - started)
     if json_out:
-        print(result_json(report, dict(metrics.counts), dry_run=config.dry_run))
+        print(result_json(report, dict(metrics.counts), dry_run=config.dry_run,
+                          convergence=summary.as_dict()))
     else:
         for r in report.results:
             print(f"  {r.move.pod}: {r.outcome}"
@@ -216,6 +255,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
         print("\n".join(metrics.summary_lines(report.before, report.after)))
         if report.stopped_early:
             print(f"stopped early: {report.stopped_early}")
+        print(summary.line())
     if args.pushgateway:
         try:
             metrics.push(args.pushgateway)

@@ -18,6 +18,7 @@ from scheduler.policies import POLICY_NAMES
 # (2,000,000,000 and up) and are therefore never moved by default.
 USER_PRIORITY_MAX = 1_000_000_000
 OUTPUTS = ("table", "json")
+DEFAULT_HYSTERESIS = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,11 @@ class DefragConfig:
 
     # Trigger: a node whose waste ratio is above this is a source of moves.
     threshold: float = 0.25
+    # Hysteresis: a node triggered on waste stays triggered until its waste ratio falls to
+    # this or below (None: threshold - DEFAULT_HYSTERESIS, at least 0).
+    threshold_off: float | None = None
+    # Cooldown: an owner one of whose pods moved less than this long ago is not moved again.
+    cooldown_s: float = 3600.0
     limits: Limits = field(default_factory=Limits)
     # Pods whose priority is above this are never moved.
     max_priority: int = USER_PRIORITY_MAX
@@ -61,11 +67,25 @@ class DefragConfig:
     # The shared names section (resource, label and annotation names; the hints ConfigMap).
     names: KubeNames = DEFAULT_NAMES
 
+    @property
+    def off_threshold(self) -> float:
+        """The waste ratio at or below which a triggered node's trigger turns off."""
+        if self.threshold_off is not None:
+            return self.threshold_off
+        return max(self.threshold - DEFAULT_HYSTERESIS, 0.0)
+
     def validate(self) -> DefragConfig:
         """Raise :class:`BadInput` naming the flag of the first bad value; return self."""
         if not 0.0 <= self.threshold < 1.0:
             raise BadInput(f"{self.threshold} is not a ratio in [0, 1); e.g. 0.25 for 25%",
                            field="--threshold")
+        if self.threshold_off is not None and not 0.0 <= self.threshold_off <= self.threshold:
+            raise BadInput(f"{self.threshold_off} is not a ratio in [0, --threshold "
+                           f"{self.threshold}]; e.g. 0.2 with --threshold 0.25",
+                           field="--threshold-off")
+        if not self.cooldown_s >= 0:
+            raise BadInput(f"{self.cooldown_s} must be >= 0 (0: no cooldown)",
+                           field="--cooldown-s")
         for flag, value in (("--max-evictions-per-node", self.limits.per_node),
                             ("--max-evictions-per-namespace", self.limits.per_namespace),
                             ("--max-evictions-total", self.limits.total)):

@@ -23,6 +23,7 @@ replacement "lands" where planned); the loop is the same code.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -87,6 +88,8 @@ class ClusterActions(Protocol):
     def await_replacement(self, pod: PodInfo, move: Move, known_uids: frozenset[str],
                           timeout_s: float) -> Landing | None: ...
 
+    def save_state(self, text: str) -> None: ...
+
 
 # ------------------------------------------------------------------------------ dry run
 class DryRunActions:
@@ -119,6 +122,10 @@ class DryRunActions:
     def await_replacement(self, pod: PodInfo, move: Move, known_uids: frozenset[str],
                           timeout_s: float) -> Landing | None:
         return Landing(pod=move.pod, uid=pod.uid, node=move.target, gpus=move.target_gpus)
+
+    def save_state(self, text: str) -> None:
+        self.written.append(("state", "", text))
+        self.log.info("dry run: would record the defrag state (cooldown, hysteresis)")
 
 
 # ------------------------------------------------------------------------------ the real one
@@ -214,6 +221,23 @@ class KubeActions:
         self._update_hints(edit, f"removing the placement hint for owner {owner_uid}")
         self.log.info("placement hint removed", owner_uid=owner_uid, node=node)
 
+    # -- what one cycle leaves for the next (defrag.controller.convergence) ---------------
+    def load_state(self) -> str | None:
+        """The defrag state annotation on the hints ConfigMap (None: none yet, or no
+        ConfigMap). Reading is safe in a dry run too."""
+        obj = self._read_hints()
+        annotations = ((obj or {}).get("metadata") or {}).get("annotations") or {}
+        value = annotations.get(self.names.annotation_defrag_state)
+        return value if isinstance(value, str) else None
+
+    def save_state(self, text: str) -> None:
+        """Record the state with a merge patch of one annotation (``data`` is untouched)."""
+        body = {"metadata": {"annotations": {self.names.annotation_defrag_state: text}}}
+        call_api(f"recording the defrag state on ConfigMap {self.hints_namespace}/"
+                 f"{self.hints_name}", lambda: self.core.patch_namespaced_config_map(
+                     self.hints_name, self.hints_namespace, body))
+        self.log.info("defrag state recorded")
+
     # -- pods -----------------------------------------------------------------------------
     def _owner_pods(self, pod: PodInfo) -> list[Mapping[str, Any]]:
         # Narrow the list with the label every replica of the owner carries (set by its
@@ -292,6 +316,17 @@ class CycleReport:
     stopped_early: str = ""
     before: Summary | None = None
     after: Summary | None = None
+    # At the end of the cycle (hysteresis applied): nodes triggered on waste (latched for the
+    # next cycle), and how many are triggered in all and for blocking.
+    latched_after: frozenset[str] = frozenset()
+    triggered_after: int = 0
+    blocking_after: int = 0
+
+    @property
+    def moved_owners(self) -> frozenset[str]:
+        """Owners whose pod was evicted this cycle (they start a cooldown)."""
+        return frozenset(r.move.owner_uid for r in self.results
+                         if r.outcome not in ("refused by PDB", "pod gone"))
 
     @property
     def evicted(self) -> int:
@@ -311,6 +346,10 @@ class Executor:
         """Carry out ``plan`` on the cluster; ``snapshot`` follows what really happened."""
         report = CycleReport(before=plan.before)
         state = snapshot.state
+        # Hysteresis within the cycle too: a node the plan found triggered on waste stays a
+        # source until its waste ratio falls to --threshold-off.
+        latched = snapshot.latched_rows() | frozenset(
+            state.index[n] for n in plan.waste_nodes if n in state.index)
         try:
             pruned = self.actions.prune_hints(self.clock())
             if pruned:
@@ -318,7 +357,9 @@ class Executor:
             for i, move in enumerate(plan.moves):
                 measurement = measure(state, snapshot.usage, workload)
                 triggers = find_triggers(state, measurement, snapshot.pending,
-                                         self.config.threshold)
+                                         self.config.threshold,
+                                         latched=latched,
+                                         threshold_off=self.config.off_threshold)
                 if not triggers.rows:
                     report.stopped_early = "no node is triggered any more"
                     for rest in plan.moves[i:]:
@@ -343,7 +384,13 @@ class Executor:
             report.error = str(e)
             self.metrics.failed("api_error")
             self.log.error("cycle stopped by an API error", error=str(e))
-        report.after = measure(state, snapshot.usage, workload).summary
+        final = measure(state, snapshot.usage, workload)
+        report.after = final.summary
+        end = find_triggers(state, final, snapshot.pending, self.config.threshold,
+                            latched=latched, threshold_off=self.config.off_threshold)
+        report.latched_after = frozenset(state.names[r] for r in end.waste)
+        report.triggered_after = len(end.rows)
+        report.blocking_after = len(end.blocking)
         return report
 
     def _one(self, move: Move, snapshot: Snapshot) -> MoveResult:
@@ -387,9 +434,12 @@ def follow(snapshot: Snapshot, move: Move, landing: Landing) -> None:
     if row is None:
         snapshot.usage.move(old, src, src, ())
         return
+    # A right-sized replacement (the webhook in ``auto`` mode) reserves its new share.
+    pod = (dataclasses.replace(old.pod, gpu_milli=move.new_milli) if move.new_milli
+           else old.pod)
     if landing.node == move.target and landing.gpus is None:
-        gpus = place_gpus(state, old.pod, row, move.target_gpus)
+        gpus = place_gpus(state, pod, row, move.target_gpus)
     else:
-        gpus = place_gpus(state, old.pod, row, landing.gpus)
+        gpus = place_gpus(state, pod, row, landing.gpus)
     snapshot.usage.move(old, src, row, gpus)
-    state.place(old.pod, row, gpus, check=False)
+    state.place(pod, row, gpus, check=False)

@@ -49,6 +49,13 @@ class CycleMetrics:
                                ("fragmentation_ratio", "FGD fragmentation / free GPU share"),
                                ("free_whole_gpus", "GPUs with nothing allocated"))
         }
+        self._settled = Gauge(f"{PREFIX}settled", "1 when the cycle found nothing left to do",
+                              registry=r)
+        self._triggered = Gauge(f"{PREFIX}triggered_nodes",
+                                "Nodes triggered at the end of the cycle", ["trigger"], registry=r)
+        self._cooling = Gauge(f"{PREFIX}owners_in_cooldown",
+                              "Owners not moved this cycle: moved within --cooldown-s",
+                              registry=r)
         self._cycle_s = Gauge(f"{PREFIX}cycle_seconds", "Wall time of the cycle", registry=r)
         self._plan_s = Gauge(f"{PREFIX}plan_seconds", "Time spent planning", registry=r)
         Gauge(f"{PREFIX}dry_run", "1 when nothing was written", registry=r).set(int(dry_run))
@@ -85,6 +92,14 @@ class CycleMetrics:
         self._phase["wasted_gib"].labels(phase).set(summary.wasted_gib)
         self._phase["fragmentation_ratio"].labels(phase).set(summary.frag_ratio)
         self._phase["free_whole_gpus"].labels(phase).set(summary.free_whole_gpus)
+
+    def converged(self, *, settled: bool, waste: int, blocking: int, any_: int,
+                  cooling: int) -> None:
+        self._settled.set(int(settled))
+        self._triggered.labels(trigger="waste").set(waste)
+        self._triggered.labels(trigger="blocking").set(blocking)
+        self._triggered.labels(trigger="any").set(any_)
+        self._cooling.set(cooling)
 
     def finished(self, seconds: float) -> None:
         self._cycle_s.set(seconds)

@@ -173,6 +173,17 @@ class Snapshot:
     notes: list[UsageNote] = field(default_factory=list)
     taints: Mapping[str, tuple[Taint, ...]] = field(default_factory=dict)
     cordoned: frozenset[str] = frozenset()
+    # What the last cycles left (defrag.controller.convergence): nodes whose waste trigger is
+    # on (hysteresis) and owners still in cooldown.
+    latched: frozenset[str] = frozenset()
+    cooling: frozenset[str] = frozenset()
+    # Right-sizing: pod key -> the GPU share (milli) its replacement will be admitted with (its
+    # workload is in ``auto`` mode and the recommendation is below what it reserves).
+    rightsized: Mapping[str, int] = field(default_factory=dict)
+
+    def latched_rows(self) -> frozenset[int]:
+        index = self.state.index
+        return frozenset(index[n] for n in self.latched if n in index)
 
     def pdbs_of(self, pod: PodInfo) -> list[Pdb]:
         return [b for b in self.pdbs if b.covers(pod)]

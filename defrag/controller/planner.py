@@ -29,6 +29,7 @@ The state and usage passed in are changed while planning and restored before ``p
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from collections import Counter
@@ -78,6 +79,21 @@ class Move:
     gain: float
     reason: str  # why the source node was triggered
     pdb: str = ""
+    new_milli: int = 0  # the replacement's share when right-sized (0: unchanged)
+
+    @property
+    def purposes(self) -> tuple[str, ...]:
+        """What the move is for: ``waste`` (a right-sized replacement or a smaller GPU gives
+        reserved-but-unused memory back), ``fragmentation`` (fragmentation falls or a whole GPU
+        comes free), ``unblock`` (a pending pod fits afterwards)."""
+        out = []
+        if self.waste_delta_mib < 0:
+            out.append("waste")
+        if self.frag_delta_milli < -FRAG_EPSILON_MILLI or self.freed_gpus > 0:
+            out.append("fragmentation")
+        if self.unblocks:
+            out.append("unblock")
+        return tuple(out)
 
     @property
     def namespace(self) -> str:
@@ -97,6 +113,7 @@ class Move:
             "waste_delta_gib": round(self.waste_delta_mib / 1024.0, 3),
             "freed_gpus": self.freed_gpus, "unblocks": list(self.unblocks),
             "gain": round(self.gain, 4), "reason": self.reason, "pdb": self.pdb,
+            "new_milli": self.new_milli or None, "purposes": list(self.purposes),
         }
 
 
@@ -111,6 +128,7 @@ class Plan:
     scored: int  # candidate moves scored with the policy
     seconds: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
+    waste_nodes: frozenset[str] = frozenset()  # triggered on waste (hysteresis applied)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -194,6 +212,7 @@ def plan(snapshot: Snapshot, policy: Policy, workload: TargetWorkload,
         unplaceable=tuple(p.key for p in planner.triggers.unplaceable),
         scored=planner.scored,
         seconds=time.perf_counter() - started,
+        waste_nodes=frozenset(state.names[r] for r in planner.triggers.waste),
     )
 
 
@@ -207,8 +226,9 @@ class _Planner:
         self.workload = workload
         self.config = config
         self.measurement = measure(self.state, self.usage, workload)
-        self.triggers: Triggers = find_triggers(self.state, self.measurement, snapshot.pending,
-                                                config.threshold)
+        self.triggers: Triggers = find_triggers(
+            self.state, self.measurement, snapshot.pending, config.threshold,
+            latched=snapshot.latched_rows(), threshold_off=config.off_threshold)
         n = self.state.size
         self.frag = self.measurement.frag_milli.copy()
         self.allowed = workload.allowed(self.state)
@@ -236,6 +256,8 @@ class _Planner:
             for key in state.pods_on_node[row]:
                 info = pods.get(key)
                 reason = "unknown pod" if info is None else movability(info, config)
+                if reason is None and info is not None and info.owner_uid in self.snapshot.cooling:
+                    reason = "owner moved within --cooldown-s"
                 if reason is not None or info is None:
                     self.skipped[reason or "unknown pod"] += 1
                     continue
@@ -300,7 +322,8 @@ class _Planner:
         state = self.state
         src = c.row
         placement = state.pods[c.info.key]
-        pod = placement.pod
+        old_pod = placement.pod
+        pod = self.replacement(c.info.key, old_pod)
         mask = self.may_receive & self.constraint_mask(c.info.constraints)
         mask[src] = False
         rows: IntArray = np.flatnonzero(mask).astype(np.int64)
@@ -314,7 +337,7 @@ class _Planner:
         if figure is not None and dst_mem > 0 and figure > pod.gpu_milli / 1000 * dst_mem:
             return "memory in use would not fit its share of the target GPU"
         free_src = state.gpu_free[src].copy()
-        free_src[list(placement.gpus)] += pod.gpu_milli
+        free_src[list(placement.gpus)] += old_pod.gpu_milli
         free_dst = state.gpu_free[dst].copy()
         free_dst[list(dst_gpus)] -= pod.gpu_milli
         both = np.array([src, dst], np.int64)
@@ -325,23 +348,31 @@ class _Planner:
         frag_delta = float(after.sum() - self.frag[src] - self.frag[dst])
         freed = (sum(1 for g in placement.gpus if free_src[g] == MILLI_PER_GPU)
                  - sum(1 for g in dst_gpus if state.gpu_free[dst, g] == MILLI_PER_GPU))
-        waste_delta = round(self._waste_delta(placement, src, dst, dst_gpus), 3) + 0.0  # no -0
+        waste_delta = round(self._waste_delta(placement, src, dst, dst_gpus, pod), 3) + 0.0
         unblocks = self._unblocks(src, free_src, pod)
-        improves = ((frag_delta < -FRAG_EPSILON_MILLI or freed > 0 or bool(unblocks))
-                    and (freed >= 0 or bool(unblocks)))
+        cuts_waste = pod.gpu_milli < old_pod.gpu_milli and waste_delta < 0
+        improves = ((frag_delta < -FRAG_EPSILON_MILLI or freed > 0 or bool(unblocks)
+                     or cuts_waste) and (freed >= 0 or bool(unblocks)))
         gain = (-frag_delta / MILLI_PER_GPU + freed + len(unblocks)
                 - (waste_delta / src_mem if src_mem > 0 else 0.0))
         if not improves or gain <= 0:
             return "no landing improves the cluster"
         return _Scored(dst, dst_gpus, frag_delta, waste_delta, freed, unblocks, gain)
 
+    def replacement(self, key: str, pod: PodRequest) -> PodRequest:
+        """The pod its replacement will be: right-sized when the webhook will shrink it."""
+        milli = self.snapshot.rightsized.get(key, 0)
+        if pod.is_share and 0 < milli < pod.gpu_milli:
+            return dataclasses.replace(pod, gpu_milli=milli)
+        return pod
+
     def _waste_delta(self, placement: Placement, src: int, dst: int,
-                     dst_gpus: tuple[int, ...]) -> float:
+                     dst_gpus: tuple[int, ...], new_pod: PodRequest | None = None) -> float:
         """Change of Σ max(allocated − used, 0) over the GPUs the move touches."""
         state, usage = self.state, self.usage
-        pod = placement.pod
         delta = 0.0
-        for row, gpus, sign in ((src, placement.gpus, -1.0), (dst, dst_gpus, 1.0)):
+        for row, gpus, sign, pod in ((src, placement.gpus, -1.0, placement.pod),
+                                     (dst, dst_gpus, 1.0, new_pod or placement.pod)):
             memory = float(state.gpu_memory_mib[row])
             moved_alloc = pod.gpu_milli / MILLI_PER_GPU * memory
             moved_used = usage.pod_used(placement, row)
@@ -441,7 +472,8 @@ class _Planner:
         src = c.row
         self.usage.move(old, src, s.target, s.target_gpus)
         state.remove_pod(key)
-        new = state.place(old.pod, s.target, s.target_gpus, check=False)
+        new_pod = self.replacement(key, old.pod)
+        new = state.place(new_pod, s.target, s.target_gpus, check=False)
         both = np.array([src, s.target], np.int64)
         self.frag[both] = node_fragmentation(state, self.workload, both)
         self.may_receive[src] = False
@@ -459,6 +491,7 @@ class _Planner:
             freed_gpus=s.freed, unblocks=s.unblocks, gain=s.gain,
             reason=self.triggers.reason(src, self.measurement),
             pdb=pdbs[0].key if pdbs else "",
+            new_milli=new_pod.gpu_milli if new_pod.gpu_milli != old.pod.gpu_milli else 0,
         )
 
     def revert(self) -> None:
@@ -479,4 +512,6 @@ def apply_moves(snapshot: Snapshot, moves: list[Move] | tuple[Move, ...]) -> Non
         snapshot.usage.move(old, state.index[old.node], state.index[move.target],
                             move.target_gpus)
         state.remove_pod(move.pod)
-        state.place(old.pod, move.target, move.target_gpus, check=False)
+        pod = (dataclasses.replace(old.pod, gpu_milli=move.new_milli) if move.new_milli
+               else old.pod)
+        state.place(pod, move.target, move.target_gpus, check=False)

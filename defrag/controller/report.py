@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -25,16 +25,18 @@ def plan_table(plan: Plan, notes: Sequence[UsageNote] = (), *, dry_run: bool = F
              f"in {plan.seconds:.2f}s"]
     if plan.moves:
         head = (f"  {'#':>3}  {'pod':<40} {'GPU':>6}  {'from (gpus)':<24} {'to (gpus)':<24}"
-                f" {'dFrag':>7} {'dWaste':>8} {'freed':>5}  reason")
+                f" {'dFrag':>7} {'dWaste':>8} {'freed':>5}  cuts; reason")
         lines += [head, "  " + "-" * (len(head) - 2)]
         for i, m in enumerate(plan.moves, 1):
             size = f"{m.gpu_milli}m" if m.gpu_milli < 1000 else f"{m.num_gpu}"
+            if m.new_milli:
+                size = f"{m.gpu_milli}>{m.new_milli}m"
             lines.append(
                 f"  {i:>3}  {m.pod[:40]:<40} {size:>6}  "
                 f"{(m.source + ' (' + _gpus(m.source_gpus) + ')')[:24]:<24} "
                 f"{(m.target + ' (' + _gpus(m.target_gpus) + ')')[:24]:<24} "
                 f"{m.frag_delta_milli / 1000:>+7.2f} {m.waste_delta_mib / 1024:>+7.1f}G "
-                f"{m.freed_gpus:>5}  {m.reason}"
+                f"{m.freed_gpus:>5}  {'+'.join(m.purposes) or '-'}; {m.reason}"
                 + (f"; unblocks {', '.join(m.unblocks)}" if m.unblocks else ""))
     b, a = plan.before, plan.after
     lines.append(f"  before: waste {b.waste_ratio:.1%} ({b.wasted_gib:.1f} GiB), fragmentation "
@@ -62,7 +64,8 @@ def plan_json(plan: Plan, notes: Sequence[UsageNote] = (), *, dry_run: bool = Fa
     return orjson.dumps(doc).decode()
 
 
-def result_json(report: CycleReport, counts: dict[str, int], *, dry_run: bool) -> str:
+def result_json(report: CycleReport, counts: dict[str, int], *, dry_run: bool,
+                convergence: Mapping[str, Any] | None = None) -> str:
     doc: dict[str, Any] = {
         "kind": "result", "dry_run": dry_run, "ok": report.error is None, "error": report.error,
         "stopped_early": report.stopped_early or None,
@@ -73,5 +76,6 @@ def result_json(report: CycleReport, counts: dict[str, int], *, dry_run: bool) -
         "counts": counts,
         "before": report.before.as_dict() if report.before else None,
         "after": report.after.as_dict() if report.after else None,
+        "convergence": dict(convergence) if convergence is not None else None,
     }
     return orjson.dumps(doc).decode()

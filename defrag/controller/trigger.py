@@ -64,11 +64,17 @@ def blocking_rows(state: ClusterState, pod: PodInfo) -> list[int]:
 
 
 def find_triggers(state: ClusterState, measurement: Measurement, pending: Sequence[PodInfo],
-                  threshold: float) -> Triggers:
-    """The nodes over the waste threshold and the nodes that block pending GPU pods."""
-    with np.errstate(invalid="ignore"):
-        over = np.flatnonzero(np.nan_to_num(measurement.waste_ratio, nan=0.0) > threshold)
-    waste = frozenset(int(r) for r in over if state.active[r])
+                  threshold: float, *, latched: frozenset[int] = frozenset(),
+                  threshold_off: float | None = None) -> Triggers:
+    """The nodes over the waste threshold and the nodes that block pending GPU pods.
+
+    Hysteresis: a ``latched`` row (triggered on waste when the last cycle ended) stays
+    triggered while its waste ratio is above ``threshold_off`` (default: ``threshold``)."""
+    ratio = np.nan_to_num(measurement.waste_ratio, nan=0.0)
+    over = np.flatnonzero(ratio > threshold)
+    off = threshold if threshold_off is None else threshold_off
+    still = [r for r in latched if 0 <= r < ratio.shape[0] and ratio[r] > off]
+    waste = frozenset(int(r) for r in [*over, *still] if state.active[r])
     rows = state.active_rows()
     by_shape: dict[tuple[int, int, int, int, frozenset[str], int], list[PodInfo]] = {}
     for pod in pending:

@@ -248,6 +248,13 @@ class Extender:
                 subset = fewest_victims(state, self.workload, pod, row, keys)
                 if subset is None:
                     continue
+                if not subset:
+                    # The pod fits the GPUs already: kube-scheduler wants these victims for
+                    # something the extender does not count (pod count, host ports, ...).
+                    # An empty list would make it refuse the whole preemption ("expected at
+                    # least one victim pod on node"), so its own candidates go back as sent.
+                    chosen[node] = (list(candidates.uids), candidates.num_pdb_violations)
+                    continue
                 uids = [uid_of[k] for k in subset] + unknown
                 chosen[node] = (uids, min(candidates.num_pdb_violations, len(uids)))
         return chosen

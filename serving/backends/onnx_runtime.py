@@ -11,10 +11,29 @@ loop free to accept and parse requests.
 A model file ONNX Runtime cannot load (corrupt protobuf, invalid graph, unknown operator,
 unsupported IR version) is :class:`gpufrag.errors.BadInput` naming the file and ORT's reason,
 so ``gpufrag serve`` reports it in one line with exit code 2 rather than a traceback.
+
+ORT has a logger of its own that writes coloured plain-text lines straight to stderr (graph
+warnings such as unused initializers or inserted memcpy nodes, provider libraries that fail to
+load), and its Python API offers no way to route them through ours. In a container whose
+stderr is JSON lines, one such line breaks every log pipeline that parses them, so ORT's
+loggers (the process-wide one and each session's) are told to report only fatal errors
+(:func:`ort_log_severity`); what matters from the rest comes back as JSON: load errors are
+exceptions (above), and a CUDA provider that is installed but did not take the graph is logged
+as ``cuda_provider_inactive``. ``--log-level debug`` lets ORT's warnings through again, as its
+own text, for debugging a graph.
+
+One ORT line comes before any severity can be set: on import, ORT's telemetry tries to keep a
+device id under ``$XDG_CACHE_HOME`` or ``~/.cache`` and, where HOME is not writable (the
+production image: HOME=/nonexistent, read-only root), warns "Failed to persist telemetry
+device ID". The only switch that acts before import is ORT's ``ORT_DISABLE_TELEMETRY``
+environment variable, so the backend sets it (unless the operator set it) before it first
+imports ``onnxruntime``: a model server has no use for the telemetry, and it must not write
+files under HOME either.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -22,12 +41,28 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from gpufrag.errors import BadInput
 from serving.backends.base import Array, Backend
 from serving.tensors import ONNX_TO_V2, TensorSpec
 
+log = structlog.get_logger("serving.onnxruntime")
+
 CUDA_PROVIDER = "CUDAExecutionProvider"
 CPU_PROVIDER = "CPUExecutionProvider"
+# ONNX Runtime's log severities (OrtLoggingLevel): 0 verbose, 1 info, 2 warning, 3 error,
+# 4 fatal.
+ORT_WARNING, ORT_FATAL = 2, 4
+# Read by ORT when it is imported (environment creation); "1" turns its telemetry off.
+ORT_TELEMETRY_ENV = "ORT_DISABLE_TELEMETRY"
+
+
+def ort_log_severity() -> int:
+    """The least severe ORT message that may reach stderr: fatal only, unless our own log
+    level is debug (then warnings too). Errors are not let through either: ORT's are plain
+    text, and each one that matters also raises, which is reported as JSON."""
+    return ORT_WARNING if log.is_enabled_for(logging.DEBUG) else ORT_FATAL
 
 
 def choose_providers(available: list[str], *, allow_cuda: bool = True) -> list[str]:
@@ -115,10 +150,14 @@ def model_load_error(exc: Exception, model_path: Path) -> BadInput | None:
 
 class OnnxRuntimeBackend:
     def __init__(self, model_path: Path, *, intra_op_threads: int = 0,
-                 allow_cuda: bool = True) -> None:
+                 allow_cuda: bool = True, log_severity: int | None = None) -> None:
+        os.environ.setdefault(ORT_TELEMETRY_ENV, "1")  # before the import: module docstring
         import onnxruntime as ort
 
+        severity = ort_log_severity() if log_severity is None else log_severity
+        ort.set_default_logger_severity(severity)  # process-wide: environment, providers
         options = ort.SessionOptions()
+        options.log_severity_level = severity  # this session: graph checks and optimisers
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = intra_op_threads or default_intra_op_threads()
         options.inter_op_num_threads = 1  # sequential execution: no second pool of threads
@@ -138,6 +177,12 @@ class OnnxRuntimeBackend:
             raise bad from None
         active = self._session.get_providers()
         self._kind = "onnxruntime-cuda" if CUDA_PROVIDER in active else "onnxruntime-cpu"
+        if CUDA_PROVIDER in providers and CUDA_PROVIDER not in active:
+            # ORT said why in its own log, which is filtered: say that it happened, in ours.
+            log.warning("cuda_provider_inactive", model=str(model_path), active=active,
+                        effect="the model runs on the CPU",
+                        fix="rerun with --log-level debug to see ONNX Runtime's reason "
+                        "(usually a CUDA or cuDNN library it could not load)")
         source = str(model_path)
         self._inputs = tuple(spec_from_onnx(i.name, i.type, list(i.shape), what="input",
                                             source=source)

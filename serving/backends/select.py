@@ -22,14 +22,19 @@ from serving.backends.tensorrt_engine import (
     TensorRTBackend,
     tensorrt_unavailable_reason,
 )
+from serving.cache import CacheState, cache_state
 
 log = structlog.get_logger("serving.backends")
 
 
 @dataclass(frozen=True)
 class LoadedBackend:
+    """A loaded backend, how long the load took, and whether it found its cached artefact
+    (``cache``: the TensorRT engine; ONNX Runtime caches nothing, so "none")."""
+
     backend: Backend
     load_seconds: float
+    cache: CacheState = "none"
 
 
 def choose_backend(requested: str, *, gpu_name: str | None) -> str:
@@ -53,20 +58,24 @@ def choose_backend(requested: str, *, gpu_name: str | None) -> str:
 def load_backend(requested: str, model_path: Path, *, gpu_name: str | None,
                  engine_cache_dir: Path, max_batch_size: int,
                  intra_op_threads: int = 0) -> LoadedBackend:
-    """Load the model; ``load_seconds`` is the cold start exported as a metric."""
+    """Load the model into its backend, timed (``load_seconds``); the server adds the time
+    spent getting the model file (:func:`serving.models.materialize_model`) and exports the
+    sum as the load-time gauge."""
     chosen = choose_backend(requested, gpu_name=gpu_name)
     started = time.perf_counter()
     backend: Backend
+    engine_cached: bool | None = None
     onnx_backend = OnnxRuntimeBackend(model_path, intra_op_threads=intra_op_threads,
                                       allow_cuda=chosen == "onnxruntime")
     if chosen == "tensorrt":
         # ORT (CPU) only reads the graph's tensor specs here; TensorRT runs it.
         inputs, outputs = onnx_backend.inputs, onnx_backend.outputs
         onnx_backend.close()
-        backend = TensorRTBackend(model_path, inputs, outputs, cache_dir=engine_cache_dir,
-                                  gpu_name=gpu_name or "unknown",
-                                  max_batch=max_batch_size,
-                                  opt_batch=min(DEFAULT_OPT_BATCH, max_batch_size))
+        engine = TensorRTBackend(model_path, inputs, outputs, cache_dir=engine_cache_dir,
+                                 gpu_name=gpu_name or "unknown",
+                                 max_batch=max_batch_size,
+                                 opt_batch=min(DEFAULT_OPT_BATCH, max_batch_size))
+        engine_cached, backend = engine.engine_cached, engine
     else:
         backend = onnx_backend
-    return LoadedBackend(backend, time.perf_counter() - started)
+    return LoadedBackend(backend, time.perf_counter() - started, cache_state(engine_cached))

@@ -173,7 +173,9 @@ class TensorRTBackend:
         key = engine_cache_key(model_sha=sha, tensorrt_version=str(trt.__version__),
                                gpu_name=gpu_name, fp16=fp16, profile=profile)
         path = engine_path(cache_dir, sha, key)
-        if path.exists():
+        # Warm start (a deserialisation) or cold (a build): exported with the load time.
+        self.engine_cached = path.exists()
+        if self.engine_cached:
             log.info("tensorrt_engine_cached", path=path.name)
             data = path.read_bytes()
         else:

@@ -75,7 +75,7 @@ def test_every_container_is_locked_down(control_plane: ControlPlane) -> None:
 def test_prometheus_operator_component_renders(control_plane: ControlPlane) -> None:
     # Rendered only: the harness has no Prometheus Operator CRDs for a dry run to check against.
     kinds = sorted(d["kind"] for d in render(control_plane, "components/prometheus-operator"))
-    assert kinds == ["PodMonitor", "ServiceMonitor"]
+    assert kinds == ["PodMonitor", "PodMonitor", "PrometheusRule", "ServiceMonitor"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

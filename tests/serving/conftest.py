@@ -18,11 +18,14 @@ from onnx import TensorProto, helper
 ModelFile = Callable[[str], Path]
 
 
-def _relu_model(*, op: str = "Relu", ir_version: int = 8) -> onnx.ModelProto:
+def _relu_model(*, op: str = "Relu", ir_version: int = 8,
+                unused_initializer: bool = False) -> onnx.ModelProto:
+    extra = [helper.make_tensor("unused", TensorProto.FLOAT, [2], [1.0, 2.0])]
     graph = helper.make_graph(
         [helper.make_node(op, ["x"], ["y"])], "tiny",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])],
+        initializer=extra if unused_initializer else None)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = ir_version
     return model
@@ -51,6 +54,8 @@ def _contents(kind: str) -> bytes:
         return _relu_model(op="Frobnicate").SerializeToString()
     if kind == "bad-ir-version":
         return _relu_model(ir_version=99).SerializeToString()
+    if kind == "unused-initializer":  # valid, but ONNX Runtime's own logger warns about it
+        return _relu_model(unused_initializer=True).SerializeToString()
     raise ValueError(f"unknown model file kind {kind!r}")
 
 

@@ -41,9 +41,11 @@ def server() -> Iterator[ThreadedServer]:
 
 
 def post(server: ThreadedServer, body: Any, *, raw: bytes | None = None,
-         headers: dict[str, str] | None = None, model: str = "fake") -> requests.Response:
+         headers: dict[str, str] | None = None, model: str = "fake",
+         version: str | None = None) -> requests.Response:
     data = raw if raw is not None else json.dumps(body).encode()
-    return requests.post(f"{server.url}/v2/models/{model}/infer", data=data,
+    route = model if version is None else f"{model}/versions/{version}"
+    return requests.post(f"{server.url}/v2/models/{route}/infer", data=data,
                          headers=headers or {}, timeout=10)
 
 
@@ -85,6 +87,58 @@ def test_infer_returns_v2_outputs(server: ThreadedServer) -> None:
     y = next(o for o in doc["outputs"] if o["name"] == "y")
     assert y["datatype"] == "FP32" and y["shape"] == [2, 4]
     assert y["data"] == [2.0 * v for v in range(1, 9)]
+
+
+# -- model versions: the server serves (and advertises) version "1" --------------------------
+
+@pytest.mark.parametrize("route", ["fake", "fake/versions/1"])
+def test_versioned_routes_answer_like_the_unversioned_ones(server: ThreadedServer,
+                                                            route: str) -> None:
+    base = f"{server.url}/v2/models/{route}"
+    meta = requests.get(base, timeout=5)
+    assert meta.status_code == 200 and meta.json()["versions"] == ["1"]
+    assert meta.json() == requests.get(f"{server.url}/v2/models/fake", timeout=5).json()
+    ready = requests.get(f"{base}/ready", timeout=5)
+    assert ready.status_code == 200
+    assert ready.json() == {"name": "fake", "version": "1", "ready": True}
+    response = requests.post(f"{base}/infer", json=infer_body(1, start=1.0), timeout=10)
+    assert response.status_code == 200
+    doc = response.json()
+    assert (doc["model_name"], doc["model_version"]) == ("fake", "1")
+    assert next(o for o in doc["outputs"] if o["name"] == "y")["data"] == [2.0, 4.0, 6.0, 8.0]
+
+
+@pytest.mark.parametrize("version", ["2", "0", "01", "latest", "-1"])
+@pytest.mark.parametrize(("method", "suffix"), [("GET", ""), ("GET", "/ready"),
+                                                ("POST", "/infer")])
+def test_an_unknown_version_is_404_naming_the_one_served(server: ThreadedServer, version: str,
+                                                         method: str, suffix: str) -> None:
+    response = requests.request(method, f"{server.url}/v2/models/fake/versions/{version}"
+                                f"{suffix}", json=infer_body(1), timeout=5)
+    assert response.status_code == 404
+    assert response.json() == {"error": f"model 'fake' has no version {version!r}; this "
+                                        "server serves version '1' only"}
+
+
+def test_an_unknown_model_is_404_on_versioned_routes_too(server: ThreadedServer) -> None:
+    response = requests.get(f"{server.url}/v2/models/other/versions/1/ready", timeout=5)
+    assert response.status_code == 404
+    assert response.json() == {"error": "unknown model 'other'; this server serves 'fake'"}
+
+
+def test_model_ready_says_not_ready_with_503_while_loading() -> None:
+    with ThreadedServer(FakeBackend(), FAST) as server:
+        def loading() -> None:
+            server.state.set_ready(False)
+            server.state.model = None
+
+        server.call(loading)
+        for route in ("fake/ready", "fake/versions/1/ready"):
+            response = requests.get(f"{server.url}/v2/models/{route}", timeout=5)
+            assert response.status_code == 503
+            assert response.json() == {"name": "fake", "version": "1", "ready": False}
+        metadata = requests.get(f"{server.url}/v2/models/fake/versions/1", timeout=5)
+        assert metadata.status_code == 503 and "still loading" in metadata.json()["error"]
 
 
 def test_infer_can_select_outputs(server: ThreadedServer) -> None:
@@ -185,6 +239,10 @@ def test_fuzzed_header_lengths_get_200_or_400(server: ThreadedServer, length: st
     ({"inputs": [{"name": "x", "shape": [9, 4], "datatype": "FP32", "data": [1] * 36}]}, 400,
      "exceeds the max batch size 8"),
     (infer_body(1, parameters={"timeout_ms": -5}), 400, "timeout_ms must be > 0"),
+    (infer_body(1, parameters={"timeout": 0.5}), 400,
+     "parameters.timeout must be a whole number of microseconds"),
+    (infer_body(1, parameters={"timeout": -1}), 400,
+     "parameters.timeout must be a whole number of microseconds"),
     (infer_body(1, outputs=[{"name": "nope"}]), 400, "unknown output 'nope'"),
 ])
 def test_bad_requests_get_400_naming_what_is_wrong(server: ThreadedServer, body: Any,
@@ -275,6 +333,36 @@ def test_request_that_times_out_in_the_queue_gets_504_and_is_not_computed() -> N
         assert "not computed" in response.json()["error"]
         assert all(float(b["x"][0, 0]) != 500 for b in backend.batch_inputs)
         assert metric(server, "gpufrag_serving_requests_total", outcome="timeout") == 1
+
+
+@pytest.mark.parametrize(("timeout_us", "status"), [(50_000, 504), (0, 200)])
+def test_triton_timeout_parameter_is_a_deadline_in_microseconds(timeout_us: int,
+                                                                status: int) -> None:
+    """``tritonclient``'s ``infer(timeout=...)``: 50 000 us expires in the queue behind a held
+    batch (504, never computed); 0 is Triton's "no timeout of its own", so the request waits
+    for the held batch and is answered."""
+    gate = threading.Event()
+    backend = FakeBackend(gate=gate)
+    config = BatcherConfig(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=4,
+                           default_timeout_s=10.0)
+    with ThreadedServer(backend, config) as server:
+        blocker = threading.Thread(target=post, args=(server, infer_body(1, start=1)))
+        blocker.start()
+        _wait_for(lambda: server.call(lambda: server.state.batcher.inflight_batches) == 1)  # type: ignore[union-attr]
+        released = threading.Timer(0.3, gate.set)
+        released.start()
+        started = time.monotonic()
+        response = post(server, infer_body(1, start=500, parameters={"timeout": timeout_us}))
+        elapsed = time.monotonic() - started
+        released.join()
+        blocker.join(timeout=10)
+        assert response.status_code == status, response.text
+        computed = any(float(b["x"][0, 0]) == 500 for b in backend.batch_inputs)
+        if status == 504:
+            assert "not computed" in response.json()["error"] and not computed
+            assert elapsed < 0.3  # at its 50 ms deadline, not when the gate opened
+        else:
+            assert computed and elapsed >= 0.25
 
 
 def test_backend_error_is_500_for_that_batch_and_the_next_request_succeeds() -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import structlog
 from onnx import TensorProto, helper
 
 from gpufrag.errors import BadInput
@@ -15,9 +18,13 @@ from serving.backends import select
 from serving.backends.onnx_runtime import (
     CPU_PROVIDER,
     CUDA_PROVIDER,
+    ORT_FATAL,
+    ORT_TELEMETRY_ENV,
+    ORT_WARNING,
     OnnxRuntimeBackend,
     choose_providers,
     model_load_error,
+    ort_log_severity,
     spec_from_onnx,
 )
 from serving.backends.tensorrt_engine import BackendUnavailable
@@ -101,6 +108,47 @@ def test_a_model_onnx_runtime_cannot_load_is_one_line_of_bad_input(
     assert "[ONNXRuntimeError]" not in message and "model.cc" not in message
 
 
+@pytest.mark.parametrize(("severity", "ort_says"), [(ORT_FATAL, False), (ORT_WARNING, True)])
+def test_onnx_runtime_s_own_log_lines_are_filtered_by_severity(
+        model_file: Callable[[str], Path], capfd: pytest.CaptureFixture[str],
+        severity: int, ort_says: bool) -> None:
+    """ORT writes coloured plain text to file descriptor 2 (not through Python): at the
+    server's severity nothing reaches stderr, which must stay JSON lines; at warning level
+    (--log-level debug) its warning about the unused initializer comes through."""
+    capfd.readouterr()
+    backend = OnnxRuntimeBackend(model_file("unused-initializer"), intra_op_threads=1,
+                                 log_severity=severity)
+    backend.infer({"x": np.ones((1, 2), dtype=np.float32)})
+    err = capfd.readouterr().err
+    assert ("Removing initializer 'unused'" in err) is ort_says, err
+    if not ort_says:
+        assert err == ""
+
+
+@pytest.mark.parametrize(("preset", "after"), [(None, "1"), ("0", "0")])
+def test_onnx_runtime_telemetry_is_switched_off_unless_the_operator_chose(
+        small_model: Path, monkeypatch: pytest.MonkeyPatch, preset: str | None,
+        after: str) -> None:
+    """ORT reads it on import, before any logger setting applies (see the module docstring);
+    this process imported ORT long ago, so the subprocess test checks the effect."""
+    if preset is None:
+        monkeypatch.delenv(ORT_TELEMETRY_ENV, raising=False)
+    else:
+        monkeypatch.setenv(ORT_TELEMETRY_ENV, preset)
+    OnnxRuntimeBackend(small_model, intra_op_threads=1).close()
+    assert os.environ[ORT_TELEMETRY_ENV] == after
+
+
+@pytest.mark.parametrize(("level", "severity"), [
+    (logging.INFO, ORT_FATAL), (logging.WARNING, ORT_FATAL), (logging.DEBUG, ORT_WARNING)])
+def test_ort_severity_follows_our_log_level(level: int, severity: int) -> None:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+    try:
+        assert ort_log_severity() == severity
+    finally:
+        structlog.reset_defaults()
+
+
 def test_runtime_faults_are_not_mistaken_for_a_bad_model() -> None:
     class EPFail(Exception):  # named like ORT's: a provider failing is a fault, not input
         pass
@@ -147,6 +195,7 @@ def test_load_backend_times_the_load(small_model: Path, tmp_path: Path) -> None:
     loaded = select.load_backend("auto", small_model, gpu_name=None,
                                  engine_cache_dir=tmp_path, max_batch_size=8)
     assert loaded.load_seconds > 0 and loaded.backend.kind == "onnxruntime-cpu"
+    assert loaded.cache == "none"  # ONNX Runtime reads the file as it is: nothing cached
 
 
 def test_default_threads_leave_a_core_for_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:

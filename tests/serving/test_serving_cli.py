@@ -40,6 +40,14 @@ def test_every_knob_reaches_the_config() -> None:
     assert config.model_cache_dir == Path("/tmp/c")
 
 
+def test_model_cache_has_a_short_alias_and_no_default_of_its_own() -> None:
+    """Unset, the server resolves it at start (env, default, temp fallback: serving.cache)."""
+    args = build_parser().parse_args(["--model", "builtin:resnet50", "--model-cache", "/c"])
+    assert config_from_args(args).model_cache_dir == Path("/c")
+    unset = build_parser().parse_args(["--model", "builtin:resnet50"])
+    assert config_from_args(unset).model_cache_dir is None
+
+
 def test_defaults_match_the_documented_ones() -> None:
     config = config_from_args(build_parser().parse_args(["--model", "builtin:resnet50"]))
     assert config.batcher.max_batch_size == 32

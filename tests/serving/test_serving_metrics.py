@@ -38,7 +38,7 @@ def test_observer_hooks_feed_the_series() -> None:
     m.batch(8, [0.001, 0.004], compute_s=0.02)
     m.outcome("ok", 2)
     m.outcome("timeout")
-    m.model_load_seconds.labels("m", "onnxruntime-cpu").set(1.5)
+    m.record_model_load(backend="onnxruntime-cpu", cache="cold", seconds=1.5)
     m.record_settings(BatcherConfig(max_batch_size=16))
     got = samples(m)
     model = (("model", "m"),)
@@ -50,7 +50,7 @@ def test_observer_hooks_feed_the_series() -> None:
     assert got[("gpufrag_serving_requests_total",
                 (("model", "m"), ("outcome", "timeout")))] == 1
     assert got[("gpufrag_serving_model_load_seconds",
-                (("backend", "onnxruntime-cpu"), ("model", "m")))] == 1.5
+                (("backend", "onnxruntime-cpu"), ("cache", "cold"), ("model", "m")))] == 1.5
     assert got[("gpufrag_serving_batcher_setting",
                 (("model", "m"), ("setting", "max_batch_size")))] == 16
     for outcome in OUTCOMES:  # every outcome exists from the start, so rate() works at once

@@ -60,6 +60,37 @@ def test_header_and_parameter_timeouts_take_the_smaller() -> None:
     assert parsed.timeout_s == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize(("parameters", "header", "timeout_s"), [
+    ({"timeout": 250_000}, None, 0.25),              # Triton's: microseconds
+    ({"timeout": 1}, None, 1e-6),
+    ({"timeout": 0}, None, None),                    # Triton: 0 = no timeout of its own
+    ({"timeout": 0, "timeout_ms": 40}, None, 0.04),  # ... so the others still apply
+    ({"timeout": 50_000, "timeout_ms": 40}, None, 0.04),
+    ({"timeout": 30_000, "timeout_ms": 40}, None, 0.03),
+    ({"timeout": 30_000}, "20", 0.02),
+    ({"timeout": 2**64 - 1}, None, (2**64 - 1) / 1e6),  # uint64 max: capped by the batcher
+])
+def test_triton_timeout_parameter_is_microseconds_and_the_smallest_deadline_wins(
+        parameters: dict[str, Any], header: str | None, timeout_s: float | None) -> None:
+    parsed = parse_infer_request(body(parameters=parameters), MODEL, timeout_header=header)
+    assert parsed.timeout_s == (None if timeout_s is None else pytest.approx(timeout_s))
+
+
+@pytest.mark.parametrize("value", ["-1", "1.5", "1000.0", "1e3", '"1000"', "true", "null",
+                                   "[1]", str(2**64)])
+def test_a_triton_timeout_that_is_not_whole_microseconds_is_refused(value: str) -> None:
+    """Triton's HTTP server reads it as an unsigned 64-bit integer and refuses anything else;
+    so do we, rather than guess at units (a float is usually someone thinking in seconds)."""
+    raw = body().replace(b'{"inputs"', b'{"parameters":{"timeout":' + value.encode() + b'},'
+                         b'"inputs"', 1)
+    with pytest.raises(InvalidRequest) as raised:
+        parse_infer_request(raw, MODEL)
+    assert raised.value.status == 400
+    assert raised.value.message.startswith("parameters.timeout must be a whole number of "
+                                           "microseconds (0 = the server's default")
+    assert "timeout_ms" in raised.value.message
+
+
 @pytest.mark.parametrize(("inputs", "needle"), [
     ([tensor("image", [1, 2, 2], "FP32", [1, 2, 3, 4])], "missing input 'ids'"),
     ([tensor("image", [1, 2, 2], "FP32", [1, 2, 3, 4])] * 2 + [IDS], "more than once"),
@@ -394,7 +425,8 @@ def test_binary_and_json_outputs_mix_in_one_response() -> None:
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
     lambda kids: st.lists(kids, max_size=6) | st.dictionaries(
         st.sampled_from(["inputs", "name", "shape", "datatype", "data", "parameters", "id",
-                         "outputs", "timeout_ms", "image", "ids"]) | st.text(max_size=4),
+                         "outputs", "timeout_ms", "timeout", "image", "ids"])
+        | st.text(max_size=4),
         kids, max_size=5),
     max_leaves=40))
 def test_parser_only_ever_raises_invalid_request(doc: Any) -> None:

@@ -15,13 +15,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpufrag.errors import BadInput
 from serving.backends.base import Backend
@@ -54,7 +57,7 @@ def test_sigterm_closes_admission_then_answers_everything_accepted() -> None:
     config = ServerConfig(model="fake", model_name="fake", host="127.0.0.1", port=0,
                           batcher=BatcherConfig(max_batch_size=2, max_queue_delay_s=0.0,
                                                 max_queue_size=64, default_timeout_s=30.0),
-                          shutdown_timeout_s=20.0).validate()
+                          shutdown_timeout_s=20.0, drain_delay_s=0.0).validate()
     port: list[int] = []
     seen: dict[str, Any] = {}
 
@@ -139,7 +142,8 @@ def test_gpufrag_serve_subprocess_drains_on_sigterm(tmp_path: Path) -> None:
     env = {**os.environ, "GPUFRAG_CACHE_DIR": str(tmp_path), "GPUFRAG_LOG_FORMAT": "json"}
     command = [sys.executable, "-m", "gpufrag.cli", "serve", "--model", "builtin:resnet-small",
                "--host", "127.0.0.1", "--port", "0", "--max-batch-size", "32",
-               "--max-queue-delay-ms", "20000", "--intra-op-threads", "1"]
+               "--max-queue-delay-ms", "20000", "--intra-op-threads", "1",
+               "--drain-delay-s", "0"]
     process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     log_lines: list[dict[str, Any]] = []
     try:
@@ -182,3 +186,142 @@ def test_gpufrag_serve_subprocess_drains_on_sigterm(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+# -- start-up: JSON logs only, and the model cache's cold/warm load time ----------------------
+
+@dataclass
+class Started:
+    process: subprocess.Popen[str]
+    url: str
+    entries: list[dict[str, Any]]
+
+
+def start_serve(model: str, env: dict[str, str]) -> Started:
+    """``gpufrag serve`` with JSON logs, read up to its ``ready`` line. Every stderr line must
+    be a JSON object: a line from a library that writes to stderr itself (ONNX Runtime's
+    coloured warnings) fails here, naming it."""
+    command = [sys.executable, "-m", "gpufrag.cli", "serve", "--model", model,
+               "--host", "127.0.0.1", "--port", "0", "--intra-op-threads", "1",
+               "--drain-delay-s", "0"]
+    process = subprocess.Popen(command, env={**env, "GPUFRAG_LOG_FORMAT": "json"},
+                               stderr=subprocess.PIPE, text=True)
+    assert process.stderr is not None
+    entries: list[dict[str, Any]] = []
+    try:
+        for line in process.stderr:
+            entries.append(json_object(line))
+            if entries[-1]["event"] == "ready":
+                break
+        port = next((e["port"] for e in entries if e["event"] == "listening"), None)
+        assert port is not None and entries[-1]["event"] == "ready", entries
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return Started(process, f"http://127.0.0.1:{port}", entries)
+
+
+def stop_serve(started: Started) -> list[dict[str, Any]]:
+    """SIGTERM; the rest of its stderr, each line checked like the start-up's."""
+    started.process.send_signal(signal.SIGTERM)
+    try:
+        assert started.process.wait(timeout=20) == 0
+        assert started.process.stderr is not None
+        return [json_object(line) for line in started.process.stderr]
+    finally:
+        if started.process.poll() is None:
+            started.process.kill()
+            started.process.wait()
+
+
+def json_object(line: str) -> dict[str, Any]:
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError:
+        raise AssertionError(f"stderr line is not JSON: {line!r}") from None
+    assert isinstance(entry, dict), line
+    return cast(dict[str, Any], entry)
+
+
+def load_series(url: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """``gpufrag_serving_model_load_seconds`` samples by their labels, from /metrics."""
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    return {tuple(sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "gpufrag_serving_model_load_seconds" for s in family.samples}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any cache or ONNX Runtime setting (the server must
+    make its own), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"GPUFRAG_MODEL_CACHE_DIR", "GPUFRAG_CACHE_DIR", "XDG_CACHE_HOME",
+                        "ORT_DISABLE_TELEMETRY"}}
+    return {**env, **extra}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_second_start_on_the_same_cache_is_warm_and_both_log_only_json(
+        tmp_path: Path) -> None:
+    """The node-local cache's point: the first pod generates the model (cold), the next one
+    on the node finds it (warm); the load time is exported under that label."""
+    env = clean_env(GPUFRAG_MODEL_CACHE_DIR=str(tmp_path / "cache"))
+    seconds = {}
+    for expected in ("cold", "warm"):
+        started = start_serve("builtin:resnet-small", env)
+        try:
+            loaded = next(e for e in started.entries if e["event"] == "model_loaded")
+            assert loaded["cache"] == expected
+            cache_line = next(e for e in started.entries if e["event"] == "model_cache")
+            assert cache_line["source"] == "GPUFRAG_MODEL_CACHE_DIR"
+            (labels, value), = load_series(started.url).items()
+            assert labels == (("backend", "onnxruntime-cpu"), ("cache", expected),
+                              ("model", "resnet-small"))
+            assert value == pytest.approx(loaded["load_seconds"], abs=1e-3)
+            seconds[expected] = value
+        finally:
+            stop_serve(started)
+    assert seconds["cold"] > 0 and seconds["warm"] > 0
+    print(f"resnet-small load: cold {seconds['cold']:.3f} s, warm {seconds['warm']:.3f} s")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_onnx_runtime_s_own_warnings_stay_out_of_the_json_logs(
+        model_file: Callable[[str], Path], tmp_path: Path) -> None:
+    """This model makes ONNX Runtime's logger warn at session creation (an unused
+    initializer), in coloured plain text on stderr unless its severity is filtered."""
+    started = start_serve(str(model_file("unused-initializer")),
+                          clean_env(GPUFRAG_MODEL_CACHE_DIR=str(tmp_path / "cache")))
+    try:
+        (labels, _), = load_series(started.url).items()
+        assert ("cache", "none") in labels  # a file by path on ONNX Runtime: no cache used
+    finally:
+        rest = stop_serve(started)
+    assert [e["event"] for e in rest][-1] == "stopped"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_an_unwritable_home_falls_back_to_a_temp_cache_and_still_serves(
+        tmp_path: Path) -> None:
+    """The production image: HOME=/nonexistent on a read-only root file system. (A path under
+    a regular file stands in for it here, since root could create /nonexistent.) ONNX
+    Runtime's telemetry warns about that HOME on import unless the server switched it off,
+    which start_serve's JSON check would catch."""
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "tmp").mkdir()
+    started = start_serve("builtin:resnet-small",
+                          clean_env(HOME=str(tmp_path / "a-file" / "home"),
+                                    TMPDIR=str(tmp_path / "tmp")))
+    try:
+        fallback = next(e for e in started.entries if e["event"] == "model_cache_fallback")
+        assert fallback["level"] == "warning"
+        assert fallback["path"].startswith(str(tmp_path / "tmp"))
+        assert list(Path(fallback["path"]).glob("resnet-small-*.onnx"))
+        assert requests.get(f"{started.url}/v2/models/resnet-small/versions/1/ready",
+                            timeout=5).json()["ready"] is True
+    finally:
+        stop_serve(started)

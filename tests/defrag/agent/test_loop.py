@@ -81,8 +81,8 @@ def test_first_tick_reads_attributes_publishes_and_becomes_ready() -> None:
     assert gpu1.memory_unattributed_mib == 800
     assert rig.log.events("info") == ["ready"]
     assert rig.sample("gpufrag_agent_annotation_publishes_total", reason="first") == 1
-    assert rig.sample("gpufrag_pod_gpu_memory_used_mib", namespace="batch", pod="embed-0",
-                      gpu="1") == 12_000
+    assert rig.sample("gpufrag_pod_gpu_memory_used_bytes", namespace="batch", pod="embed-0",
+                      node="node1", gpu="1") == 12_000 * MIB
 
 
 def test_unchanged_readings_wait_for_the_refresh() -> None:

@@ -9,6 +9,7 @@ from prometheus_client import REGISTRY
 
 from defrag.agent.metrics import AgentMetrics, Health, respond, start_http_server
 from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from gpufrag.nvml import MIB
 from tests.defrag.agent.fakes import POD_A, POD_B, FakeClock
 
 GPU0 = GpuUsage(index=0, uuid="GPU-aaaa", product="NVIDIA A100-SXM4-80GB", memory_used_mib=30_512,
@@ -29,7 +30,7 @@ def value(metrics: AgentMetrics, name: str, **labels: str) -> float | None:
 
 
 def gpu_labels(index: int, uuid: str) -> dict[str, str]:
-    return {"gpu": str(index), "UUID": uuid, "modelName": "NVIDIA A100-SXM4-80GB",
+    return {"gpu": str(index), "UUID": uuid, "model_name": "NVIDIA A100-SXM4-80GB",
             "Hostname": "node1"}
 
 
@@ -43,15 +44,26 @@ def test_dcgm_named_gpu_series() -> None:
     assert value(metrics, "DCGM_FI_DEV_FB_FREE", **gpu_labels(1, "GPU-bbbb")) == 81_920
 
 
-def test_per_pod_series_and_removal_of_pods_that_left() -> None:
+def test_per_pod_series_in_bytes_and_removal_of_pods_that_left() -> None:
     metrics = AgentMetrics("node1")
     metrics.observe_usage(usage(GPU0))
-    pod_b = {"namespace": "serving", "pod": POD_B.name, "gpu": "0"}
-    assert value(metrics, "gpufrag_pod_gpu_memory_used_mib", **pod_b) == 10_000
+    name = "gpufrag_pod_gpu_memory_used_bytes"
+    pod_b = {"namespace": "serving", "pod": POD_B.name, "node": "node1", "gpu": "0"}
+    assert value(metrics, name, **pod_b) == 10_000 * MIB
     metrics.observe_usage(usage(replace(GPU0, memory_used_mib=20_512, pods=GPU0.pods[:1])))
-    assert value(metrics, "gpufrag_pod_gpu_memory_used_mib", **pod_b) is None
-    assert value(metrics, "gpufrag_pod_gpu_memory_used_mib",
-                 namespace="serving", pod=POD_A.name, gpu="0") == 20_000
+    assert value(metrics, name, **pod_b) is None
+    assert value(metrics, name, namespace="serving", pod=POD_A.name, node="node1",
+                 gpu="0") == 20_000 * MIB
+
+
+def test_label_names_are_snake_case_except_dcgms_own() -> None:
+    # promtool's lint rejects camelCase label names; UUID and Hostname are DCGM's and pass it.
+    metrics = AgentMetrics("node1")
+    metrics.observe_usage(usage(GPU0))
+    metrics.observe_leaks([POD_A], frozenset())
+    labels = {label for family in metrics.registry.collect() for sample in family.samples
+              for label in sample.labels}
+    assert labels == {"gpu", "UUID", "model_name", "Hostname", "namespace", "pod", "node"}
 
 
 def test_series_of_a_vanished_gpu_are_removed() -> None:
@@ -116,7 +128,7 @@ def test_http_server_serves_metrics_and_probes() -> None:
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as reply:
             text = reply.read().decode()
             assert reply.headers["Content-Type"].startswith("text/plain")
-        assert 'DCGM_FI_DEV_FB_USED{Hostname="node1",UUID="GPU-aaaa"' in text
+        assert 'DCGM_FI_DEV_FB_USED{Hostname="node1",UUID="GPU-aaaa",gpu="0"' in text
         with pytest.raises(urllib.error.HTTPError) as caught:
             urllib.request.urlopen(f"{base}/readyz", timeout=5)
         assert caught.value.code == 503

@@ -76,6 +76,9 @@ class RecordingActions:
         return Landing(pod=f"{pod.key}-new", uid="new", node=node,
                        gpus=move.target_gpus if node == move.target else None)
 
+    def save_state(self, text: str) -> None:
+        self.calls.append(("state", text))
+
 
 def sources_and_sink() -> Snapshot:
     nodes = [gpu_node(f"s{i}") for i in range(3)] + [gpu_node("t", gpus=4), gpu_node("u")]
@@ -178,3 +181,15 @@ def test_stops_early_when_the_trigger_clears() -> None:
     assert report.stopped_early == "no node is triggered any more"
     assert metrics.counts["skipped (trigger_cleared)"] == 1
     assert ("evict", "ns/a") not in actions.calls
+
+
+def test_report_names_the_owners_that_start_a_cooldown_and_the_nodes_still_latched() -> None:
+    snap = sources_and_sink()
+    the_plan = make(snap)
+    actions = RecordingActions(refuse=frozenset({"ns/p1"}))
+    report, _ = execute(actions, snap, the_plan)
+    moved = {m.owner_uid for m in the_plan.moves if m.pod != "ns/p1"}
+    assert report.moved_owners == moved
+    assert "s1" in report.latched_after  # p1 stayed: its node is still over the threshold
+    assert not {"s0", "s2"} & report.latched_after
+    assert report.triggered_after >= len(report.latched_after)

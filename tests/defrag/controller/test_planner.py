@@ -226,3 +226,24 @@ def test_plan_as_dict_is_json_ready() -> None:
     doc = run(three_nodes()).as_dict()
     text = json.dumps(doc)
     assert '"source": "n0"' in text and doc["predicted_after"]["free_whole_gpus"] == 4
+
+
+def test_a_right_sized_replacement_cuts_waste_and_the_plan_says_so() -> None:
+    # One over-reserved pod (600 milli, uses half) alone on n0; its workload is in auto mode
+    # with a 300-milli recommendation. Moving it anywhere as is would change nothing worth an
+    # eviction; as a right-sized replica it gives back 300 milli of idle memory.
+    snap = snapshot([gpu_node("n0", gpus=1), gpu_node("n1", gpus=1)],
+                    [(share("a", 600), "n0", (0,)), (share("b", 400), "n1", (0,))])
+    plain = run(snap)
+    snap.rightsized = {"ns/a": 300}
+    sized = run(snap)
+    assert len(sized.moves) == 1
+    move = sized.moves[0]
+    assert move.pod == "ns/a" and move.new_milli == 300
+    assert move.waste_delta_mib < 0 and "waste" in move.purposes
+    assert move.as_dict()["purposes"] == list(move.purposes)
+    assert sized.after.waste_ratio < sized.before.waste_ratio
+    assert all("waste" not in m.purposes for m in plain.moves)
+    before = positions(snap)
+    apply_moves(snap, sized.moves)
+    assert snap.state.pods["ns/a"].pod.gpu_milli == 300 and positions(snap) != before

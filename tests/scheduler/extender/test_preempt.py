@@ -44,14 +44,17 @@ def test_victims_mode_with_pod_objects_and_a_node_where_nothing_helps() -> None:
         "n0": {"Pods": [{"UID": "uid-a"}, {"UID": "uid-b"}], "NumPDBViolations": 0}}}
 
 
-def test_a_victim_on_the_wrong_gpu_does_not_help() -> None:
+def test_a_node_where_the_pod_fits_the_gpus_keeps_kube_schedulers_victims() -> None:
     pods = [placed("a", 0, 900)]
     runtime = serve([node("n0", gpu_count=2)], pods)
     preemptor = k8s_pod(pod("hi", gpu_milli=500), uid="uid-hi")
     reply = preempt(runtime, {"Pod": preemptor, "NodeNameToMetaVictims": {
         "n0": {"Pods": [{"UID": "uid-a"}], "NumPDBViolations": 0}}})
-    # GPU 1 is free: the pod fits without evicting anyone.
-    assert reply == {"NodeNameToMetaVictims": {"n0": {"Pods": [], "NumPDBViolations": 0}}}
+    # GPU 1 is free: the GPUs do not need the victim, so what blocks the pod is a limit the
+    # extender does not count (pod count, ports); kube-scheduler refuses an empty victim list
+    # from a non-ignorable extender, so its own candidates come back unchanged.
+    assert reply == {"NodeNameToMetaVictims": {"n0": {"Pods": [{"UID": "uid-a"}],
+                                                      "NumPDBViolations": 0}}}
 
 
 def test_bad_preemption_args_are_400() -> None:

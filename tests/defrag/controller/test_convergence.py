@@ -1,0 +1,77 @@
+"""Cycles that converge: cooldown per owner, trigger hysteresis, the settled summary."""
+
+from __future__ import annotations
+
+import pytest
+
+from defrag.controller.config import DefragConfig
+from defrag.controller.convergence import DefragState, convergence, parse_state
+from defrag.controller.measure import measure
+from defrag.controller.trigger import find_triggers
+from gpufrag.errors import BadInput
+from tests.defrag.controller.builders import config, gpu_node, share, snapshot
+from tests.defrag.controller.test_planner import WORKLOAD, run, three_nodes
+
+
+def test_state_round_trips_and_drops_expired_cooldowns() -> None:
+    state = DefragState(moved={"old": 100.0, "recent": 900.0}, latched=frozenset({"n1"}))
+    assert state.cooling(1000.0, 500.0) == frozenset({"recent"})
+    after = state.after_cycle(1000.0, 500.0, ["new", ""], ["n2"])
+    assert after.moved == {"recent": 900.0, "new": 1000.0}
+    assert after.latched == frozenset({"n2"})
+    assert parse_state(after.encode()) == after
+    assert parse_state(None) == DefragState()
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("not json", None), ("[]", "(root)"), ('{"version": 2}', "version"),
+    ('{"version": 1, "moved": {"o": "x"}}', "moved.o"),
+    ('{"version": 1, "latched": [1]}', "latched")])
+def test_bad_state_is_bad_input_naming_the_field(text: str, field: str | None) -> None:
+    with pytest.raises(BadInput) as e:
+        parse_state(text)
+    if field is not None:
+        assert field in str(e.value)
+
+
+def test_hysteresis_keeps_a_latched_node_on_until_the_lower_threshold() -> None:
+    snap = snapshot([gpu_node("n0"), gpu_node("n1")],
+                    [(share("a", 500), "n0", (0,)), (share("b", 500), "n1", (0,))],
+                    used_fraction=0.78)  # waste ratio 22%
+    m = measure(snap.state, snap.usage, WORKLOAD)
+    assert find_triggers(snap.state, m, [], 0.25).waste == frozenset()
+    latched = find_triggers(snap.state, m, [], 0.25, latched=frozenset({1}), threshold_off=0.2)
+    assert latched.waste == frozenset({1})
+    off = find_triggers(snap.state, m, [], 0.25, latched=frozenset({1}), threshold_off=0.23)
+    assert off.waste == frozenset()
+
+
+def test_off_threshold_defaults_below_the_threshold_and_is_validated() -> None:
+    assert DefragConfig().off_threshold == pytest.approx(0.20)
+    assert DefragConfig(threshold=0.02).off_threshold == 0.0
+    with pytest.raises(BadInput, match="--threshold-off"):
+        DefragConfig(threshold=0.25, threshold_off=0.3).validate()
+    with pytest.raises(BadInput, match="--cooldown-s"):
+        DefragConfig(cooldown_s=-1).validate()
+
+
+def test_an_owner_in_cooldown_is_not_moved() -> None:
+    snap = three_nodes()
+    moved = run(snap).moves
+    assert moved
+    snap.cooling = frozenset(m.owner_uid for m in moved)
+    again = run(snap, config())
+    assert not {m.owner_uid for m in again.moves} & snap.cooling
+    assert again.skipped["owner moved within --cooldown-s"] >= len(moved)
+
+
+def test_convergence_summary() -> None:
+    done = convergence(triggered_waste=0, triggered_blocking=0, triggered=0, nodes=10,
+                       planned=0, evicted=0, cooling=0)
+    assert done.settled and "no node" in done.why and "10 of 10 off" in done.line()
+    stuck = convergence(triggered_waste=3, triggered_blocking=0, triggered=3, nodes=10,
+                        planned=0, evicted=0, cooling=2)
+    assert stuck.settled and "2 owner(s) cooling down" in stuck.why
+    busy = convergence(triggered_waste=3, triggered_blocking=1, triggered=4, nodes=10,
+                       planned=2, evicted=2, cooling=0)
+    assert not busy.settled and busy.as_dict()["evicted"] == 2

@@ -1,0 +1,62 @@
+"""Fixtures for the manifest tests: promtool (built from its Go module, cached), each
+component's metrics as it exports them, and the PrometheusRule's groups.
+
+A failed promtool build FAILS the tests that need it, with the build's output: a rule test that
+skips without its tool would pass while testing nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from devkit.build import BuildError
+from devkit.toolbuild import build_tool
+from tests.manifests import scrapes
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+OPERATOR = MANIFESTS / "components" / "prometheus-operator"
+DASHBOARDS = MANIFESTS / "components" / "grafana-dashboards"
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    try:
+        return build_tool("promtool")
+    except BuildError as e:
+        failure = str(e)
+    pytest.fail(f"promtool build failed:\n{failure}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Component -> its metrics in the text exposition format."""
+    return {
+        "extender": scrapes.extender_metrics(),
+        "agent": scrapes.agent_metrics(tmp_path_factory.mktemp("proc")),
+        "serving": scrapes.serving_metrics(),
+        "defrag": scrapes.defrag_metrics(),
+    }
+
+
+@pytest.fixture(scope="session")
+def exported_names(exports: dict[str, str]) -> dict[str, set[str]]:
+    return {component: scrapes.metric_names(text) for component, text in exports.items()}
+
+
+@pytest.fixture(scope="session")
+def rule_groups() -> list[dict[str, Any]]:
+    """The groups of the PrometheusRule, as a Prometheus rule file holds them."""
+    (rule,) = [d for d in yaml.safe_load_all((OPERATOR / "rules.yaml").read_text()) if d]
+    assert rule["kind"] == "PrometheusRule"
+    groups: list[dict[str, Any]] = rule["spec"]["groups"]
+    return groups
+
+
+@pytest.fixture(scope="session")
+def recorded_names(rule_groups: list[dict[str, Any]]) -> set[str]:
+    return {r["record"] for g in rule_groups for r in g["rules"] if "record" in r}
