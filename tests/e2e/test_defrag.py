@@ -283,7 +283,11 @@ def run_defrag(cluster: Cluster, *extra: str, capsys: pytest.CaptureFixture[str]
 
 
 class Watcher(threading.Thread):
-    """Polls, while the cycle runs: the fewest ready ``web`` pods, and every hint seen."""
+    """While the cycle runs: the fewest ready ``web`` pods (polled) and every hint ever written.
+
+    Hints are followed with a real watch on the hints ConfigMap, started from the resource
+    version of a list made before the cycle, so every write is delivered: a hint lives only
+    until its replacement is bound, which can be shorter than any polling interval."""
 
     def __init__(self, cluster: Cluster) -> None:
         super().__init__(daemon=True)
@@ -293,7 +297,43 @@ class Watcher(threading.Thread):
         self.fewest_ready_web = 99
         self.hints_seen: set[tuple[str, str]] = set()
         self.errors: list[str] = []
-        self.polls = 0  # successful ones: what the PDB and hint checks rest on
+        self.polls = 0  # successful ones: what the PDB check rests on
+        listing = self.core.list_namespaced_config_map(cv.HINTS_NAMESPACE,
+                                                       field_selector=self._selector)
+        for cm in listing.items:
+            self._record(cm.data)
+        self._hints = threading.Thread(target=self._watch_hints,
+                                       args=(listing.metadata.resource_version,), daemon=True)
+
+    _selector = f"metadata.name={cv.HINTS_CONFIGMAP}"
+
+    def start(self) -> None:
+        self._hints.start()
+        super().start()
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        self._hints.join(timeout)
+
+    def _record(self, data: dict[str, str] | None) -> None:
+        for owner, text in (data or {}).items():
+            for entry in json.loads(text):
+                self.hints_seen.add((owner, entry["node"]))
+
+    def _watch_hints(self, resource_version: str) -> None:
+        watch = kubernetes.watch.Watch()
+        while not self.stop_event.is_set():
+            try:
+                for event in watch.stream(self.core.list_namespaced_config_map,
+                                          cv.HINTS_NAMESPACE, field_selector=self._selector,
+                                          resource_version=resource_version,
+                                          timeout_seconds=2):
+                    obj = event["object"]
+                    resource_version = obj.metadata.resource_version
+                    self._record(obj.data)
+            except Exception as e:  # reported by the test, never a dead thread
+                self.errors.append(repr(e))
+                self.stop_event.wait(0.2)
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -312,12 +352,6 @@ class Watcher(threading.Thread):
                     and any(c.type == "Ready" and c.status == "True"
                             for c in p.status.conditions or []))
         self.fewest_ready_web = min(self.fewest_ready_web, ready)
-        with suppress(kubernetes.client.ApiException):
-            cm = self.core.read_namespaced_config_map(cv.HINTS_CONFIGMAP,
-                                                      cv.HINTS_NAMESPACE)
-            for owner, text in (cm.data or {}).items():
-                for entry in json.loads(text):
-                    self.hints_seen.add((owner, entry["node"]))
 
 
 def test_dry_run_changes_nothing(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
@@ -362,7 +396,7 @@ def test_one_cycle_defragments_and_keeps_every_promise(
     wait_until(lambda: not evicted & set(cluster.layout()) or None, timeout_s=WAIT_S,
                what="evicted pods gone")
     layout = cluster.layout()
-    for move in moves:  # (a failed poll can only make a hint look missed: say so)
+    for move in moves:  # (a failed watch can only make a hint look missed: say so)
         assert (move["owner_uid"], move["target"]) in watcher.hints_seen, watcher.errors
     assert not set(cluster.hints()) & {m["owner_uid"] for m in moves}
     if cluster.binder.via_extender:

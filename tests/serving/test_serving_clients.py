@@ -7,9 +7,11 @@ process (``builtin:resnet-small`` on ONNX Runtime) serves the module, and every 
 compared with the same model run directly, so a protocol change that garbles tensors, drops a
 route or changes a status fails here.
 
-``kserve`` is not in the dev extras: it would install 35 packages here (FastAPI, uvicorn, gRPC
-tools, pandas, ...) and pins ``protobuf<7`` and ``python-dateutil<3``, which would downgrade
-this project's own ``protobuf`` and ``kubernetes`` client; its tests run where it is installed
+``kserve`` cannot be a dev dependency: it would install 35 packages here (FastAPI, uvicorn,
+gRPC tools, pandas, ...) and pins ``protobuf<7`` and ``python-dateutil<3``, which would
+downgrade this project's own ``protobuf`` and ``kubernetes`` client. So its test builds (once,
+cached outside the repo) a venv of its own with ``devkit.clientvenv`` and runs
+``kserve_client_check.py`` there against the same server; a failed build fails the test
 (docs/serving.md, "Tested with Triton's and KServe's clients").
 """
 
@@ -34,6 +36,7 @@ import tritonclient.http as triton
 import tritonclient.http.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
+from devkit import clientvenv
 from serving.models import builtin_path
 
 MODEL = "resnet-small"
@@ -222,32 +225,35 @@ def test_tritonclient_aio_client_too(served: Served, reference: ort.InferenceSes
 
 # -- KServe's client ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+KSERVE_CHECK = Path(__file__).resolve().with_name("kserve_client_check.py")
+KSERVE_CHECK_TIMEOUT_S = 120.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(clientvenv.BUILD_TIMEOUT_S + clientvenv.LOCK_TIMEOUT_S + 300)
 def test_kserve_rest_client(served: Served, reference: ort.InferenceSession,
-                            binary: bool) -> None:
-    kserve = pytest.importorskip("kserve", reason="kserve is not installed (see the module "
-                                 "docstring for why it is not a dev dependency)")
-    base_url = f"http://{served.host_port}"
+                            tmp_path: Path) -> None:
+    """KServe's ``InferenceRESTClient``, from its own venv (built on first use, minutes cold):
+    health, model readiness, and infer with JSON and with binary tensors."""
+    python = clientvenv.client_python("kserve")  # raises with pip's output: a failure, no skip
     x = images(2, seed=11)
-
-    async def run() -> Any:
-        client = kserve.InferenceRESTClient(kserve.RESTConfig(protocol="v2", timeout=30))
-        try:
-            assert await client.is_server_live(base_url)
-            assert await client.is_server_ready(base_url)
-            assert await client.is_model_ready(base_url, MODEL)
-            assert not await client.is_model_ready(base_url, "no-such-model")
-            tensor = kserve.InferInput("input", list(x.shape), "FP32")
-            tensor.set_data_from_numpy(x, binary_data=binary)
-            request = kserve.InferRequest(model_name=MODEL, infer_inputs=[tensor],
-                                          request_id="kserve-1")
-            return await client.infer(base_url, request, model_name=MODEL)
-        finally:
-            await client.close()
-
-    response = asyncio.run(run())
-    assert (response.model_name, response.id) == (MODEL, "kserve-1")
-    (output,) = response.outputs
-    assert (output.name, output.shape, output.datatype) == ("logits", [2, 10], "FP32")
-    np.testing.assert_allclose(output.as_numpy(), expected(reference, x), rtol=1e-5,
-                               atol=1e-6)
+    np.save(tmp_path / "x.npy", x)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    result = subprocess.run(
+        [str(python), "-I", str(KSERVE_CHECK), f"http://{served.host_port}", MODEL,
+         str(tmp_path / "x.npy")],
+        capture_output=True, text=True, timeout=KSERVE_CHECK_TIMEOUT_S, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout)
+    assert report["kserve_version"] == "0.21.0"
+    assert (report["server_live"], report["server_ready"]) == (True, True)
+    assert (report["model_ready"], report["unknown_model_ready"]) == (True, False)
+    assert sorted(report["infer"]) == ["binary", "json"]
+    want = expected(reference, x)
+    for mode, response in report["infer"].items():
+        assert (response["model_name"], response["id"]) == (MODEL, f"kserve-{mode}"), mode
+        (output,) = response["outputs"]
+        assert (output["name"], output["shape"], output["datatype"]) == (
+            "logits", [2, 10], "FP32"), mode
+        np.testing.assert_allclose(np.asarray(output["data"], dtype=np.float32), want,
+                                   rtol=1e-5, atol=1e-6, err_msg=mode)
