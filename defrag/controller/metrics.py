@@ -9,7 +9,7 @@ Metric names (all prefixed ``gpufrag_defrag_``):
 - ``failures_total{reason}`` — ``api_error``, ``bind_timeout``;
 - ``landings_total{where}`` — replacements bound on the ``target`` or ``elsewhere``;
 - ``skipped_total{reason}`` — planned moves not carried out (``trigger_cleared``);
-- ``waste_ratio``, ``wasted_gib``, ``fragmentation_ratio``, ``free_whole_gpus`` ``{phase}`` —
+- ``waste_ratio``, ``wasted_bytes``, ``fragmentation_ratio``, ``free_whole_gpus`` ``{phase}`` —
   ``before`` the cycle and ``after`` it (the model, moved pods carrying their usage);
 - ``cycle_seconds``, ``plan_seconds``, ``dry_run``.
 """
@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, push_to_gateway
 
 from defrag.controller.measure import Summary, comparison_rows
 
+BYTES_PER_GIB = 1024**3  # Summary keeps GiB for people; Prometheus gets base units
 PREFIX = "gpufrag_defrag_"
 JOB = "gpufrag-defrag"
 
@@ -45,7 +46,7 @@ class CycleMetrics:
         self._phase = {
             name: Gauge(f"{PREFIX}{name}", text, ["phase"], registry=r)
             for name, text in (("waste_ratio", "Wasted / allocated GPU memory"),
-                               ("wasted_gib", "Allocated but unused GPU memory (GiB)"),
+                               ("wasted_bytes", "Allocated but unused GPU memory"),
                                ("fragmentation_ratio", "FGD fragmentation / free GPU share"),
                                ("free_whole_gpus", "GPUs with nothing allocated"))
         }
@@ -89,7 +90,7 @@ class CycleMetrics:
 
     def phase(self, phase: str, summary: Summary) -> None:
         self._phase["waste_ratio"].labels(phase).set(summary.waste_ratio)
-        self._phase["wasted_gib"].labels(phase).set(summary.wasted_gib)
+        self._phase["wasted_bytes"].labels(phase).set(summary.wasted_gib * BYTES_PER_GIB)
         self._phase["fragmentation_ratio"].labels(phase).set(summary.frag_ratio)
         self._phase["free_whole_gpus"].labels(phase).set(summary.free_whole_gpus)
 

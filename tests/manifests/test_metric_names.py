@@ -31,10 +31,7 @@ def test_promtool_check_metrics(promtool: Path, exports: dict[str, str], compone
 
 
 @pytest.mark.parametrize("component", [
-    *COMPONENTS[:3],
-    pytest.param("defrag", marks=pytest.mark.xfail(
-        strict=True, reason="gpufrag_defrag_wasted_gib is in GiB: to be _bytes "
-                            "(defrag/controller/metrics.py)")),
+    *COMPONENTS,
 ])
 def test_units_are_base_units(exported_names: dict[str, set[str]], component: str) -> None:
     offending = {name for name in exported_names[component] if not name.startswith("DCGM_")
