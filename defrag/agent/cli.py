@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 import time
@@ -55,6 +54,7 @@ from gpufrag.errors import (
 )
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
+from gpufrag.probes import stop_on_signals
 from scheduler.kube.client import api_client as kube_api_client
 
 DEFAULT_METRICS_PORT = 9401  # next to the DCGM exporter's 9400, so both can run on hostNetwork
@@ -200,7 +200,7 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
             return EXIT_FAILURE
     if stop is None:
         stop = threading.Event()
-        _stop_on_signals(stop, log)
+        stop_on_signals(stop, log)
     try:
         agent.run(stop.wait)
     finally:
@@ -209,15 +209,3 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
             server.server_close()
     log.info("stopped")
     return EXIT_OK
-
-
-def _stop_on_signals(stop: threading.Event, log: FilteringBoundLogger) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal handlers can only be installed from the main thread
-
-    def handle(signum: int, _frame: object) -> None:
-        log.info("stopping", signal=signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)

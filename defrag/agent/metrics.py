@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
 
 from defrag.agent.cgroup import PodRef
 from defrag.agent.usage import NodeGpuUsage
+from gpufrag import probes
 from gpufrag.nvml import MIB
+from gpufrag.probes import Liveness
 
 # DCGM's label names, but snake_case model_name (see the module docstring).
 _GPU_LABELS = ("gpu", "UUID", "model_name", "Hostname")
@@ -113,10 +115,8 @@ class Health:
     """Liveness and readiness, shared between the loop thread and the HTTP thread."""
 
     def __init__(self, clock: Callable[[], float], *, stall_after_s: float) -> None:
-        self._clock = clock
-        self._stall_after_s = stall_after_s
+        self._liveness = Liveness(clock, stall_after_s=stall_after_s)
         self._lock = threading.Lock()
-        self._last_tick: float | None = None
         self._ready = False
 
     @property
@@ -129,50 +129,22 @@ class Health:
             self._ready = True
 
     def mark_tick(self, now: float) -> None:
-        with self._lock:
-            self._last_tick = now
+        self._liveness.tick(now)
 
     def live(self) -> bool:
-        with self._lock:
-            last = self._last_tick
-        return last is None or self._clock() - last <= self._stall_after_s
+        return self._liveness.live()
 
 
 def respond(path: str, metrics: AgentMetrics, health: Health) -> tuple[int, str, bytes]:
-    """(status, content type, body) for one GET; kept apart from the server so it is testable."""
-    route = path.split("?", 1)[0]
-    if route == "/metrics":
-        return 200, CONTENT_TYPE_LATEST, metrics.render()
-    if route == "/healthz":
-        if health.live():
-            return 200, "text/plain; charset=utf-8", b"ok\n"
-        return 503, "text/plain; charset=utf-8", b"stalled: no reading within the deadline\n"
-    if route == "/readyz":
-        if health.ready:
-            return 200, "text/plain; charset=utf-8", b"ready\n"
-        return 503, "text/plain; charset=utf-8", b"not ready: no reading published yet\n"
-    return 404, "text/plain; charset=utf-8", b"not found: try /metrics, /healthz, /readyz\n"
+    """(status, content type, body) for one GET (:func:`gpufrag.probes.respond`)."""
+    return probes.respond(path, metrics.render, health.live, lambda: health.ready,
+                          stalled="stalled: no reading within the deadline",
+                          not_ready="not ready: no reading published yet")
 
 
 def start_http_server(port: int, metrics: AgentMetrics, health: Health, *,
                       host: str = "0.0.0.0", poll_interval_s: float = 0.5) -> ThreadingHTTPServer:
     """Serve in a daemon thread; call ``shutdown()`` and ``server_close()`` on the result."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            status, content_type, body = respond(self.path, metrics, health)
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # probes every few seconds would drown the agent's own log
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="agent-http", daemon=True,
-                              kwargs={"poll_interval": poll_interval_s})
-    thread.start()
-    return server
+    return probes.start_http_server(port, lambda path: respond(path, metrics, health),
+                                    name="agent-http", host=host,
+                                    poll_interval_s=poll_interval_s)

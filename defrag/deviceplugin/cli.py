@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import signal
 import sys
 import threading
 import time
@@ -43,7 +42,7 @@ from defrag.deviceplugin.inventory import (
     HealthMonitor,
     read_inventory,
 )
-from defrag.deviceplugin.metrics import Liveness, PluginMetrics, start_http_server
+from defrag.deviceplugin.metrics import PluginMetrics, start_http_server
 from defrag.deviceplugin.pods import KubeNodePods, NodePods
 from defrag.deviceplugin.server import Supervisor
 from defrag.deviceplugin.service import DevicePluginServicer
@@ -60,6 +59,7 @@ from gpufrag.errors import (
 )
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
+from gpufrag.probes import Liveness, stop_on_signals
 from scheduler.kube.client import api_client as kube_api_client
 
 
@@ -208,7 +208,7 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
             return EXIT_FAILURE
     if stop is None:
         stop = threading.Event()
-        _stop_on_signals(stop, log)
+        stop_on_signals(stop, log)
     if watcher is not None:
         watcher.start()
     follow: Callable[[], NvmlReader] = functools.partial(_same, reader)
@@ -239,15 +239,3 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
 
 def _same(reader: NvmlReader) -> NvmlReader:
     return reader
-
-
-def _stop_on_signals(stop: threading.Event, log: FilteringBoundLogger) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal handlers can only be installed from the main thread
-
-    def handle(signum: int, _frame: object) -> None:
-        log.info("stopping", signal=signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)

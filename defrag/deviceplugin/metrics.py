@@ -9,14 +9,14 @@ every resource served".
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
 from defrag.deviceplugin.inventory import Gpu
+from gpufrag import probes
 
 # Allocate must answer well inside the kubelet's patience; buckets resolve the 50 ms target.
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)
@@ -60,59 +60,16 @@ class PluginMetrics:
         return generate_latest(self.registry)
 
 
-class Liveness:
-    """Ticks from the supervisor loop; stalled after ``stall_after_s`` without one."""
-
-    def __init__(self, clock: Callable[[], float], *, stall_after_s: float) -> None:
-        self._clock = clock
-        self._stall_after_s = stall_after_s
-        self._last: float | None = None
-        self._lock = threading.Lock()
-
-    def tick(self) -> None:
-        with self._lock:
-            self._last = self._clock()
-
-    def live(self) -> bool:
-        with self._lock:
-            last = self._last
-        return last is None or self._clock() - last <= self._stall_after_s
-
-
 def respond(path: str, metrics: PluginMetrics, live: Callable[[], bool],
             ready: Callable[[], bool]) -> tuple[int, str, bytes]:
-    """(status, content type, body) for one GET."""
-    text = "text/plain; charset=utf-8"
-    route = path.split("?", 1)[0]
-    if route == "/metrics":
-        return 200, CONTENT_TYPE_LATEST, metrics.render()
-    if route == "/healthz":
-        return (200, text, b"ok\n") if live() else (503, text, b"stalled\n")
-    if route == "/readyz":
-        if ready():
-            return 200, text, b"ready\n"
-        return 503, text, b"not ready: not registered with the kubelet for every resource\n"
-    return 404, text, b"not found: try /metrics, /healthz, /readyz\n"
+    """(status, content type, body) for one GET (:func:`gpufrag.probes.respond`)."""
+    return probes.respond(path, metrics.render, live, ready, stalled="stalled",
+                          not_ready="not ready: not registered with the kubelet for every "
+                                    "resource")
 
 
 def start_http_server(port: int, metrics: PluginMetrics, live: Callable[[], bool],
                       ready: Callable[[], bool], *, host: str = "0.0.0.0") -> ThreadingHTTPServer:
     """Serve in a daemon thread; call ``shutdown()`` and ``server_close()`` on the result."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            status, content_type, body = respond(self.path, metrics, live, ready)
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # probes would drown the plugin's own log
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="deviceplugin-http", daemon=True,
-                     kwargs={"poll_interval": 0.5}).start()
-    return server
+    return probes.start_http_server(port, lambda path: respond(path, metrics, live, ready),
+                                    name="deviceplugin-http", host=host)

@@ -32,8 +32,9 @@ from defrag.deviceplugin.api import (
     unix_target,
 )
 from defrag.deviceplugin.config import DevicePluginConfig
-from defrag.deviceplugin.metrics import Liveness, PluginMetrics
+from defrag.deviceplugin.metrics import PluginMetrics
 from defrag.deviceplugin.service import OPTIONS, DevicePluginServicer
+from gpufrag.probes import Liveness
 
 # One ListAndWatch stream per registration holds a thread; the rest serve unary calls.
 WORKERS_PER_ENDPOINT = 8

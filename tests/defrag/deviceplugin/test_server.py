@@ -26,9 +26,9 @@ from defrag.deviceplugin.api import (
     unix_target,
 )
 from defrag.deviceplugin.config import Kind
-from defrag.deviceplugin.metrics import Liveness
 from defrag.deviceplugin.server import Supervisor
 from defrag.deviceplugin.service import DevicePluginServicer
+from gpufrag.probes import Liveness
 from tests.defrag.deviceplugin.fakes import build_allocator
 
 

@@ -1,0 +1,95 @@
+"""What every long-running node-side process serves and obeys: ``/metrics``, ``/healthz`` and
+``/readyz`` on a small stdlib HTTP server, a stall-based liveness, and SIGTERM/SIGINT setting a
+stop event.
+
+The node agent and the device plugin both run a supervisor loop on one thread and answer
+probes from another; the loop ticking is what "alive" means (a hung NVML or kubelet call
+fails it) and each component says what "ready" means. One home for both, in the shared base,
+because the two are siblings in the import layers and may not import each other.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from structlog.typing import FilteringBoundLogger
+
+TEXT = "text/plain; charset=utf-8"
+
+
+class Liveness:
+    """Ticks from the supervisor loop; stalled after ``stall_after_s`` without one (alive
+    until the first tick, so a slow start is the start-up probe's to judge)."""
+
+    def __init__(self, clock: Callable[[], float], *, stall_after_s: float) -> None:
+        self._clock = clock
+        self._stall_after_s = stall_after_s
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def tick(self, now: float | None = None) -> None:
+        with self._lock:
+            self._last = self._clock() if now is None else now
+
+    def live(self) -> bool:
+        with self._lock:
+            last = self._last
+        return last is None or self._clock() - last <= self._stall_after_s
+
+
+def respond(path: str, render_metrics: Callable[[], bytes], live: Callable[[], bool],
+            ready: Callable[[], bool], *, stalled: str, not_ready: str
+            ) -> tuple[int, str, bytes]:
+    """(status, content type, body) for one GET; apart from the server so it is testable.
+    ``stalled`` and ``not_ready`` say, in the 503 body, what the component is waiting for."""
+    route = path.split("?", 1)[0]
+    if route == "/metrics":
+        return 200, CONTENT_TYPE_LATEST, render_metrics()
+    if route == "/healthz":
+        return (200, TEXT, b"ok\n") if live() else (503, TEXT, f"{stalled}\n".encode())
+    if route == "/readyz":
+        return (200, TEXT, b"ready\n") if ready() else (503, TEXT, f"{not_ready}\n".encode())
+    return 404, TEXT, b"not found: try /metrics, /healthz, /readyz\n"
+
+
+def start_http_server(port: int, answer: Callable[[str], tuple[int, str, bytes]], *,
+                      name: str, host: str = "0.0.0.0",
+                      poll_interval_s: float = 0.5) -> ThreadingHTTPServer:
+    """Serve ``answer(path)`` for every GET in a daemon thread named ``name``; call
+    ``shutdown()`` and ``server_close()`` on the result."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, content_type, body = answer(self.path)
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # probes every few seconds would drown the component's own log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name=name, daemon=True,
+                     kwargs={"poll_interval": poll_interval_s}).start()
+    return server
+
+
+def stop_on_signals(stop: threading.Event, log: FilteringBoundLogger) -> None:
+    """SIGTERM and SIGINT set ``stop`` (and say so); only the main thread may install them,
+    so elsewhere (a test driving ``main()`` from a thread) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handle(signum: int, _frame: object) -> None:
+        log.info("stopping", signal=signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
