@@ -20,7 +20,6 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 import requests
@@ -29,12 +28,15 @@ from serving.backends.select import LoadedBackend
 from serving.config import BatcherConfig, ServerConfig
 from serving.server import serve
 from serving.testing import FakeBackend
+from tests.serving.test_serving_server import wait_until
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 TOTAL = 150          # requests in all
 RATE_PER_S = 30.0    # open loop: request i is sent at i / RATE_PER_S, whatever came back
 SIGTERM_AT = 45      # SIGTERM just before request 45 is sent (~1.5 s in)
 DRAIN_DELAY_S = 1.5  # admission closes ~1.5 s after SIGTERM, ~2 s before the load ends
+
+WAIT_S = 20.0  # generous: a loaded 2-core CI machine
 
 
 @dataclass
@@ -45,19 +47,6 @@ class Outcome:
     connection: str | None = None
     retry_after: str | None = None
     error: str | None = None
-
-
-def wait_until(condition: Any, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if condition():
-                return
-        except requests.ConnectionError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
 
 
 def queue_depth(url: str) -> float:
@@ -93,9 +82,10 @@ def test_sigterm_under_open_loop_load_loses_no_accepted_request() -> None:
             outcome.error = f"{type(exc).__name__}: {exc}"
 
     def load() -> None:
-        wait_until(lambda: bool(port))
+        wait_until(lambda: bool(port), timeout_s=WAIT_S)
         url = f"http://127.0.0.1:{port[0]}"
-        wait_until(lambda: requests.get(f"{url}/v2/health/ready", timeout=5).status_code == 200)
+        wait_until(lambda: requests.get(f"{url}/v2/health/ready", timeout=5).status_code == 200,
+                   timeout_s=WAIT_S)
         # enough threads for every request the gate holds, so the load stays open-loop
         with ThreadPoolExecutor(max_workers=96) as pool:
             start = time.monotonic()
@@ -105,7 +95,8 @@ def test_sigterm_under_open_loop_load_loses_no_accepted_request() -> None:
                     marks["sigterm"] = time.monotonic() - start
                     os.kill(os.getpid(), signal.SIGTERM)
                     wait_until(lambda: requests.get(f"{url}/v2/health/ready",
-                                                    timeout=5).status_code == 503)
+                                                    timeout=5).status_code == 503,
+                               timeout_s=WAIT_S)
                     marks["not_ready"] = time.monotonic() - start
                 delay = start + outcome.index / RATE_PER_S - time.monotonic()
                 if delay > 0:
@@ -121,7 +112,7 @@ def test_sigterm_under_open_loop_load_loses_no_accepted_request() -> None:
                 held = sum(backend.entered) - sum(backend.batches)
                 return done + queue_depth(url) + held >= TOTAL
 
-            wait_until(settled)
+            wait_until(settled, timeout_s=WAIT_S)
             marks["gate_opened"] = time.monotonic() - start
             gate.set()
 
