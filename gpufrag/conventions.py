@@ -219,8 +219,7 @@ def names_from_environ(environ: Mapping[str, str] | None = None, *,
         return names_from_mapping(data, base=base)
     except BadInput as e:
         key = (e.field or "").removeprefix("names.")
-        raise BadInput(str(e).split(": ", 1)[-1],
-                       field=f"environment {NAMES_ENV_PREFIX}{key.upper()}") from None
+        raise BadInput(e.detail, field=f"environment {NAMES_ENV_PREFIX}{key.upper()}") from None
 
 
 # ----------------------------------------------------------------------------- placement hints

@@ -20,6 +20,7 @@ class BadInput(ValueError):
 
     def __init__(self, message: str, *, source: str | None = None, row: int | None = None,
                  field: str | None = None) -> None:
+        self.detail = message  # without the place: for re-raising at another place
         self.source = source
         self.row = row
         self.field = field

@@ -37,7 +37,6 @@ class ConfigError(BadInput):
     def __init__(self, message: str, *, source: str | None = None,
                  field: str | None = None) -> None:
         super().__init__(message, source=source, field=field)
-        self.detail = message
 
 
 @dataclass(frozen=True, slots=True)
