@@ -101,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--candidates-per-eviction", type=int, default=d.candidates_per_eviction,
                    help="candidate moves scored per allowed eviction (default: "
                         f"{d.candidates_per_eviction})")
+    s.add_argument("--min-gain-gpus", type=float, default=d.min_gain_gpus,
+                   help="plan a move only if it gives back at least this many GPUs "
+                        f"(fragmentation, freed GPUs, idle reserved memory; default: "
+                        f"{d.min_gain_gpus:g})")
     s.add_argument("--cooldown-s", type=float, default=d.cooldown_s,
                    help="an owner one of whose pods moved less than this long ago is not "
                         f"moved again (default: {d.cooldown_s:g}; 0: no cooldown)")
@@ -149,6 +153,7 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
         coverage=args.coverage, stale_intervals=args.stale_intervals,
         prometheus_interval_s=args.prometheus_interval_s, bind_timeout_s=args.bind_timeout_s,
         hint_ttl_s=args.hint_ttl_s, candidates_per_eviction=args.candidates_per_eviction,
+        min_gain_gpus=args.min_gain_gpus,
         excluded_namespaces=_names(args.exclude_namespaces),
         namespaces=_names(args.namespaces),
         dry_run=args.dry_run,

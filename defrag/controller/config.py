@@ -60,6 +60,9 @@ class DefragConfig:
     hint_ttl_s: float = 900.0
     # How many candidate moves the planner scores with the policy, per allowed eviction.
     candidates_per_eviction: int = 8
+    # A move is worth its eviction only if it gives back at least this many GPUs (the plan's
+    # gain: fragmentation, whole GPUs freed, reserved-but-unused memory, pods unblocked).
+    min_gain_gpus: float = 0.1
     excluded_namespaces: frozenset[str] = frozenset({"kube-system"})
     # When not empty, only pods in these namespaces may move.
     namespaces: frozenset[str] = frozenset()
@@ -112,6 +115,9 @@ class DefragConfig:
             raise BadInput(f"{self.hint_ttl_s} is shorter than --bind-timeout-s "
                            f"{self.bind_timeout_s}; a hint must outlive the wait",
                            field="--hint-ttl-s")
+        if not 0.0 <= self.min_gain_gpus <= 100.0:
+            raise BadInput(f"{self.min_gain_gpus} is outside 0..100 (GPUs per eviction; "
+                           "e.g. 0.1)", field="--min-gain-gpus")
         if self.candidates_per_eviction < 1:
             raise BadInput(f"{self.candidates_per_eviction} must be >= 1",
                            field="--candidates-per-eviction")

@@ -95,6 +95,11 @@ class Move:
             out.append("unblock")
         return tuple(out)
 
+    def replacement(self, pod: PodRequest) -> PodRequest:
+        """What ``pod``'s replacement asks for: its right-sized share when the move has one.
+        This is also the capacity a reservation holds on ``target`` before the eviction."""
+        return dataclasses.replace(pod, gpu_milli=self.new_milli) if self.new_milli else pod
+
     @property
     def namespace(self) -> str:
         return self.pod.split("/", 1)[0] if "/" in self.pod else ""
@@ -266,8 +271,8 @@ class _Planner:
 
     def prerank(self, cands: list[_Candidate]) -> list[_Candidate]:
         """Order by what removing each pod does to its source node alone (vectorised): the
-        fragmentation it takes away there plus the whole GPUs it frees. Ties by pod key, so
-        equal inputs give equal plans."""
+        fragmentation it takes away there, the whole GPUs it frees and the share a right-sized
+        replacement gives back. Ties by pod key, so equal inputs give equal plans."""
         if not cands:
             return cands
         state = self.state
@@ -286,7 +291,13 @@ class _Planner:
                 freed[i] += int(free_after[i, g] == MILLI_PER_GPU)
         after = fragmentation_of(free_after, state.cpu_left[rows] + cpu, state.product[rows],
                                  self.workload, self.allowed)
-        gain = (self.frag[rows] - after) / MILLI_PER_GPU + freed
+        # A right-sized replacement gives back the share it no longer reserves (in GPUs, as
+        # the score's waste term counts it), wherever it lands.
+        rightsized = self.snapshot.rightsized
+        reclaim = np.fromiter((max(c.placement.pod.gpu_milli
+                                   - rightsized.get(c.info.key, c.placement.pod.gpu_milli), 0)
+                               for c in cands), np.int64, k)
+        gain = (self.frag[rows] - after) / MILLI_PER_GPU + freed + reclaim / MILLI_PER_GPU
         keys = np.array([c.info.key for c in cands])
         order = np.lexsort((keys, -gain))
         return [cands[i] for i in order]
@@ -357,12 +368,16 @@ class _Planner:
                 - (waste_delta / src_mem if src_mem > 0 else 0.0))
         if not improves or gain <= 0:
             return "no landing improves the cluster"
+        if gain < self.config.min_gain_gpus:
+            return "gain below --min-gain-gpus"
         return _Scored(dst, dst_gpus, frag_delta, waste_delta, freed, unblocks, gain)
 
     def replacement(self, key: str, pod: PodRequest) -> PodRequest:
-        """The pod its replacement will be: right-sized when the webhook will shrink it."""
+        """The pod its replacement will be: the share the webhook admits it with. That is
+        usually smaller (right-sized), but may be larger than a right-sized pod holds now when
+        the recommendation rose since (never above what its template asks)."""
         milli = self.snapshot.rightsized.get(key, 0)
-        if pod.is_share and 0 < milli < pod.gpu_milli:
+        if pod.is_share and 0 < milli < MILLI_PER_GPU and milli != pod.gpu_milli:
             return dataclasses.replace(pod, gpu_milli=milli)
         return pod
 
@@ -512,6 +527,4 @@ def apply_moves(snapshot: Snapshot, moves: list[Move] | tuple[Move, ...]) -> Non
         snapshot.usage.move(old, state.index[old.node], state.index[move.target],
                             move.target_gpus)
         state.remove_pod(move.pod)
-        pod = (dataclasses.replace(old.pod, gpu_milli=move.new_milli) if move.new_milli
-               else old.pod)
-        state.place(pod, move.target, move.target_gpus, check=False)
+        state.place(move.replacement(old.pod), move.target, move.target_gpus, check=False)
