@@ -148,6 +148,10 @@ def test_genai_fractions_and_sampler(tmp_path: Path) -> None:
         (["--nodes", "x.csv"], "--nodes and --pods go together"),
         (["--genai-memory", "missing.csv"], "missing.csv: cannot read"),
         (["--max-evictions-total", "-2"], "--max-evictions-total"),
+        (["--rightsizing-mode", "always"], "'always' is not one of off, recommend, auto"),
+        (["--min-gain-gpus", "-1"], "--min-gain-gpus"),
+        (["--cycle-interval-s", "0"], "--cycle-interval-s"),
+        (["--cooldown-s", "-5"], "--cooldown-s"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str,
