@@ -4,23 +4,31 @@
    replay of the trace (tuned to ``--fill`` x GPU capacity) with a *baseline* policy
    (``--fill-policy``, default ``random``: the spread a scheduler that ignores fragmentation
    leaves behind). Pods that found no room stay pending.
-2. **Usage.** Every GPU pod gets a used-memory figure drawn from the GenAI serving trace's
-   ``pod_gpu_memory_used_bytes`` (``--genai-memory``; a seeded Beta(10.8, 11.7) fitted to that
-   trace when the file is absent). Mapping: each trace sample is a Stable Diffusion pod that holds
-   one whole GPU; the trace does not name the GPU, and its largest sample (47.3 GiB) sits just
-   under 48 GiB, so a sample is read as the fraction ``bytes / 48 GiB`` (``--genai-gpu-gib``) of
-   the GPU that pod held, capped at 1. A pod here then uses that fraction *of what it reserves*:
-   ``used = fraction x gpu_milli / 1000 x the GPU's memory`` on each of its GPUs. GPU memory per
-   product: T4, P100, V100M16 16 GiB, V100M32 32 GiB, A10 24 GiB; openb's undisclosed G1-G3 (and
-   the synthetic cluster's unknown ones) ``--default-gpu-gib`` (32).
-3. **Cycles.** Each cycle is what the CronJob does: the planner plans with the scheduler's policy
-   (``--policy``, default fgd) and the executor carries the plan out — with the dry-run writer,
-   so every replacement lands where the hint steers it — then the scheduler retries the pending
-   pods (the same ``choose``). Evictions are capped per cycle (``--max-evictions-total``, by
-   default ``--eviction-budget-pct`` of the pods placed).
+2. **Usage over time.** Every GPU pod is given one container of the GenAI serving trace's
+   ``pod_gpu_memory_used_bytes`` (``--genai-memory``; a seeded stand-in of its shape when the
+   file is absent) and uses, at each cycle's time, that series' fraction *of what it reserved*
+   (:mod:`simulations.rightsizing`). Mapping: each trace sample is a Stable Diffusion pod that
+   holds one whole GPU; the trace does not name the GPU, and its largest sample (47.3 GiB) sits
+   just under 48 GiB, so a sample is read as the fraction ``bytes / 48 GiB``
+   (``--genai-gpu-gib``) of the GPU that pod held, capped at 1:
+   ``used = fraction(t) x gpu_milli / 1000 x the GPU's memory`` on each of its GPUs. GPU memory
+   per product: T4, P100, V100M16 16 GiB, V100M32 32 GiB, A10 24 GiB; openb's undisclosed G1-G3
+   (and the synthetic cluster's unknown ones) ``--default-gpu-gib`` (32).
+3. **Cycles**, ``--cycle-interval-s`` apart from ``--history-h`` into the series. Each is what
+   the CronJob does, with its code: the readings so far feed the right-sizing recommender and
+   the webhook's rule gives each replacement's share (``--rightsizing-mode``, default
+   ``auto``); the planner plans with the scheduler's policy (``--policy``, default fgd), the
+   cooldown and the hysteresis the last cycle left (:mod:`defrag.controller.convergence`); the
+   executor carries the plan out with a writer that holds each move's reservation before its
+   eviction and lets the scheduler retry the pending pods in the window before each bind
+   (:mod:`simulations.reservations`); then the scheduler retries the pending pods again.
+   Evictions are capped per cycle (``--max-evictions-total``, by default
+   ``--eviction-budget-pct`` of the pods placed).
 
 Reported before/after: waste ratio, fragmentation ratio, free whole GPUs, pending pods (and
-those placed), evictions — a table, ``DIR/defrag_summary.json`` and a plot.
+those placed), evictions, triggered nodes, per cycle what the moves cut and whether the cycle
+settled, the bound right-sizing can reach, and issue 14's targets — a table,
+``DIR/defrag_summary.json`` and a plot.
 """
 
 from __future__ import annotations
