@@ -10,8 +10,10 @@ with the pod's source node (and every node already being drained this cycle) exc
 scheduler's policy, lands a pod where fragmentation grows least, which is on fragmented nodes
 whose leftovers it fills. The move is then measured with the core's fragmentation functions and
 kept only if the cluster improves: fragmentation falls, or a whole GPU comes free, or a pending
-pod blocked by stranded share would fit on the source afterwards — and never by giving up a
-whole free GPU for nothing.
+pod blocked by stranded share would fit on the source afterwards, or a right-sized replacement
+(``Snapshot.rightsized``: the share the admission webhook will give it) reserves less idle
+memory — never by giving up a whole free GPU for nothing, and only when the gain reaches
+``--min-gain-gpus`` (an eviction worth a hundredth of a GPU is not worth making).
 
 In what order: greedily by gain per eviction, where gain is in GPUs:
 
@@ -19,7 +21,8 @@ In what order: greedily by gain per eviction, where gain is in GPUs:
            −Δ wasted-but-reserved MiB / source GPU memory  +  pending pods unblocked
 
 Scoring every pod with the policy would be slow on a large cluster, so candidates are first
-ranked by what freeing their share does to the source node alone (one vectorised call), and only
+ranked by what freeing their share does to the source node alone plus the share a right-sized
+replacement gives back (one vectorised call), and only
 the best ``limits.total x candidates_per_eviction`` are scored in full. A lazy-greedy queue then
 re-scores a candidate only when the state changed since it was scored, so every kept move is
 predicted on the state the moves before it leave behind — the order the executor follows.
