@@ -155,6 +155,8 @@ class CycleRecord:
     landed_elsewhere: int = 0
     placed_in_window: int = 0  # pending pods placed between an eviction and its bind
     moves: tuple[Move, ...] = ()  # carried out (evicted)
+    # The webhook's skips for the share pods' replacements (gpufrag_admission_skips_total).
+    admission_skips: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -236,6 +238,7 @@ class WhatIfResult:
                         "placed_in_window": c.placed_in_window, "committed": c.committed,
                         "cuts_waste": c.cuts_waste, "cuts_fragmentation": c.cuts_fragmentation,
                         "rightsized": c.rightsized, "reclaimed_milli": c.reclaimed_milli,
+                        "admission_skips": dict(sorted(c.admission_skips.items())),
                         "free_whole_gpus_after_moves": c.free_whole_gpus_after_moves,
                         "pending": c.pending, "seconds": round(c.seconds, 3),
                         "convergence": c.convergence.as_dict(),
@@ -429,7 +432,8 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
             rightsized=sum(1 for m in carried_out if m.new_milli),
             reclaimed_milli=sum(m.gpu_milli - m.new_milli for m in carried_out if m.new_milli),
             committed=committed, landed_elsewhere=actions.landed_elsewhere,
-            placed_in_window=actions.placed_in_window, moves=tuple(carried_out)))
+            placed_in_window=actions.placed_in_window, moves=tuple(carried_out),
+            admission_skips=dict(sizing.skips)))
     return result
 
 

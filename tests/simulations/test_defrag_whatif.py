@@ -105,6 +105,7 @@ def test_auto_right_sizing_gives_memory_back_recommend_does_not() -> None:
     auto = run_whatif(nodes, pods, fill=0.85, seed=3, cycles=3)
     plain = run_whatif(nodes, pods, fill=0.85, seed=3, cycles=3, rightsizing=Mode.RECOMMEND)
     assert sum(c.rightsized for c in plain.cycles) == 0
+    assert set(plain.cycles[0].admission_skips) == {"mode_recommend"}
     assert sum(c.rightsized for c in auto.cycles) > 0
     assert sum(c.cuts_waste for c in auto.cycles) > 0
     assert all(m.new_milli < m.gpu_milli for c in auto.cycles for m in c.moves
