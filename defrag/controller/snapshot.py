@@ -270,7 +270,7 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
     usage = _usage_table(state, infos, agent, source, notes)
     snapshot = Snapshot(state=state, pods=infos, pending=pending, usage=usage,
                         pdbs=[pdb_from_k8s(p) for p in pdbs], notes=notes, taints=taints,
-                        cordoned=frozenset(cordoned))
+                        cordoned=frozenset(cordoned), readings=agent)
     return snapshot, problems
 
 
