@@ -21,8 +21,9 @@ cleaned up; and ``--dry-run`` changes nothing at all (no hint, no reservation, n
 Reservations (the GPUReservation CRD from manifests/base, installed before the extender
 starts): every move's capacity is reserved before the first eviction, each reservation is
 deleted once its replacement is bound, and — with the extender binding — a competing pod that
-fits only the reserved GPUs, created the moment the first reservation appears (so while the
-evictions run), never takes a reserved GPU, while each replacement lands on its reserved GPU.
+fits only the reserved GPUs, created the moment the first eviction is seen (before any
+replacement exists), never takes a reserved GPU, while each replacement lands on its reserved
+GPU.
 Right-sizing: the cycle publishes each sampled workload's recommendation on its Deployment.
 """
 
@@ -339,7 +340,8 @@ class Watcher(threading.Thread):
     Hints, reservations and pods are followed with real watches, each started from the resource
     version of a list made before the cycle, so every write is delivered: a hint or reservation
     lives only until its replacement is bound, which can be shorter than any polling interval.
-    With ``competitor``, the moment the first reservation appears a competing pod is created."""
+    With ``competitor``, the moment the first evicted pod is marked for deletion a competing pod
+    is created (the plan is committed then: every reservation exists)."""
 
     def __init__(self, cluster: Cluster, *, competitor: bool = False) -> None:
         super().__init__(daemon=True)
@@ -408,10 +410,6 @@ class Watcher(threading.Thread):
         name = obj["metadata"]["name"]
         if kind == "ADDED":
             self.reserved[name] = (rv, obj["spec"])
-            if self.competitor and not self.competitor_rv:
-                made = self.core.create_namespaced_pod(
-                    self.cluster.namespace, competitor_pod(self.cluster.binder.scheduler))
-                self.competitor_rv = int(made.metadata.resource_version)
         elif kind == "DELETED":
             self.released[name] = rv
 
@@ -420,6 +418,10 @@ class Watcher(threading.Thread):
         trace = self.pods.setdefault(meta["uid"], PodTrace(meta["name"]))
         if (kind == "DELETED" or meta.get("deletionTimestamp")) and not trace.deleting_rv:
             trace.deleting_rv = rv
+            if self.competitor and not self.competitor_rv:  # the first eviction: compete now
+                made = self.core.create_namespaced_pod(
+                    self.cluster.namespace, competitor_pod(self.cluster.binder.scheduler))
+                self.competitor_rv = int(made.metadata.resource_version)
         node = (obj.get("spec") or {}).get("nodeName")
         if node and not trace.bound_rv:
             trace.bound_rv, trace.node = rv, node
@@ -547,8 +549,8 @@ def test_one_cycle_defragments_and_keeps_every_promise(
     assert set(watcher.released) == set(watcher.reserved)
     assert reservations(cluster.plane) == []
     if cluster.binder.via_extender:
-        # Each replacement took its reserved GPU; the competitor, created while the first
-        # reservation was held and before any replacement was bound, took none of them.
+        # Each replacement took its reserved GPU; the competitor, created during the first
+        # eviction and before any replacement was bound, took none of them.
         by_name = {t.name: t for t in watcher.pods.values()}
         held: set[tuple[str, str]] = set()
         for outcome, move in zip(result["moves"], moves, strict=True):
