@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import structlog
 
-from defrag.controller.cluster import read_cluster
+from defrag.controller.cluster import read_cluster, read_reservations
 from defrag.controller.config import DEFAULT_HYSTERESIS, OUTPUTS, DefragConfig, Limits
 from defrag.controller.convergence import DefragState, convergence, parse_state
 from defrag.controller.errors import CycleStopped
@@ -27,7 +27,7 @@ from defrag.controller.planner import plan as make_plan
 from defrag.controller.prometheus import fetch_samples
 from defrag.controller.report import plan_json, plan_table, result_json, rightsizing_lines
 from defrag.controller.rightsize import RightsizingReport, publish
-from defrag.controller.snapshot import UsageSource, build_snapshot
+from defrag.controller.snapshot import UsageSource, build_snapshot, hold_reservations
 from defrag.rightsizing.recommender import RightsizingConfig
 from defrag.rightsizing.workloads import WorkloadClient
 from gpufrag import logs
@@ -231,6 +231,11 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
                          dcgm_interval_s=config.prometheus_interval_s)
     snapshot, problems = build_snapshot(nodes, pods, pdbs, source, config.names)
     now = time.time()
+    held = read_reservations(client, config.names.hints_namespace)
+    if held is None:
+        log.warning("no GPUReservation CRD: a cycle with moves will stop before evicting; "
+                    "install manifests/base/crd-gpureservation.yaml")
+    problems += hold_reservations(snapshot, held or (), now)
     kube = KubeActions(client, log=log, names=config.names)
     try:
         previous = parse_state(kube.load_state())

@@ -21,9 +21,8 @@ cleaned up; and ``--dry-run`` changes nothing at all (no hint, no reservation, n
 Reservations (the GPUReservation CRD from manifests/base, installed before the extender
 starts): every move's capacity is reserved before the first eviction, each reservation is
 deleted once its replacement is bound, and — with the extender binding — a competing pod that
-fits only the reserved GPUs, created the moment the first eviction is seen (before any
-replacement exists), never takes a reserved GPU, while each replacement lands on its reserved
-GPU.
+fits only the reserved GPUs, created the moment the first eviction is seen (while reservations
+are held), never takes a reserved GPU, while each replacement lands on its reserved GPU.
 Right-sizing: the cycle publishes each sampled workload's recommendation on its Deployment.
 """
 
@@ -550,7 +549,7 @@ def test_one_cycle_defragments_and_keeps_every_promise(
     assert reservations(cluster.plane) == []
     if cluster.binder.via_extender:
         # Each replacement took its reserved GPU; the competitor, created during the first
-        # eviction and before any replacement was bound, took none of them.
+        # eviction, took none of them.
         by_name = {t.name: t for t in watcher.pods.values()}
         held: set[tuple[str, str]] = set()
         for outcome, move in zip(result["moves"], moves, strict=True):
@@ -559,8 +558,10 @@ def test_one_cycle_defragments_and_keeps_every_promise(
             assert (trace.node, trace.gpus) == (spec["node"], ",".join(map(str, spec["gpus"])))
             held |= {(spec["node"], str(g)) for g in spec["gpus"]}
         assert watcher.competitor_rv, "the competing pod was never created"
-        assert watcher.competitor_rv < min(by_name[o["replacement"].split("/")[1]].bound_rv
-                                           for o in result["moves"])
+        # It was pending while at least one reservation still held its GPU (moves run one at a
+        # time, so it exists before the last replacement is bound, usually before the first).
+        assert watcher.competitor_rv < max(by_name[o["replacement"].split("/")[1]].bound_rv
+                                           for o in result["moves"] if o["target"] == SINK)
         competitor = cluster.core.read_namespaced_pod(COMPETITOR, cluster.namespace)
         where = (competitor.spec.node_name or "",
                  (competitor.metadata.annotations or {}).get(cv.ANNOTATION_GPU_INDICES, ""))
@@ -576,7 +577,9 @@ def test_one_cycle_defragments_and_keeps_every_promise(
         text = recommendation_on(cluster, name)
         assert text is not None, f"no recommendation on Deployment {name}"
         rec = parse_recommendation(text)["*"]
-        assert rec.peak_mib == USED_MIB and rec.memory_mib < 9830  # below the 300m reserved
+        # p95 of one hourly peak (2,048) x 1.15 + 256 MiB, in thousandths of a 32 GiB GPU: far
+        # below the 300 milli (9,830 MiB) each replica reserves.
+        assert (rec.peak_mib, rec.memory_mib, rec.milli) == (USED_MIB, 2612, 80)
 
     # Bare pods untouched; every Deployment back at full replicas; the PDB held.
     for name, (uid, node) in cluster.anchors.items():

@@ -14,10 +14,12 @@ from defrag.controller.executor import (
     Executor,
     Landing,
 )
+from defrag.controller.measure import measure
 from defrag.controller.metrics import CycleMetrics
 from defrag.controller.model import PodInfo, Snapshot
 from defrag.controller.planner import Move, Plan, plan
-from scheduler.kube.reservations import Reservation
+from defrag.controller.snapshot import hold_reservations
+from scheduler.kube.reservations import Reservation, body
 from scheduler.policies import make_policy
 from tests.builders import workload
 from tests.defrag.controller.builders import config, gpu_node, share, snapshot
@@ -263,3 +265,28 @@ def test_a_right_sized_move_reserves_the_new_share() -> None:
     actions = RecordingActions()
     execute(actions, snap, the_plan)
     assert next(r for r in actions.reserved if r.replaces == "ns/p0").gpu_milli == 150
+
+
+def test_a_share_an_earlier_cycle_still_holds_is_not_planned_into() -> None:
+    def targets(snap: Snapshot) -> set[tuple[str, tuple[int, ...]]]:
+        return {(m.target, m.target_gpus) for m in make(snap).moves}
+
+    free_plan = targets(sources_and_sink())
+    assert ("t", (0,)) in free_plan
+
+    def held(**overrides: object) -> Reservation:
+        fields: dict[str, object] = dict(name="left", node="t", gpus=(0,), gpu_milli=300,
+                                         owner_uid="earlier-owner", expires=2000.0)
+        fields.update(overrides)
+        return Reservation(**fields)  # type: ignore[arg-type]
+
+    snap = sources_and_sink()
+    before = measure(snap.state, snap.usage, WORKLOAD).summary
+    assert hold_reservations(snap, [body(held()), {"metadata": {"name": "bad"}}], 1000.0) == [
+        "GPUReservation bad, field 'spec': expected an object"]
+    assert ("t", (0,)) not in targets(snap)
+    # Held, it counts as allocated and used: no waste is invented for it.
+    assert measure(snap.state, snap.usage, WORKLOAD).summary.wasted_gib == before.wasted_gib
+    expired = sources_and_sink()
+    hold_reservations(expired, [body(held(expires=999.0))], 1000.0)
+    assert targets(expired) == free_plan
