@@ -272,9 +272,11 @@ class KubeActions:
 
     # -- reservations ---------------------------------------------------------------------
     def _crd_missing(self, answer: ApiRefusal, doing: str) -> CycleStopped:
-        return CycleStopped(doing, f"HTTP 404: {answer.message} (is the GPUReservation CRD "
-                                   f"installed? manifests/base/crd-gpureservation.yaml)",
-                            status=404)
+        """A 404 from the reservations API: the namespace, or else the CRD, is missing."""
+        fix = (f"create namespace {self.hints_namespace} (the manifests do)"
+               if f'"{self.hints_namespace}" not found' in answer.message else
+               "is the GPUReservation CRD installed? manifests/base/crd-gpureservation.yaml")
+        return CycleStopped(doing, f"HTTP 404: {answer.message} ({fix})", status=404)
 
     def prune_reservations(self, now: float) -> int:
         """Delete the reservations this controller made that have expired (or are unreadable)."""
