@@ -397,7 +397,7 @@ class Watcher(threading.Thread):
         while not self.stop_event.is_set():
             try:
                 for event in watch.stream(call, *args, resource_version=resource_version,
-                                          timeout_seconds=2):
+                                          timeout_seconds=1):
                     obj = event["raw_object"]
                     resource_version = obj["metadata"]["resourceVersion"]
                     handle(event["type"], obj, int(resource_version))
@@ -438,7 +438,7 @@ class Watcher(threading.Thread):
                 for event in watch.stream(self.core.list_namespaced_config_map,
                                           cv.HINTS_NAMESPACE, field_selector=self._selector,
                                           resource_version=resource_version,
-                                          timeout_seconds=2):
+                                          timeout_seconds=1):
                     obj = event["object"]
                     resource_version = obj.metadata.resource_version
                     self._record(obj.data)
