@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from defrag.agent.usage import STALE_AFTER_INTERVALS
+from defrag.rightsizing.recommender import RightsizingConfig
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
 from scheduler.policies import POLICY_NAMES
@@ -67,6 +68,8 @@ class DefragConfig:
     # When not empty, only pods in these namespaces may move.
     namespaces: frozenset[str] = frozenset()
     dry_run: bool = False
+    # The right-sizing recommender, run on the agent's per-pod readings every cycle.
+    rightsizing: RightsizingConfig = field(default_factory=RightsizingConfig)
     # The shared names section (resource, label and annotation names; the hints ConfigMap).
     names: KubeNames = DEFAULT_NAMES
 
@@ -121,4 +124,6 @@ class DefragConfig:
         if self.candidates_per_eviction < 1:
             raise BadInput(f"{self.candidates_per_eviction} must be >= 1",
                            field="--candidates-per-eviction")
+        for name, problem in self.rightsizing.problems():
+            raise BadInput(problem, field=f"--rightsizing-{name.replace('_', '-')}")
         return self
