@@ -401,13 +401,10 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
         the_plan = plan(snapshot, scheduler, target, config)
         actions = WhatIfActions(snapshot, scheduler, cache,
                                 partial(place_pending, snapshot, scheduler, cache, sizing, now),
-                                reserve=reservations, log=SilentLog())
-        committed = actions.hold_all(the_plan)
-        carried = the_plan if committed else replace(the_plan, moves=())
+                                reserving=reservations, log=SilentLog())
         metrics = CycleMetrics(dry_run=True)
         report = Executor(actions, config, metrics, clock=partial(float, now),
-                          log=SilentLog()).run(carried, snapshot, target)
-        actions.release_all()
+                          log=SilentLog()).run(the_plan, snapshot, target)
         placed = place_pending(snapshot, scheduler, cache, sizing, now)
         carried_out = [r.move for r in report.results
                        if r.outcome not in ("refused by PDB", "pod gone")]
@@ -415,7 +412,7 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
         summary = convergence(
             triggered_waste=len(report.latched_after), triggered_blocking=report.blocking_after,
             triggered=report.triggered_after, nodes=result.gpu_nodes,
-            planned=len(carried.moves), evicted=report.evicted,
+            planned=len(the_plan.moves), evicted=report.evicted,
             cooling=the_plan.skipped.get("owner moved within --cooldown-s", 0))
         memory = memory.after_cycle(now, config.cooldown_s, report.moved_owners,
                                     report.latched_after)
@@ -431,7 +428,7 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
             cuts_fragmentation=sum(1 for m in carried_out if "fragmentation" in m.purposes),
             rightsized=sum(1 for m in carried_out if m.new_milli),
             reclaimed_milli=sum(m.gpu_milli - m.new_milli for m in carried_out if m.new_milli),
-            committed=committed, landed_elsewhere=actions.landed_elsewhere,
+            committed=report.committed, landed_elsewhere=actions.landed_elsewhere,
             placed_in_window=actions.placed_in_window, moves=tuple(carried_out),
             admission_skips=dict(sizing.skips)))
     return result

@@ -3,14 +3,16 @@
 The controller's executor runs unchanged (:class:`defrag.controller.executor.Executor`); only
 its writer is swapped, as ``--dry-run`` swaps it. This one adds:
 
-- **Reservations before evictions** (KAI's consolidation rule): before the first eviction,
-  every move's replacement capacity is held on its planned target — the pod the move's
-  replacement will be (:meth:`defrag.controller.planner.Move.replacement`), on the target node
-  and GPUs the planner predicted with the scheduler's policy. A held reservation is a
-  placeholder in the ``ClusterState``, so the scheduler's own ``choose`` counts it as taken for
-  every other pod. The plan is committed only when every reservation fits; otherwise nothing
-  is evicted this cycle. A reservation is released when its replacement binds into it, or when
-  the cycle ends without carrying its move out.
+- **Reservations before evictions** (KAI's consolidation rule), through the executor's own
+  reservation protocol: the executor makes one :class:`~scheduler.kube.reservations.Reservation`
+  per move (``reservation_for``) before the first eviction and commits the plan only if every
+  one is made (``_reserve_all``: a refusal releases the ones made and nothing is evicted). Here
+  ``reserve`` places the reservation's own placeholder (``Reservation.request()``, under its
+  ``key``: the GPU share only, exactly what the extender's ``ReservationBook`` holds) on its
+  node and GPUs in the ``ClusterState``, so the scheduler's ``choose`` counts it as taken for
+  every other pod; it refuses (``CycleStopped``, as a failed creation) when the share no
+  longer fits there. ``release`` takes it out: when its replacement binds into it, or when the
+  cycle ends without carrying its move out.
 - **The scheduler between an eviction and the bind**: once a pod is evicted its capacity is
   free, and the scheduler retries the pending pods before the replacement is bound — the window
   in which, without a reservation, another pod can take the spot (the eviction loop). The
@@ -25,15 +27,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from defrag.controller.executor import DryRunActions, Landing
+from defrag.controller.errors import CycleStopped
+from defrag.controller.executor import DryRunActions, Landing, Reservation
 from defrag.controller.model import PodInfo, Snapshot
-from defrag.controller.planner import Move, Plan
+from defrag.controller.planner import Move
 from scheduler.core.placement import ScoreCache, choose
 from scheduler.core.policy import Policy
 from scheduler.core.state import PlacementError
-from scheduler.core.types import Placement, PodRequest
+from scheduler.core.types import PodRequest
 
-RESERVATION_NAMESPACE = "gpufrag-reservations"
 # Retry the pending pods (the scheduler's queue), returning how many found a node.
 PendingRetry = Callable[[], int]
 
@@ -43,54 +45,44 @@ class WhatIfActions(DryRunActions):
     window between each eviction and its replacement's bind."""
 
     def __init__(self, snapshot: Snapshot, policy: Policy, cache: ScoreCache | None,
-                 retry_pending: PendingRetry, *, reserve: bool = True, log: object = None) -> None:
+                 retry_pending: PendingRetry, *, reserving: bool = True,
+                 log: object = None) -> None:
         super().__init__(log)
         self.snapshot = snapshot
         self.policy = policy
         self.cache = cache
         self.retry_pending = retry_pending
-        self.reserve = reserve
-        self.held: dict[str, Placement] = {}  # owner UID -> the placeholder on its target
+        self.reserving = reserving
+        self.held: dict[str, Reservation] = {}  # name -> the reservation placed in the state
+        self.reserved = 0  # reservations made this cycle
         self.placed_in_window = 0
         self.landed_elsewhere = 0
-        self.reservations_held = 0
 
-    # -- reservations -------------------------------------------------------------------
-    def hold_all(self, plan: Plan) -> bool:
-        """Hold every move's reservation; all or nothing (False: none is held)."""
-        if not self.reserve:
-            return True
-        state = self.snapshot.state
-        for move in plan.moves:
-            pod = state.pods[move.pod].pod
-            request = move.replacement(pod)
-            placeholder = PodRequest(
-                f"{move.owner_uid or move.pod.replace('/', '.')}", namespace=RESERVATION_NAMESPACE,
-                cpu_milli=request.cpu_milli, memory_mib=request.memory_mib,
-                num_gpu=request.num_gpu, gpu_milli=request.gpu_milli,
-                gpu_spec=request.gpu_spec)
-            try:
-                placement = state.place(placeholder, move.target, move.target_gpus)
-            except PlacementError:
-                self.release_all()
-                return False
-            self.snapshot.usage.add(placement, state.index[move.target], None)
-            self.held[move.owner_uid] = placement
-        self.reservations_held = len(self.held)
-        return True
-
-    def release(self, owner_uid: str) -> None:
-        placement = self.held.pop(owner_uid, None)
-        if placement is None:
+    # -- reservations (the executor's protocol) -----------------------------------------
+    def reserve(self, reservation: Reservation) -> None:
+        if not self.reserving:
             return
         state = self.snapshot.state
+        try:
+            placement = state.place(reservation.request(), reservation.node, reservation.gpus)
+        except (PlacementError, KeyError) as e:
+            raise CycleStopped(
+                f"reserving {reservation.gpu_milli} milli on GPU(s) {list(reservation.gpus)} "
+                f"of {reservation.node} for {reservation.replaces}", str(e)) from None
+        # A held share uses, as far as the waste measure is concerned, all it holds.
+        self.snapshot.usage.add(placement, state.index[reservation.node], None)
+        self.held[reservation.name] = reservation
+        self.reserved += 1
+
+    def release(self, name: str) -> None:
+        reservation = self.held.pop(name, None)
+        if reservation is None:
+            return  # never made, or released already (the live one answers 404: fine too)
+        state = self.snapshot.state
+        placement = state.pods[reservation.key]
         row = state.index[placement.node]
         self.snapshot.usage.move(placement, row, row, ())
-        state.remove_pod(f"{RESERVATION_NAMESPACE}/{placement.pod.name}")
-
-    def release_all(self) -> None:
-        for owner in list(self.held):
-            self.release(owner)
+        state.remove_pod(reservation.key)
 
     # -- the window between the eviction and the bind ----------------------------------
     def await_replacement(self, pod: PodInfo, move: Move, known_uids: frozenset[str],
@@ -103,7 +95,9 @@ class WhatIfActions(DryRunActions):
         snapshot.usage.move(old, src, src, ())
         state.remove_pod(move.pod)
         self.placed_in_window += self.retry_pending()
-        self.release(move.owner_uid)  # the replacement binds into its reservation, if held
+        # The replacement binds into its reservation, if one is held for it.
+        for name in [n for n, r in self.held.items() if r.replaces == move.pod]:
+            self.release(name)
         request = move.replacement(old.pod)
         landing: Landing | None
         if _fits(snapshot, request, state.index[move.target], move.target_gpus):

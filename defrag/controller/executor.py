@@ -58,7 +58,7 @@ from gpufrag.errors import BadInput
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.kube import reservations as rsv
 from scheduler.kube.convert import bound_gpus, owner_uid
-from scheduler.kube.reservations import Reservation
+from scheduler.kube.reservations import Reservation as Reservation
 
 EvictionOutcome = Literal["evicted", "refused", "gone"]
 Entries = dict[str, list[tuple[str, float]]]  # owner UID -> [(node, expires)]
@@ -79,7 +79,8 @@ class Landing:
 
 
 class ClusterActions(Protocol):
-    """The writes (and the one wait) a cycle performs; swapped whole for a dry run."""
+    """The writes (and the one wait) a cycle performs; swapped whole for a dry run (and for
+    the what-if's writer, which imports :class:`Reservation` from here: re-exported)."""
 
     @property
     def dry_run(self) -> bool: ...
@@ -400,6 +401,9 @@ class CycleReport:
     results: list[MoveResult] = field(default_factory=list)
     skipped: list[tuple[Move, str]] = field(default_factory=list)
     error: str | None = None
+    # False when not every move's reservation could be made: the cycle stopped before any
+    # eviction (KAI's consolidation rule).
+    committed: bool = True
     stopped_early: str = ""
     before: Summary | None = None
     after: Summary | None = None
@@ -446,7 +450,11 @@ class Executor:
                 pruned = self.actions.prune_reservations(self.clock())
                 if pruned:
                     self.log.info("expired reservations pruned", count=pruned)
-                held = self._reserve_all(plan, snapshot)
+                try:
+                    held = self._reserve_all(plan, snapshot)
+                except CycleStopped:
+                    report.committed = False
+                    raise
             for i, move in enumerate(plan.moves):
                 measurement = measure(state, snapshot.usage, workload)
                 triggers = find_triggers(state, measurement, snapshot.pending,

@@ -47,11 +47,15 @@ from defrag.controller.config import DefragConfig
 from defrag.controller.measure import Summary, measure
 from defrag.controller.model import MOVABLE_OWNERS, NodeConstraints, Pdb, PodInfo, Snapshot
 from defrag.controller.trigger import Triggers, find_triggers
+from gpufrag.conventions import RESERVATION_PLACEMENT_NAMESPACE
 from scheduler.core.fragmentation import TargetWorkload, fragmentation_of, node_fragmentation
 from scheduler.core.placement import ScoreCache, choose
 from scheduler.core.policy import Policy
 from scheduler.core.state import BoolArray, IntArray
 from scheduler.core.types import MILLI_PER_GPU, Placement, PodRequest
+
+# The keys of the shares GPU reservations hold (hold_reservations puts them in the state).
+HELD_SHARE_PREFIX = f"{RESERVATION_PLACEMENT_NAMESPACE}/"
 
 # A fragmentation change smaller than this (milli-GPU) is rounding, not an improvement.
 FRAG_EPSILON_MILLI = 1.0
@@ -262,6 +266,8 @@ class _Planner:
         out: list[_Candidate] = []
         for row in self.triggers.rows:
             for key in state.pods_on_node[row]:
+                if key.startswith(HELD_SHARE_PREFIX):
+                    continue  # a reservation's held share: capacity, not a pod to move
                 info = pods.get(key)
                 reason = "unknown pod" if info is None else movability(info, config)
                 if reason is None and info is not None and info.owner_uid in self.snapshot.cooling:

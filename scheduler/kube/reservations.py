@@ -47,6 +47,7 @@ from typing import Any, Protocol
 import kubernetes
 import structlog
 
+from gpufrag.conventions import RESERVATION_PLACEMENT_NAMESPACE
 from gpufrag.errors import BadInput
 from scheduler.core.state import ClusterState
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, PodRequest
@@ -57,9 +58,8 @@ VERSION = "v1alpha1"
 KIND = "GPUReservation"
 PLURAL = "gpureservations"
 API_VERSION = f"{GROUP}/{VERSION}"
-# The namespace of a reservation's placement in ClusterState: ':' is not allowed in a namespace
-# name, so no pod key can collide with it.
-PLACEMENT_NAMESPACE = "<reservation>"
+# The namespace of a reservation's placement in ClusterState (no pod key can collide with it).
+PLACEMENT_NAMESPACE = RESERVATION_PLACEMENT_NAMESPACE
 MAX_EXISTING_PODS = 10_000
 # The label the defrag controller lists (and prunes) its reservations by.
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"

@@ -153,7 +153,7 @@ def test_every_move_writes_a_hint_evicts_and_removes_the_hint() -> None:
     assert actions.reservations == {}  # every reservation released once its pod was bound
     assert all(not v for v in actions.hints.values())  # every hint removed once bound
     # The hint expires hint_ttl_s after "now".
-    assert report.error is None
+    assert report.error is None and report.committed
 
 
 def test_a_refused_eviction_is_skipped_and_the_cycle_goes_on() -> None:
@@ -250,7 +250,7 @@ def test_a_plan_that_cannot_reserve_every_move_evicts_nothing_and_rolls_back() -
     assert actions.reservations == {}
     assert [c for c in actions.calls if c[0] == "release"] == [
         ("release", "p0-nsp0"), ("release", "p1-nsp1")]
-    assert report.results == [] and report.error is not None
+    assert report.results == [] and report.error is not None and not report.committed
     assert "nothing was evicted; 2 reservation(s) rolled back" in report.error
     assert metrics.counts["reservations rolled_back"] == 2
     assert {snap.state.pods[f"ns/p{i}"].node for i in range(3)} == {"s0", "s1", "s2"}
@@ -290,3 +290,14 @@ def test_a_share_an_earlier_cycle_still_holds_is_not_planned_into() -> None:
     expired = sources_and_sink()
     hold_reservations(expired, [body(held(expires=999.0))], 1000.0)
     assert targets(expired) == free_plan
+
+
+def test_a_share_held_on_a_triggered_node_is_not_counted_as_an_unknown_pod() -> None:
+    snap = sources_and_sink()
+    held = Reservation(name="left", node="s0", gpus=(0,), gpu_milli=300,
+                       owner_uid="earlier-owner", expires=2000.0)
+    assert hold_reservations(snap, [body(held)], 1000.0) == []
+    assert held.key in snap.state.pods_on_node[snap.state.index["s0"]]
+    the_plan = make(snap)
+    assert "s0" in the_plan.triggered  # its pods are candidates; the held share is not one
+    assert "unknown pod" not in the_plan.skipped
