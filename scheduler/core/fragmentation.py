@@ -141,6 +141,48 @@ def fragmentation_of(free: IntArray, cpu_left: IntArray, product: IntArray,
     return frag
 
 
+def fragmentation_in_spec_order(free: IntArray, cpu_left: IntArray, product: IntArray,
+                                workload: TargetWorkload, allowed: BoolArray) -> FloatArray:
+    """F for arbitrary rows, summed in the FGD authors' simulator's floating-point order.
+
+    The same quantity as :func:`fragmentation_of`, but rounded the way KSS rounds it: spec by
+    spec, in the workload's order, each node's free share is split into seven categories (lack
+    both, lack GPU, satisfied, lack CPU, CPU-only satisfied, CPU-only lacking CPU, no access),
+    ``p_m x milli`` added to its category's running sum, and F is the sum of the categories
+    but "satisfied", in that order. Rounding differs from the fast form by a few ulps, which
+    flips a truncated score now and then (49 against 50); the KSS-compatible replay needs the
+    same bits. ``cumsum`` is a strictly sequential sum, so the per-category order is Go's.
+    """
+    total = free.sum(axis=1)
+    totalf = total.astype(np.float64)
+    milli = workload.gpu_milli
+    fits = free[:, None, :] >= milli[None, :, None]  # rows x M x GPUs
+    fit_count = fits.sum(axis=2)
+    frag_milli = total[:, None] - (fits * free[:, None, :]).sum(axis=2)  # free on GPUs too small
+    cpu_ok = cpu_left[:, None] >= workload.cpu_milli[None, :]
+    access = allowed[:, product].T if workload._constrained else np.ones_like(cpu_ok)
+    cpu_only = (milli == 0)[None, :]
+    host = fit_count >= workload.num_gpu[None, :]
+    p = workload.popularity[None, :]
+    whole = p * totalf[:, None]
+    gpu = ~cpu_only & access
+
+    def summed(mask: BoolArray, amount: FloatArray) -> FloatArray:
+        out: FloatArray = np.where(mask, amount, 0.0).cumsum(axis=1)[:, -1]
+        return out
+
+    lack_both = summed(gpu & ~host & ~cpu_ok, whole)
+    # A category's running sum takes the spec's amount whichever of the two shapes it has;
+    # lack GPU gathers the unusable share of satisfied specs and all of it for unhostable ones.
+    lack_gpu = summed(gpu & cpu_ok, np.where(host, p * frag_milli, whole))
+    lack_cpu = summed(gpu & host & ~cpu_ok, whole)
+    cpu_fits = summed(cpu_only & cpu_ok, whole)
+    cpu_lacks = summed(cpu_only & ~cpu_ok, whole)
+    no_access = summed(~cpu_only & ~access, whole)
+    frag: FloatArray = lack_both + lack_gpu + lack_cpu + cpu_fits + cpu_lacks + no_access
+    return frag
+
+
 def node_fragmentation(state: ClusterState, workload: TargetWorkload,
                        rows: IntArray | None = None) -> FloatArray:
     """F(n) in milli-GPU for each row (all rows in use when ``rows`` is None)."""
