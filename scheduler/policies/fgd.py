@@ -10,21 +10,16 @@ Within a node, a share goes on one GPU. By default it is the GPU with the smalle
 (lowest index on ties): the truncated score cannot tell apart GPUs whose ΔF differ by less than
 a score step, and the exact value is the one FGD means to minimise. With ``kss_compat`` the
 policy reproduces the FGD authors' simulator bit for bit instead: the first GPU with the highest
-integer score, F summed in that simulator's order
-(:func:`~scheduler.core.fragmentation.fragmentation_in_spec_order`) and its sigmoid
-``1 / (1 + exp(-x))``. The two rules move the 10-seed mean allocation by under 0.1 pp.
+integer score and its sigmoid ``1 / (1 + exp(-x))`` (F is summed in that simulator's order in
+both modes, see :func:`~scheduler.core.fragmentation.fragmentation_in_spec_order`). The two
+rules move the 10-seed mean allocation by under 0.1 pp.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from scheduler.core.fragmentation import (
-    FloatArray,
-    TargetWorkload,
-    fragmentation_in_spec_order,
-    fragmentation_of,
-)
+from scheduler.core.fragmentation import FloatArray, TargetWorkload, fragmentation_of
 from scheduler.core.gpus import NO_GPU
 from scheduler.core.policy import Scores
 from scheduler.core.state import ClusterState, IntArray
@@ -51,7 +46,7 @@ class FgdPolicy:
     def __init__(self, workload: TargetWorkload, *, kss_compat: bool = False) -> None:
         self.workload = workload
         self.kss_compat = kss_compat
-        self._frag = fragmentation_in_spec_order if kss_compat else fragmentation_of
+        self._frag = fragmentation_of
 
     def _candidates(self, state: ClusterState, pod: PodRequest,
                     rows: IntArray) -> tuple[FloatArray, FloatArray]:
