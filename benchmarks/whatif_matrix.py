@@ -17,6 +17,7 @@ such: the mean measured replay stands in for each one not run.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -48,12 +49,14 @@ def _load(data: str, trace: str) -> tuple[list[NodeSpec], list[PodRequest], Targ
     return _loaded[trace]
 
 
-def _replay(data: str, trace: str, policy: str, seed: int) -> tuple[str, str, int, float, float]:
-    """One replay in a worker (traces loaded once per worker); its wall seconds and result."""
+def _replay(data: str, trace: str, policy: str,
+            seed: int) -> tuple[str, str, int, float, float, float]:
+    """One replay in a worker (traces loaded once per worker): its wall and CPU seconds and
+    its allocation at 130%."""
     nodes, pods, target = _load(data, trace)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     record = run_one(trace, nodes, pods, policy, seed, 1.3, target)
-    return (trace, policy, seed, time.perf_counter() - started,
+    return (trace, policy, seed, time.perf_counter() - started, time.process_time() - cpu,
             float(record.series("allocation", 131)[130]))
 
 
@@ -87,12 +90,14 @@ def main() -> int:
         for fut in as_completed(futures):
             results.append(fut.result())
     wall = time.perf_counter() - started
-    per_replay = {t: [r[3] for r in results if r[0] == t] for t in present}
+    cpu_total = sum(r[4] for r in results)
     print(f"\nmeasured: {len(runs)} replays in {wall:.1f} s wall on {args.jobs} processes "
-          f"({wall / len(runs):.3f} s of wall per replay)")
-    for trace, seconds in per_replay.items():
-        print(f"  {trace:<12} {len(seconds):>4} replays, {sum(seconds) / len(seconds):.2f} s each "
-              "(in-worker wall, load excluded)")
+          f"({wall / len(runs):.3f} s of wall per replay), {cpu_total:.1f} s of CPU in all; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end")
+    for trace in present:
+        mine = [r for r in results if r[0] == trace]
+        print(f"  {trace:<12} {len(mine):>4} replays: {sum(r[3] for r in mine) / len(mine):.2f} s "
+              f"wall, {sum(r[4] for r in mine) / len(mine):.2f} s CPU each (load excluded)")
     if len(runs) == FULL:
         print(f"the whole matrix ({FULL} replays): {wall:.1f} s wall (target: <= 900 s)")
     else:
@@ -100,6 +105,8 @@ def main() -> int:
         print(f"EXTRAPOLATED whole matrix ({FULL} replays = {len(PAPER_TRACES)} traces x "
               f"{len(POLICY_NAMES)} policies x {PAPER_SEEDS} seeds) from these {len(runs)}: "
               f"~{estimate:.0f} s wall on {args.jobs} processes (target: <= 900 s)")
+        print(f"  CPU-bound estimate on {args.jobs} otherwise idle cores: "
+              f"~{cpu_total * FULL / len(runs) / args.jobs:.0f} s (the measured CPU per replay)")
         if absent:
             print(f"  not under {args.data}, so not measured: {', '.join(absent)}")
     return 0

@@ -27,7 +27,7 @@ from scheduler.policies import POLICY_NAMES
 from simulations import defrag_whatif, genai, report, sweep, timeline
 from simulations.events import EventConfig
 from simulations.kss import kss_target, kss_workload
-from simulations.openb import load_nodes, load_pods
+from simulations.openb import gpu_spec_texts, load_nodes, load_pods
 from simulations.replay import replay
 from simulations.synthetic import synthetic_nodes, synthetic_pods
 from simulations.workload import MAX_ARRIVALS, expected_arrivals, tune_workload
@@ -168,8 +168,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise BadInput(f"reaching --tune {args.tune} x capacity needs about {arrivals} pods "
                            f"(limit {MAX_ARRIVALS}): the GPU pods ask for too little; lower "
                            "--tune or check gpu_milli", source=str(args.pods or "synthetic"))
-        target = (kss_target(pods, threshold_pct=round(args.coverage * 100)) if args.kss_compat
-                  else TargetWorkload.from_pods(pods, coverage=args.coverage))
+        if args.kss_compat:
+            texts = gpu_spec_texts(args.pods) if args.pods is not None else {}
+            target = kss_target(pods, threshold_pct=round(args.coverage * 100), spec_texts=texts)
+        else:
+            target = TargetWorkload.from_pods(pods, coverage=args.coverage)
     except BadInput as exc:
         print(f"gpufrag whatif: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

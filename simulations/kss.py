@@ -22,6 +22,9 @@ Its FGD target workload (``typicalPodsConfig``): pod specs (CPU, per-GPU share, 
 type) of the trace, CPU-only pods included, counted, ordered by count and then by the spec
 itself (both descending), kept until they cover 95% of pods (one spec at a time), each
 popularity ``(count / total) / (covered / total)`` in float64 exactly as KSS computes it.
+KSS keys a spec's GPU models by the trace's text (``V100M16|V100M32`` and
+``V100M16|V100M32|V100M32`` are two specs in openb's gpuspec33), so :func:`kss_target` takes
+those texts (:func:`simulations.openb.gpu_spec_texts`) where gpufrag's own pods hold sets.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,10 +104,13 @@ def kss_workload(nodes: list[NodeSpec], pods: list[PodRequest], tune: float,
 
 
 def kss_target(pods: list[PodRequest], threshold_pct: int = POPULARITY_THRESHOLD_PCT,
-               step: int = INCREASE_STEP) -> TargetWorkload:
-    """KSS's typical pods of ``pods`` (the trace before tuning), in KSS's order and floats."""
-    counts = Counter((max(p.cpu_milli, DEFAULT_MILLI_CPU) if p.cpu_milli == 0 else p.cpu_milli,
-                      p.gpu_milli, p.num_gpu, _spec_type(p)) for p in pods)
+               step: int = INCREASE_STEP,
+               spec_texts: Mapping[str, str] | None = None) -> TargetWorkload:
+    """KSS's typical pods of ``pods`` (the trace before tuning), in KSS's order and floats;
+    ``spec_texts`` (pod name -> the trace's ``gpu_spec`` text) keys GPU models as KSS does."""
+    texts = spec_texts or {}
+    counts = Counter((p.cpu_milli or DEFAULT_MILLI_CPU, p.gpu_milli, p.num_gpu,
+                      texts.get(p.name, _spec_type(p)) if p.gpu_spec else "") for p in pods)
     if not counts:
         raise ValueError("kss_target needs at least one pod")
     # Descending by count, then by (cpu, milli, GPU count, GPU type) descending: KSS sorts
@@ -129,7 +136,7 @@ def kss_target(pods: list[PodRequest], threshold_pct: int = POPULARITY_THRESHOLD
         cpu_milli=np.array([c for c, _, _, _ in chosen], np.int64),
         num_gpu=np.array([n for _, _, n, _ in chosen], np.int64),
         gpu_milli=np.array([m for _, m, _, _ in chosen], np.int64),
-        gpu_spec=tuple(frozenset(t.split("|")) if t else frozenset() for _, _, _, t in chosen),
+        gpu_spec=tuple(frozenset(s for s in t.split("|") if s) for _, _, _, t in chosen),
         popularity=np.array(share, np.float64),
     )
 

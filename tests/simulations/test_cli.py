@@ -96,3 +96,17 @@ def test_resampled_names_never_clash_with_trace_names(tmp_path: Path) -> None:
     code = main(["whatif", "--nodes", str(tmp_path / "n.csv"), "--pods", str(tmp_path / "p.csv"),
                  "--out", str(tmp_path / "o"), "--no-plots", "--jobs", "1", "--policies", "fgd"])
     assert code == 0
+
+
+def test_kss_compat_is_seeded_and_recorded(tmp_path: Path) -> None:
+    args = ["whatif", "--synthetic-nodes", "20", "--seeds", "3", "--jobs", "1", "--no-plots",
+            "--policies", "fgd,bestfit", "--kss-compat"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    first = json.loads((tmp_path / "a" / "summary.json").read_text())
+    second = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert first["kss_compat"] is True
+    assert [p["allocation_at_end"] for p in first["policies"]] == [
+        p["allocation_at_end"] for p in second["policies"]]
+    assert (tmp_path / "a" / "allocation.csv").read_text() == (
+        tmp_path / "b" / "allocation.csv").read_text()

@@ -79,6 +79,16 @@ def test_typical_pods_follow_the_reference_order_and_threshold() -> None:
     assert kss_target(pods, threshold_pct=100).cpu_milli.tolist() == [1000, 3000, 2000, 500]
 
 
+def test_gpu_model_texts_key_specs_as_the_reference_does() -> None:
+    pods = ([pod(f"a{i}", gpu_spec=frozenset({"A", "B"})) for i in range(3)]
+            + [pod(f"b{i}", gpu_spec=frozenset({"A", "B"})) for i in range(2)])
+    texts = {**{f"a{i}": "A|B" for i in range(3)}, **{f"b{i}": "A|B|B" for i in range(2)}}
+    assert kss_target(pods, threshold_pct=100).popularity.tolist() == [1.0]
+    split = kss_target(pods, threshold_pct=100, spec_texts=texts)
+    assert split.popularity.tolist() == [0.6, 0.4]
+    assert split.gpu_spec == (frozenset({"A", "B"}), frozenset({"A", "B"}))
+
+
 def test_spec_order_fragmentation_is_the_definition() -> None:
     # F = free - sum_m p_m [m runs] (free on GPUs that fit m), computed naively per row.
     rng = np.random.default_rng(3)
