@@ -12,7 +12,7 @@ from tests.builders import workload
 
 
 @pytest.mark.skipif(fragkernel.compiled() is None,
-                    reason="the compiled kernel is off: numba is not installed or GPUFRAG_NO_JIT is set")
+                    reason="the compiled kernel is off: no numba, or GPUFRAG_NO_JIT is set")
 @pytest.mark.parametrize("seed", range(5))
 def test_kernel_is_bit_equal_to_the_numpy_form(seed: int) -> None:
     rng = np.random.default_rng(seed)
