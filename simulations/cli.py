@@ -168,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise BadInput(f"reaching --tune {args.tune} x capacity needs about {arrivals} pods "
                            f"(limit {MAX_ARRIVALS}): the GPU pods ask for too little; lower "
                            "--tune or check gpu_milli", source=str(args.pods or "synthetic"))
+        if args.kss_compat and not any(p.gpu_demand_milli for p in pods):
+            raise BadInput("--kss-compat tunes by GPU demand, and no pod asks for a GPU",
+                           source=str(args.pods or "synthetic"))
         if args.kss_compat:
             texts = gpu_spec_texts(args.pods) if args.pods is not None else {}
             target = kss_target(pods, threshold_pct=round(args.coverage * 100), spec_texts=texts)

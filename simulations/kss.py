@@ -43,6 +43,7 @@ from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.state import IntArray
 from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
 from simulations.gorand import GoRand
+from simulations.workload import MAX_ARRIVALS
 
 POPULARITY_THRESHOLD_PCT = 95
 INCREASE_STEP = 1
@@ -66,7 +67,13 @@ def _spec_type(pod: PodRequest) -> str:
 
 def kss_workload(nodes: list[NodeSpec], pods: list[PodRequest], tune: float,
                  seed: int) -> KssWorkload:
-    """What KSS replays for ``seed``: see the module docstring for the draws, in order."""
+    """What KSS replays for ``seed``: see the module docstring for the draws, in order.
+
+    Like KSS (which panics), a trace without GPU demand cannot be tuned: ``ValueError``; so is
+    one that would need more than ``MAX_ARRIVALS`` pods (callers check
+    :func:`simulations.workload.expected_arrivals` first)."""
+    if tune > 0 and not any(p.gpu_demand_milli for p in pods):
+        raise ValueError("KSS-compatible tuning needs pods that ask for GPUs")
     rng = GoRand(seed)
     rng.go_int()
     by_name = sorted(pods, key=lambda p: p.name)
@@ -88,6 +95,8 @@ def kss_workload(nodes: list[NodeSpec], pods: list[PodRequest], tune: float,
             src = by_name[rng.intn(len(by_name))]
             if float(demand + src.gpu_milli) > target:
                 break
+            if len(arrivals) >= MAX_ARRIVALS:
+                raise ValueError(f"more than {MAX_ARRIVALS} arrivals needed to reach tune {tune}")
             demand += src.gpu_demand_milli
             arrivals.append(dataclasses.replace(src, name=f"{src.name}-tuned-{k}"))
             k += 1

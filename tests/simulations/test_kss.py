@@ -66,6 +66,11 @@ def test_tuning_appends_clones_and_stops_under_the_target() -> None:
     assert sum(p.gpu_demand_milli for p in trimmed) <= 0.4 * 8000
 
 
+def test_a_trace_without_gpu_demand_is_refused() -> None:
+    with pytest.raises(ValueError, match="pods that ask for GPUs"):
+        kss_workload([node("n0")], [pod("c", num_gpu=0, gpu_milli=0)], 1.3, 42)
+
+
 def test_typical_pods_follow_the_reference_order_and_threshold() -> None:
     pods = ([pod(f"a{i}", cpu_milli=1000, gpu_milli=500) for i in range(50)]
             + [pod(f"b{i}", cpu_milli=2000, gpu_milli=1000) for i in range(30)]
