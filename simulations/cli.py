@@ -26,7 +26,8 @@ from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.policies import POLICY_NAMES
 from simulations import defrag_whatif, genai, report, sweep, timeline
 from simulations.events import EventConfig
-from simulations.openb import load_nodes, load_pods
+from simulations.kss import kss_target, kss_workload
+from simulations.openb import gpu_spec_texts, load_nodes, load_pods
 from simulations.replay import replay
 from simulations.synthetic import synthetic_nodes, synthetic_pods
 from simulations.workload import MAX_ARRIVALS, expected_arrivals, tune_workload
@@ -89,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--coverage", type=float, default=0.95,
                    help="FGD target workload: most popular specs covering this share of pods")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--kss-compat", action="store_true",
+                   help="replay exactly as the FGD authors' simulator (KSS) does for the same "
+                   "seed: its arrival order, tuned pods, node tie order, target workload and "
+                   "scoring rules (docs/whatif.md)")
     p.add_argument("--defrag", action="store_true",
                    help="run the defrag what-if instead (gpufrag whatif --defrag --help)")
     return p
@@ -121,9 +126,16 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def run_one(workload: str, nodes: list[NodeSpec], pods: list[PodRequest], policy: str, seed: int,
-            tune: float, target: TargetWorkload) -> report.RunRecord:
-    """One replay; a top-level function so worker processes can run it."""
+            tune: float, target: TargetWorkload, kss_compat: bool = False) -> report.RunRecord:
+    """One replay; a top-level function so worker processes can run it. With ``kss_compat``
+    the arrivals and tie order are the reference simulator's for ``seed``
+    (:mod:`simulations.kss`) and ``target`` should be :func:`~simulations.kss.kss_target`'s."""
     start = time.perf_counter()
+    if kss_compat:
+        kss = kss_workload(nodes, pods, tune, seed)
+        result = replay(nodes, kss.arrivals, policy, seed, target, tie_rank=kss.tie_rank,
+                        kss_compat=True)
+        return report.RunRecord(workload, tune, result, time.perf_counter() - start)
     capacity = sum(n.gpu_count for n in nodes) * MILLI_PER_GPU
     arrivals = tune_workload(pods, capacity, tune, seed)
     result = replay(nodes, arrivals, policy, seed, target)
@@ -156,7 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise BadInput(f"reaching --tune {args.tune} x capacity needs about {arrivals} pods "
                            f"(limit {MAX_ARRIVALS}): the GPU pods ask for too little; lower "
                            "--tune or check gpu_milli", source=str(args.pods or "synthetic"))
-        target = TargetWorkload.from_pods(pods, coverage=args.coverage)
+        if args.kss_compat and not any(p.gpu_demand_milli for p in pods):
+            raise BadInput("--kss-compat tunes by GPU demand, and no pod asks for a GPU",
+                           source=str(args.pods or "synthetic"))
+        if args.kss_compat:
+            texts = gpu_spec_texts(args.pods) if args.pods is not None else {}
+            target = kss_target(pods, threshold_pct=round(args.coverage * 100), spec_texts=texts)
+        else:
+            target = TargetWorkload.from_pods(pods, coverage=args.coverage)
     except BadInput as exc:
         print(f"gpufrag whatif: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -172,12 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     records: list[report.RunRecord] = []
     if args.jobs == 1 or len(runs) == 1:
         for i, (policy, seed) in enumerate(runs, 1):
-            records.append(run_one(workload, nodes, pods, policy, seed, args.tune, target))
+            records.append(run_one(workload, nodes, pods, policy, seed, args.tune, target,
+                                   args.kss_compat))
             _progress(i, len(runs), records[-1])
     else:
         with ProcessPoolExecutor(max_workers=min(args.jobs, len(runs))) as pool:
-            futures = [pool.submit(run_one, workload, nodes, pods, p, s, args.tune, target)
-                       for p, s in runs]
+            futures = [pool.submit(run_one, workload, nodes, pods, p, s, args.tune, target,
+                                   args.kss_compat) for p, s in runs]
             for i, fut in enumerate(as_completed(futures), 1):
                 records.append(fut.result())
                 _progress(i, len(runs), records[-1])
@@ -188,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.write_csvs(records, args.out, columns)
         report.write_summary(summaries, args.out, {
             "workload": workload, "nodes": len(nodes), "trace_pods": len(pods),
-            "tune": args.tune, "seeds": args.seeds,
+            "tune": args.tune, "seeds": args.seeds, "kss_compat": args.kss_compat,
             "wall_seconds": round(time.perf_counter() - started, 2),
         })
         if not args.no_plots:

@@ -283,3 +283,16 @@ def load_pods(path: str | Path, known_products: set[str] | None = None) -> list[
     if not pods:
         raise BadInput("no pods (header only)", source=source, row=2)
     return pods
+
+
+def gpu_spec_texts(path: str | Path) -> dict[str, str]:
+    """Each GPU pod's ``gpu_spec`` as the file writes it (``V100M16|V100M32|V100M32``), by pod
+    name: the KSS-compatible target workload keys specs by this text, as the authors'
+    simulator does, where :func:`load_pods` keeps the set. Read after :func:`load_pods` has
+    validated the file."""
+    texts: dict[str, str] = {}
+    for number, row in read_rows(Path(path), POD_COLUMNS):
+        text = (row.get("gpu_spec") or "").strip()
+        if text and row["num_gpu"].strip() not in ("0", "0.0"):
+            texts[row["name"].strip() or f"pod-{number}"] = text
+    return texts

@@ -50,12 +50,18 @@ def tie_order(node_count: int, seed: int) -> npt.NDArray[np.int64]:
 
 
 def replay(nodes: list[NodeSpec], pods: list[PodRequest], policy_name: str, seed: int,
-           target: TargetWorkload, state: ClusterState | None = None) -> ReplayResult:
-    """Place ``pods`` in order on ``nodes`` (or on a given, possibly pre-loaded ``state``)."""
+           target: TargetWorkload, state: ClusterState | None = None, *,
+           tie_rank: npt.NDArray[np.int64] | None = None, kss_compat: bool = False,
+           decisions: list[str] | None = None) -> ReplayResult:
+    """Place ``pods`` in order on ``nodes`` (or on a given, possibly pre-loaded ``state``).
+
+    ``tie_rank`` replaces the seed's tie order (the KSS-compatible replay passes KSS's);
+    ``kss_compat`` builds the policy with the reference simulator's rules; ``decisions``, when
+    given, receives each pod's node name ("" when it failed), in order."""
     if state is None:
         state = ClusterState(nodes)
-    state.set_tie_order(tie_order(state.size, seed))
-    policy = make_policy(policy_name, workload=target, seed=seed)
+    state.set_tie_order(tie_order(state.size, seed) if tie_rank is None else tie_rank)
+    policy = make_policy(policy_name, workload=target, seed=seed, kss_compat=kss_compat)
     cache = ScoreCache(policy) if policy.node_local else None
     rows = state.active_rows()
     capacity = state.total_gpu_milli
@@ -72,6 +78,8 @@ def replay(nodes: list[NodeSpec], pods: list[PodRequest], policy_name: str, seed
     for i, pod in enumerate(pods):
         arrived_milli += pod.gpu_demand_milli
         decision = choose(state, policy, pod, rows, cache)
+        if decisions is not None:
+            decisions.append("" if decision is None else decision.node)
         if decision is None:
             failed += 1
             failed_milli += pod.gpu_demand_milli

@@ -96,3 +96,27 @@ def test_resampled_names_never_clash_with_trace_names(tmp_path: Path) -> None:
     code = main(["whatif", "--nodes", str(tmp_path / "n.csv"), "--pods", str(tmp_path / "p.csv"),
                  "--out", str(tmp_path / "o"), "--no-plots", "--jobs", "1", "--policies", "fgd"])
     assert code == 0
+
+
+def test_kss_compat_is_seeded_and_recorded(tmp_path: Path) -> None:
+    args = ["whatif", "--synthetic-nodes", "20", "--seeds", "3", "--jobs", "1", "--no-plots",
+            "--policies", "fgd,bestfit", "--kss-compat"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 0
+    assert main([*args, "--out", str(tmp_path / "b")]) == 0
+    first = json.loads((tmp_path / "a" / "summary.json").read_text())
+    second = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert first["kss_compat"] is True
+    assert [p["allocation_at_end"] for p in first["policies"]] == [
+        p["allocation_at_end"] for p in second["policies"]]
+    assert (tmp_path / "a" / "allocation.csv").read_text() == (
+        tmp_path / "b" / "allocation.csv").read_text()
+
+
+def test_kss_compat_without_gpu_pods_is_bad_input(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "n.csv").write_text(NODES)
+    (tmp_path / "p.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\nc,500,100,0,0\n")
+    code = main(["whatif", "--nodes", str(tmp_path / "n.csv"), "--pods", str(tmp_path / "p.csv"),
+                 "--out", str(tmp_path / "o"), "--no-plots", "--jobs", "1", "--kss-compat"])
+    assert code == 2
+    assert "no pod asks for a GPU" in capsys.readouterr().err
