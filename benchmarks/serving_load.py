@@ -83,7 +83,11 @@ class _Connection(asyncio.Protocol):
                 head = bytes(buffer[:end]).lower()
                 self._status = int(head[9:12])
                 at = head.find(b"\r\ncontent-length:")
-                length = int(head[at + 17:head.find(b"\r\n", at + 2)]) if at >= 0 else 0
+                if at >= 0:
+                    stop = head.find(b"\r\n", at + 2)
+                    length = int(head[at + 17:stop if stop >= 0 else len(head)])
+                else:
+                    length = 0
                 self._close_after = b"\r\nconnection: close" in head
                 self._need = end + 4 + length
             if len(buffer) < self._need:
