@@ -202,12 +202,20 @@ class CpuMeter:
                    client / wall if wall > 0 else math.nan)
 
 
-def closed_loop(server: Server, payload: bytes, *, concurrency: int,
-                seconds: float) -> tuple[float, Cpu, ServerStats]:
-    """Requests per second with ``concurrency`` requests always outstanding (one per
-    keep-alive connection); the CPU it took, and what the server's histograms gained."""
+@dataclass(frozen=True)
+class Saturation:
+    rate: float  # completed requests per second
+    cpu: Cpu
+    model_busy: float  # backend compute time over the phase's wall time
 
-    async def phase() -> tuple[float, Cpu, ServerStats]:
+
+def closed_loop(server: Server, payload: bytes, *, concurrency: int,
+                seconds: float) -> Saturation:
+    """Requests per second with ``concurrency`` requests always outstanding (one per
+    keep-alive connection); the CPU it took, and the share of it the model computed (from
+    the server's histogram, batches finished within the phase)."""
+
+    async def phase() -> Saturation:
         generator = LoadGenerator("127.0.0.1", server.port, payload)
         try:
             await generator.closed_loop(min(concurrency, 8), 0.3)  # connections, model warm
@@ -218,7 +226,8 @@ def closed_loop(server: Server, payload: bytes, *, concurrency: int,
             elapsed = time.perf_counter() - started
             done = sum(1 for o in outcomes if o.status == 200)
             cpu = meter.per_request(done)
-            return done / elapsed, cpu, stats_between(before, scrape(server.url))
+            stats = stats_between(before, scrape(server.url))
+            return Saturation(done / elapsed, cpu, stats.compute_s / elapsed)
         finally:
             generator.close()
 
@@ -338,12 +347,11 @@ def measure_size(model: str, name: str, path: Path, cache: Path, image_size: int
         phase_s = args.seconds / 3
         for _ in range(3):
             for variant in variants:
-                rate, cpu, stats = closed_loop(servers[variant.event_loop],
-                                               payloads[variant.protocol],
-                                               concurrency=concurrency, seconds=phase_s)
-                result.runs[variant].append(rate)
-                result.cpu[variant].append(cpu)
-                result.busy[variant].append(stats.compute_s / phase_s)
+                run = closed_loop(servers[variant.event_loop], payloads[variant.protocol],
+                                  concurrency=concurrency, seconds=phase_s)
+                result.runs[variant].append(run.rate)
+                result.cpu[variant].append(run.cpu)
+                result.busy[variant].append(run.model_busy)
         result.rate = 0.7 * result.saturation(primary)
         outcomes, result.sent, stats, _ = open_loop(
             servers[primary.event_loop], payloads[primary.protocol], rate=result.rate,
