@@ -30,3 +30,15 @@ def cpu_seconds(pid: int, *, descendants: bool = False) -> float:
             spent = cpu_seconds(child, descendants=True)
             total += 0.0 if math.isnan(spent) else spent
     return total
+
+
+def thread_cpu_seconds(pid: int, tid: int) -> float:
+    """User + system CPU of one thread ``tid`` of process ``pid`` (NaN when unreadable): how
+    the serving benchmark tells the event loop's CPU (the main thread, ``tid == pid``) from the
+    model's compute threads."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return math.nan
+    return (int(fields[11]) + int(fields[12])) / _TICKS

@@ -44,29 +44,35 @@ import asyncio
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
-import aiohttp
 import numpy as np
 
-from benchmarks.procstat import cpu_seconds
+from benchmarks.procstat import cpu_seconds, thread_cpu_seconds
+from benchmarks.serving_ipc import handoff_cost
+from benchmarks.serving_load import LoadGenerator, Outcome, new_event_loop, raw_request
 from serving.backends.onnx_runtime import OnnxRuntimeBackend
 from serving.client import EncodedRequest, encode_inputs
 from serving.models import materialize, model_name
+
+T = TypeVar("T")
 
 
 @dataclass
 class Server:
     process: subprocess.Popen[str]
     url: str
+    port: int
+    event_loop: str
     log_tail: list[str] = field(default_factory=list)
 
     def stop(self) -> None:
@@ -79,13 +85,19 @@ class Server:
 
 
 def start_server(model: str, cache: Path, *, max_batch: int, delay_ms: float,
-                 queue_size: int, timeout_ms: float) -> Server:
+                 queue_size: int, timeout_ms: float, event_loop: str = "uvloop") -> Server:
     env = {**os.environ, "GPUFRAG_CACHE_DIR": str(cache), "GPUFRAG_LOG_FORMAT": "json"}
     command = [sys.executable, "-m", "gpufrag.cli", "serve", "--model", model,
                "--host", "127.0.0.1", "--port", "0", "--max-batch-size", str(max_batch),
                "--max-queue-delay-ms", str(delay_ms), "--max-queue-size", str(queue_size),
-               "--default-timeout-ms", str(timeout_ms)]
-    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+               "--default-timeout-ms", str(timeout_ms), "--event-loop", event_loop,
+               "--drain-delay-s", "0"]
+    # Its own session: with the kernel's autogroup scheduling a session's threads share one
+    # fair slice of the CPUs, so in the benchmark's session the server would split one slice
+    # with the load generator while the direct measurement had one to itself. A server pod
+    # gets CPU of its own, apart from its clients; this is the nearest a shared box comes.
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
     assert process.stderr is not None
     port = None
     tail: list[str] = []
@@ -98,7 +110,7 @@ def start_server(model: str, cache: Path, *, max_batch: int, delay_ms: float,
             break
     if port is None or process.poll() is not None:
         raise RuntimeError("server did not start:\n" + "".join(tail[-20:]))
-    server = Server(process, f"http://127.0.0.1:{port}", tail)
+    server = Server(process, f"http://127.0.0.1:{port}", port, event_loop, tail)
 
     def drain() -> None:  # keep reading so the server never blocks on a full pipe
         assert process.stderr is not None
@@ -119,10 +131,10 @@ SCRAPED = ("gpufrag_serving_batch_size_sum", "gpufrag_serving_batch_size_count",
            "gpufrag_serving_compute_duration_seconds_sum")
 
 
-async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+def scrape(url: str) -> dict[str, float]:
     """The server's own counters named in SCRAPED (summed over labels)."""
-    async with session.get(f"{url}/metrics") as response:
-        text = await response.text()
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
     totals = dict.fromkeys(SCRAPED, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
@@ -148,120 +160,134 @@ class ServerStats:
         return 1000 * self.compute_s / self.batches if self.batches else math.nan
 
 
-@dataclass
-class Outcome:
-    status: int
-    latency_s: float  # from the scheduled send time: what the user sees
-    server_s: float  # from the request's headers leaving the client: the server's response time
-
-
-def _timed_session(connections: int) -> aiohttp.ClientSession:
-    """A session that stamps when each request's headers were written (after any wait for a
-    connection), so server response time can be told apart from client-side queueing."""
-    trace = aiohttp.TraceConfig()
-
-    async def headers_sent(session: aiohttp.ClientSession, context: Any, params: Any) -> None:
-        if isinstance(context.trace_request_ctx, dict):  # None for the /metrics scrapes
-            context.trace_request_ctx["sent"] = time.perf_counter()
-
-    trace.on_request_headers_sent.append(headers_sent)
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
-                                 trace_configs=[trace])
-
-
-async def send(session: aiohttp.ClientSession, url: str, body: bytes,
-               headers: dict[str, str], scheduled: float) -> Outcome:
-    stamps: dict[str, float] = {}
-    try:
-        async with session.post(url, data=body, headers=headers,
-                                trace_request_ctx=stamps) as response:
-            await response.read()
-            status = response.status
-    except aiohttp.ClientError:
-        status = 0
-    done = time.perf_counter()
-    return Outcome(status, done - scheduled, done - stamps.get("sent", scheduled))
-
-
-async def closed_loop(url: str, model: str, request: EncodedRequest, *, concurrency: int,
-                      seconds: float) -> float:
-    """Requests per second with ``concurrency`` requests always outstanding."""
-    infer = f"{url}/v2/models/{model}/infer"
-    headers = request.headers()
-    body = request.body
-    async with _timed_session(0) as session:
-        for _ in range(3):  # warm the connection pool and the model
-            await send(session, infer, body, headers, time.perf_counter())
-        done = 0
-        stop_at = time.perf_counter() + seconds
-
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < stop_at:
-                outcome = await send(session, infer, body, headers, time.perf_counter())
-                if outcome.status == 200:
-                    done += 1
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.perf_counter() - started)
-
-
-async def open_loop(url: str, model: str, request: EncodedRequest, *, rate: float,
-                    seconds: float, timeout_ms: float | None = None, seed: int = 0,
-                    connections: int = 0) -> tuple[list[Outcome], float, ServerStats]:
-    """Poisson arrivals at ``rate``/s; returns outcomes, achieved send rate, and what the
-    server's histograms gained over the run. ``connections`` bounds the client's keep-alive
-    pool (0 = a new connection whenever none is idle), as a proxy fleet would."""
-    rng = random.Random(seed)
-    infer = f"{url}/v2/models/{model}/infer"
-    headers = request.headers()
-    body = request.body
-    if timeout_ms is not None:
-        headers["Timeout-Ms"] = str(int(timeout_ms))
-    async with _timed_session(connections) as session:
-        before = await scrape(session, url)
-        tasks: list[asyncio.Task[Outcome]] = []
-        start = time.perf_counter()
-        at = 0.0
-        while True:
-            at += rng.expovariate(rate)
-            if at >= seconds:
-                break
-            scheduled = start + at
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(session, infer, body, headers, scheduled)))
-        sent_rate = len(tasks) / (time.perf_counter() - start)
-        outcomes = list(await asyncio.gather(*tasks))
-        after = await scrape(session, url)
+def stats_between(before: dict[str, float], after: dict[str, float]) -> ServerStats:
     gained = {name: after[name] - before[name] for name in SCRAPED}
-    stats = ServerStats(batches=gained["gpufrag_serving_batch_size_count"],
-                        rows=gained["gpufrag_serving_batch_size_sum"],
-                        compute_s=gained["gpufrag_serving_compute_duration_seconds_sum"])
-    return outcomes, sent_rate, stats
+    return ServerStats(batches=gained["gpufrag_serving_batch_size_count"],
+                       rows=gained["gpufrag_serving_batch_size_sum"],
+                       compute_s=gained["gpufrag_serving_compute_duration_seconds_sum"])
+
+
+def run_client(make: Callable[[], Awaitable[T]]) -> T:
+    """Run one load phase on a fresh client loop (uvloop when installed)."""
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(make())  # type: ignore[arg-type]
+
+
+@dataclass
+class Cpu:
+    """CPU spent over one phase, per completed request: the server's event-loop (main) thread,
+    its other threads (the model's compute, batch assembly), and the load generator."""
+
+    loop_ms: float
+    compute_ms: float
+    client_ms: float
+    client_cores: float  # the load generator's CPU over the phase's wall time (<= 1: one thread)
+
+
+class CpuMeter:
+    def __init__(self, server: Server) -> None:
+        self._pid = server.process.pid
+        self._loop0 = thread_cpu_seconds(self._pid, self._pid)
+        self._total0 = cpu_seconds(self._pid)
+        self._client0 = time.process_time()
+        self._wall0 = time.perf_counter()
+
+    def per_request(self, done: int) -> Cpu:
+        n = max(done, 1)
+        loop = thread_cpu_seconds(self._pid, self._pid) - self._loop0
+        total = cpu_seconds(self._pid) - self._total0
+        client = time.process_time() - self._client0
+        wall = time.perf_counter() - self._wall0
+        return Cpu(1000 * loop / n, 1000 * (total - loop) / n, 1000 * client / n,
+                   client / wall if wall > 0 else math.nan)
+
+
+@dataclass(frozen=True)
+class Saturation:
+    rate: float  # completed requests per second
+    cpu: Cpu
+    model_busy: float  # backend compute time over the phase's wall time
+
+
+def closed_loop(server: Server, payload: bytes, *, concurrency: int,
+                seconds: float) -> Saturation:
+    """Requests per second with ``concurrency`` requests always outstanding (one per
+    keep-alive connection); the CPU it took, and the share of it the model computed (from
+    the server's histogram, batches finished within the phase)."""
+
+    async def phase() -> Saturation:
+        generator = LoadGenerator("127.0.0.1", server.port, payload)
+        try:
+            await generator.closed_loop(min(concurrency, 8), 0.3)  # connections, model warm
+            before = scrape(server.url)
+            meter = CpuMeter(server)
+            started = time.perf_counter()
+            outcomes = await generator.closed_loop(concurrency, seconds)
+            elapsed = time.perf_counter() - started
+            done = sum(1 for o in outcomes if o.status == 200)
+            cpu = meter.per_request(done)
+            stats = stats_between(before, scrape(server.url))
+            return Saturation(done / elapsed, cpu, stats.compute_s / elapsed)
+        finally:
+            generator.close()
+
+    return run_client(phase)
+
+
+def open_loop(server: Server, payload: bytes, *, rate: float, seconds: float, seed: int = 0,
+              connections: int) -> tuple[list[Outcome], float, ServerStats, Cpu]:
+    """Poisson arrivals at ``rate``/s through a pool of at most ``connections`` keep-alive
+    connections (as a proxy fleet would); returns outcomes, the achieved send rate, what the
+    server's histograms gained over the run, and the CPU spent."""
+
+    async def phase() -> tuple[list[Outcome], float, ServerStats, Cpu]:
+        generator = LoadGenerator("127.0.0.1", server.port, payload)
+        try:
+            before = scrape(server.url)
+            meter = CpuMeter(server)
+            outcomes, sent = await generator.open_loop(rate, seconds, connections, seed=seed)
+            cpu = meter.per_request(len(outcomes))
+            return outcomes, sent, stats_between(before, scrape(server.url)), cpu
+        finally:
+            generator.close()
+
+    return run_client(phase)
 
 
 def percentile_ms(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1000 if values else math.nan
 
 
-def direct_throughput(path: Path, image_size: int, batch: int, seconds: float) -> float:
+def direct_throughput(path: Path, image_size: int, batch: int,
+                      seconds: float) -> tuple[float, float]:
     """Images per second through the backend in-process, no HTTP, no batcher (same ORT
-    settings as the server: all cores but one)."""
+    settings as the server: all cores but one), and the CPU milliseconds per image."""
     backend = OnnxRuntimeBackend(path)
     x = np.random.default_rng(0).random((batch, 3, image_size, image_size), dtype=np.float32)
     for _ in range(2):
         backend.infer({"input": x})
     runs = 0
-    started = time.perf_counter()
+    started, cpu0 = time.perf_counter(), time.process_time()
     while time.perf_counter() - started < seconds or runs < 2:
         backend.infer({"input": x})
         runs += 1
     rate = runs * batch / (time.perf_counter() - started)
+    cpu_ms = 1000 * (time.process_time() - cpu0) / (runs * batch)
     backend.close()
-    return rate
+    return rate, cpu_ms
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of serving the same model in the saturation phase: tensor encoding and the
+    server's event loop. ``label`` heads its columns."""
+
+    protocol: str
+    event_loop: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.protocol}/{self.event_loop}"
 
 
 @dataclass
@@ -270,18 +296,34 @@ class SizeResult:
 
     size: int
     direct: float  # images/s, the mean of a measurement before and one after the server's
-    runs: dict[str, list[float]]  # protocol -> saturation req/s of each closed-loop run
-    server_cpu_ms: dict[str, float]  # protocol -> server CPU per completed request
-    client_cpu_ms: dict[str, float]  # protocol -> load generator CPU per completed request
+    runs: dict[Variant, list[float]]  # saturation req/s of each closed-loop run
+    cpu: dict[Variant, list[Cpu]]
+    busy: dict[Variant, list[float]]  # share of the phase the model was computing
     rate: float = 0.0
     sent: float = 0.0
     p50: float = math.nan
     p99: float = math.nan
     failed: int = 0
     mean_batch: float = math.nan
+    direct_cpu_ms: float = math.nan  # CPU per image, direct
 
-    def saturation(self, protocol: str) -> float:
-        return float(np.median(self.runs[protocol]))
+    def saturation(self, variant: Variant) -> float:
+        return float(np.median(self.runs[variant]))
+
+    def ratio(self, variant: Variant) -> float:
+        return self.saturation(variant) / self.direct
+
+    def cpu_ms(self, variant: Variant, part: str) -> float:
+        return float(np.median([getattr(c, part) for c in self.cpu[variant]]))
+
+    def cpu_efficiency(self, variant: Variant) -> float:
+        """Direct CPU per image over the server's CPU per request (event loop + compute): the
+        ratio's ceiling when CPU, not the pipeline, is what runs out (a shared machine)."""
+        total = self.cpu_ms(variant, "loop_ms") + self.cpu_ms(variant, "compute_ms")
+        return self.direct_cpu_ms / total if total else math.nan
+
+    def model_busy(self, variant: Variant) -> float:
+        return float(np.median(self.busy[variant]))
 
     @property
     def batch_ms(self) -> float:
@@ -289,45 +331,50 @@ class SizeResult:
         return 1000 * self.size / self.direct
 
 
+def saturation_concurrency(size: int) -> int:
+    """Outstanding requests that keep the model busy: one batch computing, one handed ahead,
+    one filling, and a batch's worth in flight on the wire (4 x max batch, at least 16).
+    With only 2 x, the responses of the batch that just finished are the only requests that
+    can fill the next one, so the model waits on a round trip through client and server."""
+    return max(16, 4 * size)
+
+
 def measure_size(model: str, name: str, path: Path, cache: Path, image_size: int, size: int,
-                 requests: dict[str, EncodedRequest], args: argparse.Namespace) -> SizeResult:
-    direct_before = direct_throughput(path, image_size, size, args.direct_seconds / 2)
-    server = start_server(model, cache, max_batch=size, delay_ms=args.delay_ms,
-                          queue_size=4096, timeout_ms=30_000)
-    concurrency = max(16, 2 * size)
-    result = SizeResult(size, math.nan, {p: [] for p in requests},
-                        dict.fromkeys(requests, 0.0), dict.fromkeys(requests, 0.0))
-    server_cpu: dict[str, list[float]] = {p: [] for p in requests}
-    client_cpu: dict[str, list[float]] = {p: [] for p in requests}
+                 payloads: dict[str, bytes], variants: list[Variant],
+                 args: argparse.Namespace) -> SizeResult:
+    before = direct_throughput(path, image_size, size, args.direct_seconds / 2)
+    servers = {loop: start_server(model, cache, max_batch=size, delay_ms=args.delay_ms,
+                                  queue_size=4096, timeout_ms=30_000, event_loop=loop)
+               for loop in dict.fromkeys(v.event_loop for v in variants)}
+    concurrency = saturation_concurrency(size)
+    result = SizeResult(size, math.nan, {v: [] for v in variants}, {v: [] for v in variants},
+                        {v: [] for v in variants})
+    primary = variants[0]
     try:
-        # Saturation: three closed-loop runs per protocol, alternating, so background load on
-        # a shared machine falls on both; the median is reported.
+        # Saturation: three closed-loop runs per variant, interleaved, so background load on
+        # a shared machine falls on all of them alike; medians are reported.
+        phase_s = args.seconds / 3
         for _ in range(3):
-            for protocol, request in requests.items():
-                server0, client0 = cpu_seconds(server.process.pid), time.process_time()
-                rate = asyncio.run(closed_loop(server.url, name, request,
-                                               concurrency=concurrency,
-                                               seconds=args.seconds / 3))
-                done = max(1.0, rate * args.seconds / 3)
-                result.runs[protocol].append(rate)
-                server_cpu[protocol].append((cpu_seconds(server.process.pid) - server0) / done)
-                client_cpu[protocol].append((time.process_time() - client0) / done)
-        for protocol in requests:
-            result.server_cpu_ms[protocol] = 1000 * float(np.median(server_cpu[protocol]))
-            result.client_cpu_ms[protocol] = 1000 * float(np.median(client_cpu[protocol]))
-        primary = args.protocol
+            for variant in variants:
+                run = closed_loop(servers[variant.event_loop], payloads[variant.protocol],
+                                  concurrency=concurrency, seconds=phase_s)
+                result.runs[variant].append(run.rate)
+                result.cpu[variant].append(run.cpu)
+                result.busy[variant].append(run.model_busy)
         result.rate = 0.7 * result.saturation(primary)
-        outcomes, result.sent, stats = asyncio.run(open_loop(
-            server.url, name, requests[primary], rate=result.rate, seconds=args.seconds,
-            connections=2 * concurrency))
+        outcomes, result.sent, stats, _ = open_loop(
+            servers[primary.event_loop], payloads[primary.protocol], rate=result.rate,
+            seconds=args.seconds, connections=2 * concurrency)
     finally:
-        server.stop()
+        for server in servers.values():
+            server.stop()
     ok = [o.latency_s for o in outcomes if o.status == 200]
     result.p50, result.p99 = percentile_ms(ok, 50), percentile_ms(ok, 99)
     result.failed = len(outcomes) - len(ok)
     result.mean_batch = stats.mean_batch
-    direct_after = direct_throughput(path, image_size, size, args.direct_seconds / 2)
-    result.direct = (direct_before + direct_after) / 2
+    after = direct_throughput(path, image_size, size, args.direct_seconds / 2)
+    result.direct = (before[0] + after[0]) / 2
+    result.direct_cpu_ms = (before[1] + after[1]) / 2
     return result
 
 
@@ -350,39 +397,57 @@ def benchmark_model(model: str, args: argparse.Namespace, began: float) -> None:
     other = "json" if args.protocol == "binary" else "binary"
     requests = {protocol: request_body(image_size, binary=protocol == "binary")
                 for protocol in (args.protocol, other)}
-    primary = args.protocol
+    infer_path = f"/v2/models/{name}/infer"
+    payloads = {protocol: raw_request("127.0.0.1", infer_path, r.body, r.headers())
+                for protocol, r in requests.items()}
+    loops = args.loops
+    variants = [Variant(args.protocol, loop) for loop in loops] + [Variant(other, loops[0])]
+    primary = variants[0]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\n=== model {model} ({image_size}x{image_size}), backend onnxruntime-cpu, "
           f"{os.cpu_count()} CPU cores (load average {load} at start), max queue delay "
-          f"{args.delay_ms:g} ms, {args.seconds:g} s per phase, {primary} tensors "
-          f"({len(requests[primary].body)} B/request; {other}: "
-          f"{len(requests[other].body)} B); load generator on the same machine", flush=True)
+          f"{args.delay_ms:g} ms, {args.seconds:g} s per phase, {args.protocol} tensors "
+          f"({len(requests[args.protocol].body)} B/request; {other}: "
+          f"{len(requests[other].body)} B); server event loops: {', '.join(loops)}; load "
+          "generator (benchmarks/serving_load.py: one thread, raw asyncio protocols on uvloop) "
+          "on the same machine", flush=True)
     rows = []
     for size in args.sizes:
-        rows.append(measure_size(model, name, path, cache, image_size, size, requests, args))
+        rows.append(measure_size(model, name, path, cache, image_size, size, payloads,
+                                 variants, args))
         print(f"  max batch {size}: done ({time.perf_counter() - began:.0f} s)", flush=True)
 
-    print(f"\nthroughput at saturation ({primary}; closed loop, concurrency max(16, 2 x max "
-          "batch), median of 3 runs; CPU per completed request)")
-    header = (f"{'max batch':>9} | {'direct img/s':>12} | {'sat. req/s':>10} | "
-              f"{'server/direct':>13} | {'srv CPU ms':>10} | {'client CPU ms':>13} | "
-              f"{other + ' req/s':>11} | {other + ' srv CPU ms':>15}")
+    print(f"\nthroughput at saturation (closed loop, concurrency max(16, 4 x max batch), "
+          "median of 3 runs per variant, the variants' runs interleaved; CPU per completed "
+          "request: the server's event-loop thread, its other threads (model compute, batch "
+          "assembly), the load generator; model busy = share of the phase the backend was "
+          "computing; CPU eff. = direct CPU per image / server CPU per request, the ratio's "
+          "ceiling where CPU runs out); the target applies to "
+          f"{primary.label}, the default")
+    header = (f"{'max batch':>9} | {'variant':>14} | {'direct img/s':>12} | "
+              f"{'sat. req/s':>10} | {'server/direct':>13} | {'loop CPU ms':>11} | "
+              f"{'compute CPU ms':>14} | {'CPU eff.':>8} | {'model busy':>10} | "
+              f"{'client CPU ms':>13} | runs")
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r.size:>9} | {r.direct:>12.0f} | {r.saturation(primary):>10.0f} | "
-              f"{r.saturation(primary) / r.direct:>13.2f} | {r.server_cpu_ms[primary]:>10.2f} | "
-              f"{r.client_cpu_ms[primary]:>13.2f} | {r.saturation(other):>11.0f} | "
-              f"{r.server_cpu_ms[other]:>15.2f}")
-        runs = "/".join(f"{x:.0f}" for x in r.runs[primary])
-        other_runs = "/".join(f"{x:.0f}" for x in r.runs[other])
-        ratio = r.saturation(primary) / r.direct
-        print(f"{'':>9}   runs {runs} ({other} {other_runs}) req/s; target server/direct >= "
-              f"0.90: {verdict(ratio, 0.9, at_most=False)}")
+        for variant in variants:
+            runs = "/".join(f"{x:.0f}" for x in r.runs[variant])
+            print(f"{r.size:>9} | {variant.label:>14} | {r.direct:>12.0f} | "
+                  f"{r.saturation(variant):>10.0f} | {r.ratio(variant):>13.2f} | "
+                  f"{r.cpu_ms(variant, 'loop_ms'):>11.3f} | "
+                  f"{r.cpu_ms(variant, 'compute_ms'):>14.3f} | "
+                  f"{r.cpu_efficiency(variant):>8.2f} | {r.model_busy(variant):>10.0%} | "
+                  f"{r.cpu_ms(variant, 'client_ms'):>13.3f} | {runs}")
+        print(f"{'':>9}   direct CPU {r.direct_cpu_ms:.3f} ms per image; target "
+              f"server/direct >= 0.90 ({primary.label}): "
+              f"{verdict(r.ratio(primary), 0.9, at_most=False)}")
+    client_cores = max(c.client_cores for r in rows for c in r.cpu[primary])
+    print(f"load generator: at most {client_cores:.2f} of one core in any saturation run")
 
-    print(f"\nlatency at 70% of saturation ({primary}; open-loop Poisson arrivals, latency from "
-          "the scheduled send); target p99 <= max queue delay + 2 x full-batch compute time "
-          "(direct)")
+    print(f"\nlatency at 70% of saturation ({primary.label}; open-loop Poisson arrivals, "
+          "latency from the scheduled send); target p99 <= max queue delay + 2 x full-batch "
+          "compute time (direct)")
     header = (f"{'max batch':>9} | {'offered req/s':>13} | {'sent req/s':>10} | {'p50 ms':>7} | "
               f"{'p99 ms':>7} | {'mean batch':>10} | {'batch ms':>8} | {'p99 bound ms':>12} | "
               "p99 target")
@@ -395,25 +460,41 @@ def benchmark_model(model: str, args: argparse.Namespace, began: float) -> None:
               f"{verdict(r.p99, bound, unit=' ms')}"
               + (f"; {r.failed} requests failed" if r.failed else ""))
 
-    overload(model, name, cache, requests[primary], rows[-1], args)
+    overload(model, cache, payloads[primary.protocol], rows[-1], primary, args)
+    handoff(requests[primary.protocol], rows[-1], primary)
     print(f"\n({model}: {time.perf_counter() - began:.0f} s into the benchmark)", flush=True)
 
 
-def overload(model: str, name: str, cache: Path, request: EncodedRequest, best: SizeResult,
+def handoff(request: EncodedRequest, best: SizeResult, primary: Variant) -> None:
+    """What several front-end processes feeding one batcher would add per request: the decoded
+    tensor handed to another process and the answer handed back (measured here, in this
+    process and a child), next to what the event loop spends on a whole request now."""
+    rows = 1
+    nbytes = len(request.body) - (request.header_length or 0)
+    cost = handoff_cost(nbytes, answer_bytes=40 * rows)
+    loop_ms = best.cpu_ms(primary, "loop_ms")
+    print(f"\nfront-end processes -> one batcher (SO_REUSEPORT acceptors): handing one "
+          f"request's {nbytes} B tensor to the batcher process and its answer back costs "
+          f"{cost.pipe_us:.0f} us of CPU through a pipe, {cost.shm_us:.0f} us through shared "
+          f"memory + a pipe for the signal (both sides summed); the event loop spends "
+          f"{1000 * loop_ms:.0f} us on a whole request at max batch {best.size} and is busy "
+          f"{loop_ms * best.saturation(primary) / 1000:.0%} of one core at saturation")
+
+
+def overload(model: str, cache: Path, payload: bytes, best: SizeResult, primary: Variant,
              args: argparse.Namespace) -> None:
     """2x the measured saturation through a bounded queue, each request with a deadline."""
-    size, rate = best.size, 2 * best.saturation(args.protocol)
+    size, rate = best.size, 2 * best.saturation(primary)
     queue = 2 * size
     # A deadline the batcher can meet: with 2 full batches queued and one computing, an
     # admitted request finishes within ~3 batch times (Little's law sizing, as in the docs).
     deadline_ms = args.deadline_ms or max(250.0, math.ceil(4 * best.batch_ms / 50) * 50)
     server = start_server(model, cache, max_batch=size, delay_ms=args.delay_ms,
-                          queue_size=queue, timeout_ms=deadline_ms)
+                          queue_size=queue, timeout_ms=deadline_ms,
+                          event_loop=primary.event_loop)
     try:
-        outcomes, sent, stats = asyncio.run(open_loop(server.url, name, request, rate=rate,
-                                                      seconds=args.seconds,
-                                                      timeout_ms=deadline_ms, seed=1,
-                                                      connections=args.overload_connections))
+        outcomes, sent, stats, cpu = open_loop(server, payload, rate=rate, seconds=args.seconds,
+                                               seed=1, connections=args.overload_connections)
     finally:
         server.stop()
     by_status: dict[int, list[Outcome]] = {}
@@ -427,9 +508,9 @@ def overload(model: str, name: str, cache: Path, request: EncodedRequest, best: 
     met = sum(1 for latency in accepted if latency * 1000 <= deadline_ms)
     met_server = sum(1 for latency in accepted_server if latency * 1000 <= deadline_ms)
     admitted = len(accepted) + timed_out
-    pool = args.overload_connections or "unbounded"
-    print(f"\n2x overload: max batch {size}, offered {rate:.0f} req/s (sent {sent:.0f}/s) over "
-          f"{pool} connections, queue bound {queue}, deadline {deadline_ms:g} ms"
+    print(f"\n2x overload ({primary.label}): max batch {size}, offered {rate:.0f} req/s (sent "
+          f"{sent:.0f}/s) over {args.overload_connections} keep-alive connections, queue bound "
+          f"{queue}, deadline {deadline_ms:g} ms"
           f"{'' if args.deadline_ms else ' (auto: max(250, 4 x full-batch time))'}, "
           f"{len(outcomes)} requests")
     counts = ", ".join(f"{status or 'conn-error'}: {len(v)}"
@@ -438,7 +519,9 @@ def overload(model: str, name: str, cache: Path, request: EncodedRequest, best: 
     print(f"  server batches   mean {stats.mean_batch:.1f} rows, compute "
           f"{stats.compute_ms_per_batch:.0f} ms per batch (direct full batch: "
           f"{best.batch_ms:.0f} ms)")
-    print("  (server = measured at the client from the request's headers leaving it; end to "
+    print(f"  load generator   {cpu.client_cores:.2f} of one core ({1000 * cpu.client_ms:.0f} us "
+          f"per request; one thread); server event loop {1000 * cpu.loop_ms:.0f} us per request")
+    print("  (server = measured at the client from the request's bytes leaving it; end to "
           "end = from the scheduled send, including any wait for a pooled connection)")
     reject_p50 = percentile_ms(rejected_server, 50)
     reject_p99 = percentile_ms(rejected_server, 99)
@@ -452,7 +535,7 @@ def overload(model: str, name: str, cache: Path, request: EncodedRequest, best: 
     within = met_server / admitted if admitted else math.nan
     print(f"  admitted         {admitted} (200 + 504); answered 200 within the deadline "
           f"(server): {within:.1%}; goodput {met / args.seconds:.0f} req/s (saturation was "
-          f"{best.saturation(args.protocol):.0f})")
+          f"{best.saturation(primary):.0f})")
     print(f"  targets          rejection p50 < 5 ms: {verdict(reject_p50, 5, unit=' ms')}; "
           f"p99 < 5 ms: {verdict(reject_p99, 5, unit=' ms')}; admitted requests answered "
           f"within the deadline: {within:.1%}")
@@ -466,6 +549,9 @@ def main() -> int:
     parser.add_argument("--protocol", choices=("binary", "json"), default="binary",
                         help="tensor encoding for every phase (the other is measured at "
                         "saturation for comparison)")
+    parser.add_argument("--event-loops", default="uvloop,asyncio",
+                        help="server event loops measured side by side at saturation; the "
+                        "first is used for every other phase")
     parser.add_argument("--delay-ms", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=6.0, help="length of each load phase")
     parser.add_argument("--direct-seconds", type=float, default=2.0,
@@ -479,6 +565,7 @@ def main() -> int:
                         "ingress proxy pools them (0 = a new one per waiting request)")
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.batch_sizes.split(",")]
+    args.loops = [loop.strip() for loop in args.event_loops.split(",") if loop.strip()]
     began = time.perf_counter()
     for model in args.models.split(","):
         benchmark_model(model.strip(), args, began)

@@ -27,7 +27,8 @@ from gpufrag.errors import (
 )
 from serving.backends.tensorrt_engine import BackendUnavailable
 from serving.cache import CACHE_ROOT_ENV, MODEL_CACHE_ENV
-from serving.config import BACKENDS, BatcherConfig, ServerConfig, parse_sizes
+from serving.config import BACKENDS, EVENT_LOOPS, BatcherConfig, ServerConfig, parse_sizes
+from serving.loops import loop_factory, resolve_event_loop
 from serving.models import check_model_file
 from serving.server import serve
 
@@ -89,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after SIGTERM, keep admitting and answering requests this long with "
                    "readiness already 503, so the endpoint is removed before admission closes "
                    "(0 when a preStop hook already waits; default %(default)s)")
+    p.add_argument("--event-loop", choices=EVENT_LOOPS, default="auto",
+                   help="auto: uvloop when installed, else asyncio's own loop (default "
+                   "%(default)s)")
     p.add_argument("--log-level", default=None, help="debug, info, warning, error")
     return p
 
@@ -111,6 +115,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         gpu_memory_growth_warn_mib=args.gpu_memory_growth_warn_mib,
         shutdown_timeout_s=args.shutdown_timeout_s, drain_delay_s=args.drain_delay_s,
         allow_non_finite_inputs=tuple(args.allow_non_finite),
+        event_loop=args.event_loop,
     ).validate()
 
 
@@ -118,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         config = config_from_args(args)
+        event_loop = resolve_event_loop(config.event_loop)
         check_model_file(config.model)  # a typo or a broken file fails here, not listening
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
@@ -126,7 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     logs.configure(args.log_level)
     try:
-        return asyncio.run(serve(config))
+        with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+            return runner.run(serve(config))
     except BadInput as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

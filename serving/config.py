@@ -13,6 +13,7 @@ from pathlib import Path
 from gpufrag.errors import BadInput
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class ServerConfig:
     # Inputs whose requests may carry NaN/+-Inf (see TensorSpec.allow_non_finite); checked
     # against the model's inputs once it is loaded (serving.server.published_inputs).
     allow_non_finite_inputs: tuple[str, ...] = ()
+    # auto = uvloop when installed, else asyncio's own loop (serving/loops.py)
+    event_loop: str = "auto"
 
     def validate(self) -> ServerConfig:
         if not self.model:
@@ -97,6 +100,9 @@ class ServerConfig:
                            field="--shutdown-timeout-s")
         if not self.drain_delay_s >= 0:
             raise BadInput(f"must be >= 0, got {self.drain_delay_s:g}", field="--drain-delay-s")
+        if self.event_loop not in EVENT_LOOPS:
+            raise BadInput(f"{self.event_loop!r} is not one of {', '.join(EVENT_LOOPS)}",
+                           field="--event-loop")
         for name in self.allow_non_finite_inputs:
             if not name.strip():
                 raise BadInput("needs an input name, got an empty one",

@@ -43,6 +43,7 @@ from serving.cache import cache_state, combine, resolve_model_cache
 from serving.config import ServerConfig
 from serving.errors import ShuttingDown
 from serving.gpu import MemoryGrowthWatch, NvmlProbe, detect_gpus
+from serving.loops import running_loop_kind
 from serving.metrics import ServingMetrics
 from serving.models import materialize_model, model_name
 from serving.protocol import ModelInfo
@@ -129,7 +130,8 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     await site.start()
     port = _bound_port(runner, config.port)
-    log.info("listening", host=config.host, port=port, model=name)
+    log.info("listening", host=config.host, port=port, model=name,
+             event_loop=running_loop_kind())
     if on_listening is not None:
         on_listening(port)
 

@@ -27,7 +27,7 @@ def test_every_knob_reaches_the_config() -> None:
         "--preferred-batch-sizes", "4, 8,16", "--max-concurrent-batches", "2",
         "--max-body-bytes", "1000", "--retry-after-s", "3", "--backend", "onnxruntime",
         "--model-name", "rn", "--intra-op-threads", "2", "--gpu-memory-growth-warn-mib", "50",
-        "--shutdown-timeout-s", "5", "--model-cache-dir", "/tmp/c",
+        "--shutdown-timeout-s", "5", "--model-cache-dir", "/tmp/c", "--event-loop", "asyncio",
     ])
     config = config_from_args(args)
     b = config.batcher
@@ -38,6 +38,7 @@ def test_every_knob_reaches_the_config() -> None:
     assert (config.model_name, config.intra_op_threads) == ("rn", 2)
     assert config.gpu_memory_growth_warn_mib == 50 and config.shutdown_timeout_s == 5
     assert config.model_cache_dir == Path("/tmp/c")
+    assert config.event_loop == "asyncio"
 
 
 def test_model_cache_has_a_short_alias_and_no_default_of_its_own() -> None:
@@ -52,7 +53,7 @@ def test_defaults_match_the_documented_ones() -> None:
     config = config_from_args(build_parser().parse_args(["--model", "builtin:resnet50"]))
     assert config.batcher.max_batch_size == 32
     assert config.batcher.max_queue_delay_s == pytest.approx(0.005)
-    assert config.port == 8000 and config.backend == "auto"
+    assert config.port == 8000 and config.backend == "auto" and config.event_loop == "auto"
 
 
 @pytest.mark.parametrize(("argv", "needle"), [
@@ -65,6 +66,7 @@ def test_defaults_match_the_documented_ones() -> None:
     (["--model", "builtin:resnet-small", "--preferred-batch-sizes", "64"],
      "64 is outside 1..max batch size 32"),
     (["--model", "builtin:resnet-small", "--backend", "tpu"], "invalid choice: 'tpu'"),
+    (["--model", "builtin:resnet-small", "--event-loop", "trio"], "invalid choice: 'trio'"),
     (["--port", "1"], "the following arguments are required: --model"),
     (["--model", "does/not/exist.onnx"], "does not exist"),
 ])

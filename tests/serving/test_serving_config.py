@@ -33,6 +33,7 @@ def test_batcher_config_names_the_bad_field(overrides: dict[str, Any], message: 
     ({"intra_op_threads": -1}, "field '--intra-op-threads'"),
     ({"gpu_memory_growth_warn_mib": 0}, "field '--gpu-memory-growth-warn-mib'"),
     ({"shutdown_timeout_s": 0}, "field '--shutdown-timeout-s'"),
+    ({"event_loop": "trio"}, "field '--event-loop': 'trio' is not one of auto, uvloop, asyncio"),
     ({"batcher": BatcherConfig(max_batch_size=-1)}, "field '--max-batch-size'"),
 ])
 def test_server_config_names_the_bad_field(overrides: dict[str, Any], message: str) -> None:

@@ -26,6 +26,7 @@ import requests
 
 from serving.backends.select import LoadedBackend
 from serving.config import BatcherConfig, ServerConfig
+from serving.loops import loop_factory
 from serving.server import serve
 from serving.testing import FakeBackend
 from tests.serving.test_serving_server import wait_until
@@ -56,7 +57,8 @@ def queue_depth(url: str) -> float:
 
 
 @pytest.mark.timeout(60)
-def test_sigterm_under_open_loop_load_loses_no_accepted_request() -> None:
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])  # the default, and the fallback
+def test_sigterm_under_open_loop_load_loses_no_accepted_request(event_loop: str) -> None:
     backend = FakeBackend()
     gate = threading.Event()
     config = ServerConfig(model="fake", model_name="fake", host="127.0.0.1", port=0,
@@ -118,9 +120,10 @@ def test_sigterm_under_open_loop_load_loses_no_accepted_request() -> None:
 
     helper = threading.Thread(target=load)
     helper.start()
-    code = asyncio.run(asyncio.wait_for(
-        serve(config, on_listening=port.append,
-              load=lambda cfg, probe: LoadedBackend(backend, 0.01)), timeout=45))
+    with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
+        code = runner.run(asyncio.wait_for(
+            serve(config, on_listening=port.append,
+                  load=lambda cfg, probe: LoadedBackend(backend, 0.01)), timeout=45))
     helper.join(timeout=30)
     assert not helper.is_alive()
     assert code == 0

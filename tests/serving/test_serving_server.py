@@ -197,13 +197,13 @@ class Started:
     entries: list[dict[str, Any]]
 
 
-def start_serve(model: str, env: dict[str, str]) -> Started:
+def start_serve(model: str, env: dict[str, str], *extra: str) -> Started:
     """``gpufrag serve`` with JSON logs, read up to its ``ready`` line. Every stderr line must
     be a JSON object: a line from a library that writes to stderr itself (ONNX Runtime's
     coloured warnings) fails here, naming it."""
     command = [sys.executable, "-m", "gpufrag.cli", "serve", "--model", model,
                "--host", "127.0.0.1", "--port", "0", "--intra-op-threads", "1",
-               "--drain-delay-s", "0"]
+               "--drain-delay-s", "0", *extra]
     process = subprocess.Popen(command, env={**env, "GPUFRAG_LOG_FORMAT": "json"},
                                stderr=subprocess.PIPE, text=True)
     assert process.stderr is not None
@@ -323,5 +323,28 @@ def test_an_unwritable_home_falls_back_to_a_temp_cache_and_still_serves(
         assert list(Path(fallback["path"]).glob("resnet-small-*.onnx"))
         assert requests.get(f"{started.url}/v2/models/resnet-small/versions/1/ready",
                             timeout=5).json()["ready"] is True
+    finally:
+        stop_serve(started)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("flag", "expected"), [((), "uvloop"), (("--event-loop", "asyncio"),
+                                                                 "asyncio")])
+def test_the_server_runs_on_uvloop_unless_told_otherwise(
+        tmp_path: Path, flag: tuple[str, ...], expected: str) -> None:
+    """uvloop is a dependency and the default (auto); ``--event-loop asyncio`` keeps the
+    standard loop. Either way the same answer comes back."""
+    started = start_serve("builtin:resnet-small",
+                          clean_env(GPUFRAG_MODEL_CACHE_DIR=str(tmp_path / "cache")), *flag)
+    try:
+        listening = next(e for e in started.entries if e["event"] == "listening")
+        assert listening["event_loop"] == expected
+        body = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                            "data": [0.5] * 3072}]}
+        answer = requests.post(f"{started.url}/v2/models/resnet-small/infer", json=body,
+                               timeout=10)
+        assert answer.status_code == 200
+        assert answer.json()["outputs"][0]["shape"] == [1, 10]
     finally:
         stop_serve(started)

@@ -1,0 +1,186 @@
+"""What the HTTP layer alone costs per request: the candidate stacks for ``gpufrag serve``'s
+front end, each answering the infer POST with a fixed binary v2 response and no model.
+
+Why: with a model that computes an image in ~0.1 ms of CPU (``builtin:resnet-small``), the
+server's event loop spends more per request than the model does, so the question is how much of
+that is the HTTP stack itself (parse, dispatch, response headers, socket write) and how much a
+leaner stack would save. Stacks measured, each in its own process, on uvloop and on asyncio's
+loop:
+
+- ``aiohttp-app``: an ``aiohttp.web.Application`` with a router, as ``serving/app.py`` uses it
+  (without its middlewares and metrics: the stack only);
+- ``aiohttp-lowlevel``: aiohttp's low-level ``web.Server`` (one handler, no router);
+- ``httptools``: ``asyncio.Protocol`` + httptools' parser (the parser uvicorn uses), the
+  response written as bytes: roughly the floor for an HTTP/1.1 server in Python.
+
+Each is driven by ``benchmarks/serving_load.py`` (one thread) with 64 keep-alive connections;
+three interleaved runs per stack, median of the server's CPU per request. Usage::
+
+    python -m benchmarks.serving_http_stacks            # ~1 minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from benchmarks.procstat import cpu_seconds
+from benchmarks.serving_load import LoadGenerator, new_event_loop, raw_request
+from serving.client import encode_inputs
+from serving.loops import loop_factory
+
+STACKS = ("aiohttp-app", "aiohttp-lowlevel", "httptools")
+LOOPS = ("uvloop", "asyncio")
+HEADER = b'{"model_name":"m","model_version":"1","outputs":[{"name":"logits","datatype":"FP32",' \
+         b'"shape":[1,10],"parameters":{"binary_data_size":40}}]}'
+ANSWER = HEADER + bytes(40)
+
+
+async def _serve_aiohttp(port: int, lowlevel: bool) -> None:
+    async def infer(request: web.BaseRequest) -> web.Response:
+        await request.read()
+        return web.Response(body=ANSWER, content_type="application/octet-stream",
+                            headers={"Inference-Header-Content-Length": str(len(HEADER))})
+
+    if lowlevel:
+        server = web.Server(infer, access_log=None, handler_cancellation=True)
+        await asyncio.get_running_loop().create_server(server, "127.0.0.1", port)
+    else:
+        app = web.Application()
+        app.router.add_post("/v2/models/{name}/infer", infer)
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    await asyncio.Event().wait()
+
+
+async def _serve_httptools(port: int) -> None:
+    import httptools  # a dev dependency: only this stack needs it
+
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+            b"Inference-Header-Content-Length: " + str(len(HEADER)).encode() +
+            b"\r\nContent-Length: " + str(len(ANSWER)).encode() + b"\r\n\r\n")
+
+    class Connection(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+            self.parser = httptools.HttpRequestParser(self)
+            self.body: list[bytes] = []
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_url(self, url: bytes) -> None:
+            self.url = url
+
+        def on_body(self, body: bytes) -> None:
+            self.body.append(body)
+
+        def on_message_complete(self) -> None:
+            b"".join(self.body)
+            self.body = []
+            self.transport.write(head + ANSWER)
+
+    await asyncio.get_running_loop().create_server(Connection, "127.0.0.1", port)
+    await asyncio.Event().wait()
+
+
+def serve(stack: str, loop: str, port: int) -> None:
+    main = _serve_httptools(port) if stack == "httptools" else _serve_aiohttp(
+        port, lowlevel=stack == "aiohttp-lowlevel")
+    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+        runner.run(main)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_listening(port: int) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"stack on port {port} did not start")
+
+
+def measure(process: subprocess.Popen[bytes], port: int, payload: bytes,
+            seconds: float) -> tuple[float, float]:
+    """(requests/s, server CPU microseconds per request) over one closed-loop run."""
+
+    async def phase() -> tuple[float, float]:
+        generator = LoadGenerator("127.0.0.1", port, payload)
+        try:
+            await generator.closed_loop(8, 0.2)
+            before = cpu_seconds(process.pid)
+            started = time.perf_counter()
+            outcomes = await generator.closed_loop(64, seconds)
+            elapsed = time.perf_counter() - started
+            done = max(1, sum(1 for o in outcomes if o.status == 200))
+            return done / elapsed, 1e6 * (cpu_seconds(process.pid) - before) / done
+        finally:
+            generator.close()
+
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        return runner.run(phase())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="per run")
+    parser.add_argument("--serve", nargs=3, metavar=("STACK", "LOOP", "PORT"),
+                        help=argparse.SUPPRESS)  # the child process's entry
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve[0], args.serve[1], int(args.serve[2]))
+        return 0
+    image = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
+    request = encode_inputs({"input": image}, binary=True)
+    payload = raw_request("127.0.0.1", "/v2/models/m/infer", request.body, request.headers())
+    children: dict[tuple[str, str], tuple[subprocess.Popen[bytes], int]] = {}
+    try:
+        for stack in STACKS:
+            for loop in LOOPS:
+                port = _free_port()
+                command = [sys.executable, "-m", "benchmarks.serving_http_stacks", "--serve",
+                           stack, loop, str(port)]
+                children[stack, loop] = (subprocess.Popen(command, start_new_session=True),
+                                         port)
+        for _, port in children.values():
+            _wait_listening(port)
+        results: dict[tuple[str, str], list[tuple[float, float]]] = {k: [] for k in children}
+        for _ in range(3):
+            for key, (process, port) in children.items():
+                results[key].append(measure(process, port, payload, args.seconds))
+    finally:
+        for process, _ in children.values():
+            process.terminate()
+            process.wait()
+    print(f"HTTP stack alone: binary infer POST ({len(request.body)} B) -> fixed binary answer, "
+          "64 keep-alive connections, median of 3 interleaved runs")
+    header = f"{'stack':>16} | {'loop':>7} | {'req/s':>7} | {'server CPU us/req':>17} | runs us"
+    print(header)
+    print("-" * len(header))
+    for (stack, loop), runs in results.items():
+        rate = float(np.median([r for r, _ in runs]))
+        cpu = float(np.median([c for _, c in runs]))
+        print(f"{stack:>16} | {loop:>7} | {rate:>7.0f} | {cpu:>17.1f} | "
+              + "/".join(f"{c:.0f}" for _, c in runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
