@@ -49,6 +49,18 @@ def test_it_is_a_gpufrag_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     assert "gpufrag device-plugin" in capsys.readouterr().out
 
 
+def _ready_within(url: str, deadline: float) -> bool:
+    while True:
+        try:
+            if urllib.request.urlopen(url, timeout=5).status == 200:
+                return True
+        except OSError:  # 503 (HTTPError) until ready, or not listening yet
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
 def test_recorded_mode_registers_and_says_it_is_recorded(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="dp-") as folder:
@@ -69,7 +81,9 @@ def test_recorded_mode_registers_and_says_it_is_recorded(
             assert [r.resource_name for r in kubelet.requests] == ["nvidia.com/gpu",
                                                                    "gpufrag.io/gpu-milli"]
             base = f"http://127.0.0.1:{port}"
-            assert urllib.request.urlopen(f"{base}/readyz", timeout=5).status == 200
+            # Ready follows registration by a moment (the kubelet opens ListAndWatch after
+            # Register answers): poll within the same deadline instead of racing it.
+            assert _ready_within(f"{base}/readyz", deadline)
             metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
             assert "gpufrag_deviceplugin_inventory_recorded 1.0" in metrics
             assert 'gpufrag_deviceplugin_registered{resource="nvidia.com/gpu"} 1.0' in metrics
