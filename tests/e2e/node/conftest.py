@@ -2,34 +2,45 @@
 CRI where this machine cannot run containers) registered with its own control plane.
 
 The control plane here does not complete pods (``complete_pods=False``): the kubelet does. One
-node per machine (the kubelet's device-plugin socket path is machine-wide), so these fixtures are
-module-scoped and the node is started once per module.
+node per machine (the kubelet's device-plugin socket path is machine-wide), so the plane and the
+node are session-scoped: started once for all the node's test modules.
 
 Fixtures:
-- ``node_plane`` (module): a :class:`devkit.controlplane.ControlPlane` with no pod completer.
-- ``node`` (module): a started :class:`devkit.node.Node` named ``node-0``; its runtime is
+- ``node_plane`` (session): a :class:`devkit.controlplane.ControlPlane` with no pod completer.
+- ``node`` (session): a started :class:`devkit.node.Node` named ``node-0``; its runtime is
   ``GPUFRAG_NODE_RUNTIME`` (auto, containerd or fake; default auto) and is printed.
 - ``node_namespace`` (function): a fresh namespace on that plane, deleted after.
+- ``gpufrag_image`` (session): the project's image built here (``devkit.image``: mmdebstrap base
+  + buildah, cached) and imported into the node's containerd; its reference.
+- ``base_manifests`` (session): ``manifests/base`` rendered by kubectl's kustomize with the
+  images replaced by the node's (the project's image, the plane's kube-scheduler) and
+  ``imagePullPolicy: Never`` everywhere: the node never pulls.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 
 from devkit.build import BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
+from devkit.image import ImageBuildError, build_image
 from devkit.node import Node
 from devkit.procs import ControlPlaneError
 
 RUNTIME_ENV = "GPUFRAG_NODE_RUNTIME"
+MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def node_plane() -> Iterator[ControlPlane]:
     try:
         binary = build_control_plane()
@@ -42,7 +53,7 @@ def node_plane() -> Iterator[ControlPlane]:
         pytest.fail(str(exc))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def node(node_plane: ControlPlane) -> Iterator[Node]:
     if os.geteuid() != 0:
         pytest.skip("a real node (kubelet, containerd, cgroups) needs root")
@@ -64,3 +75,59 @@ def node_namespace(node_plane: ControlPlane) -> Iterator[str]:
     yield name
     core = kubernetes.client.CoreV1Api(node_plane.api_client())
     core.delete_namespace(name, grace_period_seconds=0)
+
+
+def require_containers(node: Node) -> None:
+    """Tests of the image need containers that really run."""
+    if node.runtime != "containerd":
+        pytest.skip(f"the image runs only where containers run; this node has the {node.runtime} "
+                    f"runtime ({node.runtime_note or RUNTIME_ENV + ' chose it'})")
+
+
+@pytest.fixture(scope="session")
+def gpufrag_image(node: Node) -> str:
+    require_containers(node)
+    try:
+        built = build_image()
+    except ImageBuildError as exc:
+        pytest.fail(f"the project's image could not be built:\n{exc}")
+    started = time.monotonic()
+    node.import_image(built.archive)
+    print(f"\nimage {built.ref}: {'built' if built.cold else 'cached'} in {built.seconds:.1f}s, "
+          f"{built.size_bytes / 2**20:.0f} MiB; imported in {time.monotonic() - started:.1f}s")
+    return built.ref
+
+
+@pytest.fixture(scope="session")
+def base_manifests(node_plane: ControlPlane, node: Node, gpufrag_image: str,
+                   tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    scheduler_image = node.import_kube_scheduler_image()
+    overlay = tmp_path_factory.mktemp("node-overlay")
+    images = []
+    for shipped, local in ((_shipped_image("gpufrag"), gpufrag_image),
+                           (_shipped_image("kube-scheduler"), scheduler_image)):
+        name, tag = local.rsplit(":", 1)
+        images.append({"name": shipped, "newName": name, "newTag": tag})
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(MANIFESTS / "base", overlay)], "images": images}))
+    docs = [d for d in yaml.safe_load_all(node_plane.kubectl("kustomize", str(overlay)).stdout)
+            if d]
+    for doc in docs:
+        for container in _containers(doc):
+            container["imagePullPolicy"] = "Never"
+    return docs
+
+
+def _shipped_image(name: str) -> str:
+    """What manifests/base's kustomization turns the image ``name`` into."""
+    kustomization = yaml.safe_load((MANIFESTS / "base" / "kustomization.yaml").read_text())
+    entry = next(i for i in kustomization["images"] if i["name"] == name)
+    return str(entry["newName"])
+
+
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec") or {}
+    template = (spec.get("jobTemplate", {}).get("spec", spec)).get("template") or {}
+    pod = template.get("spec") or {}
+    return [*pod.get("initContainers", []), *pod.get("containers", [])]
