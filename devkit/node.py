@@ -373,6 +373,8 @@ class Node:
                        what=f"Node {self.name} to register and become Ready")
         except ControlPlaneError as exc:
             raise NodeError(f"{exc}\n{kubelet.describe_failure('did not get Ready')}") from exc
+        # Schedulable once Ready (the plane runs no node-lifecycle controller to do it).
+        self.plane.lift_not_ready_taint(self.name)
 
     def _launch(self, name: str, argv: Sequence[str], port: int = 0) -> ComponentProcess:
         log_path = self.logs_dir / f"{name}.log"
@@ -483,6 +485,18 @@ class Node:
             self.node_dir / "images" / "kube-scheduler.tar", KUBE_SCHEDULER_IMAGE,
             self.plane.binary))
         return KUBE_SCHEDULER_IMAGE
+
+    def container_pid(self, container_id: str) -> int:
+        """The host pid of a running container's first process (``containerd://<id>`` as the
+        pod's status gives it, or the bare id), from containerd's task list."""
+        cid = container_id.removeprefix("containerd://")
+        listed = self._ctr("tasks", "ls", timeout_s=15)
+        for line in listed.stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 3 and fields[0] == cid and fields[2] == "RUNNING":
+                return int(fields[1])
+        raise NodeError(f"container {cid} has no running task (ctr tasks ls: "
+                        f"{listed.stdout.strip() or listed.stderr.strip()})")
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
         """What a container wrote (the kubelet's CRI log file; "" when there is none yet)."""

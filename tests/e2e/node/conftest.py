@@ -10,6 +10,8 @@ Fixtures:
 - ``node`` (session): a started :class:`devkit.node.Node` named ``node-0``; its runtime is
   ``GPUFRAG_NODE_RUNTIME`` (auto, containerd or fake; default auto) and is printed.
 - ``node_namespace`` (function): a fresh namespace on that plane, deleted after.
+- ``device_plugin`` (function): ``gpufrag device-plugin`` on recorded NVML readings (two A100s,
+  ``GPU_UUIDS``) registered with the node's kubelet; its log's path.
 - ``gpufrag_image`` (session): the project's image built here (``devkit.image``: mmdebstrap base
   + buildah, cached) and imported into the node's containerd; its reference.
 - ``base_manifests`` (session): ``manifests/base`` rendered by kubectl's kustomize with the
@@ -19,7 +21,10 @@ Fixtures:
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,6 +42,8 @@ from devkit.node import Node
 from devkit.procs import ControlPlaneError
 
 RUNTIME_ENV = "GPUFRAG_NODE_RUNTIME"
+# The device plugin's recorded GPUs (two A100s).
+GPU_UUIDS = ["GPU-6f1c1d3e-0000-4000-8000-000000000000", "GPU-6f1c1d3e-0000-4000-8000-000000000001"]
 MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
 
 
@@ -131,3 +138,29 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     template = (spec.get("jobTemplate", {}).get("spec", spec)).get("template") or {}
     pod = template.get("spec") or {}
     return [*pod.get("initContainers", []), *pod.get("containers", [])]
+
+
+@pytest.fixture
+def device_plugin(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Path]:
+    recording = tmp_path / "nvml.json"
+    recording.write_text(json.dumps({"devices": [
+        {"name": "NVIDIA A100-SXM4-80GB", "uuid": uuid, "memory_total": 85_899_345_920,
+         "samples": [{"gpu": 0, "memory_used": 0}]} for uuid in GPU_UUIDS]}))
+    log = tmp_path / "device-plugin.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "gpufrag"), "device-plugin",
+             f"--node-name={node.name}",
+             f"--socket-dir={node.device_plugin_dir}", f"--nvml-recording={recording}",
+             f"--kubeconfig={node_plane.kubeconfig_path}", "--metrics-port=0"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield log
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
