@@ -39,7 +39,7 @@ from devkit.build import BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
 from devkit.image import ImageBuildError, build_image
 from devkit.node import Node
-from devkit.procs import ControlPlaneError
+from devkit.procs import ComponentProcess, ControlPlaneError
 
 RUNTIME_ENV = "GPUFRAG_NODE_RUNTIME"
 # The device plugin's recorded GPUs (two A100s).
@@ -158,9 +158,4 @@ def device_plugin(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Itera
     try:
         yield log
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        ComponentProcess("device-plugin", process, log, 0).stop()

@@ -35,10 +35,13 @@ DELETE_AT_S = 3.0   # the pod is deleted this long into the load
 LOAD_S = 16.0       # past the drain delay (5 s), the queue's drain and the process's exit
 
 
-def serving_pod(manifests: list[dict[str, Any]], node: Node) -> dict[str, Any]:
+def serving_pod(manifests: list[dict[str, Any]], node: Node, *,
+                prestop_s: int | None = None) -> dict[str, Any]:
     """The serving example's pod, fitted to this node: bound to it directly (no
     gpufrag-scheduler here), the small built-in model, no GPU share and CPU requests that fit
-    two cores, and the model cache on an emptyDir instead of the machine's disk."""
+    two cores, and the model cache on an emptyDir instead of the machine's disk. With
+    ``prestop_s``, a preStop ``sleep`` waits out the endpoint's removal instead of the server's
+    drain delay (``--drain-delay-s=0``, the alternative docs/serving.md gives)."""
     deployment = next(d for d in manifests
                       if d["kind"] == "Deployment" and d["metadata"]["name"] == "resnet-serving")
     spec = json.loads(json.dumps(deployment["spec"]["template"]["spec"]))
@@ -47,6 +50,9 @@ def serving_pod(manifests: list[dict[str, Any]], node: Node) -> dict[str, Any]:
     server = next(c for c in spec["containers"] if c["name"] == "server")
     server["args"] = [f"--model=builtin:{MODEL}" if a.startswith("--model=") else a
                       for a in server["args"]]
+    if prestop_s is not None:
+        server["args"].append("--drain-delay-s=0")
+        server["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", str(prestop_s)]}}}
     server["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"},
                            "limits": {"cpu": "2", "memory": "2Gi"}}
     spec["volumes"] = [{"name": v["name"], "emptyDir": {}} if "hostPath" in v else v
@@ -107,16 +113,28 @@ class Outcome:
     error: str | None = None
 
 
+def _service(manifests: list[dict[str, Any]]) -> dict[str, Any]:
+    """The serving example's Service: its EndpointSlice shows when the endpoint stops being
+    ready (the endpoint-slice controller, not the pod, decides that)."""
+    service = next(d for d in manifests
+                   if d["kind"] == "Service" and d["metadata"]["name"] == "resnet-serving")
+    return {**service, "metadata": {"name": "resnet-serving"}}
+
+
 @pytest.fixture
-def serving(node: Node, node_plane: ControlPlane, node_namespace: str, gpufrag_image: str,
+def serving(request: pytest.FixtureRequest, node: Node, node_plane: ControlPlane,
+            node_namespace: str, gpufrag_image: str,
             base_manifests: list[dict[str, Any]]) -> tuple[str, kubernetes.client.V1Pod]:
+    """The serving pod and its Service, Ready; ``request.param`` is the preStop sleep (None:
+    as shipped, the server's own drain delay)."""
     core = kubernetes.client.CoreV1Api(node_plane.api_client())
-    core.create_namespaced_pod(node_namespace, serving_pod(base_manifests, node))
+    core.create_namespaced_service(node_namespace, _service(base_manifests))
+    core.create_namespaced_pod(node_namespace, serving_pod(
+        base_manifests, node, prestop_s=getattr(request, "param", None)))
 
     def ready() -> kubernetes.client.V1Pod | None:
         pod = core.read_namespaced_pod("serving", node_namespace)
-        if pod.status.phase == "Failed":
-            raise AssertionError(f"the serving pod failed: {pod.status}")
+        assert pod.status.phase != "Failed", pod.status
         return pod if pod.status.phase == "Running" and _ready(pod) else None
 
     try:
@@ -125,6 +143,18 @@ def serving(node: Node, node_plane: ControlPlane, node_namespace: str, gpufrag_i
         print(node.container_log(node_namespace, "serving", "server"))
         raise
     return node_namespace, pod
+
+
+def _endpoint_ready(discovery: kubernetes.client.DiscoveryV1Api, namespace: str,
+                    ip: str) -> bool | None:
+    """The Service's endpoint for ``ip``: ready (True), not ready or gone (False), or not yet
+    published (None)."""
+    slices = discovery.list_namespaced_endpoint_slice(
+        namespace, label_selector="kubernetes.io/service-name=resnet-serving").items
+    endpoints = [e for s in slices for e in (s.endpoints or []) if ip in (e.addresses or [])]
+    if not endpoints:
+        return False if slices else None
+    return all(bool(e.conditions and e.conditions.ready) for e in endpoints)
 
 
 def test_serve_answers_v2_and_metrics_through_the_pod_ip(
@@ -160,12 +190,18 @@ def test_serve_answers_v2_and_metrics_through_the_pod_ip(
     assert not_json == [], not_json[:5]
 
 
+@pytest.mark.parametrize("serving", [None, 5], ids=["as-shipped", "prestop-sleep"],
+                         indirect=True)
 def test_deleting_the_pod_under_load_loses_no_accepted_request(
         node: Node, node_plane: ControlPlane, serving: tuple[str, kubernetes.client.V1Pod]) -> None:
     namespace, pod = serving
     ip = pod.status.pod_ip
     body = _infer_body(ip)
     core = kubernetes.client.CoreV1Api(node_plane.api_client())
+    discovery = kubernetes.client.DiscoveryV1Api(node_plane.api_client())
+    wait_until(lambda: _endpoint_ready(discovery, namespace, ip), timeout_s=30,
+               what="the Service's endpoint to be ready")
+    prestop = any(c.get("lifecycle") for c in pod.to_dict()["spec"]["containers"])
     total = int(LOAD_S * RATE_PER_S)
     outcomes = [Outcome(i / RATE_PER_S) for i in range(total)]
     marks: dict[str, float] = {}
@@ -188,8 +224,17 @@ def test_deleting_the_pod_under_load_loses_no_accepted_request(
                 marks.setdefault("listener_closed", now)
             time.sleep(0.05)
 
-    watcher = threading.Thread(target=watch_readiness, daemon=True)
-    watcher.start()
+    def watch_endpoint() -> None:
+        while not stop.is_set():
+            if "deleted" in marks and _endpoint_ready(discovery, namespace, ip) is False:
+                marks.setdefault("endpoint_not_ready", time.monotonic() - started)
+                return
+            time.sleep(0.1)
+
+    watchers = [threading.Thread(target=watch_readiness, daemon=True),
+                threading.Thread(target=watch_endpoint, daemon=True)]
+    for watcher in watchers:
+        watcher.start()
     with ThreadPoolExecutor(max_workers=64) as pool:
         for outcome in outcomes:
             delay = started + outcome.sent_s - time.monotonic()
@@ -200,21 +245,26 @@ def test_deleting_the_pod_under_load_loses_no_accepted_request(
                 marks["deleted"] = time.monotonic() - started
             pool.submit(send, outcome)
     stop.set()
-    watcher.join(timeout=5)
+    for watcher in watchers:
+        watcher.join(timeout=5)
 
     by_kind = Counter(o.kind for o in outcomes)
+    # Readiness turns false first: the server's (503 at SIGTERM, as shipped) or, with a
+    # preStop sleep, the endpoint's (the server is told only when the sleep is over).
+    not_ready_at = marks["endpoint_not_ready" if prestop else "ready_503"]
     after_503 = [o for o in outcomes
-                 if o.kind == "answered" and o.status == 200 and o.sent_s > marks["ready_503"]]
+                 if o.kind == "answered" and o.status == 200 and o.sent_s > not_ready_at]
     print(f"\n{total} requests at {RATE_PER_S:g}/s: {dict(by_kind)}; statuses "
           f"{dict(Counter(o.status for o in outcomes if o.status))}; marks (s) "
-          f"{ {k: round(v, 2) for k, v in marks.items()} }; 200s after readiness 503: "
+          f"{ {k: round(v, 2) for k, v in marks.items()} }; 200s after readiness false: "
           f"{len(after_503)}")
     lost = [o for o in outcomes if o.kind == "lost"]
     assert lost == [], lost[:5]
     bad = [o for o in outcomes if o.kind == "answered" and not (
         o.status == 200 or (o.status == 503 and o.retry_after))]
     assert bad == [], bad[:5]
-    assert "ready_503" in marks and "listener_closed" in marks, marks
-    assert marks["deleted"] < marks["ready_503"] < marks["listener_closed"], marks
+    assert {"endpoint_not_ready", "listener_closed"} <= set(marks), marks
+    assert marks["deleted"] < not_ready_at < marks["listener_closed"], marks
+    assert marks["endpoint_not_ready"] < marks["listener_closed"], marks
     assert after_503, "nothing was answered while the endpoint was being removed"
     assert by_kind["answered"] > 0 and by_kind["refused"] > 0, by_kind  # both phases seen
