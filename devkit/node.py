@@ -441,6 +441,7 @@ class Node:
         sock = self.node_dir / "containerd" / "containerd.sock"
         wait_until(lambda: True if (sock.exists() and self._ctr("version").returncode == 0)
                    else _alive_or_raise(containerd), timeout_s=30, what="containerd to listen")
+        self._remove_pod_netns()  # a crashed run's leftovers
         self._expose_api_server()
         for ref, cmd in ((PAUSE_IMAGE, ["/bin/sh", "-c", "trap 'exit 0' TERM INT; "
                                                           "while :; do sleep 3600 & wait; done"]),
@@ -448,6 +449,24 @@ class Node:
             self.import_image(busybox_oci_archive(
                 self.node_dir / "images" / (ref.rsplit("/", 1)[1].replace(":", "-") + ".tar"),
                 ref, cmd))
+
+    @staticmethod
+    def _remove_pod_netns() -> int:
+        """Delete the pod network namespaces left on this machine's pod subnet (containerd
+        makes them under /run/netns and removes them only when it tears a sandbox down, which
+        a stopped node never does): each holds a veth on the bridge and an address that the
+        next node's fresh IPAM hands out again, so a leftover answers ARP for a new pod's IP.
+        Called with the node lock held (start and stop), so no running node owns them."""
+        removed = 0
+        netns_dir = Path("/run/netns")
+        prefix = POD_SUBNET.rsplit(".", 1)[0] + "."
+        for name in sorted(p.name for p in netns_dir.glob("cni-*")) if netns_dir.is_dir() else []:
+            addresses = subprocess.run(["ip", "-n", name, "-4", "-o", "addr", "show"],
+                                       capture_output=True, text=True, check=False).stdout
+            if f"inet {prefix}" in addresses:
+                subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+                removed += 1
+        return removed
 
     def _api_server_rule(self) -> list[str]:
         port = self.plane.server.rsplit(":", 1)[1]
@@ -528,6 +547,8 @@ class Node:
             if name != "kubelet":
                 component.stop()
         self._kill_shims()
+        if self.runtime == "containerd":
+            self._remove_pod_netns()
         self._unexpose_api_server()
         self._unmount_under(self.node_dir)
         if self._lock is not None:

@@ -32,7 +32,7 @@ MODEL = "resnet-small"
 PORT = 8000
 RATE_PER_S = 20.0   # open loop: request i is sent at i / RATE_PER_S, whatever came back
 DELETE_AT_S = 3.0   # the pod is deleted this long into the load
-LOAD_S = 16.0       # past the drain delay (5 s), the queue's drain and the process's exit
+LOAD_S = 12.0       # past the drain delay (5 s), the queue's drain and the exit (~8.2 s in)
 
 
 def serving_pod(manifests: list[dict[str, Any]], node: Node, *,
@@ -188,6 +188,39 @@ def test_serve_answers_v2_and_metrics_through_the_pod_ip(
         except ValueError:
             not_json.append(line)
     assert not_json == [], not_json[:5]
+
+
+def test_serve_in_the_image_needs_no_cache_setting(
+        node: Node, node_plane: ControlPlane, node_namespace: str,
+        base_manifests: list[dict[str, Any]]) -> None:
+    """The image's user has HOME=/nonexistent on a read-only root: with no cache setting and
+    no cache volume, a built-in model is generated under the temp dir (the /tmp emptyDir)."""
+    manifest = serving_pod(base_manifests, node)
+    manifest["metadata"]["name"] = "no-cache-dir"
+    server = next(c for c in manifest["spec"]["containers"] if c["name"] == "server")
+    server["env"] = [e for e in server["env"] if e["name"] != "GPUFRAG_MODEL_CACHE_DIR"]
+    server["volumeMounts"] = [m for m in server["volumeMounts"] if m["mountPath"] == "/tmp"]
+    manifest["spec"].pop("initContainers")
+    core = kubernetes.client.CoreV1Api(node_plane.api_client())
+    core.create_namespaced_pod(node_namespace, manifest)
+
+    def ready() -> kubernetes.client.V1Pod | None:
+        pod = core.read_namespaced_pod("no-cache-dir", node_namespace)
+        assert pod.status.phase != "Failed", pod.status
+        return pod if _ready(pod) else None
+
+    try:
+        pod = wait_until(ready, timeout_s=120, what="the pod with no cache setting to be Ready")
+    except Exception:
+        print(node.container_log(node_namespace, "no-cache-dir", "server"))
+        raise
+    kind, status, _, _ = _request(pod.status.pod_ip, "POST", f"/v2/models/{MODEL}/infer",
+                                  _infer_body(pod.status.pod_ip))
+    assert (kind, status) == ("answered", 200)
+    events = [json.loads(line.split(" ", 3)[3]) for line in
+              node.container_log(node_namespace, "no-cache-dir", "server").splitlines()]
+    (fallback,) = [e for e in events if e["event"] == "model_cache_fallback"]
+    assert fallback["path"].startswith("/tmp/"), fallback
 
 
 @pytest.mark.parametrize("serving", [None, 5], ids=["as-shipped", "prestop-sleep"],
