@@ -32,7 +32,8 @@ from defrag.controller.model import Snapshot, snapshot_of_state
 from defrag.controller.planner import plan
 from scheduler.core import ClusterState, PodRequest, TargetWorkload
 from scheduler.policies import make_policy
-from simulations.defrag_whatif import SYNTHETIC_BETA, with_gpu_memory
+from simulations.defrag_whatif import with_gpu_memory
+from simulations.rightsizing import SYNTHETIC_BETA
 from simulations.synthetic import SHARE_CPU, SHARE_MILLI, WHOLE_CPU, synthetic_nodes
 
 TARGET_S = 2.0

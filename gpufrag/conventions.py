@@ -81,6 +81,11 @@ SCHEDULER_NAME = "gpufrag-scheduler"
 HINTS_CONFIGMAP = "gpufrag-placement-hints"
 HINTS_NAMESPACE = "gpufrag-system"
 
+# The namespace of a GPU reservation's placement in a ClusterState (its key is
+# "<reservation>/<name>"; scheduler.kube.reservations): ':' is not allowed in a namespace name,
+# so no pod key can collide with it. Here so the pure planner can tell a held share from a pod.
+RESERVATION_PLACEMENT_NAMESPACE = "<reservation>"
+
 # The shared names section in the environment: GPUFRAG_NAMES__GPU_MILLI=aliyun.com/gpu-mem.
 NAMES_ENV_PREFIX = "GPUFRAG_NAMES__"
 

@@ -4,23 +4,31 @@
    replay of the trace (tuned to ``--fill`` x GPU capacity) with a *baseline* policy
    (``--fill-policy``, default ``random``: the spread a scheduler that ignores fragmentation
    leaves behind). Pods that found no room stay pending.
-2. **Usage.** Every GPU pod gets a used-memory figure drawn from the GenAI serving trace's
-   ``pod_gpu_memory_used_bytes`` (``--genai-memory``; a seeded Beta(10.8, 11.7) fitted to that
-   trace when the file is absent). Mapping: each trace sample is a Stable Diffusion pod that holds
-   one whole GPU; the trace does not name the GPU, and its largest sample (47.3 GiB) sits just
-   under 48 GiB, so a sample is read as the fraction ``bytes / 48 GiB`` (``--genai-gpu-gib``) of
-   the GPU that pod held, capped at 1. A pod here then uses that fraction *of what it reserves*:
-   ``used = fraction x gpu_milli / 1000 x the GPU's memory`` on each of its GPUs. GPU memory per
-   product: T4, P100, V100M16 16 GiB, V100M32 32 GiB, A10 24 GiB; openb's undisclosed G1-G3 (and
-   the synthetic cluster's unknown ones) ``--default-gpu-gib`` (32).
-3. **Cycles.** Each cycle is what the CronJob does: the planner plans with the scheduler's policy
-   (``--policy``, default fgd) and the executor carries the plan out — with the dry-run writer,
-   so every replacement lands where the hint steers it — then the scheduler retries the pending
-   pods (the same ``choose``). Evictions are capped per cycle (``--max-evictions-total``, by
-   default ``--eviction-budget-pct`` of the pods placed).
+2. **Usage over time.** Every GPU pod is given one container of the GenAI serving trace's
+   ``pod_gpu_memory_used_bytes`` (``--genai-memory``; a seeded stand-in of its shape when the
+   file is absent) and uses, at each cycle's time, that series' fraction *of what it reserved*
+   (:mod:`simulations.rightsizing`). Mapping: each trace sample is a Stable Diffusion pod that
+   holds one whole GPU; the trace does not name the GPU, and its largest sample (47.3 GiB) sits
+   just under 48 GiB, so a sample is read as the fraction ``bytes / 48 GiB``
+   (``--genai-gpu-gib``) of the GPU that pod held, capped at 1:
+   ``used = fraction(t) x gpu_milli / 1000 x the GPU's memory`` on each of its GPUs. GPU memory
+   per product: T4, P100, V100M16 16 GiB, V100M32 32 GiB, A10 24 GiB; openb's undisclosed G1-G3
+   (and the synthetic cluster's unknown ones) ``--default-gpu-gib`` (32).
+3. **Cycles**, ``--cycle-interval-s`` apart from ``--history-h`` into the series. Each is what
+   the CronJob does, with its code: the readings so far feed the right-sizing recommender and
+   the webhook's rule gives each replacement's share (``--rightsizing-mode``, default
+   ``auto``); the planner plans with the scheduler's policy (``--policy``, default fgd), the
+   cooldown and the hysteresis the last cycle left (:mod:`defrag.controller.convergence`); the
+   executor carries the plan out with a writer that holds each move's reservation before its
+   eviction and lets the scheduler retry the pending pods in the window before each bind
+   (:mod:`simulations.reservations`); then the scheduler retries the pending pods again.
+   Evictions are capped per cycle (``--max-evictions-total``, by default
+   ``--eviction-budget-pct`` of the pods placed).
 
 Reported before/after: waste ratio, fragmentation ratio, free whole GPUs, pending pods (and
-those placed), evictions — a table, ``DIR/defrag_summary.json`` and a plot.
+those placed), evictions, triggered nodes, per cycle what the moves cut and whether the cycle
+settled, the bound right-sizing can reach, and issue 14's targets — a table,
+``DIR/defrag_summary.json`` and a plot.
 """
 
 from __future__ import annotations
@@ -29,8 +37,10 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +48,14 @@ import numpy as np
 import numpy.typing as npt
 
 from defrag.controller.config import DefragConfig, Limits
-from defrag.controller.executor import DryRunActions, Executor
+from defrag.controller.convergence import Convergence, DefragState, convergence
+from defrag.controller.executor import Executor
 from defrag.controller.measure import Summary, comparison_rows, measure
 from defrag.controller.metrics import CycleMetrics
 from defrag.controller.model import PodInfo, Snapshot, snapshot_of_state
-from defrag.controller.planner import plan
+from defrag.controller.planner import Move, plan
+from defrag.controller.trigger import find_triggers
+from defrag.rightsizing.recommender import Mode
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.placement import ScoreCache, choose
@@ -52,19 +65,25 @@ from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.policies import POLICY_NAMES, make_policy
 from simulations.openb import amount, load_nodes, load_pods, read_rows
 from simulations.replay import replay
+from simulations.reservations import WhatIfActions
+from simulations.rightsizing import (
+    BYTES_PER_GIB,
+    MAX_SAMPLE_BYTES,
+    SYNTHETIC_BETA,
+    MemoryTrace,
+    Rightsizing,
+    read_memory_trace,
+    synthetic_memory_trace,
+)
 from simulations.synthetic import synthetic_nodes, synthetic_pods
 from simulations.workload import tune_workload
 
 FloatArray = npt.NDArray[np.float64]
 GIB_MIB = 1024
-BYTES_PER_GIB = 1024**3
 GENAI_FILE = "pod_gpu_memory_used_bytes_anon.csv"
-MAX_SAMPLE_BYTES = 2**63
 # Where DESIGN.md keeps the shared data, relative to the project root (the working directory).
 DEFAULT_GENAI = Path("..") / "shared" / "data" / "genai" / GENAI_FILE
 GENAI_GPU_GIB = 48.0
-# Method-of-moments Beta fit to the GenAI trace's fractions (mean 0.48, sd 0.10).
-SYNTHETIC_BETA = (10.8, 11.7)
 GPU_MEMORY_GIB = {"T4": 16, "P100": 16, "V100M16": 16, "V100M32": 32, "A10": 24}
 DEFAULT_GPU_GIB = 32
 
@@ -118,6 +137,7 @@ def with_gpu_memory(nodes: Sequence[NodeSpec], default_gib: int) -> list[NodeSpe
 @dataclass
 class CycleRecord:
     cycle: int
+    at_s: float  # what-if time of the cycle (seconds since the containers' first samples)
     planned: int
     evicted: int
     landed: int
@@ -126,6 +146,17 @@ class CycleRecord:
     summary: Summary
     pending: int
     seconds: float
+    convergence: Convergence
+    cuts_waste: int = 0  # moves whose purposes include waste
+    cuts_fragmentation: int = 0
+    rightsized: int = 0  # replacements admitted with a different share
+    reclaimed_milli: int = 0  # share given back by right-sized replacements
+    committed: bool = True  # every reservation was held (else nothing was evicted)
+    landed_elsewhere: int = 0
+    placed_in_window: int = 0  # pending pods placed between an eviction and its bind
+    moves: tuple[Move, ...] = ()  # carried out (evicted)
+    # The webhook's skips for the share pods' replacements (gpufrag_admission_skips_total).
+    admission_skips: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -137,8 +168,15 @@ class WhatIfResult:
     pods: int  # placed when the cycles start
     before: Summary
     pending_before: int
+    gpu_nodes: int = 0
+    triggered_before: int = 0
     cycles: list[CycleRecord] = field(default_factory=list)
     usage_source: str = ""
+    rightsizing: str = Mode.AUTO.value
+    reservations: bool = True
+    interval_s: float = 0.0
+    moves_per_pod: Counter[str] = field(default_factory=Counter)
+    ceiling: Ceiling | None = None  # at the first cycle
 
     @property
     def after(self) -> Summary:
@@ -152,6 +190,20 @@ class WhatIfResult:
     def pending_after(self) -> int:
         return self.cycles[-1].pending if self.cycles else self.pending_before
 
+    @property
+    def moved_twice(self) -> int:
+        """Pods (their owners' replicas) moved more than once."""
+        return sum(1 for n in self.moves_per_pod.values() if n > 1)
+
+    @property
+    def max_cycle_evictions(self) -> int:
+        return max((c.evicted for c in self.cycles), default=0)
+
+    @property
+    def settled_cycle(self) -> int | None:
+        """The first cycle that ended settled (convergence), or None."""
+        return next((c.cycle for c in self.cycles if c.convergence.settled), None)
+
     def as_dict(self) -> dict[str, Any]:
         def side(s: Summary, pending: int) -> dict[str, Any]:
             return {**s.as_dict(), "pending_pods": pending}
@@ -161,16 +213,35 @@ class WhatIfResult:
         return {
             "workload": self.workload, "fill_policy": self.fill_policy, "policy": self.policy,
             "seed": self.seed, "usage_source": self.usage_source,
-            "pods": self.pods, "evictions": self.evictions,
+            "rightsizing_mode": self.rightsizing, "reservations": self.reservations,
+            "cycle_interval_s": self.interval_s,
+            "pods": self.pods, "gpu_nodes": self.gpu_nodes, "evictions": self.evictions,
             "evictions_pct_of_pods": round(100.0 * self.evictions / max(self.pods, 1), 3),
+            "max_cycle_evictions_pct_of_pods": round(
+                100.0 * self.max_cycle_evictions / max(self.pods, 1), 3),
+            "pods_moved_twice": self.moved_twice,
+            "settled_cycle": self.settled_cycle,
+            "triggered_before": self.triggered_before,
             "pending_pods_placed": self.pending_before - self.pending_after,
             "free_whole_gpus_gain_pct": round(100.0 * gain, 2),
             "before": side(before, self.pending_before),
             "after": side(after, self.pending_after),
-            "cycles": [{"cycle": c.cycle, "planned": c.planned, "evicted": c.evicted,
-                        "landed": c.landed, "pending_placed": c.pending_placed,
+            "rightsizing_ceiling": None if self.ceiling is None else {
+                **self.ceiling.summary.as_dict(), "triggered_waste": self.ceiling.triggered_waste,
+                "rightsized": self.ceiling.rightsized},
+            "targets": [{"target": t.name, "figure": t.figure, "goal": t.goal, "met": t.met}
+                        for t in targets(self)],
+            "cycles": [{"cycle": c.cycle, "at_s": c.at_s, "planned": c.planned,
+                        "evicted": c.evicted, "landed": c.landed,
+                        "landed_elsewhere": c.landed_elsewhere,
+                        "pending_placed": c.pending_placed,
+                        "placed_in_window": c.placed_in_window, "committed": c.committed,
+                        "cuts_waste": c.cuts_waste, "cuts_fragmentation": c.cuts_fragmentation,
+                        "rightsized": c.rightsized, "reclaimed_milli": c.reclaimed_milli,
+                        "admission_skips": dict(sorted(c.admission_skips.items())),
                         "free_whole_gpus_after_moves": c.free_whole_gpus_after_moves,
                         "pending": c.pending, "seconds": round(c.seconds, 3),
+                        "convergence": c.convergence.as_dict(),
                         **c.summary.as_dict()} for c in self.cycles],
         }
 
@@ -188,9 +259,10 @@ def fill_cluster(nodes: list[NodeSpec], pods: list[PodRequest], *, fill: float,
     return state, pending
 
 
-def _place_pending(snapshot: Snapshot, policy: Policy, cache: ScoreCache | None,
-                   draw: UsedFractions) -> int:
-    """The scheduler's retry of the pending pods, in order; returns how many were placed."""
+def place_pending(snapshot: Snapshot, policy: Policy, cache: ScoreCache | None,
+                   sizing: Rightsizing, now_s: float) -> int:
+    """The scheduler's retry of the pending pods, in order; returns how many were placed.
+    A placed GPU pod starts using memory as its container of the trace does at ``now_s``."""
     state = snapshot.state
     placed = 0
     waiting: list[PodInfo] = []
@@ -202,8 +274,8 @@ def _place_pending(snapshot: Snapshot, policy: Policy, cache: ScoreCache | None,
         placement = state.place(info.request, decision.row, decision.gpus, check=False)
         used = None
         if info.request.wants_gpu:
-            used = float(draw(1)[0]) * info.request.gpu_milli / 1000 * float(
-                state.gpu_memory_mib[decision.row])
+            sizing.track(info.key, info.request, float(state.gpu_memory_mib[decision.row]))
+            used = sizing.used_mib(info.key, now_s)
         snapshot.usage.add(placement, decision.row, used)
         snapshot.pods[info.key] = replace(info, node=placement.node, running=True)
         placed += 1
@@ -211,56 +283,196 @@ def _place_pending(snapshot: Snapshot, policy: Policy, cache: ScoreCache | None,
     return placed
 
 
+def _gpu_memory_of_pods(state: ClusterState) -> dict[str, float]:
+    return {k: float(state.gpu_memory_mib[state.index[p.node]])
+            for k, p in state.pods.items() if p.pod.wants_gpu}
+
+
+def _refresh_usage(snapshot: Snapshot, sizing: Rightsizing, now_s: float) -> None:
+    """Every tracked pod's memory as its container of the trace uses it at ``now_s``."""
+    usage, state = snapshot.usage, snapshot.state
+    for key in state.pods:
+        if key in sizing.pods:
+            usage.pod_used_mib[key] = sizing.used_mib(key, now_s)
+    usage.recompute(state)
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """What the measure would read if every share pod held, right now, the share its
+    replacement would be admitted with — no eviction budget, no move: the most right-sizing
+    can give back at that moment (whole-GPU pods keep what they ask)."""
+
+    summary: Summary
+    triggered_waste: int  # nodes still above --threshold on waste
+    rightsized: int  # share pods whose share would change
+
+
+def rightsizing_ceiling(snapshot: Snapshot, target: TargetWorkload,
+                        threshold: float) -> Ceiling:
+    """:class:`Ceiling` for ``snapshot`` (left as it was given)."""
+    state = snapshot.state
+    changed = []
+    for key, milli in snapshot.rightsized.items():
+        old = state.pods[key]
+        state.remove_pod(key)
+        state.place(replace(old.pod, gpu_milli=milli), old.node, old.gpus, check=False)
+        changed.append(old)
+    try:
+        m = measure(state, snapshot.usage, target)
+    finally:
+        for old in changed:
+            state.remove_pod(pod_key(old.pod))
+            state.place(old.pod, old.node, old.gpus, check=False)
+    over = int((np.nan_to_num(m.waste_ratio, nan=0.0) > threshold).sum())
+    return Ceiling(m.summary, over, len(changed))
+
+
+def _gpu_nodes(state: ClusterState) -> int:
+    n = state.size
+    return int((state.active[:n] & (state.gpu_count[:n] > 0)).sum())
+
+
 _DEFAULTS = DefragConfig()
+DEFAULT_CYCLES = 6
+DEFAULT_HISTORY_H = 12.0
+# The CronJob's schedule in the manifests ("*/15 * * * *").
+DEFAULT_INTERVAL_S = 900.0
 
 
 def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str = "synthetic",
                fill: float = 0.85, fill_policy: str = "random", policy: str = "fgd",
-               seed: int = 42, cycles: int = 3, threshold: float | None = None,
+               seed: int = 42, cycles: int = DEFAULT_CYCLES, threshold: float | None = None,
                max_evictions_total: int | None = None, max_evictions_per_node: int = 2,
-               eviction_budget_pct: float = 1.5, fractions: FloatArray | None = None,
-               coverage: float = 0.95) -> WhatIfResult:
-    """Fill, draw usage, run ``cycles`` defrag cycles; the per-cycle eviction budget is
-    ``max_evictions_total`` or else ``eviction_budget_pct`` % of the pods placed."""
+               eviction_budget_pct: float = 1.5, trace: MemoryTrace | None = None,
+               coverage: float = 0.95, rightsizing: Mode = Mode.AUTO,
+               history_s: float = DEFAULT_HISTORY_H * 3600.0,
+               interval_s: float = DEFAULT_INTERVAL_S,
+               cooldown_s: float = _DEFAULTS.cooldown_s,
+               min_gain_gpus: float = _DEFAULTS.min_gain_gpus,
+               reservations: bool = True) -> WhatIfResult:
+    """Fill, give every GPU pod a memory series, run ``cycles`` defrag cycles every
+    ``interval_s`` starting ``history_s`` into the series (the recommender's history so far);
+    the per-cycle eviction budget is ``max_evictions_total`` or else ``eviction_budget_pct`` %
+    of the pods placed."""
     target = TargetWorkload.from_pods(pods, coverage=coverage)
     state, pending = fill_cluster(nodes, pods, fill=fill, fill_policy=fill_policy, seed=seed,
                                   target=target)
-    draw = sampler(fractions, seed)
-    gpu_pods = [(k, p) for k, p in state.pods.items() if p.pod.wants_gpu]
-    share = draw(len(gpu_pods))
-    used = {k: float(f) * p.pod.gpu_milli / 1000 * float(state.gpu_memory_mib[
-        state.index[p.node]]) for (k, p), f in zip(gpu_pods, share, strict=True)}
+    trace = trace if trace is not None else synthetic_memory_trace(seed)
+    sizing = Rightsizing(trace, mode=rightsizing, seed=seed)
+    for key, placement in state.pods.items():
+        sizing.track(key, placement.pod, float(state.gpu_memory_mib[state.index[placement.node]]))
+    now = history_s
+    used = {k: sizing.used_mib(k, now) for k in state.pods if k in sizing.pods}
     snapshot = snapshot_of_state(state, used, pending=pending)
     placed_pods = len(state.pods)
     total = (max_evictions_total if max_evictions_total is not None
              else max(1, int(placed_pods * eviction_budget_pct / 100)))
     # One namespace in the simulation: the namespace limit is the total.
     config = DefragConfig(threshold=_DEFAULTS.threshold if threshold is None else threshold,
+                          cooldown_s=cooldown_s, min_gain_gpus=min_gain_gpus,
                           limits=Limits(per_node=max_evictions_per_node, per_namespace=total,
                                         total=total),
                           policy=policy, coverage=coverage, dry_run=True).validate()
     scheduler = make_policy(policy, workload=target, seed=seed)
     cache = ScoreCache(scheduler) if scheduler.node_local else None
-    result = WhatIfResult(workload=workload, fill_policy=fill_policy, policy=policy, seed=seed,
-                          pods=placed_pods, before=measure(state, snapshot.usage, target).summary,
-                          pending_before=len(pending),
-                          usage_source="genai trace" if fractions is not None else
-                          f"synthetic Beta{SYNTHETIC_BETA}")
+    before = measure(state, snapshot.usage, target)
+    result = WhatIfResult(
+        workload=workload, fill_policy=fill_policy, policy=policy, seed=seed, pods=placed_pods,
+        before=before.summary, pending_before=len(pending), gpu_nodes=_gpu_nodes(state),
+        triggered_before=len(find_triggers(state, before, snapshot.pending, config.threshold,
+                                           threshold_off=config.off_threshold).rows),
+        usage_source=trace.source, rightsizing=rightsizing.value, reservations=reservations,
+        interval_s=interval_s)
+    memory = DefragState()
     for cycle in range(1, cycles + 1):
         started = time.perf_counter()
+        now = history_s + (cycle - 1) * interval_s
+        if cycle > 1:
+            _refresh_usage(snapshot, sizing, now)
+        # The controller's part of right-sizing: fold the readings, recommend; the webhook's
+        # rule then says what each replacement would be admitted with.
+        sizing.observe(now, _gpu_memory_of_pods(state))
+        snapshot.rightsized = sizing.rightsized({k: p.pod for k, p in state.pods.items()})
+        if result.ceiling is None:
+            result.ceiling = rightsizing_ceiling(snapshot, target, config.threshold)
+        snapshot.latched = memory.latched
+        snapshot.cooling = memory.cooling(now, config.cooldown_s)
         the_plan = plan(snapshot, scheduler, target, config)
+        actions = WhatIfActions(snapshot, scheduler, cache,
+                                partial(place_pending, snapshot, scheduler, cache, sizing, now),
+                                reserving=reservations, log=SilentLog())
         metrics = CycleMetrics(dry_run=True)
-        report = Executor(DryRunActions(SilentLog()), config, metrics, log=SilentLog()).run(
-            the_plan, snapshot, target)
-        placed = _place_pending(snapshot, scheduler, cache, draw)
+        report = Executor(actions, config, metrics, clock=partial(float, now),
+                          log=SilentLog()).run(the_plan, snapshot, target)
+        placed = place_pending(snapshot, scheduler, cache, sizing, now)
+        carried_out = [r.move for r in report.results
+                       if r.outcome not in ("refused by PDB", "pod gone")]
+        result.moves_per_pod.update(m.pod for m in carried_out)
+        summary = convergence(
+            triggered_waste=len(report.latched_after), triggered_blocking=report.blocking_after,
+            triggered=report.triggered_after, nodes=result.gpu_nodes,
+            planned=len(the_plan.moves), evicted=report.evicted,
+            cooling=the_plan.skipped.get("owner moved within --cooldown-s", 0))
+        memory = memory.after_cycle(now, config.cooldown_s, report.moved_owners,
+                                    report.latched_after)
         result.cycles.append(CycleRecord(
-            cycle=cycle, planned=len(the_plan.moves), evicted=report.evicted,
+            cycle=cycle, at_s=now, planned=len(the_plan.moves), evicted=report.evicted,
             landed=sum(1 for r in report.results if r.outcome == "landed"),
-            pending_placed=placed,
+            pending_placed=placed + actions.placed_in_window,
             free_whole_gpus_after_moves=report.after.free_whole_gpus if report.after else 0,
             summary=measure(state, snapshot.usage, target).summary,
-            pending=len(snapshot.pending), seconds=time.perf_counter() - started))
+            pending=len(snapshot.pending), seconds=time.perf_counter() - started,
+            convergence=summary,
+            cuts_waste=sum(1 for m in carried_out if "waste" in m.purposes),
+            cuts_fragmentation=sum(1 for m in carried_out if "fragmentation" in m.purposes),
+            rightsized=sum(1 for m in carried_out if m.new_milli),
+            reclaimed_milli=sum(m.gpu_milli - m.new_milli for m in carried_out if m.new_milli),
+            committed=report.committed, landed_elsewhere=actions.landed_elsewhere,
+            placed_in_window=actions.placed_in_window, moves=tuple(carried_out),
+            admission_skips=dict(sizing.skips)))
     return result
+
+
+# ----------------------------------------------------------------------------- targets
+@dataclass(frozen=True)
+class Target:
+    name: str
+    figure: str
+    goal: str
+    met: bool
+
+
+def targets(result: WhatIfResult) -> list[Target]:
+    """Issue 14's targets, judged on ``result`` (the figures the CLI and the benchmark print).
+    "Once settled" is the first cycle that ended settled, else the last one."""
+    b = result.before
+    settled = result.settled_cycle
+    at = next((c for c in result.cycles if c.cycle == settled),
+              result.cycles[-1] if result.cycles else None)
+    end = at.summary if at is not None else b
+    gain = (end.free_whole_gpus - b.free_whole_gpus) / max(b.free_whole_gpus, 1)
+    pods = max(result.pods, 1)
+    per_cycle = result.max_cycle_evictions / pods
+    total = result.evictions / pods
+    off = (1.0 - at.convergence.triggered / max(at.convergence.nodes, 1)) if at else 0.0
+    return [
+        Target("waste ratio once settled", f"{b.waste_ratio:.1%} -> {end.waste_ratio:.1%}",
+               "<= 25%", end.waste_ratio <= 0.25),
+        Target("free whole GPUs", f"{b.free_whole_gpus} -> {end.free_whole_gpus} "
+               f"({gain:+.1%})", ">= +50%", gain >= 0.5),
+        Target("fragmentation ratio", f"{b.frag_ratio:.1%} -> {end.frag_ratio:.1%}", "down",
+               end.frag_ratio < b.frag_ratio),
+        Target("evictions in a cycle (max)", f"{result.max_cycle_evictions} ({per_cycle:.2%})",
+               "<= 5% of pods", per_cycle <= 0.05),
+        Target("evictions in total", f"{result.evictions} ({total:.2%})", "<= 10% of pods",
+               total <= 0.10),
+        Target("pods moved twice", str(result.moved_twice), "0", result.moved_twice == 0),
+        Target("trigger off once settled",
+               f"{off:.1%} of nodes" + (f" (settled at cycle {settled})" if settled
+                                        else " (not settled)"),
+               ">= 90% within 6 cycles", off >= 0.9 and settled is not None and settled <= 6),
+    ]
 
 
 # ----------------------------------------------------------------------------- output
@@ -270,25 +482,39 @@ def table(result: WhatIfResult) -> str:
         *comparison_rows(b, a, gib=".0f", gpus=".1f"),
         ("allocated GPUs", f"{b.allocated_gpus:.1f}", f"{a.allocated_gpus:.1f}"),
         ("pending pods", str(result.pending_before), str(result.pending_after)),
+        ("nodes triggered", str(result.triggered_before),
+         str(result.cycles[-1].convergence.triggered) if result.cycles else "-"),
     ]
-    gain = (a.free_whole_gpus - b.free_whole_gpus) / max(b.free_whole_gpus, 1)
     pct = 100.0 * result.evictions / max(result.pods, 1)
     lines = [f"defrag what-if: {result.workload}, filled by {result.fill_policy}, scheduler "
-             f"{result.policy}, seed {result.seed}, usage from {result.usage_source}",
+             f"{result.policy}, seed {result.seed}, usage from {result.usage_source}, "
+             f"right-sizing {result.rightsizing}, reservations "
+             f"{'on' if result.reservations else 'off'}, a cycle every "
+             f"{result.interval_s / 60:g} min",
              f"  {'':<24}{'before':>10}{'after':>10}"]
     lines += [f"  {name:<24}{x:>10}{y:>10}" for name, x, y in rows]
     lines.append(f"  cycles {len(result.cycles)}: evictions {result.evictions} of {result.pods} "
                  f"pods ({pct:.2f}%), pending pods placed "
-                 f"{result.pending_before - result.pending_after}")
-    lines.append(f"  free whole GPUs {gain:+.1%} (target >= +20%: "
-                 f"{'met' if gain >= 0.2 else 'NOT met'}); evictions {pct:.2f}% of pods "
-                 f"(target < 5%: {'met' if pct < 5 else 'NOT met'})")
+                 f"{result.pending_before - result.pending_after}, pods moved twice "
+                 f"{result.moved_twice}")
     for c in result.cycles:
-        s = c.summary
-        lines.append(f"    cycle {c.cycle}: planned {c.planned}, evicted {c.evicted}, free whole "
-                     f"GPUs {c.free_whole_gpus_after_moves} after the moves, pending placed "
-                     f"{c.pending_placed}, then {s.free_whole_gpus}; frag {s.frag_ratio:.1%}, "
-                     f"waste {s.waste_ratio:.1%} ({c.seconds:.1f}s)")
+        s, v = c.summary, c.convergence
+        lines.append(
+            f"    cycle {c.cycle}: planned {c.planned} ({c.cuts_waste} cut waste, "
+            f"{c.cuts_fragmentation} fragmentation; {c.rightsized} right-sized, "
+            f"{c.reclaimed_milli / 1000:.1f} GPUs given back), evicted {c.evicted}"
+            f"{'' if c.committed else ' (a reservation did not fit: plan not committed)'}, "
+            f"free whole GPUs {s.free_whole_gpus}; frag {s.frag_ratio:.1%}, waste "
+            f"{s.waste_ratio:.1%}; {v.triggered} triggered ({v.nodes - v.triggered} off), "
+            f"settled: {'yes' if v.settled else 'no'} ({c.seconds:.1f}s)")
+    if result.ceiling is not None:
+        bound = result.ceiling
+        lines.append(f"  every share pod right-sized at once (no budget, the bound): waste "
+                     f"{bound.summary.waste_ratio:.1%} ({bound.rightsized} pods), "
+                     f"{bound.triggered_waste} nodes still over the threshold")
+    lines.append("  targets (issue 14):")
+    lines += [f"    {t.name:<28}{t.figure:<40}{t.goal:<24}{'met' if t.met else 'NOT met'}"
+              for t in targets(result)]
     return "\n".join(lines)
 
 
@@ -346,7 +572,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the scheduler's policy: predicts landings, places pending pods "
                         "(default: fgd)")
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--cycles", type=int, default=3, help="defrag cycles (default: 3)")
+    p.add_argument("--cycles", type=int, default=DEFAULT_CYCLES,
+                   help=f"defrag cycles (default: {DEFAULT_CYCLES})")
+    p.add_argument("--cycle-interval-s", type=float, default=DEFAULT_INTERVAL_S,
+                   help="time between cycles, as the CronJob's schedule (default: "
+                        f"{DEFAULT_INTERVAL_S:g})")
+    p.add_argument("--history-h", type=float, default=DEFAULT_HISTORY_H,
+                   help="hours of memory readings the recommender has before the first cycle "
+                        f"(default: {DEFAULT_HISTORY_H:g})")
+    p.add_argument("--rightsizing-mode", default=Mode.AUTO.value,
+                   help="every workload's right-sizing mode: off, recommend or auto (the "
+                        "webhook sets replacements' shares; default: auto)")
+    p.add_argument("--cooldown-s", type=float, default=_DEFAULTS.cooldown_s,
+                   help=f"per-owner cooldown (default: {_DEFAULTS.cooldown_s:g})")
+    p.add_argument("--min-gain-gpus", type=float, default=_DEFAULTS.min_gain_gpus,
+                   help=f"least gain worth an eviction (default: {_DEFAULTS.min_gain_gpus:g})")
+    p.add_argument("--no-reservations", action="store_true",
+                   help="evict without holding the replacement's capacity first (to compare)")
     p.add_argument("--threshold", type=float, default=_DEFAULTS.threshold,
                    help=f"waste ratio trigger (default: {_DEFAULTS.threshold:g})")
     p.add_argument("--max-evictions-total", type=int,
@@ -356,7 +598,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="per-cycle eviction budget as %% of pods placed (default: 1.5)")
     p.add_argument("--genai-memory", type=Path,
                    help=f"GenAI trace {GENAI_FILE} (default: {DEFAULT_GENAI} when present, "
-                        "else a fitted synthetic distribution)")
+                        "else a seeded synthetic stand-in)")
     p.add_argument("--genai-gpu-gib", type=float, default=GENAI_GPU_GIB,
                    help=f"GPU memory the GenAI samples are fractions of (default: "
                         f"{GENAI_GPU_GIB:g})")
@@ -373,13 +615,19 @@ def _validate(args: argparse.Namespace) -> None:
     if args.fill_policy not in POLICY_NAMES:
         raise BadInput(f"unknown policy {args.fill_policy!r}; choose from "
                        f"{','.join(POLICY_NAMES)}", field="--fill-policy")
-    DefragConfig(threshold=args.threshold, policy=args.policy,
+    DefragConfig(threshold=args.threshold, policy=args.policy, cooldown_s=args.cooldown_s,
+                 min_gain_gpus=args.min_gain_gpus,
                  limits=Limits(per_node=args.max_evictions_per_node,
                                total=max(0, args.max_evictions_total or 0))).validate()
+    if args.rightsizing_mode not in {m.value for m in Mode}:
+        raise BadInput(f"{args.rightsizing_mode!r} is not one of "
+                       f"{', '.join(m.value for m in Mode)}", field="--rightsizing-mode")
     if (args.nodes is None) != (args.pods is None):
         raise BadInput("--nodes and --pods go together (or give neither for the synthetic run)")
     checks = (("--fill", 0 < args.fill <= 10, args.fill),
               ("--cycles", 0 <= args.cycles <= 100, args.cycles),
+              ("--cycle-interval-s", 0 < args.cycle_interval_s <= 86400, args.cycle_interval_s),
+              ("--history-h", 0 <= args.history_h <= 24 * 365, args.history_h),
               ("--synthetic-nodes", args.synthetic_nodes >= 1, args.synthetic_nodes),
               ("--eviction-budget-pct", 0 <= args.eviction_budget_pct <= 100,
                args.eviction_budget_pct),
@@ -408,7 +656,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         genai = args.genai_memory
         if genai is None and DEFAULT_GENAI.is_file():
             genai = DEFAULT_GENAI
-        fractions = genai_fractions(genai, args.genai_gpu_gib) if genai is not None else None
+        trace = (read_memory_trace(genai, args.genai_gpu_gib) if genai is not None
+                 else synthetic_memory_trace(args.seed))
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
     except BadInput as e:
@@ -422,7 +671,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy=args.policy, seed=args.seed, cycles=args.cycles, threshold=args.threshold,
         max_evictions_total=args.max_evictions_total,
         max_evictions_per_node=args.max_evictions_per_node,
-        eviction_budget_pct=args.eviction_budget_pct, fractions=fractions)
+        eviction_budget_pct=args.eviction_budget_pct, trace=trace,
+        rightsizing=Mode(args.rightsizing_mode), history_s=args.history_h * 3600.0,
+        interval_s=args.cycle_interval_s, cooldown_s=args.cooldown_s,
+        min_gain_gpus=args.min_gain_gpus,
+        reservations=not args.no_reservations)
     print(table(result))
     if args.out is not None:
         (args.out / "defrag_summary.json").write_text(json.dumps(result.as_dict(), indent=2)

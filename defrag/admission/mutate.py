@@ -24,6 +24,7 @@ import orjson
 from defrag.rightsizing.recommender import (
     MILLI_PER_GPU,
     Mode,
+    admitted_milli,
     lookup,
     milli_for,
     parse,
@@ -126,7 +127,7 @@ def decide(pod: Mapping[str, Any], workload: Workload, names: KubeNames) -> Deci
         return skip("no_recommendation", f"{workload.text} has no recommendation for model "
                                          f"version {version or '(none)'}")
     floor_milli = milli_for(rec.peak_mib, rec.gpu_memory_mib)
-    new = min(asked, max(rec.milli, floor_milli))
+    new = admitted_milli(rec, asked)
     if new >= asked:
         return skip("at_or_below_recommendation",
                     f"asks {asked} milli, recommendation {rec.milli} (peak {floor_milli})")

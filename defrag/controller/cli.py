@@ -17,7 +17,7 @@ from urllib.parse import urlparse
 
 import structlog
 
-from defrag.controller.cluster import read_cluster
+from defrag.controller.cluster import read_cluster, read_reservations
 from defrag.controller.config import DEFAULT_HYSTERESIS, OUTPUTS, DefragConfig, Limits
 from defrag.controller.convergence import DefragState, convergence, parse_state
 from defrag.controller.errors import CycleStopped
@@ -25,8 +25,11 @@ from defrag.controller.executor import ClusterActions, DryRunActions, Executor, 
 from defrag.controller.metrics import CycleMetrics
 from defrag.controller.planner import plan as make_plan
 from defrag.controller.prometheus import fetch_samples
-from defrag.controller.report import plan_json, plan_table, result_json
-from defrag.controller.snapshot import UsageSource, build_snapshot
+from defrag.controller.report import plan_json, plan_table, result_json, rightsizing_lines
+from defrag.controller.rightsize import RightsizingReport, publish
+from defrag.controller.snapshot import UsageSource, build_snapshot, hold_reservations
+from defrag.rightsizing.recommender import RightsizingConfig
+from defrag.rightsizing.workloads import WorkloadClient
 from gpufrag import logs
 from gpufrag.conventions import names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
@@ -101,9 +104,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--candidates-per-eviction", type=int, default=d.candidates_per_eviction,
                    help="candidate moves scored per allowed eviction (default: "
                         f"{d.candidates_per_eviction})")
+    s.add_argument("--min-gain-gpus", type=float, default=d.min_gain_gpus,
+                   help="plan a move only if it gives back at least this many GPUs "
+                        f"(fragmentation, freed GPUs, idle reserved memory; default: "
+                        f"{d.min_gain_gpus:g})")
     s.add_argument("--cooldown-s", type=float, default=d.cooldown_s,
                    help="an owner one of whose pods moved less than this long ago is not "
                         f"moved again (default: {d.cooldown_s:g}; 0: no cooldown)")
+    r = p.add_argument_group("right-sizing (recommendations published on workloads' controllers)")
+    rd = d.rightsizing
+    r.add_argument("--rightsizing-percentile", type=float, default=rd.percentile,
+                   help="recommend this percentile of the hourly peaks of GPU memory used "
+                        f"(default: {rd.percentile})")
+    r.add_argument("--rightsizing-headroom-fraction", type=float,
+                   default=rd.headroom_fraction,
+                   help=f"plus this fraction of it (default: {rd.headroom_fraction})")
+    r.add_argument("--rightsizing-headroom-mib", type=int, default=rd.headroom_mib,
+                   help=f"plus this much (default: {rd.headroom_mib})")
+    r.add_argument("--rightsizing-min-mib", type=int, default=rd.min_mib,
+                   help=f"never recommend less (default: {rd.min_mib})")
+    r.add_argument("--rightsizing-window-s", type=float, default=rd.window_s,
+                   help=f"history kept, in seconds (default: {rd.window_s:g}, 7 days)")
     a = p.add_argument_group("acting")
     a.add_argument("--dry-run", action="store_true",
                    help="print the plan and what would be done; write nothing")
@@ -111,7 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wait this long for each replacement to be bound (default: "
                         f"{d.bind_timeout_s:g})")
     a.add_argument("--hint-ttl-s", type=float, default=d.hint_ttl_s,
-                   help=f"placement hints expire after this long (default: {d.hint_ttl_s:g})")
+                   help="placement hints and GPU reservations expire after this long (a "
+                        "reservation's TTL counts from its pod's eviction; default: "
+                        f"{d.hint_ttl_s:g})")
     o = p.add_argument_group("output")
     o.add_argument("--output", default="table", help="table or json (JSON lines: the plan, "
                                                      "then the result)")
@@ -149,9 +172,15 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
         coverage=args.coverage, stale_intervals=args.stale_intervals,
         prometheus_interval_s=args.prometheus_interval_s, bind_timeout_s=args.bind_timeout_s,
         hint_ttl_s=args.hint_ttl_s, candidates_per_eviction=args.candidates_per_eviction,
+        min_gain_gpus=args.min_gain_gpus,
         excluded_namespaces=_names(args.exclude_namespaces),
         namespaces=_names(args.namespaces),
         dry_run=args.dry_run,
+        rightsizing=RightsizingConfig(
+            percentile=args.rightsizing_percentile,
+            headroom_fraction=args.rightsizing_headroom_fraction,
+            headroom_mib=args.rightsizing_headroom_mib, min_mib=args.rightsizing_min_mib,
+            window_s=args.rightsizing_window_s),
         names=names_from_environ(),
     ).validate()
 
@@ -179,6 +208,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
 
 
+def _rightsizing_metrics(metrics: CycleMetrics, rightsizing: RightsizingReport) -> None:
+    by_mode: dict[str, int] = {}
+    for published in rightsizing.published:
+        w = published.workload
+        by_mode[published.mode.value] = by_mode.get(published.mode.value, 0) + 1
+        for version, rec in published.recommendations.items():
+            metrics.recommendation(namespace=w.namespace, kind=w.kind, workload=w.name,
+                                   version=version, rec=rec)
+    metrics.rightsizing(by_mode, len(rightsizing.rightsized))
+
+
 def _gpu_nodes(state: ClusterState) -> int:
     n = state.size
     return int((state.active[:n] & (state.gpu_count[:n] > 0)).sum())
@@ -196,6 +236,11 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
                          dcgm_interval_s=config.prometheus_interval_s)
     snapshot, problems = build_snapshot(nodes, pods, pdbs, source, config.names)
     now = time.time()
+    held = read_reservations(client, config.names.hints_namespace)
+    if held is None:
+        log.warning("no GPUReservation CRD: a cycle with moves will stop before evicting; "
+                    "install manifests/base/crd-gpureservation.yaml")
+    problems += hold_reservations(snapshot, held or (), now)
     kube = KubeActions(client, log=log, names=config.names)
     try:
         previous = parse_state(kube.load_state())
@@ -204,6 +249,11 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
         previous = DefragState()
     snapshot.latched = previous.latched
     snapshot.cooling = previous.cooling(now, config.cooldown_s)
+    rightsizing = publish(snapshot, WorkloadClient(client), config.rightsizing, config.names,
+                          now, dry_run=config.dry_run)
+    snapshot.rightsized = rightsizing.rightsized
+    for problem in rightsizing.problems:
+        log.warning("right-sizing left a workload alone", problem=problem)
     for problem in problems:
         log.warning("object skipped", problem=problem)
     for note in snapshot.notes:
@@ -222,6 +272,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
 
     metrics = CycleMetrics(dry_run=config.dry_run)
     metrics.planned(len(the_plan.moves), the_plan.seconds)
+    _rightsizing_metrics(metrics, rightsizing)
     actions: ClusterActions = DryRunActions(log) if config.dry_run else kube
     report = Executor(actions, config, metrics, log=log).run(the_plan, snapshot, workload)
     assert report.before is not None and report.after is not None
@@ -245,7 +296,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     metrics.finished(time.perf_counter() - started)
     if json_out:
         print(result_json(report, dict(metrics.counts), dry_run=config.dry_run,
-                          convergence=summary.as_dict()))
+                          convergence=summary.as_dict(), rightsizing=rightsizing))
     else:
         for r in report.results:
             print(f"  {r.move.pod}: {r.outcome}"
@@ -253,6 +304,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
         for move, why in report.skipped:
             print(f"  {move.pod}: skipped, {why}")
         print("\n".join(metrics.summary_lines(report.before, report.after)))
+        print("\n".join(rightsizing_lines(rightsizing, dry_run=config.dry_run)))
         if report.stopped_early:
             print(f"stopped early: {report.stopped_early}")
         print(summary.line())

@@ -15,7 +15,8 @@ from typing import Any
 import orjson
 from kubernetes import client
 
-from defrag.controller.errors import call_api
+from defrag.controller.errors import ApiRefusal, call_api, call_api_or_refusal
+from scheduler.kube import reservations as rsv
 
 Obj = Mapping[str, Any]
 PAGE = 2000
@@ -43,3 +44,18 @@ def read_cluster(api_client: Any) -> tuple[list[Obj], list[Obj], list[Obj]]:
     pdbs = _list_all("PodDisruptionBudgets",
                      policy.list_pod_disruption_budget_for_all_namespaces)
     return nodes, pods, pdbs
+
+
+def read_reservations(api_client: Any, namespace: str) -> list[Obj] | None:
+    """The GPUReservations in ``namespace`` (None when the CRD is not installed)."""
+    custom = client.CustomObjectsApi(api_client)
+
+    def listing() -> Any:
+        return custom.list_namespaced_custom_object(rsv.GROUP, rsv.VERSION, namespace,
+                                                    rsv.PLURAL)
+
+    answer = call_api_or_refusal(f"listing GPUReservations in {namespace}", listing, ok=(404,))
+    if isinstance(answer, ApiRefusal):
+        return None
+    items: list[Obj] = answer.get("items") or []
+    return items

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from defrag.agent.usage import STALE_AFTER_INTERVALS
+from defrag.rightsizing.recommender import RightsizingConfig
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
 from scheduler.policies import POLICY_NAMES
@@ -60,10 +61,15 @@ class DefragConfig:
     hint_ttl_s: float = 900.0
     # How many candidate moves the planner scores with the policy, per allowed eviction.
     candidates_per_eviction: int = 8
+    # A move is worth its eviction only if it gives back at least this many GPUs (the plan's
+    # gain: fragmentation, whole GPUs freed, reserved-but-unused memory, pods unblocked).
+    min_gain_gpus: float = 0.1
     excluded_namespaces: frozenset[str] = frozenset({"kube-system"})
     # When not empty, only pods in these namespaces may move.
     namespaces: frozenset[str] = frozenset()
     dry_run: bool = False
+    # The right-sizing recommender, run on the agent's per-pod readings every cycle.
+    rightsizing: RightsizingConfig = field(default_factory=RightsizingConfig)
     # The shared names section (resource, label and annotation names; the hints ConfigMap).
     names: KubeNames = DEFAULT_NAMES
 
@@ -112,7 +118,12 @@ class DefragConfig:
             raise BadInput(f"{self.hint_ttl_s} is shorter than --bind-timeout-s "
                            f"{self.bind_timeout_s}; a hint must outlive the wait",
                            field="--hint-ttl-s")
+        if not 0.0 <= self.min_gain_gpus <= 100.0:
+            raise BadInput(f"{self.min_gain_gpus} is outside 0..100 (GPUs per eviction; "
+                           "e.g. 0.1)", field="--min-gain-gpus")
         if self.candidates_per_eviction < 1:
             raise BadInput(f"{self.candidates_per_eviction} must be >= 1",
                            field="--candidates-per-eviction")
+        for name, problem in self.rightsizing.problems():
+            raise BadInput(problem, field=f"--rightsizing-{name.replace('_', '-')}")
         return self

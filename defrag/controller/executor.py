@@ -1,6 +1,11 @@
 """Carry out a plan: every write to the cluster is in this module (descheduler's evictions/).
 
-For each move, in plan order:
+First the whole plan's capacity is held: one ``GPUReservation`` per move
+(:mod:`scheduler.kube.reservations`) on its predicted node and GPUs, for the replacement only
+(a new pod of the same owner), which the extender counts as taken for every other pod. A plan is
+committed only when every move has its reservation (KAI's consolidation rule): if any creation
+fails, the ones created are deleted again and nothing is evicted (the cycle stops, exit 1).
+Then, for each move, in plan order:
 
 1. write the placement hint (``names.hints_configmap``: owner UID -> ``[{"node", "expires"}]``) so
    the extender steers the replacement to the planned target;
@@ -8,14 +13,16 @@ For each move, in plan order:
    the API server enforces PodDisruptionBudgets, and a 429 (budget spent) is a refusal that is
    counted and skipped, not a fault;
 3. wait, for at most ``--bind-timeout-s``, for the owner's replacement pod to be bound;
-4. check where it landed, remove the hint, and update the model (the snapshot) so the next
-   move — and the "after" figures — start from what really happened;
+4. check where it landed, remove the hint and the reservation, and update the model (the
+   snapshot) so the next move — and the "after" figures — start from what really happened;
 5. stop early when no node is triggered any more; skip a move whose source node's trigger has
    cleared.
 
 Any other API error stops the cycle where it is (the report says what was done; the CLI exits
-1). A rerun reads the live state again and plans from there, so cycles are idempotent; hints a
-stopped cycle leaves behind expire on their own and are pruned at the start of the next.
+1). A rerun reads the live state again and plans from there, so cycles are idempotent; hints and
+reservations a stopped cycle leaves behind expire on their own and are pruned at the start of
+the next. The reservations of moves not carried out (skipped, or after a stop) are deleted at
+once; the one of a replacement that did not bind in time is left to its TTL (it may still bind).
 
 ``--dry-run`` swaps :class:`KubeActions` for :class:`DryRunActions` (nothing written; every
 replacement "lands" where planned); the loop is the same code.
@@ -49,7 +56,9 @@ from gpufrag.conventions import (
 )
 from gpufrag.errors import BadInput
 from scheduler.core.fragmentation import TargetWorkload
+from scheduler.kube import reservations as rsv
 from scheduler.kube.convert import bound_gpus, owner_uid
+from scheduler.kube.reservations import Reservation as Reservation
 
 EvictionOutcome = Literal["evicted", "refused", "gone"]
 Entries = dict[str, list[tuple[str, float]]]  # owner UID -> [(node, expires)]
@@ -70,7 +79,8 @@ class Landing:
 
 
 class ClusterActions(Protocol):
-    """The writes (and the one wait) a cycle performs; swapped whole for a dry run."""
+    """The writes (and the one wait) a cycle performs; swapped whole for a dry run (and for
+    the what-if's writer, which imports :class:`Reservation` from here: re-exported)."""
 
     @property
     def dry_run(self) -> bool: ...
@@ -89,6 +99,14 @@ class ClusterActions(Protocol):
                           timeout_s: float) -> Landing | None: ...
 
     def save_state(self, text: str) -> None: ...
+
+    def prune_reservations(self, now: float) -> int: ...
+
+    def reserve(self, reservation: Reservation) -> None: ...
+
+    def renew_reservation(self, name: str, expires: float) -> None: ...
+
+    def release(self, name: str) -> None: ...
 
 
 # ------------------------------------------------------------------------------ dry run
@@ -127,6 +145,20 @@ class DryRunActions:
         self.written.append(("state", "", text))
         self.log.info("dry run: would record the defrag state (cooldown, hysteresis)")
 
+    def prune_reservations(self, now: float) -> int:
+        return 0
+
+    def reserve(self, reservation: Reservation) -> None:
+        self.written.append(("reserve", reservation.name, reservation.node))
+        self.log.info("dry run: would reserve", reservation=reservation.name,
+                      node=reservation.node, gpus=list(reservation.gpus))
+
+    def renew_reservation(self, name: str, expires: float) -> None:
+        pass
+
+    def release(self, name: str) -> None:
+        self.log.info("dry run: would release the reservation", reservation=name)
+
 
 # ------------------------------------------------------------------------------ the real one
 class KubeActions:
@@ -141,6 +173,7 @@ class KubeActions:
         self._client = client
         self.names = names
         self.core: Any = client.CoreV1Api(api_client)  # bodies are passed as plain dicts
+        self.custom: Any = client.CustomObjectsApi(api_client)
         self.log = log if log is not None else structlog.get_logger("defrag")
         self.clock = clock
         self.sleep = sleep
@@ -238,6 +271,61 @@ class KubeActions:
                      self.hints_name, self.hints_namespace, body))
         self.log.info("defrag state recorded")
 
+    # -- reservations ---------------------------------------------------------------------
+    def _crd_missing(self, answer: ApiRefusal, doing: str) -> CycleStopped:
+        """A 404 from the reservations API: the namespace, or else the CRD, is missing."""
+        fix = (f"create namespace {self.hints_namespace} (the manifests do)"
+               if f'"{self.hints_namespace}" not found' in answer.message else
+               "is the GPUReservation CRD installed? manifests/base/crd-gpureservation.yaml")
+        return CycleStopped(doing, f"HTTP 404: {answer.message} ({fix})", status=404)
+
+    def prune_reservations(self, now: float) -> int:
+        """Delete the reservations this controller made that have expired (or are unreadable)."""
+        doing = f"listing GPUReservations in {self.hints_namespace}"
+        answer = call_api_or_refusal(doing, lambda: self.custom.list_namespaced_custom_object(
+            rsv.GROUP, rsv.VERSION, self.hints_namespace, rsv.PLURAL,
+            label_selector=f"{rsv.MANAGED_BY_LABEL}={rsv.MANAGED_BY}"), ok=(404,))
+        if isinstance(answer, ApiRefusal):
+            raise self._crd_missing(answer, doing)
+        pruned = 0
+        for obj in answer.get("items") or []:
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            try:
+                expired = rsv.reservation_from_k8s(obj).expires <= now
+            except BadInput:
+                expired = True
+            if expired and name:
+                self.release(name)
+                pruned += 1
+        return pruned
+
+    def reserve(self, reservation: Reservation) -> None:
+        doing = f"creating GPUReservation {self.hints_namespace}/{reservation.name}"
+        obj = rsv.body(reservation)
+        answer = call_api_or_refusal(doing, lambda: self.custom.create_namespaced_custom_object(
+            rsv.GROUP, rsv.VERSION, self.hints_namespace, rsv.PLURAL, obj), ok=(404, 409))
+        if isinstance(answer, ApiRefusal) and answer.status == 404:
+            raise self._crd_missing(answer, doing)
+        if isinstance(answer, ApiRefusal):  # left by a cycle that stopped: ours, made anew
+            call_api(doing, lambda: self.custom.patch_namespaced_custom_object(
+                rsv.GROUP, rsv.VERSION, self.hints_namespace, rsv.PLURAL, reservation.name,
+                {"spec": obj["spec"]}))
+        self.log.info("capacity reserved", reservation=reservation.name, node=reservation.node,
+                      gpus=list(reservation.gpus), gpu_milli=reservation.gpu_milli)
+
+    def renew_reservation(self, name: str, expires: float) -> None:
+        call_api(f"renewing GPUReservation {self.hints_namespace}/{name}",
+                 lambda: self.custom.patch_namespaced_custom_object(
+                     rsv.GROUP, rsv.VERSION, self.hints_namespace, rsv.PLURAL, name,
+                     {"spec": {"expiresAt": rsv.rfc3339(expires)}}))
+
+    def release(self, name: str) -> None:
+        call_api_or_refusal(f"deleting GPUReservation {self.hints_namespace}/{name}",
+                            lambda: self.custom.delete_namespaced_custom_object(
+                                rsv.GROUP, rsv.VERSION, self.hints_namespace, rsv.PLURAL,
+                                name), ok=(404,))
+        self.log.info("reservation released", reservation=name)
+
     # -- pods -----------------------------------------------------------------------------
     def _owner_pods(self, pod: PodInfo) -> list[Mapping[str, Any]]:
         # Narrow the list with the label every replica of the owner carries (set by its
@@ -313,6 +401,9 @@ class CycleReport:
     results: list[MoveResult] = field(default_factory=list)
     skipped: list[tuple[Move, str]] = field(default_factory=list)
     error: str | None = None
+    # False when not every move's reservation could be made: the cycle stopped before any
+    # eviction (KAI's consolidation rule).
+    committed: bool = True
     stopped_early: str = ""
     before: Summary | None = None
     after: Summary | None = None
@@ -350,10 +441,20 @@ class Executor:
         # source until its waste ratio falls to --threshold-off.
         latched = snapshot.latched_rows() | frozenset(
             state.index[n] for n in plan.waste_nodes if n in state.index)
+        held: dict[str, Reservation] = {}  # pod key -> the reservation not yet released
         try:
             pruned = self.actions.prune_hints(self.clock())
             if pruned:
                 self.log.info("expired placement hints pruned", count=pruned)
+            if plan.moves:
+                pruned = self.actions.prune_reservations(self.clock())
+                if pruned:
+                    self.log.info("expired reservations pruned", count=pruned)
+                try:
+                    held = self._reserve_all(plan, snapshot)
+                except CycleStopped:
+                    report.committed = False
+                    raise
             for i, move in enumerate(plan.moves):
                 measurement = measure(state, snapshot.usage, workload)
                 triggers = find_triggers(state, measurement, snapshot.pending,
@@ -373,7 +474,7 @@ class Executor:
                     self.log.info("move skipped: source no longer triggered", pod=move.pod,
                                   source=move.source)
                     continue
-                result = self._one(move, snapshot)
+                result = self._one(move, snapshot, held)
                 report.results.append(result)
                 if result.outcome == "bind timeout":
                     report.error = (f"the replacement of {move.pod} was not bound within "
@@ -384,6 +485,15 @@ class Executor:
             report.error = str(e)
             self.metrics.failed("api_error")
             self.log.error("cycle stopped by an API error", error=str(e))
+        # Moves not carried out (skipped, or after a stop) give their capacity back now.
+        for reservation in held.values():
+            try:
+                self.actions.release(reservation.name)
+                self.metrics.reservation("released")
+            except CycleStopped as e:  # it expires on its own; say so
+                report.error = report.error or str(e)
+                self.log.warning("reservation left to expire", reservation=reservation.name,
+                                 error=str(e))
         final = measure(state, snapshot.usage, workload)
         report.after = final.summary
         end = find_triggers(state, final, snapshot.pending, self.config.threshold,
@@ -393,15 +503,48 @@ class Executor:
         report.blocking_after = len(end.blocking)
         return report
 
-    def _one(self, move: Move, snapshot: Snapshot) -> MoveResult:
+    def _reserve_all(self, plan: Plan, snapshot: Snapshot) -> dict[str, Reservation]:
+        """One reservation per move, or none at all: a failure deletes the ones made and
+        stops the cycle before anything is evicted."""
+        made: dict[str, Reservation] = {}
+        expires = self.clock() + self.config.hint_ttl_s
+        try:
+            for move in plan.moves:
+                pod = snapshot.pods[move.pod]
+                reservation = reservation_for(move, self.actions.owner_pods(pod) | {pod.uid},
+                                              expires)
+                self.actions.reserve(reservation)
+                made[move.pod] = reservation
+                self.metrics.reservation("created")
+        except CycleStopped as e:
+            for reservation in made.values():
+                try:
+                    self.actions.release(reservation.name)
+                    self.metrics.reservation("rolled_back")
+                except CycleStopped as again:
+                    self.log.warning("reservation left to expire", reservation=reservation.name,
+                                     error=str(again))
+            self.metrics.failed("reservation")
+            raise CycleStopped(
+                f"reserving capacity for all {len(plan.moves)} move(s) (nothing was evicted; "
+                f"{len(made)} reservation(s) rolled back)", str(e), status=e.status) from None
+        return made
+
+    def _one(self, move: Move, snapshot: Snapshot,
+             held: dict[str, Reservation] | None = None) -> MoveResult:
         pod = snapshot.pods[move.pod]
         log = self.log.bind(pod=move.pod, source=move.source, target=move.target)
+        held = held if held is not None else {}
+        reservation = held.get(move.pod)
         expires = self.clock() + self.config.hint_ttl_s
         self.actions.put_hint(move.owner_uid, move.target, expires)
+        if reservation is not None:  # the TTL counts from the eviction, not from the plan
+            self.actions.renew_reservation(reservation.name, expires)
         known = self.actions.owner_pods(pod) | {pod.uid}
         outcome = self.actions.evict(pod)
         if outcome != "evicted":
             self.actions.remove_hint(move.owner_uid, move.target, expires)
+            self._release(held, move)
             self.metrics.refused("pdb" if outcome == "refused" else "gone")
             log.info("move not carried out", outcome=outcome)
             return MoveResult(move, "refused by PDB" if outcome == "refused" else "pod gone")
@@ -410,8 +553,10 @@ class Executor:
         if landing is None:
             self.metrics.failed("bind_timeout")
             log.error("replacement not bound in time", timeout_s=self.config.bind_timeout_s)
+            held.pop(move.pod, None)  # it may still bind: the reservation runs to its TTL
             return MoveResult(move, "bind timeout")
         self.actions.remove_hint(move.owner_uid, move.target, expires)
+        self._release(held, move)
         on_target = landing.node == move.target
         self.metrics.landed(on_target)
         (log.info if on_target else log.warning)(
@@ -420,6 +565,25 @@ class Executor:
         follow(snapshot, move, landing)
         return MoveResult(move, "landed" if on_target else "landed elsewhere", landing.node,
                           landing.pod)
+
+
+    def _release(self, held: dict[str, Reservation], move: Move) -> None:
+        reservation = held.pop(move.pod, None)
+        if reservation is not None:
+            self.actions.release(reservation.name)
+            self.metrics.reservation("released")
+
+
+def reservation_for(move: Move, existing_pods: frozenset[str], expires: float) -> Reservation:
+    """The capacity ``move``'s replacement needs on its target: its (right-sized) share on the
+    predicted GPUs, usable by a new pod of the same owner only."""
+    suffix = "".join(c for c in move.uid.lower() if c.isascii() and c.isalnum())[:8] or "r"
+    return Reservation(
+        name=f"{move.name[: 253 - len(suffix) - 1]}-{suffix}", node=move.target,
+        gpus=move.target_gpus, gpu_milli=move.new_milli or move.gpu_milli,
+        owner_uid=move.owner_uid, owner_kind=move.owner_kind, owner_name=move.owner_name,
+        namespace=move.namespace, existing_pods=existing_pods, expires=expires,
+        replaces=move.pod)
 
 
 def follow(snapshot: Snapshot, move: Move, landing: Landing) -> None:

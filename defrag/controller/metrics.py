@@ -9,9 +9,19 @@ Metric names (all prefixed ``gpufrag_defrag_``):
 - ``failures_total{reason}`` — ``api_error``, ``bind_timeout``;
 - ``landings_total{where}`` — replacements bound on the ``target`` or ``elsewhere``;
 - ``skipped_total{reason}`` — planned moves not carried out (``trigger_cleared``);
+- ``reservations_total{result}`` — GPU reservations ``created``, ``released`` (after the move,
+  or for a move not carried out) and ``rolled_back`` (a plan that could not reserve it all);
 - ``waste_ratio``, ``wasted_bytes``, ``fragmentation_ratio``, ``free_whole_gpus`` ``{phase}`` —
   ``before`` the cycle and ``after`` it (the model, moved pods carrying their usage);
 - ``cycle_seconds``, ``plan_seconds``, ``dry_run``.
+
+Right-sizing (prefix ``gpufrag_rightsizing_``), one series per workload and model version
+(labels ``namespace``, ``kind``, ``workload``, ``model_version``; ``*`` for pods without one):
+
+- ``recommended_memory_bytes``, ``recommended_milli``, ``peak_memory_bytes`` — the
+  recommendation published on the workload's controller, and the peak it may not go below;
+- ``workloads{mode}`` — workloads with a recommendation, by mode;
+- ``pods_rightsized`` — replicas whose replacement the webhook would admit with a smaller share.
 """
 
 from __future__ import annotations
@@ -21,9 +31,13 @@ import collections
 from prometheus_client import CollectorRegistry, Counter, Gauge, push_to_gateway
 
 from defrag.controller.measure import Summary, comparison_rows
+from defrag.rightsizing.recommender import Mode, Recommendation
 
+BYTES_PER_MIB = 1024**2
 BYTES_PER_GIB = 1024**3  # Summary keeps GiB for people; Prometheus gets base units
 PREFIX = "gpufrag_defrag_"
+RS_PREFIX = "gpufrag_rightsizing_"
+RS_LABELS = ("namespace", "kind", "workload", "model_version")
 JOB = "gpufrag-defrag"
 
 
@@ -43,6 +57,8 @@ class CycleMetrics:
                                  registry=r)
         self._skipped = Counter(f"{PREFIX}skipped", "Planned moves not carried out",
                                 ["reason"], registry=r)
+        self._reservations = Counter(f"{PREFIX}reservations", "GPU reservations, by result",
+                                     ["result"], registry=r)
         self._phase = {
             name: Gauge(f"{PREFIX}{name}", text, ["phase"], registry=r)
             for name, text in (("waste_ratio", "Wasted / allocated GPU memory"),
@@ -57,6 +73,18 @@ class CycleMetrics:
         self._cooling = Gauge(f"{PREFIX}owners_in_cooldown",
                               "Owners not moved this cycle: moved within --cooldown-s",
                               registry=r)
+        self._rs = {
+            name: Gauge(f"{RS_PREFIX}{name}", text, RS_LABELS, registry=r)
+            for name, text in (("recommended_memory_bytes", "Recommended GPU memory per replica"),
+                               ("recommended_milli", "Recommended GPU share per replica"),
+                               ("peak_memory_bytes", "Largest GPU memory used in the window"))
+        }
+        self._rs_workloads = Gauge(f"{RS_PREFIX}workloads", "Workloads with a recommendation",
+                                   ["mode"], registry=r)
+        for mode in Mode:
+            self._rs_workloads.labels(mode.value)
+        self._rs_pods = Gauge(f"{RS_PREFIX}pods_rightsized",
+                              "Replicas whose replacement gets a smaller share", registry=r)
         self._cycle_s = Gauge(f"{PREFIX}cycle_seconds", "Wall time of the cycle", registry=r)
         self._plan_s = Gauge(f"{PREFIX}plan_seconds", "Time spent planning", registry=r)
         Gauge(f"{PREFIX}dry_run", "1 when nothing was written", registry=r).set(int(dry_run))
@@ -87,6 +115,23 @@ class CycleMetrics:
     def skipped(self, reason: str) -> None:
         self._skipped.labels(reason).inc()
         self.counts[f"skipped ({reason})"] += 1
+
+    def reservation(self, result: str) -> None:
+        self._reservations.labels(result).inc()
+        self.counts[f"reservations {result}"] += 1
+
+    def recommendation(self, *, namespace: str, kind: str, workload: str, version: str,
+                       rec: Recommendation) -> None:
+        labels = (namespace, kind, workload, version)
+        self._rs["recommended_memory_bytes"].labels(*labels).set(rec.memory_mib * BYTES_PER_MIB)
+        self._rs["recommended_milli"].labels(*labels).set(rec.milli)
+        self._rs["peak_memory_bytes"].labels(*labels).set(rec.peak_mib * BYTES_PER_MIB)
+
+    def rightsizing(self, workloads_by_mode: dict[str, int], pods_rightsized: int) -> None:
+        for mode, count in workloads_by_mode.items():
+            self._rs_workloads.labels(mode).set(count)
+        self._rs_pods.set(pods_rightsized)
+        self.counts["recommendations published"] = sum(workloads_by_mode.values())
 
     def phase(self, phase: str, summary: Summary) -> None:
         self._phase["waste_ratio"].labels(phase).set(summary.waste_ratio)

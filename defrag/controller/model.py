@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from defrag.agent.usage import NodeGpuUsage
 from defrag.controller.measure import UsageTable
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
@@ -180,6 +181,8 @@ class Snapshot:
     # Right-sizing: pod key -> the GPU share (milli) its replacement will be admitted with (its
     # workload is in ``auto`` mode and the recommendation is below what it reserves).
     rightsized: Mapping[str, int] = field(default_factory=dict)
+    # The node agent's fresh readings by node (per pod, per GPU): what right-sizing learns from.
+    readings: Mapping[str, NodeGpuUsage] = field(default_factory=dict)
 
     def latched_rows(self) -> frozenset[int]:
         index = self.state.index

@@ -10,8 +10,10 @@ with the pod's source node (and every node already being drained this cycle) exc
 scheduler's policy, lands a pod where fragmentation grows least, which is on fragmented nodes
 whose leftovers it fills. The move is then measured with the core's fragmentation functions and
 kept only if the cluster improves: fragmentation falls, or a whole GPU comes free, or a pending
-pod blocked by stranded share would fit on the source afterwards — and never by giving up a
-whole free GPU for nothing.
+pod blocked by stranded share would fit on the source afterwards, or a right-sized replacement
+(``Snapshot.rightsized``: the share the admission webhook will give it) reserves less idle
+memory — never by giving up a whole free GPU for nothing, and only when the gain reaches
+``--min-gain-gpus`` (an eviction worth a hundredth of a GPU is not worth making).
 
 In what order: greedily by gain per eviction, where gain is in GPUs:
 
@@ -19,7 +21,8 @@ In what order: greedily by gain per eviction, where gain is in GPUs:
            −Δ wasted-but-reserved MiB / source GPU memory  +  pending pods unblocked
 
 Scoring every pod with the policy would be slow on a large cluster, so candidates are first
-ranked by what freeing their share does to the source node alone (one vectorised call), and only
+ranked by what freeing their share does to the source node alone plus the share a right-sized
+replacement gives back (one vectorised call), and only
 the best ``limits.total x candidates_per_eviction`` are scored in full. A lazy-greedy queue then
 re-scores a candidate only when the state changed since it was scored, so every kept move is
 predicted on the state the moves before it leave behind — the order the executor follows.
@@ -44,11 +47,15 @@ from defrag.controller.config import DefragConfig
 from defrag.controller.measure import Summary, measure
 from defrag.controller.model import MOVABLE_OWNERS, NodeConstraints, Pdb, PodInfo, Snapshot
 from defrag.controller.trigger import Triggers, find_triggers
+from gpufrag.conventions import RESERVATION_PLACEMENT_NAMESPACE
 from scheduler.core.fragmentation import TargetWorkload, fragmentation_of, node_fragmentation
 from scheduler.core.placement import ScoreCache, choose
 from scheduler.core.policy import Policy
 from scheduler.core.state import BoolArray, IntArray
 from scheduler.core.types import MILLI_PER_GPU, Placement, PodRequest
+
+# The keys of the shares GPU reservations hold (hold_reservations puts them in the state).
+HELD_SHARE_PREFIX = f"{RESERVATION_PLACEMENT_NAMESPACE}/"
 
 # A fragmentation change smaller than this (milli-GPU) is rounding, not an improvement.
 FRAG_EPSILON_MILLI = 1.0
@@ -94,6 +101,11 @@ class Move:
         if self.unblocks:
             out.append("unblock")
         return tuple(out)
+
+    def replacement(self, pod: PodRequest) -> PodRequest:
+        """What ``pod``'s replacement asks for: its right-sized share when the move has one.
+        This is also the capacity a reservation holds on ``target`` before the eviction."""
+        return dataclasses.replace(pod, gpu_milli=self.new_milli) if self.new_milli else pod
 
     @property
     def namespace(self) -> str:
@@ -254,6 +266,8 @@ class _Planner:
         out: list[_Candidate] = []
         for row in self.triggers.rows:
             for key in state.pods_on_node[row]:
+                if key.startswith(HELD_SHARE_PREFIX):
+                    continue  # a reservation's held share: capacity, not a pod to move
                 info = pods.get(key)
                 reason = "unknown pod" if info is None else movability(info, config)
                 if reason is None and info is not None and info.owner_uid in self.snapshot.cooling:
@@ -266,8 +280,8 @@ class _Planner:
 
     def prerank(self, cands: list[_Candidate]) -> list[_Candidate]:
         """Order by what removing each pod does to its source node alone (vectorised): the
-        fragmentation it takes away there plus the whole GPUs it frees. Ties by pod key, so
-        equal inputs give equal plans."""
+        fragmentation it takes away there, the whole GPUs it frees and the share a right-sized
+        replacement gives back. Ties by pod key, so equal inputs give equal plans."""
         if not cands:
             return cands
         state = self.state
@@ -286,7 +300,13 @@ class _Planner:
                 freed[i] += int(free_after[i, g] == MILLI_PER_GPU)
         after = fragmentation_of(free_after, state.cpu_left[rows] + cpu, state.product[rows],
                                  self.workload, self.allowed)
-        gain = (self.frag[rows] - after) / MILLI_PER_GPU + freed
+        # A right-sized replacement gives back the share it no longer reserves (in GPUs, as
+        # the score's waste term counts it), wherever it lands.
+        rightsized = self.snapshot.rightsized
+        reclaim = np.fromiter((max(c.placement.pod.gpu_milli
+                                   - rightsized.get(c.info.key, c.placement.pod.gpu_milli), 0)
+                               for c in cands), np.int64, k)
+        gain = (self.frag[rows] - after) / MILLI_PER_GPU + freed + reclaim / MILLI_PER_GPU
         keys = np.array([c.info.key for c in cands])
         order = np.lexsort((keys, -gain))
         return [cands[i] for i in order]
@@ -357,12 +377,16 @@ class _Planner:
                 - (waste_delta / src_mem if src_mem > 0 else 0.0))
         if not improves or gain <= 0:
             return "no landing improves the cluster"
+        if gain < self.config.min_gain_gpus:
+            return "gain below --min-gain-gpus"
         return _Scored(dst, dst_gpus, frag_delta, waste_delta, freed, unblocks, gain)
 
     def replacement(self, key: str, pod: PodRequest) -> PodRequest:
-        """The pod its replacement will be: right-sized when the webhook will shrink it."""
+        """The pod its replacement will be: the share the webhook admits it with. That is
+        usually smaller (right-sized), but may be larger than a right-sized pod holds now when
+        the recommendation rose since (never above what its template asks)."""
         milli = self.snapshot.rightsized.get(key, 0)
-        if pod.is_share and 0 < milli < pod.gpu_milli:
+        if pod.is_share and 0 < milli < MILLI_PER_GPU and milli != pod.gpu_milli:
             return dataclasses.replace(pod, gpu_milli=milli)
         return pod
 
@@ -512,6 +536,4 @@ def apply_moves(snapshot: Snapshot, moves: list[Move] | tuple[Move, ...]) -> Non
         snapshot.usage.move(old, state.index[old.node], state.index[move.target],
                             move.target_gpus)
         state.remove_pod(move.pod)
-        pod = (dataclasses.replace(old.pod, gpu_milli=move.new_milli) if move.new_milli
-               else old.pod)
-        state.place(pod, move.target, move.target_gpus, check=False)
+        state.place(move.replacement(old.pod), move.target, move.target_gpus, check=False)

@@ -10,6 +10,7 @@ import orjson
 from defrag.controller.executor import CycleReport
 from defrag.controller.model import UsageNote
 from defrag.controller.planner import Plan
+from defrag.controller.rightsize import RightsizingReport
 
 MAX_SKIP_LINES = 12
 
@@ -65,7 +66,8 @@ def plan_json(plan: Plan, notes: Sequence[UsageNote] = (), *, dry_run: bool = Fa
 
 
 def result_json(report: CycleReport, counts: dict[str, int], *, dry_run: bool,
-                convergence: Mapping[str, Any] | None = None) -> str:
+                convergence: Mapping[str, Any] | None = None,
+                rightsizing: RightsizingReport | None = None) -> str:
     doc: dict[str, Any] = {
         "kind": "result", "dry_run": dry_run, "ok": report.error is None, "error": report.error,
         "stopped_early": report.stopped_early or None,
@@ -77,5 +79,25 @@ def result_json(report: CycleReport, counts: dict[str, int], *, dry_run: bool,
         "before": report.before.as_dict() if report.before else None,
         "after": report.after.as_dict() if report.after else None,
         "convergence": dict(convergence) if convergence is not None else None,
+        "rightsizing": None if rightsizing is None else {
+            "published": [p.as_dict() for p in rightsizing.published],
+            "rightsized": dict(sorted(rightsizing.rightsized.items())),
+            "skipped": dict(sorted(rightsizing.skipped.items())),
+            "problems": rightsizing.problems},
     }
     return orjson.dumps(doc).decode()
+
+
+def rightsizing_lines(report: RightsizingReport, *, dry_run: bool = False) -> list[str]:
+    """The recommendations of this cycle, one line per workload and model version."""
+    verb = "would publish" if dry_run else "published"
+    lines = [f"right-sizing: {len(report.published)} workload(s); "
+             f"{sum(p.written for p in report.published)} annotation(s) {verb}; "
+             f"{len(report.rightsized)} replica(s) right-sized if moved"]
+    for p in report.published[:MAX_SKIP_LINES]:
+        for version, r in sorted(p.recommendations.items()):
+            lines.append(f"  {p.workload.text[:48]:<48} {version[:12]:<12} {p.mode.value:<9} "
+                         f"{r.memory_mib:>7} MiB {r.milli:>5}m (peak {r.peak_mib} MiB, "
+                         f"{r.samples} samples)")
+    lines += [f"  left alone: {problem}" for problem in report.problems[:MAX_SKIP_LINES]]
+    return lines

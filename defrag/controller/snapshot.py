@@ -33,6 +33,7 @@ from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
 from scheduler.core.state import ClusterState
 from scheduler.core.types import NodeSpec, PodRequest
+from scheduler.kube.cache import KnownPod
 from scheduler.kube.convert import (
     annotations_of,
     bound_gpus,
@@ -43,6 +44,7 @@ from scheduler.kube.convert import (
     node_name_of,
     pod_from_k8s,
 )
+from scheduler.kube.reservations import ReservationBook, reservation_from_k8s
 
 Obj = Mapping[str, Any]
 
@@ -270,7 +272,7 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
     usage = _usage_table(state, infos, agent, source, notes)
     snapshot = Snapshot(state=state, pods=infos, pending=pending, usage=usage,
                         pdbs=[pdb_from_k8s(p) for p in pdbs], notes=notes, taints=taints,
-                        cordoned=frozenset(cordoned))
+                        cordoned=frozenset(cordoned), readings=agent)
     return snapshot, problems
 
 
@@ -311,3 +313,27 @@ def _usage_table(state: ClusterState, infos: Mapping[str, PodInfo],
                                          f"{source.dcgm_interval_s:g}s): ignored"))
     pod_used = {k: pod_sum[k] / pod_count[k] for k in pod_sum if k in state.pods}
     return UsageTable.from_readings(state, gpu_used, pod_used)
+
+
+def hold_reservations(snapshot: Snapshot, objs: Iterable[Obj], now: float) -> list[str]:
+    """Count the live GPUReservations (what earlier cycles hold for replacements not bound
+    yet) as taken in ``snapshot``, exactly as the extender does (its own
+    :class:`~scheduler.kube.reservations.ReservationBook`: expired ones and ones a bound pod
+    already used hold nothing), so the planner does not plan a move into a held share. Their
+    placements count as using all they hold (no waste). Returns a problem per unreadable one."""
+    problems: list[str] = []
+    readable = []
+    for obj in objs:
+        try:
+            readable.append(reservation_from_k8s(obj))
+        except BadInput as e:
+            problems.append(str(e))
+    if not readable:
+        return problems
+    pods = {key: KnownPod(info.request, info.node, info.uid, info.owner_uid, None)
+            for key, info in snapshot.pods.items()}
+    book = ReservationBook(snapshot.state, pods, clock=lambda: now)
+    book.replace(readable)
+    if book.placed:
+        snapshot.usage.recompute(snapshot.state)
+    return problems

@@ -332,6 +332,14 @@ def update(text: str | None, samples_by_version: Mapping[str, list[PodSample]], 
     return encode(result), result
 
 
+def admitted_milli(recommendation: Recommendation, asked_milli: int) -> int:
+    """The share a new pod asking ``asked_milli`` is admitted with in ``auto`` mode: the
+    recommendation, never above what was asked, never below the peak seen in the window. The
+    admission webhook applies it; the defrag controller plans right-sized moves with it."""
+    floor = milli_for(recommendation.peak_mib, recommendation.gpu_memory_mib)
+    return min(asked_milli, max(recommendation.milli, floor))
+
+
 def lookup(recommendations: Mapping[str, Recommendation],
            model_version: str | None) -> Recommendation | None:
     """The recommendation for a pod of ``model_version`` (its own, else the unversioned one)."""

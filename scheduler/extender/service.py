@@ -173,7 +173,7 @@ class Extender:
             pod = self._pod(pod_obj)
         except UnsupportedRequest as e:  # fits no node, ever: say why on each
             return self._unplaceable(str(e), names)
-        with self.cache.lock:
+        with self.cache.lock, self.cache.reservations.lifted_for(pod_obj):
             rows = self._rows(names)
             self.node_json.sync(self.cache.state.names)
             if not pod.wants_gpu:  # not ours to judge: every node passes
@@ -201,7 +201,7 @@ class Extender:
             return Priorities(rows, np.zeros(len(names), np.int64), -1), ""
         now = self.clock()
         owner = owner_uid(pod_obj)
-        with self.cache.lock:
+        with self.cache.lock, self.cache.reservations.lifted_for(pod_obj):
             rows = self._rows(names)
             self.node_json.sync(self.cache.state.names)
             if not pod.wants_gpu:  # neutral: every node the same
@@ -317,7 +317,7 @@ class Extender:
             request = pod_from_k8s(obj, self.config.names)
         except BadInput as e:
             raise BindRefused(f"pod {key} cannot be read: {e}") from None
-        with self.cache.lock:
+        with self.cache.lock, self.cache.reservations.lifted_for(obj):
             state = self.cache.state
             row = state.index.get(node)
             if row is None or not state.active[row]:

@@ -53,6 +53,7 @@ from scheduler.kube.convert import (
     pod_from_k8s,
     uid_of,
 )
+from scheduler.kube.reservations import ReservationBook
 
 Obj = Mapping[str, Any]
 Clock = Callable[[], float]
@@ -119,6 +120,8 @@ class ClusterCache:
         self.nodes_synced = False
         self.pods_synced = False
         self.pod_changes = 0                           # bumped on every change to the pod set
+        # GPU reservations for defrag replacements (scheduler.kube.reservations).
+        self.reservations = ReservationBook(self.state, self.pods, clock=clock)
 
     # ------------------------------------------------------------------ status
     @property
@@ -129,7 +132,8 @@ class ClusterCache:
         with self.lock:
             pending = sum(1 for p in self.pods.values() if not p.node)
             return {"nodes": int(self.state.active[: self.state.size].sum()),
-                    "pods_placed": len(self.state.pods) - len(self.assumed),
+                    "pods_placed": (len(self.state.pods) - len(self.assumed)
+                                    - self.reservations.placed),
                     "pods_pending": pending, "pods_assumed": len(self.assumed),
                     "pods_unaccounted": len(self.unaccounted) + sum(
                         len(v) for v in self.orphans.values())}
@@ -193,6 +197,7 @@ class ClusterCache:
             self.state.add_node(spec)
             for key in sorted(self.orphans.pop(spec.name, set())):
                 self._place_known(key)
+            self.reservations.node_added(spec.name)
 
     def delete_node(self, name: str) -> None:
         """A Node is gone; its pods wait as orphans until they are deleted or it returns."""
@@ -257,6 +262,7 @@ class ClusterCache:
                     self.state.remove_pod(key)
                 return
             self.assumed.pop(key, None)  # bound: the watch confirms (or corrects) the guess
+            self.reservations.pod_bound(key, known)
             current = self.state.pods.get(key)
             if current is not None:
                 if (current.node == known.node and current.pod == request
@@ -365,6 +371,7 @@ class ClusterCache:
         with self.lock:
             if self.assumed.pop(key, None) is not None and key in self.state.pods:
                 self.state.remove_pod(key)
+            self.reservations.forgotten(key)
 
     def expire(self, now: float | None = None) -> list[str]:
         """Drop assumptions the watch never confirmed within the TTL; returns their keys."""
@@ -374,6 +381,7 @@ class ClusterCache:
             for key in gone:
                 self.forget(key)
                 log.warning("assumed placement expired", pod=key)
+            self.reservations.expire(at)
             return gone
 
     # ------------------------------------------------------------------ hints

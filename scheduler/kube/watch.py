@@ -34,6 +34,8 @@ import structlog
 
 from gpufrag.conventions import KubeNames
 from scheduler.kube.cache import ClusterCache
+from scheduler.kube.reservations import ReservationSink
+from scheduler.kube.reservations import list_call as reservations_list_call
 
 Obj = Mapping[str, Any]
 ListCall = Callable[..., Any]
@@ -296,6 +298,9 @@ class ClusterWatcher:
             Reflector("pods", functools.partial(core.list_pod_for_all_namespaces,
                                                 field_selector=NON_TERMINAL_PODS),
                       PodSink(cache), w, self.stop_event),
+            # GPU reservations of defrag replacements, in the hints' namespace.
+            Reflector("reservations", reservations_list_call(api_client, names.hints_namespace),
+                      ReservationSink(cache.reservations, cache.lock), w, self.stop_event),
         ]
         if hints:
             self.reflectors.append(Reflector(

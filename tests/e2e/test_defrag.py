@@ -16,7 +16,14 @@ eviction happened — landing "via the hint" is only claimed with the extender r
 Checked after one cycle: fragmentation ratio and wasted GiB drop and whole GPUs come free (read
 back from the API server through the same converters), every Deployment is back at full replicas,
 the PDB never had fewer than minAvailable ready pods, the bare pods are untouched, the hints are
-cleaned up; and ``--dry-run`` changes nothing at all.
+cleaned up; and ``--dry-run`` changes nothing at all (no hint, no reservation, no annotation).
+
+Reservations (the GPUReservation CRD from manifests/base, installed before the extender
+starts): every move's capacity is reserved before the first eviction, each reservation is
+deleted once its replacement is bound, and — with the extender binding — a competing pod that
+fits only the reserved GPUs, created the moment the first eviction is seen (while reservations
+are held), never takes a reserved GPU, while each replacement lands on its reserved GPU.
+Right-sizing: the cycle publishes each sampled workload's recommendation on its Deployment.
 """
 
 from __future__ import annotations
@@ -36,12 +43,15 @@ import pytest
 from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from defrag.controller.measure import Summary, measure
 from defrag.controller.snapshot import UsageSource, build_snapshot
+from defrag.rightsizing.recommender import parse as parse_recommendation
+from devkit.build import REPO_ROOT
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
 from gpufrag import conventions as cv
 from gpufrag.cli import main as gpufrag
 from scheduler.core import TargetWorkload
+from scheduler.kube import reservations as rsv
 
 pytestmark = pytest.mark.e2e
 
@@ -75,10 +85,27 @@ profiles:
 """
 
 
+CRD = REPO_ROOT / "manifests" / "base" / "crd-gpureservation.yaml"
+
+
 @dataclass
 class Binder:
     scheduler: str
     via_extender: bool
+
+
+def install_reservations_crd(plane: ControlPlane) -> None:
+    """The CRD as manifests/base ships it, established before any extender lists it."""
+    plane.kubectl("apply", "-f", str(CRD))
+    plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                  f"crd/{rsv.PLURAL}.{rsv.GROUP}")
+
+
+def reservations(plane: ControlPlane) -> list[dict[str, Any]]:
+    custom = kubernetes.client.CustomObjectsApi(plane.api_client())
+    items: list[dict[str, Any]] = custom.list_namespaced_custom_object(
+        rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE, rsv.PLURAL)["items"]
+    return items
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +113,7 @@ def binder(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
            ) -> Iterator[Binder]:
     """gpufrag-scheduler with the extender, or (``GPUFRAG_E2E_DEFRAG_BINDER=packing``) a
     packing profile of kube-scheduler alone, to check the controller without the hints."""
+    install_reservations_crd(control_plane)
     if os.environ.get("GPUFRAG_E2E_DEFRAG_BINDER") == "packing":
         control_plane.start_scheduler(PACKING, PACKING_CONFIG)
         yield Binder(PACKING, via_extender=False)
@@ -282,38 +310,121 @@ def run_defrag(cluster: Cluster, *extra: str, capsys: pytest.CaptureFixture[str]
     return code, plan, result
 
 
+COMPETITOR = "competitor"
+
+
+def competitor_pod(scheduler: str) -> dict[str, Any]:
+    """A bare 300-milli pod that fits only a T4 (the sink, whose two 300-milli leftovers are
+    what the moves are planned into)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": COMPETITOR, "annotations": {cv.ANNOTATION_GPU_SPEC: T4}},
+        "spec": pod_spec(scheduler, 300)}
+
+
+@dataclass
+class PodTrace:
+    """Resource versions (etcd's revision: one global order) of what happened to a pod."""
+
+    name: str = ""
+    deleting_rv: int = 0  # first seen with a deletionTimestamp (or deleted)
+    bound_rv: int = 0  # first seen bound
+    node: str = ""
+    gpus: str = ""
+
+
 class Watcher(threading.Thread):
-    """While the cycle runs: the fewest ready ``web`` pods (polled) and every hint ever written.
+    """While the cycle runs: the fewest ready ``web`` pods (polled), every hint ever written,
+    every GPUReservation event and what happened to every pod of the namespace, in etcd order.
 
-    Hints are followed with a real watch on the hints ConfigMap, started from the resource
-    version of a list made before the cycle, so every write is delivered: a hint lives only
-    until its replacement is bound, which can be shorter than any polling interval."""
+    Hints, reservations and pods are followed with real watches, each started from the resource
+    version of a list made before the cycle, so every write is delivered: a hint or reservation
+    lives only until its replacement is bound, which can be shorter than any polling interval.
+    With ``competitor``, the moment the first evicted pod is marked for deletion a competing pod
+    is created (the plan is committed then: every reservation exists)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, *, competitor: bool = False) -> None:
         super().__init__(daemon=True)
         self.cluster = cluster
-        self.core = kubernetes.client.CoreV1Api(cluster.plane.new_api_client())
+        api = cluster.plane.new_api_client()
+        self.core = kubernetes.client.CoreV1Api(api)
+        self.custom = kubernetes.client.CustomObjectsApi(api)
         self.stop_event = threading.Event()
         self.fewest_ready_web = 99
         self.hints_seen: set[tuple[str, str]] = set()
         self.errors: list[str] = []
         self.polls = 0  # successful ones: what the PDB check rests on
+        # name -> (ADDED rv, spec), name -> DELETED rv
+        self.reserved: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.released: dict[str, int] = {}
+        self.pods: dict[str, PodTrace] = {}  # uid -> trace
+        self.competitor = competitor
+        self.competitor_rv = 0
         listing = self.core.list_namespaced_config_map(cv.HINTS_NAMESPACE,
                                                        field_selector=self._selector)
         for cm in listing.items:
             self._record(cm.data)
-        self._hints = threading.Thread(target=self._watch_hints,
-                                       args=(listing.metadata.resource_version,), daemon=True)
+        rv_reservations = self.custom.list_namespaced_custom_object(
+            rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE, rsv.PLURAL)
+        assert rv_reservations["items"] == [], "reservations left over"
+        rv_pods = self.core.list_namespaced_pod(cluster.namespace).metadata.resource_version
+        self._threads = [
+            threading.Thread(target=self._watch_hints,
+                             args=(listing.metadata.resource_version,), daemon=True),
+            threading.Thread(target=self._follow, daemon=True, args=(
+                self._reservation_event, self.custom.list_namespaced_custom_object,
+                (rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE, rsv.PLURAL),
+                rv_reservations["metadata"]["resourceVersion"])),
+            threading.Thread(target=self._follow, daemon=True, args=(
+                self._pod_event, self.core.list_namespaced_pod, (cluster.namespace,), rv_pods)),
+        ]
 
     _selector = f"metadata.name={cv.HINTS_CONFIGMAP}"
 
     def start(self) -> None:
-        self._hints.start()
+        for thread in self._threads:
+            thread.start()
         super().start()
 
     def join(self, timeout: float | None = None) -> None:
         super().join(timeout)
-        self._hints.join(timeout)
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _follow(self, handle: Any, call: Any, args: tuple[Any, ...], resource_version: str
+                ) -> None:
+        """Deliver every event of ``call(*args)`` from ``resource_version`` on to ``handle``."""
+        watch = kubernetes.watch.Watch()
+        while not self.stop_event.is_set():
+            try:
+                for event in watch.stream(call, *args, resource_version=resource_version,
+                                          timeout_seconds=1):
+                    obj = event["raw_object"]
+                    resource_version = obj["metadata"]["resourceVersion"]
+                    handle(event["type"], obj, int(resource_version))
+            except Exception as e:  # reported by the test, never a dead thread
+                self.errors.append(repr(e))
+                self.stop_event.wait(0.2)
+
+    def _reservation_event(self, kind: str, obj: dict[str, Any], rv: int) -> None:
+        name = obj["metadata"]["name"]
+        if kind == "ADDED":
+            self.reserved[name] = (rv, obj["spec"])
+        elif kind == "DELETED":
+            self.released[name] = rv
+
+    def _pod_event(self, kind: str, obj: dict[str, Any], rv: int) -> None:
+        meta = obj["metadata"]
+        trace = self.pods.setdefault(meta["uid"], PodTrace(meta["name"]))
+        if (kind == "DELETED" or meta.get("deletionTimestamp")) and not trace.deleting_rv:
+            trace.deleting_rv = rv
+            if self.competitor and not self.competitor_rv:  # the first eviction: compete now
+                made = self.core.create_namespaced_pod(
+                    self.cluster.namespace, competitor_pod(self.cluster.binder.scheduler))
+                self.competitor_rv = int(made.metadata.resource_version)
+        node = (obj.get("spec") or {}).get("nodeName")
+        if node and not trace.bound_rv:
+            trace.bound_rv, trace.node = rv, node
+            trace.gpus = (meta.get("annotations") or {}).get(cv.ANNOTATION_GPU_INDICES, "")
 
     def _record(self, data: dict[str, str] | None) -> None:
         for owner, text in (data or {}).items():
@@ -327,7 +438,7 @@ class Watcher(threading.Thread):
                 for event in watch.stream(self.core.list_namespaced_config_map,
                                           cv.HINTS_NAMESPACE, field_selector=self._selector,
                                           resource_version=resource_version,
-                                          timeout_seconds=2):
+                                          timeout_seconds=1):
                     obj = event["object"]
                     resource_version = obj.metadata.resource_version
                     self._record(obj.data)
@@ -354,10 +465,29 @@ class Watcher(threading.Thread):
         self.fewest_ready_web = min(self.fewest_ready_web, ready)
 
 
+def recommendation_on(cluster: Cluster, deployment: str) -> str | None:
+    annotations = cluster.apps.read_namespaced_deployment(
+        deployment, cluster.namespace).metadata.annotations or {}
+    value: str | None = annotations.get(cv.ANNOTATION_GPU_RECOMMENDATION)
+    return value
+
+
 def test_dry_run_changes_nothing(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     before_layout, before_hints = cluster.layout(), cluster.hints()
     before = cluster.measure()
-    code, plan, result = run_defrag(cluster, "--dry-run", capsys=capsys)
+    watcher = Watcher(cluster)
+    watcher.start()
+    try:
+        code, plan, result = run_defrag(cluster, "--dry-run", capsys=capsys)
+    finally:
+        watcher.stop_event.set()
+        watcher.join(10)
+    # It would reserve every move and publish recommendations; it writes neither.
+    assert watcher.reserved == {} and reservations(cluster.plane) == [], watcher.errors
+    assert {p["workload"].split("/")[-1] for p in result["rightsizing"]["published"]} == {
+        "web", "api"}
+    assert recommendation_on(cluster, "web") is None
+    assert recommendation_on(cluster, "api") is None
     assert code == 0 and plan["dry_run"] and result["dry_run"]
     assert len(plan["moves"]) >= 2
     assert all(m["outcome"] == "landed" for m in result["moves"])  # as planned, in the model
@@ -375,7 +505,7 @@ def test_one_cycle_defragments_and_keeps_every_promise(
         cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     before = cluster.measure()
     before_layout = cluster.layout()
-    watcher = Watcher(cluster)
+    watcher = Watcher(cluster, competitor=cluster.binder.via_extender)
     watcher.start()
     try:
         code, plan, result = run_defrag(cluster, capsys=capsys)
@@ -395,13 +525,61 @@ def test_one_cycle_defragments_and_keeps_every_promise(
     evicted = {m["uid"] for m in moves}  # deletions complete asynchronously (pod completer)
     wait_until(lambda: not evicted & set(cluster.layout()) or None, timeout_s=WAIT_S,
                what="evicted pods gone")
-    layout = cluster.layout()
+    layout = {uid: v for uid, v in cluster.layout().items() if v[0] != COMPETITOR}
     for move in moves:  # (a failed watch can only make a hint look missed: say so)
         assert (move["owner_uid"], move["target"]) in watcher.hints_seen, watcher.errors
     assert not set(cluster.hints()) & {m["owner_uid"] for m in moves}
     if cluster.binder.via_extender:
         for outcome in result["moves"]:
             assert outcome["outcome"] == "landed" and outcome["landed_on"] == outcome["target"]
+
+    # Reservations: one per move, on its target GPUs, all made before the first eviction, each
+    # deleted once its replacement was bound (none left).
+    assert not watcher.errors, watcher.errors
+    specs = {f"{sp['replaces']['namespace']}/{sp['replaces']['name']}": (rv, sp)
+             for rv, sp in watcher.reserved.values()}
+    assert set(specs) == {m["pod"] for m in moves}
+    for move in moves:
+        spec = specs[move["pod"]][1]
+        assert (spec["node"], spec["gpus"], spec["owner"]["uid"]) == (
+            move["target"], move["target_gpus"], move["owner_uid"])
+    first_eviction = min(watcher.pods[m["uid"]].deleting_rv for m in moves)
+    assert max(rv for rv, _ in specs.values()) < first_eviction
+    assert set(watcher.released) == set(watcher.reserved)
+    assert reservations(cluster.plane) == []
+    if cluster.binder.via_extender:
+        # Each replacement took its reserved GPU; the competitor, created during the first
+        # eviction, took none of them.
+        by_name = {t.name: t for t in watcher.pods.values()}
+        held: set[tuple[str, str]] = set()
+        for outcome, move in zip(result["moves"], moves, strict=True):
+            trace = by_name[outcome["replacement"].split("/")[1]]
+            spec = specs[move["pod"]][1]
+            assert (trace.node, trace.gpus) == (spec["node"], ",".join(map(str, spec["gpus"])))
+            held |= {(spec["node"], str(g)) for g in spec["gpus"]}
+        assert watcher.competitor_rv, "the competing pod was never created"
+        # It was pending while at least one reservation still held its GPU (moves run one at a
+        # time, so it exists before the last replacement is bound, usually before the first).
+        assert watcher.competitor_rv < max(by_name[o["replacement"].split("/")[1]].bound_rv
+                                           for o in result["moves"] if o["target"] == SINK)
+        competitor = cluster.core.read_namespaced_pod(COMPETITOR, cluster.namespace)
+        where = (competitor.spec.node_name or "",
+                 (competitor.metadata.annotations or {}).get(cv.ANNOTATION_GPU_INDICES, ""))
+        assert where not in held, f"the competitor took a reserved GPU: {where}"
+        cluster.core.delete_namespaced_pod(COMPETITOR, cluster.namespace,
+                                           grace_period_seconds=0)
+        wait_until(lambda: all(p["metadata"]["name"] != COMPETITOR for p in cluster.pods())
+                   or None, timeout_s=WAIT_S, what="the competitor gone")
+
+    # Right-sizing: each Deployment carries the recommendation the cycle published, from the
+    # 2 GiB its replicas use.
+    for name in ("web", "api"):
+        text = recommendation_on(cluster, name)
+        assert text is not None, f"no recommendation on Deployment {name}"
+        rec = parse_recommendation(text)["*"]
+        # p95 of one hourly peak (2,048) x 1.15 + 256 MiB, in thousandths of a 32 GiB GPU: far
+        # below the 300 milli (9,830 MiB) each replica reserves.
+        assert (rec.peak_mib, rec.memory_mib, rec.milli) == (USED_MIB, 2612, 80)
 
     # Bare pods untouched; every Deployment back at full replicas; the PDB held.
     for name, (uid, node) in cluster.anchors.items():

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from defrag.rightsizing.recommender import Mode
 from gpufrag.cli import main
-from simulations.defrag_whatif import genai_fractions, run_whatif, sampler, with_gpu_memory
+from simulations.defrag_whatif import (
+    WhatIfResult,
+    genai_fractions,
+    run_whatif,
+    sampler,
+    targets,
+    with_gpu_memory,
+)
 from simulations.synthetic import synthetic_nodes, synthetic_pods
 
 GIB = 1024**3
@@ -40,16 +49,86 @@ def test_cli_writes_summary_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert (out / "defrag.png").stat().st_size > 0
 
 
-def test_defrag_frees_whole_gpus_on_a_randomly_filled_cluster() -> None:
+@pytest.fixture(scope="module")
+def small() -> WhatIfResult:
+    """60 synthetic nodes filled at random, 6 cycles every 15 min (the defaults)."""
     nodes = with_gpu_memory(synthetic_nodes(60, seed=0), 32)
-    result = run_whatif(nodes, synthetic_pods(600, seed=0), fill=0.85, cycles=2, seed=3)
+    return run_whatif(nodes, synthetic_pods(600, seed=0), fill=0.85, seed=3)
+
+
+def test_defrag_frees_whole_gpus_on_a_randomly_filled_cluster(small: WhatIfResult) -> None:
+    result = small
     assert result.evictions > 0
-    assert result.evictions <= 2 * max(1, int(result.pods * 0.015))
-    # The moves free whole GPUs (pending pods may then take some of them).
-    assert result.cycles[0].free_whole_gpus_after_moves > result.before.free_whole_gpus
+    # The moves free whole GPUs (pending pods placed in the window may take some of them).
+    first = result.cycles[0]
+    assert first.free_whole_gpus_after_moves + first.pending_placed > (
+        result.before.free_whole_gpus)
     assert result.after.frag_gpus < result.before.frag_gpus
-    assert result.after.allocated_gpus >= result.before.allocated_gpus
+    assert result.after.allocated_gpus >= result.before.allocated_gpus - sum(
+        c.reclaimed_milli for c in result.cycles) / 1000
     assert result.usage_source.startswith("synthetic Beta")
+
+
+def test_every_cycle_keeps_its_budgets(small: WhatIfResult) -> None:
+    budget = max(1, int(small.pods * 0.015))
+    for c in small.cycles:
+        assert c.evicted == len(c.moves) <= budget
+        per_node = Counter(m.source for m in c.moves)
+        assert max(per_node.values(), default=0) <= 2
+        # A node that received a pod is not drained in the same cycle.
+        assert not {m.source for m in c.moves} & {m.target for m in c.moves}
+
+
+def test_no_owner_moves_again_within_its_cooldown(small: WhatIfResult) -> None:
+    last: dict[str, float] = {}
+    for c in small.cycles:
+        for m in c.moves:
+            assert m.owner_uid not in last or c.at_s - last[m.owner_uid] >= 3600.0
+            last[m.owner_uid] = c.at_s
+    assert small.moved_twice == 0  # 6 cycles, 15 min apart: 75 min, one cooldown at most
+
+
+def test_cycles_converge_when_nothing_is_worth_an_eviction() -> None:
+    nodes = with_gpu_memory(synthetic_nodes(30, seed=0), 32)
+    result = run_whatif(nodes, synthetic_pods(300, seed=0), fill=0.8, seed=5, cycles=10,
+                        eviction_budget_pct=5.0)
+    planned = [c.planned for c in result.cycles]
+    assert planned[0] > 0 and planned[-1] == 0
+    settled = result.settled_cycle
+    assert settled is not None and result.cycles[settled - 1].convergence.settled
+    assert "no move improves" in result.cycles[settled - 1].convergence.why
+
+
+def test_auto_right_sizing_gives_memory_back_recommend_does_not() -> None:
+    nodes = with_gpu_memory(synthetic_nodes(40, seed=0), 32)
+    pods = synthetic_pods(400, seed=0)
+    auto = run_whatif(nodes, pods, fill=0.85, seed=3, cycles=3)
+    plain = run_whatif(nodes, pods, fill=0.85, seed=3, cycles=3, rightsizing=Mode.RECOMMEND)
+    assert sum(c.rightsized for c in plain.cycles) == 0
+    assert set(plain.cycles[0].admission_skips) == {"mode_recommend"}
+    assert sum(c.rightsized for c in auto.cycles) > 0
+    assert sum(c.cuts_waste for c in auto.cycles) > 0
+    assert all(m.new_milli < m.gpu_milli for c in auto.cycles for m in c.moves
+               if m.new_milli and "waste" in m.purposes)
+    # Same usage at the same times: what right-sizing gives back shows in the waste.
+    assert auto.after.wasted_gib < plain.after.wasted_gib
+    assert auto.ceiling is not None and auto.ceiling.summary.waste_ratio < auto.before.waste_ratio
+
+
+def test_reservations_keep_every_landing_on_its_target(small: WhatIfResult) -> None:
+    assert all(c.committed for c in small.cycles)
+    assert sum(c.landed_elsewhere for c in small.cycles) == 0
+    assert sum(c.landed for c in small.cycles) == small.evictions
+
+
+def test_targets_are_judged_on_the_figures(small: WhatIfResult) -> None:
+    rows = {t.name: t for t in targets(small)}
+    assert rows["pods moved twice"].met == (small.moved_twice == 0)
+    assert rows["pods moved twice"].figure == str(small.moved_twice)
+    assert rows["evictions in total"].figure.startswith(f"{small.evictions} (")
+    assert rows["evictions in total"].met == (small.evictions <= 0.1 * small.pods)
+    assert set(rows) >= {"waste ratio once settled", "free whole GPUs", "evictions in total",
+                         "trigger off once settled"}
 
 
 def test_genai_fractions_and_sampler(tmp_path: Path) -> None:
@@ -70,6 +149,10 @@ def test_genai_fractions_and_sampler(tmp_path: Path) -> None:
         (["--nodes", "x.csv"], "--nodes and --pods go together"),
         (["--genai-memory", "missing.csv"], "missing.csv: cannot read"),
         (["--max-evictions-total", "-2"], "--max-evictions-total"),
+        (["--rightsizing-mode", "always"], "'always' is not one of off, recommend, auto"),
+        (["--min-gain-gpus", "-1"], "--min-gain-gpus"),
+        (["--cycle-interval-s", "0"], "--cycle-interval-s"),
+        (["--cooldown-s", "-5"], "--cooldown-s"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args: list[str], message: str,

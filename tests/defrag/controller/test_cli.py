@@ -15,6 +15,9 @@ from gpufrag.cli import main
     ("args", "message"),
     [
         (["--threshold", "1.5"], "--threshold"),
+        (["--rightsizing-percentile", "1.5"], "'--rightsizing-percentile': 1.5 must be in (0, 1]"),
+        (["--rightsizing-min-mib", "-1"], "--rightsizing-min-mib"),
+        (["--rightsizing-window-s", "10"], "--rightsizing-window-s"),
         (["--threshold", "abc"], "invalid float value: 'abc'"),
         (["--max-evictions-total", "-1"], "--max-evictions-total"),
         (["--max-evictions-per-node", "-3"], "--max-evictions-per-node"),

@@ -14,9 +14,12 @@ from defrag.controller.executor import (
     Executor,
     Landing,
 )
+from defrag.controller.measure import measure
 from defrag.controller.metrics import CycleMetrics
 from defrag.controller.model import PodInfo, Snapshot
 from defrag.controller.planner import Move, Plan, plan
+from defrag.controller.snapshot import hold_reservations
+from scheduler.kube.reservations import Reservation, body
 from scheduler.policies import make_policy
 from tests.builders import workload
 from tests.defrag.controller.builders import config, gpu_node, share, snapshot
@@ -41,11 +44,33 @@ class RecordingActions:
 
     def __init__(self, *, refuse: frozenset[str] = frozenset(), fail_on: str = "",
                  never_bind: frozenset[str] = frozenset(),
-                 land_on: dict[str, str] | None = None) -> None:
+                 land_on: dict[str, str] | None = None, fail_reserve: int = -1) -> None:
         self.calls: list[tuple[str, ...]] = []
         self.refuse, self.fail_on, self.never_bind = refuse, fail_on, never_bind
         self.land_on = land_on or {}
         self.hints: dict[str, list[tuple[str, float]]] = {}
+        self.reservations: dict[str, Reservation] = {}  # live now
+        self.reserved: list[Reservation] = []  # every one created
+        self.fail_reserve = fail_reserve  # the creation (0-based) that fails
+
+    def prune_reservations(self, now: float) -> int:
+        self.calls.append(("prune reservations",))
+        return 0
+
+    def reserve(self, reservation: Reservation) -> None:
+        if self.fail_reserve == 0:
+            raise CycleStopped(f"creating GPUReservation {reservation.name}", "HTTP 403: no")
+        self.fail_reserve -= 1
+        self.calls.append(("reserve", reservation.name, reservation.node))
+        self.reservations[reservation.name] = reservation
+        self.reserved.append(reservation)
+
+    def renew_reservation(self, name: str, expires: float) -> None:
+        self.calls.append(("renew", name))
+
+    def release(self, name: str) -> None:
+        self.calls.append(("release", name))
+        del self.reservations[name]
 
     def prune_hints(self, now: float) -> int:
         self.calls.append(("prune",))
@@ -112,7 +137,7 @@ def test_dry_run_lands_everything_as_planned_and_matches_the_prediction() -> Non
     assert [r.outcome for r in report.results] == ["landed"] * 3
     assert report.after == the_plan.after and report.error is None
     assert metrics.counts["evicted"] == 3 and metrics.counts["landed on target"] == 3
-    assert [w[0] for w in actions.written] == ["hint", "evict"] * 3
+    assert [w[0] for w in actions.written] == ["reserve"] * 3 + ["hint", "evict"] * 3
     assert {snap.state.pods[f"ns/p{i}"].node for i in range(3)} == {"t"}
 
 
@@ -120,11 +145,15 @@ def test_every_move_writes_a_hint_evicts_and_removes_the_hint() -> None:
     snap = sources_and_sink()
     actions = RecordingActions()
     report, _ = execute(actions, snap, make(snap))
-    assert actions.calls[:4] == [("prune",), ("hint", "owner-ns/p0", "t"), ("evict", "ns/p0"),
-                                 ("unhint", "owner-ns/p0", "t")]
+    names = [f"p{i}-nsp{i}" for i in range(3)]
+    assert actions.calls[:10] == [
+        ("prune",), ("prune reservations",), *(("reserve", n, "t") for n in names),
+        ("hint", "owner-ns/p0", "t"), ("renew", names[0]), ("evict", "ns/p0"),
+        ("unhint", "owner-ns/p0", "t"), ("release", names[0])]
+    assert actions.reservations == {}  # every reservation released once its pod was bound
     assert all(not v for v in actions.hints.values())  # every hint removed once bound
     # The hint expires hint_ttl_s after "now".
-    assert report.error is None
+    assert report.error is None and report.committed
 
 
 def test_a_refused_eviction_is_skipped_and_the_cycle_goes_on() -> None:
@@ -193,3 +222,82 @@ def test_report_names_the_owners_that_start_a_cooldown_and_the_nodes_still_latch
     assert "s1" in report.latched_after  # p1 stayed: its node is still over the threshold
     assert not {"s0", "s2"} & report.latched_after
     assert report.triggered_after >= len(report.latched_after)
+
+
+def test_every_move_is_reserved_before_the_first_eviction_with_the_replacements_share() -> None:
+    snap = sources_and_sink()
+    the_plan = make(snap)
+    actions = RecordingActions(never_bind=frozenset({"ns/p0"}))
+    report, _ = execute(actions, snap, the_plan)
+    reserved = actions.reserved
+    first_evict = next(i for i, c in enumerate(actions.calls) if c[0] == "evict")
+    assert [c[0] for c in actions.calls[:first_evict]].count("reserve") == 3
+    for move, r in zip(the_plan.moves, reserved, strict=True):
+        assert (r.node, r.gpus, r.gpu_milli) == (move.target, move.target_gpus, move.gpu_milli)
+        assert r.owner_uid == move.owner_uid and move.uid in r.existing_pods
+        assert r.admits(move.owner_uid, "a-new-pod") and not r.admits("someone-else", "x")
+        assert r.expires == 1000.0 + config().hint_ttl_s
+    # p0 never bound: its reservation runs to its TTL; p1 and p2 were never tried: released.
+    assert report.error is not None
+    assert set(actions.reservations) == {reserved[0].name}
+
+
+def test_a_plan_that_cannot_reserve_every_move_evicts_nothing_and_rolls_back() -> None:
+    snap = sources_and_sink()
+    actions = RecordingActions(fail_reserve=2)
+    report, metrics = execute(actions, snap, make(snap))
+    assert not any(c[0] in ("evict", "hint") for c in actions.calls)
+    assert actions.reservations == {}
+    assert [c for c in actions.calls if c[0] == "release"] == [
+        ("release", "p0-nsp0"), ("release", "p1-nsp1")]
+    assert report.results == [] and report.error is not None and not report.committed
+    assert "nothing was evicted; 2 reservation(s) rolled back" in report.error
+    assert metrics.counts["reservations rolled_back"] == 2
+    assert {snap.state.pods[f"ns/p{i}"].node for i in range(3)} == {"s0", "s1", "s2"}
+
+
+def test_a_right_sized_move_reserves_the_new_share() -> None:
+    snap = sources_and_sink()
+    snap.rightsized = {"ns/p0": 150}
+    the_plan = make(snap)
+    move = next(m for m in the_plan.moves if m.pod == "ns/p0")
+    assert move.new_milli == 150
+    actions = RecordingActions()
+    execute(actions, snap, the_plan)
+    assert next(r for r in actions.reserved if r.replaces == "ns/p0").gpu_milli == 150
+
+
+def test_a_share_an_earlier_cycle_still_holds_is_not_planned_into() -> None:
+    def targets(snap: Snapshot) -> set[tuple[str, tuple[int, ...]]]:
+        return {(m.target, m.target_gpus) for m in make(snap).moves}
+
+    free_plan = targets(sources_and_sink())
+    assert ("t", (0,)) in free_plan
+
+    def held(**overrides: object) -> Reservation:
+        fields: dict[str, object] = dict(name="left", node="t", gpus=(0,), gpu_milli=300,
+                                         owner_uid="earlier-owner", expires=2000.0)
+        fields.update(overrides)
+        return Reservation(**fields)  # type: ignore[arg-type]
+
+    snap = sources_and_sink()
+    before = measure(snap.state, snap.usage, WORKLOAD).summary
+    assert hold_reservations(snap, [body(held()), {"metadata": {"name": "bad"}}], 1000.0) == [
+        "GPUReservation bad, field 'spec': expected an object"]
+    assert ("t", (0,)) not in targets(snap)
+    # Held, it counts as allocated and used: no waste is invented for it.
+    assert measure(snap.state, snap.usage, WORKLOAD).summary.wasted_gib == before.wasted_gib
+    expired = sources_and_sink()
+    hold_reservations(expired, [body(held(expires=999.0))], 1000.0)
+    assert targets(expired) == free_plan
+
+
+def test_a_share_held_on_a_triggered_node_is_not_counted_as_an_unknown_pod() -> None:
+    snap = sources_and_sink()
+    held = Reservation(name="left", node="s0", gpus=(0,), gpu_milli=300,
+                       owner_uid="earlier-owner", expires=2000.0)
+    assert hold_reservations(snap, [body(held)], 1000.0) == []
+    assert held.key in snap.state.pods_on_node[snap.state.index["s0"]]
+    the_plan = make(snap)
+    assert "s0" in the_plan.triggered  # its pods are candidates; the held share is not one
+    assert "unknown pod" not in the_plan.skipped

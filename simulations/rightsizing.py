@@ -1,0 +1,232 @@
+"""Right-sizing in the defrag what-if: per-pod GPU memory over time -> recommendations -> shares.
+
+The cluster's loop, replayed with its own code:
+
+1. **Readings.** Every GPU pod of the what-if is given one container of the GenAI trace's
+   ``pod_gpu_memory_used_bytes`` (seeded), aligned so the container's first sample is the
+   what-if's time 0. A sample is read as a fraction of a ``gpu_gib`` GPU (the trace's pods each
+   hold one whole GPU; see :mod:`simulations.defrag_whatif`) and the pod uses that fraction of
+   what it reserved when the cluster was filled, in MiB per GPU. After a container's last sample
+   its last value holds. Without the trace, :func:`synthetic_memory_trace` stands in.
+2. **Recommendations.** The controller folds each workload's readings into the recommender's
+   history (:class:`defrag.rightsizing.recommender.WorkloadHistory`: one peak per interval) and
+   recommends with :func:`~defrag.rightsizing.recommender.recommend` — the same functions
+   ``gpufrag defrag`` runs. In the openb trace every pod is its own workload.
+3. **Admission.** A replacement is the workload's template, so it asks what the pod first
+   asked; the webhook's rule (:func:`defrag.admission.mutate.decide`, given the workload's mode
+   and recommendation annotations exactly as the controller publishes them) says what share it
+   is admitted with. Only shares below one GPU are right-sized (the webhook's rule); whole-GPU
+   pods keep what they ask.
+
+Histories are kept only for pods asking for a share: for any other pod the webhook's answer is
+"no GPU share" whatever the recommendation, so its history would change nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from defrag.admission.mutate import decide
+from defrag.rightsizing.recommender import (
+    ANY_VERSION,
+    Mode,
+    PodSample,
+    Recommendation,
+    RightsizingConfig,
+    WorkloadHistory,
+    encode,
+    recommend,
+)
+from defrag.rightsizing.workloads import Workload
+from gpufrag.conventions import DEFAULT_NAMES, KubeNames
+from gpufrag.errors import BadInput
+from scheduler.core.types import MILLI_PER_GPU, PodRequest
+from simulations.openb import MAX_AMOUNT, amount, read_rows
+
+FloatArray = npt.NDArray[np.float64]
+BYTES_PER_GIB = 1024**3
+MAX_SAMPLE_BYTES = 2**63
+# The synthetic stand-in: a per-container level drawn from a Beta fitted to the GenAI trace's
+# fractions (mean 0.48, sd 0.10) and a daily swing that puts the mean at about 0.65 x the peak,
+# as the trace's containers have it (median mean/peak 0.63).
+SYNTHETIC_BETA = (10.8, 11.7)
+SYNTHETIC_SWING = 0.35
+
+
+@dataclass(frozen=True)
+class MemoryTrace:
+    """Per container: sample times (seconds since its first sample, ascending) and the used
+    fraction of the trace's GPU at each (0..1)."""
+
+    t_s: tuple[FloatArray, ...]
+    fraction: tuple[FloatArray, ...]
+    source: str = "synthetic"
+
+    @property
+    def containers(self) -> int:
+        return len(self.t_s)
+
+    def at(self, container: int, t_s: float) -> float:
+        """The container's fraction at ``t_s`` (its last sample at or before; the first before
+        it started)."""
+        times = self.t_s[container]
+        i = int(np.searchsorted(times, t_s, side="right")) - 1
+        return float(self.fraction[container][max(i, 0)])
+
+    def between(self, container: int, start_s: float, end_s: float
+                ) -> tuple[FloatArray, FloatArray]:
+        """The samples with ``start_s < t <= end_s`` (times, fractions)."""
+        times = self.t_s[container]
+        lo = int(np.searchsorted(times, start_s, side="right"))
+        hi = int(np.searchsorted(times, end_s, side="right"))
+        return times[lo:hi], self.fraction[container][lo:hi]
+
+
+def read_memory_trace(path: Path, gpu_gib: float) -> MemoryTrace:
+    """The GenAI trace's per-container series, each sample as a fraction of a ``gpu_gib`` GPU
+    (capped at 1). Read with the traces' one bounded CSV reader; a sample must be a finite
+    number of bytes in 0..2^63, a timestamp a finite number of seconds. Rows without a
+    ``container_ip`` form one series."""
+    source = str(path)
+    by_container: dict[str, list[tuple[float, float]]] = {}
+    for number, row in read_rows(path, ("timestamp_anon", "value")):
+        t = float(amount(row, "timestamp_anon", source, number, MAX_AMOUNT))
+        value = float(amount(row, "value", source, number, MAX_SAMPLE_BYTES))
+        by_container.setdefault(row.get("container_ip") or "", []).append((t, value))
+    if not by_container:
+        raise BadInput("no samples", source=source)
+    times: list[FloatArray] = []
+    fractions: list[FloatArray] = []
+    for name in sorted(by_container):
+        samples = np.array(sorted(by_container[name]))
+        times.append(samples[:, 0] - samples[0, 0])
+        fractions.append(np.clip(samples[:, 1] / (gpu_gib * BYTES_PER_GIB), 0.0, 1.0))
+    return MemoryTrace(tuple(times), tuple(fractions), source="genai trace")
+
+
+def synthetic_memory_trace(seed: int = 0, *, containers: int = 64, hours: float = 24.0,
+                           step_s: float = 60.0) -> MemoryTrace:
+    """A seeded stand-in of the trace's shape: per container a level (the Beta fitted to the
+    trace) swinging over a day with a random phase, plus a little noise."""
+    rng = np.random.default_rng(seed + 11)
+    t = np.arange(0.0, hours * 3600.0, step_s)
+    times: list[FloatArray] = []
+    fractions: list[FloatArray] = []
+    for _ in range(containers):
+        level = rng.beta(*SYNTHETIC_BETA)
+        phase = rng.uniform(0.0, 2 * math.pi)
+        swing = 1.0 + SYNTHETIC_SWING * np.sin(2 * math.pi * t / 86400.0 + phase)
+        noise = rng.normal(0.0, 0.02, size=t.size)
+        times.append(t.copy())
+        fractions.append(np.clip(level * swing + noise, 0.0, 1.0))
+    a, b = SYNTHETIC_BETA
+    return MemoryTrace(tuple(times), tuple(fractions), source=f"synthetic Beta({a}, {b}) "
+                       f"with a daily swing of {SYNTHETIC_SWING:.0%}")
+
+
+@dataclass
+class _Tracked:
+    container: int
+    scale_mib: float  # what the pod reserved per GPU when it was first placed
+    asked_milli: int  # its template's share (0: not a share)
+    history: WorkloadHistory = field(default_factory=WorkloadHistory)
+    recommendation: Recommendation | None = None
+
+
+class Rightsizing:
+    """Readings, recommendations and admitted shares for the what-if's pods (see the module
+    docstring). ``mode`` is every workload's ``gpufrag.io/rightsizing-mode``."""
+
+    def __init__(self, trace: MemoryTrace, *, mode: Mode = Mode.AUTO,
+                 config: RightsizingConfig | None = None, names: KubeNames = DEFAULT_NAMES,
+                 seed: int = 0) -> None:
+        self.trace = trace
+        self.mode = mode
+        self.config = (config or RightsizingConfig()).validated()
+        self.names = names
+        self.rng = np.random.default_rng(seed + 7)
+        self.pods: dict[str, _Tracked] = {}
+        self.observed_until_s = -math.inf
+        self.skips: dict[str, int] = {}
+
+    def track(self, key: str, request: PodRequest, gpu_memory_mib: float) -> None:
+        """Give a newly placed GPU pod its container and the reservation its use scales with."""
+        if key in self.pods or not request.wants_gpu:
+            return
+        container = int(self.rng.integers(0, self.trace.containers))
+        scale = request.gpu_milli / MILLI_PER_GPU * gpu_memory_mib
+        self.pods[key] = _Tracked(container, scale, request.gpu_milli if request.is_share
+                                  else 0)
+
+    def used_mib(self, key: str, t_s: float) -> float:
+        pod = self.pods[key]
+        return self.trace.at(pod.container, t_s) * pod.scale_mib
+
+    def observe(self, until_s: float, gpu_memory_mib: Mapping[str, float]) -> None:
+        """Fold every share pod's readings since the last call (up to ``until_s``) into its
+        workload's history and recommend; ``gpu_memory_mib`` is the GPU each pod is on."""
+        start = self.observed_until_s
+        for key, pod in self.pods.items():
+            if not pod.asked_milli or key not in gpu_memory_mib:
+                continue
+            times, fractions = self.trace.between(pod.container, start, until_s)
+            gpu_mib = int(gpu_memory_mib[key])
+            ns, _, name = key.rpartition("/")
+            samples = [PodSample(ns, name, key, int(f * pod.scale_mib), gpu_mib, float(t))
+                       for t, f in zip(times, fractions, strict=True)]
+            pod.history = pod.history.add(samples, until_s, self.config)
+            pod.recommendation = recommend(pod.history, self.config, until_s)
+        self.observed_until_s = until_s
+
+    def workload(self, key: str) -> Workload:
+        """The workload's controller as the webhook reads it: mode and recommendation
+        annotations, as the controller publishes them."""
+        pod = self.pods.get(key)
+        annotations = {self.names.annotation_rightsizing_mode: self.mode.value}
+        if pod is not None and pod.recommendation is not None:
+            annotations[self.names.annotation_gpu_recommendation] = encode(
+                {ANY_VERSION: pod.recommendation})
+        ns, _, name = key.rpartition("/")
+        return Workload("ReplicaSet", ns, f"owner-{name}", f"owner-{key}", annotations)
+
+    def template(self, key: str, request: PodRequest) -> dict[str, Any]:
+        """The pod its owner's template creates: what the pod first asked for."""
+        pod = self.pods.get(key)
+        asked = pod.asked_milli if pod is not None else 0
+        limits = ({self.names.gpu_milli: str(asked)} if asked
+                  else {self.names.gpu: str(request.num_gpu)})
+        ns, _, name = key.rpartition("/")
+        return {"metadata": {"name": name, "namespace": ns, "labels": {}},
+                "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]}}
+
+    def admitted_milli(self, key: str, request: PodRequest) -> int:
+        """The share the webhook admits ``key``'s replacement with (0: as the template asks,
+        or not a share); each skip reason is counted in :attr:`skips`."""
+        decision = decide(self.template(key, request), self.workload(key), self.names)
+        if decision.change is None:
+            reason = decision.skip or "unchanged"
+            self.skips[reason] = self.skips.get(reason, 0) + 1
+            pod = self.pods.get(key)
+            return pod.asked_milli if pod is not None else 0
+        return int(decision.change["to"])
+
+    def rightsized(self, requests: Mapping[str, PodRequest]) -> dict[str, int]:
+        """Pod key -> the share its replacement would get, for every share pod whose
+        replacement would differ from what it holds now (``Snapshot.rightsized``)."""
+        self.skips = {}
+        out: dict[str, int] = {}
+        for key, request in requests.items():
+            pod = self.pods.get(key)
+            if pod is None or not pod.asked_milli:
+                continue
+            milli = self.admitted_milli(key, request)
+            if milli and milli != request.gpu_milli:
+                out[key] = milli
+        return out
