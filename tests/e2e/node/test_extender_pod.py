@@ -32,8 +32,8 @@ NAMESPACE = "gpufrag-system"
 HEALTH_PORT = 8889  # the extender's probes and /metrics (server.health_port in the manifest)
 # What the Deployment needs from the base; its other workloads (the agent and device-plugin
 # DaemonSets, the defrag CronJob, the serving example) are tested on their own.
-NEEDED_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-                "RoleBinding", "ConfigMap"}
+NEEDED_KINDS = {"CustomResourceDefinition", "Namespace", "ServiceAccount", "ClusterRole",
+                "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap"}
 
 
 def _deployment_and_needs(manifests: list[dict[str, Any]]) -> list[dict[str, Any]]:
