@@ -14,9 +14,10 @@ Fixtures:
   ``GPU_UUIDS``) registered with the node's kubelet; its log's path.
 - ``gpufrag_image`` (session): the project's image built here (``devkit.image``: mmdebstrap base
   + buildah, cached) and imported into the node's containerd; its reference.
-- ``base_manifests`` (session): ``manifests/base`` rendered by kubectl's kustomize with the
-  images replaced by the node's (the project's image, the plane's kube-scheduler) and
-  ``imagePullPolicy: Never`` everywhere: the node never pulls.
+- ``node_manifests`` (session): a function rendering a kustomization of ``manifests/`` (e.g.
+  ``"overlays/production"``) by kubectl's kustomize with the images replaced by the node's (the
+  project's image, the plane's kube-scheduler) and ``imagePullPolicy: Never`` everywhere: the
+  node never pulls. ``base_manifests`` (session): ``manifests/base`` rendered so.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,25 +106,39 @@ def gpufrag_image(node: Node) -> str:
     return built.ref
 
 
+Render = Callable[[str], list[dict[str, Any]]]
+
+
 @pytest.fixture(scope="session")
-def base_manifests(node_plane: ControlPlane, node: Node, gpufrag_image: str,
-                   tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def node_manifests(node_plane: ControlPlane, node: Node, gpufrag_image: str,
+                   tmp_path_factory: pytest.TempPathFactory) -> Render:
+    """``render("base")``, ``render("overlays/production")``: that kustomization of
+    manifests/ with the node's images, through an overlay of its own."""
     scheduler_image = node.import_kube_scheduler_image()
-    overlay = tmp_path_factory.mktemp("node-overlay")
     images = []
     for shipped, local in ((_shipped_image("gpufrag"), gpufrag_image),
                            (_shipped_image("kube-scheduler"), scheduler_image)):
         name, tag = local.rsplit(":", 1)
         images.append({"name": shipped, "newName": name, "newTag": tag})
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(MANIFESTS / "base", overlay)], "images": images}))
-    docs = [d for d in yaml.safe_load_all(node_plane.kubectl("kustomize", str(overlay)).stdout)
-            if d]
-    for doc in docs:
-        for container in _containers(doc):
-            container["imagePullPolicy"] = "Never"
-    return docs
+
+    def render(path: str) -> list[dict[str, Any]]:
+        overlay = tmp_path_factory.mktemp("node-overlay")
+        (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [os.path.relpath(MANIFESTS / path, overlay)], "images": images}))
+        docs = [d for d in yaml.safe_load_all(
+            node_plane.kubectl("kustomize", str(overlay)).stdout) if d]
+        for doc in docs:
+            for container in _containers(doc):
+                container["imagePullPolicy"] = "Never"
+        return docs
+
+    return render
+
+
+@pytest.fixture(scope="session")
+def base_manifests(node_manifests: Render) -> list[dict[str, Any]]:
+    return node_manifests("base")
 
 
 def _shipped_image(name: str) -> str:
