@@ -1,11 +1,14 @@
 # One image for every gpufrag component (extender, defrag, agent, serve, whatif).
 # Multi-stage: install the locked dependencies, then gpufrag itself without resolving anything,
 # and copy only the installed environment into a slim runtime that runs as a non-root user.
-# Base images are fully qualified; pin them by digest (...python:3.11-slim@sha256:<digest>) where
-# your build must be reproducible.
-FROM docker.io/library/python:3.11-slim AS build
+# BASE is any image with Python 3.11 as `python3` (and its venv module). The default is fully
+# qualified; pin it by digest (...python:3.11-slim@sha256:<digest>) where your build must be
+# reproducible. The dev kit builds with a Debian base made on the machine instead
+# (--build-arg BASE=oci-archive:..., devkit/image.py; docs/node.md): no registry needed.
+ARG BASE=docker.io/library/python:3.11-slim
+FROM ${BASE} AS build
 WORKDIR /src
-RUN python -m venv /opt/gpufrag
+RUN python3 -m venv /opt/gpufrag
 ENV PATH=/opt/gpufrag/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
@@ -27,7 +30,7 @@ RUN pip install --no-deps --no-build-isolation . \
     && pip uninstall --yes setuptools \
     && pip check
 
-FROM docker.io/library/python:3.11-slim
+FROM ${BASE}
 RUN useradd --system --uid 65532 --home-dir /nonexistent --shell /usr/sbin/nologin gpufrag
 COPY --from=build /opt/gpufrag /opt/gpufrag
 ENV PATH=/opt/gpufrag/bin:$PATH \

@@ -493,6 +493,12 @@ class ControlPlane:
                          "osImage": "", "kernelVersion": "", "kubeProxyVersion": "",
                          "machineID": "", "systemUUID": "", "bootID": ""}}},
             _content_type=_STRATEGIC_MERGE_PATCH)
+        return self.lift_not_ready_taint(name)
+
+    def lift_not_ready_taint(self, name: str) -> kubernetes.client.V1Node:
+        """Remove the not-ready taint from a Ready Node, as the node-lifecycle controller (off
+        here, see CONTROLLERS) would; returns the Node."""
+        core = kubernetes.client.CoreV1Api(self.api_client())
         node = core.read_node(name)
         current = (node.spec.taints if node.spec is not None else None) or []
         taints = [t for t in current if t.key != NOT_READY_TAINT]

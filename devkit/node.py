@@ -45,6 +45,7 @@ import kubernetes
 import yaml
 
 from devkit.controlplane import ControlPlane
+from devkit.image import write_oci_archive
 from devkit.pki import run_openssl
 from devkit.procs import (
     EXIT_WITH_PARENT_ENV,
@@ -61,6 +62,7 @@ BRIDGE: Final = "gpufrag0"
 # Images the node imports into containerd at start (built from busybox-static, no registry).
 PAUSE_IMAGE: Final = "gpufrag.local/pause:1"
 BUSYBOX_IMAGE: Final = "gpufrag.local/busybox:1"
+KUBE_SCHEDULER_IMAGE: Final = "gpufrag.local/kube-scheduler:1"
 BUSYBOX_BINARY: Final = Path("/usr/bin/busybox")  # Debian's busybox-static
 CNI_BIN_DIR: Final = Path("/usr/lib/cni")
 BUSYBOX_APPLETS: Final = ("sh", "echo", "sleep", "cat", "ls", "id", "hostname", "ip", "wget",
@@ -79,20 +81,13 @@ def _tar_add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o6
     tar.addfile(info, io.BytesIO(data))
 
 
-def _blob(tar: tarfile.TarFile, data: bytes, media_type: str) -> dict[str, Any]:
-    import hashlib
-    digest = hashlib.sha256(data).hexdigest()
-    _tar_add_bytes(tar, f"blobs/sha256/{digest}", data)
-    return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
-
-
-def busybox_oci_archive(path: Path, ref: str, cmd: Sequence[str]) -> Path:
-    """An OCI image archive (``ctr images import`` reads it) with a busybox-static root file
-    system and ``cmd`` as its command. Deterministic, so the same bytes every time."""
-    import hashlib
+def _busybox_layer(extra: Sequence[tuple[str, Path]] = ()) -> bytes:
+    """A root file system with busybox-static and its applets, plus ``extra`` executables
+    (path in the image, file on this machine)."""
     layer_buf = io.BytesIO()
     with tarfile.open(fileobj=layer_buf, mode="w", format=tarfile.PAX_FORMAT) as layer:
-        for d in ("bin", "etc", "tmp", "proc", "sys", "dev", "var", "var/www"):
+        for d in ("bin", "etc", "tmp", "proc", "sys", "dev", "var", "var/www", "usr",
+                  "usr/local", "usr/local/bin"):
             info = tarfile.TarInfo(d)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755, 0
             layer.addfile(info)
@@ -105,29 +100,27 @@ def busybox_oci_archive(path: Path, ref: str, cmd: Sequence[str]) -> Path:
                                             b"nobody:x:65534:65534:nobody:/:/bin/false\n")
         _tar_add_bytes(layer, "etc/group", b"root:x:0:\nnogroup:x:65534:\n")
         _tar_add_bytes(layer, "var/www/index.html", b"ok\n")
-    layer_bytes = layer_buf.getvalue()
-    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
-    config = {"architecture": "amd64", "os": "linux",
-              "config": {"Cmd": list(cmd), "Env": ["PATH=/bin"], "WorkingDir": "/"},
-              "rootfs": {"type": "layers", "diff_ids": [diff_id]}}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        layer_desc = _blob(tar, layer_bytes, "application/vnd.oci.image.layer.v1.tar")
-        config_desc = _blob(tar, json.dumps(config, sort_keys=True).encode(),
-                            "application/vnd.oci.image.config.v1+json")
-        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                    "config": config_desc, "layers": [layer_desc]}
-        manifest_desc = _blob(tar, json.dumps(manifest, sort_keys=True).encode(),
-                              "application/vnd.oci.image.manifest.v1+json")
-        manifest_desc["platform"] = {"architecture": "amd64", "os": "linux"}
-        manifest_desc["annotations"] = {"io.containerd.image.name": ref,
-                                        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1]}
-        _tar_add_bytes(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
-        _tar_add_bytes(tar, "index.json", json.dumps(
-            {"schemaVersion": 2, "manifests": [manifest_desc]}, sort_keys=True).encode())
-    tmp.replace(path)
-    return path
+        for name, source in extra:
+            info = layer.gettarinfo(str(source), arcname=name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            with source.open("rb") as f:
+                layer.addfile(info, f)
+    return layer_buf.getvalue()
+
+
+def busybox_oci_archive(path: Path, ref: str, cmd: Sequence[str]) -> Path:
+    """An OCI image archive (``ctr images import`` reads it) with a busybox-static root file
+    system and ``cmd`` as its command. Deterministic, so the same bytes every time."""
+    return write_oci_archive(path, ref, [_busybox_layer()],
+                             {"Cmd": list(cmd), "Env": ["PATH=/bin"], "WorkingDir": "/"})
+
+
+def kube_scheduler_oci_archive(path: Path, ref: str, binary: Path) -> Path:
+    """busybox + the control plane's multi-call binary as ``kube-scheduler`` (it dispatches on
+    its name), for the manifests' scheduler container on this node."""
+    layer = _busybox_layer([("usr/local/bin/kube-scheduler", binary.resolve())])
+    return write_oci_archive(path, ref, [layer], {
+        "Cmd": ["kube-scheduler"], "Env": ["PATH=/usr/local/bin:/bin"], "WorkingDir": "/"})
 
 
 # -- what this machine allows --------------------------------------------------------------------
@@ -292,6 +285,7 @@ class Node:
         self.startup_s: float | None = None
         self._lock: io.TextIOWrapper | None = None
         self._stopped = False
+        self._api_server_exposed = False
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -379,6 +373,8 @@ class Node:
                        what=f"Node {self.name} to register and become Ready")
         except ControlPlaneError as exc:
             raise NodeError(f"{exc}\n{kubelet.describe_failure('did not get Ready')}") from exc
+        # Schedulable once Ready (the plane runs no node-lifecycle controller to do it).
+        self.plane.lift_not_ready_taint(self.name)
 
     def _launch(self, name: str, argv: Sequence[str], port: int = 0) -> ComponentProcess:
         log_path = self.logs_dir / f"{name}.log"
@@ -445,12 +441,81 @@ class Node:
         sock = self.node_dir / "containerd" / "containerd.sock"
         wait_until(lambda: True if (sock.exists() and self._ctr("version").returncode == 0)
                    else _alive_or_raise(containerd), timeout_s=30, what="containerd to listen")
+        self._remove_pod_netns()  # a crashed run's leftovers
+        self._expose_api_server()
         for ref, cmd in ((PAUSE_IMAGE, ["/bin/sh", "-c", "trap 'exit 0' TERM INT; "
                                                           "while :; do sleep 3600 & wait; done"]),
                          (BUSYBOX_IMAGE, ["/bin/sh"])):
             self.import_image(busybox_oci_archive(
                 self.node_dir / "images" / (ref.rsplit("/", 1)[1].replace(":", "-") + ".tar"),
                 ref, cmd))
+
+    @staticmethod
+    def _remove_pod_netns() -> int:
+        """Delete the pod network namespaces left on this machine's pod subnet (containerd
+        makes them under /run/netns and removes them only when it tears a sandbox down, which
+        a stopped node never does): each holds a veth on the bridge and an address that the
+        next node's fresh IPAM hands out again, so a leftover answers ARP for a new pod's IP.
+        Called with the node lock held (start and stop), so no running node owns them."""
+        removed = 0
+        netns_dir = Path("/run/netns")
+        prefix = POD_SUBNET.rsplit(".", 1)[0] + "."
+        for name in sorted(p.name for p in netns_dir.glob("cni-*")) if netns_dir.is_dir() else []:
+            addresses = subprocess.run(["ip", "-n", name, "-4", "-o", "addr", "show"],
+                                       capture_output=True, text=True, check=False).stdout
+            if f"inet {prefix}" in addresses:
+                subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+                removed += 1
+        return removed
+
+    def _api_server_rule(self) -> list[str]:
+        port = self.plane.server.rsplit(":", 1)[1]
+        return ["PREROUTING", "-i", BRIDGE, "-d", f"{self.plane.service_ip}/32", "-p", "tcp",
+                "--dport", "443", "-j", "DNAT", "--to-destination", f"127.0.0.1:{port}",
+                "-m", "comment", "--comment", f"gpufrag node {self.name}"]
+
+    def _expose_api_server(self) -> None:
+        """The ``kubernetes`` Service for pods (what kube-proxy would do for this one Service):
+        connections from the pod bridge to its ClusterIP:443 go to the API server on 127.0.0.1,
+        so in-cluster clients (the extender, kube-scheduler in its pod) work unchanged. The
+        API server's certificate names the ClusterIP. The bridge is made here (CNI reuses it)
+        so ``route_localnet`` (loopback as a DNAT target) can be set on it alone."""
+        if subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True,
+                          check=False).returncode != 0:
+            subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=True,
+                           capture_output=True)
+        subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True, capture_output=True)
+        Path(f"/proc/sys/net/ipv4/conf/{BRIDGE}/route_localnet").write_text("1\n")
+        result = subprocess.run(["iptables", "-t", "nat", "-A", *self._api_server_rule()],
+                                capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise NodeError(f"iptables DNAT for the kubernetes Service: {result.stderr.strip()}")
+        self._api_server_exposed = True
+
+    def _unexpose_api_server(self) -> None:
+        if self._api_server_exposed:
+            subprocess.run(["iptables", "-t", "nat", "-D", *self._api_server_rule()],
+                           capture_output=True, check=False)
+            self._api_server_exposed = False
+
+    def import_kube_scheduler_image(self) -> str:
+        """Import :data:`KUBE_SCHEDULER_IMAGE` (the plane's own kube-scheduler) and return it."""
+        self.import_image(kube_scheduler_oci_archive(
+            self.node_dir / "images" / "kube-scheduler.tar", KUBE_SCHEDULER_IMAGE,
+            self.plane.binary))
+        return KUBE_SCHEDULER_IMAGE
+
+    def container_pid(self, container_id: str) -> int:
+        """The host pid of a running container's first process (``containerd://<id>`` as the
+        pod's status gives it, or the bare id), from containerd's task list."""
+        cid = container_id.removeprefix("containerd://")
+        listed = self._ctr("tasks", "ls", timeout_s=15)
+        for line in listed.stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 3 and fields[0] == cid and fields[2] == "RUNNING":
+                return int(fields[1])
+        raise NodeError(f"container {cid} has no running task (ctr tasks ls: "
+                        f"{listed.stdout.strip() or listed.stderr.strip()})")
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
         """What a container wrote (the kubelet's CRI log file; "" when there is none yet)."""
@@ -482,6 +547,9 @@ class Node:
             if name != "kubelet":
                 component.stop()
         self._kill_shims()
+        if self.runtime == "containerd":
+            self._remove_pod_netns()
+        self._unexpose_api_server()
         self._unmount_under(self.node_dir)
         if self._lock is not None:
             self._lock.close()

@@ -55,8 +55,10 @@ PINS: Final = read_lock(LOCK.read_text())
 
 
 def image_python() -> str:
-    """The Python of the image: the tag of the Dockerfile's python base image."""
-    tags = set(re.findall(r"^FROM \S*python:(\d+\.\d+)", DOCKERFILE.read_text(), re.M))
+    """The Python of the image: the tag of the Dockerfile's python base image (its ``FROM``
+    lines, or the default of the ``BASE`` argument they name)."""
+    tags = set(re.findall(r"^(?:FROM|ARG BASE=)\s*\S*python:(\d+\.\d+)", DOCKERFILE.read_text(),
+                          re.M))
     assert len(tags) == 1, f"the Dockerfile's stages use Python {tags or 'none'}; expected one"
     return str(tags.pop())
 

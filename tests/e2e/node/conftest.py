@@ -2,34 +2,53 @@
 CRI where this machine cannot run containers) registered with its own control plane.
 
 The control plane here does not complete pods (``complete_pods=False``): the kubelet does. One
-node per machine (the kubelet's device-plugin socket path is machine-wide), so these fixtures are
-module-scoped and the node is started once per module.
+node per machine (the kubelet's device-plugin socket path is machine-wide), so the plane and the
+node are session-scoped: started once for all the node's test modules.
 
 Fixtures:
-- ``node_plane`` (module): a :class:`devkit.controlplane.ControlPlane` with no pod completer.
-- ``node`` (module): a started :class:`devkit.node.Node` named ``node-0``; its runtime is
+- ``node_plane`` (session): a :class:`devkit.controlplane.ControlPlane` with no pod completer.
+- ``node`` (session): a started :class:`devkit.node.Node` named ``node-0``; its runtime is
   ``GPUFRAG_NODE_RUNTIME`` (auto, containerd or fake; default auto) and is printed.
 - ``node_namespace`` (function): a fresh namespace on that plane, deleted after.
+- ``device_plugin`` (function): ``gpufrag device-plugin`` on recorded NVML readings (two A100s,
+  ``GPU_UUIDS``) registered with the node's kubelet; its log's path.
+- ``gpufrag_image`` (session): the project's image built here (``devkit.image``: mmdebstrap base
+  + buildah, cached) and imported into the node's containerd; its reference.
+- ``node_manifests`` (session): a function rendering a kustomization of ``manifests/`` (e.g.
+  ``"overlays/production"``) by kubectl's kustomize with the images replaced by the node's (the
+  project's image, the plane's kube-scheduler) and ``imagePullPolicy: Never`` everywhere: the
+  node never pulls. ``base_manifests`` (session): ``manifests/base`` rendered so.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 
 from devkit.build import BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
+from devkit.image import ImageBuildError, build_image
 from devkit.node import Node
-from devkit.procs import ControlPlaneError
+from devkit.procs import ComponentProcess, ControlPlaneError
 
 RUNTIME_ENV = "GPUFRAG_NODE_RUNTIME"
+# The device plugin's recorded GPUs (two A100s).
+GPU_UUIDS = ["GPU-6f1c1d3e-0000-4000-8000-000000000000", "GPU-6f1c1d3e-0000-4000-8000-000000000001"]
+MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def node_plane() -> Iterator[ControlPlane]:
     try:
         binary = build_control_plane()
@@ -42,7 +61,7 @@ def node_plane() -> Iterator[ControlPlane]:
         pytest.fail(str(exc))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def node(node_plane: ControlPlane) -> Iterator[Node]:
     if os.geteuid() != 0:
         pytest.skip("a real node (kubelet, containerd, cgroups) needs root")
@@ -64,3 +83,94 @@ def node_namespace(node_plane: ControlPlane) -> Iterator[str]:
     yield name
     core = kubernetes.client.CoreV1Api(node_plane.api_client())
     core.delete_namespace(name, grace_period_seconds=0)
+
+
+def require_containers(node: Node) -> None:
+    """Tests of the image need containers that really run."""
+    if node.runtime != "containerd":
+        pytest.skip(f"the image runs only where containers run; this node has the {node.runtime} "
+                    f"runtime ({node.runtime_note or RUNTIME_ENV + ' chose it'})")
+
+
+@pytest.fixture(scope="session")
+def gpufrag_image(node: Node) -> str:
+    require_containers(node)
+    try:
+        built = build_image()
+    except ImageBuildError as exc:
+        pytest.fail(f"the project's image could not be built:\n{exc}")
+    started = time.monotonic()
+    node.import_image(built.archive)
+    print(f"\nimage {built.ref}: {'built' if built.cold else 'cached'} in {built.seconds:.1f}s, "
+          f"{built.size_bytes / 2**20:.0f} MiB; imported in {time.monotonic() - started:.1f}s")
+    return built.ref
+
+
+Render = Callable[[str], list[dict[str, Any]]]
+
+
+@pytest.fixture(scope="session")
+def node_manifests(node_plane: ControlPlane, node: Node, gpufrag_image: str,
+                   tmp_path_factory: pytest.TempPathFactory) -> Render:
+    """``render("base")``, ``render("overlays/production")``: that kustomization of
+    manifests/ with the node's images, through an overlay of its own."""
+    scheduler_image = node.import_kube_scheduler_image()
+    images = []
+    for shipped, local in ((_shipped_image("gpufrag"), gpufrag_image),
+                           (_shipped_image("kube-scheduler"), scheduler_image)):
+        name, tag = local.rsplit(":", 1)
+        images.append({"name": shipped, "newName": name, "newTag": tag})
+
+    def render(path: str) -> list[dict[str, Any]]:
+        overlay = tmp_path_factory.mktemp("node-overlay")
+        (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [os.path.relpath(MANIFESTS / path, overlay)], "images": images}))
+        docs = [d for d in yaml.safe_load_all(
+            node_plane.kubectl("kustomize", str(overlay)).stdout) if d]
+        for doc in docs:
+            for container in _containers(doc):
+                container["imagePullPolicy"] = "Never"
+        return docs
+
+    return render
+
+
+@pytest.fixture(scope="session")
+def base_manifests(node_manifests: Render) -> list[dict[str, Any]]:
+    return node_manifests("base")
+
+
+def _shipped_image(name: str) -> str:
+    """What manifests/base's kustomization turns the image ``name`` into."""
+    kustomization = yaml.safe_load((MANIFESTS / "base" / "kustomization.yaml").read_text())
+    entry = next(i for i in kustomization["images"] if i["name"] == name)
+    return str(entry["newName"])
+
+
+def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec") or {}
+    template = (spec.get("jobTemplate", {}).get("spec", spec)).get("template") or {}
+    pod = template.get("spec") or {}
+    return [*pod.get("initContainers", []), *pod.get("containers", [])]
+
+
+@pytest.fixture
+def device_plugin(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Path]:
+    recording = tmp_path / "nvml.json"
+    recording.write_text(json.dumps({"devices": [
+        {"name": "NVIDIA A100-SXM4-80GB", "uuid": uuid, "memory_total": 85_899_345_920,
+         "samples": [{"gpu": 0, "memory_used": 0}]} for uuid in GPU_UUIDS]}))
+    log = tmp_path / "device-plugin.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "gpufrag"), "device-plugin",
+             f"--node-name={node.name}",
+             f"--socket-dir={node.device_plugin_dir}", f"--nvml-recording={recording}",
+             f"--kubeconfig={node_plane.kubeconfig_path}", "--metrics-port=0"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield log
+    finally:
+        ComponentProcess("device-plugin", process, log, 0).stop()

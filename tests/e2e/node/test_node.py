@@ -1,26 +1,23 @@
-"""A real kubelet: registration, the pod lifecycle through its runtime, and the device plugin's
-registration with it (``gpufrag device-plugin`` on recorded NVML readings)."""
+"""A real kubelet: registration, the pod lifecycle through its runtime, the node agent's
+cgroup-to-pod mapping on the cgroups the kubelet made, and the device plugin's registration with
+it (``gpufrag device-plugin`` on recorded NVML readings)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import kubernetes
 import pytest
 from kubernetes.utils import parse_quantity
 
+from defrag.agent.cgroup import KubePodLister, PodDirectory, PodRef, PodResolver
 from devkit.controlplane import ControlPlane
 from devkit.node import BUSYBOX_IMAGE, Node
 from devkit.procs import wait_until
 from gpufrag.conventions import ANNOTATION_GPU_INDICES, RESOURCE_GPU, RESOURCE_GPU_MILLI
-
-GPU_UUIDS = ["GPU-6f1c1d3e-0000-4000-8000-000000000000", "GPU-6f1c1d3e-0000-4000-8000-000000000001"]
+from tests.e2e.node.conftest import GPU_UUIDS
 
 
 def _core(plane: ControlPlane) -> kubernetes.client.CoreV1Api:
@@ -88,30 +85,27 @@ def test_a_pod_bound_to_the_node_runs_and_its_probe_passes(
     assert time.monotonic() - started < 30
 
 
-@pytest.fixture
-def device_plugin(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Path]:
-    recording = tmp_path / "nvml.json"
-    recording.write_text(json.dumps({"devices": [
-        {"name": "NVIDIA A100-SXM4-80GB", "uuid": uuid, "memory_total": 85_899_345_920,
-         "samples": [{"gpu": 0, "memory_used": 0}]} for uuid in GPU_UUIDS]}))
-    log = tmp_path / "device-plugin.log"
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "gpufrag"), "device-plugin",
-             f"--node-name={node.name}",
-             f"--socket-dir={node.device_plugin_dir}", f"--nvml-recording={recording}",
-             f"--kubeconfig={node_plane.kubeconfig_path}", "--metrics-port=0"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        yield log
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+def test_the_agent_maps_the_kubelets_pod_cgroups_to_pods(
+        node: Node, node_plane: ControlPlane, node_namespace: str) -> None:
+    if node.runtime != "containerd":
+        pytest.skip(f"no container processes on the {node.runtime} runtime: nothing to map")
+    core = _core(node_plane)
+    for name in ("first", "second"):
+        core.create_namespaced_pod(node_namespace, _pod(name, node, command="sleep 3600"))
+
+    def running(name: str) -> kubernetes.client.V1Pod | None:
+        pod = core.read_namespaced_pod(name, node_namespace)
+        return pod if pod.status.phase == "Running" else None
+
+    resolver = PodResolver(PodDirectory(KubePodLister(node_plane.api_client(), node.name)))
+    for name in ("first", "second"):
+        pod = wait_until(lambda n=name: running(n), timeout_s=60, what=f"pod {name} Running")
+        (status,) = pod.status.container_statuses
+        pid = node.container_pid(status.container_id)
+        # What the kubelet made (cgroupfs driver, v1): .../kubepods/besteffort/pod<uid>/<id>.
+        assert pod.metadata.uid in Path(f"/proc/{pid}/cgroup").read_text()
+        assert resolver.pod_for_pid(pid) == PodRef(node_namespace, name, pod.metadata.uid)
+    assert resolver.pod_for_pid(os.getpid()) is None  # this test runs in no pod
 
 
 def test_the_device_plugin_registers_and_a_gpu_pod_is_admitted(

@@ -1,0 +1,312 @@
+"""The project's image, built on this machine with no registry and no daemon.
+
+Two steps, each cached outside the repository under ``$GPUFRAG_CACHE_DIR/image`` (default
+``~/.cache/gpufrag/image``) by a key made of everything it reads:
+
+1. **The base**: a Debian root file system made by ``mmdebstrap`` from the machine's own apt
+   sources (minbase + Python 3 + venv + CA certificates, documentation left out), wrapped as a
+   one-layer OCI archive by :func:`write_oci_archive`. Key: suite, packages, dpkg options,
+   mmdebstrap's version and the apt sources' text (which names the mirror snapshot).
+2. **The image**: the repository's ``Dockerfile``, built by ``buildah bud`` with chroot isolation
+   and vfs storage (no daemon, no overlay-on-overlay), with ``--build-arg BASE=oci-archive:...``
+   so the Dockerfile's ``FROM`` stays a normal image reference for everyone else. Python
+   dependencies come from the package index through pip, exactly as the lock says. The result is
+   pushed to an OCI archive that ``ctr images import`` (``devkit.node.Node.import_image``)
+   reads. Key: the base key, the Dockerfile, ``.dockerignore``, the lock, ``pyproject.toml``,
+   ``README.md`` and every file of the packages the Dockerfile copies.
+
+buildah's storage is private to one build (a temporary directory, removed after): vfs copies
+the whole root file system per layer, and the cached archive is what later runs reuse. A warm
+call costs hashing the inputs. ``python -m devkit.image`` builds (or finds) it and prints the
+archive's path, with ``--json`` its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any, Final
+
+from devkit.procs import ControlPlaneError
+
+REPO_ROOT: Final = Path(__file__).resolve().parent.parent
+IMAGE_NAME: Final = "gpufrag.local/gpufrag"
+BASE_NAME: Final = "gpufrag.local/debian-base"
+BASE_SUITE: Final = "bookworm"
+# python3-venv: ensurepip, which the Dockerfile's `python3 -m venv` needs on Debian.
+BASE_PACKAGES: Final = ("python3", "python3-venv", "ca-certificates")
+# Documentation and translations are dead weight in an image (Debian's own slim images drop
+# them the same way); copyright files stay.
+BASE_DPKG_OPTIONS: Final = ("path-exclude=/usr/share/doc/*",
+                             "path-include=/usr/share/doc/*/copyright",
+                             "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/info/*",
+                             "path-exclude=/usr/share/locale/*")
+APT_SOURCES: Final = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
+# What the Dockerfile copies from the repository (its COPY lines), for the cache key.
+IMAGE_INPUTS: Final = ("Dockerfile", ".dockerignore", "requirements/image.lock", "pyproject.toml",
+                       "README.md", "gpufrag", "scheduler", "defrag", "simulations", "serving")
+HOST_CA_BUNDLE: Final = Path("/etc/ssl/certs/ca-certificates.crt")
+BUILD_TIMEOUT_S: Final = 1800.0
+KEEP_ARCHIVES: Final = 2  # per kind, newest first: the one in use and the one before it
+
+
+class ImageBuildError(ControlPlaneError):
+    """The base or the image could not be built; the message says which step and its output."""
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """An OCI archive in the cache, and how it was obtained."""
+
+    archive: Path
+    ref: str
+    key: str
+    cold: bool  # built now (True) or found in the cache (False)
+    seconds: float  # what this call took
+    size_bytes: int  # the archive's size (uncompressed layers)
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GPUFRAG_CACHE_DIR", Path.home() / ".cache" / "gpufrag")) / "image"
+
+
+# -- OCI archives ------------------------------------------------------------------------------
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, 0
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _add_blob(tar: tarfile.TarFile, data: bytes | Path, media_type: str) -> dict[str, Any]:
+    """Add a content-addressed blob; a Path is streamed (a root file system can be large)."""
+    if isinstance(data, Path):
+        digest, size = _sha256_file(data), data.stat().st_size
+        info = tarfile.TarInfo(f"blobs/sha256/{digest}")
+        info.size, info.mode, info.mtime = size, 0o644, 0
+        with data.open("rb") as f:
+            tar.addfile(info, f)
+    else:
+        digest, size = hashlib.sha256(data).hexdigest(), len(data)
+        _add_bytes(tar, f"blobs/sha256/{digest}", data)
+    return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": size}
+
+
+def _sha256_file(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_oci_archive(path: Path, ref: str, layers: Sequence[bytes | Path],
+                      image_config: dict[str, Any]) -> Path:
+    """An OCI image layout in a tar (what ``ctr images import`` and buildah's ``oci-archive:``
+    read) with uncompressed ``layers`` (tar bytes or tar files) and ``image_config`` as the
+    image's ``config`` (Cmd, Env, ...). Deterministic: same inputs, same bytes."""
+    diff_ids = ["sha256:" + (_sha256_file(layer) if isinstance(layer, Path)
+                             else hashlib.sha256(layer).hexdigest()) for layer in layers]
+    config = {"architecture": "amd64", "os": "linux", "config": image_config,
+              "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        layer_descs = [_add_blob(tar, layer, "application/vnd.oci.image.layer.v1.tar")
+                       for layer in layers]
+        config_desc = _add_blob(tar, json.dumps(config, sort_keys=True).encode(),
+                                "application/vnd.oci.image.config.v1+json")
+        manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "config": config_desc, "layers": layer_descs}
+        manifest_desc = _add_blob(tar, json.dumps(manifest, sort_keys=True).encode(),
+                                  "application/vnd.oci.image.manifest.v1+json")
+        manifest_desc["platform"] = {"architecture": "amd64", "os": "linux"}
+        manifest_desc["annotations"] = {"io.containerd.image.name": ref,
+                                        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[1]}
+        _add_bytes(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        _add_bytes(tar, "index.json", json.dumps(
+            {"schemaVersion": 2, "manifests": [manifest_desc]}, sort_keys=True).encode())
+    tmp.replace(path)
+    return path
+
+
+# -- cache keys ----------------------------------------------------------------------------------
+
+def _hash_files(h: Any, root: Path, names: Iterable[str]) -> None:
+    for name in names:
+        top = root / name
+        files = [top] if top.is_file() else sorted(
+            p for p in top.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+            and p.suffix != ".pyc")
+        if not files:
+            raise ImageBuildError(f"image input {top} is missing (run from a source checkout)")
+        for f in files:
+            h.update(str(f.relative_to(root)).encode() + b"\0")
+            h.update(f.read_bytes() + b"\0")
+
+
+def apt_sources() -> Path:
+    for path in APT_SOURCES:
+        if path.is_file() and path.read_text().strip():
+            return path
+    raise ImageBuildError("no apt sources on this machine (looked for "
+                          f"{', '.join(map(str, APT_SOURCES))}); mmdebstrap needs a Debian mirror")
+
+
+def _tool_version(argv: Sequence[str]) -> str:
+    tool = shutil.which(argv[0])
+    if tool is None:
+        raise ImageBuildError(f"{argv[0]} is not installed; run scripts/install-node-deps")
+    out = subprocess.run([tool, *argv[1:]], capture_output=True, text=True, check=False)
+    return (out.stdout or out.stderr).strip()
+
+
+def base_key() -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps([BASE_SUITE, BASE_PACKAGES, BASE_DPKG_OPTIONS]).encode())
+    h.update(_tool_version(["mmdebstrap", "--version"]).encode())
+    h.update(apt_sources().read_bytes())
+    return h.hexdigest()[:16]
+
+
+def image_key(base: str, repo: Path = REPO_ROOT) -> str:
+    h = hashlib.sha256(base.encode())
+    h.update(_tool_version(["buildah", "--version"]).encode())
+    _hash_files(h, repo, IMAGE_INPUTS)
+    return h.hexdigest()[:16]
+
+
+# -- building ------------------------------------------------------------------------------------
+
+def _run(step: str, argv: Sequence[str], *, log: IO[str], cwd: Path | None = None,
+         env: dict[str, str] | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> None:
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    try:
+        result = subprocess.run(list(argv), cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise ImageBuildError(f"{step}: did not finish in {timeout_s:.0f}s; log: {log.name}") \
+            from None
+    if result.returncode != 0:
+        log.flush()
+        tail = Path(log.name).read_text(errors="replace").splitlines()[-40:]
+        raise ImageBuildError(f"{step} failed (exit {result.returncode}); last lines of "
+                              f"{log.name}:\n" + "\n".join(tail))
+
+
+def _prune(directory: Path, pattern: str, keep: Path) -> None:
+    """Keep the newest KEEP_ARCHIVES archives of one kind (always ``keep``)."""
+    old = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in [p for p in old if p != keep][KEEP_ARCHIVES - 1:]:
+        path.unlink(missing_ok=True)
+
+
+def _found(archive: Path, ref: str, key: str, started: float) -> BuiltImage | None:
+    if not archive.is_file():
+        return None
+    archive.touch()  # newest-used first when pruning
+    return BuiltImage(archive, ref, key, False, time.monotonic() - started,
+                      archive.stat().st_size)
+
+
+def build_base() -> BuiltImage:
+    """The Debian base as an OCI archive (cached by :func:`base_key`)."""
+    started = time.monotonic()
+    key = base_key()
+    root = cache_root()
+    archive, ref = root / f"base-{key}.oci.tar", f"{BASE_NAME}:{key}"
+    found = _found(archive, ref, key, started)
+    if found is not None:
+        return found
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gpufrag-base-", dir=root) as tmp, \
+            (root / f"base-{key}.log").open("w") as out:
+        rootfs = Path(tmp) / "rootfs.tar"
+        _run("mmdebstrap", ["mmdebstrap", "--variant=minbase", "--format=tar",
+                            f"--include={','.join(BASE_PACKAGES)}",
+                            *(f"--dpkgopt={o}" for o in BASE_DPKG_OPTIONS),
+                            BASE_SUITE, str(rootfs), str(apt_sources())], log=out)
+        write_oci_archive(archive, ref, [rootfs], {
+            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            "Cmd": ["/bin/sh"]})
+    _prune(root, "base-*.oci.tar", archive)
+    return BuiltImage(archive, ref, key, True, time.monotonic() - started,
+                      archive.stat().st_size)
+
+
+def build_image(repo: Path = REPO_ROOT) -> BuiltImage:
+    """The project's image as an OCI archive (cached by :func:`image_key`); builds the base
+    first when its cache is cold. ``seconds`` covers both."""
+    started = time.monotonic()
+    base = build_base()
+    key = image_key(base.key, repo)
+    root = cache_root()
+    archive, ref = root / f"gpufrag-{key}.oci.tar", f"{IMAGE_NAME}:{key}"
+    found = _found(archive, ref, key, started)
+    if found is not None:
+        return found
+    with tempfile.TemporaryDirectory(prefix="gpufrag-buildah-", dir=root) as tmp, \
+            (root / f"gpufrag-{key}.log").open("w") as out:
+        storage = ["--storage-driver=vfs", f"--root={Path(tmp) / 'root'}",
+                   f"--runroot={Path(tmp) / 'run'}"]
+        env = {**os.environ, "BUILDAH_ISOLATION": "chroot", "TMPDIR": tmp}
+        try:
+            _run("buildah bud", ["buildah", *storage, "bud", "--isolation=chroot",
+                                 "--layers=false", "--pull-never", "--format=oci",
+                                 f"--build-arg=BASE=oci-archive:{base.archive}",
+                                 *_trust_volume(),
+                                 "--timestamp=0", f"--tag={ref}", "--file=Dockerfile", "."],
+                 log=out, cwd=repo, env=env)
+            _run("buildah push", ["buildah", *storage, "push", ref,
+                                  f"oci-archive:{archive}.tmp:{ref}"], log=out, env=env)
+        finally:
+            # vfs leaves root-owned copies of every layer; remove them with the directory.
+            subprocess.run(["buildah", *storage, "rmi", "--all", "--force"], env=env,
+                           capture_output=True, check=False)
+        Path(f"{archive}.tmp").replace(archive)
+    _prune(root, "gpufrag-*.oci.tar", archive)
+    return BuiltImage(archive, ref, key, True, time.monotonic() - started,
+                      archive.stat().st_size)
+
+
+def _trust_volume() -> list[str]:
+    """This machine's CA bundle over the base's, for the build's RUN steps only (never in the
+    image): where TLS to the package index is intercepted by a local CA, pip (Debian's, which
+    reads the system bundle) trusts what this machine trusts."""
+    return [f"--volume={HOST_CA_BUNDLE}:{HOST_CA_BUNDLE}:ro"] if HOST_CA_BUNDLE.is_file() else []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m devkit.image",
+        description="Build (or find in the cache) gpufrag's image as an OCI archive, without a "
+                    "registry or a daemon: mmdebstrap base + buildah (see docs/node.md).")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    try:
+        built = build_image()
+    except ImageBuildError as exc:
+        print(f"image: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({k: str(v) if isinstance(v, Path) else v
+                          for k, v in asdict(built).items()}))
+    else:
+        print(f"{'built' if built.cold else 'cached'} {built.ref} in {built.seconds:.1f}s, "
+              f"{built.size_bytes / 2**20:.0f} MiB", file=sys.stderr)
+        print(built.archive)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
