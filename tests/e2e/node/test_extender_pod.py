@@ -73,16 +73,10 @@ def _sum(counters: list[dict[str, float]]) -> dict[str, float]:
     return total
 
 
-# Found on this node: system:kube-scheduler lets a scheduler get and update only the lease named
-# kube-scheduler, and manifests/ grant nothing for the one the production overlay's leader
-# election uses (gpufrag-system/gpufrag-scheduler), so no replica ever leads and no pod is
-# scheduled. Strict: when the manifests grant it, this fails and the mark must go.
-LEASE_BUG = pytest.mark.xfail(
-    strict=True, raises=TimeoutError,
-    reason="manifests/: no RBAC for the gpufrag-scheduler lease (leader election forbidden)")
-
-
-@pytest.fixture(params=["base", pytest.param("overlays/production", marks=LEASE_BUG)])
+# The production overlay elects a leader on its own lease (gpufrag-system/gpufrag-scheduler),
+# which system:kube-scheduler does not cover; manifests/base grants it
+# (gpufrag-scheduler-leader-election). Found on this node: without it no replica ever led.
+@pytest.fixture(params=["base", "overlays/production"])
 def scheduler_pods(request: pytest.FixtureRequest, node: Node, node_plane: ControlPlane,
                    node_manifests: Render) -> Iterator[tuple[str, list[kubernetes.client.V1Pod]]]:
     """The Deployment as that kustomization ships it, all replicas ready (the production
