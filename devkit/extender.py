@@ -23,7 +23,8 @@ from gpufrag.conventions import (
 )
 
 # Why weight 200: see manifests/base/scheduler-config.yaml (one extender point outweighs all
-# default score plugins together, so the extender's ranking decides).
+# default score plugins together, so the extender's ranking decides, where it ranks at all:
+# with the deciding filter it answers one node and kube-scheduler skips scoring).
 _GPUFRAG_SCHEDULER_CONFIG: Final = """\
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -32,8 +33,7 @@ profiles:
 extenders:
   - urlPrefix: {url}
     filterVerb: filter
-    prioritizeVerb: prioritize
-    preemptVerb: preempt
+{prioritize}    preemptVerb: preempt
 {bind}    weight: 200
     nodeCacheCapable: true
     httpTimeout: 5s
@@ -47,11 +47,17 @@ extenders:
 
 
 def gpufrag_scheduler_config(url: str, *, ignorable: bool = False, bind: bool = True,
-                             name: str = SCHEDULER_NAME) -> str:
+                             prioritize: bool = False, name: str = SCHEDULER_NAME) -> str:
     """A KubeSchedulerConfiguration whose profile ``name`` calls the extender at ``url``
-    (filter, prioritize and, with ``bind``, bind), for :meth:`ControlPlane.start_scheduler`."""
+    (filter, preempt and, with ``bind``, bind), for :meth:`ControlPlane.start_scheduler`.
+
+    Without ``prioritize`` (the default) it is the configuration for the extender's deciding
+    filter (``filter.answer: decide``), as in manifests/base/scheduler-config.yaml; with it,
+    kube-scheduler also asks the extender to rank the nodes (for ``filter.answer: feasible``,
+    or ``filter.nodes`` > 1)."""
     return _GPUFRAG_SCHEDULER_CONFIG.format(
         name=name, url=url, ignorable=str(ignorable).lower(),
+        prioritize="    prioritizeVerb: prioritize\n" if prioritize else "",
         bind="    bindVerb: bind\n" if bind else "")
 
 
@@ -66,6 +72,9 @@ class ExtenderProcess:
     control_plane: ControlPlane
     log_path: Path
     extra_args: tuple[str, ...] = ()
+    # debug: a log line per verb, which tests read (log_events); benchmarks run at info,
+    # as in production, where the verbs log nothing on success.
+    log_level: str = "debug"
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
@@ -80,7 +89,8 @@ class ExtenderProcess:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "gpufrag.cli", "extender", "--kubeconfig",
                  str(self.control_plane.kubeconfig_path), "--host", "127.0.0.1", "--port",
-                 str(self.port), "--set", "maintenance_interval_s=1", *self.extra_args],
+                 str(self.port), "--log-level", self.log_level,
+                 "--set", "maintenance_interval_s=1", *self.extra_args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
         try:

@@ -18,6 +18,7 @@ the Pod — that is ``scheduler.kube.convert``'s job.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
@@ -42,6 +43,9 @@ class ExtenderArgs:
     pod: Obj
     names: list[str]
     nodes: list[Obj] | None  # the NodeList items in Nodes mode; None in NodeNames mode
+    # The NodeNames list as its JSON text, when it came last in the body as kube-scheduler
+    # writes it (b"" otherwise): the key under which its parse and its rows are kept.
+    names_text: bytes = b""
 
     @property
     def node_names_mode(self) -> bool:
@@ -112,21 +116,94 @@ def _node_items(nodes: Any) -> tuple[list[Obj], list[str]]:
     return items, names
 
 
-def parse_extender_args(body: bytes) -> ExtenderArgs:
-    """ExtenderArgs for filter and prioritize."""
+# kube-scheduler (Go's encoding/json, fields in struct order, no spaces) ends its
+# ExtenderArgs with the node names: {"Pod":{...},"Nodes":null,"NodeNames":["n1",...]}.
+_NAMES_TAIL = b',"NodeNames":['
+# Node-name lists kept by their JSON text: one per shape kube-scheduler sends (the feasible
+# nodes after its own filters), at most this many.
+MAX_NAME_LISTS = 8
+
+
+class NameLists:
+    """Parsed NodeNames lists by their JSON text, the most recent :data:`MAX_NAME_LISTS`.
+
+    A cluster's node list changes rarely, and every filter and prioritize call carries all of
+    it: at 5,000 nodes parsing it and looking each name up was most of a request's cost.
+    Keyed by the raw bytes, the parse is paid once per list; hashing and comparing the bytes
+    runs at memory speed. The lists handed out are shared: callers must not change them."""
+
+    def __init__(self, size: int = MAX_NAME_LISTS) -> None:
+        self.size = size
+        self._lists: dict[bytes, list[str]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, text: bytes) -> list[Any] | None:
+        with self._lock:
+            return self._lists.get(text)
+
+    def put(self, text: bytes, names: list[Any]) -> None:
+        with self._lock:
+            if text not in self._lists and len(self._lists) >= self.size:
+                del self._lists[next(iter(self._lists))]  # the oldest
+            self._lists[text] = names
+
+
+def _split_names(body: bytes, lists: NameLists) -> tuple[dict[str, Any], list[Any], bytes] | None:
+    """The body as (the rest of its object, its NodeNames list, that list's JSON text) when
+    NodeNames is its last member, else None (the caller parses it whole).
+
+    ``,"NodeNames":[`` cannot occur inside a JSON string (a quote there is escaped), so its
+    last occurrence, with the body ending in ``]}``, splits the object in two: the members
+    before it (closed with ``}``) and the array; when both parse, they are what parsing the
+    whole body would give."""
+    at = body.rfind(_NAMES_TAIL)
+    if at <= 0 or not body.endswith(b"]}"):
+        return None
+    text = body[at + len(_NAMES_TAIL) - 1:-1]
+    try:
+        head = orjson.loads(body[:at] + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(head, dict) or "NodeNames" in head:
+        return None
+    names = lists.get(text)
+    if names is None:
+        try:
+            parsed = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(parsed, list):
+            return None
+        names = parsed
+        lists.put(text, names)
+    return head, names, text
+
+
+def parse_extender_args(body: bytes, lists: NameLists | None = None) -> ExtenderArgs:
+    """ExtenderArgs for filter and prioritize; with ``lists``, a NodeNames list seen before
+    is not parsed again (see :class:`NameLists`)."""
+    split = _split_names(body, lists) if lists is not None and body else None
+    if split is not None:
+        args, names, text = split
+        pod = args.get("Pod")
+        if pod is None:
+            raise WireError("Pod is missing or null")
+        if not isinstance(pod, dict):
+            raise WireError(f"Pod must be a v1.Pod object, got {type(pod).__name__}")
+        return ExtenderArgs(pod, names, None, text)
     args = _object(body)
     pod = args.get("Pod")
     if pod is None:
         raise WireError("Pod is missing or null")
     if not isinstance(pod, dict):
         raise WireError(f"Pod must be a v1.Pod object, got {type(pod).__name__}")
-    names = args.get("NodeNames")
-    if names is not None:
-        if not isinstance(names, list):
-            raise WireError(f"NodeNames must be a list of strings, got {type(names).__name__}")
+    given = args.get("NodeNames")
+    if given is not None:
+        if not isinstance(given, list):
+            raise WireError(f"NodeNames must be a list of strings, got {type(given).__name__}")
         # The entries are checked where they are looked up (Extender._rows): a per-name check
         # here would cost as much as the lookup itself on every request.
-        return ExtenderArgs(pod, names, None)
+        return ExtenderArgs(pod, given, None)
     nodes = args.get("Nodes")
     if nodes is None:
         raise WireError("one of NodeNames (nodeCacheCapable: true) or Nodes must be given")
@@ -315,10 +392,10 @@ def filter_result(args: ExtenderArgs, outcome: FilterVerdicts, node_json: NodeJs
             failed = _joined(keys, values, b"{", b"}")
     if args.nodes is None:
         nodes = b"null"
-        if not positions.size:
+        kept = np.flatnonzero(outcome.passed)
+        if kept.size == len(names):
             passed = orjson.dumps(names)
         else:
-            kept = np.flatnonzero(outcome.passed)
             passed = b"[" + b",".join(node_json.gather(
                 node_json.name, outcome.rows[kept], names, kept, orjson.dumps)) + b"]"
     else:
@@ -363,8 +440,10 @@ def priorities(args: ExtenderArgs, result: Priorities, node_json: NodeJson) -> b
 
 
 __all__ = [
+    "MAX_NAME_LISTS",
     "BindingArgs",
     "ExtenderArgs",
+    "NameLists",
     "NodeJson",
     "NodeVictims",
     "PreemptionArgs",
