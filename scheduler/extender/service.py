@@ -25,7 +25,13 @@ from scheduler.core.state import IntArray, pod_key
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
 from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.scoring import UNKNOWN, FilterVerdicts, Priorities, Scorer
-from scheduler.extender.wire import MAX_NAME_LISTS, NodeJson, NodeVictims, encode_reason
+from scheduler.extender.wire import (
+    MAX_NAME_LISTS,
+    NameSet,
+    NodeJson,
+    NodeVictims,
+    encode_reason,
+)
 from scheduler.kube.binder import Binder, BindError
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import (
@@ -84,8 +90,8 @@ class Extender:
         self._workload_changes = -1
         self._workload_after_sync = False
         self.node_json = NodeJson()
-        # NodeNames JSON text -> (its rows, all of them known, state.index size then).
-        self._rows_by_list: dict[bytes, tuple[IntArray, bool, int]] = {}
+        # NodeNames set (the wire's key) -> (its rows, all of them known, state.index size).
+        self._rows_by_list: dict[NameSet, tuple[IntArray, bool, int]] = {}
         self.scorer = self._make_scorer(self.workload)
         self.refresh_workload(force=True)
         self._workload_after_sync = cache.synced  # built from a full state already
@@ -148,21 +154,22 @@ class Extender:
             raise BadInput("Pod must be an object", field="Pod")
         return pod_from_k8s(obj, self.config.names)
 
-    def _rows(self, names: Sequence[str], text: bytes = b"") -> IntArray:
+    def _rows(self, names: Sequence[str], name_set: NameSet | None = None) -> IntArray:
         """State rows of ``names`` (``UNKNOWN`` where the state has no such node); call with
-        the cache's lock held. ``text``: the list's JSON text (the wire's key for it), under
-        which the rows are kept — a name's row never changes once it has one, so they stay
-        right until a name still unknown may have become known (a node was added)."""
-        if text:
-            kept = self._rows_by_list.get(text)
+        the cache's lock held. ``name_set``: the wire's key for the list (see
+        ``wire.NameLists``), under which the rows are kept — a name's row never changes once
+        it has one, so they stay right until a name still unknown may have become known (a
+        node was added)."""
+        if name_set is not None:
+            kept = self._rows_by_list.get(name_set)
             if kept is not None and (kept[1] or kept[2] == len(self.cache.state.index)):
                 return kept[0]
         rows = self._lookup(names)
-        if text:
-            if text not in self._rows_by_list and len(self._rows_by_list) >= MAX_NAME_LISTS:
+        if name_set is not None:
+            if name_set not in self._rows_by_list and len(self._rows_by_list) >= MAX_NAME_LISTS:
                 del self._rows_by_list[next(iter(self._rows_by_list))]
             all_known = not rows.size or bool(rows.min() != UNKNOWN)
-            self._rows_by_list[text] = (rows, all_known, len(self.cache.state.index))
+            self._rows_by_list[name_set] = (rows, all_known, len(self.cache.state.index))
         return rows
 
     def _lookup(self, names: Sequence[str]) -> IntArray:
@@ -187,16 +194,17 @@ class Extender:
             return fragmentation_ratio(self.cache.state, self.workload)
 
     # ------------------------------------------------------------------ verbs
-    def filter(self, pod_obj: Obj, names: Sequence[str], text: bytes = b"") -> FilterVerdicts:
+    def filter(self, pod_obj: Obj, names: Sequence[str],
+               name_set: NameSet | None = None) -> FilterVerdicts:
         """The nodes among ``names`` that pass (``filter.answer``: the decision, or every node
-        the pod fits) and, when the pod fits none, why each fails. ``text``: the list's JSON
-        text, when the wire has it (see :meth:`_rows`)."""
+        the pod fits) and, when the pod fits none, why each fails. ``name_set``: the wire's
+        key for the list, when it has one (see :meth:`_rows`)."""
         try:
             pod = self._pod(pod_obj)
         except UnsupportedRequest as e:  # fits no node, ever: say why on each
             return self._unplaceable(str(e), names)
         with self.cache.lock:
-            rows = self._rows(names, text)
+            rows = self._rows(names, name_set)
             self.node_json.sync(self.cache.state.names)
             if not pod.wants_gpu:  # not ours to judge: every node passes
                 return FilterVerdicts(rows, np.ones(len(names), np.bool_),
@@ -244,7 +252,7 @@ class Extender:
                               [reason] * n, np.ones(n, np.bool_), [encode_reason(reason)] * n)
 
     def prioritize(self, pod_obj: Obj, names: Sequence[str],
-                   text: bytes = b"") -> tuple[Priorities, str]:
+                   name_set: NameSet | None = None) -> tuple[Priorities, str]:
         """Scores in request order and the top node's name ('' when none / a CPU-only pod)."""
         try:
             pod = self._pod(pod_obj)
@@ -255,7 +263,7 @@ class Extender:
         now = self.clock()
         owner = owner_uid(pod_obj)
         with self.cache.lock:
-            rows = self._rows(names, text)
+            rows = self._rows(names, name_set)
             self.node_json.sync(self.cache.state.names)
             if not pod.wants_gpu:  # neutral: every node the same
                 return Priorities(rows, np.zeros(len(names), np.int64), -1), ""

@@ -38,18 +38,18 @@ class WireError(ValueError):
     """A request body that is not what the protocol says; the message names the field."""
 
 
+NameSet = frozenset[bytes]
+
+
 @dataclass(frozen=True, slots=True)
 class ExtenderArgs:
     pod: Obj
     names: list[str]
     nodes: list[Obj] | None  # the NodeList items in Nodes mode; None in NodeNames mode
-    # The NodeNames list as its JSON text, when it came last in the body as kube-scheduler
-    # writes it (b"" otherwise): the key under which its parse and its rows are kept.
-    names_text: bytes = b""
-
-    @property
-    def node_names_mode(self) -> bool:
-        return self.nodes is None
+    # The NodeNames as a set of their UTF-8 bytes, when they came last in the body as
+    # kube-scheduler writes them (None otherwise): the key under which the list and its rows
+    # are kept (see NameLists). The same object for every request with the same set.
+    name_set: NameSet | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,64 +119,86 @@ def _node_items(nodes: Any) -> tuple[list[Obj], list[str]]:
 # kube-scheduler (Go's encoding/json, fields in struct order, no spaces) ends its
 # ExtenderArgs with the node names: {"Pod":{...},"Nodes":null,"NodeNames":["n1",...]}.
 _NAMES_TAIL = b',"NodeNames":['
-# Node-name lists kept by their JSON text: one per shape kube-scheduler sends (the feasible
-# nodes after its own filters), at most this many.
+# Node-name sets kept: one per set kube-scheduler sends (the feasible nodes after its own
+# filters), at most this many.
 MAX_NAME_LISTS = 8
 
 
 class NameLists:
-    """Parsed NodeNames lists by their JSON text, the most recent :data:`MAX_NAME_LISTS`.
+    """Parsed NodeNames lists by the set of names they hold, the most recent
+    :data:`MAX_NAME_LISTS`.
 
-    A cluster's node list changes rarely, and every filter and prioritize call carries all of
-    it: at 5,000 nodes parsing it and looking each name up was most of a request's cost.
-    Keyed by the raw bytes, the parse is paid once per list; hashing and comparing the bytes
-    runs at memory speed. The lists handed out are shared: callers must not change them."""
+    Every filter and prioritize call carries the feasible nodes, and at 5,000 nodes parsing
+    them and looking each name up was most of a request's cost. kube-scheduler filters nodes
+    in parallel, so the same nodes come in a different order from one cycle to the next: the
+    key is the set of the names' raw bytes (split from the body at C speed), which every
+    ordering of the same nodes shares, so the parse (and, in the extender, the name lookup) is
+    paid once per set. A list handed out is in the order of the first request with its set:
+    the verbs answer about nodes by name, and kube-scheduler reads the answers by name, so
+    the order does not matter. The lists are shared: callers must not change them."""
 
     def __init__(self, size: int = MAX_NAME_LISTS) -> None:
         self.size = size
-        self._lists: dict[bytes, list[str]] = {}
+        self._lists: dict[NameSet, tuple[NameSet, list[Any]]] = {}
         self._lock = threading.Lock()
 
-    def get(self, text: bytes) -> list[Any] | None:
+    def get(self, names: NameSet) -> tuple[NameSet, list[Any]] | None:
+        """The kept key object (the same one each time: dict lookups by it are O(1)) and
+        list for this set, or None."""
         with self._lock:
-            return self._lists.get(text)
+            return self._lists.get(names)
 
-    def put(self, text: bytes, names: list[Any]) -> None:
+    def put(self, names: NameSet, parsed: list[Any]) -> tuple[NameSet, list[Any]]:
         with self._lock:
-            if text not in self._lists and len(self._lists) >= self.size:
+            if names not in self._lists and len(self._lists) >= self.size:
                 del self._lists[next(iter(self._lists))]  # the oldest
-            self._lists[text] = names
+            kept = self._lists.setdefault(names, (names, parsed))
+            return kept
 
 
-def _split_names(body: bytes, lists: NameLists) -> tuple[dict[str, Any], list[Any], bytes] | None:
-    """The body as (the rest of its object, its NodeNames list, that list's JSON text) when
-    NodeNames is its last member, else None (the caller parses it whole).
+def _split_names(body: bytes, lists: NameLists
+                 ) -> tuple[dict[str, Any], list[Any], NameSet | None] | None:
+    """The body as (the rest of its object, its NodeNames, their set) when NodeNames is its
+    last member and its names need no unescaping, else None (the caller parses it whole).
 
     ``,"NodeNames":[`` cannot occur inside a JSON string (a quote there is escaped), so its
     last occurrence, with the body ending in ``]}``, splits the object in two: the members
-    before it (closed with ``}``) and the array; when both parse, they are what parsing the
-    whole body would give."""
+    before it (closed with ``}``) and the array. Without a backslash in the array, and with
+    no quote but the ones that delimit its strings, splitting at ``","`` gives each string's
+    bytes exactly; the first time a set is seen the array is parsed by orjson all the same
+    (which refuses whatever JSON would), so what is kept is what parsing the body would give."""
     at = body.rfind(_NAMES_TAIL)
     if at <= 0 or not body.endswith(b"]}"):
         return None
-    text = body[at + len(_NAMES_TAIL) - 1:-1]
+    inner = body[at + len(_NAMES_TAIL):-2]
+    if b"\\" in inner:
+        return None
     try:
         head = orjson.loads(body[:at] + b"}")
     except orjson.JSONDecodeError:
         return None
     if not isinstance(head, dict) or "NodeNames" in head:
         return None
-    names = lists.get(text)
-    if names is None:
+    if not inner:
+        return head, [], None
+    if len(inner) < 2 or inner[0] != 0x22 or inner[-1] != 0x22:  # '"'
+        return None
+    parts = inner[1:-1].split(b'","')
+    if inner.count(b'"') != 2 * len(parts):
+        return None  # a quote inside a name: not a plain list of strings
+    key = frozenset(parts)
+    if len(key) != len(parts):
+        return None  # a name listed twice: parsed as sent
+    kept = lists.get(key)
+    if kept is None:
         try:
-            parsed = orjson.loads(text)
+            parsed = orjson.loads(body[at + len(_NAMES_TAIL) - 1:-1])
         except orjson.JSONDecodeError:
             return None
-        if not isinstance(parsed, list):
+        if not isinstance(parsed, list) or len(parsed) != len(parts):
             return None
-        names = parsed
-        lists.put(text, names)
-    return head, names, text
+        kept = lists.put(key, parsed)
+    return head, kept[1], kept[0]
 
 
 def parse_extender_args(body: bytes, lists: NameLists | None = None) -> ExtenderArgs:
@@ -184,13 +206,13 @@ def parse_extender_args(body: bytes, lists: NameLists | None = None) -> Extender
     is not parsed again (see :class:`NameLists`)."""
     split = _split_names(body, lists) if lists is not None and body else None
     if split is not None:
-        args, names, text = split
+        args, names, name_set = split
         pod = args.get("Pod")
         if pod is None:
             raise WireError("Pod is missing or null")
         if not isinstance(pod, dict):
             raise WireError(f"Pod must be a v1.Pod object, got {type(pod).__name__}")
-        return ExtenderArgs(pod, names, None, text)
+        return ExtenderArgs(pod, names, None, name_set)
     args = _object(body)
     pod = args.get("Pod")
     if pod is None:
@@ -444,6 +466,7 @@ __all__ = [
     "BindingArgs",
     "ExtenderArgs",
     "NameLists",
+    "NameSet",
     "NodeJson",
     "NodeVictims",
     "PreemptionArgs",
