@@ -1,6 +1,6 @@
 """Serving the app with gunicorn: one worker (the cluster state lives in it), gthread workers'
 threads for concurrency, keep-alive long enough for kube-scheduler's connection reuse, and
-gunicorn's C request parser (``gunicorn[fast]``, used whenever it is installed).
+gunicorn's C request parser whenever it is installed (``pip install gpufrag[fast]``).
 
 Three hardenings on top of gunicorn's gthread worker, each for a way one client could take the
 extender from every other (see "Threat model" in docs/operations.md):
