@@ -126,10 +126,10 @@ class _VerbsFirst:
     """The WSGI entry point: a POST to a verb's path is answered here, straight from the
     WSGI environ, and everything else goes on to Flask.
 
-    A verb is kube-scheduler's hot path (every pod, every node); Flask's request and
-    response objects, contexts and URL matching cost about as much as a deciding filter's
-    own work. What is skipped is only that machinery: the handler, its errors and its
-    answers are the ones Flask's routes call too (``handle``)."""
+    A verb is kube-scheduler's hot path (every pod); Flask's request and response objects,
+    contexts and URL matching are a fixed cost per request that it need not pay. What is
+    skipped is only that machinery: the handler, its errors and its answers are the ones
+    Flask's routes call too (``handle``)."""
 
     def __init__(self, flask_app: Callable[..., Any], verbs: Mapping[str, tuple[str, Work]],
                  handle: Handle) -> None:
