@@ -1,14 +1,26 @@
-"""Scheduling throughput on the real control plane: gpufrag-scheduler (kube-scheduler calling
-the extender for filter, prioritize and bind) vs the same kube-scheduler without the extender,
-in one run, on the same fake cluster.
+"""Scheduling throughput on the real control plane: gpufrag-scheduler in each mode it supports,
+beside the same kube-scheduler without an extender and beside the zero-cost extender (Go, no
+logic, the same verbs and configuration), in one run, on the same fake cluster and pods.
 
     python -m benchmarks.scheduling_throughput [--nodes 1000] [--pods 2000]
+        [--rows default,zero-one,gpufrag-decide,zero-all,gpufrag-feasible]
 
-Both schedulers get the same client QPS (so the API rate limit is not what is compared) and
-score every node (percentageOfNodesToScore 100). Pods are created up front; the clock runs from
-the first create to the last bind observed. For each run it also prints the CPU each process
-spent per pod (etcd, API server, controller manager, each scheduler, the extender, this client):
-on a small machine they all share the same cores, so that is where the difference comes from.
+Rows (each with its own scheduler process, started just before its run and stopped after, so
+no idle scheduler's or extender's watches share the cores with the one measured):
+
+- ``default``: kube-scheduler alone (the 1.0 reference);
+- ``zero-one`` / ``gpufrag-decide``: filter + bind, the filter answering one node (gpufrag's
+  deciding filter, ``filter.answer: decide``; kube-scheduler skips scoring);
+- ``zero-all`` / ``gpufrag-feasible``: filter + prioritize + bind, the filter passing every
+  node it fits (``filter.answer: feasible``).
+
+Each gpufrag row is printed with its ratio to the default scheduler and to the zero-cost
+extender of the same mode: how close gpufrag comes to the limit of the extender design.
+Every scheduler gets the same client QPS (so the API rate limit is not what is compared) and
+scores every node (percentageOfNodesToScore 100). Pods are created up front; the clock runs
+from the first create to the last bind observed. For each run it also prints the CPU each
+process spent per pod: on a small machine they all share the same cores, so that is where the
+difference comes from.
 """
 
 from __future__ import annotations
@@ -19,7 +31,10 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,36 +44,94 @@ import orjson
 from benchmarks.procstat import cpu_seconds
 from devkit.build import build_control_plane
 from devkit.controlplane import ControlPlane
-from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
+from devkit.extender import ExtenderProcess, ZeroExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
 from devkit.stack import gpu_pod
+from gpufrag.conventions import SCHEDULER_NAME
 
 QPS = "clientConnection:\n  qps: 1000\n  burst: 2000\n"
 PLAIN = """\
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
 profiles:
-  - schedulerName: bench-default
+  - schedulerName: {name}
 """
 
 
-def cpu_by_process(plane: ControlPlane, extender: ExtenderProcess) -> dict[str, float]:
-    pids = {name: c.process.pid for name, c in plane.components.items()}
-    pids |= {f"scheduler {name}": c.process.pid for name, c in plane.schedulers.items()}
-    if extender.process is not None:
-        pids["gpufrag extender"] = extender.process.pid
+@dataclass(frozen=True)
+class Row:
+    """One measured configuration: its name, its label and the zero-cost row it is read
+    against (gpufrag rows only)."""
+
+    name: str
+    label: str
+    reference: str = ""
+
+
+ROWS = {
+    "default": Row("default", "default kube-scheduler (no extender)"),
+    "zero-one": Row("zero-one", "zero-cost extender: filter (one node) + bind"),
+    "gpufrag-decide": Row("gpufrag-decide", "gpufrag: filter decides (one node) + bind",
+                          "zero-one"),
+    "zero-all": Row("zero-all", "zero-cost extender: filter (all) + prioritize + bind"),
+    "gpufrag-feasible": Row("gpufrag-feasible",
+                            "gpufrag: filter (feasible) + prioritize + bind", "zero-all"),
+}
+
+
+class Served:
+    """The scheduler (and extender) of one row, started and stopped around its run."""
+
+    def __init__(self, plane: ControlPlane, row: Row, folder: Path) -> None:
+        self.plane, self.row, self.folder = plane, row, folder
+        self.extender: ExtenderProcess | ZeroExtenderProcess | None = None
+        self.scheduler_name = (SCHEDULER_NAME if row.name.startswith("gpufrag")
+                               else f"bench-{row.name}")
+
+    def start(self) -> None:
+        log = self.folder / f"{self.row.name}.log"
+        config = PLAIN.format(name=self.scheduler_name)
+        if self.row.name.startswith("zero"):
+            mode = self.row.name.split("-", 1)[1]
+            self.extender = ZeroExtenderProcess(self.plane, log, mode=mode).start()
+            config = gpufrag_scheduler_config(self.extender.url, name=self.scheduler_name,
+                                              prioritize=mode == "all")
+        elif self.row.name.startswith("gpufrag"):
+            answer = self.row.name.split("-", 1)[1]
+            # Logging at info, as in production: the verbs then log nothing on success.
+            self.extender = ExtenderProcess(self.plane, log, log_level="info", extra_args=(
+                "--threads", "16", "--set", f"filter.answer={answer}")).start()
+            config = gpufrag_scheduler_config(self.extender.url, name=self.scheduler_name,
+                                              prioritize=answer == "feasible")
+        self.plane.start_scheduler(f"bench-{self.row.name}", config + QPS)
+
+    def stop(self) -> None:
+        self.plane.stop_scheduler(f"bench-{self.row.name}")
+        if self.extender is not None:
+            self.extender.stop()
+
+    def pids(self) -> dict[str, int]:
+        found = {name: c.process.pid for name, c in self.plane.components.items()}
+        found |= {"kube-scheduler": self.plane.schedulers[f"bench-{self.row.name}"].process.pid}
+        if self.extender is not None and self.extender.process is not None:
+            found["extender"] = self.extender.process.pid
+        return found
+
+
+def cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
     # With descendants: the extender works in the gunicorn worker it forks.
     cpu = {name: cpu_seconds(pid, descendants=True) for name, pid in pids.items()}
     cpu["this client"] = cpu_seconds(os.getpid())  # the rest are its children
     return cpu
 
 
-def run(plane: ControlPlane, scheduler: str, pods: list[dict[str, object]], ns: str) -> float:
+def run(plane: ControlPlane, scheduler: str, pods: list[dict[str, Any]], ns: str,
+        measure: Callable[[], dict[str, float]]) -> tuple[float, dict[str, float]]:
+    """Seconds to bind every pod, and the CPU seconds each process spent meanwhile
+    (the pods' deletion included)."""
     core = kubernetes.client.CoreV1Api(plane.api_client())
-    bodies = []
-    for body in pods:
-        body = {**body, "spec": {**body["spec"], "schedulerName": scheduler}}  # type: ignore[dict-item]
-        bodies.append(body)
+    bodies = [{**body, "spec": {**body["spec"], "schedulerName": scheduler}} for body in pods]
+    before = measure()
     started = time.perf_counter()
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda b: core.create_namespaced_pod(ns, b), bodies))
@@ -76,17 +149,33 @@ def run(plane: ControlPlane, scheduler: str, pods: list[dict[str, object]], ns: 
     elapsed = time.perf_counter() - started
     core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
     wait_until(lambda: not core.list_namespaced_pod(ns).items, timeout_s=600, what="pods gone")
-    return elapsed
+    after = measure()
+    return elapsed, {k: after[k] - before.get(k, 0.0) for k in after}
 
 
-def main() -> int:
+def refused_binds(folder: Path, row: str) -> int:
+    """Binds gpufrag refused in a row (each one a warning in its log; none expected)."""
+    path = folder / f"{row}.log"
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if '"refused"' in line)
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=2000)
-    args = parser.parse_args()
+    parser.add_argument("--rows", default=",".join(ROWS),
+                        help=f"rows to run, in order (of {', '.join(ROWS)})")
+    args = parser.parse_args(argv)
+    rows = [ROWS[r] for r in args.rows.split(",") if r]
     binary = build_control_plane()
     rng = random.Random(1)
-    with ControlPlane(binary, complete_pods=False) as plane:
+    times: dict[str, float] = {}
+    cpu: dict[str, dict[str, float]] = {}
+    refused: dict[str, int] = {}
+    with ControlPlane(binary, complete_pods=False) as plane, \
+            tempfile.TemporaryDirectory() as tmp:
         print(f"control plane up in {plane.startup_s:.1f}s; creating {args.nodes} nodes",
               file=sys.stderr)
         products = ["T4", "A10", "V100M32", "G2"]
@@ -98,36 +187,39 @@ def main() -> int:
         pods = [gpu_pod(f"p-{i:05d}", gpus=1, cpu="2") if rng.random() < 0.5 else
                 gpu_pod(f"p-{i:05d}", milli=rng.choice([230, 470, 650, 810]), cpu="2")
                 for i in range(args.pods)]
-        with tempfile.TemporaryDirectory() as tmp:
-            extender = ExtenderProcess(plane, Path(tmp) / "extender.log",
-                                extra_args=("--threads", "16")).start()
-            plane.start_scheduler("bench-default", PLAIN + QPS)
-            plane.start_scheduler("bench-gpufrag", gpufrag_scheduler_config(extender.url) + QPS)
-            cpu: dict[str, dict[str, float]] = {}
+        for row in rows:
+            served = Served(plane, row, Path(tmp))
+            served.start()
             try:
-                before = cpu_by_process(plane, extender)
-                default_s = run(plane, "bench-default", pods, ns)
-                middle = cpu_by_process(plane, extender)
-                ours_s = run(plane, "gpufrag-scheduler", pods, ns)
-                after = cpu_by_process(plane, extender)
+                print(f"running {row.name}", file=sys.stderr, flush=True)
+                elapsed, spent = run(plane, served.scheduler_name, pods, ns,
+                                     partial(cpu_by_process, served.pids()))
             finally:
-                extender.stop()
-            for label, (start, end) in (("default", (before, middle)),
-                                        ("gpufrag", (middle, after))):
-                cpu[label] = {k: (end[k] - start.get(k, 0.0)) * 1000 / args.pods for k in end}
-    d, o = args.pods / default_s, args.pods / ours_s
+                served.stop()
+            times[row.name] = elapsed
+            cpu[row.name] = {k: v * 1000 / args.pods for k, v in spent.items()}
+            if row.name.startswith("gpufrag"):
+                refused[row.name] = refused_binds(Path(tmp), row.name)
+
+    rate = {name: args.pods / s for name, s in times.items()}
     print(f"\n{args.nodes} fake nodes x 8 GPUs, {args.pods} GPU pods (half whole GPUs, half "
-          "shares), same kube-scheduler build and client QPS:")
-    print(f"  default scheduler (no extender): {default_s:7.1f} s  {d:7.1f} pods/s")
-    print(f"  gpufrag-scheduler (extender filter+prioritize+bind): {ours_s:7.1f} s  "
-          f"{o:7.1f} pods/s")
-    print(f"  ratio gpufrag / default: {o / d:.2f} (target >= 0.5)")
+          "shares), same kube-scheduler build and client QPS, one row at a time:")
+    print(f"  {'row':<52} {'s':>7} {'pods/s':>8} {'÷ default':>9} {'÷ zero-cost':>11}")
+    for row in rows:
+        r = rate[row.name]
+        vs_default = f"{r / rate['default']:.2f}" if "default" in rate else "-"
+        vs_zero = (f"{r / rate[row.reference]:.2f}" if row.reference in rate else "")
+        print(f"  {row.label:<52} {times[row.name]:>7.1f} {r:>8.1f} {vs_default:>9} "
+              f"{vs_zero:>11}")
+    print("  targets: gpufrag ÷ default >= 1.0, gpufrag ÷ zero-cost >= 1.0 in each mode")
+    for name, count in refused.items():
+        print(f"  {name}: {count} binds refused (and retried by kube-scheduler)")
     print("\nCPU per pod (ms), each run including its pods' deletion:")
-    print(f"  {'process':<38} {'default run':>11} {'gpufrag run':>11}")
-    for name in cpu["gpufrag"]:
-        print(f"  {name:<38} {cpu['default'][name]:>11.1f} {cpu['gpufrag'][name]:>11.1f}")
-    print(f"  {'total':<38} {sum(cpu['default'].values()):>11.1f} "
-          f"{sum(cpu['gpufrag'].values()):>11.1f}")
+    names = sorted({k for c in cpu.values() for k in c})
+    print(f"  {'process':<22} " + " ".join(f"{r.name:>16}" for r in rows))
+    for name in names:
+        print(f"  {name:<22} " + " ".join(f"{cpu[r.name].get(name, 0.0):>16.1f}" for r in rows))
+    print(f"  {'total':<22} " + " ".join(f"{sum(cpu[r.name].values()):>16.1f}" for r in rows))
     return 0
 
 

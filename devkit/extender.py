@@ -23,7 +23,8 @@ from gpufrag.conventions import (
 )
 
 # Why weight 200: see manifests/base/scheduler-config.yaml (one extender point outweighs all
-# default score plugins together, so the extender's ranking decides).
+# default score plugins together, so the extender's ranking decides, where it ranks at all:
+# with the deciding filter it answers one node and kube-scheduler skips scoring).
 _GPUFRAG_SCHEDULER_CONFIG: Final = """\
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -32,8 +33,7 @@ profiles:
 extenders:
   - urlPrefix: {url}
     filterVerb: filter
-    prioritizeVerb: prioritize
-    preemptVerb: preempt
+{prioritize}    preemptVerb: preempt
 {bind}    weight: 200
     nodeCacheCapable: true
     httpTimeout: 5s
@@ -47,52 +47,43 @@ extenders:
 
 
 def gpufrag_scheduler_config(url: str, *, ignorable: bool = False, bind: bool = True,
-                             name: str = SCHEDULER_NAME) -> str:
+                             prioritize: bool = False, name: str = SCHEDULER_NAME) -> str:
     """A KubeSchedulerConfiguration whose profile ``name`` calls the extender at ``url``
-    (filter, prioritize and, with ``bind``, bind), for :meth:`ControlPlane.start_scheduler`."""
+    (filter, preempt and, with ``bind``, bind), for :meth:`ControlPlane.start_scheduler`.
+
+    Without ``prioritize`` (the default) it is the configuration for the extender's deciding
+    filter (``filter.answer: decide``), as in manifests/base/scheduler-config.yaml; with it,
+    kube-scheduler also asks the extender to rank the nodes (for ``filter.answer: feasible``,
+    or ``filter.nodes`` > 1)."""
     return _GPUFRAG_SCHEDULER_CONFIG.format(
         name=name, url=url, ignorable=str(ignorable).lower(),
+        prioritize="    prioritizeVerb: prioritize\n" if prioritize else "",
         bind="    bindVerb: bind\n" if bind else "")
 
 
-@dataclass
-class ExtenderProcess:
-    """``gpufrag extender`` watching a control plane, in its own process, on a free port.
+class _Served:
+    """What the extender processes here share: a subprocess serving HTTP on 127.0.0.1:port,
+    ready once /readyz answers 200, stopped with SIGTERM then SIGKILL."""
 
-    A subprocess rather than a thread because that is how it runs in a cluster (its own
-    gunicorn worker, its own watches), and so that its log is the JSON it writes in production.
-    """
-
-    control_plane: ControlPlane
+    what = "extender"
+    port: int
     log_path: Path
-    extra_args: tuple[str, ...] = ()
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
+    process: subprocess.Popen[bytes] | None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 60.0) -> ExtenderProcess:
-        """Start it and wait until /readyz answers 200 (its cache has listed the cluster)."""
-        env = {**os.environ, "GPUFRAG_LOG_FORMAT": "json"}
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gpufrag.cli", "extender", "--kubeconfig",
-                 str(self.control_plane.kubeconfig_path), "--host", "127.0.0.1", "--port",
-                 str(self.port), "--set", "maintenance_interval_s=1", *self.extra_args],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                start_new_session=True)
+    def _wait_ready(self, timeout_s: float) -> None:
         try:
-            wait_until(self._ready, timeout_s=timeout_s, what=f"extender ready on {self.url}")
+            wait_until(self._ready, timeout_s=timeout_s, what=f"{self.what} ready on {self.url}")
         except BaseException:
             self.stop()
             raise
-        return self
 
     def _ready(self) -> bool | None:
         if self.process is not None and self.process.poll() is not None:
-            raise ControlPlaneError(f"extender exited with {self.process.returncode}:\n"
+            raise ControlPlaneError(f"{self.what} exited with {self.process.returncode}:\n"
                                     + tail(self.log_path))
         try:
             with urllib.request.urlopen(f"{self.url}/readyz", timeout=1) as reply:
@@ -114,6 +105,38 @@ class ExtenderProcess:
                 self.process.wait(10)
         self.process = None
 
+
+@dataclass
+class ExtenderProcess(_Served):
+    """``gpufrag extender`` watching a control plane, in its own process, on a free port.
+
+    A subprocess rather than a thread because that is how it runs in a cluster (its own
+    gunicorn worker, its own watches), and so that its log is the JSON it writes in production.
+    """
+
+    control_plane: ControlPlane
+    log_path: Path
+    extra_args: tuple[str, ...] = ()
+    # debug: a log line per verb, which tests read (log_events); benchmarks run at info,
+    # as in production, where the verbs log nothing on success.
+    log_level: str = "debug"
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> ExtenderProcess:
+        """Start it and wait until /readyz answers 200 (its cache has listed the cluster)."""
+        env = {**os.environ, "GPUFRAG_LOG_FORMAT": "json"}
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpufrag.cli", "extender", "--kubeconfig",
+                 str(self.control_plane.kubeconfig_path), "--host", "127.0.0.1", "--port",
+                 str(self.port), "--log-level", self.log_level,
+                 "--set", "maintenance_interval_s=1", *self.extra_args],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True)
+        self._wait_ready(timeout_s)
+        return self
+
     def log_events(self, event: str) -> Iterator[dict[str, Any]]:
         """The extender's JSON log lines for one event (verb), oldest first."""
         for line in self.log_path.read_text().split("\n")[:-1]:  # the last: unfinished
@@ -127,3 +150,33 @@ class ExtenderProcess:
             return str(reply.read().decode())
 
 
+ZERO_EXTENDER_MODES: Final = ("all", "one")
+
+
+@dataclass
+class ZeroExtenderProcess(_Served):
+    """The zero-cost extender (``zero-extender`` in the control plane's multi-call binary,
+    devkit/cluster/zeroextender.go): gpufrag's verbs and wire types with no logic, the
+    benchmarks' reference for what the extender design itself costs. ``mode`` ``all``: the
+    filter passes every node; ``one``: only the first (as gpufrag's deciding filter)."""
+
+    control_plane: ControlPlane
+    log_path: Path
+    mode: str = "all"
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    what = "zero extender"
+
+    def start(self, timeout_s: float = 30.0) -> ZeroExtenderProcess:
+        if self.mode not in ZERO_EXTENDER_MODES:
+            raise ValueError(f"mode must be one of {', '.join(ZERO_EXTENDER_MODES)}, "
+                             f"got {self.mode!r}")
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(self.control_plane.binary), "zero-extender", "--kubeconfig",
+                 str(self.control_plane.kubeconfig_path), "--port", str(self.port),
+                 "--mode", self.mode],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        self._wait_ready(timeout_s)
+        return self

@@ -80,6 +80,27 @@ class BindConfig:
     assume_ttl_s: float = 30.0
 
 
+FILTER_ANSWERS = ("decide", "feasible")
+
+
+@dataclass(frozen=True, slots=True)
+class FilterConfig:
+    """What the filter verb answers.
+
+    ``decide`` (the default): the extender's own choice — the node FGD and affinity rank first,
+    or the best ``nodes`` of them, best first — in ``NodeNames``, its GPUs assumed in the cache
+    at once (so the next pod's filter sees them; the bind confirms the assumption, a bind
+    elsewhere or ``bind.assume_ttl_s`` releases it). With one node, kube-scheduler skips its own
+    scoring and the prioritize verb is not needed (drop ``prioritizeVerb``). Nodes left out
+    carry no reason; only when the pod fits no node does every node get its reason (so that
+    preemption sees which nodes a victim could free). ``feasible``: every node the pod fits,
+    for kube-scheduler to rank with prioritize. See "The filter decides" in docs/extender.md.
+    """
+
+    answer: str = "decide"
+    nodes: int = 1
+
+
 @dataclass(frozen=True, slots=True)
 class HintsConfig:
     """Whether to read the defrag controller's placement hints; their ConfigMap is named in the
@@ -134,6 +155,7 @@ class ExtenderConfig:
     names: KubeNames = field(default_factory=KubeNames)
     weights: ScoreWeights = field(default_factory=ScoreWeights)
     affinity: AffinityParams = field(default_factory=AffinityParams)
+    filter: FilterConfig = field(default_factory=FilterConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     bind: BindConfig = field(default_factory=BindConfig)
     hints: HintsConfig = field(default_factory=HintsConfig)
@@ -338,6 +360,10 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
             need(spec.gpu_milli in (0, MILLI_PER_GPU), f"{at}.gpu_milli",
                  f"must be 0 for a CPU-only spec (num_gpu 0), got {spec.gpu_milli}")
         need(spec.popularity > 0, f"{at}.popularity", f"must be > 0, got {spec.popularity}")
+    need(config.filter.answer in FILTER_ANSWERS, "filter.answer",
+         f"must be one of {', '.join(FILTER_ANSWERS)}, got {config.filter.answer!r}")
+    need(config.filter.nodes >= 1, "filter.nodes",
+         f"must be >= 1 (the nodes a deciding filter answers with), got {config.filter.nodes}")
     need(config.bind.assume_ttl_s > 0, "bind.assume_ttl_s",
          f"must be > 0 seconds, got {config.bind.assume_ttl_s}")
     wc = config.watch
@@ -426,10 +452,12 @@ def validate(config: ExtenderConfig) -> ExtenderConfig:
 
 __all__ = [
     "ENV_PREFIX",
+    "FILTER_ANSWERS",
     "AffinityParams",
     "BindConfig",
     "ConfigError",
     "ExtenderConfig",
+    "FilterConfig",
     "HintsConfig",
     "ScoreWeights",
     "ServerConfig",

@@ -48,7 +48,9 @@ UNKNOWN_NODE_REASON = "node not yet known to the gpufrag extender (its watch is 
 @dataclass(frozen=True, slots=True)
 class FilterVerdicts:
     """Per requested position: passes or not; for the failing ones (in request order) the
-    reason and whether the node can never fit (kube-scheduler's "unresolvable")."""
+    reason and whether the node can never fit (kube-scheduler's "unresolvable"). A deciding
+    filter passes only its choice and lists no failures (kube-scheduler drops nodes absent
+    from both lists)."""
 
     rows: IntArray            # the state row of each requested node (``UNKNOWN`` if none)
     passed: BoolArray
@@ -56,6 +58,7 @@ class FilterVerdicts:
     reasons: list[str]        # one per failed position
     unresolvable: BoolArray   # one per failed position
     rendered: list[Any]       # ``render(reason)`` per failed position (see ``Scorer``)
+    decided: str = ""         # the node decided on and assumed (``filter.answer: decide``)
 
 
 class _Verdicts:
@@ -192,10 +195,10 @@ class Scorer:
         return FilterVerdicts(rows, passed, failed, reasons, unresolvable, rendered)
 
     # ------------------------------------------------------------------ prioritize
-    def prioritize(self, state: ClusterState, pod: PodRequest, rows: IntArray, now: float,
-                   hinted: frozenset[str] = frozenset()) -> Priorities:
-        """0..10 per requested row (``UNKNOWN`` rows and rows the pod does not fit get 0)."""
-        out = np.zeros(rows.size, np.int64)
+    def _ranked(self, state: ClusterState, pod: PodRequest, rows: IntArray,
+                now: float) -> tuple[IntArray, FloatArray]:
+        """The known rows the pod fits (the affinity cap applied when hard) and their blended
+        key (higher is better); empty when it fits none."""
         known = rows[rows != UNKNOWN]
         candidates, scores = rank_candidates(state, self.policy, pod, known,
                                              self._score_cache(pod))
@@ -204,20 +207,50 @@ class Scorer:
             candidates = candidates[keep]
             scores = scores._replace(score=scores.score[keep], share_gpu=scores.share_gpu[keep])
         if candidates.size == 0:
-            return Priorities(rows, out, -1)
+            return candidates, np.zeros(0, np.float64)
         key = blended_key(state, pod, candidates, scores.score, self.affinity, now,
                           policy_weight=self.policy_weight,
                           affinity_weight=self.affinity_weight)
+        return candidates, key
+
+    @staticmethod
+    def _top(state: ClusterState, candidates: IntArray,
+             hinted: frozenset[str]) -> BoolArray:
+        if not hinted:
+            return np.zeros(candidates.size, np.bool_)
+        return np.fromiter((state.names[int(r)] in hinted for r in candidates), np.bool_,
+                           candidates.size)
+
+    def prioritize(self, state: ClusterState, pod: PodRequest, rows: IntArray, now: float,
+                   hinted: frozenset[str] = frozenset()) -> Priorities:
+        """0..10 per requested row (``UNKNOWN`` rows and rows the pod does not fit get 0)."""
+        out = np.zeros(rows.size, np.int64)
+        candidates, key = self._ranked(state, pod, rows, now)
+        if candidates.size == 0:
+            return Priorities(rows, out, -1)
         best = best_index(state, candidates, key)
-        top = np.zeros(candidates.size, np.bool_)
-        if hinted:
-            top = np.fromiter((state.names[int(r)] in hinted for r in candidates), np.bool_,
-                              candidates.size)
+        top = self._top(state, candidates, hinted)
         per_row = np.zeros(state.size, np.int64)
         per_row[candidates] = scale_priorities(key, best, top)
-        out[rows != UNKNOWN] = per_row[known]
+        known = rows != UNKNOWN
+        out[known] = per_row[rows[known]]
         best_row = int(candidates[int(np.flatnonzero(top)[0])] if top.any() else candidates[best])
         return Priorities(rows, out, best_row)
+
+    def decide(self, state: ClusterState, pod: PodRequest, rows: IntArray, now: float,
+               hinted: frozenset[str] = frozenset(), count: int = 1) -> IntArray:
+        """The ``count`` best rows for the pod, best first: the one prioritize would rank
+        first (hinted nodes, then the blended key, ties by the core's node order), then the
+        runners-up in the same order. Empty when the pod fits none of ``rows``."""
+        candidates, key = self._ranked(state, pod, rows, now)
+        if candidates.size == 0:
+            return candidates
+        top = self._top(state, candidates, hinted)
+        if count == 1 and not top.any():
+            return np.array([candidates[best_index(state, candidates, key)]], np.int64)
+        order = np.lexsort((state.tie_rank[candidates], -key, ~top))
+        best: IntArray = candidates[order[:count]]
+        return best
 
     # ------------------------------------------------------------------ bind
     def place_on(self, state: ClusterState, pod: PodRequest, row: int) -> Decision | None:

@@ -21,11 +21,17 @@ from gpufrag.errors import BadInput
 from scheduler.core.feasibility import explain
 from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_ratio
 from scheduler.core.preemption import fewest_victims
-from scheduler.core.state import IntArray
+from scheduler.core.state import IntArray, pod_key
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
 from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.scoring import UNKNOWN, FilterVerdicts, Priorities, Scorer
-from scheduler.extender.wire import NodeJson, NodeVictims, encode_reason
+from scheduler.extender.wire import (
+    MAX_NAME_LISTS,
+    NameSet,
+    NodeJson,
+    NodeVictims,
+    encode_reason,
+)
 from scheduler.kube.binder import Binder, BindError
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import (
@@ -33,6 +39,7 @@ from scheduler.kube.convert import (
     device_plugin_annotations,
     owner_uid,
     pod_from_k8s,
+    uid_of,
 )
 from scheduler.policies import make_policy
 
@@ -84,6 +91,8 @@ class Extender:
         self._workload_changes = -1
         self._workload_after_sync = False
         self.node_json = NodeJson()
+        # NodeNames set (the wire's key) -> (its rows, all of them known, state.index size).
+        self._rows_by_list: dict[NameSet, tuple[IntArray, bool, int]] = {}
         self.scorer = self._make_scorer(self.workload)
         self.refresh_workload(force=True)
         self._workload_after_sync = cache.synced  # built from a full state already
@@ -146,9 +155,27 @@ class Extender:
             raise BadInput("Pod must be an object", field="Pod")
         return pod_from_k8s(obj, self.config.names)
 
-    def _rows(self, names: Sequence[str]) -> IntArray:
-        """State rows of ``names`` (``UNKNOWN`` where the state has no such node). The common
-        case — every name known — is one C-level lookup; names are checked only otherwise."""
+    def _rows(self, names: Sequence[str], name_set: NameSet | None = None) -> IntArray:
+        """State rows of ``names`` (``UNKNOWN`` where the state has no such node); call with
+        the cache's lock held. ``name_set``: the wire's key for the list (see
+        ``wire.NameLists``), under which the rows are kept — a name's row never changes once
+        it has one, so they stay right until a name still unknown may have become known (a
+        node was added)."""
+        if name_set is not None:
+            kept = self._rows_by_list.get(name_set)
+            if kept is not None and (kept[1] or kept[2] == len(self.cache.state.index)):
+                return kept[0]
+        rows = self._lookup(names)
+        if name_set is not None:
+            if name_set not in self._rows_by_list and len(self._rows_by_list) >= MAX_NAME_LISTS:
+                del self._rows_by_list[next(iter(self._rows_by_list))]
+            all_known = not rows.size or bool(rows.min() != UNKNOWN)
+            self._rows_by_list[name_set] = (rows, all_known, len(self.cache.state.index))
+        return rows
+
+    def _lookup(self, names: Sequence[str]) -> IntArray:
+        """The common case — every name known — is one C-level lookup; names are checked
+        only otherwise."""
         index = self.cache.state.index
         if not names:
             return np.zeros(0, np.int64)
@@ -168,18 +195,52 @@ class Extender:
             return fragmentation_ratio(self.cache.state, self.workload)
 
     # ------------------------------------------------------------------ verbs
-    def filter(self, pod_obj: Obj, names: Sequence[str]) -> FilterVerdicts:
+    def filter(self, pod_obj: Obj, names: Sequence[str],
+               name_set: NameSet | None = None) -> FilterVerdicts:
+        """The nodes among ``names`` that pass (``filter.answer``: the decision, or every node
+        the pod fits) and, when the pod fits none, why each fails. ``name_set``: the wire's
+        key for the list, when it has one (see :meth:`_rows`)."""
         try:
             pod = self._pod(pod_obj)
         except UnsupportedRequest as e:  # fits no node, ever: say why on each
             return self._unplaceable(str(e), names)
         with self.cache.lock, self.cache.reservations.lifted_for(pod_obj):
-            rows = self._rows(names)
+            rows = self._rows(names, name_set)
             self.node_json.sync(self.cache.state.names)
             if not pod.wants_gpu:  # not ours to judge: every node passes
                 return FilterVerdicts(rows, np.ones(len(names), np.bool_),
                                       np.zeros(0, np.int64), [], np.zeros(0, np.bool_), [])
+            if self.config.filter.answer == "decide":
+                decided = self._decide(pod, pod_obj, rows)
+                if decided is not None:
+                    return decided
             return self.scorer.filter(self.cache.state, pod, rows)
+
+    def _decide(self, pod: PodRequest, pod_obj: Obj, rows: IntArray) -> FilterVerdicts | None:
+        """The best ``filter.nodes`` rows as the only ones passing, the best one's GPUs assumed
+        at once; None when the pod fits none of them (the caller explains every failure).
+
+        A pod filtered again (a new scheduling cycle: its bind failed, or kube-scheduler tries
+        its nominated node) first loses the assumption of its previous decision, so the new one
+        is made against the cluster without it. Call with the cache's lock held."""
+        state = self.cache.state
+        key = pod_key(pod)
+        if key in self.cache.decided:
+            self.cache.forget(key)
+        if key in state.pods:  # bound or being bound: the bind's assumption stands
+            return None
+        now = self.clock()
+        hinted = self.cache.hints.nodes_for(owner_uid(pod_obj), now)
+        chosen = self.scorer.decide(state, pod, rows, now, hinted, self.config.filter.nodes)
+        if chosen.size == 0:
+            return None
+        decision = self.scorer.place_on(state, pod, int(chosen[0]))
+        if decision is None:  # pragma: no cover - decide ranks only rows the pod fits
+            return None
+        self.cache.assume(pod, decision.row, decision.gpus, decided=True)
+        passed = rows == chosen[0] if chosen.size == 1 else np.isin(rows, chosen)
+        return FilterVerdicts(rows, passed, np.zeros(0, np.int64), [], np.zeros(0, np.bool_),
+                              [], decided=decision.node)
 
     def _unplaceable(self, reason: str, names: Sequence[str]) -> FilterVerdicts:
         """Every node fails, unresolvable, with ``reason`` (a request the extender cannot
@@ -191,7 +252,8 @@ class Extender:
         return FilterVerdicts(rows, np.zeros(n, np.bool_), np.arange(n, dtype=np.int64),
                               [reason] * n, np.ones(n, np.bool_), [encode_reason(reason)] * n)
 
-    def prioritize(self, pod_obj: Obj, names: Sequence[str]) -> tuple[Priorities, str]:
+    def prioritize(self, pod_obj: Obj, names: Sequence[str],
+                   name_set: NameSet | None = None) -> tuple[Priorities, str]:
         """Scores in request order and the top node's name ('' when none / a CPU-only pod)."""
         try:
             pod = self._pod(pod_obj)
@@ -202,11 +264,15 @@ class Extender:
         now = self.clock()
         owner = owner_uid(pod_obj)
         with self.cache.lock, self.cache.reservations.lifted_for(pod_obj):
-            rows = self._rows(names)
+            rows = self._rows(names, name_set)
             self.node_json.sync(self.cache.state.names)
             if not pod.wants_gpu:  # neutral: every node the same
                 return Priorities(rows, np.zeros(len(names), np.int64), -1), ""
-            hinted = self.cache.hints.nodes_for(owner, now)
+            # A node the filter decided (and assumed) on stays the top one: the state now
+            # holds the pod there, which would otherwise count against that very node.
+            decided = self.cache.assumed_node(pod_key(pod))
+            hinted = (frozenset((decided,)) if decided else
+                      self.cache.hints.nodes_for(owner, now))
             result = self.scorer.prioritize(self.cache.state, pod, rows, now, hinted)
             best = self.cache.state.names[result.best] if result.best >= 0 else ""
         return result, best
@@ -259,23 +325,52 @@ class Extender:
                 chosen[node] = (uids, min(candidates.num_pdb_violations, len(uids)))
         return chosen
 
-    def _check_scheduler(self, key: str, obj: Obj) -> None:
-        """Refuse a pod that is not ours to schedule.
+    def _check_scheduler(self, key: str, actual: str) -> None:
+        """Refuse a pod that is not ours to schedule (``actual``: its spec.schedulerName).
 
         ``/bind`` creates Bindings with the extender's service account, which may bind any pod
         in the cluster; checking that the pod asked for this scheduler keeps a caller that can
         reach the port (or a misconfigured second scheduler) from placing other schedulers'
         pods. An empty schedulerName is what the API server defaults to
         ``default-scheduler``."""
-        spec = obj.get("spec")
-        actual = spec.get("schedulerName") if isinstance(spec, Mapping) else None
-        if actual is None or actual == "":
-            actual = API_DEFAULT_SCHEDULER
+        actual = actual or API_DEFAULT_SCHEDULER
         expected = self.config.names.scheduler_name
         if actual != expected:
             raise BindRefused(f"pod {key} has spec.schedulerName {actual!r}, not {expected!r} "
                               "(names.scheduler_name): the gpufrag extender binds only the pods "
                               "of its own scheduler")
+
+    def _bind_subject(self, namespace: str, name: str,
+                      uid: str) -> tuple[PodRequest, str, str]:
+        """The request of the pod to bind, its controlling owner's UID and its UID (which GPU
+        reservations it may use), once it is known to be this scheduler's.
+
+        From the cache when it holds this very pod (same UID, which kube-scheduler always
+        sends): the watch keeps its spec.schedulerName and request, and a pod's spec cannot
+        change those once created. From the API server otherwise (the watch has not shown the
+        pod yet, it was re-created under the same name, or no UID was given)."""
+        key = f"{namespace}/{name}"
+        with self.cache.lock:
+            known = self.cache.pods.get(key)
+        if known is not None and known.node:
+            raise BindRefused(f"pod {key} is already bound to {known.node}")
+        if known is not None and uid and known.uid == uid:
+            self._check_scheduler(key, known.scheduler_name)
+            return known.request, known.owner, known.uid
+        assert self.binder is not None
+        try:
+            obj = self.binder.read_pod(namespace, name)
+        except BindError as e:
+            raise BindRefused(str(e)) from None
+        if obj is None:
+            raise BindRefused(f"pod {key} not found")
+        spec = obj.get("spec")
+        actual = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+        self._check_scheduler(key, actual if isinstance(actual, str) else "")
+        try:
+            return pod_from_k8s(obj, self.config.names), owner_uid(obj), uid_of(obj)
+        except BadInput as e:
+            raise BindRefused(f"pod {key} cannot be read: {e}") from None
 
     def _device_plugin_annotations(self, request: PodRequest, gpus: tuple[int, ...],
                                    node: str, row: int) -> dict[str, str]:
@@ -292,39 +387,29 @@ class Extender:
                                          now_ns=int(self.clock() * 1e9))
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindOutcome:
-        """Choose the GPUs on ``node``, count the placement at once, bind (with the GPUs).
+        """Bind with the GPUs decided at filter (``filter.answer: decide``, the assumption made
+        then) or, without one, choose the GPUs on ``node`` now and count the placement at once.
 
         Refused (:class:`BindRefused`, nothing written) when the pod is bound already, gone,
         unreadable, not of this scheduler (``names.scheduler_name``), or does not fit."""
         if self.binder is None:
             raise BindRefused("binding is disabled in this extender (bind.enabled: false)")
         key = f"{namespace}/{name}"
-        with self.cache.lock:
-            known = self.cache.pods.get(key)
-        if known is not None and known.node:
-            raise BindRefused(f"pod {key} is already bound to {known.node}")
-        # Always the pod as the API server has it now, not the cache's copy: the cache may be
-        # behind (not seen yet, re-created), and it does not keep spec.schedulerName, which
-        # decides whether this extender may bind the pod at all.
-        try:
-            obj = self.binder.read_pod(namespace, name)
-        except BindError as e:
-            raise BindRefused(str(e)) from None
-        if obj is None:
-            raise BindRefused(f"pod {key} not found")
-        self._check_scheduler(key, obj)
-        try:
-            request = pod_from_k8s(obj, self.config.names)
-        except BadInput as e:
-            raise BindRefused(f"pod {key} cannot be read: {e}") from None
-        with self.cache.lock, self.cache.reservations.lifted_for(obj):
+        request, owner, uid = self._bind_subject(namespace, name, uid)
+        with self.cache.lock, self.cache.reservations.lifted_for_pod(key, owner, uid):
             state = self.cache.state
             row = state.index.get(node)
             if row is None or not state.active[row]:
                 raise BindRefused(f"node {node} is not known to the gpufrag extender")
             current = state.pods.get(key)
-            if current is not None and key in self.cache.assumed and current.node == node:
-                gpus = current.gpus  # kube-scheduler retrying the same bind: same answer
+            assumed = key in self.cache.assumed
+            if current is not None and key in self.cache.decided and current.node != node:
+                # Decided (at filter) elsewhere, bound here: the decision no longer holds.
+                self.cache.forget(key)
+                current = None
+            if current is not None and assumed and current.node == node:
+                gpus = current.gpus  # the filter's decision, or a retried bind: same answer
+                self.cache.confirm(key)
             elif current is not None:
                 raise BindRefused(f"pod {key} is already placed on {current.node}")
             else:

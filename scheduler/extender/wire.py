@@ -18,6 +18,7 @@ the Pod — that is ``scheduler.kube.convert``'s job.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
@@ -37,15 +38,18 @@ class WireError(ValueError):
     """A request body that is not what the protocol says; the message names the field."""
 
 
+NameSet = frozenset[bytes]
+
+
 @dataclass(frozen=True, slots=True)
 class ExtenderArgs:
     pod: Obj
     names: list[str]
     nodes: list[Obj] | None  # the NodeList items in Nodes mode; None in NodeNames mode
-
-    @property
-    def node_names_mode(self) -> bool:
-        return self.nodes is None
+    # The NodeNames as a set of their UTF-8 bytes, when they came last in the body as
+    # kube-scheduler writes them (None otherwise): the key under which the list and its rows
+    # are kept (see NameLists). The same object for every request with the same set.
+    name_set: NameSet | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,21 +116,116 @@ def _node_items(nodes: Any) -> tuple[list[Obj], list[str]]:
     return items, names
 
 
-def parse_extender_args(body: bytes) -> ExtenderArgs:
-    """ExtenderArgs for filter and prioritize."""
+# kube-scheduler (Go's encoding/json, fields in struct order, no spaces) ends its
+# ExtenderArgs with the node names: {"Pod":{...},"Nodes":null,"NodeNames":["n1",...]}.
+_NAMES_TAIL = b',"NodeNames":['
+# Node-name sets kept: one per set kube-scheduler sends (the feasible nodes after its own
+# filters), at most this many.
+MAX_NAME_LISTS = 8
+
+
+class NameLists:
+    """Parsed NodeNames lists by the set of names they hold, the most recent
+    :data:`MAX_NAME_LISTS`.
+
+    Every filter and prioritize call carries the feasible nodes, and at 5,000 nodes parsing
+    them and looking each name up was most of a request's cost. kube-scheduler filters nodes
+    in parallel, so the same nodes come in a different order from one cycle to the next: the
+    key is the set of the names' raw bytes (split from the body at C speed), which every
+    ordering of the same nodes shares, so the parse (and, in the extender, the name lookup) is
+    paid once per set. A list handed out is in the order of the first request with its set:
+    the verbs answer about nodes by name, and kube-scheduler reads the answers by name, so
+    the order does not matter. The lists are shared: callers must not change them."""
+
+    def __init__(self, size: int = MAX_NAME_LISTS) -> None:
+        self.size = size
+        self._lists: dict[NameSet, tuple[NameSet, list[Any]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, names: NameSet) -> tuple[NameSet, list[Any]] | None:
+        """The kept key object (the same one each time: dict lookups by it are O(1)) and
+        list for this set, or None."""
+        with self._lock:
+            return self._lists.get(names)
+
+    def put(self, names: NameSet, parsed: list[Any]) -> tuple[NameSet, list[Any]]:
+        with self._lock:
+            if names not in self._lists and len(self._lists) >= self.size:
+                del self._lists[next(iter(self._lists))]  # the oldest
+            kept = self._lists.setdefault(names, (names, parsed))
+            return kept
+
+
+def _split_names(body: bytes, lists: NameLists
+                 ) -> tuple[dict[str, Any], list[Any], NameSet | None] | None:
+    """The body as (the rest of its object, its NodeNames, their set) when NodeNames is its
+    last member and its names need no unescaping, else None (the caller parses it whole).
+
+    ``,"NodeNames":[`` cannot occur inside a JSON string (a quote there is escaped), so its
+    last occurrence, with the body ending in ``]}``, splits the object in two: the members
+    before it (closed with ``}``) and the array. Without a backslash in the array, and with
+    no quote but the ones that delimit its strings, splitting at ``","`` gives each string's
+    bytes exactly; the first time a set is seen the array is parsed by orjson all the same
+    (which refuses whatever JSON would), so what is kept is what parsing the body would give."""
+    at = body.rfind(_NAMES_TAIL)
+    if at <= 0 or not body.endswith(b"]}"):
+        return None
+    inner = body[at + len(_NAMES_TAIL):-2]
+    if b"\\" in inner:
+        return None
+    try:
+        head = orjson.loads(body[:at] + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(head, dict) or "NodeNames" in head:
+        return None
+    if not inner:
+        return head, [], None
+    if len(inner) < 2 or inner[0] != 0x22 or inner[-1] != 0x22:  # '"'
+        return None
+    parts = inner[1:-1].split(b'","')
+    if inner.count(b'"') != 2 * len(parts):
+        return None  # a quote inside a name: not a plain list of strings
+    key = frozenset(parts)
+    if len(key) != len(parts):
+        return None  # a name listed twice: parsed as sent
+    kept = lists.get(key)
+    if kept is None:
+        try:
+            parsed = orjson.loads(body[at + len(_NAMES_TAIL) - 1:-1])
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(parsed, list) or len(parsed) != len(parts):
+            return None
+        kept = lists.put(key, parsed)
+    return head, kept[1], kept[0]
+
+
+def parse_extender_args(body: bytes, lists: NameLists | None = None) -> ExtenderArgs:
+    """ExtenderArgs for filter and prioritize; with ``lists``, a NodeNames list seen before
+    is not parsed again (see :class:`NameLists`)."""
+    split = _split_names(body, lists) if lists is not None and body else None
+    if split is not None:
+        args, names, name_set = split
+        pod = args.get("Pod")
+        if pod is None:
+            raise WireError("Pod is missing or null")
+        if not isinstance(pod, dict):
+            raise WireError(f"Pod must be a v1.Pod object, got {type(pod).__name__}")
+        return ExtenderArgs(pod, names, None, name_set)
     args = _object(body)
     pod = args.get("Pod")
     if pod is None:
         raise WireError("Pod is missing or null")
     if not isinstance(pod, dict):
         raise WireError(f"Pod must be a v1.Pod object, got {type(pod).__name__}")
-    names = args.get("NodeNames")
-    if names is not None:
-        if not isinstance(names, list):
-            raise WireError(f"NodeNames must be a list of strings, got {type(names).__name__}")
+    given = args.get("NodeNames")
+    if given is not None:
+        if not isinstance(given, list):
+            raise WireError(f"NodeNames must be a list of strings, got {type(given).__name__}")
         # The entries are checked where they are looked up (Extender._rows): a per-name check
         # here would cost as much as the lookup itself on every request.
-        return ExtenderArgs(pod, names, None)
+        return ExtenderArgs(pod, given, None)
     nodes = args.get("Nodes")
     if nodes is None:
         raise WireError("one of NodeNames (nodeCacheCapable: true) or Nodes must be given")
@@ -315,10 +414,10 @@ def filter_result(args: ExtenderArgs, outcome: FilterVerdicts, node_json: NodeJs
             failed = _joined(keys, values, b"{", b"}")
     if args.nodes is None:
         nodes = b"null"
-        if not positions.size:
+        kept = np.flatnonzero(outcome.passed)
+        if kept.size == len(names):
             passed = orjson.dumps(names)
         else:
-            kept = np.flatnonzero(outcome.passed)
             passed = b"[" + b",".join(node_json.gather(
                 node_json.name, outcome.rows[kept], names, kept, orjson.dumps)) + b"]"
     else:
@@ -363,8 +462,11 @@ def priorities(args: ExtenderArgs, result: Priorities, node_json: NodeJson) -> b
 
 
 __all__ = [
+    "MAX_NAME_LISTS",
     "BindingArgs",
     "ExtenderArgs",
+    "NameLists",
+    "NameSet",
     "NodeJson",
     "NodeVictims",
     "PreemptionArgs",

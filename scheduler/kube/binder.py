@@ -41,10 +41,10 @@ class BindError(RuntimeError):
 
 
 class Binder(Protocol):
-    """Reads pods and binds them. The extender reads the pod before every bind: the cache may
-    be behind, and it does not keep ``spec.schedulerName``, which decides whether the extender
-    may bind the pod at all (one GET per bind; the service account already has ``get`` on
-    pods)."""
+    """Reads pods and binds them. The extender reads the pod before a bind only when its cache
+    does not hold that very pod (not seen yet, or its UID differs: re-created under the same
+    name): the watch's copy keeps ``spec.schedulerName``, which decides whether the extender
+    may bind the pod at all (the service account has ``get`` on pods for the reads)."""
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
         """The pod as the API server has it now (None when it does not exist)."""

@@ -66,14 +66,16 @@ log = structlog.get_logger("gpufrag.cache")
 
 @dataclass(frozen=True, slots=True)
 class KnownPod:
-    """A pod as last seen: its request, the node it is bound to ('' = pending), its UID and
-    its controlling owner's UID (for placement hints)."""
+    """A pod as last seen: its request, the node it is bound to ('' = pending), its UID, its
+    controlling owner's UID (for placement hints) and its ``spec.schedulerName`` ('' when the
+    object has none), which the bind verb checks without reading the pod again."""
 
     request: PodRequest
     node: str
     uid: str
     owner: str
     gpus: tuple[int, ...] | None
+    scheduler_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,7 @@ class ClusterCache:
         self.state = ClusterState()
         self.pods: dict[str, KnownPod] = {}            # every non-terminal pod seen
         self.assumed: dict[str, float] = {}            # pod key -> deadline (clock seconds)
+        self.decided: set[str] = set()                 # assumed at filter, not bound yet
         self.orphans: dict[str, set[str]] = {}         # node name -> keys of pods bound to it
         self.unaccounted: dict[str, str] = {}          # pod key -> why it is not in the state
         # "pod ns/name" | "node name" -> the object left out of the state, and why. Not
@@ -209,6 +212,7 @@ class ClusterCache:
             for placement in self.state.remove_node(name):
                 key = pod_key(placement.pod)
                 self.assumed.pop(key, None)
+                self.decided.discard(key)
                 known = self.pods.get(key)
                 if known is not None and known.node == name:
                     self.orphans.setdefault(name, set()).add(key)
@@ -250,7 +254,8 @@ class ClusterCache:
                 return
             self._unskip("pod", [key])
             known = KnownPod(request=request, node=node_name_of(obj), uid=uid_of(obj),
-                             owner=owner_uid(obj), gpus=bound_gpus(obj, self.names))
+                             owner=owner_uid(obj), gpus=bound_gpus(obj, self.names),
+                             scheduler_name=_scheduler_name(obj))
             previous = self.pods.get(key)
             self.pods[key] = known
             if previous != known:
@@ -262,6 +267,7 @@ class ClusterCache:
                     self.state.remove_pod(key)
                 return
             self.assumed.pop(key, None)  # bound: the watch confirms (or corrects) the guess
+            self.decided.discard(key)
             self.reservations.pod_bound(key, known)
             current = self.state.pods.get(key)
             if current is not None:
@@ -329,6 +335,7 @@ class ClusterCache:
         if self.pods.pop(key, None) is not None:
             self.pod_changes += 1
         self.assumed.pop(key, None)
+        self.decided.discard(key)
         self.unaccounted.pop(key, None)
         self._drop_orphan(key)
         if key in self.state.pods:
@@ -359,16 +366,39 @@ class ClusterCache:
             self.pods_synced = True
 
     # ------------------------------------------------------------------ assumed placements
-    def assume(self, pod: PodRequest, row: int, gpus: tuple[int, ...]) -> Placement:
-        """Count a placement the extender is binding now, before the watch shows it."""
+    def assume(self, pod: PodRequest, row: int, gpus: tuple[int, ...], *,
+               decided: bool = False) -> Placement:
+        """Count a placement the extender is binding now, or (``decided``) has decided on at
+        filter, before the watch shows it; it lasts ``assume_ttl_s`` unless the watch shows
+        the pod bound, or it is confirmed (:meth:`confirm`) or forgotten first."""
         with self.lock:
             placement = self.state.place(pod, row, gpus)
-            self.assumed[pod_key(pod)] = self.clock() + self.assume_ttl_s
+            key = pod_key(pod)
+            self.assumed[key] = self.clock() + self.assume_ttl_s
+            if decided:
+                self.decided.add(key)
             return placement
+
+    def confirm(self, key: str) -> None:
+        """The bind of an assumed placement is being written: no longer a mere decision, and
+        its TTL starts again, so the watch has the whole of it to show the binding."""
+        with self.lock:
+            if key in self.assumed:
+                self.assumed[key] = self.clock() + self.assume_ttl_s
+                self.decided.discard(key)
+
+    def assumed_node(self, key: str) -> str:
+        """The node of the pod's assumed placement ('' when it has none)."""
+        with self.lock:
+            if key not in self.assumed:
+                return ""
+            placement = self.state.pods.get(key)
+            return placement.node if placement is not None else ""
 
     def forget(self, key: str) -> None:
         """Undo an assumption (the bind failed)."""
         with self.lock:
+            self.decided.discard(key)
             if self.assumed.pop(key, None) is not None and key in self.state.pods:
                 self.state.remove_pod(key)
             self.reservations.forgotten(key)
@@ -399,6 +429,12 @@ class ClusterCache:
         self.replace_nodes(nodes)
         self.replace_pods(pods)
         self.set_hints(hints)
+
+
+def _scheduler_name(obj: Obj) -> str:
+    spec = obj.get("spec")
+    name = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    return name if isinstance(name, str) else ""
 
 
 def _name_or_unknown(obj: Obj) -> str:

@@ -320,6 +320,16 @@ class ReservationBook:
         except BadInput:
             yield
             return
+        with self.lifted_for_pod(key, owner, uid):
+            yield
+
+    @contextlib.contextmanager
+    def lifted_for_pod(self, key: str, owner: str, uid: str) -> Iterator[None]:
+        """:meth:`lifted_for` for a pod known by its cache key, owner UID and UID (the
+        extender's bind, which has them from its cache without the object)."""
+        if not self.live:
+            yield
+            return
         now = self.clock()
         mine = [r for r in self.live.values() if r.admits(owner, uid) and r.expires > now]
         for r in mine:

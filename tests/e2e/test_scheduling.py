@@ -1,7 +1,7 @@
 """gpufrag-scheduler end to end: the real kube-scheduler calls our extender over HTTP, and the
 real API server stores the result.
 
-- placement: every pod lands on the node the extender ranked first, GPU annotations are
+- placement: every pod lands on the node the extender's filter decided on, GPU annotations are
   consistent, no GPU is over-committed, replicas of a model version co-locate up to the cap;
 - fragmentation: the same workload through the default scheduler and through ours;
 - failure: the extender stopped mid-run, with ``ignorable`` true and false.
@@ -70,7 +70,7 @@ def _stream(rng: random.Random) -> list[dict[str, object]]:
     return pods
 
 
-def test_every_pod_lands_where_the_extender_ranked_it_first(
+def test_every_pod_lands_where_the_extender_decided(
         control_plane: ControlPlane, extender: ExtenderProcess, namespace: str) -> None:
     nodes = make_nodes(control_plane, "place", PRODUCTS, per_product=4)
     core = kubernetes.client.CoreV1Api(control_plane.api_client())
@@ -81,8 +81,9 @@ def test_every_pod_lands_where_the_extender_ranked_it_first(
             core.create_namespaced_pod(namespace, body)
             placed[name] = bound_node(core, namespace, name)
 
-        ranked = {r["pod"]: r["node"] for r in extender.log_events("prioritize")
-                  if r["pod"].startswith(f"{namespace}/")}
+        # The deciding filter names its choice (the last one, where a pod was filtered again).
+        ranked = {r["pod"]: r["node"] for r in extender.log_events("filter")
+                  if r["pod"].startswith(f"{namespace}/") and "node" in r}
         for name, node in placed.items():
             assert ranked[f"{namespace}/{name}"] == node, name
 
@@ -107,7 +108,8 @@ def test_every_pod_lands_where_the_extender_ranked_it_first(
         # Model-version replicas co-locate, at most CAP per node.
         v1 = Counter(node for name, node in placed.items() if name.startswith("llm-v1"))
         assert max(v1.values()) == CAP and len(v1) == 3  # 7 replicas: 3 + 3 + 1
-        assert '_bucket{le="0.005",verb="prioritize"}' in extender.metrics()
+        assert '_bucket{le="0.005",verb="filter"}' in extender.metrics()
+        assert not list(extender.log_events("prioritize"))  # the decision needs no ranking
     finally:
         for name in [p.metadata.name for p in core.list_namespaced_pod(namespace).items]:
             core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
@@ -223,7 +225,7 @@ def test_extender_outage_ignorable_and_not(control_plane: ControlPlane, extender
         bound_node(core, namespace, "ign-up")
         pods = {p.metadata.name: p for p in core.list_namespaced_pod(namespace).items}
         assert all(p.spec.node_name for p in pods.values()) and len(pods) == 4
-        seen = {r["pod"] for r in extender.log_events("prioritize")}
+        seen = {r["pod"] for r in extender.log_events("filter")}
         assert f"{namespace}/ign-up" in seen and f"{namespace}/strict-down" in seen
         annotated = pods["strict-down"].metadata.annotations or {}
         assert cv.ANNOTATION_GPU_INDICES in annotated

@@ -177,8 +177,27 @@ def test_the_scheduler_name_is_the_configured_one() -> None:
     assert "not 'gpu-b'" in bind(runtime, "p1", "n0")["Error"]
 
 
-def test_the_pod_is_read_from_the_api_before_every_bind() -> None:
-    # The watch has shown the pod, but the API server is what decides (here: it is gone).
+def test_a_pod_the_cache_knows_by_its_uid_is_bound_without_a_read() -> None:
+    # The watch keeps the request and spec.schedulerName; kube-scheduler sends the UID, and a
+    # pod with that UID cannot have changed either: no GET before the bind.
+    binder = RecordingBinder()
+    runtime = serve([node("n0")], pending("p1"), binder=binder)
+    assert bind(runtime, "p1", "n0", "uid-p1") == {"Error": ""}
+    assert binder.reads == [] and [c.node for c in binder.calls] == ["n0"]
+
+
+def test_the_cached_scheduler_name_is_checked_too() -> None:
+    binder = RecordingBinder()
+    theirs = k8s_pod(pod("theirs"), scheduler_name="default-scheduler", uid="uid-theirs")
+    runtime = serve([node("n0")], [theirs], binder=binder)
+    assert "spec.schedulerName 'default-scheduler'" in bind(runtime, "theirs", "n0",
+                                                            "uid-theirs")["Error"]
+    assert binder.reads == [] and binder.calls == []
+
+
+def test_the_pod_is_read_from_the_api_when_the_bind_names_no_uid() -> None:
+    # Without a UID the cache's copy may be another pod of the same name: the API decides
+    # (here: it is gone).
     binder = RecordingBinder()
     runtime = serve([node("n0")], pending("p1"), binder=binder)
     del binder.pods["default/p1"]

@@ -68,9 +68,14 @@ BOUND = [pod_json("busy-0", node="gpu-b", gpu_indices="0"),
 PENDING = pod_json("infer-7d9f-abcde")
 
 
+FEASIBLE = make_config(filter={"answer": "feasible"})
+
+
 @pytest.fixture
 def runtime() -> Runtime:
-    return serve(NODES, [*BOUND, PENDING])
+    """The filter answering every node the pod fits (``filter.answer: feasible``): the wire
+    contract in full. The deciding filter is pinned in test_filter_decides.py."""
+    return serve(NODES, [*BOUND, PENDING], config=FEASIBLE)
 
 
 def test_filter_node_names_mode(runtime: Runtime) -> None:

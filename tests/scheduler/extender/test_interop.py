@@ -85,7 +85,7 @@ def test_memory_shares_convert_per_node_in_filter_and_state() -> None:
     state.place(share, "small", (0,))
     state.place(PodRequest("t", num_gpu=1, gpu_memory_mib=6_000), "big", (0,))
     assert state.gpu_free[0, 0] == 250 and state.gpu_free[1, 0] == 925
-    runtime = serve(nodes, config=make_config(names=HAMI))
+    runtime = serve(nodes, config=make_config(names=HAMI, filter={"answer": "feasible"}))
     _, reply = post(runtime.app.test_client(), "/filter",
                     {"Pod": k8s("h", {**HAMI_POD, "nvidia.com/gpumem": "12000"}),
                      "NodeNames": ["small", "big", "unlabelled"]})

@@ -1,13 +1,15 @@
-"""Replay a few hundred pods through the extender (prioritize over HTTP, then bind) and through
-the core's ``choose`` on the same state: the one node the extender gives 10 is the core's node,
-and bind takes the core's GPUs. From the openb trace when ../shared/data has it, else from the
-synthetic generator of the same shape."""
+"""Replay a few hundred pods through the extender (prioritize over HTTP, or the deciding filter,
+then bind) and through the core's ``choose`` on the same state: the one node the extender gives
+10, or the one its filter answers with, is the core's node, and bind takes the core's GPUs.
+From the openb trace when ../shared/data has it, else from the synthetic generator of the same
+shape."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import orjson
+import pytest
 
 from scheduler.core import ClusterState, NodeSpec, PodRequest, ScoreCache, TargetWorkload, choose
 from scheduler.kube.convert import node_to_k8s, pod_to_k8s
@@ -36,7 +38,8 @@ def _fields(p: PodRequest) -> dict[str, object]:
     return {f: getattr(p, f) for f in p.__slots__}
 
 
-def test_extender_picks_the_core_node_and_gpus_for_every_pod() -> None:
+@pytest.mark.parametrize("verb", ["prioritize", "filter"])
+def test_extender_picks_the_core_node_and_gpus_for_every_pod(verb: str) -> None:
     nodes, pods = trace()
     binder = RecordingBinder()
     runtime = serve(nodes, [k8s_pod(p) for p in pods], binder=binder)
@@ -53,9 +56,13 @@ def test_extender_picks_the_core_node_and_gpus_for_every_pod() -> None:
         # Every tenth request in Nodes mode (nodeCacheCapable: false), the rest NodeNames.
         args = ({"Pod": pod_to_k8s(pod), "Nodes": {"items": node_objs}} if i % 10 == 0 else
                 {"Pod": pod_to_k8s(pod), "NodeNames": names})
-        status, reply = post(client, "/prioritize", orjson.dumps(args))
+        status, reply = post(client, f"/{verb}", orjson.dumps(args))
         assert status == 200
-        tens = [h["Host"] for h in reply if h["Score"] == 10]
+        if verb == "prioritize":
+            tens = [h["Host"] for h in reply if h["Score"] == 10]
+        else:  # the decision alone, in the form asked
+            tens = (reply["NodeNames"] if "NodeNames" in args else
+                    [n["metadata"]["name"] for n in reply["Nodes"]["items"]])
         if decision is None:
             assert tens == [], f"pod {i} fits nowhere, yet the extender ranks {tens}"
             continue

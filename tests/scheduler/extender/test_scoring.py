@@ -86,7 +86,8 @@ def affinity_runtime(bound: list[dict[str, Any]], clock: FakeClock | None = None
                      **affinity: Any) -> Any:
     return serve([node(n, gpu_count=4) for n in NAMES], bound, clock=clock,
                  config=make_config(affinity=affinity, weights={"policy": 1.0,
-                                                                "affinity": 2.0}))
+                                                                "affinity": 2.0},
+                                    filter={"answer": "feasible"}))
 
 
 def test_same_version_beats_other_version_beats_nothing() -> None:

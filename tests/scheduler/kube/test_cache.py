@@ -252,3 +252,39 @@ def test_expire_only_drops_unconfirmed_assumptions(cache: ClusterCache,
     clock.advance(11)
     assert cache.expire() == ["default/a"]
     assert set(cache.state.pods) == {"default/b"}
+
+
+def test_a_decision_is_confirmed_by_its_bind_and_restarts_its_ttl(cache: ClusterCache,
+                                                                  clock: FakeClock) -> None:
+    cache.assume_ttl_s = 10
+    cache.apply_pod(gpu_pod("a"))
+    cache.assume(pod("a", namespace="default"), 0, (2,), decided=True)
+    assert cache.decided == {"default/a"} and cache.assumed_node("default/a") == "n0"
+    clock.advance(8)
+    cache.confirm("default/a")
+    assert cache.decided == set()
+    clock.advance(8)
+    assert cache.expire() == []  # 16 s after the decision, 8 after the bind
+    clock.advance(2)
+    assert cache.expire() == ["default/a"] and cache.assumed_node("default/a") == ""
+
+
+def test_a_decision_goes_with_the_watch_or_the_pod(cache: ClusterCache) -> None:
+    for name in ("bound", "gone"):
+        cache.apply_pod(gpu_pod(name))
+        cache.assume(pod(name, namespace="default"), 0, (0,) if name == "bound" else (1,),
+                     decided=True)
+    cache.apply_pod(gpu_pod("bound", "n0", (0,)))  # the watch shows it bound
+    cache.delete_pod("default/gone")
+    assert cache.decided == set() and cache.assumed == {}
+    assert set(cache.state.pods) == {"default/bound"}
+
+
+def test_the_scheduler_name_is_kept_with_the_pod(cache: ClusterCache) -> None:
+    theirs = pod_to_k8s(pod("theirs"), scheduler_name="other")
+    unnamed = gpu_pod("unnamed")
+    unnamed["spec"].pop("schedulerName", None)
+    cache.apply_pod(theirs)
+    cache.apply_pod(unnamed)
+    assert cache.pods["default/theirs"].scheduler_name == "other"
+    assert cache.pods["default/unnamed"].scheduler_name == ""

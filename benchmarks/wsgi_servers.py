@@ -1,0 +1,166 @@
+"""The extender's Flask app under gunicorn (the production server) and under granian (a
+Rust WSGI server), side by side on the same snapshot, for kube-scheduler's traffic: many
+short POSTs, and about half of them on a new connection (kube-scheduler keeps only two idle
+connections to an extender).
+
+    python -m benchmarks.wsgi_servers [--size 1000] [--requests 400] [--clients 4]
+
+For each server: sequential filter latency on one keep-alive connection, the same with a new
+connection per request, and requests/s with several client processes that open a new
+connection for every other request. The app, its state and the request bodies are the same;
+only the server differs. The target the figures are read against is gunicorn's, in the same
+run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import importlib.util
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.extender_latency import (
+    build_cluster,
+    call,
+    free_port,
+    ms,
+    request_bodies,
+    sequential,
+    start_server,
+    stop_server,
+)
+from scheduler.extender.config import load_config
+from scheduler.extender.runtime import snapshot_runtime
+from scheduler.kube.snapshot import read_snapshot
+
+SNAPSHOT_ENV = "GPUFRAG_BENCH_SNAPSHOT"
+
+
+def granian_app() -> object:
+    """The extender's app over the snapshot named by ``GPUFRAG_BENCH_SNAPSHOT`` (granian's
+    ``--factory`` target): what ``gpufrag extender --cluster-snapshot`` serves, without bind."""
+    config = load_config(overrides=[("bind.enabled", "false"), ("hints.enabled", "false")])
+    runtime = snapshot_runtime(read_snapshot(os.environ[SNAPSHOT_ENV]), config)
+    runtime.start()
+    return runtime.app
+
+
+def start_granian(snapshot: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "granian", "--interface", "wsgi", "--factory",
+               "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+               "--blocking-threads", str(threads), "--no-access-log", "--log-level", "warning",
+               "benchmarks.wsgi_servers:granian_app"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True, env={**os.environ,
+                                                           SNAPSHOT_ENV: str(snapshot)})
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"granian exited with {server.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                conn.close()
+                return server
+            conn.close()
+        except OSError:
+            pass
+        time.sleep(0.2)
+    os.killpg(server.pid, signal.SIGKILL)
+    raise RuntimeError("granian not ready in time")
+
+
+def fresh_connections(port: int, bodies: list[bytes], count: int) -> np.ndarray:
+    """Sequential filters, each on a new connection (connect time included)."""
+    times = []
+    for i in range(count):
+        started = time.perf_counter()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        call(conn, "/filter", bodies[i % len(bodies)])
+        conn.close()
+        times.append(time.perf_counter() - started)
+    return np.array(times)
+
+
+def _client(port: int, bodies: list[bytes], duration_s: float, start_at: float,
+            queue: multiprocessing.Queue[int]) -> None:
+    while time.time() < start_at:
+        time.sleep(0.001)
+    end, done = time.time() + duration_s, 0
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    while time.time() < end:
+        if done % 2:  # every other request on a new connection, as kube-scheduler's pool
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        call(conn, "/filter", bodies[done % len(bodies)])
+        done += 1
+    conn.close()
+    queue.put(done)
+
+
+def saturation(port: int, bodies: list[bytes], clients: int, duration_s: float) -> float:
+    queue: multiprocessing.Queue[int] = multiprocessing.Queue()
+    start_at = time.time() + 1.0
+    procs = [multiprocessing.Process(target=_client, args=(port, bodies, duration_s, start_at,
+                                                           queue)) for _ in range(clients)]
+    for p in procs:
+        p.start()
+    total = sum(queue.get() for _ in procs)
+    for p in procs:
+        p.join()
+    return total / duration_s
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=int, default=1000)
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--duration-s", type=float, default=5.0)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    if importlib.util.find_spec("granian") is None:
+        print("wsgi_servers: granian is not installed (pip install granian); it is measured "
+              "here only, not a dependency of gpufrag", file=sys.stderr)
+        return 2
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="gpufrag-bench-") as folder:
+        cluster = build_cluster(args.size, 0.75, args.seed, Path(folder))
+        for name in ("gunicorn", "granian"):
+            port = free_port()
+            server = (start_server(cluster.snapshot, port, args.threads, "info", "decide")
+                      if name == "gunicorn" else
+                      start_granian(cluster.snapshot, port, args.threads))
+            try:
+                bodies = request_bodies(cluster, port, args.seed + 7)[0]
+                kept = sequential(port, "/filter", bodies, args.requests)
+                fresh = fresh_connections(port, bodies, args.requests)
+                rps = saturation(port, bodies, args.clients, args.duration_s)
+            finally:
+                stop_server(server)
+            results[name] = (kept, fresh, rps)
+    print(f"the extender's app, {args.size} nodes, filter (decide), {os.cpu_count()} CPUs, "
+          f"{args.threads} threads, log level info:")
+    print(f"  {'server':<10} {'keep-alive p50/p99 ms':>22} {'new conn. p50/p99 ms':>21} "
+          f"{'req/s (4 clients, half new conn.)':>34}")
+    for name, (kept, fresh, rps) in results.items():
+        print(f"  {name:<10} {ms(kept, 50):>10.2f} / {ms(kept, 99):<9.2f} "
+              f"{ms(fresh, 50):>9.2f} / {ms(fresh, 99):<9.2f} {rps:>20.0f} "
+              f"({rps / results['gunicorn'][2]:.2f} x gunicorn)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The deciding filter (``filter.answer: decide``, the default): the choice in ``NodeNames``,
+its GPUs assumed at filter so the next pod's filter sees them, confirmed by the bind,
+released by a bind elsewhere, a new filter of the same pod, or the TTL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.core import ClusterState, choose
+from scheduler.extender.runtime import Runtime
+from tests.builders import node, pod
+from tests.scheduler.extender.helpers import (
+    FakeClock,
+    RecordingBinder,
+    k8s_pod,
+    make_config,
+    post,
+    serve,
+)
+
+NAMES = ["n0", "n1", "n2"]
+
+
+def filtered(runtime: Runtime, pod_obj: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    status, reply = post(runtime.app.test_client(), "/filter",
+                         {"Pod": pod_obj, "Nodes": None, "NodeNames": names})
+    assert status == 200, reply
+    result: dict[str, Any] = reply
+    return result
+
+
+def bind(runtime: Runtime, name: str, node_name: str) -> dict[str, Any]:
+    status, reply = post(runtime.app.test_client(), "/bind", {
+        "PodName": name, "PodNamespace": "default", "PodUID": f"uid-{name}",
+        "Node": node_name})
+    assert status == 200
+    result: dict[str, Any] = reply
+    return result
+
+
+def pending(name: str, **overrides: Any) -> dict[str, Any]:
+    return k8s_pod(pod(name, **overrides), uid=f"uid-{name}")
+
+
+def test_the_answer_is_the_core_choice_alone_and_its_gpus_are_assumed() -> None:
+    nodes = [node(n, gpu_count=2) for n in NAMES]
+    bound = [k8s_pod(pod("half", gpu_milli=500), node="n1", gpus=(0,))]
+    request = pod("p", gpu_milli=500)
+    runtime = serve(nodes, [*bound, pending("p", gpu_milli=500)])
+    reply = filtered(runtime, pending("p", gpu_milli=500), NAMES)
+
+    expected_state = ClusterState(nodes)
+    expected_state.place(pod("half", gpu_milli=500), "n1", (0,))
+    expected = choose(expected_state, runtime.extender.scorer.policy, request)
+    assert expected is not None
+    assert reply == {"Nodes": None, "NodeNames": [expected.node], "FailedNodes": {},
+                     "FailedAndUnresolvableNodes": {}, "Error": ""}
+    placed = runtime.cache.state.pods["default/p"]
+    assert (placed.node, placed.gpus) == (expected.node, expected.gpus)
+    assert runtime.cache.assumed_node("default/p") == expected.node
+
+
+def test_the_next_pods_filter_sees_the_decision() -> None:
+    # Two 1-GPU nodes, two 1-GPU pods, no bind in between: the second filter must not pick
+    # the GPU the first one was given.
+    runtime = serve([node("n0", gpu_count=1), node("n1", gpu_count=1)],
+                    [pending("a"), pending("b")])
+    first = filtered(runtime, pending("a"), ["n0", "n1"])["NodeNames"]
+    second = filtered(runtime, pending("b"), ["n0", "n1"])["NodeNames"]
+    assert sorted(first + second) == ["n0", "n1"]
+    assert bind(runtime, "b", second[0]) == {"Error": ""}
+    assert bind(runtime, "a", first[0]) == {"Error": ""}
+
+
+def test_bind_confirms_the_decision_with_the_same_gpus(clock: FakeClock) -> None:
+    binder = RecordingBinder()
+    runtime = serve([node("n0", gpu_count=4)], [pending("p", gpu_milli=300)], clock=clock,
+                    binder=binder, config=make_config(bind={"assume_ttl_s": 10}))
+    filtered(runtime, pending("p", gpu_milli=300), ["n0"])
+    decided = runtime.cache.state.pods["default/p"].gpus
+    clock.advance(8)
+    assert bind(runtime, "p", "n0") == {"Error": ""}
+    assert binder.calls[0].gpus == decided
+    assert "default/p" not in runtime.cache.decided
+    clock.advance(8)  # past the filter's deadline, not the bind's: the TTL started again
+    assert runtime.cache.expire() == []
+    clock.advance(3)
+    assert runtime.cache.expire() == ["default/p"]
+
+
+def test_a_bind_elsewhere_releases_the_decision() -> None:
+    binder = RecordingBinder()
+    runtime = serve([node("n0", gpu_count=1), node("n1", gpu_count=1)], [pending("p")],
+                    binder=binder)
+    decided = filtered(runtime, pending("p"), ["n0", "n1"])["NodeNames"][0]
+    other = "n1" if decided == "n0" else "n0"
+    assert bind(runtime, "p", other) == {"Error": ""}
+    assert [c.node for c in binder.calls] == [other]
+    assert runtime.cache.state.pods["default/p"].node == other
+    row = runtime.cache.state.index[decided]
+    assert int(runtime.cache.state.gpu_free[row, 0]) == 1000  # nothing left behind
+
+
+def test_the_decision_expires_after_the_ttl(clock: FakeClock) -> None:
+    runtime = serve([node("n0", gpu_count=1)], [pending("p")], clock=clock,
+                    config=make_config(bind={"assume_ttl_s": 5}))
+    filtered(runtime, pending("p"), ["n0"])
+    assert runtime.cache.counts()["pods_assumed"] == 1
+    clock.advance(5)
+    runtime.extender.maintain()
+    assert runtime.cache.counts()["pods_assumed"] == 0
+    assert "default/p" not in runtime.cache.state.pods and not runtime.cache.decided
+
+
+def test_filtering_the_same_pod_again_decides_afresh_without_counting_it_twice() -> None:
+    runtime = serve([node("n0", gpu_count=1)], [pending("p")])
+    assert filtered(runtime, pending("p"), ["n0"])["NodeNames"] == ["n0"]
+    assert filtered(runtime, pending("p"), ["n0"])["NodeNames"] == ["n0"]
+    assert runtime.cache.counts()["pods_assumed"] == 1
+
+
+def test_when_nothing_fits_every_node_keeps_its_reason() -> None:
+    # What preemption reads: only nodes listed in FailedNodes are candidates for it.
+    runtime = serve([node("n0", gpu_count=1), node("cpu", gpu_count=0, gpu_product="")],
+                    [k8s_pod(pod("busy"), node="n0", gpus=(0,)), pending("p")])
+    reply = filtered(runtime, pending("p"), ["n0", "cpu", "new"])
+    assert reply["NodeNames"] == []
+    assert reply["FailedNodes"] == {
+        "n0": "needs 1 free GPUs, has 0",
+        "new": "node not yet known to the gpufrag extender (its watch is behind); retry"}
+    assert reply["FailedAndUnresolvableNodes"] == {"cpu": "needs 1 GPUs, node has 0"}
+    assert runtime.cache.counts()["pods_assumed"] == 0
+
+
+def test_filter_nodes_answers_the_best_few_best_first_and_assumes_the_best() -> None:
+    nodes = [node(n, gpu_count=2) for n in NAMES]
+    runtime = serve(nodes, [pending("p", gpu_milli=500)],
+                    config=make_config(filter={"nodes": 2}))
+    reply = filtered(runtime, pending("p", gpu_milli=500), NAMES)
+    assert len(reply["NodeNames"]) == 2
+    status, scores = post(runtime.app.test_client(), "/prioritize",
+                          {"Pod": pending("p", gpu_milli=500), "NodeNames": NAMES})
+    assert status == 200
+    # The assumed node stays the top one in prioritize (the state holds the pod there now).
+    best = runtime.cache.assumed_node("default/p")
+    assert best in reply["NodeNames"]
+    assert {h["Host"]: h["Score"] for h in scores}[best] == 10
+
+
+def test_a_cpu_only_pod_passes_every_node_and_assumes_nothing() -> None:
+    runtime = serve([node(n) for n in NAMES], [pending("web", num_gpu=0, gpu_milli=0)])
+    reply = filtered(runtime, pending("web", num_gpu=0, gpu_milli=0), NAMES)
+    assert reply["NodeNames"] == NAMES and runtime.cache.counts()["pods_assumed"] == 0
+
