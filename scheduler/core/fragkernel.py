@@ -94,5 +94,8 @@ def compiled() -> Kernel | None:
         except ImportError:
             _state["kernel"] = None
         else:
-            _state["kernel"] = numba.njit(cache=True, nogil=True)(_frag_rows)
+            try:
+                _state["kernel"] = numba.njit(cache=True, nogil=True)(_frag_rows)
+            except RuntimeError:  # no writable cache location anywhere: compile each start
+                _state["kernel"] = numba.njit(nogil=True)(_frag_rows)
     return _state["kernel"]

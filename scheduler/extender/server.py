@@ -475,6 +475,10 @@ def gunicorn_options(server: ServerConfig) -> dict[str, Any]:
         "forwarder_headers": "",
         "errorlog": "-",
         "loglevel": "warning",
+        # gunicorn 27's control socket defaults under $HOME, which the image's user does not
+        # have (read-only root, HOME=/nonexistent): it logged a non-JSON error line at start.
+        # The extender is controlled by signals and its probes, never through that socket.
+        "control_socket_disable": True,
         "proc_name": "gpufrag-extender",
     }
     if server.tls:
