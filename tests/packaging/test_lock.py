@@ -41,7 +41,9 @@ def read_lock(text: str) -> dict[str, Pin]:
         line = raw.split("#", 1)[0].strip().removesuffix("\\").strip()
         if not line:
             continue
-        if m := re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)", line):
+        # An environment marker may follow the pin (pip-compile keeps pyproject's, e.g. uvloop's
+        # ``sys_platform != "win32"``); the image is Linux, where every marked pin applies.
+        if m := re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;]+)(?:\s*;\s*[^;]+)?", line):
             current = pins.setdefault(canonicalize_name(m.group(1)), Pin(m.group(2)))
         elif (m := re.fullmatch(r"--hash=sha256:([0-9a-f]{64})", line)) and current is not None:
             current.hashes.append(m.group(1))
