@@ -246,6 +246,24 @@ def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
     )
 
 
+def milli_memory_mib(milli: int, gpu_memory_total_mib: int) -> int:
+    """The GPU memory a share of ``milli`` milli-GPU stands for on a GPU of
+    ``gpu_memory_total_mib`` (floored): what the device plugin hands a share container as its
+    memory limit and what the node agent holds the pod's measured memory against."""
+    return gpu_memory_total_mib * milli // MILLI_PER_GPU
+
+
+def share_memory_mib(pod: PodRequest, gpu_memory_total_mib: int) -> int | None:
+    """The GPU memory ``pod`` may use on its one GPU (of ``gpu_memory_total_mib``): the memory
+    it asks for (``names.gpu_memory``), else its milli share of the GPU's memory; None for a
+    pod that is not a share (whole GPUs, or no GPU), which has no limit below the GPU's own."""
+    if pod.gpu_memory_mib:
+        return pod.gpu_memory_mib
+    if not pod.is_share:
+        return None
+    return milli_memory_mib(pod.gpu_milli, gpu_memory_total_mib)
+
+
 def bound_gpus(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> tuple[int, ...] | None:
     """The GPU indices recorded on a pod at bind (None when absent or malformed)."""
     text = annotations_of(obj).get(names.annotation_gpu_indices)
