@@ -278,7 +278,8 @@ class Extender:
                               "of its own scheduler")
 
     def _device_plugin_annotations(self, request: PodRequest, gpus: tuple[int, ...],
-                                   node: str, row: int) -> dict[str, str]:
+                                   node: str, row: int, obj: Mapping[str, Any]
+                                   ) -> dict[str, str]:
         """What ``names.device_plugin``'s device plugin reads, besides the GPU indices."""
         names = self.config.names
         if names.device_plugin == "gpufrag" or not request.wants_gpu:
@@ -289,7 +290,7 @@ class Extender:
             gpu_memory_mib = int(self.cache.state.gpu_memory_mib[row])
         return device_plugin_annotations(names, request, gpus, node=node,
                                          gpu_memory_mib=gpu_memory_mib, node_obj=node_obj,
-                                         now_ns=int(self.clock() * 1e9))
+                                         now_ns=int(self.clock() * 1e9), pod_obj=obj)
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindOutcome:
         """Choose the GPUs on ``node``, count the placement at once, bind (with the GPUs).
@@ -335,7 +336,7 @@ class Extender:
                 gpus = decision.gpus
                 self.cache.assume(request, row, gpus)
         try:
-            extra = self._device_plugin_annotations(request, gpus, node, row)
+            extra = self._device_plugin_annotations(request, gpus, node, row, obj)
             self.binder.bind(namespace, name, uid, node, gpus if request.wants_gpu else None,
                              **({"extra": extra} if extra else {}))
         except (BindError, UnsupportedRequest) as e:
