@@ -1,6 +1,8 @@
 """GPU placement made real on a real node: the kubelet's device manager and ``gpufrag
 device-plugin`` (recorded NVML readings) over the real unix sockets.
 
+- kube-scheduler with the gpufrag extender places a whole-GPU pod and two shares; every
+  container gets exactly the GPU the extender chose, and the two shares share one;
 - two share pods placed on one GPU are admitted and both containers get that GPU's UUID;
 - a GPU that goes unhealthy (its recording starts failing ``nvmlDeviceGetMemoryInfo`` with
   ``GpuIsLost``, as after an XID 79) is reported: the kubelet takes it out of the Node's
@@ -8,9 +10,9 @@ device-plugin`` (recorded NVML readings) over the real unix sockets.
 - the kubelet restarts (its socket directory wiped, a new ``kubelet.sock``): the plugin notices,
   registers again, and a new pod gets its GPU.
 
-The pods carry ``gpufrag.io/gpu-indices`` as gpufrag-scheduler's bind writes it (the bind itself
-is tested against kube-scheduler in tests/e2e/test_scheduling.py); ``spec.nodeName`` stands in
-for the binding. The tests share one node and one plugin, in file order.
+After the first test the pods carry ``gpufrag.io/gpu-indices`` as gpufrag-scheduler's bind
+writes it, with ``spec.nodeName`` standing in for the binding, so each test chooses the GPU it
+is about. The tests share one node and one plugin, in file order.
 """
 
 from __future__ import annotations
@@ -29,10 +31,17 @@ import pytest
 from kubernetes.utils import parse_quantity
 
 from defrag.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
-from devkit.controlplane import ControlPlane
+from devkit.controlplane import NOT_READY_TAINT, ControlPlane
+from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.node import BUSYBOX_IMAGE, Node
 from devkit.procs import ComponentProcess, wait_until
-from gpufrag.conventions import ANNOTATION_GPU_INDICES, RESOURCE_GPU, RESOURCE_GPU_MILLI
+from devkit.stack import bound_node
+from gpufrag.conventions import (
+    ANNOTATION_GPU_INDICES,
+    RESOURCE_GPU,
+    RESOURCE_GPU_MILLI,
+    SCHEDULER_NAME,
+)
 
 UUIDS = ("GPU-9a7e0c11-0000-4000-8000-00000000000a", "GPU-9a7e0c11-0000-4000-8000-00000000000b")
 A100_BYTES = 85_899_345_920  # 81920 MiB
@@ -120,18 +129,29 @@ def _wait_allocatable(core: kubernetes.client.CoreV1Api, node: Node, plugin: Plu
         raise
 
 
-def _placed_pod(name: str, node: Node, resource: str, count: str, gpus: str) -> dict[str, Any]:
-    """A pod as gpufrag-scheduler binds it: on ``node``, GPUs ``gpus`` recorded; its container
-    prints its GPU environment, then sleeps."""
+def _gpu_pod(name: str, resource: str, count: str, *, node: Node | None = None,
+             gpus: str = "") -> dict[str, Any]:
+    """A pod asking ``count`` of ``resource``, whose container prints its GPU environment,
+    then sleeps. With ``node``: bound there with GPUs ``gpus`` recorded, as gpufrag-scheduler's
+    bind leaves it; without: for gpufrag-scheduler to place."""
     limits = {resource: count}
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "annotations": {ANNOTATION_GPU_INDICES: gpus}},
-            "spec": {"nodeName": node.name, "terminationGracePeriodSeconds": 1,
-                     "containers": [{
-                         "name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                         "command": ["/bin/sh", "-c",
-                                     "env | grep -e NVIDIA_ -e GPUFRAG_ | sort; sleep 3600"],
-                         "resources": {"limits": limits, "requests": limits}}]}}
+    pod: dict[str, Any] = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"schedulerName": SCHEDULER_NAME, "terminationGracePeriodSeconds": 1,
+                 "containers": [{
+                     "name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                     "command": ["/bin/sh", "-c",
+                                 "env | grep -e NVIDIA_ -e GPUFRAG_ | sort; sleep 3600"],
+                     "resources": {"limits": limits, "requests": limits}}]}}
+    if node is not None:
+        pod["spec"]["nodeName"] = node.name
+        pod["metadata"]["annotations"] = {ANNOTATION_GPU_INDICES: gpus}
+    else:
+        # The dev plane runs no node-lifecycle controller, so nothing lifts the not-ready taint
+        # admission put on the new Node (devkit/controlplane.py); the kubelet says it is Ready.
+        pod["spec"]["tolerations"] = [{"key": NOT_READY_TAINT, "operator": "Exists",
+                                       "effect": "NoSchedule"}]
+    return pod
 
 
 def _settled(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
@@ -173,13 +193,53 @@ def _given(pod: kubernetes.client.V1Pod) -> dict[str, list[str]]:
     return given
 
 
+def test_pods_placed_by_gpufrag_scheduler_get_exactly_the_gpus_it_chose(
+        node: Node, node_plane: ControlPlane, node_namespace: str, plugin: Plugin,
+        tmp_path: Path) -> None:
+    """kube-scheduler with the extender places a whole-GPU pod and two shares on this node's
+    two GPUs; the kubelet admits them and each container's environment names exactly the GPU
+    the extender recorded. The shares end up together on the GPU the whole pod left."""
+    core = _core(node_plane)
+    _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")
+    extender = ExtenderProcess(node_plane, tmp_path / "extender.log").start()
+    chosen: dict[str, int] = {}
+    try:
+        node_plane.start_scheduler("gpufrag", gpufrag_scheduler_config(extender.url))
+        for name, resource, count in (("whole", RESOURCE_GPU, "1"),
+                                      ("share-1", RESOURCE_GPU_MILLI, "300"),
+                                      ("share-2", RESOURCE_GPU_MILLI, "300")):
+            core.create_namespaced_pod(node_namespace, _gpu_pod(name, resource, count))
+            try:
+                assert bound_node(core, node_namespace, name) == node.name
+            except TimeoutError:
+                status = core.read_namespaced_pod(name, node_namespace).status
+                print(status.conditions, extender.log_path.read_text()[-3000:],
+                      node_plane.schedulers["gpufrag"].log_tail())
+                raise
+            annotations = core.read_namespaced_pod(name, node_namespace).metadata.annotations
+            chosen[name] = int(annotations[ANNOTATION_GPU_INDICES])
+    finally:
+        node_plane.stop_scheduler("gpufrag")
+        extender.stop()
+    assert chosen["share-1"] == chosen["share-2"] != chosen["whole"], chosen
+    for name, index in chosen.items():
+        pod = _settled(core, node_namespace, name, plugin)
+        assert pod.status.phase == "Running", (name, pod.status.reason, pod.status.message)
+        assert wait_until(lambda n=name: _given(core.read_namespaced_pod(n, node_namespace))
+                          or None, timeout_s=20, what=f"{name}'s allocation mark") == {
+            "main": [UUIDS[index]]}
+        if node.runtime == "containerd":
+            assert _environment(node, node_namespace, name)["NVIDIA_VISIBLE_DEVICES"] == \
+                UUIDS[index]
+
+
 def test_two_share_pods_on_one_gpu_get_the_same_uuid(
         node: Node, node_plane: ControlPlane, node_namespace: str, plugin: Plugin) -> None:
     core = _core(node_plane)
     _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")
     for name in ("share-a", "share-b"):
         core.create_namespaced_pod(node_namespace,
-                                   _placed_pod(name, node, RESOURCE_GPU_MILLI, "300", "1"))
+                                   _gpu_pod(name, RESOURCE_GPU_MILLI, "300", node=node, gpus="1"))
     for name in ("share-a", "share-b"):
         pod = _settled(core, node_namespace, name, plugin)
         assert pod.status.phase == "Running", (name, pod.status.reason, pod.status.message)
@@ -202,7 +262,7 @@ def test_an_unhealthy_gpu_is_reported_and_gets_no_new_pod(
         # ListAndWatch reports GPU 0's devices Unhealthy; the kubelet offers only GPU 1.
         _wait_allocatable(core, node, plugin, (1, 1000), "GPU 0 out of the Node's allocatable")
         core.create_namespaced_pod(node_namespace,
-                                   _placed_pod("on-lost-gpu", node, RESOURCE_GPU, "1", "0"))
+                                   _gpu_pod("on-lost-gpu", RESOURCE_GPU, "1", node=node, gpus="0"))
         pod = _settled(core, node_namespace, "on-lost-gpu", plugin)
         # A healthy GPU was free (GPU 1), but the extender chose GPU 0: no container gets a GPU
         # it was not given, so admission fails, with the plugin's reason in the pod's status.
@@ -233,7 +293,7 @@ def test_the_plugin_registers_again_after_a_kubelet_restart(
                timeout_s=30, what="the plugin to register both resources again")
     _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs advertised again")
     core.create_namespaced_pod(node_namespace,
-                               _placed_pod("after-restart", node, RESOURCE_GPU, "1", "0"))
+                               _gpu_pod("after-restart", RESOURCE_GPU, "1", node=node, gpus="0"))
     pod = _settled(core, node_namespace, "after-restart", plugin)
     assert pod.status.phase == "Running", (pod.status.reason, pod.status.message)
     assert _given(core.read_namespaced_pod("after-restart", node_namespace)) == {
