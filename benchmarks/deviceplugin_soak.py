@@ -42,6 +42,7 @@ from typing import Any
 import grpc
 
 from benchmarks.deviceplugin_allocate import MemoryPods, NoWrites
+from benchmarks.procstat import cpu_seconds
 from defrag.deviceplugin import cli
 from defrag.deviceplugin.api import (
     HEALTHY,
@@ -245,6 +246,7 @@ def soak(args: argparse.Namespace, folder: Path) -> int:
                    timeout_s=10 * args.health_interval_s + 10,
                    what="the streams to show the last health change")
         final = sample(process.pid)
+        cpu_s = cpu_seconds(process.pid)
         # Before the plugin is stopped (which ends the streams, as it should).
         ended = [f"{s.resource} stream ended early: {s.ended}" for s in kubelet.streams
                  if s.ended]
@@ -268,7 +270,8 @@ def soak(args: argparse.Namespace, folder: Path) -> int:
           f"({growth_mib:+.2f} MiB, slope {slope:+.1f} KiB per 1000 changes; "
           f"limit {args.max_rss_growth_mib} MiB); fds {reference.fds} -> {final.fds} "
           f"({final.fds - reference.fds:+d}); threads {reference.threads} -> {final.threads} "
-          f"({final.threads - reference.threads:+d})")
+          f"({final.threads - reference.threads:+d}); plugin CPU {cpu_s:.1f} s "
+          f"({1000 * cpu_s / max(flips, 1):.1f} ms per change)")
     ok = (growth_mib < args.max_rss_growth_mib
           and final.fds - reference.fds <= MAX_FD_GROWTH
           and final.threads - reference.threads <= MAX_THREAD_GROWTH and not problems)
