@@ -61,14 +61,16 @@ class AgentMetrics:
         )
         self.share_bytes = Gauge(
             "gpufrag_pod_gpu_memory_share_bytes",
-            "GPU memory a share pod may use on one GPU: what it asked, or its milli-GPU share "
-            "of the GPU's memory (0 on a GPU not recorded for it). Share pods only.",
+            "GPU memory a pod may use on one GPU: a share pod's ask, or its milli-GPU share of "
+            "the GPU's memory; 0 on a GPU not recorded for the pod. Pods with recorded GPUs "
+            "only (whole-GPU pods only where they hold memory on a GPU not theirs).",
             _POD_GPU_LABELS, registry=r,
         )
         self.over_share = Gauge(
             "gpufrag_agent_gpu_memory_over_share",
-            "1 while a share pod's GPU memory on one GPU exceeds its share (for N readings in "
-            "a row), else 0. Share pods only.", _POD_GPU_LABELS, registry=r,
+            "1 while a pod's GPU memory on one GPU has exceeded its share there for N readings "
+            "in a row, else 0 (same pods as gpufrag_pod_gpu_memory_share_bytes).",
+            _POD_GPU_LABELS, registry=r,
         )
         self.reads = Counter("gpufrag_agent_nvml_reads", "NVML readings by result.",
                              ("result",), registry=r)
