@@ -8,7 +8,9 @@ device-plugin`` (recorded NVML readings) over the real unix sockets.
   ``GpuIsLost``, as after an XID 79) is reported: the kubelet takes it out of the Node's
   allocatable, and a pod the extender had put on it is refused at admission with the reason;
 - the kubelet restarts (its socket directory wiped, a new ``kubelet.sock``): the plugin notices,
-  registers again, and a new pod gets its GPU.
+  registers again, and a new pod gets its GPU;
+- the node agent, reading the real cgroups of running share pods, reports the one holding more
+  GPU memory than its share.
 
 After the first test the pods carry ``gpufrag.io/gpu-indices`` as gpufrag-scheduler's bind
 writes it, with ``spec.nodeName`` standing in for the binding, so each test chooses the GPU it
@@ -30,6 +32,7 @@ import kubernetes
 import pytest
 from kubernetes.utils import parse_quantity
 
+from defrag.agent.cgroup import pod_uid_for_pid
 from defrag.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
 from devkit.controlplane import NOT_READY_TAINT, ControlPlane
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
@@ -45,6 +48,10 @@ from gpufrag.conventions import (
 
 UUIDS = ("GPU-9a7e0c11-0000-4000-8000-00000000000a", "GPU-9a7e0c11-0000-4000-8000-00000000000b")
 A100_BYTES = 85_899_345_920  # 81920 MiB
+ROOT = Path(__file__).resolve().parents[3]
+# This checkout's code (``-m`` from the repository root), not whatever the installed entry
+# point's environment would import.
+GPUFRAG = (sys.executable, "-m", "gpufrag.cli")
 
 
 def write_recording(path: Path, *, lost: tuple[int, ...] = ()) -> None:
@@ -94,11 +101,11 @@ def plugin(node: Node, node_plane: ControlPlane,
     write_recording(recording)
     with log_path.open("ab") as out:
         process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "gpufrag"), "device-plugin",
+            [*GPUFRAG, "device-plugin",
              f"--node-name={node.name}", f"--socket-dir={node.device_plugin_dir}",
              f"--nvml-recording={recording}", "--health-interval-s=0.5",
              f"--kubeconfig={node_plane.kubeconfig_path}", "--metrics-port=0"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
             start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "GPUFRAG_LOG_FORMAT": "json"})
     running = Plugin(ComponentProcess("device-plugin", process, log_path, 0), recording)
@@ -301,3 +308,52 @@ def test_the_plugin_registers_again_after_a_kubelet_restart(
     if node.runtime == "containerd":
         assert _environment(node, node_namespace, "after-restart")[
             "NVIDIA_VISIBLE_DEVICES"] == UUIDS[0]
+
+
+def _pids_of(uid: str) -> list[int]:
+    """The host pids of a pod's processes, found the way the agent finds a pod from a pid."""
+    return sorted(int(p.name) for p in Path("/proc").iterdir()
+                  if p.name.isdigit() and pod_uid_for_pid(int(p.name)) == uid)
+
+
+def test_the_agent_reports_a_real_pod_over_its_share(
+        node: Node, node_plane: ControlPlane, node_namespace: str, plugin: Plugin,
+        tmp_path: Path) -> None:
+    """``gpufrag agent --once`` on this node: NVML is recorded (there is no GPU), but the
+    processes it lists are the share pods' real container processes, so the pid -> cgroup ->
+    pod mapping reads the kubelet's real cgroups; the pod holding more than its share gets a
+    GPUMemoryOverShare Event, its neighbour within its share none."""
+    if node.runtime != "containerd":
+        pytest.skip(f"no container processes with the {node.runtime} runtime: {node.runtime_note}")
+    core = _core(node_plane)
+    uids = {}
+    for name in ("greedy", "modest"):
+        core.create_namespaced_pod(node_namespace,
+                                   _gpu_pod(name, RESOURCE_GPU_MILLI, "300", node=node, gpus="1"))
+    for name in ("greedy", "modest"):
+        pod = _settled(core, node_namespace, name, plugin)
+        assert pod.status.phase == "Running", (name, pod.status.reason, pod.status.message)
+        uids[name] = pod.metadata.uid
+    pids = {name: wait_until(lambda u=uid: _pids_of(u) or None, timeout_s=20,
+                             what=f"the processes of pod {name}")[0]
+            for name, uid in uids.items()}
+    share_mib = 81_920 * 300 // 1000
+    recording = tmp_path / "agent-nvml.json"
+    recording.write_text(json.dumps({"devices": [
+        {"name": "NVIDIA A100-SXM4-80GB", "uuid": uuid, "memory_total": A100_BYTES,
+         "samples": [{"gpu": 10, "memory_used": 40_000 * 1024 * 1024 if i else 0}],
+         "processes": [{"pid": pids["greedy"], "used_bytes": (share_mib + 1000) * 1024 * 1024},
+                       {"pid": pids["modest"], "used_bytes": 10_000 * 1024 * 1024}]
+         if i else []} for i, uuid in enumerate(UUIDS)]}))
+    agent = subprocess.run(
+        [*GPUFRAG, "agent", "--once",
+         f"--node-name={node.name}", f"--kubeconfig={node_plane.kubeconfig_path}",
+         f"--nvml-recording={recording}", "--share-intervals=1", "--metrics-port=0"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+    assert agent.returncode == 0, agent.stdout + agent.stderr
+    events = [e for e in core.list_namespaced_event(node_namespace).items
+              if e.reason == "GPUMemoryOverShare"]
+    assert [(e.involved_object.name, e.involved_object.uid) for e in events] == [
+        ("greedy", uids["greedy"])], agent.stdout + agent.stderr
+    assert f"hold {share_mib + 1000} MiB, more than its share of {share_mib} MiB" in \
+        events[0].message, events[0].message
