@@ -240,16 +240,25 @@ def test_pods_placed_by_gpufrag_scheduler_get_exactly_the_gpus_it_chose(
                 UUIDS[index]
 
 
+def _running_shares(core: kubernetes.client.CoreV1Api, namespace: str, node: Node,
+                    plugin: Plugin, names: tuple[str, ...]) -> dict[str, kubernetes.client.V1Pod]:
+    """Pods asking 300 milli each, all recorded on GPU 1, once they run."""
+    for name in names:
+        core.create_namespaced_pod(namespace,
+                                   _gpu_pod(name, RESOURCE_GPU_MILLI, "300", node=node, gpus="1"))
+    running = {}
+    for name in names:
+        pod = _settled(core, namespace, name, plugin)
+        assert pod.status.phase == "Running", (name, pod.status.reason, pod.status.message)
+        running[name] = pod
+    return running
+
+
 def test_two_share_pods_on_one_gpu_get_the_same_uuid(
         node: Node, node_plane: ControlPlane, node_namespace: str, plugin: Plugin) -> None:
     core = _core(node_plane)
     _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")
-    for name in ("share-a", "share-b"):
-        core.create_namespaced_pod(node_namespace,
-                                   _gpu_pod(name, RESOURCE_GPU_MILLI, "300", node=node, gpus="1"))
-    for name in ("share-a", "share-b"):
-        pod = _settled(core, node_namespace, name, plugin)
-        assert pod.status.phase == "Running", (name, pod.status.reason, pod.status.message)
+    for name in _running_shares(core, node_namespace, node, plugin, ("share-a", "share-b")):
         assert wait_until(lambda n=name: _given(core.read_namespaced_pod(n, node_namespace))
                           or None, timeout_s=20, what=f"{name}'s allocation mark") == {
             "main": [UUIDS[1]]}
@@ -326,14 +335,8 @@ def test_the_agent_reports_a_real_pod_over_its_share(
     if node.runtime != "containerd":
         pytest.skip(f"no container processes with the {node.runtime} runtime: {node.runtime_note}")
     core = _core(node_plane)
-    uids = {}
-    for name in ("greedy", "modest"):
-        core.create_namespaced_pod(node_namespace,
-                                   _gpu_pod(name, RESOURCE_GPU_MILLI, "300", node=node, gpus="1"))
-    for name in ("greedy", "modest"):
-        pod = _settled(core, node_namespace, name, plugin)
-        assert pod.status.phase == "Running", (name, pod.status.reason, pod.status.message)
-        uids[name] = pod.metadata.uid
+    uids = {name: pod.metadata.uid for name, pod in _running_shares(
+        core, node_namespace, node, plugin, ("greedy", "modest")).items()}
     pids = {name: wait_until(lambda u=uid: _pids_of(u) or None, timeout_s=20,
                              what=f"the processes of pod {name}")[0]
             for name, uid in uids.items()}
