@@ -209,17 +209,19 @@ def container_gpus(obj: Obj, names: KubeNames = DEFAULT_NAMES,
             raise BadInput("expected an object", field=f"spec.{key}[{i}]")
         path = f"spec.{key}[{i}]"
         req = _requests(c, path)
-
-        def amount(resource: str, req: Mapping[str, Any] = req, path: str = path) -> Decimal:
-            if not resource or resource not in req:
-                return Decimal(0)
-            return _quantity(req[resource], f"{path}.resources.requests.{resource}")
-
         found.append(ContainerGpus(
-            str(c.get("name") or f"{key}[{i}]"), int(amount(names.gpu)),
-            math.ceil(amount(names.gpu_memory) * per_mib), math.ceil(amount(names.gpu_cores)),
-            math.ceil(amount(names.gpu_milli))))
+            str(c.get("name") or f"{key}[{i}]"), int(_amount(req, names.gpu, path)),
+            math.ceil(_amount(req, names.gpu_memory, path) * per_mib),
+            math.ceil(_amount(req, names.gpu_cores, path)),
+            math.ceil(_amount(req, names.gpu_milli, path))))
     return tuple(found)
+
+
+def _amount(requests: Mapping[str, Any], resource: str, path: str) -> Decimal:
+    """One container's request of ``resource`` (0 when absent or the name is not mapped)."""
+    if not resource or resource not in requests:
+        return Decimal(0)
+    return _quantity(requests[resource], f"{path}.resources.requests.{resource}")
 
 
 def _check_share_containers(obj: Obj, names: KubeNames) -> None:
