@@ -181,7 +181,16 @@ def test_a_pod_over_its_share_gets_one_event(control_plane: ControlPlane, node: 
     try:
         (event,) = wait_until(lambda: over_share_events() or None, timeout_s=30,
                               what="the agent's GPUMemoryOverShare Event")
-        time.sleep(2.0)  # ten more readings, all over: still one Event
+        reported_at = time.time()
+
+        def read_since() -> bool:
+            # The agent republishes its (unchanged) reading every 4 intervals: a timestamp a
+            # second past the Event means five more readings, all over its share.
+            annotations = core.read_node(node).metadata.annotations or {}
+            usage = parse(annotations[ANNOTATION_GPU_USAGE])
+            return usage.timestamp > reported_at + 1.0
+
+        wait_until(read_since, timeout_s=30, what="more readings after the Event")
     finally:
         stop.set()
         thread.join(30)
