@@ -533,6 +533,30 @@ class Node:
         if result.returncode != 0:
             raise NodeError(f"ctr images import {archive} failed: {result.stderr.strip()}")
 
+    def restart_kubelet(self, timeout_s: float = 60.0) -> None:
+        """Stop the kubelet and start it again with the same flags, leaving the runtime and its
+        containers running (a kubelet upgrade or crash). Returns once the new kubelet has
+        recreated its device-plugin registration socket, as it does on every start (after
+        removing every other socket in that directory)."""
+        old = self.components["kubelet"]
+        socket = DEVICE_PLUGIN_DIR / "kubelet.sock"
+
+        def identity() -> tuple[int, int] | None:
+            try:
+                st = socket.stat()
+            except FileNotFoundError:
+                return None
+            return (st.st_ino, st.st_ctime_ns)
+
+        argv = old.process.args
+        assert isinstance(argv, list)  # _launch starts every component from a list
+        before = identity()
+        old.stop()
+        kubelet = self._launch("kubelet", argv, old.port)
+        wait_until(lambda: True if identity() not in (None, before)
+                   else _alive_or_raise(kubelet), timeout_s=timeout_s,
+                   what="the restarted kubelet to recreate its device-plugin socket")
+
     def stop(self) -> None:
         """Stop the kubelet, then the runtime and everything it left; idempotent."""
         if self._stopped:

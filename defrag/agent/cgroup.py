@@ -14,21 +14,30 @@ Two steps, kept apart so the first is pure:
 
 Static pods are the one wrinkle: their cgroup carries the config hash, not the mirror pod's UID;
 the directory also indexes pods by their ``kubernetes.io/config.hash`` annotation.
+
+The same list also reads each pod's GPU share (:class:`PodShare`: what it asks, converted by the
+extender's own :func:`scheduler.kube.convert.pod_from_k8s` with the shared names, and the GPU
+indices recorded at bind), so the isolation check (:mod:`defrag.agent.isolation`) holds measured
+memory against the share the pod was placed with, at no extra API call.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 from kubernetes.client import ApiClient, CoreV1Api
 from structlog.typing import FilteringBoundLogger
 
+from gpufrag.conventions import DEFAULT_NAMES, KubeNames
+from gpufrag.errors import BadInput
+from scheduler.core.types import PodRequest
+from scheduler.kube.convert import bound_gpus, pod_from_k8s
 from scheduler.kube.errors import ApiError, api_errors
 
 ANNOTATION_CONFIG_HASH = "kubernetes.io/config.hash"
@@ -95,11 +104,36 @@ def pod_uid_for_pid(pid: int, proc_root: Path = Path("/proc")) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
+class PodShare:
+    """What a GPU pod was placed with: its request (as the extender reads it) and the GPU
+    indices recorded at bind (None when absent or malformed: a pod placed by someone else)."""
+
+    request: PodRequest
+    gpus: tuple[int, ...] | None = None
+    gpus_text: str = ""  # the annotation as written, for messages
+
+
+def share_from_pod(obj: Mapping[str, Any], names: KubeNames = DEFAULT_NAMES) -> PodShare | None:
+    """The share of a pod (API JSON shape); None when it asks no GPU or its request cannot be
+    read (the extender would not have placed it either)."""
+    try:
+        request = pod_from_k8s(obj, names)
+    except (BadInput, ValueError):
+        return None
+    if not request.wants_gpu:
+        return None
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return PodShare(request, bound_gpus(obj, names),
+                    str(annotations.get(names.annotation_gpu_indices, "")))
+
+
+@dataclass(frozen=True, slots=True)
 class PodRecord:
     """A pod on this node as the directory indexes it."""
 
     ref: PodRef
     config_hash: str | None = None
+    share: PodShare | None = None
 
 
 class PodListError(RuntimeError):
@@ -127,6 +161,7 @@ class PodDirectory:
         self._max_age_s = max_age_s
         self._log = log if log is not None else structlog.get_logger("gpufrag.agent.pods")
         self._by_uid: dict[str, PodRef] = {}
+        self._shares: dict[str, PodShare] = {}
         self._refreshed_at: float | None = None
         self._failing = False
 
@@ -142,6 +177,10 @@ class PodDirectory:
             ref = self._by_uid.get(uid)
         return ref
 
+    def share_of(self, uid: str) -> PodShare | None:
+        """The GPU share of a pod :meth:`lookup` has found (from the same list; no API call)."""
+        return self._shares.get(uid)
+
     def _refresh(self, now: float) -> None:
         # Stamp first: a failing API server is asked again after min_refresh_s, not per lookup.
         self._refreshed_at = now
@@ -156,11 +195,15 @@ class PodDirectory:
             self._log.info("pod_list_recovered", pods=len(records))
         self._failing = False
         by_uid: dict[str, PodRef] = {}
+        shares: dict[str, PodShare] = {}
         for record in records:
             by_uid[record.ref.uid] = record.ref
             if record.config_hash:
                 by_uid.setdefault(record.config_hash, record.ref)
+            if record.share is not None:
+                shares[record.ref.uid] = record.share
         self._by_uid = by_uid
+        self._shares = shares
 
 
 class PodResolver:
@@ -179,10 +222,12 @@ class KubePodLister:
     """Lists this node's pods through the API (RBAC: ``list pods``, cluster-wide)."""
 
     def __init__(self, api_client: ApiClient, node_name: str, *,
-                 request_timeout_s: float = 10.0) -> None:
+                 request_timeout_s: float = 10.0, names: KubeNames = DEFAULT_NAMES) -> None:
+        self._api_client = api_client
         self._core = CoreV1Api(api_client)
         self._node_name = node_name
         self._request_timeout_s = request_timeout_s
+        self._names = names
 
     def list_pods(self) -> list[PodRecord]:
         try:
@@ -196,11 +241,14 @@ class KubePodLister:
         except ApiError as exc:
             raise PodListError(str(exc)) from None
         records = []
+        to_json: Callable[[object], Any] = self._api_client.sanitize_for_serialization  # untyped
         for pod in pods.items or ():
             meta = pod.metadata
             if meta is None or not meta.uid or not meta.name or not meta.namespace:
                 continue
             annotations = meta.annotations or {}
+            # The API's JSON shape (camelCase), which the extender's converter reads.
+            share = share_from_pod(to_json(pod), self._names)
             records.append(PodRecord(PodRef(meta.namespace, meta.name, meta.uid),
-                                     annotations.get(ANNOTATION_CONFIG_HASH)))
+                                     annotations.get(ANNOTATION_CONFIG_HASH), share))
         return records

@@ -25,6 +25,7 @@ from pathlib import Path
 import structlog
 from structlog.typing import FilteringBoundLogger
 
+from defrag.agent import isolation
 from defrag.agent.cgroup import KubePodLister, PodDirectory, PodLister, PodResolver
 from defrag.agent.loop import (
     DEFAULT_INTERVAL_S,
@@ -85,6 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--leak-intervals", type=int, default=3,
                         help="consecutive growing intervals that raise a GPUMemoryGrowth event "
                              "(default: %(default)s)")
+    parser.add_argument("--share-tolerance-mib", type=int,
+                        default=isolation.DEFAULT_TOLERANCE_MIB,
+                        help="report a share pod whose GPU memory exceeds its share by more "
+                             "than this (default: %(default)s)")
+    parser.add_argument("--share-intervals", type=int, default=isolation.DEFAULT_INTERVALS,
+                        help="consecutive readings over its share that raise a "
+                             "GPUMemoryOverShare event (default: %(default)s)")
+    parser.add_argument("--share-cooldown-s", type=float, default=isolation.DEFAULT_COOLDOWN_S,
+                        help="at most one GPUMemoryOverShare event per pod and GPU in this "
+                             "many seconds (default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                         help="port for /metrics, /healthz, /readyz; 0 disables "
                              "(default: %(default)s)")
@@ -128,6 +139,9 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
             refresh_intervals=args.refresh_intervals,
             leak_threshold_mib=args.leak_threshold_mib,
             leak_intervals=args.leak_intervals,
+            share_tolerance_mib=args.share_tolerance_mib,
+            share_intervals=args.share_intervals,
+            share_cooldown_s=args.share_cooldown_s,
             names=names_from_environ(),
         ).validate()
         if not 0 <= args.metrics_port <= 65535:
@@ -173,7 +187,7 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
         if writer is None:
             writer = KubeClusterWriter(api_client, node_name=config.node_name)
         if pod_lister is None:
-            pod_lister = KubePodLister(api_client, config.node_name)
+            pod_lister = KubePodLister(api_client, config.node_name, names=config.names)
     if args.dry_run:
         writer = LogOnlyWriter(log)
 
@@ -184,7 +198,8 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
                                                 config.refresh_s),
                           annotation_key=config.names.annotation_gpu_usage)
     agent = Agent(config, reader=reader, pods=PodResolver(directory, args.proc_root),
-                  publisher=publisher, metrics=metrics, health=health, log=log)
+                  publisher=publisher, metrics=metrics, health=health, log=log,
+                  shares=directory.share_of)
     log.info("starting", gpus=gpu_count, interval_s=config.interval_s, once=args.once,
              dry_run=args.dry_run,
              nvml="recorded" if args.nvml_recording is not None else "live")

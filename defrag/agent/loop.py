@@ -19,10 +19,17 @@ from typing import Protocol
 
 from structlog.typing import FilteringBoundLogger
 
-from defrag.agent.cgroup import PodRef
+from defrag.agent import isolation
+from defrag.agent.cgroup import PodRef, PodShare
+from defrag.agent.isolation import ShareWatch
 from defrag.agent.leakwatch import DEFAULT_INTERVALS, DEFAULT_THRESHOLD_MIB, LeakWatch
 from defrag.agent.metrics import AgentMetrics, Health
-from defrag.agent.publish import EVENT_REASON_GPU_MEMORY_GROWTH, Publisher, PublishError
+from defrag.agent.publish import (
+    EVENT_REASON_GPU_MEMORY_GROWTH,
+    EVENT_REASON_GPU_MEMORY_OVER_SHARE,
+    Publisher,
+    PublishError,
+)
 from defrag.agent.usage import REFRESH_INTERVALS, GpuUsage, NodeGpuUsage, PodGpuUsage
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
@@ -47,6 +54,12 @@ class AgentConfig:
     refresh_intervals: int = REFRESH_INTERVALS
     leak_threshold_mib: int = DEFAULT_THRESHOLD_MIB
     leak_intervals: int = DEFAULT_INTERVALS
+    # The isolation check (defrag.agent.isolation): a share pod over its share by more than
+    # share_tolerance_mib for share_intervals readings in a row is reported, at most once per
+    # share_cooldown_s.
+    share_tolerance_mib: int = isolation.DEFAULT_TOLERANCE_MIB
+    share_intervals: int = isolation.DEFAULT_INTERVALS
+    share_cooldown_s: float = isolation.DEFAULT_COOLDOWN_S
     # The shared names section (the usage annotation's key among them).
     names: KubeNames = DEFAULT_NAMES
 
@@ -66,6 +79,9 @@ class AgentConfig:
             ("refresh_intervals", self.refresh_intervals >= 1, ">= 1"),
             ("leak_threshold_mib", self.leak_threshold_mib >= 0, ">= 0 MiB"),
             ("leak_intervals", self.leak_intervals >= 1, ">= 1"),
+            ("share_tolerance_mib", self.share_tolerance_mib >= 0, ">= 0 MiB"),
+            ("share_intervals", self.share_intervals >= 1, ">= 1"),
+            ("share_cooldown_s", self.share_cooldown_s >= 0, ">= 0 seconds"),
         ]
         for name, ok, bound in checks:
             if not ok:
@@ -79,6 +95,11 @@ class GpuReader(Protocol):
 
 class PidToPod(Protocol):
     def pod_for_pid(self, pid: int) -> PodRef | None: ...
+
+
+def no_shares(uid: str) -> PodShare | None:
+    """The share lookup of an agent that knows no pod's share (the isolation check is off)."""
+    return None
 
 
 def build_usage(node: str, timestamp: float, interval_s: float,
@@ -129,7 +150,8 @@ def memory_by_pod(usage: NodeGpuUsage) -> dict[PodRef, int]:
 class Agent:
     def __init__(self, config: AgentConfig, *, reader: GpuReader, pods: PidToPod,
                  publisher: Publisher, metrics: AgentMetrics, health: Health,
-                 log: FilteringBoundLogger, clock: Callable[[], float] = time.time) -> None:
+                 log: FilteringBoundLogger, clock: Callable[[], float] = time.time,
+                 shares: Callable[[str], PodShare | None] = no_shares) -> None:
         self.config = config
         self._reader = reader
         self._pods = pods
@@ -141,6 +163,10 @@ class Agent:
         self._leaks = LeakWatch(interval_s=config.interval_s,
                                 threshold_mib=config.leak_threshold_mib,
                                 intervals=config.leak_intervals)
+        self._shares = shares
+        self._share_watch = ShareWatch(tolerance_mib=config.share_tolerance_mib,
+                                       intervals=config.share_intervals,
+                                       cooldown_s=config.share_cooldown_s)
 
     def tick(self) -> NodeGpuUsage | None:
         """One interval. Returns the reading, or None when reading or publishing failed."""
@@ -157,6 +183,7 @@ class Agent:
                             self._pods.pod_for_pid)
         self._metrics.observe_usage(usage)
         self._watch_leaks(usage, now)
+        self._check_shares(usage, now)
         try:
             reason = self._publisher.publish(usage)
         except PublishError as exc:
@@ -189,6 +216,22 @@ class Agent:
             else:
                 self._metrics.events.labels(EVENT_REASON_GPU_MEMORY_GROWTH).inc()
         self._metrics.observe_leaks(per_pod, self._leaks.suspected)
+
+    def _check_shares(self, usage: NodeGpuUsage, now: float) -> None:
+        checked, due = self._share_watch.observe(usage, self._shares, now)
+        for overrun in due:
+            pod = overrun.pod
+            self._log.warning("gpu_memory_over_share", namespace=pod.namespace, pod=pod.name,
+                              gpu=overrun.gpu_index, used_mib=overrun.used_mib,
+                              share_mib=overrun.share_mib, chosen=overrun.chosen)
+            try:
+                self._publisher.report_over_share(pod, overrun.message(), now)
+            except PublishError as exc:
+                self._log.warning("event_failed", error=str(exc), namespace=pod.namespace,
+                                  pod=pod.name)
+            else:
+                self._metrics.events.labels(EVENT_REASON_GPU_MEMORY_OVER_SHARE).inc()
+        self._metrics.observe_shares(checked, self.config.share_intervals)
 
     def run(self, wait: Callable[[float], bool]) -> None:
         """Tick every ``interval_s`` until ``wait(delay)`` returns True (stop requested).

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
 
 from defrag.agent.cgroup import PodRef
+from defrag.agent.isolation import Overrun
 from defrag.agent.usage import NodeGpuUsage
 from gpufrag import probes
 from gpufrag.nvml import MIB
@@ -58,6 +59,19 @@ class AgentMetrics:
             "1 while a pod's GPU memory has grown beyond the threshold for N intervals in a row.",
             ("namespace", "pod"), registry=r,
         )
+        self.share_bytes = Gauge(
+            "gpufrag_pod_gpu_memory_share_bytes",
+            "GPU memory a pod may use on one GPU: a share pod's ask, or its milli-GPU share of "
+            "the GPU's memory; 0 on a GPU not recorded for the pod. Pods with recorded GPUs "
+            "only (whole-GPU pods only where they hold memory on a GPU not theirs).",
+            _POD_GPU_LABELS, registry=r,
+        )
+        self.over_share = Gauge(
+            "gpufrag_agent_gpu_memory_over_share",
+            "1 while a pod's GPU memory on one GPU has exceeded its share there for N readings "
+            "in a row, else 0 (same pods as gpufrag_pod_gpu_memory_share_bytes).",
+            _POD_GPU_LABELS, registry=r,
+        )
         self.reads = Counter("gpufrag_agent_nvml_reads", "NVML readings by result.",
                              ("result",), registry=r)
         self.publishes = Counter(
@@ -74,6 +88,7 @@ class AgentMetrics:
         self._gpu_labels: set[tuple[str, ...]] = set()
         self._pod_gpu_labels: set[tuple[str, ...]] = set()
         self._leak_labels: set[tuple[str, ...]] = set()
+        self._share_labels: set[tuple[str, ...]] = set()
 
     def observe_usage(self, usage: NodeGpuUsage) -> None:
         gpu_labels: set[tuple[str, ...]] = set()
@@ -106,6 +121,23 @@ class AgentMetrics:
         for gone in self._leak_labels - leak_labels:
             self.leak_suspected.remove(*gone)
         self._leak_labels = leak_labels
+
+    def observe_shares(self, checked: Iterable[tuple[Overrun, bool]], min_intervals: int) -> None:
+        """The share and the over-share flag of every checked pod-GPU pair; pairs that are no
+        longer checked are removed. Over means over for at least ``min_intervals`` readings,
+        the same rule as the Event."""
+        share_labels: set[tuple[str, ...]] = set()
+        for overrun, over in checked:
+            labels = (overrun.pod.namespace, overrun.pod.name, self.node_name,
+                      str(overrun.gpu_index))
+            share_labels.add(labels)
+            self.share_bytes.labels(*labels).set(overrun.share_mib * MIB)
+            self.over_share.labels(*labels).set(
+                1 if over and overrun.intervals >= min_intervals else 0)
+        for gone in self._share_labels - share_labels:
+            self.share_bytes.remove(*gone)
+            self.over_share.remove(*gone)
+        self._share_labels = share_labels
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

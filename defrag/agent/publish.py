@@ -4,7 +4,8 @@ Two writes, so the agent's RBAC is short and obvious:
 
 - ``patch`` on ``nodes`` (its own Node): the ``gpufrag.io/gpu-usage`` annotation, as a JSON
   merge patch that touches only that key;
-- ``create`` on ``events`` (core/v1, in the pod's namespace): ``GPUMemoryGrowth`` warnings.
+- ``create`` on ``events`` (core/v1, in the pod's namespace): ``GPUMemoryGrowth`` and
+  ``GPUMemoryOverShare`` warnings.
 
 (Its one read, ``list`` on ``pods`` with ``fieldSelector=spec.nodeName``, lives with the pid ->
 pod lookup in :mod:`defrag.agent.cgroup`.)
@@ -34,6 +35,7 @@ from scheduler.kube.errors import ApiError, api_errors
 
 COMPONENT = "gpufrag-agent"
 EVENT_REASON_GPU_MEMORY_GROWTH = "GPUMemoryGrowth"
+EVENT_REASON_GPU_MEMORY_OVER_SHARE = "GPUMemoryOverShare"
 EVENT_TYPE_WARNING = "Warning"
 # Object names are at most 253 characters; the event name adds "." and up to 16 hex digits.
 _MAX_EVENT_PREFIX = 253 - 17
@@ -186,4 +188,8 @@ class Publisher:
 
     def report_leak(self, pod: PodRef, message: str, now: float) -> None:
         self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_GROWTH,
+                                      message=message, event_type=EVENT_TYPE_WARNING, now=now)
+
+    def report_over_share(self, pod: PodRef, message: str, now: float) -> None:
+        self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_OVER_SHARE,
                                       message=message, event_type=EVENT_TYPE_WARNING, now=now)

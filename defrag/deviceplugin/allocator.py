@@ -43,6 +43,7 @@ from defrag.deviceplugin.matching import Candidate, PodAsk, Refusal, find, resol
 from defrag.deviceplugin.metrics import PluginMetrics
 from defrag.deviceplugin.writes import PodWriteError, PodWriter
 from scheduler.core.types import MILLI_PER_GPU
+from scheduler.kube.convert import milli_memory_mib
 
 GRANTS_KEPT = 4096  # device-ID sets -> GPUs remembered for PreStartContainer
 
@@ -91,7 +92,7 @@ def container_response(gpus: Sequence[Gpu], kind: Kind, count: int, *, nodes: De
     mounts = []
     if kind is Kind.SHARE and count % MILLI_PER_GPU:
         gpu = gpus[0]
-        limit_mib = gpu.memory_total_mib * count // MILLI_PER_GPU
+        limit_mib = milli_memory_mib(count, gpu.memory_total_mib)
         envs["GPUFRAG_GPU_MILLI"] = str(count)
         envs["GPUFRAG_GPU_MEMORY_LIMIT_MIB"] = str(limit_mib)
         if config.mps:

@@ -373,18 +373,27 @@ class Extender:
             raise BindRefused(f"pod {key} cannot be read: {e}") from None
 
     def _device_plugin_annotations(self, request: PodRequest, gpus: tuple[int, ...],
-                                   node: str, row: int) -> dict[str, str]:
-        """What ``names.device_plugin``'s device plugin reads, besides the GPU indices."""
+                                   node: str, row: int, namespace: str, name: str
+                                   ) -> dict[str, str]:
+        """What ``names.device_plugin``'s device plugin reads, besides the GPU indices.
+
+        HAMi's are written per container, so that mode reads the pod (and the node, for its
+        GPUs' UUIDs) from the API server; the bind is otherwise served from the cache."""
         names = self.config.names
         if names.device_plugin == "gpufrag" or not request.wants_gpu:
             return {}
         assert self.binder is not None
-        node_obj = self.binder.read_node(node) if names.device_plugin == "hami" else None
+        node_obj = pod_obj = None
+        if names.device_plugin == "hami":
+            node_obj = self.binder.read_node(node)
+            pod_obj = self.binder.read_pod(namespace, name)
+            if pod_obj is None:
+                raise BindRefused(f"pod {namespace}/{name} not found")
         with self.cache.lock:
             gpu_memory_mib = int(self.cache.state.gpu_memory_mib[row])
         return device_plugin_annotations(names, request, gpus, node=node,
                                          gpu_memory_mib=gpu_memory_mib, node_obj=node_obj,
-                                         now_ns=int(self.clock() * 1e9))
+                                         now_ns=int(self.clock() * 1e9), pod_obj=pod_obj)
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindOutcome:
         """Bind with the GPUs decided at filter (``filter.answer: decide``, the assumption made
@@ -420,7 +429,7 @@ class Extender:
                 gpus = decision.gpus
                 self.cache.assume(request, row, gpus)
         try:
-            extra = self._device_plugin_annotations(request, gpus, node, row)
+            extra = self._device_plugin_annotations(request, gpus, node, row, namespace, name)
             self.binder.bind(namespace, name, uid, node, gpus if request.wants_gpu else None,
                              **({"extra": extra} if extra else {}))
         except (BindError, UnsupportedRequest) as e:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -174,6 +175,82 @@ def share_resources(names: KubeNames) -> tuple[str, ...]:
     return tuple(r for r in (names.gpu, names.gpu_milli, names.gpu_memory, names.gpu_cores) if r)
 
 
+@dataclass(frozen=True, slots=True)
+class ContainerGpus:
+    """One container's GPU request under the mapped names (HAMi's are per container:
+    ``nvidia.com/gpu`` devices, each with ``nvidia.com/gpumem`` MiB and ``nvidia.com/gpucores``
+    percent)."""
+
+    name: str
+    count: int  # whole devices (names.gpu)
+    memory_mib: int  # names.gpu_memory, in MiB
+    cores_percent: int  # names.gpu_cores
+    milli: int  # names.gpu_milli
+
+    @property
+    def is_share(self) -> bool:
+        return bool(self.memory_mib or self.cores_percent
+                    or (self.milli and self.milli % MILLI_PER_GPU))
+
+    @property
+    def asks_gpu(self) -> bool:
+        return bool(self.count or self.memory_mib or self.cores_percent or self.milli)
+
+
+def container_gpus(obj: Obj, names: KubeNames = DEFAULT_NAMES,
+                   key: str = "containers") -> tuple[ContainerGpus, ...]:
+    """Each container of ``spec[key]`` (app containers by default) with its GPU request, in
+    order; containers asking no GPU are included (with zeros), as HAMi counts them."""
+    spec = _mapping(obj, "spec", "pod")
+    per_mib = _MIB_PER_GIB if names.gpu_memory_unit == "GiB" else 1
+    found = []
+    for i, c in enumerate(_list(spec, key, "spec")):
+        if not isinstance(c, Mapping):
+            raise BadInput("expected an object", field=f"spec.{key}[{i}]")
+        path = f"spec.{key}[{i}]"
+        req = _requests(c, path)
+        found.append(ContainerGpus(
+            str(c.get("name") or f"{key}[{i}]"), int(_amount(req, names.gpu, path)),
+            math.ceil(_amount(req, names.gpu_memory, path) * per_mib),
+            math.ceil(_amount(req, names.gpu_cores, path)),
+            math.ceil(_amount(req, names.gpu_milli, path))))
+    return tuple(found)
+
+
+def _amount(requests: Mapping[str, Any], resource: str, path: str) -> Decimal:
+    """One container's request of ``resource`` (0 when absent or the name is not mapped)."""
+    if not resource or resource not in requests:
+        return Decimal(0)
+    return _quantity(requests[resource], f"{path}.resources.requests.{resource}")
+
+
+def _check_share_containers(obj: Obj, names: KubeNames) -> None:
+    """A pod asking GPU memory or cores is one share of one GPU: every container that asks a
+    share asks at most one device (HAMi: ``nvidia.com/gpu: 1`` per container), and no container
+    asks whole GPUs beside them. The share is then the containers' sum (effective_requests)."""
+    shares: list[str] = []
+    wholes: list[str] = []
+    for key in ("initContainers", "containers"):
+        for i, c in enumerate(container_gpus(obj, names, key)):
+            if c.is_share and c.count > 1:
+                share = names.gpu_memory if c.memory_mib else names.gpu_cores
+                raise UnsupportedRequest(
+                    f"container {c.name!r} asks for {c.count} GPUs with a share of each "
+                    f"({share}); the gpufrag extender places a pod's shares on one GPU only: "
+                    f"ask for {names.gpu}: 1 in each container, or for whole GPUs without a "
+                    "share", field=f"spec.{key}[{i}].resources.limits.{names.gpu}")
+            if c.is_share:
+                shares.append(c.name)
+            elif c.count:
+                wholes.append(c.name)
+    if wholes:
+        raise UnsupportedRequest(
+            f"containers {', '.join(wholes)} ask for whole GPUs ({names.gpu} without a share) "
+            f"and {', '.join(shares)} for shares of a GPU; the gpufrag extender places a pod "
+            "either on whole GPUs or as one share of one GPU: give every container a share, "
+            "or none", field=f"requests.{names.gpu}")
+
+
 def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
     """What a Pod asks for. Whole GPUs come from ``names.gpu``; a share of one GPU from
     ``names.gpu_milli`` (milli-GPU; 1000 or more means whole GPUs), from ``names.gpu_memory``
@@ -214,12 +291,7 @@ def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
             raise BadInput(f"{milli} milli-GPU: shares must be below 1000 or whole GPUs",
                            field=f"requests.{names.gpu_milli}")
     elif memory or cores:
-        if whole > 1:
-            share = names.gpu_memory if memory else names.gpu_cores
-            raise UnsupportedRequest(
-                f"asks for {whole} GPUs with a share of each ({share}); "
-                f"the gpufrag extender places a share on one GPU only: ask for {names.gpu}: 1, "
-                "or for whole GPUs without a share", field=f"requests.{names.gpu}")
+        _check_share_containers(obj, names)
         if cores > _PERCENT:
             raise BadInput(f"{cores}% of a GPU's compute: at most 100",
                            field=f"requests.{names.gpu_cores}")
@@ -244,6 +316,24 @@ def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
         model=labels.get(names.label_model, ""),
         model_version=labels.get(names.label_model_version, ""),
     )
+
+
+def milli_memory_mib(milli: int, gpu_memory_total_mib: int) -> int:
+    """The GPU memory a share of ``milli`` milli-GPU stands for on a GPU of
+    ``gpu_memory_total_mib`` (floored): what the device plugin hands a share container as its
+    memory limit and what the node agent holds the pod's measured memory against."""
+    return gpu_memory_total_mib * milli // MILLI_PER_GPU
+
+
+def share_memory_mib(pod: PodRequest, gpu_memory_total_mib: int) -> int | None:
+    """The GPU memory ``pod`` may use on its one GPU (of ``gpu_memory_total_mib``): the memory
+    it asks for (``names.gpu_memory``), else its milli share of the GPU's memory; None for a
+    pod that is not a share (whole GPUs, or no GPU), which has no limit below the GPU's own."""
+    if pod.gpu_memory_mib:
+        return pod.gpu_memory_mib
+    if not pod.is_share:
+        return None
+    return milli_memory_mib(pod.gpu_milli, gpu_memory_total_mib)
 
 
 def bound_gpus(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> tuple[int, ...] | None:
@@ -414,12 +504,53 @@ def hami_gpu_uuids(node: Obj) -> dict[int, str]:
     return {i: r.split(",")[0].strip() for i, r in enumerate(records)}
 
 
+def _hami_device(uuid: str, memory_mib: int, cores_percent: int) -> str:
+    return f"{uuid},{HAMI_DEVICE_TYPE},{memory_mib},{cores_percent}:"
+
+
+def _hami_pod_devices(names: KubeNames, pod: PodRequest, uuids: tuple[str, ...],
+                      gpu_memory_mib: int, pod_obj: Obj | None) -> str:
+    """HAMi's ``vgpu-devices-*`` value: one ``;``-terminated segment per app container, in
+    order (empty for a container without GPUs), each holding ``UUID,NVIDIA,MiB,cores:`` per
+    device (HAMi ``EncodePodSingleDevice``; its device plugin decodes the segments in order,
+    skipping empty ones, and hands each container its own). A share pod's containers all get
+    its one GPU, each with its own memory and cores; a whole-GPU pod's containers get
+    consecutive slices of its GPUs, as many as each asks."""
+    milli = pod.milli_on(gpu_memory_mib) or MILLI_PER_GPU
+    memory = pod.gpu_memory_mib or milli_memory_mib(milli, gpu_memory_mib)
+    cores = math.ceil(pod.gpu_milli / 10)
+    whole_pod = "".join(_hami_device(u, memory, cores) for u in uuids) + ";"
+    containers = container_gpus(pod_obj, names) if pod_obj is not None else ()
+    if not any(c.asks_gpu for c in containers):
+        return whole_pod  # no app container asks (init containers only): one segment
+    segments = []
+    if pod.is_share or pod.gpu_memory_mib:
+        for c in containers:
+            if not c.asks_gpu:
+                segments.append("")
+                continue
+            c_milli = c.milli or math.ceil(c.cores_percent * MILLI_PER_GPU / 100)
+            c_memory = c.memory_mib or milli_memory_mib(c_milli, gpu_memory_mib)
+            c_cores = c.cores_percent or math.ceil(c.milli / 10)
+            segments.append(_hami_device(uuids[0], c_memory, c_cores))
+    else:
+        start = 0
+        for c in containers:
+            width = c.count or c.milli // MILLI_PER_GPU
+            segments.append("".join(_hami_device(u, memory, cores)
+                                    for u in uuids[start:start + width]))
+            start += width
+    return "".join(f"{segment};" for segment in segments)
+
+
 def device_plugin_annotations(names: KubeNames, pod: PodRequest, gpus: tuple[int, ...], *,
                               node: str, gpu_memory_mib: int, node_obj: Obj | None,
-                              now_ns: int) -> dict[str, str]:
+                              now_ns: int, pod_obj: Obj | None = None) -> dict[str, str]:
     """The annotations ``names.device_plugin``'s device plugin reads for a pod bound to
-    ``node`` on ``gpus`` (empty for gpufrag's own). Raises :class:`UnsupportedRequest` when
-    they cannot be written (HAMi: the node does not say its GPUs' UUIDs)."""
+    ``node`` on ``gpus`` (empty for gpufrag's own). ``pod_obj`` (the Pod) lets HAMi's be
+    written per container; without it the pod's GPUs go to one container. Raises
+    :class:`UnsupportedRequest` when they cannot be written (HAMi: the node does not say its
+    GPUs' UUIDs)."""
     if names.device_plugin == "gpushare":
         if not pod.gpu_memory_mib or len(gpus) != 1:
             return {}  # whole GPUs: NVIDIA's own device plugin, no annotation
@@ -440,11 +571,8 @@ def device_plugin_annotations(names: KubeNames, pod: PodRequest, gpus: tuple[int
                 f"{HAMI_NODE_REGISTER} annotation, which HAMi's device plugin needs to hand "
                 "the container that GPU (is HAMi's device plugin running there?)",
                 field=f"metadata.annotations.{HAMI_NODE_REGISTER}")
-        milli = pod.milli_on(gpu_memory_mib) or MILLI_PER_GPU
-        memory = pod.gpu_memory_mib or (gpu_memory_mib * milli // MILLI_PER_GPU)
-        cores = math.ceil(pod.gpu_milli / 10)
-        devices = "".join(f"{uuids[g]},{HAMI_DEVICE_TYPE},{memory},{cores}:" for g in gpus)
-        encoded = devices + ";"  # one container holds the GPUs (HAMi: containers split by ;)
+        encoded = _hami_pod_devices(names, pod, tuple(uuids[g] for g in gpus),
+                                    gpu_memory_mib, pod_obj)
         seconds = str(now_ns // 1_000_000_000)
         return {HAMI_NODE: node, HAMI_TIME: seconds, HAMI_BIND_TIME: seconds,
                 HAMI_BIND_PHASE: "allocating", HAMI_TO_ALLOCATE: encoded,

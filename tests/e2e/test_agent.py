@@ -7,19 +7,36 @@ the real API server stores and refuses.
 
 from __future__ import annotations
 
+import json
 import re
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import kubernetes
 import pytest
+import structlog
 
+from defrag.agent import cli as agent_cli
 from defrag.agent.cgroup import KubePodLister, PodListError, PodRecord, PodRef
-from defrag.agent.publish import EVENT_REASON_GPU_MEMORY_GROWTH, KubeClusterWriter, PublishError
+from defrag.agent.publish import (
+    EVENT_REASON_GPU_MEMORY_GROWTH,
+    EVENT_REASON_GPU_MEMORY_OVER_SHARE,
+    KubeClusterWriter,
+    PublishError,
+)
 from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage, parse
 from devkit.controlplane import ControlPlane
-from devkit.procs import free_port
+from devkit.procs import free_port, wait_until
 from devkit.stack import delete_nodes
-from gpufrag.conventions import ANNOTATION_GPU_USAGE
+from gpufrag.conventions import (
+    ANNOTATION_GPU_INDICES,
+    ANNOTATION_GPU_USAGE,
+    RESOURCE_GPU_MEMORY_MIB,
+    RESOURCE_GPU_MILLI,
+)
+from gpufrag.nvml import MIB
 
 NODE = "agent-node-0"
 
@@ -117,3 +134,70 @@ def test_unreachable_api_server_is_retryable(control_plane: ControlPlane) -> Non
     with pytest.raises(PublishError) as caught:
         writer.patch_node_annotation(NODE, ANNOTATION_GPU_USAGE, "{}")
     assert caught.value.retryable
+
+
+# -- the isolation check, end to end -------------------------------------------------------------
+
+A100_BYTES = 85_899_345_920  # 81920 MiB
+
+
+def test_a_pod_over_its_share_gets_one_event(control_plane: ControlPlane, node: str,
+                                             namespace: str, tmp_path: Path) -> None:
+    """``gpufrag agent`` as the DaemonSet runs it (its own main and loop, the real pod list
+    and Event writes), on recorded NVML readings and a /proc whose cgroup files name the pods:
+    the pod over its share gets one GPUMemoryOverShare Event, however long it stays over; its
+    neighbour within its share gets none."""
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    uids = {}
+    for name, requests in (("over", {RESOURCE_GPU_MILLI: "100"}),  # 8,192 MiB of 81,920
+                           ("within", {RESOURCE_GPU_MEMORY_MIB: "12000"})):
+        core.create_namespaced_pod(namespace, {
+            "metadata": {"name": name, "annotations": {ANNOTATION_GPU_INDICES: "0"}},
+            "spec": {"nodeName": node, "containers": [
+                {"name": "c", "image": "x", "resources": {"limits": requests}}]}})
+        uids[name] = core.read_namespaced_pod(name, namespace).metadata.uid
+    for pid, name in ((4242, "over"), (5151, "within")):
+        (tmp_path / "proc" / str(pid)).mkdir(parents=True)
+        (tmp_path / "proc" / str(pid) / "cgroup").write_text(
+            f"12:memory:/kubepods/burstable/pod{uids[name]}/0123abcd\n")
+    recording = tmp_path / "nvml.json"
+    recording.write_text(json.dumps({"devices": [{
+        "name": "NVIDIA A100-SXM4-80GB", "uuid": "GPU-e2e00000-0000-4000-8000-000000000000",
+        "memory_total": A100_BYTES, "samples": [{"gpu": 40, "memory_used": 21_000 * MIB}],
+        "processes": [{"pid": 4242, "used_bytes": 9_000 * MIB},
+                      {"pid": 5151, "used_bytes": 11_000 * MIB}]}]}))
+    stop = threading.Event()
+    codes: list[int] = []
+    argv = [f"--node-name={node}", f"--kubeconfig={control_plane.kubeconfig_path}",
+            f"--nvml-recording={recording}", f"--proc-root={tmp_path / 'proc'}",
+            "--interval-s=0.2", "--share-intervals=2", "--metrics-port=0", "--log-level=error"]
+    thread = threading.Thread(target=lambda: codes.append(agent_cli.main(argv, stop=stop)))
+    thread.start()
+
+    def over_share_events() -> list[kubernetes.client.CoreV1Event]:
+        return [e for e in core.list_namespaced_event(namespace).items
+                if e.reason == EVENT_REASON_GPU_MEMORY_OVER_SHARE]
+
+    try:
+        (event,) = wait_until(lambda: over_share_events() or None, timeout_s=30,
+                              what="the agent's GPUMemoryOverShare Event")
+        reported_at = time.time()
+
+        def read_since() -> bool:
+            # The agent republishes its (unchanged) reading every 4 intervals: a timestamp a
+            # second past the Event means five more readings, all over its share.
+            annotations = core.read_node(node).metadata.annotations or {}
+            usage = parse(annotations[ANNOTATION_GPU_USAGE])
+            return usage.timestamp > reported_at + 1.0
+
+        wait_until(read_since, timeout_s=30, what="more readings after the Event")
+    finally:
+        stop.set()
+        thread.join(30)
+        structlog.reset_defaults()
+    assert codes == [0]
+    assert (event.involved_object.name, event.involved_object.uid, event.type) == (
+        "over", uids["over"], "Warning")
+    assert "hold 9000 MiB, more than its share of 8192 MiB (100 milli-GPU of 81920 MiB)" in \
+        event.message, event.message
+    assert [e.involved_object.name for e in over_share_events()] == ["over"]

@@ -113,8 +113,13 @@ class RegistrationClient:
             response_deserializer=pb.Empty.FromString)
 
     def register(self, request: pb.RegisterRequest, *, timeout_s: float) -> None:
-        """Raises ``grpc.RpcError`` when the kubelet refuses or cannot be reached."""
-        self._register(request, timeout=timeout_s, wait_for_ready=True)
+        """Raises ``grpc.RpcError`` when the kubelet refuses or cannot be reached.
+
+        Fails fast (``UNAVAILABLE``) when nothing listens on the socket, rather than waiting
+        ``timeout_s`` for a kubelet to appear: a dead kubelet leaves its socket behind, and the
+        caller retries at its next look anyway (``timeout_s`` bounds a kubelet that accepted
+        the connection but does not answer)."""
+        self._register(request, timeout=timeout_s, wait_for_ready=False)
 
     def close(self) -> None:
         self._channel.close()

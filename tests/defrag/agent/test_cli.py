@@ -105,6 +105,10 @@ def test_missing_node_name_is_bad_input(capsys: pytest.CaptureFixture[str]) -> N
 def test_bad_flag_value_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--node-name", "n", "--leak-intervals", "0"], nvml=fake_nvml()) == 2
     assert "leak_intervals" in assert_one_clear_line(capsys, "bad_input")["error"]
+    assert cli.main(["--node-name", "n", "--share-intervals", "0"], nvml=fake_nvml()) == 2
+    assert "share_intervals" in assert_one_clear_line(capsys, "bad_input")["error"]
+    assert cli.main(["--node-name", "n", "--share-cooldown-s", "-1"], nvml=fake_nvml()) == 2
+    assert "share_cooldown_s" in assert_one_clear_line(capsys, "bad_input")["error"]
     assert cli.main(["--node-name", "n", "--metrics-port", "70000"], nvml=fake_nvml()) == 2
     assert "metrics_port" in assert_one_clear_line(capsys, "bad_input")["error"]
     assert cli.main(["--interval-s", "soon"]) == EXIT_BAD_INPUT  # argparse's own message
@@ -117,7 +121,8 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.startswith("usage: gpufrag agent")
     for flag in ("--node-name", "--interval-s", "--tolerance-mib", "--leak-threshold-mib",
                  "--leak-intervals", "--metrics-port", "--kubeconfig", "--once", "--proc-root",
-                 "--nvml-recording"):
+                 "--nvml-recording", "--share-tolerance-mib", "--share-intervals",
+                 "--share-cooldown-s"):
         assert flag in out
 
 

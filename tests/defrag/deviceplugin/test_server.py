@@ -8,7 +8,9 @@ the same in test_kubelet_harness.py.
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -132,6 +134,28 @@ def test_a_refused_registration_is_retried(folder: Path) -> None:
         supervisor.tick()
         assert not supervisor.ready and kubelet.requests == []
         kubelet.refuse = False
+        supervisor.tick()
+        assert supervisor.ready and len(kubelet.requests) == 2
+    finally:
+        supervisor.stop()
+        kubelet.stop()
+
+
+def test_a_dead_kubelets_socket_fails_registration_at_once(folder: Path) -> None:
+    """A kubelet that died leaves kubelet.sock behind with nobody listening: registering fails
+    at once and is retried at the next look, so a SIGTERM meanwhile is not held up by the
+    registration timeout (10 s per resource)."""
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(folder / "kubelet.sock"))
+    stale.close()  # the file stays; connecting to it is refused
+    supervisor = _supervisor(folder)
+    kubelet = FakeKubelet(folder)
+    try:
+        started = time.monotonic()
+        supervisor.tick()
+        assert not supervisor.ready
+        assert time.monotonic() - started < 3.0
+        kubelet.start()  # the kubelet comes back: the next look registers
         supervisor.tick()
         assert supervisor.ready and len(kubelet.requests) == 2
     finally:
