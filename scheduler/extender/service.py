@@ -404,8 +404,9 @@ class Extender:
         if self.binder is None:
             raise BindRefused("binding is disabled in this extender (bind.enabled: false)")
         key = f"{namespace}/{name}"
-        request, owner, uid = self._bind_subject(namespace, name, uid)
-        with self.cache.lock, self.cache.reservations.lifted_for_pod(key, owner, uid):
+        # ``uid`` stays the one kube-scheduler sent: the Binding carries it as a precondition.
+        request, owner, pod_uid = self._bind_subject(namespace, name, uid)
+        with self.cache.lock, self.cache.reservations.lifted_for_pod(key, owner, pod_uid):
             state = self.cache.state
             row = state.index.get(node)
             if row is None or not state.active[row]:

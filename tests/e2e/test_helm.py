@@ -242,7 +242,8 @@ def test_values_reach_the_objects_and_the_api_server_accepts_them(
     assert sched_config["extenders"][0]["weight"] == 50
     assert sched_config["extenders"][0]["ignorable"] is False
     ext_config = find(docs, "ConfigMap", "gpufrag-extender-config")["data"]["config.yaml"]  # type: ignore[index]
-    assert yaml.safe_load(ext_config) == {"policy": "bestfit"}
+    assert yaml.safe_load(ext_config) == {"policy": "bestfit",
+                                          "filter": {"answer": "decide", "nodes": 1}}
 
     cron = find(docs, "CronJob", "gpufrag-defrag")
     assert cron["spec"]["schedule"] == "0 * * * *"  # type: ignore[index]
