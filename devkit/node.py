@@ -4,9 +4,10 @@ The kubelet is the ``kubelet`` entry of the multi-call binary ``devkit/cluster/b
 same ``k8s.io/kubernetes`` module as the control plane). The runtime is either
 
 - ``"containerd"``: Debian's containerd, runc and containernetworking-plugins
-  (``scripts/install-node-deps``), with a private config, root, state and socket under the node's
-  directory; pods get a bridge network (``gpufrag0``, 10.244.0.0/24, host-local IPAM) and really
-  run; images are imported into containerd's store from OCI archives (no registry, no pull); or
+  (``scripts/install-node-deps``), with a private config, state and socket under the node's
+  directory and its root (the image store) kept between runs (see below); pods get a bridge
+  network (``gpufrag0``, 10.244.0.0/24, host-local IPAM) and really run; images are imported
+  into containerd's store from OCI archives (no registry, no pull); or
 - ``"fake"``: upstream's fake CRI (``k8s.io/cri-client/pkg/fake``, the ``fake-cri`` entry of
   the same binary): admission, the device manager and the pod lifecycle run, no container does.
 
@@ -23,6 +24,14 @@ One node per machine: the kubelet's device-plugin registration socket is not und
 exclusive lock (``/run/gpufrag-node.lock``) while it runs.
 
 Settings that this machine needs (cgroup v1 hierarchy, no systemd) are in :func:`kubelet_config`.
+
+containerd's root (its content store, image metadata and unpacked snapshots) is kept between
+runs in ``$GPUFRAG_CACHE_DIR/node/containerd-root`` (:func:`containerd_root_cache`): importing
+the project's image into an empty store costs ~20-50 s (unpacking ~190 MiB of layers), into one
+that has it ~2 s (the archive is read and checked, nothing is unpacked). The node lock makes it
+one containerd's at a time; a node removes its containers at stop (and a crashed run's at
+start), and :meth:`Node.import_project_image` drops the project images whose archives the image
+cache no longer keeps, so the store holds at most the same few images.
 """
 
 from __future__ import annotations
@@ -45,7 +54,14 @@ import kubernetes
 import yaml
 
 from devkit.controlplane import ControlPlane
-from devkit.image import write_oci_archive
+from devkit.image import (
+    IMAGE_NAME,
+    BuiltImage,
+    build_image,
+    cached_image_refs,
+    gpufrag_cache_dir,
+    write_oci_archive,
+)
 from devkit.pki import run_openssl
 from devkit.procs import (
     EXIT_WITH_PARENT_ENV,
@@ -71,6 +87,11 @@ BUSYBOX_APPLETS: Final = ("sh", "echo", "sleep", "cat", "ls", "id", "hostname", 
 
 class NodeError(ControlPlaneError):
     """The node could not be started (what failed, and the component's last log lines)."""
+
+
+def containerd_root_cache() -> Path:
+    """containerd's root, kept between runs (see the module doc)."""
+    return gpufrag_cache_dir() / "node" / "containerd-root"
 
 
 # -- images --------------------------------------------------------------------------------------
@@ -163,6 +184,19 @@ def probe_containers(timeout_s: float = 30.0) -> str | None:
     return None
 
 
+def stale_image_refs(ctr_images_ls: str, name: str, keep: set[str]) -> list[str]:
+    """From ``ctr images ls`` output, the references to remove: ``name:*`` not in ``keep``, and
+    the CRI's ``sha256:<id>`` reference to the same manifest, unless something kept (any other
+    image, a kept ``name:*``) has that manifest too."""
+    digests = {row[0]: row[2] for row in (line.split() for line in
+                                           ctr_images_ls.splitlines()[1:]) if len(row) >= 3}
+    ours = {ref: d for ref, d in digests.items() if ref.startswith(f"{name}:")}
+    kept = {d for ref, d in digests.items()
+            if ref in keep or not (ref in ours or ref.startswith("sha256:"))}
+    stale = {d for ref, d in ours.items() if ref not in keep} - kept
+    return sorted(ref for ref, d in digests.items() if d in stale)
+
+
 # -- configuration -------------------------------------------------------------------------------
 
 def kubelet_config(*, runtime_endpoint: str, port: int, healthz_port: int, ca_file: Path,
@@ -210,11 +244,12 @@ def kubelet_config(*, runtime_endpoint: str, port: int, healthz_port: int, ca_fi
     }
 
 
-def containerd_config(node_dir: Path, *, cgroup_driver: str = "cgroupfs") -> str:
-    """containerd 1.6 (config version 2) with everything private to ``node_dir``."""
+def containerd_config(node_dir: Path, *, root: Path, cgroup_driver: str = "cgroupfs") -> str:
+    """containerd 1.6 (config version 2): its store in ``root``, the rest (state, sockets)
+    private to ``node_dir``."""
     c = node_dir / "containerd"
     return f"""version = 2
-root = "{c / 'root'}"
+root = "{root}"
 state = "{c / 'state'}"
 [grpc]
   address = "{c / 'containerd.sock'}"
@@ -267,7 +302,8 @@ class Node:
 
     def __init__(self, plane: ControlPlane, name: str = "node-0", *, runtime: str = "auto",
                  node_dir: Path | None = None, start_timeout_s: float = 90.0,
-                 labels: dict[str, str] | None = None) -> None:
+                 labels: dict[str, str] | None = None,
+                 containerd_root: Path | None = None) -> None:
         if runtime not in ("auto", "containerd", "fake"):
             raise ValueError(f"runtime must be auto, containerd or fake, not {runtime!r}")
         self.plane = plane
@@ -281,6 +317,7 @@ class Node:
         self.pod_logs_dir = self.node_dir / "pod-logs"
         self.start_timeout_s = start_timeout_s
         self.labels = labels or {}
+        self.containerd_root = containerd_root or containerd_root_cache()
         self.components: dict[str, ComponentProcess] = {}
         self.startup_s: float | None = None
         self._lock: io.TextIOWrapper | None = None
@@ -436,11 +473,24 @@ class Node:
         (self.node_dir / "cni" / "net.d" / "10-gpufrag.conflist").write_text(
             json.dumps(cni_conflist(self.node_dir), indent=1))
         config = self.node_dir / "containerd" / "config.toml"
-        config.write_text(containerd_config(self.node_dir))
-        containerd = self._launch("containerd", ["containerd", "--config", str(config)])
+        self.containerd_root.mkdir(parents=True, exist_ok=True)
+        config.write_text(containerd_config(self.node_dir, root=self.containerd_root))
         sock = self.node_dir / "containerd" / "containerd.sock"
-        wait_until(lambda: True if (sock.exists() and self._ctr("version").returncode == 0)
-                   else _alive_or_raise(containerd), timeout_s=30, what="containerd to listen")
+
+        def launch() -> ComponentProcess:
+            containerd = self._launch("containerd", ["containerd", "--config", str(config)])
+            wait_until(lambda: True if (sock.exists() and self._ctr("version").returncode == 0)
+                       else _alive_or_raise(containerd), timeout_s=30,
+                       what="containerd to listen")
+            return containerd
+
+        containerd = launch()
+        if self._ctr("containers", "ls", "-q", timeout_s=15).stdout.split():
+            # A crashed run's containers, in the store kept between runs: remove them, and
+            # restart so that the CRI plugin does not hand their sandboxes to this kubelet.
+            self._remove_containers()
+            containerd.stop()
+            launch()
         self._remove_pod_netns()  # a crashed run's leftovers
         self._expose_api_server()
         for ref, cmd in ((PAUSE_IMAGE, ["/bin/sh", "-c", "trap 'exit 0' TERM INT; "
@@ -526,12 +576,32 @@ class Node:
         return text
 
     def import_image(self, archive: Path) -> None:
-        """Import an OCI/docker archive into the node's containerd (the kubelet never pulls)."""
+        """Import an OCI/docker archive into the node's containerd (the kubelet never pulls).
+        Into a store that has the image already, this reads and checks the archive and
+        unpacks nothing."""
         if self.runtime != "containerd":
             raise NodeError("images are imported only into the containerd runtime")
         result = self._ctr("images", "import", str(archive), timeout_s=600)
         if result.returncode != 0:
             raise NodeError(f"ctr images import {archive} failed: {result.stderr.strip()}")
+
+    def import_project_image(self) -> tuple[BuiltImage, float]:
+        """Build the project's image (cached, :func:`devkit.image.build_image`) and import it;
+        the image and the import's seconds. What the node tests and ``gpufrag dev-cluster up
+        --node`` both run, so people get the image the tests get."""
+        built = build_image()
+        started = time.monotonic()
+        self.import_image(built.archive)
+        self._prune_project_images(keep={built.ref, *cached_image_refs()})
+        return built, time.monotonic() - started
+
+    def _prune_project_images(self, keep: set[str]) -> list[str]:
+        """Remove the project's images not in ``keep`` from the (persistent) store."""
+        listed = self._ctr("images", "ls", timeout_s=30)
+        drop = stale_image_refs(listed.stdout, IMAGE_NAME, keep)
+        if drop:
+            self._ctr("images", "rm", "--sync", *drop, timeout_s=120)
+        return drop
 
     def stop(self) -> None:
         """Stop the kubelet, then the runtime and everything it left; idempotent."""
@@ -551,6 +621,7 @@ class Node:
             self._remove_pod_netns()
         self._unexpose_api_server()
         self._unmount_under(self.node_dir)
+        self._unmount_under(self.containerd_root)
         if self._lock is not None:
             self._lock.close()
             self._lock = None
