@@ -27,11 +27,12 @@ Settings that this machine needs (cgroup v1 hierarchy, no systemd) are in :func:
 
 containerd's root (its content store, image metadata and unpacked snapshots) is kept between
 runs in ``$GPUFRAG_CACHE_DIR/node/containerd-root`` (:func:`containerd_root_cache`): importing
-the project's image into an empty store costs ~20-50 s (unpacking ~190 MiB of layers), into one
+the project's image into an empty store costs ~20-50 s (unpacking ~260 MiB of layers), into one
 that has it ~2 s (the archive is read and checked, nothing is unpacked). The node lock makes it
-one containerd's at a time; a node removes its containers at stop (and a crashed run's at
-start), and :meth:`Node.import_project_image` drops the project images whose archives the image
-cache no longer keeps, so the store holds at most the same few images.
+one containerd's at a time; a node removes its containers at stop (at start, a crashed run's,
+and a crashed run's containerd still holding the store), and
+:meth:`Node.import_project_image` drops the project images whose archives the image cache no
+longer keeps, so the store holds at most the same few images.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ import fcntl
 import io
 import json
 import os
+import re
+import shlex
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
@@ -75,6 +79,7 @@ DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 NODE_LOCK: Final = Path("/run/gpufrag-node.lock")
 POD_SUBNET: Final = "10.244.0.0/24"
 BRIDGE: Final = "gpufrag0"
+API_SERVER_RULE_COMMENT: Final = "gpufrag node "  # + the node's name
 # Images the node imports into containerd at start (built from busybox-static, no registry).
 PAUSE_IMAGE: Final = "gpufrag.local/pause:1"
 BUSYBOX_IMAGE: Final = "gpufrag.local/busybox:1"
@@ -457,11 +462,42 @@ class Node:
         wait_until(lambda: True if sock.exists() else _alive_or_raise(fake),
                    timeout_s=30, what="the fake CRI to listen")
 
-    def _ctr(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    @property
+    def containerd_address(self) -> str:
+        return str(self.node_dir / "containerd" / "containerd.sock")
+
+    def _ctr(self, *args: str, timeout_s: float = 60,
+             address: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["ctr", "--address", str(self.node_dir / "containerd" / "containerd.sock"),
+            ["ctr", "--address", address or self.containerd_address,
              "--namespace", "k8s.io", *args], capture_output=True, text=True,
             timeout=timeout_s, check=False)
+
+    def _stop_crashed_containerd(self) -> list[int]:
+        """A crashed run's containerd on the kept root (its kubelet and Python process gone,
+        it and its containers still running) holds the store's lock, so a new containerd there
+        would never listen: remove its containers through it, stop it and its shims. Called
+        with the node lock held, so no running node owns it."""
+        stopped = []
+        for pid, config in _containerd_processes():
+            try:
+                text = config.read_text()
+            except OSError:
+                continue
+            if f'root = "{self.containerd_root}"' not in text:
+                continue
+            match = re.search(r'^\s*address = "([^"]+\.sock)"$', text, re.MULTILINE)
+            if match:
+                self._remove_containers(address=match.group(1))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10  # SIGKILL: it goes, and its lock with it
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if match:
+                _kill_shims(match.group(1))
+            stopped.append(pid)
+        return stopped
 
     def _start_containerd(self) -> None:
         missing = containerd_installed()
@@ -479,11 +515,17 @@ class Node:
 
         def launch() -> ComponentProcess:
             containerd = self._launch("containerd", ["containerd", "--config", str(config)])
-            wait_until(lambda: True if (sock.exists() and self._ctr("version").returncode == 0)
-                       else _alive_or_raise(containerd), timeout_s=30,
-                       what="containerd to listen")
+            try:
+                wait_until(lambda: True if (sock.exists() and
+                                            self._ctr("version").returncode == 0)
+                           else _alive_or_raise(containerd), timeout_s=30,
+                           what="containerd to listen")
+            except TimeoutError as exc:
+                raise NodeError(f"{exc}\n{containerd.describe_failure('did not listen')}") \
+                    from None
             return containerd
 
+        self._stop_crashed_containerd()
         containerd = launch()
         if self._ctr("containers", "ls", "-q", timeout_s=15).stdout.split():
             # A crashed run's containers, in the store kept between runs: remove them, and
@@ -522,7 +564,7 @@ class Node:
         port = self.plane.server.rsplit(":", 1)[1]
         return ["PREROUTING", "-i", BRIDGE, "-d", f"{self.plane.service_ip}/32", "-p", "tcp",
                 "--dport", "443", "-j", "DNAT", "--to-destination", f"127.0.0.1:{port}",
-                "-m", "comment", "--comment", f"gpufrag node {self.name}"]
+                "-m", "comment", "--comment", f"{API_SERVER_RULE_COMMENT}{self.name}"]
 
     def _expose_api_server(self) -> None:
         """The ``kubernetes`` Service for pods (what kube-proxy would do for this one Service):
@@ -536,11 +578,28 @@ class Node:
                            capture_output=True)
         subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True, capture_output=True)
         Path(f"/proc/sys/net/ipv4/conf/{BRIDGE}/route_localnet").write_text("1\n")
+        self._remove_crashed_api_server_rules()
         result = subprocess.run(["iptables", "-t", "nat", "-A", *self._api_server_rule()],
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise NodeError(f"iptables DNAT for the kubernetes Service: {result.stderr.strip()}")
         self._api_server_exposed = True
+
+    @staticmethod
+    def _remove_crashed_api_server_rules() -> int:
+        """A crashed run's DNAT rule (to its API server's port, now closed) comes first in the
+        chain and would send pods' connections there (seen here: connection refused from
+        every in-cluster client). Called with the node lock held, so no running node owns it."""
+        listed = subprocess.run(["iptables", "-t", "nat", "-S", "PREROUTING"],
+                                capture_output=True, text=True, check=False).stdout
+        removed = 0
+        for line in listed.splitlines():
+            rule = shlex.split(line)
+            if rule[:1] == ["-A"] and any(a.startswith(API_SERVER_RULE_COMMENT) for a in rule):
+                subprocess.run(["iptables", "-t", "nat", "-D", *rule[1:]], capture_output=True,
+                               check=False)
+                removed += 1
+        return removed
 
     def _unexpose_api_server(self) -> None:
         if self._api_server_exposed:
@@ -616,7 +675,7 @@ class Node:
         for name, component in reversed(list(self.components.items())):
             if name != "kubelet":
                 component.stop()
-        self._kill_shims()
+        _kill_shims(self.containerd_address)
         if self.runtime == "containerd":
             self._remove_pod_netns()
         self._unexpose_api_server()
@@ -626,32 +685,17 @@ class Node:
             self._lock.close()
             self._lock = None
 
-    def _remove_containers(self) -> None:
+    def _remove_containers(self, address: str | None = None) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-            listed = self._ctr("tasks", "ls", "-q", timeout_s=15)
+            listed = self._ctr("tasks", "ls", "-q", timeout_s=15, address=address)
             for task in listed.stdout.split():
-                self._ctr("tasks", "kill", "-s", "SIGKILL", task, timeout_s=10)
+                self._ctr("tasks", "kill", "-s", "SIGKILL", task, timeout_s=10, address=address)
             time.sleep(0.5)
             for task in listed.stdout.split():
-                self._ctr("tasks", "rm", "-f", task, timeout_s=10)
-            for container in self._ctr("containers", "ls", "-q", timeout_s=15).stdout.split():
-                self._ctr("containers", "rm", container, timeout_s=10)
-
-    def _kill_shims(self) -> None:
-        """containerd's shims run in their own sessions and outlive it: stop the ones that
-        belong to this node's containerd (their command line names its socket)."""
-        address = str(self.node_dir / "containerd" / "containerd.sock")
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and \
-                    address.encode() in cmdline:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(proc.name), 9)
+                self._ctr("tasks", "rm", "-f", task, timeout_s=10, address=address)
+            for container in self._ctr("containers", "ls", "-q", timeout_s=15,
+                                       address=address).stdout.split():
+                self._ctr("containers", "rm", container, timeout_s=10, address=address)
 
     @staticmethod
     def _unmount_under(root: Path) -> None:
@@ -663,6 +707,35 @@ class Node:
             return
         for target in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
             subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+
+def _processes() -> list[tuple[int, list[bytes]]]:
+    """Every process's pid and command line (those that can be read)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                found.append((int(proc.name), (proc / "cmdline").read_bytes().split(b"\0")))
+    return found
+
+
+def _containerd_processes() -> list[tuple[int, Path]]:
+    """The running containerd daemons started with ``--config FILE``, and that file."""
+    found = []
+    for pid, cmdline in _processes():
+        if cmdline and cmdline[0].endswith(b"containerd") and b"--config" in cmdline[:-1]:
+            found.append((pid, Path(cmdline[cmdline.index(b"--config") + 1].decode())))
+    return found
+
+
+def _kill_shims(address: str) -> None:
+    """containerd's shims run in their own sessions and outlive it: stop the ones that belong
+    to the containerd listening on ``address`` (their command line names its socket)."""
+    for pid, cmdline in _processes():
+        if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and \
+                address.encode() in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _alive_or_raise(component: ComponentProcess) -> None:
