@@ -17,6 +17,7 @@ from typing import Any
 
 from devkit.build import BINARY_ENV, BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
+from devkit.image import ImageBuildError
 from devkit.node import Node
 from devkit.procs import ControlPlaneError, signal_group, tail
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK
@@ -100,15 +101,17 @@ def _cmd_up(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
         _create_demo_nodes(plane, args.gpu_nodes)
+        image: str | None = None
         if args.node:
             node = Node(plane, "node-0").start()
             print(f"node {node.name} Ready in {node.startup_s or 0:.1f}s (runtime {node.runtime}"
                   f"{'; ' + node.runtime_note if node.runtime_note else ''}); logs: "
                   f"{node.logs_dir}", flush=True)
+            image = _node_image(node, skip=args.no_image)
         state_file.parent.mkdir(parents=True, exist_ok=True)
         state_file.write_text(json.dumps({
             "pid": os.getpid(), "kubeconfig": str(plane.kubeconfig_path), "server": plane.server,
-            "work_dir": str(plane.work_dir), "binary": str(plane.binary)}))
+            "work_dir": str(plane.work_dir), "binary": str(plane.binary), "image": image}))
         for line in _usage_lines(plane):
             print(line, flush=True)
         if not args.quiet_wait:
@@ -133,6 +136,43 @@ def _cmd_up(args: argparse.Namespace) -> int:
             state_file.unlink(missing_ok=True)
 
 
+def _node_image(node: Node, *, skip: bool) -> str | None:
+    """The project's image on the node (built if its cache is cold, then imported: what the
+    node tests run), and what to tell people about it; None when skipped or impossible."""
+    if skip:
+        print("image: skipped (--no-image); without it, 'up --node' builds the project's "
+              "image (cached) and imports it into the node", flush=True)
+        return None
+    if node.runtime != "containerd":
+        print(f"image: not imported, the {node.runtime} runtime runs no containers", flush=True)
+        return None
+    print("image: building (cached) and importing the project's image; --no-image skips it",
+          flush=True)
+    try:
+        built, import_s = node.import_project_image()
+    except ImageBuildError as e:
+        raise ImageBuildError(f"{e}\n(--no-image starts the node without the project's image)") \
+            from e
+    print(f"image {built.ref}: {'built' if built.cold else 'cached'} in {built.seconds:.1f}s, "
+          f"imported in {import_s:.1f}s\n  {_image_hint(built.ref)}", flush=True)
+    return built.ref
+
+
+def _image_hint(ref: str) -> str:
+    return f"use it in pods as image: {ref} with imagePullPolicy: Never (the node never pulls)"
+
+
+def _detached_command(args: argparse.Namespace) -> list[str]:
+    """``up`` again, in the foreground of a background process, with the same choices."""
+    command = [sys.executable, "-m", "devkit.cli", "up", "--quiet-wait",
+               f"--state-file={args.state_file}", f"--timeout-s={args.timeout_s}",
+               f"--gpu-nodes={args.gpu_nodes}", *(["--node"] if args.node else []),
+               *(["--no-image"] if args.no_image else [])]
+    if args.binary:
+        command.append(f"--binary={args.binary}")
+    return command
+
+
 def _up_detached(args: argparse.Namespace) -> int:
     """Start ``up`` again as a background session leader and wait until it reports ready.
 
@@ -143,11 +183,7 @@ def _up_detached(args: argparse.Namespace) -> int:
     state_file.parent.mkdir(parents=True, exist_ok=True)
     state_file.unlink(missing_ok=True)
     log_path = state_file.with_suffix(".log")
-    command = [sys.executable, "-m", "devkit.cli", "up", "--quiet-wait",
-               f"--state-file={state_file}", f"--timeout-s={args.timeout_s}",
-               f"--gpu-nodes={args.gpu_nodes}", *(["--node"] if args.node else [])]
-    if args.binary:
-        command.append(f"--binary={args.binary}")
+    command = _detached_command(args)
     with log_path.open("wb") as log:
         child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
@@ -161,6 +197,8 @@ def _up_detached(args: argparse.Namespace) -> int:
                   "'gpufrag dev-cluster down' stops it")
             print(f"  export KUBECONFIG={state['kubeconfig']}")
             print(f"  {Path(state['binary']).parent / 'kubectl'} get nodes")
+            if state.get("image"):
+                print(f"  {_image_hint(state['image'])}")
             return EXIT_OK
         if child.poll() is not None:
             print(f"dev-cluster: background start failed (exit {child.returncode}):\n"
@@ -193,7 +231,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpufrag dev-cluster",
         description="Start or stop a local Kubernetes control plane (etcd, kube-apiserver, "
-                    "controller-manager, scheduler; no kubelet) on 127.0.0.1.")
+                    "controller-manager, scheduler) on 127.0.0.1; with --node, a real kubelet and "
+                    "container runtime beside it, with the project's image imported.")
     sub = parser.add_subparsers(dest="action", required=True)
     up = sub.add_parser("up", help="build if needed, start, and stay in the foreground")
     up.add_argument("--binary", help=f"use this control-plane binary instead of building "
@@ -204,7 +243,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="create N fake nodes with 8 A100-80GB GPUs each (default 0)")
     up.add_argument("--node", action="store_true",
                     help="also start a real node (kubelet + containerd, or a fake CRI where "
-                         "containers cannot run; needs root; see docs/node.md)")
+                         "containers cannot run; needs root; see docs/node.md), with the "
+                         "project's image built (cached) and imported into it")
+    up.add_argument("--no-image", action="store_true",
+                    help="with --node: do not build or import the project's image (a quicker "
+                         "start; the node has only its busybox images)")
     up.add_argument("--timeout-s", type=float, default=120.0,
                     help="how long each component may take to become ready (default 120)")
     up.add_argument("--quiet-wait", action="store_true", help=argparse.SUPPRESS)
@@ -226,6 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.action == "up":
         if args.gpu_nodes < 0:
             print(f"dev-cluster: --gpu-nodes must be >= 0, got {args.gpu_nodes}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        if args.no_image and not args.node:
+            print("dev-cluster: --no-image applies only with --node (the image is imported "
+                  "into the node's runtime)", file=sys.stderr)
             return EXIT_BAD_INPUT
         return _cmd_up(args)
     return _cmd_down(args)

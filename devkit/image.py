@@ -78,8 +78,20 @@ class BuiltImage:
     size_bytes: int  # the archive's size (uncompressed layers)
 
 
+def gpufrag_cache_dir() -> Path:
+    """``$GPUFRAG_CACHE_DIR``, default ``~/.cache/gpufrag``: the dev kit's caches."""
+    return Path(os.environ.get("GPUFRAG_CACHE_DIR") or Path.home() / ".cache" / "gpufrag")
+
+
 def cache_root() -> Path:
-    return Path(os.environ.get("GPUFRAG_CACHE_DIR", Path.home() / ".cache" / "gpufrag")) / "image"
+    return gpufrag_cache_dir() / "image"
+
+
+def cached_image_refs() -> set[str]:
+    """The references of the project images whose archives the cache keeps (the
+    :data:`KEEP_ARCHIVES` newest): what a node's persistent image store keeps too."""
+    return {f"{IMAGE_NAME}:{p.name.removeprefix('gpufrag-').removesuffix('.oci.tar')}"
+            for p in cache_root().glob("gpufrag-*.oci.tar")}
 
 
 # -- OCI archives ------------------------------------------------------------------------------

@@ -4,9 +4,10 @@ The kubelet is the ``kubelet`` entry of the multi-call binary ``devkit/cluster/b
 same ``k8s.io/kubernetes`` module as the control plane). The runtime is either
 
 - ``"containerd"``: Debian's containerd, runc and containernetworking-plugins
-  (``scripts/install-node-deps``), with a private config, root, state and socket under the node's
-  directory; pods get a bridge network (``gpufrag0``, 10.244.0.0/24, host-local IPAM) and really
-  run; images are imported into containerd's store from OCI archives (no registry, no pull); or
+  (``scripts/install-node-deps``), with a private config, state and socket under the node's
+  directory and its root (the image store) kept between runs (see below); pods get a bridge
+  network (``gpufrag0``, 10.244.0.0/24, host-local IPAM) and really run; images are imported
+  into containerd's store from OCI archives (no registry, no pull); or
 - ``"fake"``: upstream's fake CRI (``k8s.io/cri-client/pkg/fake``, the ``fake-cri`` entry of
   the same binary): admission, the device manager and the pod lifecycle run, no container does.
 
@@ -23,6 +24,15 @@ One node per machine: the kubelet's device-plugin registration socket is not und
 exclusive lock (``/run/gpufrag-node.lock``) while it runs.
 
 Settings that this machine needs (cgroup v1 hierarchy, no systemd) are in :func:`kubelet_config`.
+
+containerd's root (its content store, image metadata and unpacked snapshots) is kept between
+runs in ``$GPUFRAG_CACHE_DIR/node/containerd-root`` (:func:`containerd_root_cache`): importing
+the project's image into an empty store costs ~20-50 s (unpacking ~260 MiB of layers), into one
+that has it ~2 s (the archive is read and checked, nothing is unpacked). The node lock makes it
+one containerd's at a time; a node removes its containers at stop (at start, a crashed run's,
+and a crashed run's containerd still holding the store), and
+:meth:`Node.import_project_image` drops the project images whose archives the image cache no
+longer keeps, so the store holds at most the same few images.
 """
 
 from __future__ import annotations
@@ -32,7 +42,10 @@ import fcntl
 import io
 import json
 import os
+import re
+import shlex
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
@@ -45,7 +58,14 @@ import kubernetes
 import yaml
 
 from devkit.controlplane import ControlPlane
-from devkit.image import write_oci_archive
+from devkit.image import (
+    IMAGE_NAME,
+    BuiltImage,
+    build_image,
+    cached_image_refs,
+    gpufrag_cache_dir,
+    write_oci_archive,
+)
 from devkit.pki import run_openssl
 from devkit.procs import (
     EXIT_WITH_PARENT_ENV,
@@ -59,6 +79,7 @@ DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 NODE_LOCK: Final = Path("/run/gpufrag-node.lock")
 POD_SUBNET: Final = "10.244.0.0/24"
 BRIDGE: Final = "gpufrag0"
+API_SERVER_RULE_COMMENT: Final = "gpufrag node "  # + the node's name
 # Images the node imports into containerd at start (built from busybox-static, no registry).
 PAUSE_IMAGE: Final = "gpufrag.local/pause:1"
 BUSYBOX_IMAGE: Final = "gpufrag.local/busybox:1"
@@ -71,6 +92,11 @@ BUSYBOX_APPLETS: Final = ("sh", "echo", "sleep", "cat", "ls", "id", "hostname", 
 
 class NodeError(ControlPlaneError):
     """The node could not be started (what failed, and the component's last log lines)."""
+
+
+def containerd_root_cache() -> Path:
+    """containerd's root, kept between runs (see the module doc)."""
+    return gpufrag_cache_dir() / "node" / "containerd-root"
 
 
 # -- images --------------------------------------------------------------------------------------
@@ -163,6 +189,19 @@ def probe_containers(timeout_s: float = 30.0) -> str | None:
     return None
 
 
+def stale_image_refs(ctr_images_ls: str, name: str, keep: set[str]) -> list[str]:
+    """From ``ctr images ls`` output, the references to remove: ``name:*`` not in ``keep``, and
+    the CRI's ``sha256:<id>`` reference to the same manifest, unless something kept (any other
+    image, a kept ``name:*``) has that manifest too."""
+    digests = {row[0]: row[2] for row in (line.split() for line in
+                                           ctr_images_ls.splitlines()[1:]) if len(row) >= 3}
+    ours = {ref: d for ref, d in digests.items() if ref.startswith(f"{name}:")}
+    kept = {d for ref, d in digests.items()
+            if ref in keep or not (ref in ours or ref.startswith("sha256:"))}
+    stale = {d for ref, d in ours.items() if ref not in keep} - kept
+    return sorted(ref for ref, d in digests.items() if d in stale)
+
+
 # -- configuration -------------------------------------------------------------------------------
 
 def kubelet_config(*, runtime_endpoint: str, port: int, healthz_port: int, ca_file: Path,
@@ -210,11 +249,12 @@ def kubelet_config(*, runtime_endpoint: str, port: int, healthz_port: int, ca_fi
     }
 
 
-def containerd_config(node_dir: Path, *, cgroup_driver: str = "cgroupfs") -> str:
-    """containerd 1.6 (config version 2) with everything private to ``node_dir``."""
+def containerd_config(node_dir: Path, *, root: Path, cgroup_driver: str = "cgroupfs") -> str:
+    """containerd 1.6 (config version 2): its store in ``root``, the rest (state, sockets)
+    private to ``node_dir``."""
     c = node_dir / "containerd"
     return f"""version = 2
-root = "{c / 'root'}"
+root = "{root}"
 state = "{c / 'state'}"
 [grpc]
   address = "{c / 'containerd.sock'}"
@@ -267,7 +307,8 @@ class Node:
 
     def __init__(self, plane: ControlPlane, name: str = "node-0", *, runtime: str = "auto",
                  node_dir: Path | None = None, start_timeout_s: float = 90.0,
-                 labels: dict[str, str] | None = None) -> None:
+                 labels: dict[str, str] | None = None,
+                 containerd_root: Path | None = None) -> None:
         if runtime not in ("auto", "containerd", "fake"):
             raise ValueError(f"runtime must be auto, containerd or fake, not {runtime!r}")
         self.plane = plane
@@ -281,6 +322,7 @@ class Node:
         self.pod_logs_dir = self.node_dir / "pod-logs"
         self.start_timeout_s = start_timeout_s
         self.labels = labels or {}
+        self.containerd_root = containerd_root or containerd_root_cache()
         self.components: dict[str, ComponentProcess] = {}
         self.startup_s: float | None = None
         self._lock: io.TextIOWrapper | None = None
@@ -420,11 +462,42 @@ class Node:
         wait_until(lambda: True if sock.exists() else _alive_or_raise(fake),
                    timeout_s=30, what="the fake CRI to listen")
 
-    def _ctr(self, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    @property
+    def containerd_address(self) -> str:
+        return str(self.node_dir / "containerd" / "containerd.sock")
+
+    def _ctr(self, *args: str, timeout_s: float = 60,
+             address: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["ctr", "--address", str(self.node_dir / "containerd" / "containerd.sock"),
+            ["ctr", "--address", address or self.containerd_address,
              "--namespace", "k8s.io", *args], capture_output=True, text=True,
             timeout=timeout_s, check=False)
+
+    def _stop_crashed_containerd(self) -> list[int]:
+        """A crashed run's containerd on the kept root (its kubelet and Python process gone,
+        it and its containers still running) holds the store's lock, so a new containerd there
+        would never listen: remove its containers through it, stop it and its shims. Called
+        with the node lock held, so no running node owns it."""
+        stopped = []
+        for pid, config in _containerd_processes():
+            try:
+                text = config.read_text()
+            except OSError:
+                continue
+            if f'root = "{self.containerd_root}"' not in text:
+                continue
+            match = re.search(r'^\s*address = "([^"]+\.sock)"$', text, re.MULTILINE)
+            if match:
+                self._remove_containers(address=match.group(1))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10  # SIGKILL: it goes, and its lock with it
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if match:
+                _kill_shims(match.group(1))
+            stopped.append(pid)
+        return stopped
 
     def _start_containerd(self) -> None:
         missing = containerd_installed()
@@ -436,11 +509,30 @@ class Node:
         (self.node_dir / "cni" / "net.d" / "10-gpufrag.conflist").write_text(
             json.dumps(cni_conflist(self.node_dir), indent=1))
         config = self.node_dir / "containerd" / "config.toml"
-        config.write_text(containerd_config(self.node_dir))
-        containerd = self._launch("containerd", ["containerd", "--config", str(config)])
+        self.containerd_root.mkdir(parents=True, exist_ok=True)
+        config.write_text(containerd_config(self.node_dir, root=self.containerd_root))
         sock = self.node_dir / "containerd" / "containerd.sock"
-        wait_until(lambda: True if (sock.exists() and self._ctr("version").returncode == 0)
-                   else _alive_or_raise(containerd), timeout_s=30, what="containerd to listen")
+
+        def launch() -> ComponentProcess:
+            containerd = self._launch("containerd", ["containerd", "--config", str(config)])
+            try:
+                wait_until(lambda: True if (sock.exists() and
+                                            self._ctr("version").returncode == 0)
+                           else _alive_or_raise(containerd), timeout_s=30,
+                           what="containerd to listen")
+            except TimeoutError as exc:
+                raise NodeError(f"{exc}\n{containerd.describe_failure('did not listen')}") \
+                    from None
+            return containerd
+
+        self._stop_crashed_containerd()
+        containerd = launch()
+        if self._ctr("containers", "ls", "-q", timeout_s=15).stdout.split():
+            # A crashed run's containers, in the store kept between runs: remove them, and
+            # restart so that the CRI plugin does not hand their sandboxes to this kubelet.
+            self._remove_containers()
+            containerd.stop()
+            launch()
         self._remove_pod_netns()  # a crashed run's leftovers
         self._expose_api_server()
         for ref, cmd in ((PAUSE_IMAGE, ["/bin/sh", "-c", "trap 'exit 0' TERM INT; "
@@ -472,7 +564,7 @@ class Node:
         port = self.plane.server.rsplit(":", 1)[1]
         return ["PREROUTING", "-i", BRIDGE, "-d", f"{self.plane.service_ip}/32", "-p", "tcp",
                 "--dport", "443", "-j", "DNAT", "--to-destination", f"127.0.0.1:{port}",
-                "-m", "comment", "--comment", f"gpufrag node {self.name}"]
+                "-m", "comment", "--comment", f"{API_SERVER_RULE_COMMENT}{self.name}"]
 
     def _expose_api_server(self) -> None:
         """The ``kubernetes`` Service for pods (what kube-proxy would do for this one Service):
@@ -486,11 +578,28 @@ class Node:
                            capture_output=True)
         subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True, capture_output=True)
         Path(f"/proc/sys/net/ipv4/conf/{BRIDGE}/route_localnet").write_text("1\n")
+        self._remove_crashed_api_server_rules()
         result = subprocess.run(["iptables", "-t", "nat", "-A", *self._api_server_rule()],
                                 capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise NodeError(f"iptables DNAT for the kubernetes Service: {result.stderr.strip()}")
         self._api_server_exposed = True
+
+    @staticmethod
+    def _remove_crashed_api_server_rules() -> int:
+        """A crashed run's DNAT rule (to its API server's port, now closed) comes first in the
+        chain and would send pods' connections there (seen here: connection refused from
+        every in-cluster client). Called with the node lock held, so no running node owns it."""
+        listed = subprocess.run(["iptables", "-t", "nat", "-S", "PREROUTING"],
+                                capture_output=True, text=True, check=False).stdout
+        removed = 0
+        for line in listed.splitlines():
+            rule = shlex.split(line)
+            if rule[:1] == ["-A"] and any(a.startswith(API_SERVER_RULE_COMMENT) for a in rule):
+                subprocess.run(["iptables", "-t", "nat", "-D", *rule[1:]], capture_output=True,
+                               check=False)
+                removed += 1
+        return removed
 
     def _unexpose_api_server(self) -> None:
         if self._api_server_exposed:
@@ -526,7 +635,9 @@ class Node:
         return text
 
     def import_image(self, archive: Path) -> None:
-        """Import an OCI/docker archive into the node's containerd (the kubelet never pulls)."""
+        """Import an OCI/docker archive into the node's containerd (the kubelet never pulls).
+        Into a store that has the image already, this reads and checks the archive and
+        unpacks nothing."""
         if self.runtime != "containerd":
             raise NodeError("images are imported only into the containerd runtime")
         result = self._ctr("images", "import", str(archive), timeout_s=600)
@@ -557,6 +668,24 @@ class Node:
                    else _alive_or_raise(kubelet), timeout_s=timeout_s,
                    what="the restarted kubelet to recreate its device-plugin socket")
 
+    def import_project_image(self) -> tuple[BuiltImage, float]:
+        """Build the project's image (cached, :func:`devkit.image.build_image`) and import it;
+        the image and the import's seconds. What the node tests and ``gpufrag dev-cluster up
+        --node`` both run, so people get the image the tests get."""
+        built = build_image()
+        started = time.monotonic()
+        self.import_image(built.archive)
+        self._prune_project_images(keep={built.ref, *cached_image_refs()})
+        return built, time.monotonic() - started
+
+    def _prune_project_images(self, keep: set[str]) -> list[str]:
+        """Remove the project's images not in ``keep`` from the (persistent) store."""
+        listed = self._ctr("images", "ls", timeout_s=30)
+        drop = stale_image_refs(listed.stdout, IMAGE_NAME, keep)
+        if drop:
+            self._ctr("images", "rm", "--sync", *drop, timeout_s=120)
+        return drop
+
     def stop(self) -> None:
         """Stop the kubelet, then the runtime and everything it left; idempotent."""
         if self._stopped:
@@ -570,41 +699,27 @@ class Node:
         for name, component in reversed(list(self.components.items())):
             if name != "kubelet":
                 component.stop()
-        self._kill_shims()
+        _kill_shims(self.containerd_address)
         if self.runtime == "containerd":
             self._remove_pod_netns()
         self._unexpose_api_server()
         self._unmount_under(self.node_dir)
+        self._unmount_under(self.containerd_root)
         if self._lock is not None:
             self._lock.close()
             self._lock = None
 
-    def _remove_containers(self) -> None:
+    def _remove_containers(self, address: str | None = None) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
-            listed = self._ctr("tasks", "ls", "-q", timeout_s=15)
+            listed = self._ctr("tasks", "ls", "-q", timeout_s=15, address=address)
             for task in listed.stdout.split():
-                self._ctr("tasks", "kill", "-s", "SIGKILL", task, timeout_s=10)
+                self._ctr("tasks", "kill", "-s", "SIGKILL", task, timeout_s=10, address=address)
             time.sleep(0.5)
             for task in listed.stdout.split():
-                self._ctr("tasks", "rm", "-f", task, timeout_s=10)
-            for container in self._ctr("containers", "ls", "-q", timeout_s=15).stdout.split():
-                self._ctr("containers", "rm", container, timeout_s=10)
-
-    def _kill_shims(self) -> None:
-        """containerd's shims run in their own sessions and outlive it: stop the ones that
-        belong to this node's containerd (their command line names its socket)."""
-        address = str(self.node_dir / "containerd" / "containerd.sock")
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and \
-                    address.encode() in cmdline:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(proc.name), 9)
+                self._ctr("tasks", "rm", "-f", task, timeout_s=10, address=address)
+            for container in self._ctr("containers", "ls", "-q", timeout_s=15,
+                                       address=address).stdout.split():
+                self._ctr("containers", "rm", container, timeout_s=10, address=address)
 
     @staticmethod
     def _unmount_under(root: Path) -> None:
@@ -616,6 +731,35 @@ class Node:
             return
         for target in sorted((m for m in mounts if m.startswith(prefix)), reverse=True):
             subprocess.run(["umount", "-l", target], capture_output=True, check=False)
+
+
+def _processes() -> list[tuple[int, list[bytes]]]:
+    """Every process's pid and command line (those that can be read)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                found.append((int(proc.name), (proc / "cmdline").read_bytes().split(b"\0")))
+    return found
+
+
+def _containerd_processes() -> list[tuple[int, Path]]:
+    """The running containerd daemons started with ``--config FILE``, and that file."""
+    found = []
+    for pid, cmdline in _processes():
+        if cmdline and cmdline[0].endswith(b"containerd") and b"--config" in cmdline[:-1]:
+            found.append((pid, Path(cmdline[cmdline.index(b"--config") + 1].decode())))
+    return found
+
+
+def _kill_shims(address: str) -> None:
+    """containerd's shims run in their own sessions and outlive it: stop the ones that belong
+    to the containerd listening on ``address`` (their command line names its socket)."""
+    for pid, cmdline in _processes():
+        if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and \
+                address.encode() in cmdline:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _alive_or_raise(component: ComponentProcess) -> None:

@@ -1,7 +1,7 @@
 """The example's autoscaling as shipped: the HPA scales on the seed's three triggers, each a
 recording rule (tested under promtool in test_rules.py) handed over by prometheus-adapter; the
 pre-warm CronJobs raise minReplicas ahead of the peak and restore it after; the model cache is
-on the node, where the serving runtime looks for it.
+on the node, where the serving runtime looks for it; the grace period covers the shutdown.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from serving.cache import MODEL_CACHE_ENV
+from serving.config import ServerConfig
 from tests.manifests.conftest import MANIFESTS
 
 BASE = MANIFESTS / "base"
@@ -146,3 +147,18 @@ def test_the_cache_is_handed_to_the_servers_user(serving_pod: dict[str, Any]) ->
     assert owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
     assert owner["securityContext"]["allowPrivilegeEscalation"] is False
     assert [m["mountPath"] for m in owner["volumeMounts"]] == [cache_dir]
+
+
+def test_the_grace_period_covers_the_prestop_sleep_and_the_servers_drain(
+        serving_pod: dict[str, Any]) -> None:
+    """The kubelet's preStop sleep waits out the endpoint's removal (so the server's own delay
+    is off), then the server drains for at most --shutdown-timeout-s: the grace period must
+    cover both, or the kubelet kills the server mid-drain. The drain under load, as shipped,
+    is pinned on a real node (tests/e2e/node/test_serve_pod.py)."""
+    (server,) = serving_pod["containers"]
+    sleep_s = server["lifecycle"]["preStop"]["sleep"]["seconds"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in server["args"] if "=" in a)
+    assert float(args["drain-delay-s"]) == 0
+    shutdown_s = float(args.get("shutdown-timeout-s", ServerConfig.shutdown_timeout_s))
+    assert serving_pod["terminationGracePeriodSeconds"] >= sleep_s + shutdown_s + 5, (
+        sleep_s, shutdown_s)

@@ -13,7 +13,8 @@ Fixtures:
 - ``device_plugin`` (function): ``gpufrag device-plugin`` on recorded NVML readings (two A100s,
   ``GPU_UUIDS``) registered with the node's kubelet; its log's path.
 - ``gpufrag_image`` (session): the project's image built here (``devkit.image``: mmdebstrap base
-  + buildah, cached) and imported into the node's containerd; its reference.
+  + buildah, cached) and imported into the node's containerd (``Node.import_project_image``,
+  as ``gpufrag dev-cluster up --node`` does); its reference.
 - ``node_manifests`` (session): a function rendering a kustomization of ``manifests/`` (e.g.
   ``"overlays/production"``) by kubectl's kustomize with the images replaced by the node's (the
   project's image, the plane's kube-scheduler) and ``imagePullPolicy: Never`` everywhere: the
@@ -26,7 +27,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -38,7 +38,7 @@ import yaml
 
 from devkit.build import BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
-from devkit.image import ImageBuildError, build_image
+from devkit.image import ImageBuildError
 from devkit.node import Node
 from devkit.procs import ComponentProcess, ControlPlaneError
 
@@ -96,13 +96,12 @@ def require_containers(node: Node) -> None:
 def gpufrag_image(node: Node) -> str:
     require_containers(node)
     try:
-        built = build_image()
+        built, import_s = node.import_project_image()  # what 'dev-cluster up --node' runs
     except ImageBuildError as exc:
         pytest.fail(f"the project's image could not be built:\n{exc}")
-    started = time.monotonic()
-    node.import_image(built.archive)
     print(f"\nimage {built.ref}: {'built' if built.cold else 'cached'} in {built.seconds:.1f}s, "
-          f"{built.size_bytes / 2**20:.0f} MiB; imported in {time.monotonic() - started:.1f}s")
+          f"{built.size_bytes / 2**20:.0f} MiB; imported in {import_s:.1f}s (containerd's "
+          f"store is kept in {node.containerd_root})")
     return built.ref
 
 

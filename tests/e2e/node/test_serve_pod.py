@@ -2,11 +2,13 @@
 serving example runs it (its probes, user, read-only root, init container, grace period).
 
 Through the pod IP: the v2 protocol answers, Prometheus metrics scrape, and every log line is
-JSON. Deleting the pod under an open-loop load goes through the kubelet (SIGTERM, grace period)
-and loses no accepted request: each request ends as a 200, a clean 503 with Retry-After, or a
-connection that was never accepted (refused: a client's cue to try another endpoint) - never a
-reset, an EOF or a timeout on an accepted connection. Readiness turns 503 before the listener
-closes, and requests are still answered in between.
+JSON. Deleting the pod under an open-loop load goes through the kubelet (preStop, SIGTERM, grace
+period) and loses no accepted request: each request ends as a 200, a clean 503 with Retry-After,
+or a connection that was never accepted (refused: a client's cue to try another endpoint) -
+never a reset, an EOF or a timeout on an accepted connection. As shipped, the endpoint turns
+not ready first, the preStop sleep holds SIGTERM back while requests are still answered, then
+the server drains and closes its listener; with the hook removed, the server's own drain delay
+does the waiting (readiness 503 first, answers still in between).
 """
 
 from __future__ import annotations
@@ -32,16 +34,18 @@ MODEL = "resnet-small"
 PORT = 8000
 RATE_PER_S = 20.0   # open loop: request i is sent at i / RATE_PER_S, whatever came back
 DELETE_AT_S = 3.0   # the pod is deleted this long into the load
-LOAD_S = 12.0       # past the drain delay (5 s), the queue's drain and the exit (~8.2 s in)
+LOAD_S = 12.0       # past the preStop (5 s), the queue's drain and the exit (~8.2 s in)
+SERVER_DRAIN = "server-drain-delay"
 
 
 def serving_pod(manifests: list[dict[str, Any]], node: Node, *,
-                prestop_s: int | None = None) -> dict[str, Any]:
+                server_drain: bool = False) -> dict[str, Any]:
     """The serving example's pod, fitted to this node: bound to it directly (no
     gpufrag-scheduler here), the small built-in model, no GPU share and CPU requests that fit
-    two cores, and the model cache on an emptyDir instead of the machine's disk. With
-    ``prestop_s``, a preStop ``sleep`` waits out the endpoint's removal instead of the server's
-    drain delay (``--drain-delay-s=0``, the alternative docs/serving.md gives)."""
+    two cores, and the model cache on an emptyDir instead of the machine's disk. Its
+    lifecycle, arguments and grace period stay as shipped. With ``server_drain``, the preStop
+    hook is removed and so is ``--drain-delay-s=0``: the server's own drain delay (default 5 s)
+    waits out the endpoint's removal instead, the alternative docs/serving.md gives."""
     deployment = next(d for d in manifests
                       if d["kind"] == "Deployment" and d["metadata"]["name"] == "resnet-serving")
     spec = json.loads(json.dumps(deployment["spec"]["template"]["spec"]))
@@ -50,9 +54,9 @@ def serving_pod(manifests: list[dict[str, Any]], node: Node, *,
     server = next(c for c in spec["containers"] if c["name"] == "server")
     server["args"] = [f"--model=builtin:{MODEL}" if a.startswith("--model=") else a
                       for a in server["args"]]
-    if prestop_s is not None:
-        server["args"].append("--drain-delay-s=0")
-        server["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", str(prestop_s)]}}}
+    if server_drain:
+        assert "--drain-delay-s=0" in server["args"] and server.pop("lifecycle")["preStop"]
+        server["args"].remove("--drain-delay-s=0")
     server["resources"] = {"requests": {"cpu": "100m", "memory": "256Mi"},
                            "limits": {"cpu": "2", "memory": "2Gi"}}
     spec["volumes"] = [{"name": v["name"], "emptyDir": {}} if "hostPath" in v else v
@@ -125,12 +129,12 @@ def _service(manifests: list[dict[str, Any]]) -> dict[str, Any]:
 def serving(request: pytest.FixtureRequest, node: Node, node_plane: ControlPlane,
             node_namespace: str, gpufrag_image: str,
             base_manifests: list[dict[str, Any]]) -> tuple[str, kubernetes.client.V1Pod]:
-    """The serving pod and its Service, Ready; ``request.param`` is the preStop sleep (None:
-    as shipped, the server's own drain delay)."""
+    """The serving pod and its Service, Ready; ``request.param`` (optional) is
+    :data:`SERVER_DRAIN` for the variant without the preStop hook."""
     core = kubernetes.client.CoreV1Api(node_plane.api_client())
     core.create_namespaced_service(node_namespace, _service(base_manifests))
     core.create_namespaced_pod(node_namespace, serving_pod(
-        base_manifests, node, prestop_s=getattr(request, "param", None)))
+        base_manifests, node, server_drain=getattr(request, "param", None) == SERVER_DRAIN))
 
     def ready() -> kubernetes.client.V1Pod | None:
         pod = core.read_namespaced_pod("serving", node_namespace)
@@ -223,7 +227,14 @@ def test_serve_in_the_image_needs_no_cache_setting(
     assert fallback["path"].startswith("/tmp/"), fallback
 
 
-@pytest.mark.parametrize("serving", [None, 5], ids=["as-shipped", "prestop-sleep"],
+def _prestop_sleep_s(pod: kubernetes.client.V1Pod) -> int | None:
+    """The server container's preStop ``sleep`` action, as the API server stored it."""
+    (server,) = [c for c in pod.spec.containers if c.name == "server"]
+    hook = server.lifecycle.pre_stop if server.lifecycle else None
+    return int(hook.sleep.seconds) if hook is not None and hook.sleep is not None else None
+
+
+@pytest.mark.parametrize("serving", [None, SERVER_DRAIN], ids=["as-shipped", SERVER_DRAIN],
                          indirect=True)
 def test_deleting_the_pod_under_load_loses_no_accepted_request(
         node: Node, node_plane: ControlPlane, serving: tuple[str, kubernetes.client.V1Pod]) -> None:
@@ -234,7 +245,7 @@ def test_deleting_the_pod_under_load_loses_no_accepted_request(
     discovery = kubernetes.client.DiscoveryV1Api(node_plane.api_client())
     wait_until(lambda: _endpoint_ready(discovery, namespace, ip), timeout_s=30,
                what="the Service's endpoint to be ready")
-    prestop = any(c.get("lifecycle") for c in pod.to_dict()["spec"]["containers"])
+    prestop_s = _prestop_sleep_s(pod)
     total = int(LOAD_S * RATE_PER_S)
     outcomes = [Outcome(i / RATE_PER_S) for i in range(total)]
     marks: dict[str, float] = {}
@@ -282,22 +293,31 @@ def test_deleting_the_pod_under_load_loses_no_accepted_request(
         watcher.join(timeout=5)
 
     by_kind = Counter(o.kind for o in outcomes)
-    # Readiness turns false first: the server's (503 at SIGTERM, as shipped) or, with a
-    # preStop sleep, the endpoint's (the server is told only when the sleep is over).
-    not_ready_at = marks["endpoint_not_ready" if prestop else "ready_503"]
+    assert {"endpoint_not_ready", "listener_closed"} <= set(marks), marks
+    # When the server saw SIGTERM: its readiness 503, or (with no delay the drain can be
+    # quicker than the watcher's poll) the listener gone.
+    stopping = marks.get("ready_503", marks["listener_closed"])
+    # Readiness turns false first: with the preStop sleep (as shipped) the endpoint's, while
+    # the server is not told yet; without it the server's (503 at SIGTERM, then its delay).
+    not_ready_at = marks["endpoint_not_ready"] if prestop_s else marks["ready_503"]
     after_503 = [o for o in outcomes
                  if o.kind == "answered" and o.status == 200 and o.sent_s > not_ready_at]
-    print(f"\n{total} requests at {RATE_PER_S:g}/s: {dict(by_kind)}; statuses "
-          f"{dict(Counter(o.status for o in outcomes if o.status))}; marks (s) "
-          f"{ {k: round(v, 2) for k, v in marks.items()} }; 200s after readiness false: "
-          f"{len(after_503)}")
+    print(f"\n{total} requests at {RATE_PER_S:g}/s, preStop sleep {prestop_s}: "
+          f"{dict(by_kind)}; statuses {dict(Counter(o.status for o in outcomes if o.status))}; "
+          f"marks (s) { {k: round(v, 2) for k, v in marks.items()} }; 200s after readiness "
+          f"false: {len(after_503)}")
     lost = [o for o in outcomes if o.kind == "lost"]
     assert lost == [], lost[:5]
     bad = [o for o in outcomes if o.kind == "answered" and not (
         o.status == 200 or (o.status == 503 and o.retry_after))]
     assert bad == [], bad[:5]
-    assert {"endpoint_not_ready", "listener_closed"} <= set(marks), marks
     assert marks["deleted"] < not_ready_at < marks["listener_closed"], marks
     assert marks["endpoint_not_ready"] < marks["listener_closed"], marks
+    if prestop_s:
+        # The hook held SIGTERM back for its whole sleep, after the endpoint turned not ready.
+        assert marks["endpoint_not_ready"] < stopping, marks
+        assert stopping - marks["deleted"] >= prestop_s - 0.5, marks
+    else:
+        assert _prestop_sleep_s(pod) is None
     assert after_503, "nothing was answered while the endpoint was being removed"
     assert by_kind["answered"] > 0 and by_kind["refused"] > 0, by_kind  # both phases seen
