@@ -23,6 +23,7 @@ to, so the extender records what it would have done.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -43,6 +44,8 @@ _UID_PRECONDITION = "Precondition failed: UID in precondition"
 # A bind that hangs frees its request thread: (connect, read) seconds. kube-scheduler gives up on
 # the extender's answer after its own httpTimeout anyway.
 BIND_TIMEOUT_S = (5.0, 30.0)
+# How long a bearer token read from the client configuration is used before asking it again.
+AUTH_REFRESH_S = 1.0
 # Connections kept to the API server for binds: at least the server's request threads.
 BIND_POOL_SIZE = 16
 
@@ -115,8 +118,23 @@ class JsonPoster:
         self._pool: Any = None  # made at the first POST: a bad host fails that POST, not start-up
         self._prefix = ""  # the host's path (a server behind a path prefix)
         self._pool_lock = threading.Lock()
+        self._auth: tuple[float, dict[str, str]] = (-float("inf"), {})
         self._headers = {**api_client.default_headers, "Accept": "application/json",
                          "Content-Type": "application/json", "User-Agent": api_client.user_agent}
+
+    def _auth_headers(self) -> dict[str, str]:
+        """The bearer token's header, asked of the configuration at most every
+        :data:`AUTH_REFRESH_S` (its refresh hook re-reads an expiring token — a service
+        account's, an exec plugin's — and re-applies the whole kubeconfig each time it is
+        asked, which cost more than the rest of the POST)."""
+        now = time.monotonic()
+        at, headers = self._auth
+        if now - at < AUTH_REFRESH_S:
+            return headers
+        headers = {auth["key"]: auth["value"] for auth in self._config.auth_settings().values()
+                   if auth.get("in") == "header" and auth.get("value")}
+        self._auth = (now, headers)
+        return headers
 
     def _connection_pool(self) -> Any:
         """One pool of the manager's settings (TLS, client certificate), sized for the threads."""
@@ -130,10 +148,7 @@ class JsonPoster:
     def post(self, path: str, body: bytes, timeout_s: tuple[float, float]) -> bytes:
         """The answer's body; raises ``ApiException`` (a refusal) or urllib3's errors (no
         answer)."""
-        headers = dict(self._headers)
-        for auth in self._config.auth_settings().values():  # refreshes an expiring token
-            if auth.get("in") == "header" and auth.get("value"):
-                headers[auth["key"]] = auth["value"]
+        headers = {**self._headers, **self._auth_headers()}
         timeout = urllib3.Timeout(connect=timeout_s[0], read=timeout_s[1])
         if self._config.proxy:  # through a proxy, the manager decides how to reach the server
             resp = self._manager.urlopen("POST", self._base + path, body=body, headers=headers,
@@ -277,6 +292,6 @@ class KubeEventWriter:
 
 
 
-__all__ = ["BIND_POOL_SIZE", "BIND_TIMEOUT_S", "EVENT_WRITE_TIMEOUT_S", "BindCall", "BindError",
-           "Binder", "DryRunBinder", "JsonPoster", "KubeBinder", "KubeEventWriter",
-           "binding_body", "gpu_indices_text"]
+__all__ = ["AUTH_REFRESH_S", "BIND_POOL_SIZE", "BIND_TIMEOUT_S", "EVENT_WRITE_TIMEOUT_S",
+           "BindCall", "BindError", "Binder", "DryRunBinder", "JsonPoster", "KubeBinder",
+           "KubeEventWriter", "binding_body", "gpu_indices_text"]

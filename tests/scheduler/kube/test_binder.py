@@ -17,6 +17,7 @@ import orjson
 import pytest
 
 from gpufrag.conventions import KubeNames
+from scheduler.kube import binder as binder_module
 from scheduler.kube.binder import BindError, KubeBinder
 
 TOKEN = "t0ken"
@@ -87,6 +88,21 @@ def test_a_gpu_bind_is_one_binding_with_the_annotation_and_the_uid(server: _Serv
                     "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1",
                                  "annotations": {KubeNames().annotation_gpu_indices: "0,3"}},
                     "target": {"apiVersion": "v1", "kind": "Node", "name": "n0"}}
+
+
+def test_a_refreshed_token_is_used_within_a_second(server: _Server,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    binder = _binder(_url(server))
+    now = [100.0]
+    monkeypatch.setattr(binder_module.time, "monotonic", lambda: now[0])
+    binder.bind("ns", "p0", "", "n0", None)
+    binder.poster._config.api_key = {"authorization": "n3w"}  # the refresh hook's doing
+    now[0] += binder_module.AUTH_REFRESH_S / 2
+    binder.bind("ns", "p1", "", "n0", None)
+    now[0] += binder_module.AUTH_REFRESH_S
+    binder.bind("ns", "p2", "", "n0", None)
+    assert [r[1]["authorization"] for r in server.requests] == [
+        f"Bearer {TOKEN}", f"Bearer {TOKEN}", "Bearer n3w"]
 
 
 def test_a_cpu_pod_is_bound_without_an_annotation(server: _Server) -> None:
