@@ -116,7 +116,9 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
     watch_client = new_api_client()
     bind_client = new_api_client() if config.bind.enabled else None
     event_client = new_api_client()
-    binder = KubeBinder(bind_client, config.names) if bind_client is not None else None
+    # One bind connection per request thread: no bind waits for, or opens, a connection.
+    binder = (KubeBinder(bind_client, config.names, pool_size=config.server.threads)
+              if bind_client is not None else None)
     reporter = SkipReporter(KubeEventWriter(event_client), instance=socket.gethostname(),
                             clock=clock)
     cache.on_skip = reporter.report

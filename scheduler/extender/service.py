@@ -91,6 +91,7 @@ class Extender:
         self._workload_changes = -1
         self._workload_after_sync = False
         self.node_json = NodeJson()
+        self._cached_requests = cache.names == config.names
         # NodeNames set (the wire's key) -> (its rows, all of them known, state.index size).
         self._rows_by_list: dict[NameSet, tuple[IntArray, bool, int]] = {}
         self.scorer = self._make_scorer(self.workload)
@@ -153,6 +154,8 @@ class Extender:
     def _pod(self, obj: Obj) -> PodRequest:
         if not isinstance(obj, Mapping):
             raise BadInput("Pod must be an object", field="Pod")
+        if self._cached_requests:  # the watch's conversion of this very pod, when it has one
+            return self.cache.request_of(obj)
         return pod_from_k8s(obj, self.config.names)
 
     def _rows(self, names: Sequence[str], name_set: NameSet | None = None) -> IntArray:
@@ -404,9 +407,12 @@ class Extender:
         if self.binder is None:
             raise BindRefused("binding is disabled in this extender (bind.enabled: false)")
         key = f"{namespace}/{name}"
-        # ``uid`` stays the one kube-scheduler sent: the Binding carries it as a precondition.
-        request, owner, pod_uid = self._bind_subject(namespace, name, uid)
-        with self.cache.lock, self.cache.reservations.lifted_for_pod(key, owner, pod_uid):
+        request, owner, subject_uid = self._bind_subject(namespace, name, uid)
+        # The Binding carries the UID kube-scheduler decided for (a pod re-created under the
+        # same name meanwhile is refused by the API server, not bound by a stale decision);
+        # the pod's own UID only when kube-scheduler sent none.
+        uid = uid or subject_uid
+        with self.cache.lock, self.cache.reservations.lifted_for_pod(key, owner, subject_uid):
             state = self.cache.state
             row = state.index.get(node)
             if row is None or not state.active[row]:

@@ -8,19 +8,32 @@ no stale annotation behind, a pod deleted and re-created under the same name is 
 decision made for its predecessor, and each bind costs the API server one update (and every
 watcher one event) instead of two.
 
+The Binding goes out as one POST of a body built with orjson, straight through a pooled
+urllib3 connection to the API server (:class:`JsonPoster`), with the client configuration's
+TLS, client certificate, proxy and bearer token: the Kubernetes client's generated call
+(argument validation, model sanitising, its REST layer) cost more CPU than the rest of the bind.
+The pool holds as many connections as the server has request threads, so concurrent binds never
+open (and throw away) a TLS connection each. Its refusals map through
+:mod:`scheduler.kube.errors` like every other API call.
+
 ``DryRunBinder`` swaps the writer, not the logic: with a snapshot there is no cluster to write
 to, so the extender records what it would have done.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import kubernetes
 import orjson
 import structlog
+import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from gpufrag.conventions import KubeNames
 from scheduler.kube.errors import ApiError, api_errors
@@ -28,6 +41,13 @@ from scheduler.kube.errors import ApiError, api_errors
 Obj = Mapping[str, Any]
 # How the API server words a failed UID precondition (storage preconditions, as a 409).
 _UID_PRECONDITION = "Precondition failed: UID in precondition"
+# A bind that hangs frees its request thread: (connect, read) seconds. kube-scheduler gives up on
+# the extender's answer after its own httpTimeout anyway.
+BIND_TIMEOUT_S = (5.0, 30.0)
+# How long a bearer token read from the client configuration is used before asking it again.
+AUTH_REFRESH_S = 1.0
+# Connections kept to the API server for binds: at least the server's request threads.
+BIND_POOL_SIZE = 16
 
 log = structlog.get_logger("gpufrag.binder")
 
@@ -83,12 +103,91 @@ def _bind_error(e: ApiError) -> BindError:
     return BindError(str(e), retryable=e.retryable)
 
 
-class KubeBinder:
-    """Writes through the Kubernetes API (``kubernetes.client``)."""
+class JsonPoster:
+    """POSTs prebuilt JSON bodies to the API server of a ``kubernetes.client.ApiClient``, with
+    its configuration (TLS, client certificate, proxy, bearer token, refreshed as the client
+    would) and none of its per-call machinery; an answer other than 2xx raises the client's
+    own ``ApiException``, so the one mapping in :mod:`scheduler.kube.errors` reads it."""
 
-    def __init__(self, api_client: Any, names: KubeNames) -> None:
+    def __init__(self, api_client: Any, pool_size: int = BIND_POOL_SIZE) -> None:
+        config = api_client.configuration
+        self._config = config
+        self._base = str(config.host or "").rstrip("/")
+        self._manager: Any = api_client.rest_client.pool_manager
+        self._pool_size = max(1, pool_size)
+        self._pool: Any = None  # made at the first POST: a bad host fails that POST, not start-up
+        self._prefix = ""  # the host's path (a server behind a path prefix)
+        self._pool_lock = threading.Lock()
+        self._auth: tuple[float, dict[str, str]] = (-float("inf"), {})
+        self._headers = {**api_client.default_headers, "Accept": "application/json",
+                         "Content-Type": "application/json", "User-Agent": api_client.user_agent}
+
+    def _auth_headers(self) -> dict[str, str]:
+        """The bearer token's header, asked of the configuration at most every
+        :data:`AUTH_REFRESH_S` (its refresh hook re-reads an expiring token — a service
+        account's, an exec plugin's — and re-applies the whole kubeconfig each time it is
+        asked, which cost more than the rest of the POST)."""
+        now = time.monotonic()
+        at, headers = self._auth
+        if now - at < AUTH_REFRESH_S:
+            return headers
+        headers = {auth["key"]: auth["value"] for auth in self._config.auth_settings().values()
+                   if auth.get("in") == "header" and auth.get("value")}
+        self._auth = (now, headers)
+        return headers
+
+    def _connection_pool(self) -> Any:
+        """One pool of the manager's settings (TLS, client certificate), sized for the threads."""
+        with self._pool_lock:
+            if self._pool is None:
+                self._prefix = (urllib3.util.parse_url(self._base).path or "").rstrip("/")
+                self._pool = self._manager.connection_from_url(
+                    self._base, pool_kwargs={"maxsize": self._pool_size})
+            return self._pool
+
+    def post(self, path: str, body: bytes, timeout_s: tuple[float, float]) -> bytes:
+        """The answer's body; raises ``ApiException`` (a refusal) or urllib3's errors (no
+        answer)."""
+        headers = {**self._headers, **self._auth_headers()}
+        timeout = urllib3.Timeout(connect=timeout_s[0], read=timeout_s[1])
+        if self._config.proxy:  # through a proxy, the manager decides how to reach the server
+            resp = self._manager.urlopen("POST", self._base + path, body=body, headers=headers,
+                                         timeout=timeout, redirect=False)
+        else:
+            pool = self._pool or self._connection_pool()
+            resp = pool.urlopen("POST", self._prefix + path, body=body, headers=headers,
+                                timeout=timeout, redirect=False, assert_same_host=False)
+        data: bytes = resp.data
+        if not 200 <= resp.status < 300:
+            refusal = ApiException(status=resp.status, reason=resp.reason)
+            refusal.body = data.decode("utf-8", "replace")
+            raise refusal
+        return data
+
+
+def binding_body(namespace: str, name: str, uid: str, node: str,
+                 annotations: Mapping[str, str]) -> bytes:
+    """The Binding of pod ``namespace/name`` to ``node``, as JSON: its UID (when given) as a
+    precondition (409 if the pod was re-created meanwhile), ``annotations`` copied onto the
+    pod by the API server in the same update."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return orjson.dumps({"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                         "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+
+
+class KubeBinder:
+    """Reads through the Kubernetes client (rare: a pod the cache does not hold, a node for
+    HAMi); binds through :class:`JsonPoster` (every pod)."""
+
+    def __init__(self, api_client: Any, names: KubeNames, *,
+                 pool_size: int = BIND_POOL_SIZE) -> None:
         # Typed as Any: with _preload_content=False the calls return raw responses, not models.
         self.core: Any = kubernetes.client.CoreV1Api(api_client)
+        self.poster = JsonPoster(api_client, pool_size)
         self.names = names
 
     def read_pod(self, namespace: str, name: str) -> Obj | None:
@@ -118,21 +217,15 @@ class KubeBinder:
 
     def bind(self, namespace: str, name: str, uid: str, node: str,
              gpus: tuple[int, ...] | None, extra: Mapping[str, str] | None = None) -> None:
-        meta: dict[str, Any] = {"name": name, "namespace": namespace}
-        if uid:
-            meta["uid"] = uid  # a precondition: 409 if the pod was re-created meanwhile
         annotations = dict(extra or {})
         if gpus is not None:
             annotations[self.names.annotation_gpu_indices] = gpu_indices_text(gpus)
-        if annotations:
-            meta["annotations"] = annotations
-        body = {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
-                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        body = binding_body(namespace, name, uid, node, annotations)
+        path = (f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+                "/binding")
         try:
-            # The API answers a Status, which the client cannot deserialise as a Binding.
             with api_errors(f"binding pod {namespace}/{name} to {node}"):
-                _body(self.core.create_namespaced_pod_binding(name, namespace, body,
-                                                              _preload_content=False))
+                self.poster.post(path, body, BIND_TIMEOUT_S)
         except ApiError as e:
             refusal = _bind_error(e)
             if e.status == 409 and uid and _UID_PRECONDITION in str(refusal):
@@ -199,5 +292,6 @@ class KubeEventWriter:
 
 
 
-__all__ = ["EVENT_WRITE_TIMEOUT_S", "BindCall", "BindError", "Binder", "DryRunBinder", "KubeBinder",
-           "KubeEventWriter", "gpu_indices_text"]
+__all__ = ["AUTH_REFRESH_S", "BIND_POOL_SIZE", "BIND_TIMEOUT_S", "EVENT_WRITE_TIMEOUT_S",
+           "BindCall", "BindError", "Binder", "DryRunBinder", "JsonPoster", "KubeBinder",
+           "KubeEventWriter", "binding_body", "gpu_indices_text"]

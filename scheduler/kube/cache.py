@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 import structlog
 
 from gpufrag.conventions import (
@@ -123,6 +124,10 @@ class ClusterCache:
         self.nodes_synced = False
         self.pods_synced = False
         self.pod_changes = 0                           # bumped on every change to the pod set
+        # pod key -> (request_inputs of the object last converted, its request): a watch event
+        # that changed nothing the request is made of (a bind, a status update, a deletion
+        # mark) is not converted again, nor is the pod kube-scheduler sends to filter.
+        self._requests: dict[str, tuple[bytes, PodRequest]] = {}
         # GPU reservations for defrag replacements (scheduler.kube.reservations).
         self.reservations = ReservationBook(self.state, self.pods, clock=clock)
 
@@ -246,12 +251,19 @@ class ClusterCache:
             if is_terminal(obj):
                 self.delete_pod(key)
                 return
-            try:
-                request = pod_from_k8s(obj, self.names)
-            except BadInput as e:
-                self._drop_pod(key)  # it may have been readable before
-                self._skip("Pod", obj, key, str(e))
-                return
+            inputs = request_inputs(obj, self.names)
+            memo = self._requests.get(key)
+            if inputs is not None and memo is not None and memo[0] == inputs:
+                request = memo[1]
+            else:
+                try:
+                    request = pod_from_k8s(obj, self.names)
+                except BadInput as e:
+                    self._drop_pod(key)  # it may have been readable before
+                    self._skip("Pod", obj, key, str(e))
+                    return
+                if inputs is not None:
+                    self._requests[key] = (inputs, request)
             self._unskip("pod", [key])
             known = KnownPod(request=request, node=node_name_of(obj), uid=uid_of(obj),
                              owner=owner_uid(obj), gpus=bound_gpus(obj, self.names),
@@ -276,6 +288,21 @@ class ClusterCache:
                     return
                 self.state.remove_pod(key)
             self._place_known(key)
+
+    def request_of(self, obj: Obj) -> PodRequest:
+        """``pod_from_k8s(obj)``, without converting again when ``obj`` is made of the same
+        inputs as the pod of its name last seen by the watch (the pod kube-scheduler sends to
+        filter is that very object); raises what ``pod_from_k8s`` raises."""
+        inputs = request_inputs(obj, self.names)
+        if inputs is not None:
+            meta = obj["metadata"]  # a dict: request_inputs checked
+            name, namespace = meta.get("name"), meta.get("namespace") or ""
+            if isinstance(name, str) and isinstance(namespace, str):
+                with self.lock:
+                    memo = self._requests.get(f"{namespace}/{name}" if namespace else name)
+                if memo is not None and memo[0] == inputs:
+                    return memo[1]
+        return pod_from_k8s(obj, self.names)
 
     def _place_known(self, key: str) -> None:
         known = self.pods[key]
@@ -334,6 +361,7 @@ class ClusterCache:
         """Take the pod out of the state and every record but ``skipped``."""
         if self.pods.pop(key, None) is not None:
             self.pod_changes += 1
+        self._requests.pop(key, None)
         self.assumed.pop(key, None)
         self.decided.discard(key)
         self.unaccounted.pop(key, None)
@@ -431,6 +459,48 @@ class ClusterCache:
         self.set_hints(hints)
 
 
+def request_inputs(obj: Obj, names: KubeNames) -> bytes | None:
+    """Everything ``convert.pod_from_k8s`` reads from a pod, as bytes: two objects with equal
+    inputs make equal requests, so an equal value lets the cache reuse the request it made.
+    The fields, exactly as the object has them: name and namespace, the GPU-spec annotation
+    and the model labels (``names``), each container's and init container's ``resources``, and
+    ``spec.overhead``; not the rest of the metadata, so the GPU indices a bind adds do not
+    count as a change. None (convert, and let the converter name what is wrong) when a part
+    is not of the shape JSON gives it. ``tests/scheduler/kube/test_cache.py`` pins that a
+    change to any of these fields is converted again."""
+    meta, spec = obj.get("metadata"), obj.get("spec")
+    if not isinstance(meta, dict) or not isinstance(spec, dict):
+        return None
+    annotations, labels = meta.get("annotations"), meta.get("labels")
+    if annotations is None:
+        annotations = {}
+    if labels is None:
+        labels = {}
+    if not isinstance(annotations, dict) or not isinstance(labels, dict):
+        return None
+    parts: list[Any] = [meta.get("name"), meta.get("namespace"),
+                        annotations.get(names.annotation_gpu_spec),
+                        labels.get(names.label_model), labels.get(names.label_model_version),
+                        spec.get("overhead")]
+    for field in ("containers", "initContainers"):
+        containers = spec.get(field)
+        if containers is None:
+            parts.append(None)
+            continue
+        if not isinstance(containers, list):
+            return None
+        resources: list[Any] = []
+        for c in containers:
+            if not isinstance(c, dict):
+                return None
+            resources.append(c.get("resources"))
+        parts.append(resources)
+    try:
+        return orjson.dumps(parts)
+    except (TypeError, orjson.JSONEncodeError):  # not JSON (an int past 64 bits): convert
+        return None
+
+
 def _scheduler_name(obj: Obj) -> str:
     spec = obj.get("spec")
     name = spec.get("schedulerName") if isinstance(spec, Mapping) else None
@@ -454,4 +524,5 @@ def _chunks(objs: Iterable[Obj], size: int) -> Iterable[list[Obj]]:
         yield chunk
 
 
-__all__ = ["SKIPPED_KINDS", "ClusterCache", "KnownPod", "SkipListener", "SkippedObject"]
+__all__ = ["SKIPPED_KINDS", "ClusterCache", "KnownPod", "SkipListener", "SkippedObject",
+           "request_inputs"]

@@ -1,93 +1,158 @@
 """KubeBinder's one write: a Binding that carries the GPU annotation and the UID precondition,
-and the API server's refusals turned into messages that say what happened."""
+POSTed as prebuilt JSON with the client configuration's credentials, and the API server's
+refusals turned into messages that say what happened. The server here is a real HTTP server
+on a local port that records each request and answers what the test tells it to (the API
+server's own answers are pinned by the e2e tests)."""
 
 from __future__ import annotations
 
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import kubernetes
+import orjson
 import pytest
 
 from gpufrag.conventions import KubeNames
+from scheduler.kube import binder as binder_module
 from scheduler.kube.binder import BindError, KubeBinder
 
+TOKEN = "t0ken"
 
-class _Response:
-    data = b'{"kind":"Status","status":"Success"}'
 
-    def release_conn(self) -> None:
+class _Server(http.server.ThreadingHTTPServer):
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.requests: list[tuple[str, dict[str, str], Any]] = []
+        self.answer: tuple[int, bytes] = (201, b'{"kind":"Status","status":"Success"}')
+        self.connections: set[tuple[str, int]] = set()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the API server
+    server: _Server
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.requests.append((self.path, {k.lower(): v for k, v in self.headers.items()},
+                                     orjson.loads(body)))
+        self.server.connections.add(self.client_address)
+        status, answer = self.server.answer
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *_: Any) -> None:
         pass
 
 
-class _Core:
-    """Records ``create_namespaced_pod_binding`` calls; raises ``error`` when given."""
-
-    def __init__(self, error: Exception | None = None) -> None:
-        self.calls: list[tuple[str, str, dict[str, Any]]] = []
-        self.error = error
-
-    def create_namespaced_pod_binding(self, name: str, namespace: str, body: dict[str, Any],
-                                      **_: Any) -> _Response:
-        self.calls.append((name, namespace, body))
-        if self.error is not None:
-            raise self.error
-        return _Response()
-
-    def __getattr__(self, name: str) -> Any:
-        raise AssertionError(f"unexpected API call {name}: a bind is one Binding, nothing else")
+@pytest.fixture
+def server() -> Iterator[_Server]:
+    s = _Server()
+    thread = threading.Thread(target=s.serve_forever, daemon=True)
+    thread.start()
+    yield s
+    s.shutdown()
+    s.server_close()
 
 
-def _binder(core: _Core) -> KubeBinder:
-    binder = KubeBinder(kubernetes.client.ApiClient(), KubeNames())
-    binder.core = core
-    return binder
+def _binder(host: str) -> KubeBinder:
+    config = kubernetes.client.Configuration()
+    config.host = host
+    config.api_key = {"authorization": TOKEN}
+    config.api_key_prefix = {"authorization": "Bearer"}
+    return KubeBinder(kubernetes.client.ApiClient(config), KubeNames(), pool_size=4)
 
 
-def _conflict(message: str) -> kubernetes.client.ApiException:
-    e = kubernetes.client.ApiException(status=409, reason="Conflict")
-    e.body = ('{"kind":"Status","status":"Failure","reason":"Conflict","code":409,'
-              f'"message":"{message}"}}')
-    return e
+def _url(server: _Server) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def test_a_gpu_bind_is_one_binding_with_the_annotation_and_the_uid() -> None:
-    core = _Core()
-    _binder(core).bind("ns", "p", "uid-1", "n0", (0, 3))
-    assert core.calls == [("p", "ns", {
-        "apiVersion": "v1", "kind": "Binding",
-        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1",
-                     "annotations": {KubeNames().annotation_gpu_indices: "0,3"}},
-        "target": {"apiVersion": "v1", "kind": "Node", "name": "n0"}})]
+def _conflict(message: str) -> tuple[int, bytes]:
+    return 409, orjson.dumps({"kind": "Status", "status": "Failure", "reason": "Conflict",
+                              "code": 409, "message": message})
 
 
-def test_a_cpu_pod_is_bound_without_an_annotation() -> None:
-    core = _Core()
-    _binder(core).bind("ns", "p", "", "n0", None)
-    assert core.calls[0][2]["metadata"] == {"name": "p", "namespace": "ns"}
+def test_a_gpu_bind_is_one_binding_with_the_annotation_and_the_uid(server: _Server) -> None:
+    _binder(_url(server)).bind("ns", "p", "uid-1", "n0", (0, 3))
+    [(path, headers, body)] = server.requests
+    assert path == "/api/v1/namespaces/ns/pods/p/binding"
+    assert headers["authorization"] == f"Bearer {TOKEN}"
+    assert headers["content-type"] == "application/json"
+    assert body == {"apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1",
+                                 "annotations": {KubeNames().annotation_gpu_indices: "0,3"}},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": "n0"}}
 
 
-def test_a_failed_uid_precondition_says_the_pod_was_recreated() -> None:
-    core = _Core(_conflict('Operation cannot be fulfilled on pods \\"p\\": Precondition failed: '
-                           'UID in precondition: uid-1, UID in object meta: uid-2'))
+def test_a_refreshed_token_is_used_within_a_second(server: _Server,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    binder = _binder(_url(server))
+    now = [100.0]
+    monkeypatch.setattr(binder_module.time, "monotonic", lambda: now[0])
+    binder.bind("ns", "p0", "", "n0", None)
+    binder.poster._config.api_key = {"authorization": "n3w"}  # the refresh hook's doing
+    now[0] += binder_module.AUTH_REFRESH_S / 2
+    binder.bind("ns", "p1", "", "n0", None)
+    now[0] += binder_module.AUTH_REFRESH_S
+    binder.bind("ns", "p2", "", "n0", None)
+    assert [r[1]["authorization"] for r in server.requests] == [
+        f"Bearer {TOKEN}", f"Bearer {TOKEN}", "Bearer n3w"]
+
+
+def test_a_cpu_pod_is_bound_without_an_annotation(server: _Server) -> None:
+    _binder(_url(server)).bind("ns", "p", "", "n0", None)
+    assert server.requests[0][2]["metadata"] == {"name": "p", "namespace": "ns"}
+
+
+def test_binds_reuse_their_connections_and_keep_the_servers_path_prefix(
+        server: _Server) -> None:
+    binder = _binder(_url(server) + "/k8s/")
+    for i in range(5):
+        binder.bind("ns", f"p{i}", "", "n0", (i,))
+    assert [r[0] for r in server.requests] == [
+        f"/k8s/api/v1/namespaces/ns/pods/p{i}/binding" for i in range(5)]
+    assert len(server.connections) == 1
+
+
+def test_a_failed_uid_precondition_says_the_pod_was_recreated(server: _Server) -> None:
+    server.answer = _conflict('Operation cannot be fulfilled on pods "p": Precondition failed: '
+                              'UID in precondition: uid-1, UID in object meta: uid-2')
     with pytest.raises(BindError) as caught:
-        _binder(core).bind("ns", "p", "uid-1", "n0", (0,))
+        _binder(_url(server)).bind("ns", "p", "uid-1", "n0", (0,))
     assert str(caught.value) == ("pod ns/p is not the pod to bind: its UID is no longer uid-1 "
                                  "(re-created under the same name)")
     assert not caught.value.retryable
 
 
-def test_other_refusals_keep_the_api_servers_message() -> None:
-    core = _Core(_conflict('Operation cannot be fulfilled on pods/binding \\"p\\": pod p is '
-                           'already assigned to node \\"n1\\"'))
+def test_other_refusals_keep_the_api_servers_message(server: _Server) -> None:
+    server.answer = _conflict('Operation cannot be fulfilled on pods/binding "p": pod p is '
+                              'already assigned to node "n1"')
     with pytest.raises(BindError) as caught:
-        _binder(core).bind("ns", "p", "uid-1", "n0", (0,))
+        _binder(_url(server)).bind("ns", "p", "uid-1", "n0", (0,))
     assert "binding pod ns/p to n0: HTTP 409 Conflict" in str(caught.value)
     assert 'already assigned to node "n1"' in str(caught.value)
     assert not caught.value.retryable
 
 
-def test_a_connection_error_is_retryable() -> None:
-    core = _Core(ConnectionResetError("reset by peer"))
+def test_a_server_error_is_retryable(server: _Server) -> None:
+    server.answer = (503, b'{"kind":"Status","message":"etcd leader changed"}')
     with pytest.raises(BindError) as caught:
-        _binder(core).bind("ns", "p", "uid-1", "n0", (0,))
+        _binder(_url(server)).bind("ns", "p", "uid-1", "n0", (0,))
     assert caught.value.retryable
+    assert "HTTP 503" in str(caught.value) and "etcd leader changed" in str(caught.value)
+
+
+def test_no_server_is_retryable() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    with pytest.raises(BindError) as caught:
+        _binder(f"http://127.0.0.1:{port}").bind("ns", "p", "uid-1", "n0", (0,))
+    assert caught.value.retryable
+    assert "cannot reach the API server" in str(caught.value)

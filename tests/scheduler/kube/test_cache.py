@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
 
-from scheduler.kube.cache import ClusterCache, SkippedObject
-from scheduler.kube.convert import node_to_k8s, pod_to_k8s
+from gpufrag.conventions import DEFAULT_NAMES, KubeNames
+from scheduler.core.types import PodRequest
+from scheduler.kube import cache as cache_module
+from scheduler.kube.cache import ClusterCache, SkippedObject, request_inputs
+from scheduler.kube.convert import node_to_k8s, pod_from_k8s, pod_to_k8s
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import FakeClock
 
@@ -288,3 +292,75 @@ def test_the_scheduler_name_is_kept_with_the_pod(cache: ClusterCache) -> None:
     cache.apply_pod(unnamed)
     assert cache.pods["default/theirs"].scheduler_name == "other"
     assert cache.pods["default/unnamed"].scheduler_name == ""
+
+
+def _mutations() -> list[tuple[str, Any]]:
+    """Each field ``pod_from_k8s`` reads, changed (path, new value)."""
+    names = DEFAULT_NAMES
+    return [
+        ("spec.containers.0.resources", {"requests": {names.gpu: "2", "cpu": "1"}}),
+        ("spec.containers.0.resources", {"limits": {names.gpu_milli: "250"}}),
+        ("spec.initContainers", [{"name": "i", "resources": {"requests": {"cpu": "9"}}}]),
+        ("spec.overhead", {"cpu": "3"}),
+        (f"metadata.annotations.{names.annotation_gpu_spec}", "V100M32"),
+        (f"metadata.labels.{names.label_model}", "resnet"),
+        (f"metadata.labels.{names.label_model_version}", "2"),
+    ]
+
+
+def _set(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(obj)
+    *parents, last = path.split(".", 2) if path.startswith("metadata.") else path.split(".")
+    at: Any = changed
+    for part in parents:
+        at = at[int(part)] if part.isdigit() else at.setdefault(part, {})
+    at[last] = value
+    return changed
+
+
+@pytest.mark.parametrize(("path", "value"), _mutations())
+def test_a_change_to_what_the_request_is_made_of_is_converted_again(
+        cache: ClusterCache, path: str, value: Any) -> None:
+    before = gpu_pod("a")
+    cache.apply_pod(before)
+    after = _set(before, path, value)
+    assert request_inputs(after, DEFAULT_NAMES) != request_inputs(before, DEFAULT_NAMES)
+    cache.apply_pod(after)
+    assert cache.pods["default/a"].request == pod_from_k8s(after)
+    assert cache.request_of(after) == pod_from_k8s(after)
+
+
+def test_a_bind_or_status_update_reuses_the_request(cache: ClusterCache,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    pending = gpu_pod("a", gpu_milli=500)
+    cache.apply_pod(pending)
+    request = cache.pods["default/a"].request
+    converted: list[str] = []
+
+    def counting(obj: dict[str, Any], names: KubeNames) -> PodRequest:
+        converted.append("x")
+        return pod_from_k8s(obj, names)
+
+    monkeypatch.setattr(cache_module, "pod_from_k8s", counting)
+    bound = gpu_pod("a", "n0", (1,), gpu_milli=500)
+    bound["status"] = {"phase": "Running", "conditions": [{"type": "Ready"}]}
+    bound["metadata"]["resourceVersion"] = "99"
+    cache.apply_pod(bound)
+    assert converted == []
+    assert cache.pods["default/a"].request is request
+    assert cache.state.pods["default/a"].gpus == (1,)
+    assert cache.request_of(pending) is request  # the filter's copy of the pod
+    cache.delete_pod("default/a")
+    assert cache.request_of(pending) == request and converted == ["x"]  # gone: converted
+
+
+def test_objects_not_shaped_like_json_are_left_to_the_converter(cache: ClusterCache) -> None:
+    bad = gpu_pod("a")
+    bad["spec"]["containers"] = {"not": "a list"}
+    assert request_inputs(bad, DEFAULT_NAMES) is None
+    cache.apply_pod(bad)
+    assert "pod default/a" in cache.skipped
+    assert request_inputs({"metadata": {"name": "a", "annotations": "x"}, "spec": {}},
+                          DEFAULT_NAMES) is None
+    assert request_inputs({"metadata": {"name": "a"}, "spec": {"overhead": {"cpu": 2**70}}},
+                          DEFAULT_NAMES) is None
