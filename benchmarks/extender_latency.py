@@ -106,10 +106,16 @@ def start_server(snapshot: Path, port: int, threads: int, log_level: str, answer
                "--set", "hints.enabled=false", "--set", f"filter.answer={answer}"]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
+    return wait_ready(server, port, timeout_s, f"extender ({' '.join(command)})")
+
+
+def wait_ready(server: subprocess.Popen[bytes], port: int, timeout_s: float,
+               what: str) -> subprocess.Popen[bytes]:
+    """``server`` once its /readyz on ``port`` answers 200; killed and an error otherwise."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"extender exited with {server.returncode}: {' '.join(command)}")
+            raise RuntimeError(f"{what} exited with {server.returncode}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             conn.request("GET", "/readyz")
@@ -121,7 +127,7 @@ def start_server(snapshot: Path, port: int, threads: int, log_level: str, answer
             pass
         time.sleep(0.2)
     stop_server(server)
-    raise RuntimeError("extender not ready in time")
+    raise RuntimeError(f"{what} not ready in time")
 
 
 def stop_server(server: subprocess.Popen[bytes]) -> None:

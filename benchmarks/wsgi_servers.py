@@ -19,7 +19,6 @@ import http.client
 import importlib.util
 import multiprocessing
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from benchmarks.extender_latency import (
     sequential,
     start_server,
     stop_server,
+    wait_ready,
 )
 from scheduler.extender.config import load_config
 from scheduler.extender.runtime import snapshot_runtime
@@ -62,22 +62,7 @@ def start_granian(snapshot: Path, port: int, threads: int) -> subprocess.Popen[b
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, env={**os.environ,
                                                            SNAPSHOT_ENV: str(snapshot)})
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"granian exited with {server.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                conn.close()
-                return server
-            conn.close()
-        except OSError:
-            pass
-        time.sleep(0.2)
-    os.killpg(server.pid, signal.SIGKILL)
-    raise RuntimeError("granian not ready in time")
+    return wait_ready(server, port, 600, "granian")
 
 
 def fresh_connections(port: int, bodies: list[bytes], count: int) -> np.ndarray:
