@@ -160,10 +160,11 @@ def test_the_extender_deployment_runs_and_schedules_for_gpufrag_scheduler(
                   + node.container_log(NAMESPACE, p.metadata.name, "kube-scheduler")[-3000:])
         raise
     assert pod.spec.node_name == node.name
-    scheduled = [e for e in core.list_namespaced_event(
+    # kube-scheduler records the event after the bind returns, through its asynchronous event
+    # broadcaster: the pod can show its node first (the extender's bind wrote it).
+    scheduled = wait_until(lambda: [e for e in core.list_namespaced_event(
         node_namespace, field_selector="involvedObject.name=placed").items
-        if e.reason == "Scheduled"]
-    assert scheduled, "no Scheduled event"
+        if e.reason == "Scheduled"] or None, timeout_s=30, what="the pod's Scheduled event")
     assert {e.reporting_component or e.source.component for e in scheduled} == {DEPLOYMENT}
 
     after = _sum([_extender_requests(ip) for ip in ips])
