@@ -18,6 +18,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from prometheus_client import CONTENT_TYPE_LATEST
 from structlog.typing import FilteringBoundLogger
 
+from gpufrag.errors import BadInput
+
 TEXT = "text/plain; charset=utf-8"
 
 
@@ -54,6 +56,13 @@ def respond(path: str, render_metrics: Callable[[], bytes], live: Callable[[], b
     if route == "/readyz":
         return (200, TEXT, b"ready\n") if ready() else (503, TEXT, f"{not_ready}\n".encode())
     return 404, TEXT, b"not found: try /metrics, /healthz, /readyz\n"
+
+
+def check_metrics_port(port: int) -> int:
+    """``port`` for the probe server's ``--metrics-port`` (0 disables it), else bad input."""
+    if not 0 <= port <= 65535:
+        raise BadInput(f"{port} is not a TCP port (0 disables)", field="metrics_port")
+    return port
 
 
 def start_http_server(port: int, answer: Callable[[str], tuple[int, str, bytes]], *,

@@ -55,7 +55,7 @@ from gpufrag.errors import (
 )
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
-from gpufrag.probes import stop_on_signals
+from gpufrag.probes import check_metrics_port, stop_on_signals
 from scheduler.kube.client import api_client as kube_api_client
 
 DEFAULT_METRICS_PORT = 9401  # next to the DCGM exporter's 9400, so both can run on hostNetwork
@@ -144,9 +144,7 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
             share_cooldown_s=args.share_cooldown_s,
             names=names_from_environ(),
         ).validate()
-        if not 0 <= args.metrics_port <= 65535:
-            raise BadInput(f"{args.metrics_port} is not a TCP port (0 disables)",
-                           field="metrics_port")
+        check_metrics_port(args.metrics_port)
         if args.nvml_recording is not None:
             # A bad recording is bad input (exit 2), named by its path and field, like a flag.
             nvml = RecordedNvml.load(args.nvml_recording)

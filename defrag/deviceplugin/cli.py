@@ -59,7 +59,7 @@ from gpufrag.errors import (
 )
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
-from gpufrag.probes import Liveness, stop_on_signals
+from gpufrag.probes import Liveness, check_metrics_port, stop_on_signals
 from scheduler.kube.client import api_client as kube_api_client
 
 
@@ -126,9 +126,7 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
             mps=args.mps, mps_pipe_dir=args.mps_pipe_dir, dev_root=args.dev_root,
             names=names_from_environ(),
         ).validate()
-        if not 0 <= args.metrics_port <= 65535:
-            raise BadInput(f"{args.metrics_port} is not a TCP port (0 disables)",
-                           field="metrics_port")
+        check_metrics_port(args.metrics_port)
         if args.nvml_recording is not None:
             nvml = RecordedNvml.load(args.nvml_recording)
     except BadInput as exc:
