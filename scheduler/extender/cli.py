@@ -24,7 +24,7 @@ from scheduler.extender.config import (
     load_config,
     parse_assignment,
 )
-from scheduler.extender.runtime import Runtime, cluster_runtime, snapshot_runtime
+from scheduler.extender.runtime import Runtime, cluster_runtime, freeze_heap, snapshot_runtime
 from scheduler.extender.server import ListenError, serve
 from scheduler.kube.client import api_client
 from scheduler.kube.snapshot import read_snapshot
@@ -74,7 +74,7 @@ def _snapshot_runtime(path: str, config: ExtenderConfig) -> Runtime:
     line, exit 2, never a traceback, even where a reader further down has no check for that
     shape yet."""
     try:
-        return snapshot_runtime(read_snapshot(path), config)
+        return snapshot_runtime(read_snapshot(path), config, on_ready=freeze_heap)
     except BadInput:
         raise
     except (ValueError, TypeError, AttributeError, KeyError, IndexError, RecursionError) as e:
@@ -101,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             runtime = _snapshot_runtime(args.cluster_snapshot, config)
             source = f"snapshot {args.cluster_snapshot}"
         else:
-            runtime = cluster_runtime(lambda: api_client(args.kubeconfig, args.context), config)
+            runtime = cluster_runtime(lambda: api_client(args.kubeconfig, args.context), config,
+                                      on_ready=freeze_heap)
             source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster"
     except BadInput as e:
         print(f"gpufrag extender: {_one_line(str(e))}", file=sys.stderr)

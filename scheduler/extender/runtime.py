@@ -8,6 +8,7 @@ Built before the server forks and started in the worker (threads do not survive 
 
 from __future__ import annotations
 
+import gc
 import socket
 import threading
 import time
@@ -79,29 +80,55 @@ class Runtime:
             client.close()
 
 
+def freeze_heap() -> None:
+    """Collect once, then move every object alive into the collector's permanent generation
+    (``gc.freeze``): the server's last step before it turns ready.
+
+    A full collection walks every object the collector tracks, and the cluster cache holds
+    hundreds of thousands (the pods' and nodes' JSON); at 5,000 nodes and 23,000 pods one took
+    127 ms inside a filter call, which kube-scheduler sees as that pod's latency (and, past
+    ``httpTimeout``, as a failed call). Frozen objects are never walked again: later full
+    collections walk only what was made since (the watch's newer objects), a few ms. Frozen
+    objects are still freed when their last reference goes; only a reference cycle that was
+    already alive here and turns into garbage later is never collected. What is alive at
+    this point is the loaded state, the modules and the compiled kernel, none of it cyclic
+    garbage in waiting, so that costs nothing in practice.
+    """
+    started = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    log.info("heap frozen", objects=gc.get_freeze_count(),
+             seconds=round(time.perf_counter() - started, 3))
+
+
 def _cache(config: ExtenderConfig, clock: Clock) -> ClusterCache:
     return ClusterCache(config.names, clock=clock, assume_ttl_s=config.bind.assume_ttl_s)
 
 
 def snapshot_runtime(snapshot: Snapshot, config: ExtenderConfig, *, clock: Clock = time.time,
-                     binder: Binder | None = None) -> Runtime:
+                     binder: Binder | None = None,
+                     on_ready: Callable[[], None] | None = None) -> Runtime:
     """Serve a static snapshot. Binds are dry runs unless ``binder`` is given; unreadable
-    objects are logged and counted but get no Event (there is no API server to write to)."""
+    objects are logged and counted but get no Event (there is no API server to write to).
+    ``on_ready``: called once, just before the extender turns ready (the server passes
+    :func:`freeze_heap`)."""
     cache = _cache(config, clock)
     hints = snapshot.configmap(config.names.hints_namespace, config.names.hints_configmap)
     cache.load(snapshot.nodes, snapshot.pods, hints if config.hints.enabled else None)
     if binder is None and config.bind.enabled:
         binder = DryRunBinder({key_of(p): p for p in snapshot.pods})
     extender = Extender(cache, config, binder=binder if config.bind.enabled else None,
-                        clock=clock)
+                        clock=clock, on_ready=on_ready)
     extender.maintain()  # synced already: settle the target workload now
     return Runtime(config, cache, extender)
 
 
 def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *,
-                    clock: Clock = time.time) -> Runtime:
+                    clock: Clock = time.time,
+                    on_ready: Callable[[], None] | None = None) -> Runtime:
     """Serve a live cluster (list + watch; binds write to it); ``new_api_client`` makes a
-    ``kubernetes.client.ApiClient``, closed again by ``Runtime.stop``.
+    ``kubernetes.client.ApiClient``, closed again by ``Runtime.stop``. ``on_ready`` as for
+    :func:`snapshot_runtime` (here it runs in the maintenance thread, after the first sync).
 
     The watches and the binder get clients (connection pools) of their own: a watch holds a
     connection for the length of its stream, and binds should neither queue behind the watches
@@ -122,7 +149,7 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
     reporter = SkipReporter(KubeEventWriter(event_client), instance=socket.gethostname(),
                             clock=clock)
     cache.on_skip = reporter.report
-    extender = Extender(cache, config, binder=binder, clock=clock)
+    extender = Extender(cache, config, binder=binder, clock=clock, on_ready=on_ready)
     runtime = Runtime(config, cache, extender, ClusterWatcher(
         watch_client, cache, config.watch, names=config.names, hints=config.hints.enabled),
         reporter=reporter)
@@ -130,4 +157,4 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
     return runtime
 
 
-__all__ = ["Runtime", "cluster_runtime", "snapshot_runtime"]
+__all__ = ["Runtime", "cluster_runtime", "freeze_heap", "snapshot_runtime"]

@@ -79,8 +79,10 @@ def _configured_workload(config: ExtenderConfig) -> TargetWorkload | None:
 
 class Extender:
     def __init__(self, cache: ClusterCache, config: ExtenderConfig, *,
-                 binder: Binder | None = None, clock: Clock = time.time) -> None:
+                 binder: Binder | None = None, clock: Clock = time.time,
+                 on_ready: Callable[[], None] | None = None) -> None:
         self.cache = cache
+        self.on_ready = on_ready
         self.config = config
         self.binder = binder
         self.clock = clock
@@ -96,7 +98,9 @@ class Extender:
         self._rows_by_list: dict[NameSet, tuple[IntArray, bool, int]] = {}
         self.scorer = self._make_scorer(self.workload)
         self.refresh_workload(force=True)
-        self._workload_after_sync = cache.synced  # built from a full state already
+        self._workload_after_sync = False
+        if cache.synced:  # built from a full state already
+            self._settle()
 
     # ------------------------------------------------------------------ workload
     def _make_scorer(self, workload: TargetWorkload) -> Scorer:
@@ -141,9 +145,24 @@ class Extender:
         self.cache.expire(self.clock())
         if self.cache.synced and not self._workload_after_sync:
             self.refresh_workload(force=True)
-            self._workload_after_sync = True
+            self._settle()
         else:
             self.refresh_workload()
+
+    def _settle(self) -> None:
+        """Turn ready, once the state has synced and the target workload reflects it (after
+        ``on_ready``, the server's last step before it takes requests): first score the whole
+        state once, which compiles the fragmentation kernel
+        (:mod:`scheduler.core.fragkernel`) for the very array types the verbs pass. Compiling
+        takes 1-2 s, and done on the first filter instead it would run past kube-scheduler's
+        ``httpTimeout`` for that pod."""
+        started = time.perf_counter()
+        ratio = self.fragmentation_ratio()
+        log.info("scoring warmed up", seconds=round(time.perf_counter() - started, 3),
+                 fragmentation_ratio=round(ratio, 4))
+        if self.on_ready is not None:
+            self.on_ready()
+        self._workload_after_sync = True
 
     @property
     def ready(self) -> bool:
