@@ -13,7 +13,7 @@ sequential p50/p99 latency on one keep-alive connection (after each pod shape ha
 once; the first request of a shape is reported apart, it fills the score cache), then
 requests/s at saturation with several client processes.
 
-    python -m benchmarks.extender_latency [--sizes 1000,5000,10000] [--requests 400]
+    python -m benchmarks.extender_latency [--sizes 1000,5000,10000] [--requests 1000]
         [--clients 4] [--duration-s 5] [--threads 8] [--occupancy 0.75]
 
 Targets: filter and prioritize p99 <= 5 ms at 5,000 nodes, <= 10 ms at 10,000.
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="1000,5000,10000")
-    parser.add_argument("--requests", type=int, default=400, help="sequential, per verb")
+    parser.add_argument("--requests", type=int, default=1000, help="sequential, per verb")
     parser.add_argument("--clients", type=int, default=4, help="processes at saturation")
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--threads", type=int, default=8, help="server request threads")

@@ -12,7 +12,9 @@ no idle scheduler's or extender's watches share the cores with the one measured)
 - ``zero-one`` / ``gpufrag-decide``: filter + bind, the filter answering one node (gpufrag's
   deciding filter, ``filter.answer: decide``; kube-scheduler skips scoring);
 - ``zero-all`` / ``gpufrag-feasible``: filter + prioritize + bind, the filter passing every
-  node it fits (``filter.answer: feasible``).
+  node it fits (``filter.answer: feasible``);
+- ``gpufrag-decide-5ms`` (only when named): the deciding filter with Python's default 5 ms
+  thread switch interval instead of ``server.switch_interval_s``' 0.5 ms.
 
 Each gpufrag row is printed with its ratio to the default scheduler and to the zero-cost
 extender of the same mode: how close gpufrag comes to the limit of the extender design.
@@ -72,6 +74,7 @@ class Row:
     name: str
     label: str
     reference: str = ""
+    settings: tuple[str, ...] = ()  # gpufrag rows: extra ``--set`` assignments
 
 
 ROWS = {
@@ -82,6 +85,12 @@ ROWS = {
     "zero-all": Row("zero-all", "zero-cost extender: filter (all) + prioritize + bind"),
     "gpufrag-feasible": Row("gpufrag-feasible",
                             "gpufrag: filter (feasible) + prioritize + bind", "zero-all"),
+}
+# Rows run only when named in --rows: one setting's effect, read against the same mode's row.
+EXTRA_ROWS = {
+    "gpufrag-decide-5ms": Row("gpufrag-decide-5ms",
+                              "gpufrag: filter decides, Python's 5 ms switch interval",
+                              "zero-one", ("server.switch_interval_s=0.005",)),
 }
 
 
@@ -103,10 +112,11 @@ class Served:
             config = gpufrag_scheduler_config(self.extender.url, name=self.scheduler_name,
                                               prioritize=mode == "all")
         elif self.row.name.startswith("gpufrag"):
-            answer = self.row.name.split("-", 1)[1]
+            answer = self.row.name.split("-")[1]
+            settings = [arg for setting in self.row.settings for arg in ("--set", setting)]
             # Logging at info, as in production: the verbs then log nothing on success.
             self.extender = ExtenderProcess(self.plane, log, log_level="info", extra_args=(
-                "--threads", "16", "--set", f"filter.answer={answer}")).start()
+                "--threads", "16", "--set", f"filter.answer={answer}", *settings)).start()
             config = gpufrag_scheduler_config(self.extender.url, name=self.scheduler_name,
                                               prioritize=answer == "feasible")
         self.plane.start_scheduler(f"bench-{self.row.name}", config + QPS)
@@ -210,15 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=2000)
     parser.add_argument("--rows", default=",".join(ROWS),
-                        help=f"rows to run, in order (of {', '.join(ROWS)})")
+                        help=f"rows to run, in order (of {', '.join(ROWS)}; also "
+                             f"{', '.join(EXTRA_ROWS)})")
     parser.add_argument("--rounds", type=int, default=3,
                         help="every row once per round, the order rotated each round")
     args = parser.parse_args(argv)
-    unknown = [r for r in args.rows.split(",") if r and r not in ROWS]
+    known = ROWS | EXTRA_ROWS
+    unknown = [r for r in args.rows.split(",") if r and r not in known]
     if unknown or args.rounds < 1:
-        parser.error(f"unknown rows {unknown} (of {', '.join(ROWS)})" if unknown
+        parser.error(f"unknown rows {unknown} (of {', '.join(known)})" if unknown
                      else "--rounds must be at least 1")
-    rows = [ROWS[r] for r in args.rows.split(",") if r]
+    rows = [known[r] for r in args.rows.split(",") if r]
     binary = build_control_plane()
     rng = random.Random(1)
     times: dict[str, list[float]] = {row.name: [] for row in rows}

@@ -124,6 +124,12 @@ class ServerConfig:
     ``/healthz``, ``/readyz`` and ``/metrics`` on a listener of their own, so that probes are
     answered even while slow clients hold every request thread.
 
+    ``switch_interval_s`` is the worker's ``sys.setswitchinterval``: how long a thread that
+    wants the GIL waits for a busy one to hand it over. Python's 5 ms made a filter wait behind
+    the watch and bind threads in kube-scheduler's serial cycle; 0.5 ms was faster in each of
+    4 paired rounds of ``benchmarks.scheduling_throughput`` (its ``gpufrag-decide-5ms`` row
+    keeps the comparison; docs/extender.md, Performance).
+
     TLS: with ``tls_cert_file`` and ``tls_key_file`` the verbs are served over HTTPS (for
     kube-scheduler's ``enableHTTPS``); with ``tls_client_ca_file`` too, every client must
     present a certificate signed by that CA (the ``certFile``/``keyFile`` of the extender's
@@ -137,6 +143,7 @@ class ServerConfig:
     threads: int = 8
     timeout_s: float = 30.0
     read_timeout_s: float = 5.0
+    switch_interval_s: float = 0.0005
     health_host: str = "127.0.0.1"
     health_port: int = 0
     tls_cert_file: str = ""
@@ -385,6 +392,8 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
     need(s.timeout_s > 0, "server.timeout_s", f"must be > 0 seconds, got {s.timeout_s}")
     need(s.read_timeout_s > 0, "server.read_timeout_s",
          f"must be > 0 seconds, got {s.read_timeout_s}")
+    need(0 < s.switch_interval_s <= 0.1, "server.switch_interval_s",
+         f"must be > 0 and <= 0.1 seconds, got {s.switch_interval_s}")
     need(0 <= s.health_port < 65536, "server.health_port",
          f"must be in 1..65535, or 0 for no separate health listener, got {s.health_port}")
     need(s.health_port != s.port, "server.health_port",

@@ -32,6 +32,7 @@ import contextlib
 import selectors
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -429,8 +430,10 @@ class HealthServer:
 
 class _Gunicorn(BaseApplication):  # type: ignore[misc]  # gunicorn has no type hints
     def __init__(self, runtime: Runtime, options: dict[str, Any],
-                 health: HealthServer | None = None) -> None:
+                 health: HealthServer | None = None, *,
+                 switch_interval_s: float) -> None:
         self.runtime = runtime
+        self.switch_interval_s = switch_interval_s
         self.options = options
         self.health = health
         super().__init__()
@@ -442,6 +445,7 @@ class _Gunicorn(BaseApplication):  # type: ignore[misc]  # gunicorn has no type 
     def load(self) -> Flask:
         # Runs in the worker after the fork: the watch, maintenance and health threads start
         # here (threads do not survive a fork; the health listener's socket does).
+        sys.setswitchinterval(self.switch_interval_s)
         self.runtime.start()
         if self.health is not None:
             self.health.start(app_probes(self.runtime.app))
@@ -493,7 +497,8 @@ def serve(runtime: Runtime, server: ServerConfig) -> None:
     """Serve until SIGTERM/SIGINT; :class:`ListenError` when the health port cannot be had."""
     health = (HealthServer.listen(server.health_host, server.health_port)
               if server.health_port else None)
-    _Gunicorn(runtime, gunicorn_options(server), health).run()
+    _Gunicorn(runtime, gunicorn_options(server), health,
+              switch_interval_s=server.switch_interval_s).run()
 
 
 __all__ = ["BoundedThreadWorker", "HealthServer", "ListenError", "RequestReadTimeout",

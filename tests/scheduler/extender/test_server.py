@@ -26,9 +26,10 @@ from gunicorn.config import Config as GunicornConfig
 
 from scheduler.extender.app import ProbeAnswer
 from scheduler.extender.config import ServerConfig
-from scheduler.extender.server import HealthServer, ListenError, gunicorn_options
+from scheduler.extender.server import HealthServer, ListenError, _Gunicorn, gunicorn_options
 from scheduler.kube.snapshot import write_snapshot
-from tests.scheduler.extender.helpers import Pki
+from tests.builders import node
+from tests.scheduler.extender.helpers import Pki, serve
 from tests.scheduler.extender.test_contract import FILTER_KEYS, NODES, PENDING
 
 THREADS = 2
@@ -334,3 +335,16 @@ def test_a_probe_port_in_use_is_an_error_at_start_up(health: HealthServer) -> No
     with pytest.raises(ListenError, match=f"cannot listen on 127.0.0.1:{health.port} "
                                           r"\(server.health_host, server.health_port\): "):
         HealthServer.listen("127.0.0.1", health.port)
+
+
+def test_the_worker_takes_the_configured_switch_interval() -> None:
+    """Set where the worker loads the app (after the fork), before it serves a request."""
+    runtime = serve([node("n1")])
+    before = sys.getswitchinterval()
+    try:
+        app = _Gunicorn(runtime, {}, switch_interval_s=0.002).load()
+        assert app is runtime.app
+        assert sys.getswitchinterval() == pytest.approx(0.002)
+    finally:
+        sys.setswitchinterval(before)
+        runtime.stop()
