@@ -255,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                 served = Served(plane, row, Path(tmp))
                 served.start()
                 try:
-                    print(f"round {round_ + 1}/{args.rounds}: running {row.name}",
-                          file=sys.stderr, flush=True)
+                    print(f"round {round_ + 1}/{args.rounds}: running {row.name} (load "
+                          f"average {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
                     elapsed, spent = run(plane, served.scheduler_name, pods, ns,
                                          partial(cpu_by_process, served.pids()))
                 finally:
@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                     refused[row.name] = refused_binds(Path(tmp), row.name)
     cpu = {name: {k: v / args.rounds for k, v in c.items()} for name, c in cpu.items()}
     print_rates(rows, times, args.nodes, args.pods)
+    print(f"  load average at the end: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} "
+          f"(1 / 5 / 15 min) on {os.cpu_count()} CPUs")
     for name, count in refused.items():
         print(f"  {name}: {count} binds refused in all rounds (and retried by kube-scheduler)")
     print(f"\nCPU per pod (ms), each run including its pods' deletion, mean of "
