@@ -1,7 +1,8 @@
 """The extender's Flask app under gunicorn (the production server) and under granian (a
-Rust WSGI server), side by side on the same snapshot, for kube-scheduler's traffic: many
-short POSTs, and about half of them on a new connection (kube-scheduler keeps only two idle
-connections to an extender).
+Rust WSGI server), and its verbs on one event loop (``benchmarks.verbs_event_loop``, a
+prototype measured here only), side by side on the same snapshot, for kube-scheduler's
+traffic: many short POSTs, and about half of them on a new connection (kube-scheduler keeps
+only two idle connections to an extender).
 
     python -m benchmarks.wsgi_servers [--size 1000] [--requests 400] [--clients 4]
 
@@ -65,6 +66,14 @@ def start_granian(snapshot: Path, port: int, threads: int) -> subprocess.Popen[b
     return wait_ready(server, port, 600, "granian")
 
 
+def start_event_loop(snapshot: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "benchmarks.verbs_event_loop", str(snapshot), str(port),
+               str(threads)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    return wait_ready(server, port, 600, "event loop prototype")
+
+
 def fresh_connections(port: int, bodies: list[bytes], count: int) -> np.ndarray:
     """Sequential filters, each on a new connection (connect time included)."""
     times = []
@@ -116,18 +125,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    servers = ["gunicorn", "granian", "event loop"]
     if importlib.util.find_spec("granian") is None:
-        print("wsgi_servers: granian is not installed (pip install granian); it is measured "
-              "here only, not a dependency of gpufrag", file=sys.stderr)
-        return 2
+        print("wsgi_servers: granian is not installed (pip install granian; it is measured "
+              "here only, not a dependency of gpufrag): its row is left out", file=sys.stderr)
+        servers.remove("granian")
+    starters = {"granian": start_granian, "event loop": start_event_loop}
     results = {}
     with tempfile.TemporaryDirectory(prefix="gpufrag-bench-") as folder:
         cluster = build_cluster(args.size, 0.75, args.seed, Path(folder))
-        for name in ("gunicorn", "granian"):
+        for name in servers:
             port = free_port()
             server = (start_server(cluster.snapshot, port, args.threads, "info", "decide")
                       if name == "gunicorn" else
-                      start_granian(cluster.snapshot, port, args.threads))
+                      starters[name](cluster.snapshot, port, args.threads))
             try:
                 bodies = request_bodies(cluster, port, args.seed + 7)[0]
                 kept = sequential(port, "/filter", bodies, args.requests)
