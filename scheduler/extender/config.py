@@ -126,9 +126,9 @@ class ServerConfig:
 
     ``switch_interval_s`` is the worker's ``sys.setswitchinterval``: how long a thread that
     wants the GIL waits for a busy one to hand it over. Python's 5 ms made a filter wait behind
-    the watch and bind threads in kube-scheduler's serial cycle; 0.5 ms was faster in each of
-    4 paired rounds of ``benchmarks.scheduling_throughput`` (its ``gpufrag-decide-5ms`` row
-    keeps the comparison; docs/extender.md, Performance).
+    the watch and bind threads in kube-scheduler's serial cycle; 0.5 ms was faster in 6 of 7
+    paired rounds of ``benchmarks.scheduling_throughput`` over two runs (its
+    ``gpufrag-decide-5ms`` row keeps the comparison; docs/extender.md, Performance).
 
     TLS: with ``tls_cert_file`` and ``tls_key_file`` the verbs are served over HTTPS (for
     kube-scheduler's ``enableHTTPS``); with ``tls_client_ca_file`` too, every client must
