@@ -261,8 +261,8 @@ class Connection(asyncio.Protocol):
         self._server.closed(self)
 
     def data_received(self, data: bytes) -> None:
-        if self._closed or self._closing:
-            return  # what follows a closing answer is not read
+        if self._closed or (self._closing and self._phase != _DISCARD):
+            return  # what follows a closing answer is not read (but its own refused body is)
         if self._phase >= _BODY:
             self._since = self._loop.time()  # the body's silence timer restarts
         try:
@@ -410,6 +410,7 @@ class Connection(asyncio.Protocol):
                 self.respond(exchange, plain_error(500, "internal error starting the request"))
         if self._closing:  # a closing answer was written while this body arrived
             self._close()
+            raise _StopParsing  # nothing after it is read
 
     # -- answers -------------------------------------------------------------------------------
 

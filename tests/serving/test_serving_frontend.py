@@ -239,6 +239,21 @@ def test_an_oversized_body_is_read_and_dropped_so_the_client_sees_the_413(
     assert client.closed_by_server()
 
 
+def test_a_refused_body_that_arrives_after_the_413_is_read_then_the_connection_closes() -> None:
+    with ThreadedServer(FakeBackend(), FAST, max_body_bytes=1024,
+                        limits=HttpLimits(body_timeout_s=30.0)) as server:
+        client = Client(server)
+        head, body = infer(b" " * 50_000).split(b"\r\n\r\n", 1)
+        client.send(head + b"\r\n\r\n")
+        reply = client.reply()  # answered from the headers
+        assert reply.status == 413 and reply.headers["connection"] == "close"
+        client.send(body + get("/v2/health/live"))  # read and dropped; the GET is not read
+        started = time.monotonic()
+        assert client.closed_by_server(timeout_s=5.0)  # at the body's end, not in 30 s
+        assert time.monotonic() - started < 5.0 and client.buffer == b""
+        client.close()
+
+
 def test_a_503_comes_before_the_body_and_the_connection_stays_usable() -> None:
     gate = threading.Event()
     config = BatcherConfig(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=1,
