@@ -350,3 +350,12 @@ def test_an_idle_keep_alive_connection_is_closed(client: Client) -> None:
 
 def test_a_connection_that_never_sends_is_closed(client: Client) -> None:
     assert client.closed_by_server(timeout_s=3.0)
+
+
+def test_an_upgrade_request_is_answered_as_http_1_1_then_the_connection_closes(
+        client: Client) -> None:
+    client.send(get("/v2/health/live", "Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c",
+                    "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA") + b"PRI * HTTP/2.0\r\n\r\nSM")
+    reply = client.reply()
+    assert reply.status == 200 and reply.json() == {"live": True}
+    assert client.closed_by_server() and client.buffer == b""
