@@ -226,6 +226,10 @@ class RouteTable:
         if route is not None:
             return route
         path = target.split(b"?", 1)[0].split(b"#", 1)[0]
+        if not path.startswith(b"/"):  # absolute form, which servers must accept (RFC 9112)
+            authority = path.find(b"://")
+            start = path.find(b"/", authority + 3) if authority > 0 else -1
+            path = path[start:] if start >= 0 else b"/"
         route = self._exact.get(path)
         if route is not None:
             return route

@@ -171,6 +171,12 @@ def test_client_connection_close_and_http_1_0_close_after_the_answer(
     client.close()
 
 
+def test_an_absolute_form_target_is_routed_like_its_path(client: Client) -> None:
+    client.send(get("http://t:8000/v2/health/live?x=1") + get("/v2/models/fake/ready?verbose"))
+    assert client.reply().json() == {"live": True}
+    assert client.reply().status == 200
+
+
 # -- methods -----------------------------------------------------------------------------------
 
 def test_head_has_the_get_headers_and_no_body(client: Client) -> None:
