@@ -12,8 +12,9 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
@@ -45,7 +46,7 @@ class Reply:
     headers: dict[str, str]
     body: bytes
 
-    def json(self) -> object:
+    def json(self) -> Any:
         return json.loads(self.body)
 
 
@@ -106,9 +107,9 @@ def client(server: ThreadedServer) -> Iterator[Client]:
     connection.close()
 
 
-def wait_for(condition: object, timeout_s: float = 5.0) -> None:
+def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
+    while not condition():
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.005)
@@ -122,9 +123,9 @@ def test_pipelined_requests_are_answered_in_order_on_one_connection(client: Clie
     replies = [client.reply() for _ in range(5)]
     assert [r.status for r in replies] == [200, 200, 200, 400, 404]
     assert replies[0].json() == {"live": True}
-    assert replies[1].json()["outputs"][0]["data"] == [2, 4, 6, 8]  # type: ignore[index]
+    assert replies[1].json()["outputs"][0]["data"] == [2, 4, 6, 8]
     assert replies[2].json() == {"name": "fake", "version": "1", "ready": True}
-    assert "malformed JSON" in replies[3].json()["error"]  # type: ignore[index]
+    assert "malformed JSON" in replies[3].json()["error"]
     assert replies[4].json() == {"error": "no route for /nowhere"}
     assert not client.closed_by_server(0.1)  # still open: keep-alive
 
@@ -141,7 +142,7 @@ def test_a_fast_answer_waits_behind_a_slow_one_before_it() -> None:
         gate.set()
         client.sock.settimeout(5)
         first, second = client.reply(), client.reply()
-        assert "outputs" in first.json() and second.json() == {"live": True}  # type: ignore[operator]
+        assert "outputs" in first.json() and second.json() == {"live": True}
         client.close()
 
 
@@ -151,7 +152,7 @@ def test_a_request_split_into_tiny_writes_is_read_whole(client: Client) -> None:
         client.send(data[i:i + 7])
         time.sleep(0.001)
     reply = client.reply()
-    assert reply.status == 200 and reply.json()["outputs"][1]["data"] == [10]  # type: ignore[index]
+    assert reply.status == 200 and reply.json()["outputs"][1]["data"] == [10]
 
 
 def test_client_connection_close_and_http_1_0_close_after_the_answer(
@@ -211,14 +212,14 @@ def test_a_chunked_body_is_decoded(client: Client) -> None:
                 b"Transfer-Encoding: chunked\r\n\r\n" + chunked(BODY, 10))
     reply = client.reply()
     assert reply.status == 200, reply.body
-    assert reply.json()["outputs"][0]["data"] == [2, 4, 6, 8]  # type: ignore[index]
+    assert reply.json()["outputs"][0]["data"] == [2, 4, 6, 8]
 
 
 def test_a_chunked_body_over_the_limit_is_413_and_the_connection_closes(client: Client) -> None:
     client.send(b"POST /v2/models/fake/infer HTTP/1.1\r\nHost: t\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n" + chunked(b" " * 3000, 500))
     reply = client.reply()
-    assert reply.status == 413 and "1024 byte limit" in reply.json()["error"]  # type: ignore[index]
+    assert reply.status == 413 and "1024 byte limit" in reply.json()["error"]
     assert reply.headers["connection"] == "close" and client.closed_by_server()
 
 
@@ -267,11 +268,13 @@ def test_a_503_comes_before_the_body_and_the_connection_stays_usable() -> None:
     with ThreadedServer(FakeBackend(gate=gate), config) as server:
         batcher = server.state.batcher
         assert batcher is not None
+        def batches() -> tuple[int, int]:
+            return server.call(lambda: (batcher.inflight_batches, batcher.depth))
+
         busy = [Client(server) for _ in range(2)]
         for c, state in zip(busy, [(1, 0), (2, 1)], strict=True):
             c.send(infer())  # one computing (held), then one waiting: the queue is full
-            wait_for(lambda s=state: server.call(
-                lambda: (batcher.inflight_batches, batcher.depth)) == s)
+            wait_for(lambda s=state: batches() == s)  # type: ignore[misc]
         client = Client(server)
         head, body = infer().split(b"\r\n\r\n", 1)
         client.send(head + b"\r\n\r\n")  # headers only: the 503 must not wait for the body
@@ -313,7 +316,7 @@ def test_a_malformed_request_is_400_and_the_connection_closes(client: Client,
     client.send(garbage)
     reply = client.reply()
     assert reply.status == 400 and reply.headers["connection"] == "close"
-    assert reply.json()["error"].startswith("malformed HTTP request")  # type: ignore[index]
+    assert reply.json()["error"].startswith("malformed HTTP request")
     assert client.closed_by_server()
 
 
@@ -327,7 +330,7 @@ def test_oversized_headers_are_refused_and_the_connection_closes(
         client: Client, request_bytes: bytes, status: int, needle: str) -> None:
     client.send(request_bytes)
     reply = client.reply()
-    assert reply.status == status and needle in reply.json()["error"]  # type: ignore[operator]
+    assert reply.status == status and needle in reply.json()["error"]
     assert client.closed_by_server()
 
 
