@@ -7,11 +7,15 @@ that is the HTTP stack itself (parse, dispatch, response headers, socket write) 
 leaner stack would save. Stacks measured, each in its own process, on uvloop and on asyncio's
 loop:
 
-- ``aiohttp-app``: an ``aiohttp.web.Application`` with a router, as ``serving/app.py`` uses it
-  (without its middlewares and metrics: the stack only);
+- ``aiohttp-app``: an ``aiohttp.web.Application`` with a router, as ``serving/app.py`` used it
+  before the front end was rewritten (without its middlewares and metrics: the stack only);
 - ``aiohttp-lowlevel``: aiohttp's low-level ``web.Server`` (one handler, no router);
 - ``httptools``: ``asyncio.Protocol`` + httptools' parser (the parser uvicorn uses), the
-  response written as bytes: roughly the floor for an HTTP/1.1 server in Python.
+  response written as bytes: roughly the floor for an HTTP/1.1 server in Python;
+- ``gpufrag-serve``: not a bare stack but the whole server without a model: the real front end
+  (``serving/frontend.py``), routes, v2 parsing and checks, the batcher (max batch 32, no queue
+  delay), response encoding and metrics, over a backend that answers zeros at no cost. Its CPU
+  per request is what ``gpufrag serve`` adds to a model's own compute.
 
 Each is driven by ``benchmarks/serving_load.py`` (one thread) with 64 keep-alive connections;
 three interleaved runs per stack, median of the server's CPU per request. Usage::
@@ -27,6 +31,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -34,10 +39,18 @@ from aiohttp import web
 
 from benchmarks.procstat import cpu_seconds
 from benchmarks.serving_load import LoadGenerator, new_event_loop, raw_request
+from serving.app import ServerState
+from serving.backends.base import Array
+from serving.batcher import DynamicBatcher
 from serving.client import encode_inputs
+from serving.config import BatcherConfig
+from serving.frontend import HttpServer
 from serving.loops import loop_factory
+from serving.metrics import ServingMetrics
+from serving.protocol import ModelInfo
+from serving.tensors import TensorSpec
 
-STACKS = ("aiohttp-app", "aiohttp-lowlevel", "httptools")
+STACKS = ("aiohttp-app", "aiohttp-lowlevel", "httptools", "gpufrag-serve")
 LOOPS = ("uvloop", "asyncio")
 HEADER = b'{"model_name":"m","model_version":"1","outputs":[{"name":"logits","datatype":"FP32",' \
          b'"shape":[1,10],"parameters":{"binary_data_size":40}}]}'
@@ -93,9 +106,41 @@ async def _serve_httptools(port: int) -> None:
     await asyncio.Event().wait()
 
 
+class ZeroCostBackend:
+    """resnet-small's inputs and outputs, answered with zeros: the server without a model."""
+
+    kind = "zero-cost"
+    inputs = (TensorSpec("input", "FP32", (-1, 3, 32, 32)),)
+    outputs = (TensorSpec("logits", "FP32", (-1, 10)),)
+    static_batch_size: int | None = None
+    max_batch_size: int | None = None
+
+    def infer(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
+        return {"logits": np.zeros((len(inputs["input"]), 10), dtype=np.float32)}
+
+    def close(self) -> None:
+        pass
+
+
+async def _serve_gpufrag(port: int) -> None:
+    backend = ZeroCostBackend()
+    config = BatcherConfig(max_batch_size=32, max_queue_delay_s=0.0)
+    state = ServerState(model_name="m", metrics=ServingMetrics(model="m"),
+                        max_body_bytes=1 << 20)
+    batcher = DynamicBatcher(backend, config, observer=state.metrics)
+    batcher.start()
+    state.batcher = batcher
+    state.model = ModelInfo(name="m", platform=backend.kind, inputs=backend.inputs,
+                            outputs=backend.outputs, max_batch_size=config.max_batch_size)
+    state.set_ready(True)
+    await HttpServer(state).start("127.0.0.1", port)
+    await asyncio.Event().wait()
+
+
 def serve(stack: str, loop: str, port: int) -> None:
-    main = _serve_httptools(port) if stack == "httptools" else _serve_aiohttp(
-        port, lowlevel=stack == "aiohttp-lowlevel")
+    main = (_serve_httptools(port) if stack == "httptools"
+            else _serve_gpufrag(port) if stack == "gpufrag-serve"
+            else _serve_aiohttp(port, lowlevel=stack == "aiohttp-lowlevel"))
     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
         runner.run(main)
 

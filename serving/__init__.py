@@ -1,6 +1,7 @@
 """serving — the in-pod batching runtime behind ``gpufrag serve``.
 
-A KServe/Triton v2 HTTP server (:mod:`serving.app`, :mod:`serving.server`) feeding a dynamic
+A KServe/Triton v2 HTTP server (routes :mod:`serving.app`, HTTP/1.1 front end
+:mod:`serving.frontend`, process lifecycle :mod:`serving.server`) feeding a dynamic
 batcher (:mod:`serving.batcher`) that runs one model through a backend
 (:mod:`serving.backends`: ONNX Runtime, TensorRT), with Prometheus metrics
 (:mod:`serving.metrics`), a GPU probe (:mod:`serving.gpu`), built-in ResNet models

@@ -1,16 +1,24 @@
-"""The HTTP layer: v2 inference protocol routes on aiohttp, feeding the dynamic batcher.
+"""The v2 inference protocol's routes, as plain functions of the server's state: no transport.
 
-Why aiohttp (not Flask/gunicorn like the scheduler extender): the batcher holds many requests
-open at once while they wait to be grouped, which is natural with one asyncio loop and costly
-with a thread per request; and with ``handler_cancellation`` on, a client that disconnects
-cancels its handler, which cancels the future the batcher holds, so the request is dropped
-before compute instead of burning a batch slot on an answer nobody reads.
+The HTTP/1.1 front end (:mod:`serving.http`) parses a request, looks its path up in a
+:class:`RouteTable` and calls what it finds here; everything it gets back is an
+:class:`Answer` (status, body, content type, extra headers) it writes as bytes. Keeping the
+routes free of the transport is what lets the front end be a hand-written ``asyncio.Protocol``
+(measured in docs/serving.md: the HTTP stack was a third of the event loop's time per request)
+while the protocol's rules stay in one place and are tested through a real socket.
 
 Routes: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``, ``/v2/models``,
 ``/v2/models/{name}``, ``/v2/models/{name}/ready``, ``POST /v2/models/{name}/infer``, the same
 three model routes under ``/v2/models/{name}/versions/{version}``, and ``GET /metrics``. Every
 error, including unknown routes, has the v2 shape ``{"error": "<message>"}``; 503s carry
 ``Retry-After``.
+
+An infer request is handled in two steps, so load is shed before the body is read:
+:func:`begin_infer` runs when the headers are in (404, 503 not ready / shutting down / queue
+full, 413 by ``Content-Length``: answered at once, the body never read), and
+:meth:`InferCall.run` when the body is. The answer comes back through a callback when the
+batcher resolves the request's future: no task per request, and a client that disconnects
+cancels that future (:meth:`InferCall.cancel`), so the request is dropped before compute.
 
 The server serves one version of one model, ``MODEL_VERSION`` ("1"), and advertises it
 (``versions`` in the metadata, ``model_version`` in every response), so clients that address
@@ -22,14 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
 
 import orjson
 import structlog
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from serving.backends.base import Array
 from serving.batcher import DynamicBatcher
 from serving.errors import (
     BodyTooLarge,
@@ -46,6 +56,7 @@ from serving.protocol import (
     MODEL_VERSION,
     InferRequest,
     ModelInfo,
+    RequestPlans,
     encode_infer_response,
     error_body,
     parse_header_length,
@@ -55,13 +66,15 @@ from serving.protocol import (
 log = structlog.get_logger("serving.app")
 
 SERVER_NAME = "gpufrag-serving"
+SERVER_VERSION = "0.1.0"
+JSON_CONTENT_TYPE = "application/json"
 # Bodies above this are parsed in a worker thread so one large request does not stall the loop.
 PARSE_OFFLOAD_BYTES = 256 * 1024
 
 
 @dataclass
 class ServerState:
-    """What the handlers read; the server fills ``model``/``batcher`` once the model loads."""
+    """What the routes read; the server fills ``model``/``batcher`` once the model loads."""
 
     model_name: str
     metrics: ServingMetrics
@@ -75,9 +88,11 @@ class ServerState:
     draining: bool = False
     # admission closed: new requests get 503 + Retry-After; accepted ones are still answered
     shutting_down: bool = False
-    # requests that arrived before admission closed whose handler is running or whose
-    # response is still being written (the drain waits for them before the listener closes)
+    # requests that arrived before admission closed whose answer is being made or is not yet
+    # written (the drain waits for them before the listener closes)
     active_requests: int = 0
+    # binary requests already checked, by their JSON header (serving.protocol.RequestPlans)
+    plans: RequestPlans = field(default_factory=RequestPlans, repr=False)
     _idle: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     def __post_init__(self) -> None:
@@ -113,102 +128,148 @@ class ServerState:
         return True
 
 
-STATE = web.AppKey("state", ServerState)
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One response, as the transport writes it (it adds Content-Length and Connection)."""
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+    status: int
+    body: bytes
+    content_type: str = JSON_CONTENT_TYPE
+    headers: tuple[tuple[str, str], ...] = ()
 
 
-def json_response(doc: object, status: int = 200,
-                  headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=orjson.dumps(doc), status=status, headers=headers,
-                        content_type="application/json")
+def json_answer(doc: object, status: int = 200) -> Answer:
+    return Answer(status, orjson.dumps(doc))
 
 
-def error_response(error: ServingError) -> web.Response:
-    headers = {}
+def error_answer(error: ServingError) -> Answer:
+    headers: tuple[tuple[str, str], ...] = ()
     if error.retry_after_s is not None:
-        headers["Retry-After"] = str(error.retry_after_s)
-    return web.Response(body=error_body(error.message), status=error.status, headers=headers,
-                        content_type="application/json")
+        headers = (("Retry-After", str(error.retry_after_s)),)
+    return Answer(error.status, error_body(error.message), headers=headers)
 
 
-@web.middleware
-async def v2_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Router 404/405s and anything unexpected, in the v2 error shape (never a traceback)."""
+def plain_error(status: int, message: str,
+                headers: tuple[tuple[str, str], ...] = ()) -> Answer:
+    """A v2 error for what is not a :class:`ServingError`: unknown route, wrong method, HTTP."""
+    return Answer(status, error_body(message), headers=headers)
+
+
+# -- routing -------------------------------------------------------------------------------
+
+# Route kinds, one per handler below.
+SERVER_METADATA = "server_metadata"
+LIVE = "live"
+READY = "ready"
+LIST_MODELS = "list_models"
+MODEL_METADATA = "model_metadata"
+MODEL_READY = "model_ready"
+INFER = "infer"
+METRICS = "metrics"
+NOT_FOUND = "not_found"
+
+_FIXED_ROUTES = {"/v2": SERVER_METADATA, "/v2/health/live": LIVE, "/v2/health/ready": READY,
+                 "/v2/models": LIST_MODELS, "/metrics": METRICS}
+_MODEL_ROUTES = {"": MODEL_METADATA, "ready": MODEL_READY, "infer": INFER}
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a path leads: a handler kind and, for model routes, the name and version asked."""
+
+    kind: str
+    path: str
+    name: str | None = None
+    version: str | None = None
+
+    @property
+    def method(self) -> str:
+        """The one method the route answers (GET routes answer HEAD too)."""
+        return "POST" if self.kind == INFER else "GET"
+
+
+def match_route(path: str) -> Route:
+    """The route of ``path`` (already percent-decoded, without the query)."""
+    kind = _FIXED_ROUTES.get(path)
+    if kind is not None:
+        return Route(kind, path)
+    if path.startswith("/v2/models/"):
+        parts = path[len("/v2/models/"):].split("/")
+        name = parts[0]
+        version = None
+        if len(parts) >= 3 and parts[1] == "versions":
+            version = parts[2]
+            parts = parts[2:]
+        action = parts[1] if len(parts) == 2 else ("" if len(parts) == 1 else None)
+        kind = _MODEL_ROUTES.get(action) if action is not None else None
+        if kind is not None and name and version != "":
+            return Route(kind, path, name, version)
+    return Route(NOT_FOUND, path)
+
+
+class RouteTable:
+    """Paths -> routes, with the served model's own paths (the hot ones) looked up in one dict
+    on the raw bytes of the request target; anything else is decoded and matched."""
+
+    def __init__(self, model_name: str) -> None:
+        self._exact: dict[bytes, Route] = {}
+        paths = [*_FIXED_ROUTES]
+        for prefix in (f"/v2/models/{model_name}", f"/v2/models/{model_name}/versions/1"):
+            paths += [prefix, f"{prefix}/ready", f"{prefix}/infer"]
+        for path in paths:
+            if "%" not in path and "?" not in path and path.isascii():
+                self._exact[path.encode()] = match_route(path)
+
+    def lookup(self, target: bytes) -> Route:
+        """The route of a request target (origin form: ``/path?query``)."""
+        route = self._exact.get(target)
+        if route is not None:
+            return route
+        path = target.split(b"?", 1)[0].split(b"#", 1)[0]
+        if not path.startswith(b"/"):  # absolute form, which servers must accept (RFC 9112)
+            authority = path.find(b"://")
+            start = path.find(b"/", authority + 3) if authority > 0 else -1
+            path = path[start:] if start >= 0 else b"/"
+        route = self._exact.get(path)
+        if route is not None:
+            return route
+        text = path.decode("latin-1")
+        if "%" in text:
+            text = unquote(path.decode("utf-8", "replace"), errors="replace")
+        return match_route(text)
+
+
+# -- the GET routes ------------------------------------------------------------------------
+
+_LIVE = json_answer({"live": True})
+_SERVER_METADATA = json_answer({"name": SERVER_NAME, "version": SERVER_VERSION,
+                                "extensions": ["binary_tensor_data"]})
+
+
+def answer_get(state: ServerState, route: Route) -> Answer:
+    """The answer to a GET (or HEAD) route; ``route.kind`` is not ``INFER``."""
+    kind = route.kind
+    if kind == LIVE:
+        return _LIVE
+    if kind == READY:
+        return json_answer({"ready": state.ready}, status=200 if state.ready else 503)
+    if kind == SERVER_METADATA:
+        return _SERVER_METADATA
+    if kind == LIST_MODELS:
+        return _list_models(state)
+    if kind == METRICS:
+        return Answer(200, state.metrics.render(), content_type=CONTENT_TYPE_LATEST)
     try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        message = exc.reason if exc.status != 404 else f"no route for {request.path}"
-        return web.Response(body=error_body(message), status=exc.status,
-                            content_type="application/json")
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        raise
-    except Exception as exc:
-        log.exception("handler_failed", path=request.path)
-        return web.Response(body=error_body(f"internal error: {type(exc).__name__}: {exc}"),
-                            status=500, content_type="application/json")
+        if kind == MODEL_METADATA:
+            return json_answer(_model(state, route).metadata())
+        if kind == MODEL_READY:
+            return _model_ready(state, route)
+    except ServingError as exc:
+        return error_answer(exc)
+    return plain_error(404, f"no route for {route.path}")
 
 
-@web.middleware
-async def lifecycle(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Counts every request until its response is written (the drain waits for that before
-    the listener closes), and once draining answers with ``Connection: close``, so keep-alive
-    clients reconnect (to another pod) instead of reusing a connection that will close."""
-    state = request.app[STATE]
-    # Only requests that arrived before admission closed are waited for: the late ones are
-    # fast 503s, and under a steady stream of them the count would seldom reach zero.
-    counted = not state.shutting_down
-    if counted:
-        state.request_started()
-    try:
-        response = await handler(request)
-        if state.draining:
-            response.force_close()  # before prepare: the header is set from it
-        # Written here rather than after the middleware returns, so the count covers the
-        # write; aiohttp's own prepare/write_eof afterwards are no-ops.
-        await response.prepare(request)
-        await response.write_eof()
-        return response
-    finally:
-        if counted:
-            state.request_finished()
-
-
-def build_app(state: ServerState) -> web.Application:
-    # client_max_size is the hard stop; the handler checks Content-Length first for a clear 413.
-    app = web.Application(client_max_size=state.max_body_bytes,
-                          middlewares=[lifecycle, v2_errors])
-    app[STATE] = state
-    app.router.add_get("/v2", server_metadata)
-    app.router.add_get("/v2/health/live", live)
-    app.router.add_get("/v2/health/ready", ready)
-    app.router.add_get("/v2/models", list_models)
-    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        app.router.add_get(prefix, model_metadata)
-        app.router.add_get(f"{prefix}/ready", model_ready)
-        app.router.add_post(f"{prefix}/infer", infer)
-    app.router.add_get("/metrics", metrics)
-    return app
-
-
-async def server_metadata(request: web.Request) -> web.Response:
-    return json_response({"name": SERVER_NAME, "version": "0.1.0",
-                          "extensions": ["binary_tensor_data"]})
-
-
-async def live(request: web.Request) -> web.Response:
-    return json_response({"live": True})
-
-
-async def ready(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    return json_response({"ready": state.ready}, status=200 if state.ready else 503)
-
-
-async def list_models(request: web.Request) -> web.Response:
-    state = request.app[STATE]
+def _list_models(state: ServerState) -> Answer:
     if state.model is None:
         entry = {"name": state.model_name, "state": "LOADING", "reason": "model is loading"}
     else:
@@ -216,130 +277,201 @@ async def list_models(request: web.Request) -> web.Response:
                  "platform": state.model.platform,
                  "state": "READY" if state.ready else "UNAVAILABLE",
                  "reason": "" if state.ready else "server is shutting down"}
-    return json_response({"models": [entry]})
+    return json_answer({"models": [entry]})
 
 
-def _check_route(state: ServerState, request: web.Request) -> str:
+def _model_ready(state: ServerState, route: Route) -> Answer:
+    """200 when the model admits requests, else 503; the body names the model and version,
+    as KServe's ``ModelReadyResponse`` does (clients read the status; people read the body)."""
+    name = _check_route(state, route)
+    return json_answer({"name": name, "version": MODEL_VERSION, "ready": state.ready},
+                       status=200 if state.ready else 503)
+
+
+def _check_route(state: ServerState, route: Route) -> str:
     """The model name of a ``/v2/models/{name}[/versions/{version}]/...`` route, once the
     name and (if given) the version are ones this server serves; else 404."""
-    name = request.match_info["name"]
+    name = route.name
     if name != state.model_name:
         raise ModelNotFound(f"unknown model {name!r}; this server serves {state.model_name!r}")
-    version = request.match_info.get("version")
+    version = route.version
     if version is not None and version != MODEL_VERSION:
         raise ModelNotFound(f"model {name!r} has no version {version!r:.40}; this server "
                             f"serves version {MODEL_VERSION!r} only")
     return name
 
 
-def _model(state: ServerState, request: web.Request) -> ModelInfo:
-    name = _check_route(state, request)
+def _model(state: ServerState, route: Route) -> ModelInfo:
+    name = _check_route(state, route)
     if state.model is None:
         raise Unavailable(f"model {name!r} is still loading", retry_after_s=state.retry_after_s)
     return state.model
 
 
-async def model_metadata(request: web.Request) -> web.Response:
+# -- infer -----------------------------------------------------------------------------------
+
+Respond = Callable[[Answer], None]
+
+
+def begin_infer(state: ServerState, route: Route, content_length: int | None,
+                respond: Respond) -> InferCall | Answer:
+    """Step one of an infer request, when its headers are in: an :class:`InferCall` that
+    wants the body, or the error :class:`Answer` to send at once without reading it.
+
+    Shedding load here, before the body is read, keeps a rejection the cheapest thing the
+    server does; otherwise parsing would become the bottleneck under overload."""
+    started = time.monotonic()
     try:
-        model = _model(request.app[STATE], request)
-    except ServingError as exc:
-        return error_response(exc)
-    return json_response(model.metadata())
-
-
-async def model_ready(request: web.Request) -> web.Response:
-    """200 when the model admits requests, else 503; the body names the model and version,
-    as KServe's ``ModelReadyResponse`` does (clients read the status; people read the body)."""
-    state = request.app[STATE]
-    try:
-        name = _check_route(state, request)
-    except ServingError as exc:
-        return error_response(exc)
-    return json_response({"name": name, "version": MODEL_VERSION, "ready": state.ready},
-                         status=200 if state.ready else 503)
-
-
-async def metrics(request: web.Request) -> web.Response:
-    body = request.app[STATE].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def infer(request: web.Request) -> web.Response:
-    state = request.app[STATE]
-    started = time.perf_counter()
-    try:
-        response = await _infer(request, state)
-    except ServingError as exc:
-        response = error_response(exc)
-    state.metrics.request_seconds.observe(time.perf_counter() - started)
-    return response
-
-
-async def _infer(request: web.Request, state: ServerState) -> web.Response:
-    arrived = time.monotonic()
-    try:
-        model = _model(state, request)
+        model = _model(state, route)
         batcher = state.batcher
-        if not state.admitting or batcher is None:
+        if batcher is None or not state.admitting:
             raise Unavailable("server is shutting down"
                               if state.shutting_down or state.draining
                               else "server is not ready", retry_after_s=state.retry_after_s)
-        # Shed load before reading and parsing the body: under overload the rejection must
-        # be the cheapest thing the server does, or parsing becomes the bottleneck.
         refused = batcher.admission_error()
         if refused is not None:
             raise refused
-        parsed = await _read_request(request, state, model)
+        limit = state.max_body_bytes
+        if content_length is not None and content_length > limit:
+            raise body_too_large(limit)
+    except ServingError as exc:
+        return _refused(state, exc, started)
+    return InferCall(state, model, batcher, started, respond)
+
+
+def body_too_large(limit: int) -> BodyTooLarge:
+    return BodyTooLarge(f"request body exceeds the {limit} byte limit (--max-body-bytes); "
+                        "send fewer rows per request")
+
+
+def _refused(state: ServerState, error: ServingError, started: float) -> Answer:
+    """An error found before the batcher saw the request: counted here."""
+    metrics = state.metrics
+    metrics.outcome(error.outcome)
+    metrics.request_seconds.observe(time.monotonic() - started)
+    return error_answer(error)
+
+
+class InferCall:
+    """One infer request from its body to its answer, driven by callbacks: the body is parsed
+    (in a worker thread when large), submitted to the batcher, and the batcher's future
+    answers through ``respond`` when it resolves. Exactly one answer, unless cancelled."""
+
+    __slots__ = ("_batcher", "_model", "_parsed", "_pending", "_respond", "_started", "_state")
+
+    def __init__(self, state: ServerState, model: ModelInfo, batcher: DynamicBatcher,
+                 started: float, respond: Respond) -> None:
+        self._state = state
+        self._model = model
+        self._batcher = batcher
+        self._started = started
+        self._respond = respond
+        self._parsed: InferRequest | None = None
+        self._pending: asyncio.Future[Any] | None = None
+
+    def too_large(self) -> None:
+        """The body (chunked, so without a Content-Length) grew past the limit."""
+        self._fail(body_too_large(self._state.max_body_bytes))
+
+    def run(self, body: bytes, *, timeout_header: str | None, header_length: str | None,
+            client_gone: Callable[[], bool]) -> None:
+        """Step two, with the whole body: parse, check and submit."""
+        json_bytes = len(body)  # only the JSON part costs parsing; binary tensors are views
+        if header_length is not None:
+            try:
+                json_bytes = parse_header_length(header_length, len(body))
+            except InvalidRequest:
+                json_bytes = 0  # rejected at once by the parser below
+        model = self._model
+        plans = self._state.plans
+        if json_bytes > PARSE_OFFLOAD_BYTES:
+            loop = asyncio.get_running_loop()
+            future = loop.run_in_executor(
+                None, lambda: parse_infer_request(body, model, timeout_header=timeout_header,
+                                                  header_length=header_length, plans=plans))
+            self._pending = future
+            future.add_done_callback(lambda done: self._parsed_in_thread(done, client_gone))
+            return
+        try:
+            parsed = parse_infer_request(body, model, timeout_header=timeout_header,
+                                         header_length=header_length, plans=plans)
+        except ServingError as exc:
+            self._fail(exc)
+            return
+        self._submit(parsed, client_gone)
+
+    def cancel(self) -> None:
+        """The client has gone: drop the request (the batcher skips a cancelled future)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+
+    def _parsed_in_thread(self, future: asyncio.Future[InferRequest],
+                          client_gone: Callable[[], bool]) -> None:
+        if future.cancelled() or self._pending is not future:
+            return
+        self._pending = None
+        error = future.exception()
+        if error is not None:
+            self._fail(error)
+            return
+        self._submit(future.result(), client_gone)
+
+    def _submit(self, parsed: InferRequest, client_gone: Callable[[], bool]) -> None:
         timeout_s = parsed.timeout_s
         if timeout_s is not None:  # the deadline runs from arrival, not from enqueue
-            timeout_s -= time.monotonic() - arrived
+            timeout_s -= time.monotonic() - self._started
             if timeout_s <= 0:
-                raise RequestTimedOut("request timed out while being read and parsed; "
-                                      "not computed")
-    except ServingError as exc:  # raised here, before the batcher: counted here
-        state.metrics.outcome(exc.outcome)
-        raise
-    transport = request.transport
-
-    def client_gone() -> bool:
-        return transport is None or transport.is_closing()
-
-    try:
-        future = batcher.submit(parsed.inputs, timeout_s=timeout_s, client_gone=client_gone)
-    except InvalidRequest as exc:
-        state.metrics.outcome(exc.outcome)
-        raise
-    outputs = await future  # cancelled with the handler if the client disconnects
-    encoded = encode_infer_response(model, parsed, outputs)
-    if encoded.header_length is None:
-        return web.Response(body=encoded.body, content_type="application/json")
-    return web.Response(body=encoded.body, content_type=BINARY_CONTENT_TYPE,
-                        headers={HEADER_LENGTH: str(encoded.header_length)})
-
-
-async def _read_request(request: web.Request, state: ServerState,
-                        model: ModelInfo) -> InferRequest:
-    limit = state.max_body_bytes
-    too_large = BodyTooLarge(f"request body exceeds the {limit} byte limit (--max-body-bytes); "
-                             "send fewer rows per request")
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise too_large from None
-    timeout_header = request.headers.get("Timeout-Ms")
-    header_length = request.headers.get(HEADER_LENGTH)
-    json_bytes = len(body)  # only the JSON part costs parsing; binary tensors are views
-    if header_length is not None:
+                self._fail(RequestTimedOut("request timed out while being read and parsed; "
+                                           "not computed"))
+                return
         try:
-            json_bytes = parse_header_length(header_length, len(body))
-        except InvalidRequest:
-            json_bytes = 0  # rejected at once by the parser below
-    if json_bytes > PARSE_OFFLOAD_BYTES:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            None, lambda: parse_infer_request(body, model, timeout_header=timeout_header,
-                                              header_length=header_length))
-    return parse_infer_request(body, model, timeout_header=timeout_header,
-                               header_length=header_length)
+            future = self._batcher.submit(parsed.inputs, timeout_s=timeout_s,
+                                          client_gone=client_gone)
+        except InvalidRequest as exc:
+            self._fail(exc)
+            return
+        except ServingError as exc:  # refused: the batcher counted it
+            self._answer(error_answer(exc))
+            return
+        self._parsed = parsed
+        self._pending = future
+        future.add_done_callback(self._computed)
+
+    def _computed(self, future: asyncio.Future[dict[str, Array]]) -> None:
+        if future.cancelled() or self._pending is not future:
+            return
+        self._pending = None
+        error = future.exception()
+        if error is not None:  # counted by the batcher
+            self._answer(self._error_answer(error))
+            return
+        parsed = self._parsed
+        assert parsed is not None
+        try:
+            encoded = encode_infer_response(self._model, parsed, future.result())
+        except Exception as exc:
+            self._answer(self._error_answer(exc))
+            return
+        if encoded.header_length is None:
+            self._answer(Answer(200, encoded.body))
+        else:
+            self._answer(Answer(200, encoded.body, BINARY_CONTENT_TYPE,
+                                ((HEADER_LENGTH, str(encoded.header_length)),)))
+
+    def _error_answer(self, error: BaseException) -> Answer:
+        if isinstance(error, ServingError):
+            return error_answer(error)
+        log.error("infer_failed", error=f"{type(error).__name__}: {error}")
+        return plain_error(500, f"internal error: {type(error).__name__}: {error}")
+
+    def _fail(self, error: BaseException) -> None:
+        if isinstance(error, ServingError):
+            self._state.metrics.outcome(error.outcome)
+        else:
+            self._state.metrics.outcome("error")
+        self._answer(self._error_answer(error))
+
+    def _answer(self, answer: Answer) -> None:
+        self._state.metrics.request_seconds.observe(time.monotonic() - self._started)
+        self._respond(answer)

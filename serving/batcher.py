@@ -296,8 +296,9 @@ class DynamicBatcher:
         self._queue: deque[PendingRequest] = deque()
         self._deadlines = _Deadlines()
         self._seq = itertools.count()
-        # batches handed to the executor (computing, or waiting for a worker), by their task
-        self._inflight: dict[asyncio.Task[None], _Dispatched] = {}
+        # batches handed to the executor (computing, or waiting for a worker), by the future
+        # of their computation
+        self._inflight: dict[asyncio.Future[_Computed], _Dispatched] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
@@ -357,8 +358,13 @@ class DynamicBatcher:
     @property
     def depth(self) -> int:
         """Requests waiting to compute: queued, or handed ahead in a batch not yet started."""
-        return len(self._queue) + sum(
-            len(d.unanswered()) for d in self._inflight.values() if not d.start.started)
+        queued = len(self._queue)
+        if not self._inflight:  # the common case on the hot path: nothing to walk
+            return queued
+        for dispatched in self._inflight.values():
+            if not dispatched.start.started:
+                queued += len(dispatched.unanswered())
+        return queued
 
     def admission_error(self) -> Unavailable | None:
         """Why a request would be refused now (closed, or the queue is full), or None. The
@@ -419,10 +425,6 @@ class DynamicBatcher:
             self._abandoned_dirty = True
             self._poke()
 
-    def _batch_done(self, task: asyncio.Task[None]) -> None:
-        self._inflight.pop(task, None)
-        self._poke()  # a drain waits for the last batch to leave _inflight
-
     def _poke(self) -> None:
         if self._wake is not None:
             self._wake.set()
@@ -458,12 +460,18 @@ class DynamicBatcher:
         dispatched = _Dispatched(batch, self._take(batch))
         loop = asyncio.get_running_loop()
         computed = loop.run_in_executor(self._executor, self._compute, dispatched)
-        task = loop.create_task(self._finish(batch, computed))
-        self._inflight[task] = dispatched
-        task.add_done_callback(self._batch_done)
+        self._inflight[computed] = dispatched
+        # a callback, not a task per batch: answered as soon as the loop sees the result
+        computed.add_done_callback(lambda done: self._finish(batch, done))
 
     def _arm_timer(self, at_s: float | None) -> None:
-        if self._timer is not None and not self._timer.done() and self._timer_at == at_s:
+        """Make sure the loop wakes by ``at_s``. A timer already set for that time or earlier
+        is kept: ringing early costs one pass of the loop, which then arms the next one, while
+        replacing it would cost a task per request (each new request's deadline is later than
+        the one before)."""
+        timer_at = self._timer_at
+        if (self._timer is not None and not self._timer.done() and timer_at is not None
+                and (at_s is None or timer_at <= at_s)):
             return
         if self._timer is not None:
             self._timer.cancel()
@@ -524,13 +532,17 @@ class DynamicBatcher:
             request.batch = start
         return start
 
-    async def _finish(self, batch: list[PendingRequest],
-                      computed: asyncio.Future[_Computed]) -> None:
-        """Wait for ``batch`` in the executor, then answer each of its requests."""
+    def _finish(self, batch: list[PendingRequest], computed: asyncio.Future[_Computed]) -> None:
+        """``batch`` is back from the executor: free its slot (the next batch is planned
+        before these answers are written; a drain waits for the last one to leave), then
+        answer each of its requests."""
+        self._inflight.pop(computed, None)
+        self._poke()
         try:
-            result = await computed
+            if computed.cancelled():
+                raise RuntimeError("the batch's computation was cancelled")
+            result = computed.result()
         except Exception as exc:  # a backend fault fails this batch only
-            self._slot_freed()
             rows = sum(r.rows for r in batch)
             message = exc.message if isinstance(exc, BackendFailed) else (
                 f"model failed on a batch of {rows}: {type(exc).__name__}: {exc}")
@@ -545,7 +557,6 @@ class DynamicBatcher:
                 else:
                     self._observer.outcome("cancelled")
             return
-        self._slot_freed()
         for request in result.expired:
             if request.state == FINISHED:
                 continue
@@ -576,13 +587,6 @@ class DynamicBatcher:
             else:
                 request.future.set_result(piece)
                 self._observer.outcome("ok")
-
-    def _slot_freed(self) -> None:
-        """This batch no longer holds a slot: plan the next one before writing responses."""
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.pop(task, None)  # our _finish task
-        self._poke()
 
     def _compute(self, dispatched: _Dispatched) -> _Computed:
         """In the executor: mark the batch started (from here on the loop leaves its requests

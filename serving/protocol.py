@@ -36,6 +36,7 @@ non-finite values are allowed: the client sent 1e300, not Inf.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -165,20 +166,95 @@ def parse_timeout_us(value: object) -> float | None:
     return value / 1_000_000 if value else None
 
 
+@dataclass(frozen=True, slots=True)
+class _BinaryInput:
+    name: str
+    offset: int
+    size: int
+    shape: tuple[int, ...]
+    spec: TensorSpec
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A checked binary request minus its tensor bytes: where each input lies in the body."""
+
+    inputs: tuple[_BinaryInput, ...]
+    template: InferRequest  # everything but ``inputs``
+
+    def apply(self, body: bytes) -> InferRequest:
+        inputs = {item.name: _decode_binary_input(item.name, body, item.offset, item.size,
+                                                  item.shape, item.spec)
+                  for item in self.inputs}
+        template = self.template
+        return InferRequest(request_id=template.request_id, inputs=inputs,
+                            requested_outputs=template.requested_outputs,
+                            timeout_s=template.timeout_s,
+                            binary_outputs=template.binary_outputs)
+
+
+class RequestPlans:
+    """Checked binary requests by the exact bytes of their JSON header (and the body's size
+    and ``Timeout-Ms``), so a client that sends the same header every time — tritonclient,
+    KServe's client, this project's — pays for the JSON parse and the checks once: a repeat
+    only reads its tensors from the body and checks them for NaN/Inf (measured in
+    docs/serving.md). Requests with JSON ``data`` are never planned. Bounded: cleared when
+    ``max_entries`` is reached (a client that varies its header, e.g. a fresh ``id`` per
+    request, gets no benefit and costs a dict insert)."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self._plans: dict[tuple[bytes, int, str | None], _Plan] = {}
+        self._max_entries = max_entries
+        self._model: ModelInfo | None = None
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def get(self, model: ModelInfo, key: tuple[bytes, int, str | None]) -> _Plan | None:
+        if model is not self._model:  # plans hold specs of one model
+            self._plans.clear()
+            self._model = model
+        return self._plans.get(key)
+
+    def put(self, key: tuple[bytes, int, str | None], plan: _Plan) -> None:
+        if len(self._plans) >= self._max_entries:
+            self._plans.clear()
+        self._plans[key] = plan
+
+
 def parse_infer_request(body: bytes, model: ModelInfo, *,
                         timeout_header: str | None = None,
-                        header_length: str | None = None) -> InferRequest:
+                        header_length: str | None = None,
+                        plans: RequestPlans | None = None) -> InferRequest:
     """Decode and check one ``POST /v2/models/{name}/infer`` body against ``model``.
 
     ``header_length`` is the ``Inference-Header-Content-Length`` header, if sent: the body's
-    first that many bytes are JSON and the rest is binary tensor data.
+    first that many bytes are JSON and the rest is binary tensor data. ``plans`` (one per
+    model) remembers binary requests already checked; the answer is the same with or without.
     """
-    binary: _BinaryData | None = None
-    header: bytes | memoryview = body
-    if header_length is not None:
-        split = parse_header_length(header_length, len(body))
-        binary = _BinaryData(body, split)
-        header = memoryview(body)[:split]  # orjson reads buffers: no copy of the JSON part
+    if header_length is None:
+        return _parse(body, body, model, timeout_header, None)
+    split = parse_header_length(header_length, len(body))
+    binary = _BinaryData(body, split)
+    header = memoryview(body)[:split]  # orjson reads buffers: no copy of the JSON part
+    if plans is None:
+        return _parse(body, header, model, timeout_header, binary)
+    key = (body[:split], len(body), timeout_header)
+    plan = plans.get(model, key)
+    if plan is not None:
+        return plan.apply(body)
+    request = _parse(body, header, model, timeout_header, binary)
+    if len(binary.taken) == len(request.inputs):  # every input binary: a plan
+        plans.put(key, _Plan(tuple(_BinaryInput(name, offset, size,
+                                                tuple(request.inputs[name].shape),
+                                                next(s for s in model.inputs if s.name == name))
+                                   for name, offset, size in binary.taken),
+                             dataclasses.replace(request, inputs={})))
+    return request
+
+
+def _parse(body: bytes, header: bytes | memoryview, model: ModelInfo,
+           timeout_header: str | None, binary: _BinaryData | None) -> InferRequest:
     try:
         doc = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
@@ -250,6 +326,7 @@ class _BinaryData:
         self.body = body
         self.start = start
         self.cursor = start
+        self.taken: list[tuple[str, int, int]] = []  # (input, offset, size), in body order
 
     def take(self, name: str, size: int) -> int:
         """The offset of input ``name``'s ``size`` bytes; moves past them."""
@@ -260,6 +337,7 @@ class _BinaryData:
                                  f"{end - self.start} but the body has {have} bytes after its "
                                  f"{self.start}-byte JSON header ({HEADER_LENGTH})")
         self.cursor = end
+        self.taken.append((name, offset, size))
         return offset
 
     def check_all_used(self) -> None:
@@ -311,9 +389,8 @@ def _parse_tensor(raw: object, index: int, specs: Mapping[str, TensorSpec],
         raise InvalidRequest(f"input {name!r} uses the shared-memory extension, which this "
                              "server does not support; send JSON 'data' or binary data")
     if parameters and "binary_data_size" in parameters:
-        array = _binary_tensor(name, raw, parameters["binary_data_size"], shape, spec, binary)
-        _check_finite(name, array, spec)
-        return name, array
+        return name, _binary_tensor(name, raw, parameters["binary_data_size"], shape, spec,
+                                    binary)
     data = raw.get("data")
     if not isinstance(data, list):
         raise InvalidRequest(f"input {name!r} needs 'data' as a (flat or nested) list of "
@@ -334,11 +411,21 @@ def _binary_tensor(name: str, raw: dict[str, Any], size: object, shape: list[int
         raise InvalidRequest(f"input {name!r} has binary_data_size {size!r:.40}; shape {shape} "
                              f"{spec.datatype} is {needed} bytes")
     offset = binary.take(name, size)
+    return _decode_binary_input(name, binary.body, offset, size, shape, spec)
+
+
+def _decode_binary_input(name: str, body: bytes, offset: int, size: int,
+                         shape: list[int] | tuple[int, ...], spec: TensorSpec) -> Array:
+    """An input's checked bytes -> its array, NaN/Inf checked: what a binary input costs once
+    its place in the body is known."""
+    dtype = spec.dtype
     if dtype.kind == "b":  # one byte per element; anything but 0/1 is not a boolean
-        raw_bytes = np.frombuffer(binary.body, dtype=np.uint8, count=size, offset=offset)
+        raw_bytes = np.frombuffer(body, dtype=np.uint8, count=size, offset=offset)
         if size and int(raw_bytes.max()) > 1:
             raise InvalidRequest(f"input {name!r} is BOOL: each byte must be 0 or 1")
-    return decode_binary_tensor(binary.body, offset, shape, dtype)
+    array = decode_binary_tensor(body, offset, list(shape), dtype)
+    _check_finite(name, array, spec)
+    return array
 
 
 def _to_array(name: str, data: list[Any], shape: list[int], spec: TensorSpec) -> Array:

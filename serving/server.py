@@ -32,16 +32,16 @@ import time
 from collections.abc import Callable
 
 import structlog
-from aiohttp import web
 
 from gpufrag.errors import BadInput
-from serving.app import ServerState, build_app
+from serving.app import ServerState
 from serving.backends.base import Backend, zeros_like_spec
 from serving.backends.select import LoadedBackend, load_backend
 from serving.batcher import DynamicBatcher
 from serving.cache import cache_state, combine, resolve_model_cache
 from serving.config import ServerConfig
 from serving.errors import ShuttingDown
+from serving.frontend import HttpLimits, HttpServer
 from serving.gpu import MemoryGrowthWatch, NvmlProbe, detect_gpus
 from serving.loops import running_loop_kind
 from serving.metrics import ServingMetrics
@@ -51,8 +51,8 @@ from serving.tensors import TensorSpec
 
 log = structlog.get_logger("serving.server")
 
-# aiohttp's wait for handlers still running when the listener closes; the drain has already
-# waited for them (within --shutdown-timeout-s), so this is only a last short grace.
+# The front end's wait for answers still being written when the listener closes; the drain has
+# already waited for them (within --shutdown-timeout-s), so this is only a last short grace.
 LAST_WRITE_GRACE_S = 2.0
 
 
@@ -104,9 +104,10 @@ Loader = Callable[[ServerConfig, NvmlProbe | None], LoadedBackend]
 
 
 async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | None = None,
-                load: Loader | None = None) -> int:
+                load: Loader | None = None, limits: HttpLimits | None = None) -> int:
     """Run until SIGTERM/SIGINT; returns the exit code. ``load`` replaces the model loader
-    (tests serve a fake backend through the real process lifecycle)."""
+    (tests serve a fake backend through the real process lifecycle); ``limits`` the front
+    end's header/body/keep-alive bounds."""
     name = config.model_name or model_name(config.model)
     metrics = ServingMetrics(model=name)
     metrics.record_settings(config.batcher)
@@ -122,14 +123,8 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    # The drain itself waits for in-flight responses (state.wait_idle) within
-    # --shutdown-timeout-s; the runner's own grace is only for what is left after that.
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=min(config.shutdown_timeout_s, LAST_WRITE_GRACE_S))
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
-    await site.start()
-    port = _bound_port(runner, config.port)
+    front_end = HttpServer(state, limits)
+    port = await front_end.start(config.host, config.port)
     log.info("listening", host=config.host, port=port, model=name,
              event_loop=running_loop_kind())
     if on_listening is not None:
@@ -166,7 +161,9 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
         return 0
     finally:
         state.set_ready(False)
-        await runner.cleanup()  # waits for in-flight handlers to write their responses
+        # The drain itself waited for in-flight answers (state.wait_idle) within
+        # --shutdown-timeout-s; this grace is only for what is left after that.
+        await front_end.close(min(config.shutdown_timeout_s, LAST_WRITE_GRACE_S))
         if backend is not None:
             backend.close()
         if probe is not None:
@@ -203,7 +200,7 @@ async def _drain(config: ServerConfig, state: ServerState, batcher: DynamicBatch
             "server shut down before this request was computed; retry",
             retry_after_s=config.batcher.retry_after_s))
         log.error("drain_timed_out", failed=failed, timeout_s=config.shutdown_timeout_s)
-    # The batcher has resolved every future; the handlers still encode and write the answers.
+    # The batcher has resolved every future; their callbacks encode and write the answers.
     if not await state.wait_idle(max(deadline - loop.time(), LAST_WRITE_GRACE_S)):
         log.error("drain_timed_out", unwritten=state.active_requests,
                   timeout_s=config.shutdown_timeout_s)
@@ -215,9 +212,3 @@ def _warm_up(backend: Backend) -> None:
     rows = backend.static_batch_size or 1
     backend.infer({spec.name: zeros_like_spec(spec, rows) for spec in backend.inputs})
 
-
-def _bound_port(runner: web.AppRunner, requested: int) -> int:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    return requested

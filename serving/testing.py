@@ -19,9 +19,10 @@ from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
-from serving.app import ServerState, build_app
+from serving.app import ServerState
 from serving.backends.base import Array, Backend
 from serving.batcher import DynamicBatcher
+from serving.frontend import HttpLimits, HttpServer
 from serving.metrics import ServingMetrics
 from serving.protocol import ModelInfo
 from serving.tensors import TensorSpec
@@ -171,14 +172,14 @@ def _conforms(backend: FakeBackend) -> Any:
 
 
 class ThreadedServer:
-    """The HTTP app and a batcher over ``backend``, on 127.0.0.1:<free port>, in a thread.
+    """The front end and a batcher over ``backend``, on 127.0.0.1:<free port>, in a thread.
 
     For tests of the HTTP layer: real sockets and real requests, a fake model. ``with
     ThreadedServer(FakeBackend(), config) as server: requests.get(server.url + "/v2")``.
     """
 
     def __init__(self, backend: Any, config: Any, *, model_name: str = "fake",
-                 max_body_bytes: int = 1 << 20) -> None:
+                 max_body_bytes: int = 1 << 20, limits: HttpLimits | None = None) -> None:
 
         self.backend = backend
         self.config = config
@@ -189,7 +190,9 @@ class ThreadedServer:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="test-server",
                                         daemon=True)
-        self._runner: Any = None
+        self._front_end: HttpServer | None = None
+        self._limits = limits
+        self.port = 0
         self.url = ""
 
     def __enter__(self) -> ThreadedServer:
@@ -211,8 +214,6 @@ class ThreadedServer:
         return asyncio.run_coroutine_threadsafe(wrapper(), self.loop).result(timeout=10)
 
     async def _start(self) -> None:
-        from aiohttp import web
-
         batcher = DynamicBatcher(self.backend, self.config, observer=self.state.metrics)
         batcher.start()
         self.state.batcher = batcher
@@ -220,16 +221,13 @@ class ThreadedServer:
                                      inputs=self.backend.inputs, outputs=self.backend.outputs,
                                      max_batch_size=self.config.max_batch_size)
         self.state.set_ready(True)
-        self._runner = web.AppRunner(build_app(self.state), handler_cancellation=True,
-                                     access_log=None, shutdown_timeout=5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self._front_end = HttpServer(self.state, self._limits)
+        self.port = await self._front_end.start("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.port}"
 
     async def _stop(self) -> None:
         self.state.set_ready(False)
         if self.state.batcher is not None:
             await self.state.batcher.stop()
-        await self._runner.cleanup()
+        if self._front_end is not None:
+            await self._front_end.close(5.0)

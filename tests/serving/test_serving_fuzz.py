@@ -12,7 +12,6 @@ loop), and a size claimed far beyond the body must be refused before anything is
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import tracemalloc
@@ -23,18 +22,16 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.app import ServerState, build_app
 from serving.backends.base import Array
-from serving.batcher import DynamicBatcher
 from serving.config import BatcherConfig
 from serving.errors import InvalidRequest
-from serving.metrics import ServingMetrics
 from serving.protocol import HEADER_LENGTH, InferRequest, ModelInfo, parse_infer_request
 from serving.tensors import TensorSpec
+from serving.testing import ThreadedServer
 
 DEADLINE = timedelta(milliseconds=500)
 TEN_GB = 10 * 2**30
@@ -375,54 +372,31 @@ class ScoreBackend:
 
 
 class InProcessApp:
-    """The aiohttp app, a real batcher and :class:`ScoreBackend` on a private event loop,
-    driven through aiohttp's test client: each ``post`` runs the loop until it is answered."""
+    """The real front end, a real batcher and :class:`ScoreBackend` on 127.0.0.1 (a
+    :class:`ThreadedServer`), driven over one keep-alive connection."""
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.state = ServerState(model_name=MODEL.name, metrics=ServingMetrics(model=MODEL.name),
-                                 max_body_bytes=1 << 20)
-        self.config = BatcherConfig(max_batch_size=MODEL.max_batch_size,
-                                    max_queue_delay_s=0.0, default_timeout_s=5.0)
-        self.client: TestClient[Any, Any] | None = None
-
-    async def start(self) -> None:
-        batcher = DynamicBatcher(ScoreBackend(), self.config, observer=self.state.metrics)
-        batcher.start()
-        self.state.batcher, self.state.model = batcher, MODEL
-        self.state.set_ready(True)
-        self.client = TestClient(TestServer(build_app(self.state)))
-        await self.client.start_server()
-
-    async def stop(self) -> None:
-        if self.client is not None:
-            await self.client.close()
-        if self.state.batcher is not None:
-            await self.state.batcher.stop()
+        config = BatcherConfig(max_batch_size=MODEL.max_batch_size, max_queue_delay_s=0.0,
+                               default_timeout_s=5.0)
+        self.server = ThreadedServer(ScoreBackend(), config, model_name=MODEL.name)
+        self.state = self.server.state
+        self.session = requests.Session()
 
     def post(self, body: bytes, header_length: str | None) -> tuple[int, Any]:
-        async def send() -> tuple[int, Any]:
-            assert self.client is not None
-            headers = {} if header_length is None else {HEADER_LENGTH: header_length}
-            async with self.client.post(f"/v2/models/{MODEL.name}/infer", data=body,
-                                        headers=headers) as response:
-                content = await response.read()
-                kind = response.headers.get("Content-Type", "")
-                return response.status, (orjson.loads(content)
-                                          if kind.startswith("application/json") else content)
-
-        return self.loop.run_until_complete(send())
+        headers = {} if header_length is None else {HEADER_LENGTH: header_length}
+        response = self.session.post(f"{self.server.url}/v2/models/{MODEL.name}/infer",
+                                     data=body, headers=headers, timeout=10)
+        kind = response.headers.get("Content-Type", "")
+        return response.status_code, (orjson.loads(response.content)
+                                      if kind.startswith("application/json")
+                                      else response.content)
 
 
 @pytest.fixture(scope="module")
 def app() -> Iterator[InProcessApp]:
     running = InProcessApp()
-    running.loop.run_until_complete(running.start())
-    try:
+    with running.server, running.session:
         yield running
-    finally:
-        running.loop.run_until_complete(running.stop())
-        running.loop.close()
 
 
 def assert_http_answer(app: InProcessApp, body: bytes, header_length: str | None) -> None:

@@ -15,6 +15,7 @@ from serving.errors import InvalidRequest
 from serving.protocol import (
     InferRequest,
     ModelInfo,
+    RequestPlans,
     encode_infer_response,
     parse_infer_request,
     parse_timeout_ms,
@@ -230,6 +231,56 @@ def test_binary_bool_is_one_byte_per_element_zero_or_one() -> None:
         "mask"].tolist() == [[True, False, True]]
     with pytest.raises(InvalidRequest, match="each byte must be 0 or 1"):
         parse_infer_request(raw[:-1] + b"\x02", BOOL_MODEL, header_length=length)
+
+
+def test_a_planned_binary_request_is_parsed_exactly_like_a_fresh_one() -> None:
+    """RequestPlans skips the JSON header's parse and checks on a repeat; the tensors are
+    still read from each body and still checked, so the answer never differs."""
+    plans = RequestPlans()
+    doc = {"inputs": [binary_input("image", IMAGE, "FP32"), binary_input("ids", IDS_ARRAY,
+                                                                           "INT32")],
+           "parameters": {"timeout_ms": 250, "binary_data_output": True}}
+    first, length = framed(doc, IMAGE.astype("<f4").tobytes(), IDS_ARRAY.astype("<i4").tobytes())
+    parse_infer_request(first, MODEL, header_length=length, plans=plans)
+    assert len(plans) == 1
+    other = (IMAGE + 1).astype("<f4").tobytes() + (IDS_ARRAY * 2).astype("<i4").tobytes()
+    repeat = first[:int(length)] + other
+    planned = parse_infer_request(repeat, MODEL, header_length=length, plans=plans)
+    fresh = parse_infer_request(repeat, MODEL, header_length=length)
+    assert len(plans) == 1  # the repeat used the plan
+    assert planned.timeout_s == fresh.timeout_s == 0.25
+    assert planned.binary_outputs == fresh.binary_outputs == frozenset({"out", "flag"})
+    for name in ("image", "ids"):
+        assert planned.inputs[name].dtype == fresh.inputs[name].dtype
+        assert np.array_equal(planned.inputs[name], fresh.inputs[name])
+    assert np.array_equal(planned.inputs["image"], IMAGE + 1)
+    nan = (np.full_like(IMAGE, np.nan).astype("<f4").tobytes()
+           + IDS_ARRAY.astype("<i4").tobytes())
+    with pytest.raises(InvalidRequest, match="input 'image' has NaN at element 0"):
+        parse_infer_request(first[:int(length)] + nan, MODEL, header_length=length,
+                            plans=plans)
+    with pytest.raises(InvalidRequest, match="bytes of binary data follow"):  # other size
+        parse_infer_request(repeat + b"\0" * 4, MODEL, header_length=length, plans=plans)
+    with pytest.raises(InvalidRequest, match="header Timeout-Ms"):  # another header
+        parse_infer_request(repeat, MODEL, header_length=length, plans=plans,
+                            timeout_header="soon")
+
+
+def test_a_planned_bool_input_still_checks_its_bytes() -> None:
+    plans = RequestPlans()
+    raw, length = framed({"inputs": [{"name": "mask", "shape": [1, 3], "datatype": "BOOL",
+                                      "parameters": {"binary_data_size": 3}}]}, b"\x01\x00\x01")
+    parse_infer_request(raw, BOOL_MODEL, header_length=length, plans=plans)
+    with pytest.raises(InvalidRequest, match="each byte must be 0 or 1"):
+        parse_infer_request(raw[:-1] + b"\x02", BOOL_MODEL, header_length=length, plans=plans)
+
+
+def test_requests_with_json_data_are_not_planned() -> None:
+    plans = RequestPlans()
+    raw, length = framed({"inputs": [IDS, binary_input("image", IMAGE, "FP32")]},
+                         IMAGE.tobytes())
+    parse_infer_request(raw, MODEL, header_length=length, plans=plans)
+    assert len(plans) == 0
 
 
 # -- NaN and Inf: one rule for JSON and binary tensors ----------------------------------------
