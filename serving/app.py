@@ -1,6 +1,6 @@
 """The v2 inference protocol's routes, as plain functions of the server's state: no transport.
 
-The HTTP/1.1 front end (:mod:`serving.http`) parses a request, looks its path up in a
+The HTTP/1.1 front end (:mod:`serving.frontend`) parses a request, looks its path up in a
 :class:`RouteTable` and calls what it finds here; everything it gets back is an
 :class:`Answer` (status, body, content type, extra headers) it writes as bytes. Keeping the
 routes free of the transport is what lets the front end be a hand-written ``asyncio.Protocol``
