@@ -13,8 +13,8 @@ no idle scheduler's or extender's watches share the cores with the one measured)
   deciding filter, ``filter.answer: decide``; kube-scheduler skips scoring);
 - ``zero-all`` / ``gpufrag-feasible``: filter + prioritize + bind, the filter passing every
   node it fits (``filter.answer: feasible``);
-- ``gpufrag-decide-5ms`` (only when named): the deciding filter with Python's default 5 ms
-  thread switch interval instead of ``server.switch_interval_s``' 0.5 ms.
+- ``gpufrag-decide-0.5ms`` (only when named): the deciding filter with a 0.5 ms thread switch
+  interval instead of ``server.switch_interval_s``' default (Python's 5 ms).
 
 Each gpufrag row is printed with its ratio to the default scheduler and to the zero-cost
 extender of the same mode: how close gpufrag comes to the limit of the extender design.
@@ -88,9 +88,9 @@ ROWS = {
 }
 # Rows run only when named in --rows: one setting's effect, read against the same mode's row.
 EXTRA_ROWS = {
-    "gpufrag-decide-5ms": Row("gpufrag-decide-5ms",
-                              "gpufrag: filter decides, Python's 5 ms switch interval",
-                              "zero-one", ("server.switch_interval_s=0.005",)),
+    "gpufrag-decide-0.5ms": Row("gpufrag-decide-0.5ms",
+                                "gpufrag: filter decides, 0.5 ms switch interval",
+                                "zero-one", ("server.switch_interval_s=0.0005",)),
 }
 
 

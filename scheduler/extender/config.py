@@ -125,10 +125,12 @@ class ServerConfig:
     answered even while slow clients hold every request thread.
 
     ``switch_interval_s`` is the worker's ``sys.setswitchinterval``: how long a thread that
-    wants the GIL waits for a busy one to hand it over. Python's 5 ms made a filter wait behind
-    the watch and bind threads in kube-scheduler's serial cycle; 0.5 ms was faster in 6 of 7
-    paired rounds of ``benchmarks.scheduling_throughput`` over two runs (its
-    ``gpufrag-decide-5ms`` row keeps the comparison; docs/extender.md, Performance).
+    wants the GIL waits for a busy one to hand it over (a filter can wait behind the watch and
+    bind threads). Python's own 5 ms is the default: 0.5 ms was ahead in 7 of 10 paired rounds
+    of ``benchmarks.scheduling_throughput`` over three runs, but behind in the median round of
+    the quietest run, where the target is hardest, so no effect beyond the spread between rounds
+    is established (its ``gpufrag-decide-0.5ms`` row keeps the comparison; docs/extender.md,
+    Performance).
 
     TLS: with ``tls_cert_file`` and ``tls_key_file`` the verbs are served over HTTPS (for
     kube-scheduler's ``enableHTTPS``); with ``tls_client_ca_file`` too, every client must
@@ -143,7 +145,7 @@ class ServerConfig:
     threads: int = 8
     timeout_s: float = 30.0
     read_timeout_s: float = 5.0
-    switch_interval_s: float = 0.0005
+    switch_interval_s: float = 0.005
     health_host: str = "127.0.0.1"
     health_port: int = 0
     tls_cert_file: str = ""
