@@ -20,30 +20,31 @@ removal buy" and nothing more.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import io
 import signal
 import sys
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from http import HTTPStatus
 from typing import Any, cast
 
 import httptools
 import uvloop
 
+from gpufrag.errors import BadInput
+from scheduler.extender.app import app_probes
 from scheduler.extender.config import load_config
 from scheduler.extender.runtime import freeze_heap, snapshot_runtime
 from scheduler.kube.snapshot import read_snapshot
 
 Handle = Callable[[str, Any, Mapping[str, Any]], tuple[int, bytes]]
-_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 408: b"Request Timeout",
-            413: b"Payload Too Large", 500: b"Internal Server Error",
-            503: b"Service Unavailable"}
 
 
 def _answer(status: int, content_type: bytes, body: bytes) -> bytes:
     return (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
-            % (status, _REASONS.get(status, b"Error"), content_type, len(body)) + body)
+            % (status, HTTPStatus(status).phrase.encode(), content_type, len(body)) + body)
 
 
 class _Connection(asyncio.Protocol):
@@ -112,15 +113,22 @@ class _Connection(asyncio.Protocol):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    snapshot, port = args[0], int(args[1])
-    threads = int(args[2]) if len(args) > 2 else 8
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("snapshot", help="the cluster snapshot to serve")
+    parser.add_argument("port", type=int)
+    parser.add_argument("threads", type=int, nargs="?", default=8, help="bind threads")
+    args = parser.parse_args(argv)
+    snapshot, port, threads = args.snapshot, args.port, args.threads
     config = load_config(overrides=[("bind.enabled", "false"), ("hints.enabled", "false")])
-    runtime = snapshot_runtime(read_snapshot(snapshot), config, on_ready=freeze_heap)
+    try:
+        loaded = read_snapshot(snapshot)
+    except BadInput as e:  # read_snapshot names the file and what is wrong with it
+        parser.error(str(e))
+    runtime = snapshot_runtime(loaded, config, on_ready=freeze_heap)
     sys.setswitchinterval(config.server.switch_interval_s)
     front = runtime.app.wsgi_app  # the app's verbs-first WSGI entry: its verbs and handler
     verbs, handle = front.verbs, front.handle  # type: ignore[attr-defined]
-    probes = runtime.app.extensions["gpufrag"]["probes"]
+    probes = app_probes(runtime.app)
     pool = ThreadPoolExecutor(threads)
     runtime.start()
     uvloop.install()
