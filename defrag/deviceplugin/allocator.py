@@ -7,6 +7,11 @@ is best effort: when the API server cannot be reached the container still gets i
 pod is not failed for an annotation), the failure is logged and counted, and the in-memory
 record guards the rest of this process's life.
 
+Which GPUs: those recorded for the pod (:func:`~defrag.deviceplugin.matching.resolve`), or, for
+a whole-GPU pod with no record (another scheduler placed it), the devices the kubelet chose
+(:func:`~defrag.deviceplugin.matching.kubelet_choice`), logged ``kubelet_choice`` once per pod
+and counted in ``gpufrag_deviceplugin_allocated_containers_total{source="kubelet"}``.
+
 What a container gets (:func:`container_response`):
 
 - ``NVIDIA_VISIBLE_DEVICES=<UUIDs of exactly the chosen GPUs>`` (read by the NVIDIA container
@@ -39,7 +44,17 @@ from defrag.deviceplugin.api import pb
 from defrag.deviceplugin.config import DevicePluginConfig, Kind
 from defrag.deviceplugin.devices import gpu_of, preferred
 from defrag.deviceplugin.inventory import Gpu, HealthBoard
-from defrag.deviceplugin.matching import Candidate, PodAsk, Refusal, find, resolve
+from defrag.deviceplugin.matching import (
+    Candidate,
+    PodAsk,
+    Refusal,
+    find,
+    holders,
+    idle_gpus,
+    kubelet_choice,
+    resolve,
+    takes_kubelet_choice,
+)
 from defrag.deviceplugin.metrics import PluginMetrics
 from defrag.deviceplugin.writes import PodWriteError, PodWriter
 from scheduler.core.types import MILLI_PER_GPU
@@ -145,12 +160,17 @@ class Allocator:
 
     def preferred(self, kind: Kind, request: pb.ContainerPreferredAllocationRequest) -> list[str]:
         """The devices of the GPUs recorded for the pod this call is for, where the kubelet
-        has them free; the kubelet's own choice otherwise (never an error: Allocate says)."""
+        has them free; for a pod that takes the kubelet's choice, those of the lowest-index
+        idle GPUs (:func:`idle_gpus`); the lowest free device IDs otherwise (never an error:
+        Allocate says)."""
         size = request.allocation_size
         with self._lock:
             found = self._find(kind, size)
             target: tuple[str, ...] = ()
-            if isinstance(found, Candidate):
+            if isinstance(found, Candidate) and takes_kubelet_choice(
+                    found.pod, kubelet_fallback=self._config.kubelet_fallback):
+                target = idle_gpus(self._pods.asks(), self._board, self._given)
+            elif isinstance(found, Candidate):
                 gpus = resolve(found, self._board, self._config.names)
                 if not isinstance(gpus, Refusal):
                     target = tuple(gpu.uuid for gpu in gpus)
@@ -164,22 +184,42 @@ class Allocator:
             found = self._find(kind, count)
             if isinstance(found, Refusal):
                 raise AllocationRefused(found.message)
-            gpus = resolve(found, self._board, self._config.names)
-            if isinstance(gpus, Refusal):
-                self._refused(found.pod, gpus.message)
-                raise AllocationRefused(gpus.message)
             pod, container = found.pod, found.container
+            source = "record"
+            if takes_kubelet_choice(pod, kubelet_fallback=self._config.kubelet_fallback):
+                source = "kubelet"
+                gpus = kubelet_choice(pod, self._board, device_ids)
+            else:
+                gpus = resolve(found, self._board, self._config.names)
+            if isinstance(gpus, Refusal):
+                self._refused(pod, gpus.message)
+                raise AllocationRefused(gpus.message)
             uuids = tuple(gpu.uuid for gpu in gpus)
+            first_of_pod = pod.uid not in self._given and not pod.allocated
+            shared = self._held_by_others(pod, uuids) if source == "kubelet" else {}
             record = self._given.setdefault(pod.uid, {})
             record[container.name] = uuids
             given = {**pod.allocated, **record}
             self._grants[frozenset(device_ids)] = uuids
             while len(self._grants) > GRANTS_KEPT:
                 self._grants.popitem(last=False)
+        resource = self._config.resource(kind)
+        self._metrics.allocated_containers.labels(resource, source).inc()
+        if source == "kubelet" and first_of_pod:
+            self._log.info("kubelet_choice", pod=pod.key,
+                           reason=f"no {self._config.names.annotation_gpu_indices} annotation: "
+                                  f"not placed by {self._config.names.scheduler_name}'s bind",
+                           effect="its containers get the GPUs the kubelet chose")
+        for uuid, pods in shared.items():
+            self._log.warning("kubelet_choice_in_use", pod=pod.key, uuid=uuid, held_by=pods[:5],
+                              effect="the container shares this GPU with those pods (the "
+                                     "kubelet counts whole GPUs and shares apart): keep other "
+                                     "schedulers' GPU pods off the nodes where "
+                                     f"{self._config.names.scheduler_name} places shares")
         kubelet_gpus = sorted({gpu_of(d) for d in device_ids})
-        self._log.info("allocated", pod=pod.key, container=container.name,
-                       resource=self._config.resource(kind), count=count,
-                       gpus=[gpu.index for gpu in gpus], uuids=list(uuids))
+        self._log.info("allocated", pod=pod.key, container=container.name, resource=resource,
+                       count=count, source=source, gpus=[gpu.index for gpu in gpus],
+                       uuids=list(uuids))
         if kubelet_gpus != sorted(uuids):
             # The kubelet did not take the preferred devices (NUMA alignment, or its books
             # differ after a swap); its IDs are only counters, the container gets the GPUs.
@@ -192,6 +232,13 @@ class Allocator:
                             effect="the container gets its GPUs; the mark is missing until "
                                    "the plugin restarts and the pod is no longer pending")
         return container_response(gpus, kind, count, nodes=self._nodes, config=self._config)
+
+    def _held_by_others(self, pod: PodAsk, uuids: Sequence[str]) -> dict[str, list[str]]:
+        """Which of ``uuids`` other pods hold or are promised (:func:`holders`); under the
+        lock."""
+        others = [other for other in self._pods.asks() if other.uid != pod.uid]
+        held = holders(others, self._board, self._given)
+        return {uuid: held[uuid] for uuid in uuids if uuid in held}
 
     def _refused(self, pod: PodAsk | None, message: str) -> None:
         self._log.warning("allocation_refused", pod=pod.key if pod else None, reason=message)

@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="set CUDA_MPS_* limits for shares (an MPS control daemon runs)")
     parser.add_argument("--mps-pipe-dir", default="",
                         help="host directory of the MPS pipes, mounted into share containers")
+    parser.add_argument("--kubelet-fallback", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="give a whole-GPU pod that gpufrag-scheduler's bind did not place "
+                             "(no gpu-indices annotation) the GPUs the kubelet chose, as "
+                             "NVIDIA's plugin does; --no-kubelet-fallback refuses it "
+                             "(default: on)")
     parser.add_argument("--dev-root", default="/dev",
                         help="where the plugin sees the host's /dev (default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
@@ -124,6 +130,7 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
             kubelet_socket=args.kubelet_socket, kinds=parse_kinds(args.resources),
             health_interval_s=args.health_interval_s, watch_interval_s=args.watch_interval_s,
             mps=args.mps, mps_pipe_dir=args.mps_pipe_dir, dev_root=args.dev_root,
+            kubelet_fallback=args.kubelet_fallback,
             names=names_from_environ(),
         ).validate()
         check_metrics_port(args.metrics_port)
@@ -194,6 +201,7 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
              uuids=[gpu.uuid for gpu in board.gpus],
              resources=[config.resource(kind) for kind in config.kinds],
              socket_dir=config.socket_dir, mps=config.mps,
+             kubelet_fallback=config.kubelet_fallback,
              nvml="recorded" if recorded else "live",
              missing_device_nodes=list(nodes.missing))
     server = None

@@ -49,6 +49,9 @@ class DevicePluginConfig:
     mps: bool = False  # set CUDA_MPS_* limits for shares (an MPS control daemon runs)
     mps_pipe_dir: str = ""  # host dir of the MPS pipes, mounted into share containers
     dev_root: str = "/dev"  # where the plugin sees the host's device nodes
+    # A whole-GPU pod with no gpu-indices record (placed by another scheduler, or by
+    # gpufrag-scheduler without bind) gets the devices the kubelet chose; off: it is refused.
+    kubelet_fallback: bool = True
     control_devices: tuple[str, ...] = CONTROL_DEVICES
     annotation_allocated: str = ANNOTATION_GPU_ALLOCATED
     names: KubeNames = field(default_factory=lambda: DEFAULT_NAMES)

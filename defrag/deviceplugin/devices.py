@@ -5,9 +5,10 @@ does. Shares (``gpufrag.io/gpu-milli``): the kubelet counts a resource in device
 share resource is in milli-GPU, so each GPU is advertised as 1000 virtual devices
 ``<uuid>::000`` .. ``<uuid>::999`` (the granularity is fixed by the resource's unit: a pod asking
 ``gpufrag.io/gpu-milli: 300`` gets 300 devices). The IDs are the kubelet's bookkeeping; which
-GPU a container really gets is the one the extender recorded (:mod:`defrag.deviceplugin.matching`)
-and GetPreferredAllocation steers the kubelet to the devices of that GPU, so its accounting and
-health match what the containers use.
+GPU a container really gets is the one the extender recorded (:mod:`defrag.deviceplugin.matching`;
+a whole-GPU pod with no record gets the ones the kubelet chose) and GetPreferredAllocation steers
+the kubelet to the devices of that GPU, so its accounting and health match what the containers
+use.
 """
 
 from __future__ import annotations

@@ -12,11 +12,20 @@ of a resource are the pods that are
 
 and the call is taken to be the **oldest** candidate's (``metadata.creationTimestamp``, then
 namespace and name: the kubelet admits new pods in creation order). Only then is the pod's
-``gpufrag.io/gpu-indices`` annotation read: when it is missing, malformed, names the wrong number
-of GPUs, a GPU this node does not have, or an unhealthy GPU, the call fails with a message that
-says which pod and what to fix. The oldest candidate is never skipped for a younger one with a
-usable annotation: that would hand the older pod's container the younger pod's GPUs, a GPU the
-extender did not choose for it.
+``gpufrag.io/gpu-indices`` annotation read: when it is malformed, names the wrong number of
+GPUs, a GPU this node does not have, or an unhealthy GPU, the call fails with a message that
+says which pod and what to fix (a record that is wrong is an error, never a reason to pick some
+other GPU). The oldest candidate is never skipped for a younger one with a usable annotation:
+that would hand the older pod's container the younger pod's GPUs, a GPU the extender did not
+choose for it.
+
+**A pod with no record** was placed by a scheduler other than gpufrag-scheduler's bind (the
+default kube-scheduler, or gpufrag-scheduler with the extender scoring only). When it asks whole
+GPUs its container gets the devices the kubelet chose (:func:`kubelet_choice`), as NVIDIA's
+plugin would give them, after the same health check (:func:`takes_kubelet_choice`; off with
+``--no-kubelet-fallback``); GetPreferredAllocation steers that choice to the lowest-index GPUs no
+gpufrag-placed container holds or is promised (:func:`idle_gpus`), the GPUs the extender's cache
+counts such a pod on. A share names no GPU of its own, so a share pod with no record is refused.
 
 **Two identical requests racing** (two pods asking the same count of the same resource, both
 waiting): the kubelet admits them one at a time, oldest first, and each call takes the oldest
@@ -35,7 +44,7 @@ share (below 1000 milli) always names one GPU, and every container asking a frac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,18 +224,91 @@ def find(pods: Iterable[PodAsk], kind: Kind, count: int, *, node: str, resource:
                    f"pod bound moments ago: the kubelet retries)")
 
 
+def takes_kubelet_choice(pod: PodAsk, *, kubelet_fallback: bool) -> bool:
+    """True for a pod whose containers get the devices the kubelet chose: readable, whole
+    GPUs, no ``gpu-indices`` record at all (module docstring)."""
+    return (kubelet_fallback and pod.kind is Kind.WHOLE and pod.gpus_text is None
+            and not pod.problem)
+
+
+def kubelet_choice(pod: PodAsk, board: HealthBoard,
+                   device_ids: Sequence[str]) -> tuple[Gpu, ...] | Refusal:
+    """The GPUs of the whole-GPU devices the kubelet chose (their IDs are GPU UUIDs), in index
+    order, or why the container gets none (a device not of this node, or unhealthy)."""
+    found: list[Gpu] = []
+    for device_id in device_ids:
+        gpu = board.by_uuid.get(device_id)
+        if gpu is None:
+            return Refusal(f"pod {pod.key}: the kubelet chose device {device_id[:80]!r}, which "
+                           f"is not a GPU of node {pod.node} (its GPUs: "
+                           f"{', '.join(g.uuid for g in board.gpus)})", pod)
+        if gpu in found:
+            return Refusal(f"pod {pod.key}: the kubelet named GPU {gpu.index} ({gpu.uuid}) "
+                           f"twice for one container", pod)
+        found.append(gpu)
+    return _healthy(pod, tuple(sorted(found, key=lambda gpu: gpu.index)), board, "the kubelet")
+
+
+def _healthy(pod: PodAsk, gpus: tuple[Gpu, ...], board: HealthBoard,
+             chooser: str) -> tuple[Gpu, ...] | Refusal:
+    """``gpus``, or the refusal naming the first unhealthy one and who chose it."""
+    for gpu in gpus:
+        if not board.is_healthy(gpu.uuid):
+            why = board.reason(gpu.uuid) or "reported by NVML"
+            return Refusal(f"pod {pod.key}: GPU {gpu.index} ({gpu.uuid}), chosen for it by "
+                           f"{chooser}, is unhealthy ({why}); no new container is given it", pod)
+    return gpus
+
+
+def holders(pods: Iterable[PodAsk], board: HealthBoard,
+            given: Mapping[str, Given]) -> dict[str, list[str]]:
+    """GPU UUID -> the pods (``ns/name``) holding it: by the allocation marks and ``given`` (the
+    plugin's own record), or promised it by their ``gpu-indices``. The kubelet's books cannot
+    say this: they count whole GPUs and shares as two resources, and a recorded pod it has not
+    admitted yet as nothing."""
+    held: dict[str, list[str]] = {}
+    for pod in pods:
+        if pod.deleting:
+            continue
+        uuids = {u for got in (*pod.allocated.values(), *given.get(pod.uid, {}).values())
+                 for u in got}
+        uuids.update(board.gpus[i].uuid for i in pod.gpus or () if i < len(board.gpus))
+        for uuid in uuids:
+            held.setdefault(uuid, []).append(pod.key)
+    return held
+
+
+def idle_gpus(pods: Iterable[PodAsk], board: HealthBoard,
+              given: Mapping[str, Given]) -> tuple[str, ...]:
+    """UUIDs, in index order, of the healthy GPUs no pod :func:`holders` names."""
+    held = holders(pods, board, given)
+    return tuple(gpu.uuid for gpu in board.gpus
+                 if gpu.uuid not in held and board.is_healthy(gpu.uuid))
+
+
+def _unrecorded(pod: PodAsk, names: KubeNames) -> str:
+    """Why a pod with no ``gpu-indices`` record gets nothing (the kubelet's choice not taken)."""
+    key, scheduler = names.annotation_gpu_indices, names.scheduler_name
+    if pod.kind is Kind.SHARE:
+        return (f"pod {pod.key} asks {names.gpu_milli} and has no {key} annotation: a share "
+                f"names no GPU, so only {scheduler}'s bind, which records the GPU, can place "
+                f"it (set spec.schedulerName: {scheduler}, with the extender's bindVerb "
+                f"configured); pods of other schedulers can ask whole GPUs ({names.gpu})")
+    return (f"pod {pod.key} has no {key} annotation, and this device plugin runs with "
+            f"--no-kubelet-fallback, so it gives GPUs only to pods {scheduler}'s bind placed "
+            f"(set spec.schedulerName: {scheduler}, with the extender's bindVerb configured)")
+
+
 def resolve(candidate: Candidate, board: HealthBoard,
             names: KubeNames) -> tuple[Gpu, ...] | Refusal:
-    """The GPUs ``candidate``'s container gets, or why it gets none."""
+    """The GPUs recorded for ``candidate``'s container, or why it gets none; for a pod that
+    :func:`takes_kubelet_choice` the caller asks :func:`kubelet_choice` instead."""
     pod, container = candidate.pod, candidate.container
     key = names.annotation_gpu_indices
     if pod.problem:
         return Refusal(f"pod {pod.key}: {pod.problem}", pod)
     if pod.gpus_text is None:
-        return Refusal(f"pod {pod.key} has no {key} annotation, so the device plugin does not "
-                       f"know which GPU it may use: it was not placed by {names.scheduler_name} "
-                       f"(set spec.schedulerName: {names.scheduler_name}), or its bind did not "
-                       f"record GPUs", pod)
+        return Refusal(_unrecorded(pod, names), pod)
     if pod.gpus is None:
         return Refusal(f"pod {pod.key} has {key}={pod.gpus_text!r}, which is not "
                        f"comma-separated GPU indices such as '0' or '0,3'", pod)
@@ -244,13 +326,7 @@ def resolve(candidate: Candidate, board: HealthBoard,
     chosen = _split(pod, container)
     if isinstance(chosen, Refusal):
         return chosen
-    found = tuple(gpus[index] for index in chosen)
-    for gpu in found:
-        if not board.is_healthy(gpu.uuid):
-            why = board.reason(gpu.uuid) or "reported by NVML"
-            return Refusal(f"pod {pod.key}: GPU {gpu.index} ({gpu.uuid}), chosen for it by the "
-                           f"extender, is unhealthy ({why}); no new container is given it", pod)
-    return found
+    return _healthy(pod, tuple(gpus[index] for index in chosen), board, "the extender")
 
 
 def _split(pod: PodAsk, container: ContainerAsk) -> tuple[int, ...] | Refusal:

@@ -46,6 +46,11 @@ class PluginMetrics:
         self.allocations = Counter("gpufrag_deviceplugin_allocations",
                                    "Allocate calls (per container) by result (ok, refused).",
                                    ("resource", "result"), registry=r)
+        self.allocated_containers = Counter(
+            "gpufrag_deviceplugin_allocated_containers",
+            "Containers given GPUs, by whose choice: record (the extender's gpu-indices "
+            "annotation) or kubelet (a whole-GPU pod with no record: the kubelet's devices).",
+            ("resource", "source"), registry=r)
         self.allocate_seconds = Histogram("gpufrag_deviceplugin_allocate_seconds",
                                           "Time to answer one Allocate call.", ("resource",),
                                           buckets=_LATENCY_BUCKETS_S, registry=r)

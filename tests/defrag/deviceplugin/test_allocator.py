@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
+from structlog.testing import capture_logs
 
 from defrag.deviceplugin.allocator import AllocationRefused
 from defrag.deviceplugin.api import pb
 from defrag.deviceplugin.config import ANNOTATION_GPU_ALLOCATED, Kind
 from defrag.deviceplugin.devices import gpu_of, share_id
+from gpufrag.conventions import RESOURCE_GPU
 from tests.defrag.deviceplugin.builders import UUIDS, build_pod
-from tests.defrag.deviceplugin.fakes import build_allocator
+from tests.defrag.deviceplugin.fakes import Setup, build_allocator
 
 
 def _ids(kind: Kind, gpu: int, count: int) -> list[str]:
@@ -168,3 +171,110 @@ def test_identical_calls_at_once_never_share_a_pod() -> None:
     assert sorted(m[0] for m in setup.writer.marks) == [f"default/p{i}" for i in range(8)]
     assert sorted(got) == sorted(UUIDS * 2)
     assert all(gpu_of(u) == u for u in got)
+
+
+# -- pods gpufrag-scheduler's bind did not place (no gpu-indices record) -----------------------
+def _sources(setup: Setup) -> dict[str, float]:
+    return {source: setup.metrics.allocated_containers.labels(RESOURCE_GPU, source)._value.get()
+            for source in ("record", "kubelet")}
+
+
+def test_a_whole_gpu_pod_with_no_record_gets_the_devices_the_kubelet_chose() -> None:
+    setup = build_allocator([build_pod("default-sched", whole=2, gpus=None)])
+    with capture_logs() as logs:
+        response = setup.allocator.allocate(Kind.WHOLE, [UUIDS[3], UUIDS[1]])
+    assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": f"{UUIDS[1]},{UUIDS[3]}"}
+    assert [d.host_path for d in response.devices] == [
+        "/dev/nvidia1", "/dev/nvidia3", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+    assert setup.writer.marks == [("default/default-sched", ANNOTATION_GPU_ALLOCATED,
+                                   {"main": (UUIDS[1], UUIDS[3])})]
+    assert setup.writer.warnings == []
+    assert _sources(setup) == {"record": 0, "kubelet": 1}
+    assert [e["event"] for e in logs] == ["kubelet_choice", "allocated"]
+    assert logs[1]["source"] == "kubelet"
+
+
+def test_the_kubelet_choice_is_logged_once_per_pod_and_counted_per_container() -> None:
+    setup = build_allocator([build_pod("p", whole=2, gpus=None, containers={"a": 1, "b": 1}),
+                             build_pod("q", whole=1, gpus="2", created="2026-01-02T00:00:00Z")])
+    with capture_logs() as logs:
+        setup.allocator.allocate(Kind.WHOLE, [UUIDS[0]])
+        setup.allocator.allocate(Kind.WHOLE, [UUIDS[1]])
+        setup.allocator.allocate(Kind.WHOLE, [UUIDS[2]])  # q: the record
+    assert [e["pod"] for e in logs if e["event"] == "kubelet_choice"] == ["default/p"]
+    assert _sources(setup) == {"record": 1, "kubelet": 2}
+    assert setup.writer.marks[1][2] == {"a": (UUIDS[0],), "b": (UUIDS[1],)}
+
+
+@pytest.mark.parametrize(("device_ids", "message"), [
+    ([UUIDS[2]], f"GPU 2 ({UUIDS[2]}), chosen for it by the kubelet, is unhealthy (GPU 2:"),
+    (["GPU-not-on-this-node"], "the kubelet chose device 'GPU-not-on-this-node', which is not "
+                               "a GPU of node gpu-node-1"),
+    ([share_id(UUIDS[0], 1)], "which is not a GPU of node"),
+    ([UUIDS[0], UUIDS[0]], "named GPU 0"),
+])
+def test_a_kubelet_choice_that_is_unhealthy_or_unknown_is_refused(
+        device_ids: list[str], message: str) -> None:
+    setup = build_allocator([build_pod("p", whole=len(device_ids), gpus=None)], unhealthy=[2])
+    with pytest.raises(AllocationRefused) as refused:
+        setup.allocator.allocate(Kind.WHOLE, device_ids)
+    assert message in str(refused.value), refused.value
+    assert [w[0] for w in setup.writer.warnings] == ["default/p"]
+    assert setup.writer.marks == []
+    assert _sources(setup) == {"record": 0, "kubelet": 0}
+
+
+def test_a_share_pod_with_no_record_is_refused_it_needs_the_bind() -> None:
+    setup = build_allocator([build_pod("p", milli=300, gpus=None)])
+    with pytest.raises(AllocationRefused) as refused:
+        setup.allocator.allocate(Kind.SHARE, _ids(Kind.SHARE, 0, 300))
+    assert ("pod default/p asks gpufrag.io/gpu-milli and has no gpufrag.io/gpu-indices "
+            "annotation: a share names no GPU, so only gpufrag-scheduler's bind") in \
+        str(refused.value)
+    assert setup.writer.marks == []
+
+
+@pytest.mark.parametrize(("gpus", "message"), [
+    ("zero", "which is not comma-separated GPU indices"),
+    ("", "which is not comma-separated GPU indices"),
+    ("0,1", "2 GPU(s) for a request of 1"),
+    ("9", "GPU 9 does not exist on node gpu-node-1"),
+    ("2", "chosen for it by the extender, is unhealthy"),
+])
+def test_a_wrong_record_is_refused_never_replaced_by_the_kubelets_choice(
+        gpus: str, message: str) -> None:
+    setup = build_allocator([build_pod("p", whole=1, gpus=gpus)], unhealthy=[2])
+    with pytest.raises(AllocationRefused, match=re.escape(message)):
+        setup.allocator.allocate(Kind.WHOLE, [UUIDS[0]])  # a healthy device the kubelet chose
+    assert setup.writer.marks == []
+
+
+def test_without_kubelet_fallback_a_pod_with_no_record_is_refused() -> None:
+    setup = build_allocator([build_pod("p", whole=1, gpus=None)], kubelet_fallback=False)
+    with pytest.raises(AllocationRefused, match="runs with --no-kubelet-fallback"):
+        setup.allocator.allocate(Kind.WHOLE, [UUIDS[0]])
+
+
+def test_preferred_allocation_for_a_pod_with_no_record_takes_the_lowest_idle_gpus() -> None:
+    """GPU 0 holds a share, GPU 1 is promised to a pod the kubelet has not admitted yet, GPU 2
+    is unhealthy: the kubelet is steered to GPU 3, then to what it offers."""
+    setup = build_allocator([
+        build_pod("share", milli=300, gpus="0", phase="Running", allocated={"main": [UUIDS[0]]}),
+        build_pod("recorded", whole=1, gpus="1", created="2026-01-02T00:00:00Z"),
+        build_pod("default-sched", whole=2, gpus=None)], unhealthy=[2])
+    request = pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=[UUIDS[0], UUIDS[1], UUIDS[3]], allocation_size=2)
+    assert setup.allocator.preferred(Kind.WHOLE, request) == [UUIDS[3], UUIDS[0]]
+
+
+def test_a_kubelet_choice_on_a_gpu_others_hold_is_given_and_warned() -> None:
+    """The kubelet counts whole GPUs and shares apart, so it can hand a whole GPU that holds a
+    share; the pod is not refused (its scheduler saw a free GPU), the overlap is logged."""
+    setup = build_allocator([
+        build_pod("share", milli=300, gpus="0", phase="Running", allocated={"main": [UUIDS[0]]}),
+        build_pod("default-sched", whole=1, gpus=None)])
+    with capture_logs() as logs:
+        response = setup.allocator.allocate(Kind.WHOLE, [UUIDS[0]])
+    assert dict(response.envs)["NVIDIA_VISIBLE_DEVICES"] == UUIDS[0]
+    overlap = [e for e in logs if e["event"] == "kubelet_choice_in_use"]
+    assert [(e["uuid"], e["held_by"]) for e in overlap] == [(UUIDS[0], ["default/share"])]

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from defrag.deviceplugin.cli import main
+from defrag.deviceplugin.cli import build_parser, main
+from defrag.deviceplugin.config import DevicePluginConfig
 from devkit.procs import free_port
 from gpufrag.cli import main as gpufrag_main
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_NO_GPU, EXIT_OK
@@ -36,6 +37,12 @@ def _recording(path: Path, **extra: object) -> Path:
 ])
 def test_bad_input_exits_2(argv: list[str]) -> None:
     assert main(argv) == EXIT_BAD_INPUT
+
+
+def test_kubelet_fallback_is_on_unless_switched_off() -> None:
+    assert DevicePluginConfig(node_name="n").kubelet_fallback is True
+    assert build_parser().parse_args([]).kubelet_fallback is True
+    assert build_parser().parse_args(["--no-kubelet-fallback"]).kubelet_fallback is False
 
 
 def test_no_gpu_exits_3_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

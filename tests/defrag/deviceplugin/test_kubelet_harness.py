@@ -156,6 +156,26 @@ def test_registers_and_advertises_each_gpu_by_uuid(node: Node) -> None:
     assert '"event": "recorded_nvml"' in node.plugin_log()
 
 
+def test_a_whole_gpu_pod_no_gpufrag_bind_placed_gets_the_gpu_the_kubelet_chose(
+        node: Node) -> None:
+    """As the default kube-scheduler binds it: no gpu-indices record. GetPreferredAllocation
+    steers the kubelet to the lowest-index idle GPU (GPU 0; the lowest device ID would be
+    GPU 1's), and the container gets exactly the device the kubelet then chose."""
+    pod = node.pod("default-scheduled", gpus=None, whole=1)
+    reply = node.admit(pod)
+    assert reply["ok"], reply
+    c0 = reply["containers"]["c0"]
+    assert c0["device_ids"][RESOURCE_GPU] == [UUIDS[0]]
+    assert c0["envs"]["NVIDIA_VISIBLE_DEVICES"] == UUIDS[0]
+    assert [d["host_path"] for d in c0["devices"]] == ["/dev/nvidia0", "/dev/nvidiactl",
+                                                       "/dev/nvidia-uvm"]
+    assert node.mark("default-scheduled") == {"c0": [UUIDS[0]]}
+    assert '"event": "kubelet_choice"' in node.plugin_log()
+    # The pod ends: the kubelet's books and the plugin's cache let GPU 0 go.
+    assert node.harness.call("release", pod_uid=pod["uid"])["ok"]
+    node.reject("default-scheduled")
+
+
 def test_whole_gpu_container_gets_exactly_the_gpu_the_extender_chose(node: Node) -> None:
     pod = node.pod("whole-1", gpus="1", whole=1)
     reply = node.admit(pod)
@@ -187,14 +207,16 @@ def test_two_shares_land_on_the_gpu_the_extender_chose(node: Node) -> None:
     assert devices["allocatable"][RESOURCE_GPU_MILLI] == 2000
 
 
-@pytest.mark.parametrize(("name", "gpus", "message"), [
-    ("no-annotation", None, f"has no {ANNOTATION_GPU_INDICES} annotation"),
-    ("bad-annotation", "zero", "not comma-separated GPU indices"),
-    ("missing-gpu", "7", "GPU 7 does not exist on node dp-node-0, which has 2"),
+@pytest.mark.parametrize(("name", "gpus", "milli", "message"), [
+    ("share-no-annotation", None, 100,
+     f"asks {RESOURCE_GPU_MILLI} and has no {ANNOTATION_GPU_INDICES} annotation: a share "
+     f"names no GPU"),
+    ("bad-annotation", "zero", 0, "not comma-separated GPU indices"),
+    ("missing-gpu", "7", 0, "GPU 7 does not exist on node dp-node-0, which has 2"),
 ])
 def test_missing_or_malformed_annotation_fails_allocate_with_an_event(
-        node: Node, name: str, gpus: str | None, message: str) -> None:
-    pod = node.pod(name, gpus=gpus, whole=1)
+        node: Node, name: str, gpus: str | None, milli: int, message: str) -> None:
+    pod = node.pod(name, gpus=gpus, whole=0 if milli else 1, milli=milli)
     reply = node.admit(pod)
     assert not reply["ok"] and reply["stage"] == "allocate"
     assert message in reply["error"], reply["error"]  # what the kubelet's event shows

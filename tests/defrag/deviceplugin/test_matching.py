@@ -7,7 +7,16 @@ from collections.abc import Mapping
 import pytest
 
 from defrag.deviceplugin.config import Kind
-from defrag.deviceplugin.matching import Candidate, Refusal, find, pod_ask, resolve
+from defrag.deviceplugin.matching import (
+    Candidate,
+    Refusal,
+    find,
+    holders,
+    idle_gpus,
+    pod_ask,
+    resolve,
+    takes_kubelet_choice,
+)
 from gpufrag.conventions import DEFAULT_NAMES, RESOURCE_GPU, RESOURCE_GPU_MILLI
 from tests.defrag.deviceplugin.builders import NODE, UUIDS, ask, build_board, build_pod
 
@@ -105,16 +114,19 @@ def test_two_identical_requests_swap_when_the_kubelet_admits_the_younger_first()
 
 
 def test_the_oldest_is_never_skipped_for_a_younger_with_a_usable_annotation() -> None:
-    pods = [build_pod("no-annotation", whole=1, gpus=None, created="2026-01-01T00:00:01Z"),
+    pods = [build_pod("bad-annotation", whole=1, gpus="x", created="2026-01-01T00:00:01Z"),
             build_pod("fine", whole=1, gpus="1", created="2026-01-01T00:00:02Z")]
     found = _find(pods, Kind.WHOLE, 1)
-    assert _name(found) == "no-annotation"
+    assert _name(found) == "bad-annotation"
     assert isinstance(found, Candidate)
     assert isinstance(resolve(found, build_board(), DEFAULT_NAMES), Refusal)
 
 
 @pytest.mark.parametrize(("pod", "message"), [
-    (build_pod("p", whole=1, gpus=None), "has no gpufrag.io/gpu-indices annotation"),
+    (build_pod("p", whole=1, gpus=None), "has no gpufrag.io/gpu-indices annotation, and this "
+                                         "device plugin runs with --no-kubelet-fallback"),
+    (build_pod("p", milli=300, gpus=None), "a share names no GPU, so only gpufrag-scheduler's "
+                                           "bind, which records the GPU, can place it"),
     (build_pod("p", whole=1, gpus=""), "='', which is not comma-separated"),
     (build_pod("p", whole=1, gpus="a,b"), "'a,b', which is not comma-separated GPU indices"),
     (build_pod("p", whole=1, gpus="-1"), "'-1', which is not comma-separated"),
@@ -152,3 +164,32 @@ def test_each_container_gets_its_slice_of_the_pods_gpus(pod: dict[str, object], 
     gpus = resolve(Candidate(parsed, target), build_board(), DEFAULT_NAMES)
     assert not isinstance(gpus, Refusal), gpus
     assert tuple(g.index for g in gpus) == indices
+
+
+@pytest.mark.parametrize(("pod", "fallback", "takes"), [
+    (build_pod("p", whole=1, gpus=None), True, True),
+    (build_pod("p", whole=1, gpus=None), False, False),
+    (build_pod("p", whole=1, gpus="0"), True, False),
+    (build_pod("p", whole=1, gpus="x"), True, False),  # a wrong record is an error
+    (build_pod("p", whole=1, gpus=""), True, False),
+    (build_pod("p", milli=300, gpus=None), True, False),  # a share names no GPU
+    (build_pod("p", milli=2000, gpus=None), True, False),
+    (build_pod("p", whole=1, gpus=None, allocated="not json"), True, False),
+])
+def test_which_pods_take_the_kubelets_choice(pod: dict[str, object], fallback: bool,
+                                             takes: bool) -> None:
+    assert takes_kubelet_choice(ask(pod), kubelet_fallback=fallback) is takes
+
+
+def test_holders_read_marks_the_plugins_record_and_promises() -> None:
+    board = build_board()
+    pods = [ask(build_pod("marked", milli=300, gpus="0", phase="Running",
+                          allocated={"main": [UUIDS[0]]})),
+            ask(build_pod("promised", whole=2, gpus="1,7")),  # 7: no such GPU, ignored
+            ask(build_pod("kubelet", whole=1, gpus=None, uid="u-k")),
+            ask(build_pod("going", whole=1, gpus="3", deleting=True))]
+    held = holders(pods, board, {"u-k": {"main": (UUIDS[2],)}})
+    assert held == {UUIDS[0]: ["default/marked"], UUIDS[1]: ["default/promised"],
+                    UUIDS[2]: ["default/kubelet"]}
+    assert idle_gpus(pods, board, {}) == (UUIDS[2], UUIDS[3])
+    assert idle_gpus(pods, build_board(unhealthy=[3]), {}) == (UUIDS[2],)

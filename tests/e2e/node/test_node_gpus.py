@@ -10,7 +10,9 @@ device-plugin`` (recorded NVML readings) over the real unix sockets.
 - the kubelet restarts (its socket directory wiped, a new ``kubelet.sock``): the plugin notices,
   registers again, and a new pod gets its GPU;
 - the node agent, reading the real cgroups of running share pods, reports the one holding more
-  GPU memory than its share.
+  GPU memory than its share;
+- a whole-GPU pod the default kube-scheduler places (no gpu-indices record) is admitted and its
+  container gets the GPU the kubelet chose.
 
 After the first test the pods carry ``gpufrag.io/gpu-indices`` as gpufrag-scheduler's bind
 writes it, with ``spec.nodeName`` standing in for the binding, so each test chooses the GPU it
@@ -360,3 +362,32 @@ def test_the_agent_reports_a_real_pod_over_its_share(
         ("greedy", uids["greedy"])], agent.stdout + agent.stderr
     assert f"hold {share_mib + 1000} MiB, more than its share of {share_mib} MiB" in \
         events[0].message, events[0].message
+
+
+def test_a_pod_of_the_default_scheduler_gets_the_gpu_the_kubelet_chose(
+        node: Node, node_plane: ControlPlane, node_namespace: str, plugin: Plugin) -> None:
+    """The cluster's default kube-scheduler (no extender, so no gpu-indices record) places a
+    whole-GPU pod: the plugin does not refuse it but gives the container the device the
+    kubelet chose, as NVIDIA's plugin would, and marks it."""
+    core = _core(node_plane)
+    _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")
+    body = _gpu_pod("default-scheduled", RESOURCE_GPU, "1")
+    del body["spec"]["schedulerName"]  # the default scheduler's
+    body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node.name]}]}]}}}
+    core.create_namespaced_pod(node_namespace, body)
+    assert bound_node(core, node_namespace, "default-scheduled") == node.name
+    pod = _settled(core, node_namespace, "default-scheduled", plugin)
+    status, meta = pod.status, pod.metadata
+    assert status is not None and meta is not None
+    assert status.phase == "Running", (status.reason, status.message)
+    assert ANNOTATION_GPU_INDICES not in (meta.annotations or {})
+    given = wait_until(lambda: _given(core.read_namespaced_pod("default-scheduled",
+                                                               node_namespace)) or None,
+                       timeout_s=20, what="the allocation mark")
+    assert list(given) == ["main"] and len(given["main"]) == 1 and given["main"][0] in UUIDS
+    assert plugin.events("kubelet_choice") == 1
+    if node.runtime == "containerd":
+        assert _environment(node, node_namespace, "default-scheduled")[
+            "NVIDIA_VISIBLE_DEVICES"] == given["main"][0]
