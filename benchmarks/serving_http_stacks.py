@@ -44,7 +44,7 @@ from serving.backends.base import Array
 from serving.batcher import DynamicBatcher
 from serving.client import encode_inputs
 from serving.config import BatcherConfig
-from serving.frontend import HttpServer
+from serving.frontend import front_end
 from serving.loops import loop_factory
 from serving.metrics import ServingMetrics
 from serving.protocol import ModelInfo
@@ -133,7 +133,7 @@ async def _serve_gpufrag(port: int) -> None:
     state.model = ModelInfo(name="m", platform=backend.kind, inputs=backend.inputs,
                             outputs=backend.outputs, max_batch_size=config.max_batch_size)
     state.set_ready(True)
-    await HttpServer(state).start("127.0.0.1", port)
+    await front_end(state).start("127.0.0.1", port)
     await asyncio.Event().wait()
 
 

@@ -1,6 +1,6 @@
-"""The extender's Flask app under gunicorn (the production server) and under granian (a
-Rust WSGI server), and its verbs on one event loop (``benchmarks.verbs_event_loop``, a
-prototype measured here only), side by side on the same snapshot, for kube-scheduler's
+"""The extender's servers side by side on the same snapshot: its verbs on one event loop
+(``server.engine: eventloop``, the default), its Flask app under gunicorn (``server.engine:
+gunicorn``) and under granian (a Rust WSGI server, measured here only), for kube-scheduler's
 traffic: many short POSTs, and about half of them on a new connection (kube-scheduler keeps
 only two idle connections to an extender).
 
@@ -10,7 +10,7 @@ For each server: sequential filter latency on one keep-alive connection, the sam
 connection per request, and requests/s with several client processes that open a new
 connection for every other request. The app, its state and the request bodies are the same;
 only the server differs. The target the figures are read against is gunicorn's, in the same
-run.
+run (the engine it replaced as the default).
 """
 
 from __future__ import annotations
@@ -64,14 +64,6 @@ def start_granian(snapshot: Path, port: int, threads: int) -> subprocess.Popen[b
                               start_new_session=True, env={**os.environ,
                                                            SNAPSHOT_ENV: str(snapshot)})
     return wait_ready(server, port, 600, "granian")
-
-
-def start_event_loop(snapshot: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "benchmarks.verbs_event_loop", str(snapshot), str(port),
-               str(threads)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    return wait_ready(server, port, 600, "event loop prototype")
 
 
 def fresh_connections(port: int, bodies: list[bytes], count: int) -> np.ndarray:
@@ -130,15 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         print("wsgi_servers: granian is not installed (pip install granian; it is measured "
               "here only, not a dependency of gpufrag): its row is left out", file=sys.stderr)
         servers.remove("granian")
-    starters = {"granian": start_granian, "event loop": start_event_loop}
+    engines = {"gunicorn": "gunicorn", "event loop": "eventloop"}
     results = {}
     with tempfile.TemporaryDirectory(prefix="gpufrag-bench-") as folder:
         cluster = build_cluster(args.size, 0.75, args.seed, Path(folder))
         for name in servers:
             port = free_port()
-            server = (start_server(cluster.snapshot, port, args.threads, "info", "decide")
-                      if name == "gunicorn" else
-                      starters[name](cluster.snapshot, port, args.threads))
+            server = (start_granian(cluster.snapshot, port, args.threads) if name == "granian"
+                      else start_server(cluster.snapshot, port, args.threads, "info", "decide",
+                                        engine=engines[name]))
             try:
                 bodies = request_bodies(cluster, port, args.seed + 7)[0]
                 kept = sequential(port, "/filter", bodies, args.requests)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -39,6 +39,7 @@ import orjson
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from gpufrag.http1 import Answer, Respond
 from serving.backends.base import Array
 from serving.batcher import DynamicBatcher
 from serving.errors import (
@@ -126,16 +127,6 @@ class ServerState:
         except TimeoutError:
             return False
         return True
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """One response, as the transport writes it (it adds Content-Length and Connection)."""
-
-    status: int
-    body: bytes
-    content_type: str = JSON_CONTENT_TYPE
-    headers: tuple[tuple[str, str], ...] = ()
 
 
 def json_answer(doc: object, status: int = 200) -> Answer:
@@ -310,9 +301,6 @@ def _model(state: ServerState, route: Route) -> ModelInfo:
 
 # -- infer -----------------------------------------------------------------------------------
 
-Respond = Callable[[Answer], None]
-
-
 def begin_infer(state: ServerState, route: Route, content_length: int | None,
                 respond: Respond) -> InferCall | Answer:
     """Step one of an infer request, when its headers are in: an :class:`InferCall` that
@@ -373,9 +361,12 @@ class InferCall:
         """The body (chunked, so without a Content-Length) grew past the limit."""
         self._fail(body_too_large(self._state.max_body_bytes))
 
-    def run(self, body: bytes, *, timeout_header: str | None, header_length: str | None,
+    def run(self, body: bytes, headers: Mapping[bytes, str],
             client_gone: Callable[[], bool]) -> None:
-        """Step two, with the whole body: parse, check and submit."""
+        """Step two, with the whole body (and the ``Timeout-Ms`` and
+        ``Inference-Header-Content-Length`` headers, when sent): parse, check and submit."""
+        timeout_header = headers.get(b"timeout-ms")
+        header_length = headers.get(b"inference-header-content-length")
         json_bytes = len(body)  # only the JSON part costs parsing; binary tensors are views
         if header_length is not None:
             try:

@@ -1,35 +1,22 @@
-"""The HTTP/1.1 front end of ``gpufrag serve``: one ``asyncio.Protocol`` per connection, parsed
-by httptools (llhttp, the C parser uvicorn and Node.js use), answers written as bytes.
+"""The HTTP/1.1 front end of ``gpufrag serve``: the v2 routes of :mod:`serving.app` behind the
+project's event-loop HTTP/1.1 server (:mod:`gpufrag.http1`, one ``asyncio.Protocol`` per
+connection, parsed by httptools).
 
 Why hand-written: with a model that computes an image in ~0.1 ms, aiohttp's HTTP stack cost
 more event-loop CPU per request (57 µs) than everything else the server did, and more than
 the model on a busy machine; httptools on a bare protocol costs 9.5 µs (figures and the
 before/after runs in docs/serving.md). The routes themselves live in :mod:`serving.app` as plain
-functions; this module only frames requests and answers.
+functions; the framing, its limits and timeouts in :mod:`gpufrag.http1`; this module only
+says what a request means to the serving runtime (:class:`ServingSite`):
 
-What it does, and the bounds on each (:class:`HttpLimits`):
-
-- keep-alive and pipelining: requests on one connection are answered in the order they came,
-  whatever order the batcher finishes them in; reading pauses while ``max_pipelined`` answers
-  are outstanding or the socket's write buffer is full (backpressure, bounded memory);
-- bodies by ``Content-Length`` or ``Transfer-Encoding: chunked`` (llhttp decodes chunks), up
-  to ``--max-body-bytes``; ``Expect: 100-continue`` gets ``100 Continue`` only once the request
-  has been admitted, otherwise its final answer at once;
 - an infer request is admitted or refused (404, 413 by ``Content-Length``, 503 +
   ``Retry-After``) when its headers are in, from the parser's callback, with no task and
-  without reading the body; a refused body is read and dropped (the connection stays usable),
-  up to ``discard_max_bytes``, then the connection closes;
+  without reading the body; its ``Inference-Header-Content-Length`` and ``Timeout-Ms``
+  headers go to the call with the body;
 - a client that disconnects cancels its requests' futures, so the batcher drops them before
   compute;
-- headers bounded in bytes and count (431, or 414 for the request target), a request whose
-  headers take longer than ``header_timeout_s`` or whose body stalls for ``body_timeout_s``
-  gets 408 and the connection closes (slowloris), an idle keep-alive connection closes after
-  ``keepalive_timeout_s``; the timers are one sweep per second for all connections, not one
-  per request;
-- anything llhttp cannot parse is a 400 naming what it found, and the connection closes;
-- once the server is draining every answer carries ``Connection: close`` and the connection
-  closes after it; :meth:`HttpServer.close` closes idle connections, gives busy ones a grace
-  to finish, then aborts what is left.
+- only requests that arrived before admission closed are counted for the drain; once the
+  server is draining every answer carries ``Connection: close``.
 
 Who may call it: the pod's clients and probes, inside the cluster. It is plain HTTP/1.1 with
 no authentication and no TLS, like the v2 endpoints of Triton and KServe's model servers: put
@@ -38,21 +25,14 @@ it behind a Service (and a mesh or gateway for TLS and auth), never on a public 
 
 from __future__ import annotations
 
-import asyncio
-from collections import deque
-from dataclasses import dataclass
-from email.utils import formatdate
-from http import HTTPStatus
-from typing import cast
-
-import httptools
 import structlog
 
+from gpufrag import http1
+from gpufrag.http1 import Answer, Call, HttpLimits, Respond
 from serving.app import (
     INFER,
     NOT_FOUND,
-    Answer,
-    InferCall,
+    SERVER_NAME,
     Route,
     RouteTable,
     ServerState,
@@ -63,515 +43,69 @@ from serving.app import (
 
 log = structlog.get_logger("serving.frontend")
 
-SERVER_HEADER = b"Server: gpufrag-serving\r\n"
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-# Answers longer than this are written as their own buffer rather than copied onto the head.
-_COPY_BODY_BYTES = 64 * 1024
-
-# What a connection is reading.
-_IDLE, _HEADERS, _BODY, _DISCARD = range(4)
+# The headers an infer call reads (lower case, as the framing matches them).
+INFER_HEADERS = frozenset({b"inference-header-content-length", b"timeout-ms"})
 
 
-@dataclass(frozen=True)
-class HttpLimits:
-    """Bounds on what one connection may make the server hold or wait for."""
+class ServingSite:
+    """The v2 routes as a :class:`gpufrag.http1.Site`."""
 
-    max_header_bytes: int = 32 * 1024  # request target + every header name and value
-    max_headers: int = 100
-    header_timeout_s: float = 10.0  # first byte of a request to the end of its headers
-    body_timeout_s: float = 30.0  # longest silence while a body is arriving
-    keepalive_timeout_s: float = 75.0  # an idle keep-alive connection (aiohttp's default)
-    max_pipelined: int = 64  # answers outstanding on one connection before reading pauses
-    discard_max_bytes: int = 16 * 1024 * 1024  # of a refused body, read and dropped
+    captured_headers = INFER_HEADERS
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.routes = RouteTable(state.model_name)
 
     @property
-    def sweep_interval_s(self) -> float:
-        return min(1.0, self.header_timeout_s / 4, self.body_timeout_s / 4,
-                   self.keepalive_timeout_s / 4)
+    def max_body_bytes(self) -> int:
+        return self.state.max_body_bytes
 
+    @property
+    def draining(self) -> bool:
+        return self.state.draining
 
-class _StopParsing(Exception):
-    """Raised from a parser callback once the connection has its error answer."""
-
-
-class _Exchange:
-    """One request on a connection, from its headers to its answer written."""
-
-    __slots__ = (
-        "body",
-        "call",
-        "close",
-        "connection",
-        "counted",
-        "head",
-        "head_only",
-        "http10",
-        "keep_alive",
-    )
-
-    def __init__(self, connection: Connection, keep_alive: bool, http10: bool) -> None:
-        self.connection = connection
-        self.keep_alive = keep_alive
-        self.http10 = http10
-        self.head_only = False
-        self.counted = False
-        self.call: InferCall | None = None
-        self.head: bytes | None = None  # the encoded answer, once there is one
-        self.body = b""
-        self.close = False  # close the connection after this answer
-
-    def __call__(self, answer: Answer) -> None:  # the InferCall's respond callback
-        self.connection.respond(self, answer)
-
-
-class HttpServer:
-    """The listener and its connections; :meth:`start`, then :meth:`close` once drained."""
-
-    def __init__(self, state: ServerState, limits: HttpLimits | None = None) -> None:
-        self.state = state
-        self.limits = limits or HttpLimits()
-        self.routes = RouteTable(state.model_name)
-        self.connections: set[Connection] = set()
-        self._server: asyncio.Server | None = None
-        self._sweeper: asyncio.TimerHandle | None = None
-        self._prefixes: dict[tuple[int, str], bytes] = {}
-        self.date_line = b""
-        self._none_left = asyncio.Event()
-        self._none_left.set()
-
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0: any free port); the port bound."""
-        loop = asyncio.get_running_loop()
-        self._sweep()
-        self._server = await loop.create_server(lambda: Connection(self), host, port,
-                                                reuse_address=True, backlog=1024)
-        for sock in self._server.sockets:
-            return int(sock.getsockname()[1])
-        return port
-
-    async def close(self, grace_s: float) -> None:
-        """Stop listening, close idle connections, give busy ones ``grace_s`` to write their
-        answers, then abort the rest."""
-        if self._server is not None:
-            self._server.close()
-        for connection in list(self.connections):
-            connection.close_when_done()
-        try:
-            await asyncio.wait_for(self._none_left.wait(), timeout=max(grace_s, 0.0))
-        except TimeoutError:
-            log.error("connections_aborted", connections=len(self.connections))
-            for connection in list(self.connections):
-                connection.abort()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
-        if self._server is not None:
-            await self._server.wait_closed()
-
-    def opened(self, connection: Connection) -> None:
-        self.connections.add(connection)
-        self._none_left.clear()
-
-    def closed(self, connection: Connection) -> None:
-        self.connections.discard(connection)
-        if not self.connections:
-            self._none_left.set()
-
-    def _sweep(self) -> None:
-        """Once per interval: the Date header, and every connection's timeouts."""
-        loop = asyncio.get_running_loop()
-        self.date_line = b"Date: " + formatdate(usegmt=True).encode() + b"\r\n"
-        now = loop.time()
-        for connection in list(self.connections):
-            connection.check_timeouts(now)
-        self._sweeper = loop.call_later(self.limits.sweep_interval_s, self._sweep)
-
-    def encode_head(self, answer: Answer, *, close: bool, keep_alive_10: bool) -> bytes:
-        """Status line and headers; the status/content-type part is built once per pair."""
-        key = (answer.status, answer.content_type)
-        prefix = self._prefixes.get(key)
-        if prefix is None:
-            prefix = self._prefixes[key] = (
-                f"HTTP/1.1 {answer.status} {_reason(answer.status)}\r\n".encode()
-                + SERVER_HEADER + f"Content-Type: {answer.content_type}\r\n".encode())
-        extra = b"".join(f"{name}: {value}\r\n".encode("latin-1")
-                         for name, value in answer.headers) if answer.headers else b""
-        connection = (b"Connection: close\r\n" if close
-                      else b"Connection: keep-alive\r\n" if keep_alive_10 else b"")
-        return b"%s%sContent-Length: %d\r\n%s%s\r\n" % (
-            prefix, self.date_line, len(answer.body), extra, connection)
-
-
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
-
-
-class Connection(asyncio.Protocol):
-    """One client connection: parses requests, hands them to the routes, writes the answers in
-    order. Every method runs on the event loop's thread."""
-
-    def __init__(self, server: HttpServer) -> None:
-        self._server = server
-        self._state = server.state
-        self._limits = server.limits
-        self._routes = server.routes
-        self._loop = asyncio.get_running_loop()
-        self._parser = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
-        self._exchanges: deque[_Exchange] = deque()
-        self._current: _Exchange | None = None  # the request being read, once its headers are
-        self._phase = _IDLE
-        self._since = self._loop.time()  # when the current phase began (or last body data)
-        self._closed = False  # closing or closed: nothing more is read or written
-        self._closing = False  # an answer said Connection: close; close once it is written
-        self._close_when_done = False  # the server is closing: close once nothing is pending
-        self._reading_paused = False
-        self._writing_paused = False
-        self._error: Answer | None = None
-        self._reset_request()
-
-    def _reset_request(self) -> None:
-        self._url = b""
-        self._header_bytes = 0
-        self._header_count = 0
-        self._content_length: int | None = None
-        self._expect_continue = False
-        self._timeout_ms: str | None = None
-        self._header_length: str | None = None
-        self._body: list[bytes] = []
-        self._body_size = 0
-        self._discarded = 0
-
-    # -- asyncio.Protocol ----------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # (uvloop's TCP transport implements asyncio.Transport without subclassing it)
-        self._transport = cast(asyncio.Transport, transport)
-        self._server.opened(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
-        for exchange in self._exchanges:
-            self._drop(exchange)
-        self._exchanges.clear()
-        self._current = None
-        self._server.closed(self)
-
-    def data_received(self, data: bytes) -> None:
-        if self._closed or (self._closing and self._phase != _DISCARD):
-            return  # what follows a closing answer is not read (but its own refused body is)
-        if self._phase >= _BODY:
-            self._since = self._loop.time()  # the body's silence timer restarts
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # An Upgrade request is answered as plain HTTP; what follows it is not HTTP, so
-            # the connection closes after that answer.
-            self._pause_reading()
-            if self._exchanges:
-                self._exchanges[-1].close = True
-            else:
-                self._close()
-        except httptools.HttpParserCallbackError:
-            if self._closed:
-                return
-            if self._error is not None:
-                self._http_error(self._error)
-            else:  # a fault of ours in a callback: a 500, never a traceback to the client
-                log.exception("http_callback_failed")
-                self._http_error(plain_error(500, "internal error while reading the request"))
-        except httptools.HttpParserError as exc:
-            self._http_error(plain_error(400, f"malformed HTTP request: {_describe(exc)}"))
-
-    def pause_writing(self) -> None:
-        self._writing_paused = True
-        self._pause_reading()
-
-    def resume_writing(self) -> None:
-        self._writing_paused = False
-        self._maybe_resume_reading()
-
-    # -- httptools callbacks -------------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        self._phase = _HEADERS
-        self._since = self._loop.time()
-        self._reset_request()
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-        self._header_bytes += len(url)
-        if self._header_bytes > self._limits.max_header_bytes:
-            self._stop(plain_error(414, "request target is longer than the "
-                                        f"{self._limits.max_header_bytes} byte header limit"))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        self._header_bytes += len(name) + len(value) + 4
-        limits = self._limits
-        if self._header_bytes > limits.max_header_bytes:
-            self._stop(plain_error(431, "request headers are larger than the "
-                                        f"{limits.max_header_bytes} byte limit"))
-        if self._header_count > limits.max_headers:
-            self._stop(plain_error(431, f"request has more than {limits.max_headers} headers"))
-        key = name.lower()
-        if key == b"content-length":
-            self._content_length = int(value)  # llhttp has checked it is a number
-        elif key == b"inference-header-content-length":
-            self._header_length = value.decode("latin-1")
-        elif key == b"timeout-ms":
-            self._timeout_ms = value.decode("latin-1")
-        elif key == b"expect":
-            if value.strip().lower() != b"100-continue":
-                self._stop(plain_error(417, f"unsupported Expect: {value[:40]!r}; only "
-                                            "100-continue is"))
-            self._expect_continue = True
-
-    def on_headers_complete(self) -> None:
-        parser = self._parser
-        exchange = _Exchange(self, parser.should_keep_alive(),
-                             parser.get_http_version() == "1.0")
-        self._exchanges.append(exchange)
-        self._current = exchange
-        self._phase = _BODY
-        self._since = self._loop.time()
-        state = self._state
+    def request_started(self) -> bool:
         # Only requests that arrived before admission closed are waited for by the drain:
         # the late ones are fast 503s, and under a steady stream of them the count would
         # seldom reach zero.
-        if not state.shutting_down:
-            exchange.counted = True
-            state.request_started()
-        if len(self._exchanges) >= self._limits.max_pipelined:
-            self._pause_reading()
-        method = parser.get_method()
-        route = self._routes.lookup(self._url)
+        if self.state.shutting_down:
+            return False
+        self.state.request_started()
+        return True
+
+    def request_finished(self) -> None:
+        self.state.request_finished()
+
+    def error(self, status: int, message: str,
+              headers: tuple[tuple[str, str], ...] = ()) -> Answer:
+        return plain_error(status, message, headers)
+
+    def begin(self, method: bytes, url: bytes, content_length: int | None,
+              respond: Respond) -> Answer | Call:
+        route = self.routes.lookup(url)
         if route.kind == INFER and method == b"POST":
-            result = begin_infer(state, route, self._content_length, exchange)
-            if isinstance(result, Answer):
-                self._refuse(exchange, result)
-            else:
-                exchange.call = result
-                if self._expect_continue and self._exchanges[0] is exchange:
-                    # (a pipelined request behind others gets no 100: the client sends its
-                    # body after its own wait, as RFC 9110 allows)
-                    self._write(CONTINUE)
-            return
+            return begin_infer(self.state, route, content_length, respond)
         if route.kind == NOT_FOUND:
-            answer = plain_error(404, f"no route for {route.path}")
-        elif method == b"HEAD" and route.kind != INFER:
-            exchange.head_only = True
-            answer = self._answer_get(route)
-        elif method.decode("latin-1") != route.method:
-            answer = plain_error(405, "Method Not Allowed",
-                                 (("Allow", "GET, HEAD" if route.method == "GET" else "POST"),))
-        else:
-            answer = self._answer_get(route)
-        self._refuse(exchange, answer)
-
-    def on_body(self, body: bytes) -> None:
-        if self._phase == _BODY:
-            self._body_size += len(body)
-            if self._body_size > self._state.max_body_bytes:  # chunked: no length to check
-                exchange = self._current
-                if exchange is not None and exchange.call is not None:
-                    call, exchange.call = exchange.call, None
-                    exchange.close = True
-                    self._body = []
-                    self._phase = _DISCARD
-                    call.too_large()
-                    return
-            self._body.append(body)
-        elif self._phase == _DISCARD:
-            self._discarded += len(body)
-            if self._discarded > self._limits.discard_max_bytes:
-                self._close()
-                raise _StopParsing
-
-    def on_message_complete(self) -> None:
-        exchange, self._current = self._current, None
-        phase, self._phase = self._phase, _IDLE
-        self._since = self._loop.time()
-        if exchange is None:
-            return
-        call = exchange.call
-        if phase == _BODY and call is not None:
-            body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-            self._body = []
-            try:
-                call.run(body, timeout_header=self._timeout_ms,
-                         header_length=self._header_length, client_gone=self._gone)
-            except Exception:
-                log.exception("infer_start_failed")
-                exchange.call = None
-                self.respond(exchange, plain_error(500, "internal error starting the request"))
-        if self._closing:  # a closing answer was written while this body arrived
-            self._close()
-            raise _StopParsing  # nothing after it is read
-
-    # -- answers -------------------------------------------------------------------------------
+            return plain_error(404, f"no route for {route.path}")
+        if method == b"HEAD" and route.kind != INFER:
+            return self._answer_get(route)  # the framing drops the body
+        if method.decode("latin-1") != route.method:
+            return plain_error(405, "Method Not Allowed",
+                               (("Allow", "GET, HEAD" if route.method == "GET" else "POST"),))
+        return self._answer_get(route)
 
     def _answer_get(self, route: Route) -> Answer:
         try:
-            return answer_get(self._state, route)
+            return answer_get(self.state, route)
         except Exception as exc:
             log.exception("route_failed", path=route.path)
             return plain_error(500, f"internal error: {type(exc).__name__}: {exc}")
 
-    def _refuse(self, exchange: _Exchange, answer: Answer) -> None:
-        """Answer now, before the body is read; the body, if any, is read and dropped. After a
-        413, or when the client waits for a 100 Continue it will not get, the connection
-        closes once the answer is written (the body may never come)."""
-        self._phase = _DISCARD
-        if answer.status == 413 or self._expect_continue:
-            exchange.close = True
-        self.respond(exchange, answer)
 
-    def respond(self, exchange: _Exchange, answer: Answer) -> None:
-        """``exchange``'s answer is ready: write it, and every answer after it that is."""
-        exchange.call = None
-        if self._closed:
-            return
-        close = exchange.close or not exchange.keep_alive or self._state.draining
-        exchange.close = close
-        exchange.head = self._server.encode_head(
-            answer, close=close, keep_alive_10=exchange.http10 and not close)
-        exchange.body = b"" if exchange.head_only else answer.body
-        if self._exchanges and self._exchanges[0] is exchange:
-            self._flush()
-
-    def _flush(self) -> None:
-        exchanges = self._exchanges
-        transport = self._transport
-        while exchanges and exchanges[0].head is not None:
-            exchange = exchanges.popleft()
-            head, body = exchange.head, exchange.body
-            assert head is not None and transport is not None
-            if len(body) <= _COPY_BODY_BYTES:
-                transport.write(head + body)
-            else:
-                transport.write(head)
-                transport.write(body)
-            if exchange.counted:
-                exchange.counted = False
-                self._state.request_finished()
-            if exchange.close:
-                self._stop_after_answers()
-                # the refused body of this very request may still be arriving: read it to
-                # its end (or the discard limit) first, so the client sees the answer rather
-                # than a reset
-                if self._current is not exchange:
-                    self._close()
-                return
-        if not exchanges:
-            if self._close_when_done and self._phase == _IDLE:
-                self._close()
-                return
-            if self._phase == _IDLE:
-                self._since = self._loop.time()  # idle keep-alive from here
-        self._maybe_resume_reading()
-
-    def _write(self, data: bytes) -> None:
-        if self._transport is not None and not self._closed:
-            self._transport.write(data)
-
-    def _stop_after_answers(self) -> None:
-        """Nothing more is read; pending requests after the closing one are dropped."""
-        self._closing = True
-        for exchange in self._exchanges:
-            self._drop(exchange)
-        self._exchanges.clear()
-
-    def _drop(self, exchange: _Exchange) -> None:
-        if exchange.call is not None:
-            exchange.call.cancel()
-            exchange.call = None
-        if exchange.counted:
-            exchange.counted = False
-            self._state.request_finished()
-
-    def _stop(self, answer: Answer) -> None:
-        self._error = answer
-        raise _StopParsing
-
-    def _http_error(self, answer: Answer) -> None:
-        """A request that cannot be read on: answer it (after the answers before it) and close."""
-        self._error = None
-        exchange = self._current
-        if exchange is None:
-            exchange = _Exchange(self, False, False)
-            self._exchanges.append(exchange)
-        elif exchange.call is not None:
-            exchange.call.cancel()
-            exchange.call = None
-        self._current = None
-        self._phase = _IDLE
-        self._pause_reading()
-        exchange.close = True
-        if exchange.head is None:
-            self.respond(exchange, answer)
-        elif exchange not in self._exchanges:  # its answer is out already
-            self._close()
-
-    def _gone(self) -> bool:
-        """For the batcher: whether this request's client has gone (checked before compute)."""
-        return self._closed
-
-    # -- flow control and closing --------------------------------------------------------------
-
-    def _pause_reading(self) -> None:
-        if not self._reading_paused and self._transport is not None and not self._closed:
-            self._reading_paused = True
-            self._transport.pause_reading()
-
-    def _maybe_resume_reading(self) -> None:
-        if (self._reading_paused and not self._writing_paused and not self._closed
-                and not self._closing and len(self._exchanges) < self._limits.max_pipelined
-                and self._transport is not None):
-            self._reading_paused = False
-            self._transport.resume_reading()
-
-    def _close(self) -> None:
-        if not self._closed and self._transport is not None:
-            self._closed = True
-            self._transport.close()  # what was written is sent first
-
-    def abort(self) -> None:
-        if self._transport is not None:
-            self._closed = True
-            self._transport.abort()
-
-    def close_when_done(self) -> None:
-        """The server is closing: close now if idle, else once the pending answers are out."""
-        self._close_when_done = True
-        if not self._exchanges and self._phase == _IDLE:
-            self._close()
-
-    def check_timeouts(self, now: float) -> None:
-        if self._closed:
-            return
-        age = now - self._since
-        limits = self._limits
-        phase = self._phase
-        if phase == _HEADERS and age > limits.header_timeout_s:
-            self._http_error(plain_error(408, "request headers not complete within "
-                                              f"{limits.header_timeout_s:g} s"))
-        elif phase == _BODY and age > limits.body_timeout_s:
-            self._http_error(plain_error(408, "request body stalled: no data for "
-                                              f"{limits.body_timeout_s:g} s"))
-        elif phase == _DISCARD and age > limits.body_timeout_s:
-            self._phase = _IDLE
-            self._current = None
-            if self._closing:
-                self._close()
-        elif (phase == _IDLE and not self._exchanges
-              and age > limits.keepalive_timeout_s):
-            self._close()
+def front_end(state: ServerState, limits: HttpLimits | None = None) -> http1.HttpServer:
+    """The front end serving ``state`` (:meth:`~gpufrag.http1.HttpServer.start`, then
+    :meth:`~gpufrag.http1.HttpServer.close` once drained)."""
+    return http1.HttpServer(ServingSite(state), limits, server_name=SERVER_NAME)
 
 
-def _describe(exc: Exception) -> str:
-    text = str(exc) or type(exc).__name__
-    return text[:200]
+__all__ = ["INFER_HEADERS", "HttpLimits", "ServingSite", "front_end"]

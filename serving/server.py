@@ -41,7 +41,7 @@ from serving.batcher import DynamicBatcher
 from serving.cache import cache_state, combine, resolve_model_cache
 from serving.config import ServerConfig
 from serving.errors import ShuttingDown
-from serving.frontend import HttpLimits, HttpServer
+from serving.frontend import HttpLimits, front_end
 from serving.gpu import MemoryGrowthWatch, NvmlProbe, detect_gpus
 from serving.loops import running_loop_kind
 from serving.metrics import ServingMetrics
@@ -123,8 +123,8 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    front_end = HttpServer(state, limits)
-    port = await front_end.start(config.host, config.port)
+    server = front_end(state, limits)
+    port = await server.start(config.host, config.port)
     log.info("listening", host=config.host, port=port, model=name,
              event_loop=running_loop_kind())
     if on_listening is not None:
@@ -163,7 +163,7 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
         state.set_ready(False)
         # The drain itself waited for in-flight answers (state.wait_idle) within
         # --shutdown-timeout-s; this grace is only for what is left after that.
-        await front_end.close(min(config.shutdown_timeout_s, LAST_WRITE_GRACE_S))
+        await server.close(min(config.shutdown_timeout_s, LAST_WRITE_GRACE_S))
         if backend is not None:
             backend.close()
         if probe is not None:

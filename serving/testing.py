@@ -19,10 +19,11 @@ from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
+from gpufrag import http1
 from serving.app import ServerState
 from serving.backends.base import Array, Backend
 from serving.batcher import DynamicBatcher
-from serving.frontend import HttpLimits, HttpServer
+from serving.frontend import HttpLimits, front_end
 from serving.metrics import ServingMetrics
 from serving.protocol import ModelInfo
 from serving.tensors import TensorSpec
@@ -190,7 +191,7 @@ class ThreadedServer:
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="test-server",
                                         daemon=True)
-        self._front_end: HttpServer | None = None
+        self._front_end: http1.HttpServer | None = None
         self._limits = limits
         self.port = 0
         self.url = ""
@@ -221,7 +222,7 @@ class ThreadedServer:
                                      inputs=self.backend.inputs, outputs=self.backend.outputs,
                                      max_batch_size=self.config.max_batch_size)
         self.state.set_ready(True)
-        self._front_end = HttpServer(self.state, self._limits)
+        self._front_end = front_end(self.state, self._limits)
         self.port = await self._front_end.start("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.port}"
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -119,7 +120,9 @@ def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
 
 _REASONS = {200: "200 OK", 400: "400 BAD REQUEST", 408: "408 REQUEST TIMEOUT",
             413: "413 REQUEST ENTITY TOO LARGE", 500: "500 INTERNAL SERVER ERROR"}
-Handle = Callable[[str, Work, Mapping[str, Any]], tuple[int, bytes]]
+# A verb's handler: the verb, its work, and how to read the request's body (which raises
+# RequestEntityTooLarge, BodyTimeout or WireError as read_body does).
+Handle = Callable[[str, Work, Callable[[], bytes]], tuple[int, bytes]]
 
 
 class _VerbsFirst:
@@ -131,18 +134,19 @@ class _VerbsFirst:
     skipped is only that machinery: the handler, its errors and its answers are the ones
     Flask's routes call too (``handle``)."""
 
-    def __init__(self, flask_app: Callable[..., Any], verbs: Mapping[str, tuple[str, Work]],
-                 handle: Handle) -> None:
+    def __init__(self, flask_app: Callable[..., Any], verbs: Verbs) -> None:
         self.flask_app = flask_app
-        self.verbs = verbs
-        self.handle = handle
+        self.verbs = verbs.paths
+        self.handle = verbs.handle
+        self.max_body_bytes = verbs.max_body_bytes
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         found = (self.verbs.get(environ.get("PATH_INFO", ""))
                  if environ.get("REQUEST_METHOD") == "POST" else None)
         if found is None:
             return self.flask_app(environ, start_response)
-        status, body = self.handle(found[0], found[1], environ)
+        status, body = self.handle(found[0], found[1],
+                                   lambda: read_body(environ, self.max_body_bytes))
         start_response(_REASONS.get(status, f"{status} ERROR"),
                        [("Content-Type", "application/json"),
                         ("Content-Length", str(len(body)))])
@@ -167,6 +171,23 @@ def probes(extender: Extender, metrics: ExtenderMetrics) -> dict[str, Probe]:
     return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics_page}
 
 
+@dataclass(frozen=True, slots=True)
+class Verbs:
+    """The verbs an app serves, for a server that calls them without WSGI: by path, the verb's
+    name and work; the one handler (errors, metrics, logging) that runs a work; the body
+    limit (``server.max_body_bytes``)."""
+
+    paths: Mapping[str, tuple[str, Work]]
+    handle: Handle
+    max_body_bytes: int
+
+
+def app_verbs(app: Flask) -> Verbs:
+    """The verbs of an app made by :func:`create_app`."""
+    found: Verbs = app.extensions["gpufrag"]["verbs"]
+    return found
+
+
 def app_probes(app: Flask) -> Mapping[str, Probe]:
     """The probes of an app made by :func:`create_app`."""
     found: Mapping[str, Probe] = app.extensions["gpufrag"]["probes"]
@@ -185,12 +206,12 @@ def create_app(extender: Extender, *, registry: CollectorRegistry | None = None)
     read_timeout_s = config.server.read_timeout_s
     name_lists = wire.NameLists()
 
-    def handle(verb: str, work: Work, environ: Mapping[str, Any]) -> tuple[int, bytes]:
+    def handle(verb: str, work: Work, read: Callable[[], bytes]) -> tuple[int, bytes]:
         started = time.perf_counter()
         fields: dict[str, Any] = {}
         status = 200
         try:
-            payload, fields = work(read_body(environ, limit))
+            payload, fields = work(read())
         except RequestEntityTooLarge:
             status = 413
             payload = _error_payload(verb, f"request body is larger than the limit of {limit} "
@@ -265,14 +286,16 @@ def create_app(extender: Extender, *, registry: CollectorRegistry | None = None)
 
     def verb_view(verb: str, work: Work) -> Callable[[], Response]:
         def view() -> Response:
-            status, body = handle(verb, work, request.environ)
+            status, body = handle(verb, work, lambda: read_body(request.environ, limit))
             return Response(body, status=status, mimetype="application/json")
         return view
 
     for path, (verb, work) in verbs.items():  # Flask's routes: the same verbs, for its tools
         app.add_url_rule(path, endpoint=verb, view_func=verb_view(verb, work),
                          methods=["POST"])
-    app.wsgi_app = _VerbsFirst(app.wsgi_app, verbs, handle)  # type: ignore[method-assign]
+    served = Verbs(verbs, handle, limit)
+    app.extensions["gpufrag"]["verbs"] = served
+    app.wsgi_app = _VerbsFirst(app.wsgi_app, served)  # type: ignore[method-assign]
 
     def probe_view(probe: Probe) -> Callable[[], Response]:
         def view() -> Response:
@@ -293,5 +316,5 @@ def create_app(extender: Extender, *, registry: CollectorRegistry | None = None)
     return app
 
 
-__all__ = ["BodyTimeout", "Probe", "ProbeAnswer", "app_probes", "create_app", "probes",
-           "read_body"]
+__all__ = ["BodyTimeout", "Handle", "Probe", "ProbeAnswer", "Verbs", "Work", "app_probes",
+           "app_verbs", "create_app", "probes", "read_body"]

@@ -18,6 +18,7 @@ import yaml
 
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from gpufrag.logs import configure
+from scheduler.extender import eventloop
 from scheduler.extender.config import (
     ExtenderConfig,
     config_to_mapping,
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     server = config.server
     structlog.get_logger("gpufrag.extender").info(
-        "extender starting", source=source, policy=config.policy,
+        "extender starting", source=source, policy=config.policy, engine=server.engine,
         address=f"{server.host}:{server.port}", tls=server.tls,
         client_certificates=bool(server.tls_client_ca_file),
         health_address=(f"{server.health_host}:{server.health_port}" if server.health_port
@@ -117,7 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         url_prefix=server.url_prefix, bind=config.bind.enabled,
         nodes=runtime.cache.counts()["nodes"])
     try:
-        serve(runtime, server)
+        if server.engine == "eventloop":
+            eventloop.serve(runtime, server)
+        else:
+            serve(runtime, server)
     except ListenError as e:
         print(f"gpufrag extender: {e}", file=sys.stderr)
         return EXIT_FAILURE

@@ -109,10 +109,21 @@ class HintsConfig:
     enabled: bool = True
 
 
+SERVER_ENGINES = ("eventloop", "gunicorn")
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """HTTP serving: routes are ``{url_prefix}/filter`` etc.; one gunicorn worker (the state
-    lives in it) with ``threads`` threads.
+    """HTTP serving: routes are ``{url_prefix}/filter`` etc., in one process (the state lives
+    in it).
+
+    ``engine`` is what serves them. ``eventloop`` (the default): one asyncio event loop
+    (uvloop when installed) that reads, parses and answers filter and prioritize on its own
+    thread, and hands only the bind (which waits on the API server) and preempt to
+    ``threads`` threads (:mod:`scheduler.extender.eventloop`). ``gunicorn``: one gunicorn
+    gthread worker with ``threads`` request threads (:mod:`scheduler.extender.server`); each
+    request passes from its poller thread to a request thread and back, which in
+    kube-scheduler's serial cycle is latency on every pod (docs/extender.md, Performance).
 
     ``host`` is the loopback address by default: the extender runs as a sidecar of its
     kube-scheduler, and ``/bind`` writes Bindings with the pod's service account, so it should
@@ -138,6 +149,7 @@ class ServerConfig:
     ``tlsConfig``). The files are read and checked at load.
     """
 
+    engine: str = "eventloop"
     host: str = "127.0.0.1"
     port: int = 8888
     url_prefix: str = ""
@@ -389,6 +401,8 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
          f"got {s.url_prefix!r}")
     need(s.max_body_bytes >= 1024, "server.max_body_bytes",
          f"must be >= 1024 bytes, got {s.max_body_bytes}")
+    need(s.engine in SERVER_ENGINES, "server.engine",
+         f"must be one of {', '.join(SERVER_ENGINES)}, got {s.engine!r}")
     need(s.threads >= 1, "server.threads", f"must be >= 1, got {s.threads}")
     need(0 < s.port < 65536, "server.port", f"must be in 1..65535, got {s.port}")
     need(s.timeout_s > 0, "server.timeout_s", f"must be > 0 seconds, got {s.timeout_s}")
@@ -464,6 +478,7 @@ def validate(config: ExtenderConfig) -> ExtenderConfig:
 __all__ = [
     "ENV_PREFIX",
     "FILTER_ANSWERS",
+    "SERVER_ENGINES",
     "AffinityParams",
     "BindConfig",
     "ConfigError",

@@ -4,11 +4,10 @@ names what is wrong, before anything is built or started."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-from benchmarks import scheduling_throughput, verbs_event_loop
+from benchmarks import scheduling_throughput
 
 
 def _usage_error(main: Callable[[list[str]], int], argv: list[str],
@@ -27,16 +26,3 @@ def test_scheduling_throughput_names_an_unknown_row(capsys: pytest.CaptureFixtur
 def test_scheduling_throughput_needs_a_round(capsys: pytest.CaptureFixture[str]) -> None:
     err = _usage_error(scheduling_throughput.main, ["--rounds", "0"], capsys)
     assert "--rounds must be at least 1" in err
-
-
-def test_the_event_loop_prototype_names_a_bad_port_or_snapshot(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    err = _usage_error(verbs_event_loop.main, ["cluster.json", "eighty"], capsys)
-    assert "argument port: invalid int value: 'eighty'" in err
-    missing = tmp_path / "none.json"
-    err = _usage_error(verbs_event_loop.main, [str(missing), "8080"], capsys)
-    assert f"{missing}: cannot read" in err
-    broken = tmp_path / "broken.json"
-    broken.write_text('{"items": [')
-    err = _usage_error(verbs_event_loop.main, [str(broken), "8080"], capsys)
-    assert f"{broken}: not valid JSON" in err

@@ -1,9 +1,11 @@
-"""The real server: ``gpufrag extender --cluster-snapshot`` under gunicorn, on 127.0.0.1.
+"""The real server: ``gpufrag extender --cluster-snapshot`` on 127.0.0.1, with each engine
+(``server.engine``: the event loop and gunicorn).
 
-Slow clients hold a request thread for at most ``server.read_timeout_s`` and never the probe
-listener; a chunked body over the limit is a 413 like an announced one; with TLS and a client
-CA, only clients with a certificate signed by that CA get an answer. Plus the pieces in
-process: gunicorn's options and the probe listener."""
+Slow clients hold a request thread for at most ``server.read_timeout_s`` (gunicorn) or
+nothing at all (the event loop), and never the probe listener; a chunked body over the limit is
+a 413 like an announced one; with TLS and a client CA, only clients with a certificate signed
+by that CA get an answer. Plus the pieces in process: gunicorn's options and the probe
+listener."""
 
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ class Server:
     port: int
     health_port: int
     log_path: Path
+    engine: str
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -63,7 +66,7 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _start(snapshot: Path, log_path: Path, *settings: str,
+def _start(snapshot: Path, log_path: Path, *settings: str, engine: str,
            timeout_s: float = 20.0) -> Iterator[Server]:
     port, health_port = _free_port(), _free_port()
     args = [sys.executable, "-m", "gpufrag.cli", "extender", "--cluster-snapshot", str(snapshot),
@@ -77,7 +80,7 @@ def _start(snapshot: Path, log_path: Path, *settings: str,
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL,
                                    env={**os.environ, "GPUFRAG_LOG_FORMAT": "json"})
-    server = Server(process, port, health_port, log_path)
+    server = Server(process, port, health_port, log_path, engine)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -101,9 +104,15 @@ def _start(snapshot: Path, log_path: Path, *settings: str,
             process.wait(10)
 
 
-@pytest.fixture(scope="module")
-def server(snapshot: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    yield from _start(snapshot, tmp_path_factory.mktemp("server") / "extender.log")
+ENGINES = ("eventloop", "gunicorn")
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def server(snapshot: Path, tmp_path_factory: pytest.TempPathFactory,
+           request: pytest.FixtureRequest) -> Iterator[Server]:
+    engine: str = request.param
+    yield from _start(snapshot, tmp_path_factory.mktemp("server") / "extender.log",
+                      f"server.engine={engine}", engine=engine)
 
 
 def _exchange(port: int, raw: bytes, timeout_s: float = 10.0) -> tuple[int, dict[str, object]]:
@@ -139,8 +148,12 @@ def test_a_body_that_stalls_answers_408(server: Server) -> None:
     started = time.monotonic()
     status, reply = _exchange(server.port, head + b'{"Pod": ')
     assert status == 408
-    assert reply["Error"] == (f"request body did not arrive within {READ_TIMEOUT_S:g} s "
-                              "(server.read_timeout_s)")
+    if server.engine == "gunicorn":  # the deadline is on the whole request
+        assert reply["Error"] == (f"request body did not arrive within {READ_TIMEOUT_S:g} s "
+                                  "(server.read_timeout_s)")
+    else:  # the bound is on each silence: a slow client holds no thread, only a buffer
+        assert reply["Error"] == (f"request body stalled: no data for {READ_TIMEOUT_S:g} s "
+                                  "(server.read_timeout_s)")
     assert READ_TIMEOUT_S - 0.2 < time.monotonic() - started < READ_TIMEOUT_S + 2
 
 
@@ -157,6 +170,7 @@ def _answer_s(sock: socket.socket, timeout_s: float) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("server", ["gunicorn"], indirect=True)  # the loop has no such threads
 def test_slow_clients_hold_threads_only_for_the_read_timeout(server: Server) -> None:
     # More stalled clients than threads, each having sent half a request line.
     slow = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(THREADS + 2)]
@@ -199,16 +213,63 @@ def test_slow_clients_hold_threads_only_for_the_read_timeout(server: Server) -> 
     assert "Traceback" not in server.log()
 
 
+@pytest.mark.parametrize("server", ["eventloop"], indirect=True)
+def test_stalled_clients_hold_nothing_on_the_event_loop(server: Server) -> None:
+    # Many more stalled clients than threads, each with half a request line or half a body.
+    slow = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4 * THREADS)]
+    opened = time.monotonic()
+    try:
+        for i, sock in enumerate(slow):
+            sock.sendall(b"POST /filt" if i % 2 else
+                         b"POST /filter HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+        time.sleep(0.2)
+        # The verbs and the probes answer at once, on the verbs' port too.
+        started = time.monotonic()
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        for _ in range(3):
+            connection.request("POST", "/filter", FILTER_BODY,
+                               {"Content-Type": "application/json"})
+            reply = connection.getresponse()
+            assert reply.status == 200
+            assert orjson.loads(reply.read())["NodeNames"] == ["gpu-a"]
+        connection.request("GET", "/readyz")
+        reply = connection.getresponse()
+        assert (reply.status, reply.read()) == (200, b"ok\n")
+        connection.close()
+        assert time.monotonic() - started < 1.0
+        # Each stalled connection gets its 408 and is closed within the read timeout.
+        for sock in slow:
+            sock.settimeout(READ_TIMEOUT_S + 3)
+            answer = b""
+            while chunk := sock.recv(4096):
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408 "), answer[:80]
+        assert time.monotonic() - opened < READ_TIMEOUT_S + 3
+    finally:
+        for sock in slow:
+            sock.close()
+    assert "Traceback" not in server.log()
+
+
+def test_wrong_methods_and_paths_answer_json_errors(server: Server) -> None:
+    status, reply = _exchange(server.port, b"GET /filter HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 405 and "GET /filter" in str(reply["Error"])
+    status, reply = _exchange(server.port, b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 404 and "/nothing" in str(reply["Error"])
+
+
 # ------------------------------------------------------------------------------------ TLS
 
 
-@pytest.fixture(scope="module")
-def tls_server(snapshot: Path, pki: Pki,
-               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+@pytest.fixture(scope="module", params=ENGINES)
+def tls_server(snapshot: Path, pki: Pki, tmp_path_factory: pytest.TempPathFactory,
+               request: pytest.FixtureRequest) -> Iterator[Server]:
+    engine: str = request.param
     yield from _start(snapshot, tmp_path_factory.mktemp("tls") / "extender.log",
+                      f"server.engine={engine}",
                       f"server.tls_cert_file={pki.server_cert}",
                       f"server.tls_key_file={pki.server_key}",
-                      f"server.tls_client_ca_file={pki.ca}")
+                      f"server.tls_client_ca_file={pki.ca}", engine=engine)
 
 
 def _https_filter(port: int, pki: Pki, cert: Sequence[Path] = ()) -> int:
