@@ -111,7 +111,8 @@ class ExtenderProcess(_Served):
     """``gpufrag extender`` watching a control plane, in its own process, on a free port.
 
     A subprocess rather than a thread because that is how it runs in a cluster (its own
-    process and event loop, its own watches), and so that its log is the JSON it writes in production.
+    process and event loop, its own watches), and so that its log is the JSON it writes in
+    production.
     """
 
     control_plane: ControlPlane

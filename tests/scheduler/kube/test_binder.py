@@ -156,3 +156,77 @@ def test_no_server_is_retryable() -> None:
         _binder(f"http://127.0.0.1:{port}").bind("ns", "p", "uid-1", "n0", (0,))
     assert caught.value.retryable
     assert "cannot reach the API server" in str(caught.value)
+
+
+class _RawServer:
+    """A TCP server that answers each connection's requests as ``script`` says: for the n-th
+    request on a connection, "answer" (201, kept alive), "answer-then-close" (201, then the
+    socket closes without saying so), or "drop" (close without a byte)."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = script
+        self.requests = 0
+        self.connections = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                buffer = b""
+                while True:
+                    while b"\r\n\r\n" not in buffer:
+                        data = conn.recv(65536)
+                        if not data:
+                            break
+                        buffer += data
+                    if b"\r\n\r\n" not in buffer:
+                        break
+                    head, _, rest = buffer.partition(b"\r\n\r\n")
+                    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                      if line.lower().startswith(b"content-length")))
+                    while len(rest) < length:
+                        rest += conn.recv(65536)
+                    buffer = rest[length:]
+                    step = self.script.pop(0) if self.script else "answer"
+                    if step == "drop":
+                        break
+                    self.requests += 1
+                    conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 2\r\n\r\n{}")
+                    if step == "answer-then-close":
+                        break
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_kept_connection_the_server_closed_is_retried_once_on_a_new_one() -> None:
+    server = _RawServer(["answer-then-close", "answer"])
+    try:
+        binder = _binder(f"http://127.0.0.1:{server.port}")
+        binder.bind("ns", "p0", "", "n0", (0,))
+        binder.bind("ns", "p1", "", "n0", (1,))  # its kept connection is closed: sent again
+        assert (server.requests, server.connections) == (2, 2)
+    finally:
+        server.close()
+
+
+def test_a_new_connection_closed_without_an_answer_is_not_sent_twice() -> None:
+    server = _RawServer(["drop"])
+    try:
+        with pytest.raises(BindError) as caught:
+            _binder(f"http://127.0.0.1:{server.port}").bind("ns", "p", "", "n0", (0,))
+        assert caught.value.retryable  # kube-scheduler's retry decides, not a blind resend
+        assert "closed the connection" in str(caught.value)
+        assert (server.requests, server.connections) == (0, 1)
+    finally:
+        server.close()
