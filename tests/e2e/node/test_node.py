@@ -125,16 +125,18 @@ def test_the_device_plugin_registers_and_a_gpu_pod_is_admitted(
     # The kubelet writes the quantity in its canonical form ("2k").
     assert parse_quantity(allocatable[RESOURCE_GPU_MILLI]) == 1000 * len(GPU_UUIDS), allocatable
 
-    # Without the extender's GPU choice the plugin's Allocate refuses, and the kubelet's device
-    # manager turns that into an admission failure (the pod never starts).
+    # A GPU share without the extender's GPU choice: the plugin's Allocate refuses (a share
+    # names no GPU of its own; a whole-GPU pod would get the kubelet's choice, pinned in
+    # test_node_gpus.py), and the kubelet's device manager turns that into an admission
+    # failure (the pod never starts, and holds nothing the next tests need).
     core.create_namespaced_pod(node_namespace, _pod(
-        "unplaced", node, command="sleep 3600", resources={RESOURCE_GPU: "1"}))
+        "unplaced", node, command="sleep 3600", resources={RESOURCE_GPU_MILLI: "500"}))
 
     def refused() -> kubernetes.client.V1Pod | None:
         pod = core.read_namespaced_pod("unplaced", node_namespace)
         return pod if pod.status.phase == "Failed" else None
 
-    pod = wait_until(refused, timeout_s=30, what="the kubelet to refuse the unplaced GPU pod")
+    pod = wait_until(refused, timeout_s=30, what="the kubelet to refuse the unplaced GPU share pod")
     assert pod.status.reason == "UnexpectedAdmissionError", pod.status
     assert ANNOTATION_GPU_INDICES in (pod.status.message or ""), pod.status.message
 
