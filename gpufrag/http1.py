@@ -16,6 +16,9 @@ What it does, and the bounds on each (:class:`HttpLimits`):
   whatever order the site finishes them in; reading pauses while ``max_pipelined`` answers
   are outstanding or the socket's write buffer is full (backpressure, bounded memory);
 - at most ``max_connections`` connections: one more is closed as soon as it is accepted;
+- at most ``max_buffered_bytes`` of request bodies held over all connections (read, or handed
+  to the site and not yet answered): a body that would pass it gets 503 + ``Retry-After`` and
+  its connection closes, so many slow uploads cannot add up past a bound;
 - bodies by ``Content-Length`` or ``Transfer-Encoding: chunked`` (llhttp decodes chunks), up
   to the site's ``max_body_bytes``; ``Expect: 100-continue`` gets ``100 Continue`` only once
   the request has been admitted, otherwise its final answer at once;
@@ -141,6 +144,9 @@ class HttpLimits:
     discard_max_bytes: int = 16 * 1024 * 1024  # of a refused body, read and dropped
     max_connections: int = 4096  # open at once; one more is closed as it is accepted
     timeouts_setting: str = ""  # the setting a 408's message names for both timeouts
+    # Bytes of request bodies held at once, over all connections (read, or handed to the
+    # site and not yet answered); a body that would pass it is refused 503 + Retry-After.
+    max_buffered_bytes: int = 1024 * 1024 * 1024
 
     @property
     def sweep_interval_s(self) -> float:
@@ -163,6 +169,7 @@ class _Exchange:
         "counted",
         "head",
         "head_only",
+        "held",
         "http10",
         "keep_alive",
     )
@@ -172,6 +179,7 @@ class _Exchange:
         self.keep_alive = keep_alive
         self.http10 = http10
         self.head_only = False
+        self.held = 0  # body bytes counted against max_buffered_bytes until answered
         self.counted = False
         self.call: Call | None = None
         self.head: bytes | None = None  # the encoded answer, once there is one
@@ -200,6 +208,7 @@ class HttpServer:
         self._prefixes: dict[tuple[int, str], bytes] = {}
         self.date_line = b""
         self.refused_connections = 0
+        self.buffered = 0  # body bytes held now (HttpLimits.max_buffered_bytes)
         self._none_left = asyncio.Event()
         self._none_left.set()
 
@@ -318,6 +327,7 @@ class Connection(asyncio.Protocol):
         self._captured: dict[bytes, str] = {}
         self._body: list[bytes] = []
         self._body_size = 0
+        self._body_held = 0  # of _body, counted in the server's buffered bytes
         self._discarded = 0
 
     # -- asyncio.Protocol ----------------------------------------------------------------------
@@ -331,6 +341,7 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        self._free_body()
         for exchange in self._exchanges:
             self._drop(exchange)
         self._exchanges.clear()
@@ -377,6 +388,7 @@ class Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._phase = _HEADERS
         self._since = self._loop.time()
+        self._free_body()  # (a body read for a call that went away meanwhile)
         self._reset_request()
 
     def on_url(self, url: bytes) -> None:
@@ -438,16 +450,30 @@ class Connection(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         if self._phase == _BODY:
-            self._body_size += len(body)
-            if self._body_size > self._site.max_body_bytes:  # chunked: no length to check
-                exchange = self._current
-                if exchange is not None and exchange.call is not None:
+            size = len(body)
+            self._body_size += size
+            exchange = self._current
+            server = self._server
+            if exchange is not None and exchange.call is not None:
+                if self._body_size > self._site.max_body_bytes:  # chunked: no length to check
                     call, exchange.call = exchange.call, None
                     exchange.close = True
-                    self._body = []
+                    self._free_body()
                     self._phase = _DISCARD
                     call.too_large()
                     return
+                if server.buffered + size > self._limits.max_buffered_bytes:
+                    call, exchange.call = exchange.call, None
+                    call.cancel()
+                    exchange.close = True
+                    self._free_body()
+                    self._phase = _DISCARD
+                    self.respond(exchange, self._site.error(
+                        503, "the server holds as many request bytes as it may now; retry",
+                        (("Retry-After", "1"),)))
+                    return
+            server.buffered += size
+            self._body_held += size
             self._body.append(body)
         elif self._phase == _DISCARD:
             self._discarded += len(body)
@@ -465,6 +491,7 @@ class Connection(asyncio.Protocol):
         if phase == _BODY and call is not None:
             body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
             self._body = []
+            exchange.held, self._body_held = self._body_held, 0  # held until answered
             try:
                 call.run(body, self._captured, self._gone)
             except Exception:
@@ -512,6 +539,7 @@ class Connection(asyncio.Protocol):
             else:
                 transport.write(head)
                 transport.write(body)
+            self._release(exchange)
             if exchange.counted:
                 exchange.counted = False
                 self._site.request_finished()
@@ -542,7 +570,18 @@ class Connection(asyncio.Protocol):
             self._drop(exchange)
         self._exchanges.clear()
 
+    def _free_body(self) -> None:
+        """The body being read is dropped: its bytes no longer count."""
+        self._server.buffered -= self._body_held
+        self._body_held = 0
+        self._body = []
+
+    def _release(self, exchange: _Exchange) -> None:
+        self._server.buffered -= exchange.held
+        exchange.held = 0
+
     def _drop(self, exchange: _Exchange) -> None:
+        self._release(exchange)
         if exchange.call is not None:
             exchange.call.cancel()
             exchange.call = None
@@ -557,6 +596,7 @@ class Connection(asyncio.Protocol):
     def _http_error(self, answer: Answer) -> None:
         """A request that cannot be read on: answer it (after the answers before it) and close."""
         self._error = None
+        self._free_body()
         exchange = self._current
         if exchange is None:
             exchange = _Exchange(self, False, False)

@@ -17,17 +17,23 @@ terms:
   Headers must arrive within ``server.read_timeout_s`` of the request's first byte and a body
   may not stall longer than that (408, and the connection closes); a body over
   ``server.max_body_bytes`` is refused by its Content-Length before it is read, or once a
-  chunked one grows past it (413); at most :data:`MAX_CONNECTIONS` connections are open.
+  chunked one grows past it (413); at most :data:`MAX_CONNECTIONS` connections are open, each
+  read no further while one answer is outstanding and the next request's headers are in, and
+  at most ``server.threads`` x ``server.max_body_bytes`` of bodies are held over all of them
+  (503 + Retry-After past that), the gunicorn engine's bound.
 - **Probes** are answered on the verbs' port by the loop, and on ``server.health_port`` by the
   :class:`~scheduler.extender.server.HealthServer` thread, whose ``/healthz`` also fails when
   the loop has not ticked for ``server.timeout_s`` (what gunicorn's worker timeout did: a
   stuck loop is restarted by the kubelet's liveness probe instead of serving nothing).
 - **TLS with client certificates** (``server.tls_*``): the same context as the gunicorn
-  engine's, with the handshake bounded by ``server.read_timeout_s``; renewed certificate and
-  key files are loaded into it within :data:`TLS_RELOAD_S` for the next connections.
+  engine's, with the handshake bounded by ``server.read_timeout_s``; renewed certificate, key
+  and client CA files make a fresh context within :data:`TLS_RELOAD_S`, used for the next
+  connections (:class:`TlsReloader`).
 - **A graceful stop** on SIGTERM/SIGINT: the listener closes, idle connections close, answers
-  being made get :data:`STOP_GRACE_S` to be written (a bind in flight finishes), then the
-  watches stop.
+  being made get :data:`STOP_GRACE_S` to be written (a bind in flight usually answers within
+  it: its POST times out after 30 s at most, and a connection still waiting after the grace is
+  aborted, the bind's outcome then unanswered), verbs still queued for a thread are dropped,
+  then the watches stop.
 """
 
 from __future__ import annotations
@@ -82,13 +88,14 @@ def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ())
 class _VerbCall:
     """One verb request once its headers are in: run where its verb belongs, answered once."""
 
-    __slots__ = ("_respond", "_site", "_verb", "_work", "cancelled")
+    __slots__ = ("_future", "_respond", "_site", "_verb", "_work", "cancelled")
 
     def __init__(self, site: VerbsSite, verb: str, work: Work, respond: Respond) -> None:
         self._site = site
         self._verb = verb
         self._work = work
         self._respond = respond
+        self._future: Future[tuple[int, bytes]] | None = None
         self.cancelled = False
 
     def run(self, body: bytes, headers: Mapping[bytes, str],
@@ -98,11 +105,13 @@ class _VerbCall:
             status, out = site.verbs.handle(self._verb, self._work, lambda: body)
             self._respond(Answer(status, out, JSON))
             return
-        done = site.pool.submit(site.verbs.handle, self._verb, self._work, lambda: body)
-        done.add_done_callback(self._done_in_thread)
+        self._future = site.pool.submit(site.verbs.handle, self._verb, self._work, lambda: body)
+        self._future.add_done_callback(self._done_in_thread)
 
     def _done_in_thread(self, done: Future[tuple[int, bytes]]) -> None:
         # On the thread that ran it: hand the answer to the loop.
+        if done.cancelled():  # the client went, or the server stopped, before it ran
+            return
         try:
             status, out = done.result()
             answer = Answer(status, out, JSON)
@@ -121,7 +130,11 @@ class _VerbCall:
         self._respond(Answer(status, out, JSON))
 
     def cancel(self) -> None:
-        self.cancelled = True  # a bind already running finishes; its answer is dropped
+        # A verb still queued for a thread never runs (kube-scheduler has given up on it and
+        # may have retried the pod elsewhere); one already running finishes, unanswered.
+        self.cancelled = True
+        if self._future is not None:
+            self._future.cancel()
 
 
 class VerbsSite:
@@ -202,16 +215,28 @@ class Heartbeat:
 
 
 class TlsReloader:
-    """Loads renewed certificate and key files into the listener's context (the next
-    handshakes use them), checking their modification times every :data:`TLS_RELOAD_S`."""
+    """Renewed certificate, key and client CA files, for the next handshakes: every
+    :data:`TLS_RELOAD_S` their modification times are checked, and when one changed a fresh
+    context is made from them, as at start-up. Only a context that loaded whole replaces the
+    one in use (:attr:`current`), so files caught half-written leave the old ones serving, and
+    a client CA taken out of the file is no longer trusted. The listener's context hands each
+    new connection to :attr:`current` from its SNI callback, which OpenSSL calls for every
+    ClientHello, with or without a server name (kube-scheduler sends none to an IP)."""
 
     def __init__(self, server: ServerConfig, context: ssl.SSLContext,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.server = server
-        self.context = context
+        self.current = context
         self.clock = clock
         self.checked_at = clock()
         self.stamps = self._stamps()
+        self.make = tls_context_factory(server)
+        context.sni_callback = self._pick
+
+    def _pick(self, connection: ssl.SSLObject | ssl.SSLSocket, _name: str | None,
+              listening: ssl.SSLContext) -> None:
+        if self.current is not listening:
+            connection.context = self.current
 
     def _stamps(self) -> tuple[float, ...]:
         files = [self.server.tls_cert_file, self.server.tls_key_file]
@@ -233,28 +258,29 @@ class TlsReloader:
         stamps = self._stamps()
         if stamps == self.stamps:
             return
-        server = self.server
         try:
-            self.context.load_cert_chain(certfile=server.tls_cert_file,
-                                         keyfile=server.tls_key_file)
-            if server.tls_client_ca_file:
-                self.context.load_verify_locations(cafile=server.tls_client_ca_file)
+            fresh = self.make(None, None)
         except (OSError, ssl.SSLError) as e:  # half-written files: try again next time
             log.warning("TLS files changed but could not be loaded; still serving the old "
                         "ones", error=str(e))
             return
+        self.current = fresh
         self.stamps = stamps
-        log.info("TLS certificate reloaded", certfile=server.tls_cert_file)
+        log.info("TLS certificate reloaded", certfile=self.server.tls_cert_file)
 
 
 def limits_for(server: ServerConfig) -> HttpLimits:
     """The framing's bounds for ``server``: ``read_timeout_s`` for the headers and for a
-    stalled body, gunicorn's keep-alive, and kube-scheduler's calls are never pipelined deep."""
+    stalled body; gunicorn's keep-alive; reading paused while a connection has an answer
+    outstanding and another request's headers in (kube-scheduler never pipelines); and at
+    most ``threads`` x ``max_body_bytes`` of bodies held at once, what the gunicorn engine's
+    threads could hold."""
     return HttpLimits(header_timeout_s=server.read_timeout_s,
                       body_timeout_s=server.read_timeout_s,
-                      keepalive_timeout_s=float(KEEPALIVE_S), max_pipelined=8,
+                      keepalive_timeout_s=float(KEEPALIVE_S), max_pipelined=2,
                       max_connections=MAX_CONNECTIONS,
-                      timeouts_setting="server.read_timeout_s")
+                      timeouts_setting="server.read_timeout_s",
+                      max_buffered_bytes=max(1, server.threads) * server.max_body_bytes)
 
 
 def new_loop() -> asyncio.AbstractEventLoop:

@@ -16,10 +16,15 @@ configuration means what it means to the client), then kept alive and spoken to 
 request written as bytes, the answer read with httptools. urllib3's request path (its pool,
 http.client's response and header parsing) cost 144 µs of CPU per POST against a local TLS
 server, this one 15 µs. The idle connections kept are as many as the server has bind threads,
-so concurrent binds never open (and throw away) a TLS connection each; a kept connection the
-server closed meanwhile is retried once on a new one, only when not a byte of an answer came
-(the request was never read). Through a proxy, binds take urllib3's whole path. Refusals map
-through :mod:`scheduler.kube.errors` like every other API call.
+The idle connections kept are at most ``pool_size`` (:data:`BIND_POOL_SIZE`, 16: at least
+the server's bind threads, 8 by default), so concurrent binds seldom open (and throw away) a TLS
+connection each. A kept connection is checked before it is reused, as urllib3 does (one the
+server closed is readable: dropped, with every other kept one); a POST is sent again, on a new
+connection, only when writing it found the kept connection closed, so the server never read
+it. A request written and then left unanswered is not sent again (the server may have
+applied it): the bind fails as retryable and kube-scheduler decides. Through a proxy, binds
+take urllib3's whole path. Refusals map through :mod:`scheduler.kube.errors` like every other
+API call.
 
 ``DryRunBinder`` swaps the writer, not the logic: with a snapshot there is no cluster to write
 to, so the extender records what it would have done.
@@ -42,6 +47,7 @@ import orjson
 import structlog
 import urllib3
 from kubernetes.client.exceptions import ApiException
+from urllib3.util.wait import wait_for_read
 
 from gpufrag.conventions import KubeNames
 from scheduler.kube.errors import ApiError, api_errors
@@ -114,29 +120,46 @@ def _bind_error(e: ApiError) -> BindError:
 
 
 class _Reply:
-    """httptools' callbacks for one answer."""
+    """httptools' callbacks for one answer; interim (1xx) answers before it are skipped."""
 
-    __slots__ = ("body", "done", "keep", "parser")
+    __slots__ = ("body", "done", "framed", "headers_done", "interim", "keep", "parser")
 
     def __init__(self) -> None:
         self.body: list[bytes] = []
         self.done = False
         self.keep = False
+        self.framed = False  # a Content-Length or Transfer-Encoding: the end is known
+        self.headers_done = False
+        self.interim = False
         self.parser: Any = None
 
+    def on_header(self, name: bytes, _value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
     def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # 100 Continue, 103 Early Hints: not it
+            self.interim = True
+            return
         # (read here: once the message is complete, llhttp has reset what it knew)
         self.keep = bool(self.parser.should_keep_alive())
+        self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(body)
+        if not self.interim:
+            self.body.append(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:  # the final answer follows on the same connection
+            self.interim = False
+            self.framed = False
+            return
         self.done = True
 
 
 class _Stale(ConnectionError):
-    """A kept connection the server had closed: no byte of the answer came."""
+    """A kept connection the server had closed before reading the request."""
 
 
 class _Wire:
@@ -149,29 +172,41 @@ class _Wire:
         self.sock: Any = conn.sock
         self.used = False
 
+    def dropped(self) -> bool:
+        """Whether the server has closed this idle connection (it is readable: an EOF, a
+        reset, or bytes nobody asked for), the check urllib3 makes before reusing one."""
+        try:
+            return bool(wait_for_read(self.sock, timeout=0.0))
+        except OSError:
+            return True
+
     def exchange(self, request: bytes, read_timeout_s: float) -> tuple[int, bytes, bool]:
         """Write ``request``; the answer's status, body and whether the connection may be
-        kept. Raises :class:`_Stale` when a kept connection turns out closed."""
+        kept. Raises :class:`_Stale` only when the write itself found a kept connection
+        closed: the server cannot have read the request then. Anything later (no answer,
+        a reset) may follow a request the server applied, so it is not retried here."""
         sock = self.sock
         sock.settimeout(read_timeout_s)
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            if self.used:
+                raise _Stale(str(e)) from None
+            raise
         reply = _Reply()
         parser = reply.parser = httptools.HttpResponseParser(reply)
         got = 0
         try:
-            sock.sendall(request)
             while not reply.done:
                 data = sock.recv(_READ_BYTES)
                 if not data:
-                    if got == 0 and self.used:
-                        raise _Stale("the API server had closed the kept connection")
+                    if reply.headers_done and not reply.framed:  # the body ends at the close
+                        reply.keep = False
+                        break
                     raise ConnectionError("the API server closed the connection "
                                           + ("mid-answer" if got else "without answering"))
                 got += len(data)
                 parser.feed_data(data)
-        except (BrokenPipeError, ConnectionResetError) as e:
-            if got == 0 and self.used:
-                raise _Stale(str(e)) from None
-            raise
         except httptools.HttpParserError as e:
             raise ConnectionError(f"the API server's answer is not HTTP/1.1: {e}") from None
         self.used = True
@@ -242,15 +277,30 @@ class JsonPoster:
             self._head = (auth, block)
         return block
 
-    def _take(self, connect_timeout_s: float) -> _Wire:
-        with self._pool_lock:
-            if self._idle:
-                return self._idle.pop()
+    def _take(self, connect_timeout_s: float, *, fresh: bool = False) -> _Wire:
+        """A kept connection the server has not closed, or (``fresh``, or none left) a new
+        one opened by urllib3 with the pool's TLS settings."""
+        while not fresh:
+            with self._pool_lock:
+                wire = self._idle.pop() if self._idle else None
+            if wire is None:
+                break
+            if not wire.dropped():
+                return wire
+            wire.close()
         pool = self._pool or self._connection_pool()
         conn = pool._new_conn()  # urllib3's own connection, with the pool's TLS settings
         conn.timeout = connect_timeout_s
         conn.connect()
         return _Wire(conn)
+
+    def _drop_idle(self) -> None:
+        """Close every kept connection (one found closed by the server: the others, kept as
+        long, most likely are too)."""
+        with self._pool_lock:
+            idle, self._idle = self._idle, []
+        for wire in idle:
+            wire.close()
 
     def _keep(self, wire: _Wire) -> None:
         with self._pool_lock:
@@ -269,13 +319,14 @@ class JsonPoster:
         request = (b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s" % (
             (self._prefix + path).encode("latin-1"), self._header_block(), len(body), body))
         for attempt in (1, 2):
-            wire = self._take(timeout_s[0])
+            wire = self._take(timeout_s[0], fresh=attempt == 2)
             try:
                 status, data, keep = wire.exchange(request, timeout_s[1])
             except _Stale:
                 wire.close()
+                self._drop_idle()
                 if attempt == 1:
-                    continue  # never read: safe to send again on a new connection
+                    continue  # never read: safe to send again, on a new connection
                 raise
             except BaseException:
                 wire.close()
@@ -305,10 +356,7 @@ class JsonPoster:
 
     def close(self) -> None:
         """Close the kept connections."""
-        with self._pool_lock:
-            idle, self._idle = self._idle, []
-        for wire in idle:
-            wire.close()
+        self._drop_idle()
 
 
 def _reason(status: int) -> str:

@@ -28,9 +28,8 @@ import pytest
 
 from scheduler.extender import eventloop
 from scheduler.extender.config import ExtenderConfig, ServerConfig
-from scheduler.extender.eventloop import Heartbeat, LoopServer, TlsReloader
+from scheduler.extender.eventloop import Heartbeat, LoopServer
 from scheduler.extender.runtime import Runtime
-from scheduler.extender.server import tls_context_factory
 from tests.scheduler.extender.helpers import FakeClock, Pki, RecordingBinder, serve
 from tests.scheduler.extender.test_contract import NODES, PENDING
 
@@ -221,18 +220,45 @@ def test_renewed_tls_files_are_served_to_new_connections(pki: Pki, tmp_path: Pat
         assert _served_certificate(running.port) == _der(pki.rogue_cert)
 
 
-def test_half_written_tls_files_keep_the_old_certificate(pki: Pki, tmp_path: Path) -> None:
+def test_tls_files_that_do_not_load_keep_the_old_certificate(pki: Pki, tmp_path: Path) -> None:
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     shutil.copy(pki.server_cert, cert)
     shutil.copy(pki.server_key, key)
-    server = ServerConfig(tls_cert_file=str(cert), tls_key_file=str(key))
-    clock = FakeClock()
-    context = tls_context_factory(server)(None, None)
-    reloader = TlsReloader(server, context, clock=clock)
-    cert.write_text("-----BEGIN CERTIFICATE-----\ntruncated")
-    clock.advance(eventloop.TLS_RELOAD_S + 1)
-    reloader.maybe_reload()  # logged, not raised; the old chain stays loaded
-    assert reloader.stamps != reloader._stamps()  # tried again at the next check
+    server = ServerConfig(host="127.0.0.1", port=_free_port(), tls_cert_file=str(cert),
+                          tls_key_file=str(key))
+    for running in _run(server, GatedBinder()):
+        reloader = running.listener.reloader
+        assert reloader is not None
+        shutil.copy(pki.rogue_cert, cert)  # a new certificate, its key not written yet
+        reloader.checked_at -= eventloop.TLS_RELOAD_S
+        running.loop.call_soon_threadsafe(reloader.maybe_reload)
+        time.sleep(0.2)
+        assert _served_certificate(running.port) == _der(pki.server_cert)  # still served
+        assert reloader.stamps != reloader._stamps()  # tried again at the next check
+        shutil.copy(pki.rogue_key, key)  # now the pair is whole
+        reloader.checked_at -= eventloop.TLS_RELOAD_S
+        running.loop.call_soon_threadsafe(reloader.maybe_reload)
+        time.sleep(0.2)
+        assert _served_certificate(running.port) == _der(pki.rogue_cert)
+
+
+def test_bodies_past_the_buffered_budget_get_503(running: Running,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(running.listener.http, "limits",
+                        replace(running.listener.http.limits,
+                                max_buffered_bytes=len(FILTER_BODY) - 1))
+    connection = http.client.HTTPConnection("127.0.0.1", running.port, timeout=5)
+    connection.request("POST", "/filter", FILTER_BODY, {"Content-Type": "application/json"})
+    reply = connection.getresponse()
+    assert reply.status == 503 and reply.getheader("Retry-After") == "1"
+    assert "request bytes" in orjson.loads(reply.read())["Error"]
+    connection.close()
+    assert running.listener.http.buffered == 0  # nothing left counted
+    monkeypatch.undo()
+    other = http.client.HTTPConnection("127.0.0.1", running.port, timeout=5)
+    assert _post(other, "/filter", FILTER_BODY)[0] == 200
+    other.close()
+    assert running.listener.http.buffered == 0
 
 
 def test_a_stop_lets_the_bind_in_flight_answer(running: Running) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.server
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -159,9 +160,10 @@ def test_no_server_is_retryable() -> None:
 
 
 class _RawServer:
-    """A TCP server that answers each connection's requests as ``script`` says: for the n-th
-    request on a connection, "answer" (201, kept alive), "answer-then-close" (201, then the
-    socket closes without saying so), or "drop" (close without a byte)."""
+    """A TCP server that answers requests as ``script`` says, one step per request: "answer"
+    (201, kept alive), "answer-then-close" (201, then the socket closes without saying so),
+    "drop" (close without a byte), "early-hints" (a 103 first, then the 201), "eof-body" (a
+    201 with no length, its body ended by closing the socket)."""
 
     def __init__(self, script: list[str]) -> None:
         self.script = script
@@ -200,6 +202,12 @@ class _RawServer:
                     if step == "drop":
                         break
                     self.requests += 1
+                    if step == "early-hints":  # an interim answer first, then the real one
+                        conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
+                    if step == "eof-body":  # no length: the body ends when the socket closes
+                        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: "
+                                     b"application/json\r\n\r\n{}")
+                        break
                     conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
                                  b"Content-Length: 2\r\n\r\n{}")
                     if step == "answer-then-close":
@@ -228,5 +236,39 @@ def test_a_new_connection_closed_without_an_answer_is_not_sent_twice() -> None:
         assert caught.value.retryable  # kube-scheduler's retry decides, not a blind resend
         assert "closed the connection" in str(caught.value)
         assert (server.requests, server.connections) == (0, 1)
+    finally:
+        server.close()
+
+
+def test_kept_connections_the_server_closed_are_dropped_before_use() -> None:
+    server = _RawServer(["answer-then-close"] * 4)
+    try:
+        binder = _binder(f"http://127.0.0.1:{server.port}")
+        for i in range(4):  # each kept connection is closed by the time the next bind comes
+            time.sleep(0.05)
+            binder.bind("ns", f"p{i}", "", "n0", (i,))
+        assert (server.requests, server.connections) == (4, 4)
+    finally:
+        server.close()
+
+
+def test_an_interim_answer_is_skipped_and_the_next_bind_reads_its_own() -> None:
+    server = _RawServer(["early-hints", "answer"])
+    try:
+        binder = _binder(f"http://127.0.0.1:{server.port}")
+        binder.bind("ns", "p0", "", "n0", (0,))
+        binder.bind("ns", "p1", "", "n0", (1,))
+        assert (server.requests, server.connections) == (2, 1)  # one connection, in step
+    finally:
+        server.close()
+
+
+def test_an_answer_ended_by_the_close_is_whole() -> None:
+    server = _RawServer(["eof-body", "answer"])
+    try:
+        binder = _binder(f"http://127.0.0.1:{server.port}")
+        binder.bind("ns", "p0", "", "n0", (0,))
+        binder.bind("ns", "p1", "", "n0", (1,))  # on a new connection: that one was closed
+        assert (server.requests, server.connections) == (2, 2)
     finally:
         server.close()
