@@ -9,7 +9,6 @@ from __future__ import annotations
 import http.server
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -169,6 +168,7 @@ class _RawServer:
         self.script = script
         self.requests = 0
         self.connections = 0
+        self.closed = threading.Semaphore(0)  # released as each connection closes
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
@@ -183,46 +183,52 @@ class _RawServer:
                 return
             self.connections += 1
             with conn:
-                buffer = b""
-                while True:
-                    while b"\r\n\r\n" not in buffer:
-                        data = conn.recv(65536)
-                        if not data:
-                            break
-                        buffer += data
-                    if b"\r\n\r\n" not in buffer:
-                        break
-                    head, _, rest = buffer.partition(b"\r\n\r\n")
-                    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                                      if line.lower().startswith(b"content-length")))
-                    while len(rest) < length:
-                        rest += conn.recv(65536)
-                    buffer = rest[length:]
-                    step = self.script.pop(0) if self.script else "answer"
-                    if step == "drop":
-                        break
-                    self.requests += 1
-                    if step == "early-hints":  # an interim answer first, then the real one
-                        conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
-                    if step == "eof-body":  # no length: the body ends when the socket closes
-                        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: "
-                                     b"application/json\r\n\r\n{}")
-                        break
-                    conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
-                                 b"Content-Length: 2\r\n\r\n{}")
-                    if step == "answer-then-close":
-                        break
+                self._answer(conn)
+            self.closed.release()
+
+    def _answer(self, conn: socket.socket) -> None:
+        """Answer the requests on ``conn`` as the script says, until it is to close."""
+        buffer = b""
+        while True:
+            while b"\r\n\r\n" not in buffer:
+                data = conn.recv(65536)
+                if not data:
+                    break
+                buffer += data
+            if b"\r\n\r\n" not in buffer:
+                break
+            head, _, rest = buffer.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(rest) < length:
+                rest += conn.recv(65536)
+            buffer = rest[length:]
+            step = self.script.pop(0) if self.script else "answer"
+            if step == "drop":
+                break
+            self.requests += 1
+            if step == "early-hints":  # an interim answer first, then the real one
+                conn.sendall(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
+            if step == "eof-body":  # no length: the body ends when the socket closes
+                conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: "
+                             b"application/json\r\n\r\n{}")
+                break
+            conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 2\r\n\r\n{}")
+            if step == "answer-then-close":
+                break
 
     def close(self) -> None:
         self.sock.close()
 
 
-def test_a_kept_connection_the_server_closed_is_retried_once_on_a_new_one() -> None:
+def test_a_kept_connection_the_server_closed_is_replaced_by_a_new_one() -> None:
     server = _RawServer(["answer-then-close", "answer"])
     try:
         binder = _binder(f"http://127.0.0.1:{server.port}")
         binder.bind("ns", "p0", "", "n0", (0,))
-        binder.bind("ns", "p1", "", "n0", (1,))  # its kept connection is closed: sent again
+        assert server.closed.acquire(timeout=5)  # the server has closed the kept connection
+        binder.bind("ns", "p1", "", "n0", (1,))  # found closed before use: a new one
         assert (server.requests, server.connections) == (2, 2)
     finally:
         server.close()
@@ -245,8 +251,8 @@ def test_kept_connections_the_server_closed_are_dropped_before_use() -> None:
     try:
         binder = _binder(f"http://127.0.0.1:{server.port}")
         for i in range(4):  # each kept connection is closed by the time the next bind comes
-            time.sleep(0.05)
             binder.bind("ns", f"p{i}", "", "n0", (i,))
+            assert server.closed.acquire(timeout=5)
         assert (server.requests, server.connections) == (4, 4)
     finally:
         server.close()
@@ -267,8 +273,8 @@ def test_an_answer_ended_by_the_close_is_whole() -> None:
     server = _RawServer(["eof-body", "answer"])
     try:
         binder = _binder(f"http://127.0.0.1:{server.port}")
-        binder.bind("ns", "p0", "", "n0", (0,))
-        binder.bind("ns", "p1", "", "n0", (1,))  # on a new connection: that one was closed
+        binder.bind("ns", "p0", "", "n0", (0,))  # not kept: the close ended its answer
+        binder.bind("ns", "p1", "", "n0", (1,))
         assert (server.requests, server.connections) == (2, 2)
     finally:
         server.close()
