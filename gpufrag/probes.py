@@ -37,10 +37,19 @@ class Liveness:
         with self._lock:
             self._last = self._clock() if now is None else now
 
-    def live(self) -> bool:
+    @property
+    def last(self) -> float | None:
+        """When the last tick came (None before the first)."""
         with self._lock:
-            last = self._last
-        return last is None or self._clock() - last <= self._stall_after_s
+            return self._last
+
+    def stalled_for(self) -> float:
+        """Seconds since the last tick (0 before the first)."""
+        last = self.last
+        return 0.0 if last is None else self._clock() - last
+
+    def live(self) -> bool:
+        return self.stalled_for() <= self._stall_after_s
 
 
 def respond(path: str, render_metrics: Callable[[], bytes], live: Callable[[], bool],

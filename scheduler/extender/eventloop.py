@@ -53,6 +53,7 @@ import structlog
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from gpufrag.http1 import Answer, Call, HttpLimits, HttpServer, Respond
+from gpufrag.probes import Liveness
 from scheduler.extender.app import TEXT, Probe, ProbeAnswer, Verbs, Work, app_probes, app_verbs
 from scheduler.extender.config import ServerConfig
 from scheduler.extender.runtime import Runtime
@@ -193,23 +194,27 @@ class VerbsSite:
 
 
 class Heartbeat:
-    """The loop's last tick, for the health listener's ``/healthz``: a loop that has not
-    ticked for ``stall_after_s`` is stuck (a verb that never returns, a blocked callback)."""
+    """The loop's ticks (a :class:`~gpufrag.probes.Liveness`, alive from the start), for the
+    health listener's ``/healthz``: a loop that has not ticked for ``stall_after_s`` is stuck
+    (a verb that never returns, a blocked callback)."""
 
     def __init__(self, stall_after_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.stall_after_s = stall_after_s
-        self.clock = clock
-        self.last = clock()
+        self.liveness = Liveness(clock, stall_after_s=stall_after_s)
+        self.liveness.tick()
+
+    @property
+    def last(self) -> float | None:
+        return self.liveness.last
 
     def tick(self) -> None:
-        self.last = self.clock()
+        self.liveness.tick()
 
     def checked(self, healthz: Probe) -> Probe:
         def probe() -> ProbeAnswer:
-            stalled_s = self.clock() - self.last
-            if stalled_s > self.stall_after_s:
-                return 503, TEXT, (f"event loop stalled for {stalled_s:.1f} s "
-                                   f"(server.timeout_s {self.stall_after_s:g})\n").encode()
+            if not self.liveness.live():
+                return 503, TEXT, (f"event loop stalled for {self.liveness.stalled_for():.1f} "
+                                   f"s (server.timeout_s {self.stall_after_s:g})\n").encode()
             return healthz()
         return probe
 
