@@ -39,13 +39,13 @@ from aiohttp import web
 
 from benchmarks.procstat import cpu_seconds
 from benchmarks.serving_load import LoadGenerator, new_event_loop, raw_request
+from gpufrag.loops import loop_factory
 from serving.app import ServerState
 from serving.backends.base import Array
 from serving.batcher import DynamicBatcher
 from serving.client import encode_inputs
 from serving.config import BatcherConfig
 from serving.frontend import front_end
-from serving.loops import loop_factory
 from serving.metrics import ServingMetrics
 from serving.protocol import ModelInfo
 from serving.tensors import TensorSpec

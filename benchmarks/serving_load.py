@@ -21,7 +21,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from serving.loops import loop_factory, resolve_event_loop
+from gpufrag.loops import loop_factory, resolve_event_loop
 
 
 @dataclass

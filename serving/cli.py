@@ -25,10 +25,10 @@ from gpufrag.errors import (
     BadInput,
     BadInputArgumentParser,
 )
+from gpufrag.loops import EVENT_LOOPS, loop_factory, resolve_event_loop
 from serving.backends.tensorrt_engine import BackendUnavailable
 from serving.cache import CACHE_ROOT_ENV, MODEL_CACHE_ENV
-from serving.config import BACKENDS, EVENT_LOOPS, BatcherConfig, ServerConfig, parse_sizes
-from serving.loops import loop_factory, resolve_event_loop
+from serving.config import BACKENDS, BatcherConfig, ServerConfig, parse_sizes
 from serving.models import check_model_file
 from serving.server import serve
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpufrag.errors import BadInput
+from gpufrag.loops import EVENT_LOOPS
 
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
-EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ class ServerConfig:
     # Inputs whose requests may carry NaN/+-Inf (see TensorSpec.allow_non_finite); checked
     # against the model's inputs once it is loaded (serving.server.published_inputs).
     allow_non_finite_inputs: tuple[str, ...] = ()
-    # auto = uvloop when installed, else asyncio's own loop (serving/loops.py)
+    # auto = uvloop when installed, else asyncio's own loop (gpufrag/loops.py)
     event_loop: str = "auto"
 
     def validate(self) -> ServerConfig:

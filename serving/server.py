@@ -34,6 +34,7 @@ from collections.abc import Callable
 import structlog
 
 from gpufrag.errors import BadInput
+from gpufrag.loops import running_loop_kind
 from serving.app import ServerState
 from serving.backends.base import Backend, zeros_like_spec
 from serving.backends.select import LoadedBackend, load_backend
@@ -43,7 +44,6 @@ from serving.config import ServerConfig
 from serving.errors import ShuttingDown
 from serving.frontend import HttpLimits, front_end
 from serving.gpu import MemoryGrowthWatch, NvmlProbe, detect_gpus
-from serving.loops import running_loop_kind
 from serving.metrics import ServingMetrics
 from serving.models import materialize_model, model_name
 from serving.protocol import ModelInfo

@@ -53,16 +53,12 @@ import structlog
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from gpufrag.http1 import Answer, Call, HttpLimits, HttpServer, Respond
+from gpufrag.loops import loop_factory, resolve_event_loop, running_loop_kind
 from gpufrag.probes import Liveness
 from scheduler.extender.app import TEXT, Probe, ProbeAnswer, Verbs, Work, app_probes, app_verbs
 from scheduler.extender.config import ServerConfig
 from scheduler.extender.runtime import Runtime
 from scheduler.extender.server import KEEPALIVE_S, HealthServer, ListenError, tls_context_factory
-
-try:
-    import uvloop
-except ImportError:  # a dependency on Linux; elsewhere the standard loop serves
-    uvloop = None  # type: ignore[assignment]
 
 SERVER_NAME = "gpufrag-extender"
 JSON = "application/json"
@@ -289,7 +285,9 @@ def limits_for(server: ServerConfig) -> HttpLimits:
 
 
 def new_loop() -> asyncio.AbstractEventLoop:
-    return uvloop.new_event_loop() if uvloop is not None else asyncio.new_event_loop()
+    """uvloop when installed, else the standard loop (:mod:`gpufrag.loops`, as ``gpufrag
+    serve`` picks with ``--event-loop auto``)."""
+    return loop_factory(resolve_event_loop("auto"))()
 
 
 class LoopServer:
@@ -337,6 +335,10 @@ class LoopServer:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+async def _loop_kind() -> str:
+    return running_loop_kind()
+
+
 def serve(runtime: Runtime, server: ServerConfig) -> None:
     """Serve until SIGTERM/SIGINT; :class:`ListenError` when a port cannot be had."""
     health = (HealthServer.listen(server.health_host, server.health_port)
@@ -360,7 +362,7 @@ def serve(runtime: Runtime, server: ServerConfig) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     log.info("serving", engine="eventloop", port=listener.port,
-             loop="uvloop" if uvloop is not None else "asyncio")
+             loop=loop.run_until_complete(_loop_kind()))
     try:
         loop.run_until_complete(stop.wait())
         log.info("stopping", grace_s=STOP_GRACE_S)

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import pytest
 import requests
 
+from gpufrag.loops import loop_factory
 from serving.backends.select import LoadedBackend
 from serving.config import BatcherConfig, ServerConfig
-from serving.loops import loop_factory
 from serving.server import serve
 from serving.testing import FakeBackend
 from tests.serving.test_serving_server import wait_until

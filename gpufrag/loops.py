@@ -1,5 +1,6 @@
-"""Which asyncio event loop ``gpufrag serve`` runs on: uvloop when it is installed, else the
-standard library's.
+"""Which asyncio event loop the project's event-loop servers run on (``gpufrag serve``, and
+the scheduler extender's verbs): uvloop when it is installed, else the standard library's.
+One home for the choice, in the shared base, so both servers pick the same way.
 
 Why uvloop: the serving process spends most of its event-loop time in socket reads and writes
 and callback dispatch for many small requests, which uvloop does in C on libuv. Measured on the
@@ -15,7 +16,8 @@ import asyncio
 from collections.abc import Callable
 
 from gpufrag.errors import BadInput
-from serving.config import EVENT_LOOPS
+
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 try:
     import uvloop

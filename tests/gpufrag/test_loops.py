@@ -1,4 +1,5 @@
-"""serving/loops.py: which event loop ``gpufrag serve`` picks, and the errors when it can't."""
+"""gpufrag/loops.py: which event loop ``gpufrag serve`` (and the extender) picks, and the
+errors when it can't."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import asyncio
 
 import pytest
 
+from gpufrag import loops
 from gpufrag.errors import BadInput
-from serving import loops
-from serving.loops import loop_factory, resolve_event_loop, running_loop_kind
+from gpufrag.loops import loop_factory, resolve_event_loop, running_loop_kind
 
 
 def test_auto_picks_uvloop_when_installed_and_asyncio_stays_asyncio() -> None:
