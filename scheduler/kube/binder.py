@@ -337,9 +337,7 @@ class JsonPoster:
                 wire.close()
             break
         if not 200 <= status < 300:
-            refusal = ApiException(status=status, reason=_reason(status))
-            refusal.body = data.decode("utf-8", "replace")
-            raise refusal
+            raise _refusal(status, _reason(status), data)
         return data
 
     def _post_via_manager(self, path: str, body: bytes, timeout_s: tuple[float, float]) -> bytes:
@@ -349,14 +347,19 @@ class JsonPoster:
                                      timeout=timeout, redirect=False)
         data: bytes = resp.data
         if not 200 <= resp.status < 300:
-            refusal = ApiException(status=resp.status, reason=resp.reason)
-            refusal.body = data.decode("utf-8", "replace")
-            raise refusal
+            raise _refusal(resp.status, resp.reason, data)
         return data
 
     def close(self) -> None:
         """Close the kept connections."""
         self._drop_idle()
+
+
+def _refusal(status: int, reason: str, body: bytes) -> ApiException:
+    """A non-2xx answer as the client's own exception, for :mod:`scheduler.kube.errors`."""
+    refusal = ApiException(status=status, reason=reason)
+    refusal.body = body.decode("utf-8", "replace")
+    return refusal
 
 
 def _reason(status: int) -> str:

@@ -202,12 +202,18 @@ def _der(path: Path) -> bytes:
     return ssl.PEM_cert_to_DER_cert(path.read_text())
 
 
-def test_renewed_tls_files_are_served_to_new_connections(pki: Pki, tmp_path: Path) -> None:
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+def _tls_files(pki: Pki, folder: Path) -> tuple[Path, Path, ServerConfig]:
+    """Copies of the serving certificate and key (the tests replace them), and a server on
+    them."""
+    cert, key = folder / "tls.crt", folder / "tls.key"
     shutil.copy(pki.server_cert, cert)
     shutil.copy(pki.server_key, key)
-    server = ServerConfig(host="127.0.0.1", port=_free_port(), tls_cert_file=str(cert),
-                          tls_key_file=str(key))
+    return cert, key, ServerConfig(host="127.0.0.1", port=_free_port(),
+                                   tls_cert_file=str(cert), tls_key_file=str(key))
+
+
+def test_renewed_tls_files_are_served_to_new_connections(pki: Pki, tmp_path: Path) -> None:
+    cert, key, server = _tls_files(pki, tmp_path)
     for running in _run(server, GatedBinder()):
         assert _served_certificate(running.port) == _der(pki.server_cert)
         reloader = running.listener.reloader
@@ -221,11 +227,7 @@ def test_renewed_tls_files_are_served_to_new_connections(pki: Pki, tmp_path: Pat
 
 
 def test_tls_files_that_do_not_load_keep_the_old_certificate(pki: Pki, tmp_path: Path) -> None:
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    shutil.copy(pki.server_cert, cert)
-    shutil.copy(pki.server_key, key)
-    server = ServerConfig(host="127.0.0.1", port=_free_port(), tls_cert_file=str(cert),
-                          tls_key_file=str(key))
+    cert, key, server = _tls_files(pki, tmp_path)
     for running in _run(server, GatedBinder()):
         reloader = running.listener.reloader
         assert reloader is not None

@@ -221,60 +221,51 @@ class _RawServer:
     def close(self) -> None:
         self.sock.close()
 
+    def __enter__(self) -> _RawServer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 def test_a_kept_connection_the_server_closed_is_replaced_by_a_new_one() -> None:
-    server = _RawServer(["answer-then-close", "answer"])
-    try:
+    with _RawServer(["answer-then-close", "answer"]) as server:
         binder = _binder(f"http://127.0.0.1:{server.port}")
         binder.bind("ns", "p0", "", "n0", (0,))
         assert server.closed.acquire(timeout=5)  # the server has closed the kept connection
         binder.bind("ns", "p1", "", "n0", (1,))  # found closed before use: a new one
         assert (server.requests, server.connections) == (2, 2)
-    finally:
-        server.close()
 
 
 def test_a_new_connection_closed_without_an_answer_is_not_sent_twice() -> None:
-    server = _RawServer(["drop"])
-    try:
+    with _RawServer(["drop"]) as server:
         with pytest.raises(BindError) as caught:
             _binder(f"http://127.0.0.1:{server.port}").bind("ns", "p", "", "n0", (0,))
         assert caught.value.retryable  # kube-scheduler's retry decides, not a blind resend
         assert "closed the connection" in str(caught.value)
         assert (server.requests, server.connections) == (0, 1)
-    finally:
-        server.close()
 
 
 def test_kept_connections_the_server_closed_are_dropped_before_use() -> None:
-    server = _RawServer(["answer-then-close"] * 4)
-    try:
+    with _RawServer(["answer-then-close"] * 4) as server:
         binder = _binder(f"http://127.0.0.1:{server.port}")
         for i in range(4):  # each kept connection is closed by the time the next bind comes
             binder.bind("ns", f"p{i}", "", "n0", (i,))
             assert server.closed.acquire(timeout=5)
         assert (server.requests, server.connections) == (4, 4)
-    finally:
-        server.close()
 
 
 def test_an_interim_answer_is_skipped_and_the_next_bind_reads_its_own() -> None:
-    server = _RawServer(["early-hints", "answer"])
-    try:
+    with _RawServer(["early-hints", "answer"]) as server:
         binder = _binder(f"http://127.0.0.1:{server.port}")
         binder.bind("ns", "p0", "", "n0", (0,))
         binder.bind("ns", "p1", "", "n0", (1,))
         assert (server.requests, server.connections) == (2, 1)  # one connection, in step
-    finally:
-        server.close()
 
 
 def test_an_answer_ended_by_the_close_is_whole() -> None:
-    server = _RawServer(["eof-body", "answer"])
-    try:
+    with _RawServer(["eof-body", "answer"]) as server:
         binder = _binder(f"http://127.0.0.1:{server.port}")
         binder.bind("ns", "p0", "", "n0", (0,))  # not kept: the close ended its answer
         binder.bind("ns", "p1", "", "n0", (1,))
         assert (server.requests, server.connections) == (2, 2)
-    finally:
-        server.close()
