@@ -162,7 +162,8 @@ class _RawServer:
     """A TCP server that answers requests as ``script`` says, one step per request: "answer"
     (201, kept alive), "answer-then-close" (201, then the socket closes without saying so),
     "drop" (close without a byte), "early-hints" (a 103 first, then the 201), "eof-body" (a
-    201 with no length, its body ended by closing the socket)."""
+    201 with no length, its body ended by closing the socket), "garbage" (bytes that are not
+    HTTP)."""
 
     def __init__(self, script: list[str]) -> None:
         self.script = script
@@ -205,6 +206,9 @@ class _RawServer:
             buffer = rest[length:]
             step = self.script.pop(0) if self.script else "answer"
             if step == "drop":
+                break
+            if step == "garbage":  # not HTTP at all
+                conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n")
                 break
             self.requests += 1
             if step == "early-hints":  # an interim answer first, then the real one
@@ -269,3 +273,11 @@ def test_an_answer_ended_by_the_close_is_whole() -> None:
         binder.bind("ns", "p0", "", "n0", (0,))  # not kept: the close ended its answer
         binder.bind("ns", "p1", "", "n0", (1,))
         assert (server.requests, server.connections) == (2, 2)
+
+
+def test_an_answer_that_is_not_http_is_a_retryable_error_naming_it() -> None:
+    with _RawServer(["garbage"]) as server:
+        with pytest.raises(BindError) as caught:
+            _binder(f"http://127.0.0.1:{server.port}").bind("ns", "p", "", "n0", (0,))
+        assert caught.value.retryable
+        assert "the API server's answer is not HTTP/1.1" in str(caught.value)
