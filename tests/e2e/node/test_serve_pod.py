@@ -5,14 +5,18 @@ Through the pod IP: the v2 protocol answers, Prometheus metrics scrape, and ever
 JSON. Deleting the pod under an open-loop load goes through the kubelet (preStop, SIGTERM, grace
 period) and loses no accepted request: each request ends as a 200, a clean 503 with Retry-After,
 or a connection that was never accepted (refused: a client's cue to try another endpoint) -
-never a reset, an EOF or a timeout on an accepted connection. As shipped, the endpoint turns
-not ready first, the preStop sleep holds SIGTERM back while requests are still answered, then
-the server drains and closes its listener; with the hook removed, the server's own drain delay
-does the waiting (readiness 503 first, answers still in between).
+never a reset, an EOF or a timeout on an accepted connection. Once the listener has closed, the
+kubelet tears the pod's network down, and a request then may meet "no route to host" even past
+its handshake; that is counted as unreachable, and allowed only after the listener closed.
+As shipped, the endpoint turns not ready first, the preStop sleep holds SIGTERM back while
+requests are still answered, then the server drains and closes its listener; with the hook
+removed, the server's own drain delay does the waiting (readiness 503 first, answers still in
+between).
 """
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import threading
@@ -36,6 +40,7 @@ RATE_PER_S = 20.0   # open loop: request i is sent at i / RATE_PER_S, whatever c
 DELETE_AT_S = 3.0   # the pod is deleted this long into the load
 LOAD_S = 12.0       # past the preStop (5 s), the queue's drain and the exit (~8.2 s in)
 SERVER_DRAIN = "server-drain-delay"
+UNREACHABLE = {errno.EHOSTUNREACH, errno.ENETUNREACH}  # the route to the pod's IP is gone
 
 
 def serving_pod(manifests: list[dict[str, Any]], node: Node, *,
@@ -73,7 +78,8 @@ def _ready(pod: kubernetes.client.V1Pod) -> bool:
 def _request(ip: str, method: str, path: str, body: bytes | None = None,
              timeout_s: float = 30.0) -> tuple[str, int | None, dict[str, str], bytes]:
     """One request on a new connection: ("refused", ...) when the connection was never
-    accepted, ("lost", ...) when it was and no whole answer came, else ("answered", status)."""
+    accepted, ("unreachable", ...) when the pod's network was gone (no route to it), ("lost",
+    ...) when it was accepted and no whole answer came, else ("answered", status)."""
     conn = http.client.HTTPConnection(ip, PORT, timeout=1.0)
     try:
         try:
@@ -88,6 +94,8 @@ def _request(ip: str, method: str, path: str, body: bytes | None = None,
             response = conn.getresponse()
             data = response.read()
         except (OSError, http.client.HTTPException) as exc:
+            if isinstance(exc, OSError) and exc.errno in UNREACHABLE:
+                return "unreachable", None, {"error": repr(exc)}, b""
             return "lost", None, {"error": repr(exc)}, b""
         return "answered", response.status, dict(response.getheaders()), data
     finally:
@@ -308,6 +316,11 @@ def test_deleting_the_pod_under_load_loses_no_accepted_request(
           f"false: {len(after_503)}")
     lost = [o for o in outcomes if o.kind == "lost"]
     assert lost == [], lost[:5]
+    # No route to the pod is its network's teardown, which starts only after the server has
+    # stopped accepting; before that it would be a request lost on an accepted connection.
+    early = [o for o in outcomes
+             if o.kind == "unreachable" and o.sent_s <= marks["listener_closed"]]
+    assert early == [], early[:5]
     bad = [o for o in outcomes if o.kind == "answered" and not (
         o.status == 200 or (o.status == 503 and o.retry_after))]
     assert bad == [], bad[:5]
