@@ -24,6 +24,7 @@ try:
 except ImportError:  # a dependency on Linux; absent elsewhere, where auto falls back
     uvloop = None  # type: ignore[assignment]
 
+
 def uvloop_available() -> bool:
     return uvloop is not None
 

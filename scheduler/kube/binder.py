@@ -15,16 +15,15 @@ rest of the bind. Each connection is opened by urllib3 (so every TLS setting of 
 configuration means what it means to the client), then kept alive and spoken to directly: the
 request written as bytes, the answer read with httptools. urllib3's request path (its pool,
 http.client's response and header parsing) cost 144 µs of CPU per POST against a local TLS
-server, this one 15 µs. The idle connections kept are as many as the server has bind threads,
-The idle connections kept are at most ``pool_size`` (:data:`BIND_POOL_SIZE`, 16: at least
-the server's bind threads, 8 by default), so concurrent binds seldom open (and throw away) a TLS
-connection each. A kept connection is checked before it is reused, as urllib3 does (one the
-server closed is readable: dropped, with every other kept one); a POST is sent again, on a new
-connection, only when writing it found the kept connection closed, so the server never read
-it. A request written and then left unanswered is not sent again (the server may have
-applied it): the bind fails as retryable and kube-scheduler decides. Through a proxy, binds
-take urllib3's whole path. Refusals map through :mod:`scheduler.kube.errors` like every other
-API call.
+server, this one 33 µs (docs/extender.md). The idle connections kept are at most ``pool_size``
+(:data:`BIND_POOL_SIZE`, 16: at least the server's bind threads, 8 by default), so concurrent
+binds seldom open (and throw away) a TLS connection each. A kept connection is checked before
+it is reused, as urllib3 does (one the server closed is readable: dropped, with every other kept
+one); a POST is sent again, on a new connection, only when writing it found the kept connection
+closed, so the server never read it. A request written and then left unanswered is not sent
+again (the server may have applied it): the bind fails as retryable and kube-scheduler decides.
+Through a proxy, binds take urllib3's whole path. Refusals map through
+:mod:`scheduler.kube.errors` like every other API call.
 
 ``DryRunBinder`` swaps the writer, not the logic: with a snapshot there is no cluster to write
 to, so the extender records what it would have done.
