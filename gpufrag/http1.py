@@ -277,7 +277,7 @@ class HttpServer:
         prefix = self._prefixes.get(key)
         if prefix is None:
             prefix = self._prefixes[key] = (
-                f"HTTP/1.1 {answer.status} {_reason(answer.status)}\r\n".encode()
+                f"HTTP/1.1 {answer.status} {reason_phrase(answer.status)}\r\n".encode()
                 + self.server_line + f"Content-Type: {answer.content_type}\r\n".encode())
         extra = b"".join(f"{name}: {value}\r\n".encode("latin-1")
                          for name, value in answer.headers) if answer.headers else b""
@@ -287,11 +287,13 @@ class HttpServer:
             prefix, self.date_line, len(answer.body), extra, connection)
 
 
-def _reason(status: int) -> str:
+def reason_phrase(status: int, unknown: str = "Unknown") -> str:
+    """The status line's reason for ``status`` (RFC 9110's phrase), ``unknown`` for a code it
+    does not name."""
     try:
         return HTTPStatus(status).phrase
     except ValueError:
-        return "Unknown"
+        return unknown
 
 
 class Connection(asyncio.Protocol):
@@ -675,4 +677,5 @@ def _describe(exc: Exception) -> str:
     return text[:200]
 
 
-__all__ = ["Answer", "Call", "Connection", "HttpLimits", "HttpServer", "Respond", "Site"]
+__all__ = ["Answer", "Call", "Connection", "HttpLimits", "HttpServer", "Respond", "Site",
+           "reason_phrase"]

@@ -36,7 +36,6 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import quote
 
@@ -49,6 +48,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.util.wait import wait_for_read
 
 from gpufrag.conventions import KubeNames
+from gpufrag.http1 import reason_phrase
 from scheduler.kube.errors import ApiError, api_errors
 
 Obj = Mapping[str, Any]
@@ -336,7 +336,7 @@ class JsonPoster:
                 wire.close()
             break
         if not 200 <= status < 300:
-            raise _refusal(status, _reason(status), data)
+            raise _refusal(status, reason_phrase(status, unknown=""), data)
         return data
 
     def _post_via_manager(self, path: str, body: bytes, timeout_s: tuple[float, float]) -> bytes:
@@ -359,13 +359,6 @@ def _refusal(status: int, reason: str, body: bytes) -> ApiException:
     refusal = ApiException(status=status, reason=reason)
     refusal.body = body.decode("utf-8", "replace")
     return refusal
-
-
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return ""
 
 
 def binding_body(namespace: str, name: str, uid: str, node: str,
