@@ -458,18 +458,10 @@ class Connection(asyncio.Protocol):
             server = self._server
             if exchange is not None and exchange.call is not None:
                 if self._body_size > self._site.max_body_bytes:  # chunked: no length to check
-                    call, exchange.call = exchange.call, None
-                    exchange.close = True
-                    self._free_body()
-                    self._phase = _DISCARD
-                    call.too_large()
+                    self._give_up_body(exchange).too_large()
                     return
                 if server.buffered + size > self._limits.max_buffered_bytes:
-                    call, exchange.call = exchange.call, None
-                    call.cancel()
-                    exchange.close = True
-                    self._free_body()
-                    self._phase = _DISCARD
+                    self._give_up_body(exchange).cancel()
                     self.respond(exchange, self._site.error(
                         503, "the server holds as many request bytes as it may now; retry",
                         (("Retry-After", "1"),)))
@@ -482,6 +474,17 @@ class Connection(asyncio.Protocol):
             if self._discarded > self._limits.discard_max_bytes:
                 self._close()
                 raise _StopParsing
+
+    def _give_up_body(self, exchange: _Exchange) -> Call:
+        """The body arriving for ``exchange`` will not be used: what was read is freed, the
+        rest is read and dropped, and the connection closes after its answer. Its call, for
+        the caller to answer through or cancel."""
+        call, exchange.call = exchange.call, None
+        assert call is not None
+        exchange.close = True
+        self._free_body()
+        self._phase = _DISCARD
+        return call
 
     def on_message_complete(self) -> None:
         exchange, self._current = self._current, None

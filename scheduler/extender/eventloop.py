@@ -82,6 +82,11 @@ def _error(status: int, message: str, headers: tuple[tuple[str, str], ...] = ())
     return Answer(status, orjson.dumps({"Error": message}), JSON, headers)
 
 
+def _not_allowed(method: bytes, path: str, allow: str) -> Answer:
+    return _error(405, f"405 Method Not Allowed: {method.decode('latin-1')} {path}",
+                  (("Allow", allow),))
+
+
 class _VerbCall:
     """One verb request once its headers are in: run where its verb belongs, answered once."""
 
@@ -99,8 +104,7 @@ class _VerbCall:
             client_gone: Callable[[], bool]) -> None:
         site = self._site
         if self._verb in INLINE_VERBS and len(body) <= INLINE_BODY_BYTES:
-            status, out = site.verbs.handle(self._verb, self._work, lambda: body)
-            self._respond(Answer(status, out, JSON))
+            self._respond(site.answer(self._verb, self._work, lambda: body))
             return
         self._future = site.pool.submit(site.verbs.handle, self._verb, self._work, lambda: body)
         self._future.add_done_callback(self._done_in_thread)
@@ -123,8 +127,7 @@ class _VerbCall:
             self._respond(answer)
 
     def too_large(self) -> None:
-        status, out = self._site.verbs.handle(self._verb, self._work, _too_large)
-        self._respond(Answer(status, out, JSON))
+        self._respond(self._site.answer(self._verb, self._work, _too_large))
 
     def cancel(self) -> None:
         # A verb still queued for a thread never runs (kube-scheduler has given up on it and
@@ -166,6 +169,11 @@ class VerbsSite:
               headers: tuple[tuple[str, str], ...] = ()) -> Answer:
         return _error(status, message, headers)
 
+    def answer(self, verb: str, work: Work, read: Callable[[], bytes]) -> Answer:
+        """``verb``'s answer, from the app's one handler (its errors, metrics and log)."""
+        status, out = self.verbs.handle(verb, work, read)
+        return Answer(status, out, JSON)
+
     def begin(self, method: bytes, url: bytes, content_length: int | None,
               respond: Respond) -> Answer | Call:
         path = url.split(b"?", 1)[0].decode("latin-1")
@@ -173,17 +181,14 @@ class VerbsSite:
         if found is not None:
             verb, work = found
             if method != b"POST":
-                return _error(405, f"405 Method Not Allowed: {method.decode('latin-1')} "
-                                   f"{path}", (("Allow", "POST"),))
+                return _not_allowed(method, path, "POST")
             if content_length is not None and content_length > self.verbs.max_body_bytes:
-                status, out = self.verbs.handle(verb, work, _too_large)
-                return Answer(status, out, JSON)
+                return self.answer(verb, work, _too_large)
             return _VerbCall(self, verb, work, respond)
         probe = self.probes.get(path)
         if probe is not None:
             if method not in (b"GET", b"HEAD"):
-                return _error(405, f"405 Method Not Allowed: {method.decode('latin-1')} "
-                                   f"{path}", (("Allow", "GET, HEAD"),))
+                return _not_allowed(method, path, "GET, HEAD")
             status, content_type, out = probe()
             return Answer(status, out, content_type)
         return _error(404, f"404 Not Found: {method.decode('latin-1')} {path}")

@@ -278,7 +278,7 @@ class JsonPoster:
 
     def _take(self, connect_timeout_s: float, *, fresh: bool = False) -> _Wire:
         """A kept connection the server has not closed, or (``fresh``, or none left) a new
-        one opened by urllib3 with the pool's TLS settings."""
+        one opened by urllib3 with the pool's TLS settings (the pool :meth:`post` made)."""
         while not fresh:
             with self._pool_lock:
                 wire = self._idle.pop() if self._idle else None
@@ -287,8 +287,7 @@ class JsonPoster:
             if not wire.dropped():
                 return wire
             wire.close()
-        pool = self._pool or self._connection_pool()
-        conn = pool._new_conn()  # urllib3's own connection, with the pool's TLS settings
+        conn = self._pool._new_conn()  # urllib3's own, with the pool's TLS settings
         conn.timeout = connect_timeout_s
         conn.connect()
         return _Wire(conn)
