@@ -59,7 +59,8 @@ import numpy as np
 
 from benchmarks.procstat import cpu_seconds, thread_cpu_seconds
 from benchmarks.serving_ipc import handoff_cost
-from benchmarks.serving_load import LoadGenerator, Outcome, new_event_loop, raw_request
+from benchmarks.serving_load import LoadGenerator, Outcome, raw_request
+from gpufrag.loops import new_event_loop
 from serving.backends.onnx_runtime import OnnxRuntimeBackend
 from serving.client import EncodedRequest, encode_inputs
 from serving.models import materialize, model_name

@@ -38,8 +38,8 @@ import numpy as np
 from aiohttp import web
 
 from benchmarks.procstat import cpu_seconds
-from benchmarks.serving_load import LoadGenerator, new_event_loop, raw_request
-from gpufrag.loops import loop_factory
+from benchmarks.serving_load import LoadGenerator, raw_request
+from gpufrag.loops import loop_factory, new_event_loop
 from serving.app import ServerState
 from serving.backends.base import Array
 from serving.batcher import DynamicBatcher

@@ -21,8 +21,6 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from gpufrag.loops import loop_factory, resolve_event_loop
-
 
 @dataclass
 class Outcome:
@@ -237,9 +235,3 @@ class LoadGenerator:
         while (self._inflight or self._waiting) and time.perf_counter() < deadline:
             await asyncio.sleep(0.01)
         return self.outcomes, issued_rate
-
-
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    """The client's loop: uvloop when installed (cheaper per request), as the server's."""
-    return loop_factory(resolve_event_loop("auto"))()
-

@@ -50,6 +50,12 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
     return asyncio.new_event_loop
 
 
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A loop of the ``auto`` choice: uvloop when installed, else the standard one (the
+    extender's verbs, and the benchmarks' clients, as ``gpufrag serve`` picks by default)."""
+    return loop_factory(resolve_event_loop("auto"))()
+
+
 def running_loop_kind() -> str:
     """``uvloop`` or ``asyncio``: which loop this coroutine runs on (for the start-up log)."""
     module = type(asyncio.get_running_loop()).__module__

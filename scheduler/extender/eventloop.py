@@ -53,7 +53,7 @@ import structlog
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from gpufrag.http1 import Answer, Call, HttpLimits, HttpServer, Respond
-from gpufrag.loops import loop_factory, resolve_event_loop, running_loop_kind
+from gpufrag.loops import new_event_loop, running_loop_kind
 from gpufrag.probes import Liveness
 from scheduler.extender.app import TEXT, Probe, ProbeAnswer, Verbs, Work, app_probes, app_verbs
 from scheduler.extender.config import ServerConfig
@@ -289,12 +289,6 @@ def limits_for(server: ServerConfig) -> HttpLimits:
                       max_buffered_bytes=max(1, server.threads) * server.max_body_bytes)
 
 
-def new_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed, else the standard loop (:mod:`gpufrag.loops`, as ``gpufrag
-    serve`` picks with ``--event-loop auto``)."""
-    return loop_factory(resolve_event_loop("auto"))()
-
-
 class LoopServer:
     """The verbs' listener on an event loop, with its threads, heartbeat and TLS reloads;
     :meth:`start` on the loop, then :meth:`stop`. Used by :func:`serve` and by the tests."""
@@ -348,7 +342,7 @@ def serve(runtime: Runtime, server: ServerConfig) -> None:
     """Serve until SIGTERM/SIGINT; :class:`ListenError` when a port cannot be had."""
     health = (HealthServer.listen(server.health_host, server.health_port)
               if server.health_port else None)
-    loop = new_loop()
+    loop = new_event_loop()
     asyncio.set_event_loop(loop)
     listener = LoopServer(runtime, server, loop)
     try:

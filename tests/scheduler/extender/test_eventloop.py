@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 import pytest
 
+from gpufrag.loops import new_event_loop
 from scheduler.extender import eventloop
 from scheduler.extender.config import ExtenderConfig, ServerConfig
 from scheduler.extender.eventloop import Heartbeat, LoopServer
@@ -71,7 +72,7 @@ class Running:
 def _run(server: ServerConfig, binder: GatedBinder) -> Iterator[Running]:
     config = replace(ExtenderConfig(), server=server)
     runtime = serve(NODES, [PENDING], config=config, clock=FakeClock(), binder=binder)
-    loop = eventloop.new_loop()
+    loop = new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="test-loop", daemon=True)
     thread.start()
     listener = LoopServer(runtime, server, loop)
