@@ -139,6 +139,21 @@ def fragmentation_of(free: IntArray, cpu_left: IntArray, product: IntArray,
     return out
 
 
+def warm_up() -> None:
+    """Compile the fragmentation kernel now, for the argument types every caller passes.
+
+    Compiling takes 1-2 s of one core (more in a CPU-limited container), and numba compiles on
+    the first call, whatever the input. Scoring the cluster once is not enough to get it done
+    ahead of time: a state with no free GPU share yet (the device plugin has not registered
+    the node's GPUs) is answered without the kernel, and the first filter after the GPUs
+    appear then compiles it, past kube-scheduler's ``httpTimeout``. One synthetic row of the
+    same dtypes and layouts (:func:`fragmentation_of` makes every array contiguous ``int64``)
+    compiles exactly the signature later calls use, whatever the state holds."""
+    workload = TargetWorkload.from_specs([((0, 1, 1000, frozenset()), 1.0)])
+    fragmentation_of(np.zeros((1, 1), np.int64), np.zeros(1, np.int64),
+                     np.zeros(1, np.int64), workload, np.ones((1, 1), np.bool_))
+
+
 def fragmentation_in_spec_order(free: IntArray, cpu_left: IntArray, product: IntArray,
                                 workload: TargetWorkload, allowed: BoolArray) -> FloatArray:
     """F for arbitrary rows in numpy, summed in the FGD authors' simulator's order.

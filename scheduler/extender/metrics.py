@@ -64,6 +64,14 @@ class _ClusterCollector(Collector):
             skips.add_metric([kind], total.get(kind, 0))
         yield skipped
         yield skips
+        bypassed = CounterMetricFamily(
+            "gpufrag_extender_bypassed_pods",
+            "GPU pods of this scheduler bound without this extender's say: kube-scheduler "
+            "skipped the extender (it failed or ran past httpTimeout and is ignorable), bound "
+            "the pod elsewhere than it passed, or the pod was created bound; each also gets a "
+            "GpufragBypassed Warning Event.")
+        bypassed.add_metric([], cache.bypass.total)
+        yield bypassed
 
 
 class SkipEventOutcomes(Protocol):

@@ -149,6 +149,7 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
     reporter = SkipReporter(KubeEventWriter(event_client), instance=socket.gethostname(),
                             clock=clock)
     cache.on_skip = reporter.report
+    cache.bypass.on_bypass = reporter.report
     extender = Extender(cache, config, binder=binder, clock=clock, on_ready=on_ready)
     runtime = Runtime(config, cache, extender, ClusterWatcher(
         watch_client, cache, config.watch, names=config.names, hints=config.hints.enabled),

@@ -19,7 +19,7 @@ import structlog
 
 from gpufrag.errors import BadInput
 from scheduler.core.feasibility import explain
-from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_ratio
+from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_ratio, warm_up
 from scheduler.core.preemption import fewest_victims
 from scheduler.core.state import IntArray, pod_key
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
@@ -37,6 +37,7 @@ from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import (
     UnsupportedRequest,
     device_plugin_annotations,
+    key_of,
     owner_uid,
     pod_from_k8s,
     uid_of,
@@ -151,12 +152,13 @@ class Extender:
 
     def _settle(self) -> None:
         """Turn ready, once the state has synced and the target workload reflects it (after
-        ``on_ready``, the server's last step before it takes requests): first score the whole
-        state once, which compiles the fragmentation kernel
-        (:mod:`scheduler.core.fragkernel`) for the very array types the verbs pass. Compiling
-        takes 1-2 s, and done on the first filter instead it would run past kube-scheduler's
-        ``httpTimeout`` for that pod."""
+        ``on_ready``, the server's last step before it takes requests): first compile the
+        fragmentation kernel (:func:`scheduler.core.fragmentation.warm_up`) for the very array
+        types the verbs pass, then score the whole state once. Compiling takes 1-2 s, and done
+        on the first filter instead it would run past kube-scheduler's ``httpTimeout`` for that
+        pod: with ``ignorable: true`` kube-scheduler then places it without the extender."""
         started = time.perf_counter()
+        warm_up()
         ratio = self.fragmentation_ratio()
         log.info("scoring warmed up", seconds=round(time.perf_counter() - started, 3),
                  fragmentation_ratio=round(ratio, 4))
@@ -221,7 +223,28 @@ class Extender:
                name_set: NameSet | None = None) -> FilterVerdicts:
         """The nodes among ``names`` that pass (``filter.answer``: the decision, or every node
         the pod fits) and, when the pod fits none, why each fails. ``name_set``: the wire's
-        key for the list, when it has one (see :meth:`_rows`)."""
+        key for the list, when it has one (see :meth:`_rows`).
+
+        The cache's :class:`~scheduler.kube.bypass.BypassWatch` hears of the request before
+        anything can make it wait and of the nodes passed once they are known, so that a GPU
+        pod kube-scheduler binds meanwhile, or elsewhere, is reported as placed without the
+        extender."""
+        try:
+            key = key_of(pod_obj)
+        except BadInput:
+            return self._filter(pod_obj, names, name_set)
+        bypass = self.cache.bypass
+        bypass.asked(key)
+        passed: IntArray | None = None
+        try:
+            verdicts = self._filter(pod_obj, names, name_set)
+            passed = verdicts.rows[verdicts.passed]
+            return verdicts
+        finally:
+            bypass.answered(key, uid_of(pod_obj), passed)
+
+    def _filter(self, pod_obj: Obj, names: Sequence[str],
+                name_set: NameSet | None) -> FilterVerdicts:
         try:
             pod = self._pod(pod_obj)
         except UnsupportedRequest as e:  # fits no node, ever: say why on each

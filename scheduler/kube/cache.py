@@ -44,6 +44,7 @@ from gpufrag.errors import BadInput
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import Placement, PodRequest
+from scheduler.kube.bypass import BypassWatch
 from scheduler.kube.convert import (
     bound_gpus,
     is_terminal,
@@ -130,6 +131,8 @@ class ClusterCache:
         self._requests: dict[str, tuple[bytes, PodRequest]] = {}
         # GPU reservations for defrag replacements (scheduler.kube.reservations).
         self.reservations = ReservationBook(self.state, self.pods, clock=clock)
+        # GPU pods of this scheduler bound without the extender's say (scheduler.kube.bypass).
+        self.bypass = BypassWatch(clock=clock)
 
     # ------------------------------------------------------------------ status
     @property
@@ -278,6 +281,9 @@ class ClusterCache:
                 if key in self.state.pods and key not in self.assumed:
                     self.state.remove_pod(key)
                 return
+            if (self.pods_synced and not (previous is not None and previous.node)
+                    and request.wants_gpu and known.scheduler_name == self.names.scheduler_name):
+                self.bypass.bound(key, known.uid, known.node, self.state.index.get(known.node))
             self.assumed.pop(key, None)  # bound: the watch confirms (or corrects) the guess
             self.decided.discard(key)
             self.reservations.pod_bound(key, known)

@@ -1,10 +1,12 @@
-"""Reports of objects the extender cannot read: one Warning Event per object, off the watch.
+"""Warning Events the extender puts on objects, off the watch: one per object and cause.
 
-The cache leaves an unreadable pod or node out of the state (a quantity no converter can use,
-a malformed field); the watch hands each new skip to :class:`SkipReporter`, which queues it
-and returns at once, so a slow or failing API can never stall the watch. One writer thread
-creates the Events (through :class:`scheduler.kube.binder.KubeEventWriter`, with the
-extender's other writes); a full queue drops the report and counts it.
+Two causes: an object the cache cannot read and leaves out of the state (a quantity no
+converter can use, a malformed field: ``GpufragUnreadable``), and a GPU pod of this scheduler
+bound without the extender's say (:mod:`scheduler.kube.bypass`: ``GpufragBypassed``). The
+watch hands each to :class:`SkipReporter`, which queues it and returns at once, so a slow or
+failing API can never stall the watch. One writer thread creates the Events (through
+:class:`scheduler.kube.binder.KubeEventWriter`, with the extender's other writes); a full
+queue drops the report and counts it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Final
 
 import structlog
 
+from scheduler.kube.bypass import BypassedPod
 from scheduler.kube.cache import SkippedObject
 from scheduler.kube.errors import api_error
 
@@ -28,6 +31,8 @@ log = structlog.get_logger("gpufrag.skipreport")
 
 # The Warning Event put on an object the extender cannot read.
 EVENT_REASON_UNREADABLE: Final = "GpufragUnreadable"
+# The Warning Event put on a GPU pod of this scheduler bound without the extender's say.
+EVENT_REASON_BYPASSED: Final = "GpufragBypassed"
 REPORTING_COMPONENT: Final = "gpufrag-extender"
 # Reports waiting for the writer; one burst of bad objects past this is dropped (and counted).
 EVENT_QUEUE_SIZE: Final = 256
@@ -47,19 +52,42 @@ EventWrite = Callable[[str, dict[str, Any]], None]
 _NOT_IN_A_NAME = re.compile(r"[^a-z0-9.-]+")
 
 
-def _event_name(skipped: SkippedObject) -> str:
-    """``<object>.<16 hex digits of kind and UID>``: one name per object, so a restarted
-    extender re-reporting it gets 409 AlreadyExists instead of writing a duplicate."""
-    prefix = _NOT_IN_A_NAME.sub("-", skipped.name.lower())[:200].strip(".-") or "object"
-    digest = hashlib.sha256(f"{skipped.kind}/{skipped.uid or skipped.key}".encode()).hexdigest()
+Report = SkippedObject | BypassedPod
+"""What a Warning Event is written about."""
+
+
+def _identity(report: Report) -> str:
+    """One per object and cause: an Event reason, the kind and the UID (or key)."""
+    return f"{_event_reason(report)}/{report.kind}/{report.uid or report.key}"
+
+
+def _event_reason(report: Report) -> str:
+    return EVENT_REASON_BYPASSED if isinstance(report, BypassedPod) else EVENT_REASON_UNREADABLE
+
+
+def _event_name(report: Report) -> str:
+    """``<object>.<16 hex digits of cause, kind and UID>``: one name per object and cause, so
+    a restarted extender re-reporting it gets 409 AlreadyExists instead of a duplicate."""
+    prefix = _NOT_IN_A_NAME.sub("-", report.name.lower())[:200].strip(".-") or "object"
+    identity = (f"{report.kind}/{report.uid or report.key}" if isinstance(report, SkippedObject)
+                else _identity(report))
+    digest = hashlib.sha256(identity.encode()).hexdigest()
     return f"{prefix}.{digest[:16]}"
 
 
-def skip_event(skipped: SkippedObject, *, instance: str, now_s: float
+def _message(report: Report) -> str:
+    if isinstance(report, BypassedPod):
+        return f"placed by its scheduler without the gpufrag extender: {report.reason}"
+    return (f"gpufrag extender cannot read this {report.label} and leaves it out of its "
+            f"cluster state: {report.reason}")
+
+
+def skip_event(skipped: Report, *, instance: str, now_s: float
                ) -> tuple[str, dict[str, Any]]:
-    """The namespace and body of the core/v1 Warning Event about one skipped object. A node's
-    Event goes to ``default``, as the kubelet's do; the message is the converter's reason
-    (field and value), which is what the owner of the object needs to fix it."""
+    """The namespace and body of the core/v1 Warning Event about one report. A node's Event
+    goes to ``default``, as the kubelet's do; the message is the reason (for an unreadable
+    object the converter's, naming field and value), which is what the owner of the object
+    needs to act on."""
     namespace = skipped.namespace or "default"
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s))
     involved: dict[str, Any] = {"apiVersion": "v1", "kind": skipped.kind, "name": skipped.name}
@@ -67,13 +95,12 @@ def skip_event(skipped: SkippedObject, *, instance: str, now_s: float
         involved["namespace"] = skipped.namespace
     if skipped.uid:
         involved["uid"] = skipped.uid
-    message = (f"gpufrag extender cannot read this {skipped.label} and leaves it out of its "
-               f"cluster state: {skipped.reason}")
+    message = _message(skipped)
     return namespace, {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": _event_name(skipped), "namespace": namespace},
         "involvedObject": involved,
-        "type": "Warning", "reason": EVENT_REASON_UNREADABLE,
+        "type": "Warning", "reason": _event_reason(skipped),
         "message": message[:EVENT_MESSAGE_CHARS],
         "source": {"component": REPORTING_COMPONENT},
         "reportingComponent": REPORTING_COMPONENT,
@@ -83,10 +110,12 @@ def skip_event(skipped: SkippedObject, *, instance: str, now_s: float
 
 
 class SkipReporter:
-    """Puts a Warning Event on each object the cache skips, at most once per UID.
+    """Puts a Warning Event on each object the cache skips or finds bypassed, at most once per
+    UID and cause.
 
-    :meth:`report` is the cache's ``on_skip``: it runs on a watch thread under the cache lock,
-    so it only remembers the UID and queues (never waits); one writer thread (:meth:`start`)
+    :meth:`report` is the cache's ``on_skip`` and its bypass watch's ``on_bypass``: it runs
+    on a watch thread under the cache lock, so it only remembers the UID and queues (never
+    waits); one writer thread (:meth:`start`)
     does the API calls. A report that finds the queue full is dropped; one whose write may pass
     on a retry (no answer, 429, 5xx) is forgotten again. Either way the object is reported
     at its next read (a status update, a relist). A refused write (403: RBAC without
@@ -100,19 +129,15 @@ class SkipReporter:
         self.clock = clock
         self.remember = remember
         self.outcomes = dict.fromkeys(SKIP_EVENT_OUTCOMES, 0)
-        self._queue: queue.Queue[SkippedObject | None] = queue.Queue(maxsize=capacity)
+        self._queue: queue.Queue[Report | None] = queue.Queue(maxsize=capacity)
         self._reported: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()  # _reported and outcomes: the watch and writer threads
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @staticmethod
-    def _identity(skipped: SkippedObject) -> str:
-        return f"{skipped.kind}/{skipped.uid or skipped.key}"
-
-    def report(self, skipped: SkippedObject) -> None:
+    def report(self, skipped: Report) -> None:
         """Queue an Event for ``skipped`` unless it has been reported already."""
-        identity = self._identity(skipped)
+        identity = _identity(skipped)
         with self._lock:
             if identity in self._reported:
                 return
@@ -130,11 +155,11 @@ class SkipReporter:
         with self._lock:
             self.outcomes[outcome] += 1
 
-    def _forget(self, skipped: SkippedObject) -> None:
+    def _forget(self, skipped: Report) -> None:
         with self._lock:
-            self._reported.pop(self._identity(skipped), None)
+            self._reported.pop(_identity(skipped), None)
 
-    def write_one(self, skipped: SkippedObject) -> None:
+    def write_one(self, skipped: Report) -> None:
         """Write the Event for one report (the writer thread's step; tests call it directly)."""
         namespace, body = skip_event(skipped, instance=self.instance, now_s=self.clock())
         what = f"{skipped.label} {skipped.key}"
@@ -193,5 +218,5 @@ class SkipReporter:
 
 
 
-__all__ = ["EVENT_REASON_UNREADABLE", "REPORTING_COMPONENT", "SKIP_EVENT_OUTCOMES", "EventWrite",
-           "SkipReporter", "skip_event"]
+__all__ = ["EVENT_REASON_BYPASSED", "EVENT_REASON_UNREADABLE", "REPORTING_COMPONENT",
+           "SKIP_EVENT_OUTCOMES", "EventWrite", "Report", "SkipReporter", "skip_event"]

@@ -33,8 +33,9 @@ class Pin:
     hashes: list[str] = field(default_factory=list)
 
 
-def read_lock(text: str) -> dict[str, Pin]:
-    """The pins of a pip-compile lock by canonical name; any other line is an error."""
+def read_lock(text: str, name: str = LOCK.name) -> dict[str, Pin]:
+    """The pins of a pip-compile lock by canonical name; any other line is an error (``name``:
+    the lock's file name, for the message)."""
     pins: dict[str, Pin] = {}
     current: Pin | None = None
     for number, raw in enumerate(text.splitlines(), 1):
@@ -48,7 +49,7 @@ def read_lock(text: str) -> dict[str, Pin]:
         elif (m := re.fullmatch(r"--hash=sha256:([0-9a-f]{64})", line)) and current is not None:
             current.hashes.append(m.group(1))
         else:
-            raise AssertionError(f"{LOCK.name} line {number}: not an exact pin or a sha256 hash: "
+            raise AssertionError(f"{name} line {number}: not an exact pin or a sha256 hash: "
                                  f"{raw!r}")
     return pins
 

@@ -21,6 +21,7 @@ import pytest
 from serving.config import BatcherConfig
 from serving.frontend import HttpLimits
 from serving.testing import FakeBackend, ThreadedServer
+from tests.sockets import closed_by_peer
 
 FAST = BatcherConfig(max_batch_size=8, max_queue_delay_s=0.0, max_queue_size=8,
                      default_timeout_s=5.0)
@@ -82,13 +83,7 @@ class Client:
 
     def closed_by_server(self, timeout_s: float = 3.0) -> bool:
         """True once the server has closed the connection (EOF or reset), nothing more sent."""
-        self.sock.settimeout(timeout_s)
-        try:
-            return self.sock.recv(1) == b""
-        except ConnectionResetError:
-            return True
-        except TimeoutError:
-            return False
+        return closed_by_peer(self.sock, timeout_s)
 
     def close(self) -> None:
         self.sock.close()

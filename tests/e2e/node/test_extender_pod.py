@@ -45,24 +45,58 @@ def _deployment_and_needs(manifests: list[dict[str, Any]]) -> list[dict[str, Any
             or (d["kind"] == "Deployment" and d["metadata"]["name"] == DEPLOYMENT)]
 
 
-def _extender_requests(ip: str) -> dict[str, float]:
-    """gpufrag_extender_requests_total by verb, scraped from the pod IP."""
+def _metrics(ip: str) -> str:
+    """The extender's /metrics page, scraped from the pod IP."""
     conn = http.client.HTTPConnection(ip, HEALTH_PORT, timeout=5)
     try:
         conn.request("GET", "/metrics")
         response = conn.getresponse()
         assert response.status == 200
-        text = response.read().decode()
+        return response.read().decode()
     finally:
         conn.close()
+
+
+def _extender_requests(ip: str) -> dict[str, float]:
+    """gpufrag_extender_requests_total by verb, scraped from the pod IP."""
     by_verb: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_metrics(ip)):
         if family.name == "gpufrag_extender_requests":
             for sample in family.samples:
                 if sample.name.endswith("_total"):
                     verb = sample.labels.get("verb", "")
                     by_verb[verb] = by_verb.get(verb, 0.0) + sample.value
     return by_verb
+
+
+def _bypassed(ip: str) -> float:
+    """gpufrag_extender_bypassed_pods_total, scraped from the pod IP."""
+    return sum(sample.value for family in text_string_to_metric_families(_metrics(ip))
+               if family.name == "gpufrag_extender_bypassed_pods"
+               for sample in family.samples if sample.name.endswith("_total"))
+
+
+def _a_pod_placed_without_the_extender_is_reported(core: kubernetes.client.CoreV1Api,
+                                                   node: Node, namespace: str,
+                                                   ips: list[str]) -> None:
+    """A GPU pod of gpufrag-scheduler created bound (spec.nodeName: no scheduler asked, as
+    when kube-scheduler skips the extender) is counted by the extender kube-scheduler uses,
+    and gets a GpufragBypassed Warning Event."""
+    core.create_namespaced_pod(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "unscored"},
+        "spec": {"schedulerName": DEPLOYMENT, "nodeName": node.name,
+                 "terminationGracePeriodSeconds": 1,
+                 "containers": [{"name": "main", "image": BUSYBOX_IMAGE,
+                                 "imagePullPolicy": "Never", "command": ["sleep", "3600"],
+                                 "resources": {"limits": {RESOURCE_GPU: "1"}}}]}})
+    wait_until(lambda: sum(_bypassed(ip) for ip in ips) == 1 or None, timeout_s=30,
+               what="the extender to count the pod placed without it")
+    events = wait_until(lambda: [e for e in core.list_namespaced_event(
+        namespace, field_selector="involvedObject.name=unscored").items
+        if e.reason == "GpufragBypassed"] or None, timeout_s=30,
+        what="the GpufragBypassed Event on the pod placed without the extender")
+    assert events[0].type == "Warning" and "without the gpufrag extender" in events[0].message
+    core.delete_namespaced_pod("unscored", namespace, grace_period_seconds=0)
 
 
 def _sum(counters: list[dict[str, float]]) -> dict[str, float]:
@@ -168,8 +202,17 @@ def test_the_extender_deployment_runs_and_schedules_for_gpufrag_scheduler(
     assert {e.reporting_component or e.source.component for e in scheduled} == {DEPLOYMENT}
 
     after = _sum([_extender_requests(ip) for ip in ips])
+    if after.get("filter", 0) <= before.get("filter", 0):
+        for p in pods:
+            for name in ("extender", "kube-scheduler"):
+                print(f"--- {p.metadata.name} {name}:\n"
+                      + node.container_log(NAMESPACE, p.metadata.name, name)[-6000:])
     assert after.get("filter", 0) > before.get("filter", 0), (before, after)
     assert after.get("prioritize", 0) >= before.get("prioritize", 0), (before, after)
+    # ... and kube-scheduler did not skip it (an ignorable extender that fails or times out
+    # is skipped, the pod then placed by the default plugins: what this test once hid).
+    assert sum(_bypassed(ip) for ip in ips) == 0
+    _a_pod_placed_without_the_extender_is_reported(core, node, node_namespace, ips)
     if overlay == "base":
         return  # kube-scheduler bound it: no GPU chosen (see the module docstring)
     # Production: the extender bound it, with the GPU it chose; the device plugin hands exactly

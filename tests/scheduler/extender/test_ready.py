@@ -4,6 +4,10 @@ before ``/readyz`` says 200, whether the state came from a snapshot or from a fi
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +19,8 @@ from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import node_to_k8s
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import FakeClock, k8s_pod, make_config, post, serve
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_ready_only_after_the_first_sync_and_on_ready(clock: FakeClock) -> None:
@@ -60,6 +66,39 @@ def test_warming_up_compiles_what_the_verbs_call(clock: FakeClock) -> None:
         assert status == 200
         # The verbs' calls were compiled already: nothing new on the request path.
         assert set(kernel.signatures) == warmed  # type: ignore[attr-defined]
+
+
+# Run in a fresh interpreter: in this one the kernel has been compiled by earlier tests.
+_GPUS_AFTER_READY = """
+from scheduler.core import fragkernel
+from scheduler.kube.convert import node_to_k8s
+from tests.builders import node, pod
+from tests.scheduler.extender.helpers import k8s_pod, post, serve
+
+# Ready before the node's GPUs are registered: the state has no free GPU share to score.
+runtime = serve([node("n1", gpu_count=0, gpu_product="")])
+assert runtime.extender.ready
+kernel = fragkernel.compiled()
+warmed = set(kernel.signatures)
+assert warmed, "turning ready compiled nothing"
+runtime.cache.apply_node(node_to_k8s(node("n1", gpu_count=2)))  # the device plugin registers
+status, body = post(runtime.app.test_client(), "/filter",
+                    {"Pod": k8s_pod(pod("p")), "NodeNames": ["n1"]})
+assert status == 200 and body["NodeNames"] == ["n1"], body
+assert set(kernel.signatures) == warmed, "the first filter compiled the kernel"
+"""
+
+
+@pytest.mark.skipif(fragkernel.compiled() is None, reason="numba not installed, or "
+                    "GPUFRAG_NO_JIT set: there is no kernel to compile")
+def test_the_kernel_is_compiled_at_ready_even_when_no_gpu_is_registered_yet() -> None:
+    """What the base layout's first filter once paid (1-2.5 s, past the 2 s httpTimeout): a
+    state with no free GPU share is scored without the kernel, so warming up on the state
+    compiled nothing."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": "/nonexistent/numba"}  # compile, do not load
+    result = subprocess.run([sys.executable, "-c", _GPUS_AFTER_READY], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
 
 
 def test_freeze_heap_moves_what_is_alive_out_of_the_collector() -> None:

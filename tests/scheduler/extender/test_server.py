@@ -33,6 +33,7 @@ from scheduler.kube.snapshot import write_snapshot
 from tests.builders import node
 from tests.scheduler.extender.helpers import Pki, serve
 from tests.scheduler.extender.test_contract import FILTER_KEYS, NODES, PENDING
+from tests.sockets import closed_by_peer
 
 THREADS = 2
 READ_TIMEOUT_S = 1.5
@@ -384,9 +385,9 @@ def test_probe_listener_is_not_held_by_stalled_clients(health: HealthServer) -> 
         started = time.monotonic()
         answer = _get(health.port, b"GET /healthz HTTP/1.1\r\n\r\n")
         assert answer.startswith(b"HTTP/1.1 200") and time.monotonic() - started < 1
-        # Over max_connections: the oldest stalled connections were dropped for new ones.
-        stalled[0].settimeout(2)
-        assert stalled[0].recv(10) == b""
+        # Over max_connections: the oldest stalled connections were dropped for new ones (a
+        # close with the client's bytes unread may reach it as a reset: tests/sockets.py).
+        assert closed_by_peer(stalled[0], timeout_s=2)
     finally:
         for sock in stalled:
             sock.close()

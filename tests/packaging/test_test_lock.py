@@ -1,0 +1,88 @@
+"""requirements/test.lock: the test environment, locked like the image.
+
+``scripts/test`` installs ``requirements/test-tools.lock`` (pip, setuptools, wheel) and then
+``requirements/test.lock`` with ``--require-hashes``, and gpufrag itself with ``--no-deps``: a
+fresh machine gets exactly what the last green run got, never the newest release of an
+unpinned test tool. Both locks come from ``scripts/lock``. Here: every runtime and ``dev``
+dependency is pinned at a version pyproject.toml allows, the runtime pins are the image's, the
+tools lock agrees with the test lock, and the test command installs them as described.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Final
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.packaging.test_lock import PINS as IMAGE_PINS
+from tests.packaging.test_lock import read_lock
+
+REPO: Final = Path(__file__).resolve().parents[2]
+REQUIREMENTS: Final = REPO / "requirements"
+PYPROJECT: Final = tomllib.loads((REPO / "pyproject.toml").read_text())
+TEST_PINS: Final = read_lock((REQUIREMENTS / "test.lock").read_text(), "test.lock")
+TOOL_PINS: Final = read_lock((REQUIREMENTS / "test-tools.lock").read_text(), "test-tools.lock")
+TOOLS: Final = ("pip", "setuptools", "wheel")
+
+
+def test_every_pin_of_both_locks_is_exact_and_hashed() -> None:
+    assert TEST_PINS and TOOL_PINS
+    unhashed = [name for pins in (TEST_PINS, TOOL_PINS) for name, pin in pins.items()
+                if not pin.hashes]
+    assert unhashed == []
+
+
+@pytest.mark.parametrize("spec", [*PYPROJECT["project"]["dependencies"],
+                                  *PYPROJECT["project"]["optional-dependencies"]["dev"],
+                                  *PYPROJECT["build-system"]["requires"]])
+def test_every_runtime_and_dev_dependency_is_locked_at_a_version_it_allows(spec: str) -> None:
+    req = Requirement(spec)
+    if req.marker is not None and not req.marker.evaluate({"sys_platform": "linux"}):
+        return
+    name = canonicalize_name(req.name)
+    assert name in TEST_PINS, f"{req.name} (pyproject.toml) is not in test.lock: run scripts/lock"
+    assert req.specifier.contains(TEST_PINS[name].version, prereleases=True), (
+        f"test.lock pins {req.name}=={TEST_PINS[name].version}, outside {req.specifier}")
+
+
+def test_the_tests_run_on_the_image_s_versions() -> None:
+    differ = {name: (pin.version, TEST_PINS[name].version) for name, pin in IMAGE_PINS.items()
+              if name in TEST_PINS and TEST_PINS[name].version != pin.version}
+    missing = sorted(set(IMAGE_PINS) - set(TEST_PINS))
+    assert (differ, missing) == ({}, []), "image.lock vs test.lock: run scripts/lock"
+
+
+def test_the_tools_lock_is_the_test_lock_s_tools() -> None:
+    assert {name: pin.version for name, pin in TOOL_PINS.items() if name in TOOLS} == {
+        name: TEST_PINS[name].version for name in TOOLS}
+    for name, pin in TOOL_PINS.items():
+        assert name in TEST_PINS and TEST_PINS[name].version == pin.version, name
+
+
+def _pip_installs(script: str) -> list[list[str]]:
+    joined = re.sub(r"\\\n\s*", " ", script)
+    return [shlex.split(line)[3:] for line in joined.splitlines()
+            if re.match(r"\s*\S+ -m pip install ", line)]
+
+
+def test_the_test_command_installs_the_locks_with_hashes_then_gpufrag_without_deps() -> None:
+    installs = _pip_installs((REPO / "scripts" / "test").read_text())
+    assert len(installs) == 3, installs
+    tools, locked, package = installs
+    for args, lock in ((tools, "requirements/test-tools.lock"),
+                       (locked, "requirements/test.lock")):
+        assert "--require-hashes" in args and args[args.index("-r") + 1] == lock, args
+    assert "--no-build-isolation" in locked
+    assert {"--no-deps", "--no-build-isolation"} <= set(package) and package[-2:] == ["-e", "."]
+
+
+def test_the_lock_script_regenerates_all_three_locks() -> None:
+    script = (REPO / "scripts" / "lock").read_text()
+    for lock in ("image.lock", "test.lock", "test-tools.lock"):
+        assert f"--output-file=requirements/{lock}" in script, lock
