@@ -1,4 +1,4 @@
-# One image for every gpufrag component (extender, defrag, agent, serve, whatif).
+# One image for every gpufrag component (extender, defrag, agent, device plugin, serve, whatif).
 # Multi-stage: install the locked dependencies, then gpufrag itself without resolving anything,
 # and copy only the installed environment into a slim runtime that runs as a non-root user.
 # BASE is any image with Python 3.11 as `python3` (and its venv module). The default is fully
@@ -21,6 +21,7 @@ COPY pyproject.toml README.md ./
 COPY gpufrag ./gpufrag
 COPY scheduler ./scheduler
 COPY defrag ./defrag
+COPY node ./node
 COPY simulations ./simulations
 COPY serving ./serving
 # gpufrag itself: no dependency resolution (--no-deps) and the locked setuptools as its build

@@ -27,17 +27,6 @@ from typing import Any
 import kubernetes
 import structlog
 
-from defrag.deviceplugin.allocator import Allocator, DeviceNodes, PodSource
-from defrag.deviceplugin.api import DevicePluginClient, pb
-from defrag.deviceplugin.config import ANNOTATION_GPU_ALLOCATED, DevicePluginConfig, Kind
-from defrag.deviceplugin.devices import device_ids
-from defrag.deviceplugin.inventory import Gpu, HealthBoard
-from defrag.deviceplugin.matching import PodAsk
-from defrag.deviceplugin.metrics import PluginMetrics
-from defrag.deviceplugin.pods import KubeNodePods, NodePods
-from defrag.deviceplugin.server import Endpoint
-from defrag.deviceplugin.service import DevicePluginServicer
-from defrag.deviceplugin.writes import KubePodWriter, PodWriter
 from devkit.build import build_control_plane
 from devkit.controlplane import ControlPlane
 from devkit.procs import wait_until
@@ -48,6 +37,17 @@ from gpufrag.conventions import (
     RESOURCE_GPU,
     RESOURCE_GPU_MILLI,
 )
+from node.deviceplugin.allocator import Allocator, DeviceNodes, PodSource
+from node.deviceplugin.api import DevicePluginClient, pb
+from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED, DevicePluginConfig, Kind
+from node.deviceplugin.devices import device_ids
+from node.deviceplugin.inventory import Gpu, HealthBoard
+from node.deviceplugin.matching import PodAsk
+from node.deviceplugin.metrics import PluginMetrics
+from node.deviceplugin.pods import KubeNodePods, NodePods
+from node.deviceplugin.server import Endpoint
+from node.deviceplugin.service import DevicePluginServicer
+from node.deviceplugin.writes import KubePodWriter, PodWriter
 
 TARGET_P99_S = 0.050
 NODE = "bench-gpu-node"

@@ -43,8 +43,9 @@ import grpc
 
 from benchmarks.deviceplugin_allocate import MemoryPods, NoWrites
 from benchmarks.procstat import cpu_seconds
-from defrag.deviceplugin import cli
-from defrag.deviceplugin.api import (
+from devkit.procs import ComponentProcess, wait_until
+from node.deviceplugin import cli
+from node.deviceplugin.api import (
     HEALTHY,
     UNHEALTHY,
     DevicePluginClient,
@@ -52,7 +53,6 @@ from defrag.deviceplugin.api import (
     pb,
     unix_target,
 )
-from devkit.procs import ComponentProcess, wait_until
 
 NODE = "soak-node"
 GPUS = 4

@@ -56,7 +56,8 @@ BASE_DPKG_OPTIONS: Final = ("path-exclude=/usr/share/doc/*",
 APT_SOURCES: Final = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
 # What the Dockerfile copies from the repository (its COPY lines), for the cache key.
 IMAGE_INPUTS: Final = ("Dockerfile", ".dockerignore", "requirements/image.lock", "pyproject.toml",
-                       "README.md", "gpufrag", "scheduler", "defrag", "simulations", "serving")
+                       "README.md", "gpufrag", "scheduler", "defrag", "node", "simulations",
+                       "serving")
 HOST_CA_BUNDLE: Final = Path("/etc/ssl/certs/ca-certificates.crt")
 BUILD_TIMEOUT_S: Final = 1800.0
 KEEP_ARCHIVES: Final = 2  # per kind, newest first: the one in use and the one before it

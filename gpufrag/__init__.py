@@ -1,5 +1,10 @@
-"""gpufrag: shared plumbing for every component (CLI entry point, logging, input errors).
+"""gpufrag: the shared base every component depends on, and the ``gpufrag`` command.
 
-Kept deliberately tiny so that the placement core can depend on it without pulling in
-any web or Kubernetes libraries.
+Input errors and exit codes (:mod:`gpufrag.errors`), logging (:mod:`gpufrag.logs`), resource,
+label and annotation names and conventions (:mod:`gpufrag.conventions`), the NVML adapter and
+its recorded stand-in (:mod:`gpufrag.nvml`, :mod:`gpufrag.nvml_recorded`), the probes and stop
+signals of long-running processes (:mod:`gpufrag.probes`), the HTTP/1.1 framing and event loop
+of the servers (:mod:`gpufrag.http1`, :mod:`gpufrag.loops`), and the CLI entry point
+(:mod:`gpufrag.cli`), which sits at the top of the layers and names every subcommand's module
+as a string.
 """

@@ -26,8 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-snapshot": ("scheduler.kube.export", "write a live cluster's nodes and pods to a file"),
     "defrag": ("defrag.controller.cli", "run one defragmentation cycle (CronJob)"),
     "admission": ("defrag.admission.cli", "right-size GPU shares of new pods (mutating webhook)"),
-    "agent": ("defrag.agent.cli", "publish per-GPU usage read through NVML (DaemonSet)"),
-    "device-plugin": ("defrag.deviceplugin.cli", "hand each container the GPUs the extender "
+    "agent": ("node.agent.cli", "publish per-GPU usage read through NVML (DaemonSet)"),
+    "device-plugin": ("node.deviceplugin.cli", "hand each container the GPUs the extender "
                       "chose (kubelet device plugin, DaemonSet)"),
     "serve": ("serving.cli", "serve a model with dynamic batching (v2 inference protocol)"),
     "dev-cluster": ("devkit.cli", "start or stop a local control plane to try by hand (dev kit)"),

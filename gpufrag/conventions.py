@@ -60,7 +60,7 @@ LABEL_MODEL_VERSION = "gpufrag.io/model-version"
 ANNOTATION_GPU_SPEC = "gpufrag.io/gpu-spec"
 # GPUs chosen at bind: comma-separated GPU indices on the node, e.g. "0,3".
 ANNOTATION_GPU_INDICES = "gpufrag.io/gpu-indices"
-# Per-GPU usage published by the node agent on its Node (JSON, see defrag.agent).
+# Per-GPU usage published by the node agent on its Node (JSON, see node.agent).
 ANNOTATION_GPU_USAGE = "gpufrag.io/gpu-usage"
 # Opt a pod out of defragmentation moves ("false").
 ANNOTATION_DEFRAG_MOVABLE = "gpufrag.io/defrag-movable"

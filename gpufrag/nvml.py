@@ -1,6 +1,6 @@
 """Read GPUs and the processes on them through NVML (pynvml): the one adapter every component uses.
 
-The node agent (``defrag.agent``) and the serving runtime (``serving``) both read GPUs through
+The node agent (``node.agent``) and the serving runtime (``serving``) both read GPUs through
 :class:`NvmlReader`, so there is one place that knows NVML's calls, its units and its errors.
 Only a handful of NVML calls are used; :class:`NvmlApi` names them, so the real ``pynvml``
 module and the recorded stand-in (:class:`gpufrag.nvml_recorded.RecordedNvml`) satisfy the same

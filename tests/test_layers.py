@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FIRST_PARTY = ("gpufrag", "scheduler", "defrag", "serving", "simulations", "devkit",
+FIRST_PARTY = ("gpufrag", "scheduler", "defrag", "node", "serving", "simulations", "devkit",
                "benchmarks")
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from defrag.agent.usage import NodeGpuUsage
 from defrag.controller.measure import UsageTable
+from node.agent.usage import NodeGpuUsage
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import PodRequest

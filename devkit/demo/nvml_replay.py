@@ -9,7 +9,7 @@ the agent would read on a real one, as files a ``gpufrag agent`` subprocess read
   (:class:`gpufrag.nvml_recorded.RecordedNvml`), the same adapter and fake as everywhere else;
 - a **proc root** (``--proc-root``) with a ``<pid>/cgroup`` file per recorded process naming
   its pod's cgroup as the kubelet's systemd driver does, so the agent's pid -> pod lookup
-  (:mod:`defrag.agent.cgroup`) runs unchanged, pod UIDs to names through the API server.
+  (:mod:`node.agent.cgroup`) runs unchanged, pod UIDs to names through the API server.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from typing import Any, TextIO
 
 import kubernetes
 
-from defrag.agent.usage import NodeGpuUsage, parse
 from defrag.controller.measure import measure
 from defrag.controller.snapshot import UsageSource, build_snapshot
 from devkit.build import build_control_plane
@@ -59,6 +58,7 @@ from gpufrag import conventions as cv
 from gpufrag.conventions import DEFAULT_NAMES
 from gpufrag.errors import BadInput
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
+from node.agent.usage import NodeGpuUsage, parse
 from scheduler.core import TargetWorkload
 from scheduler.kube.binder import KubeBinder
 from scheduler.kube.convert import bound_gpus

@@ -18,15 +18,6 @@ import kubernetes
 import pytest
 import structlog
 
-from defrag.agent import cli as agent_cli
-from defrag.agent.cgroup import KubePodLister, PodListError, PodRecord, PodRef
-from defrag.agent.publish import (
-    EVENT_REASON_GPU_MEMORY_GROWTH,
-    EVENT_REASON_GPU_MEMORY_OVER_SHARE,
-    KubeClusterWriter,
-    PublishError,
-)
-from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage, parse
 from devkit.controlplane import ControlPlane
 from devkit.procs import free_port, wait_until
 from devkit.stack import delete_nodes
@@ -37,6 +28,15 @@ from gpufrag.conventions import (
     RESOURCE_GPU_MILLI,
 )
 from gpufrag.nvml import MIB
+from node.agent import cli as agent_cli
+from node.agent.cgroup import KubePodLister, PodListError, PodRecord, PodRef
+from node.agent.publish import (
+    EVENT_REASON_GPU_MEMORY_GROWTH,
+    EVENT_REASON_GPU_MEMORY_OVER_SHARE,
+    KubeClusterWriter,
+    PublishError,
+)
+from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage, parse
 
 NODE = "agent-node-0"
 

@@ -40,7 +40,6 @@ from typing import Any
 import kubernetes
 import pytest
 
-from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from defrag.controller.measure import Summary, measure
 from defrag.controller.snapshot import UsageSource, build_snapshot
 from defrag.rightsizing.recommender import parse as parse_recommendation
@@ -50,6 +49,7 @@ from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
 from gpufrag import conventions as cv
 from gpufrag.cli import main as gpufrag
+from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from scheduler.core import TargetWorkload
 from scheduler.kube import reservations as rsv
 

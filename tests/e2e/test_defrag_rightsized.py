@@ -23,7 +23,6 @@ import kubernetes
 import pytest
 
 from defrag.admission.server import AdmissionServer
-from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from defrag.rightsizing.recommender import parse as parse_recommendation
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
@@ -31,6 +30,7 @@ from devkit.procs import wait_until
 from devkit.stack import delete_nodes
 from gpufrag import conventions as cv
 from gpufrag.cli import main as gpufrag
+from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from tests.e2e.test_admission import webhook as webhook  # the fixture
 from tests.e2e.test_defrag import install_reservations_crd, pod_spec, reservations
 

@@ -137,7 +137,7 @@ def test_a_node_recording_reads_through_the_agent_reader(tmp_path: Path) -> None
     assert [r.memory_used_mib for r in readings] == [2300, 0, 900, 0]
     assert {r.memory_total_mib for r in readings} == {demo.T4.gpu_memory_mib}
     assert readings[0].product == "Tesla T4"
-    from defrag.agent.cgroup import pod_uid_for_pid
+    from node.agent.cgroup import pod_uid_for_pid
 
     pid = readings[2].processes[0].pid
     assert pod_uid_for_pid(pid, proc.root) == pods[1].uid

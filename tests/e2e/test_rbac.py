@@ -11,14 +11,14 @@ import kubernetes
 import pytest
 import yaml
 
-from defrag.agent.cgroup import KubePodLister
-from defrag.agent.publish import KubeClusterWriter
 from defrag.controller.cli import main as defrag_main
 from devkit.controlplane import ControlPlane
 from devkit.pki import kubeconfig_yaml
 from devkit.procs import wait_until
 from devkit.stack import delete_nodes, gpu_pod
 from gpufrag import conventions as cv
+from node.agent.cgroup import KubePodLister
+from node.agent.publish import KubeClusterWriter
 from scheduler.extender.config import config_from_mapping
 from scheduler.extender.runtime import cluster_runtime
 from tests.e2e.test_manifests import render

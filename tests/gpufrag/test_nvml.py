@@ -18,7 +18,7 @@ from gpufrag.nvml import (
     load_pynvml,
 )
 from gpufrag.nvml_recorded import RecordedNvml
-from tests.defrag.agent.fakes import build_gpu, fake_nvml, recorded_devices
+from tests.node.agent.fakes import build_gpu, fake_nvml, recorded_devices
 
 
 def test_reads_every_gpu_and_its_processes_in_mib() -> None:

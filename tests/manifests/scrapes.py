@@ -28,19 +28,19 @@ from typing import Final
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from defrag.agent import cli as agent_cli
-from defrag.agent.cgroup import PodRecord
 from defrag.controller.measure import Summary
 from defrag.controller.metrics import CycleMetrics
 from gpufrag.nvml import NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
+from node.agent import cli as agent_cli
+from node.agent.cgroup import PodRecord
 from scheduler.extender.metrics import ExtenderMetrics, SkipEventCollector
 from serving.config import BatcherConfig
 from serving.gpu import MemoryGrowthWatch, NvmlProbe
 from serving.metrics import ServingMetrics
 from serving.testing import FakeBackend, rows
 from tests.builders import node, pod
-from tests.defrag.agent.fakes import POD_A, POD_B, FakeLister, RecordingWriter, fake_nvml
+from tests.node.agent.fakes import POD_A, POD_B, FakeLister, RecordingWriter, fake_nvml
 from tests.scheduler.extender.helpers import k8s_pod, post, serve
 
 ROOT: Final = Path(__file__).resolve().parents[2]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from defrag.controller.model import Snapshot
 from defrag.controller.rightsize import publish
 from defrag.rightsizing.recommender import RightsizingConfig, parse
 from defrag.rightsizing.workloads import Workload
 from gpufrag import conventions as cv
+from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from tests.defrag.controller.builders import T4_MIB, gpu_node, share, snapshot
 
 NOW = 1_767_225_600.0

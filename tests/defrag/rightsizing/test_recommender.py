@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from defrag.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from defrag.rightsizing.recommender import (
     ANY_VERSION,
     Mode,
@@ -21,6 +20,7 @@ from defrag.rightsizing.recommender import (
     update,
 )
 from gpufrag.errors import BadInput
+from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 
 HOUR = 3600.0
 NOW = 1_767_225_600.0

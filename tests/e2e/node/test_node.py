@@ -12,11 +12,11 @@ import kubernetes
 import pytest
 from kubernetes.utils import parse_quantity
 
-from defrag.agent.cgroup import KubePodLister, PodDirectory, PodRef, PodResolver
 from devkit.controlplane import ControlPlane
 from devkit.node import BUSYBOX_IMAGE, Node
 from devkit.procs import wait_until
 from gpufrag.conventions import ANNOTATION_GPU_INDICES, RESOURCE_GPU, RESOURCE_GPU_MILLI
+from node.agent.cgroup import KubePodLister, PodDirectory, PodRef, PodResolver
 from tests.e2e.node.conftest import GPU_UUIDS
 
 

@@ -34,8 +34,6 @@ import kubernetes
 import pytest
 from kubernetes.utils import parse_quantity
 
-from defrag.agent.cgroup import pod_uid_for_pid
-from defrag.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
 from devkit.controlplane import NOT_READY_TAINT, ControlPlane
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.node import BUSYBOX_IMAGE, Node
@@ -47,6 +45,8 @@ from gpufrag.conventions import (
     RESOURCE_GPU_MILLI,
     SCHEDULER_NAME,
 )
+from node.agent.cgroup import pod_uid_for_pid
+from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
 
 UUIDS = ("GPU-9a7e0c11-0000-4000-8000-00000000000a", "GPU-9a7e0c11-0000-4000-8000-00000000000b")
 A100_BYTES = 85_899_345_920  # 81920 MiB

@@ -1,0 +1,16 @@
+"""The GPU node agent (``gpufrag agent``, a DaemonSet): NVML -> per-pod GPU usage -> the Node.
+
+Modules, in data-flow order:
+
+- :mod:`gpufrag.nvml` (the shared NVML adapter, not in this package) reads GPUs and their
+  processes through pynvml;
+- :mod:`node.agent.cgroup` maps a process to its pod (``/proc/<pid>/cgroup`` + the API);
+- :mod:`node.agent.usage` is the schema of the ``gpufrag.io/gpu-usage`` Node annotation, the
+  public contract with the defrag controller;
+- :mod:`node.agent.leakwatch` spots pods whose GPU memory keeps growing;
+- :mod:`node.agent.publish` holds every write to the cluster and the rule for when to write;
+- :mod:`node.agent.metrics` exports ``/metrics``, ``/healthz``, ``/readyz``;
+- :mod:`node.agent.loop` runs one interval after another; :mod:`node.agent.cli` wires it up.
+
+Nothing is imported here, so ``from node.agent.usage import parse`` stays cheap for readers.
+"""

@@ -1,0 +1,249 @@
+"""The agent's interval loop: read NVML -> attribute processes to pods -> export -> publish.
+
+One :meth:`Agent.tick` is one interval, with every collaborator injected (reader, pid -> pod
+lookup, publisher, metrics, clock), so the whole loop runs in tests against recorded NVML
+readings and a recording writer. :meth:`Agent.run` only adds the pacing.
+
+A failed interval (NVML error, API server unreachable) is logged and retried at the next one;
+the loop never dies of it. Readiness turns true after the first interval whose reading was read
+and published.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from structlog.typing import FilteringBoundLogger
+
+from gpufrag.conventions import DEFAULT_NAMES, KubeNames
+from gpufrag.errors import BadInput
+from gpufrag.nvml import GpuReadError, GpuReading
+from node.agent import isolation
+from node.agent.cgroup import PodRef, PodShare
+from node.agent.isolation import ShareWatch
+from node.agent.leakwatch import DEFAULT_INTERVALS, DEFAULT_THRESHOLD_MIB, LeakWatch
+from node.agent.metrics import AgentMetrics, Health
+from node.agent.publish import (
+    EVENT_REASON_GPU_MEMORY_GROWTH,
+    EVENT_REASON_GPU_MEMORY_OVER_SHARE,
+    Publisher,
+    PublishError,
+)
+from node.agent.usage import REFRESH_INTERVALS, GpuUsage, NodeGpuUsage, PodGpuUsage
+
+DEFAULT_INTERVAL_S = 15.0
+DEFAULT_TOLERANCE_MIB = 64
+DEFAULT_TOLERANCE_PCT = 10
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """The agent's knobs, validated once at start-up (:meth:`validate`)."""
+
+    node_name: str
+    interval_s: float = DEFAULT_INTERVAL_S
+    # Publish when a GPU's or pod's memory moves by more than this, or utilisation by more than
+    # tolerance_pct points; smaller moves wait for the refresh.
+    tolerance_mib: int = DEFAULT_TOLERANCE_MIB
+    tolerance_pct: int = DEFAULT_TOLERANCE_PCT
+    # Republish an unchanged reading after this many intervals, so readers can tell it is live.
+    refresh_intervals: int = REFRESH_INTERVALS
+    leak_threshold_mib: int = DEFAULT_THRESHOLD_MIB
+    leak_intervals: int = DEFAULT_INTERVALS
+    # The isolation check (node.agent.isolation): a share pod over its share by more than
+    # share_tolerance_mib for share_intervals readings in a row is reported, at most once per
+    # share_cooldown_s.
+    share_tolerance_mib: int = isolation.DEFAULT_TOLERANCE_MIB
+    share_intervals: int = isolation.DEFAULT_INTERVALS
+    share_cooldown_s: float = isolation.DEFAULT_COOLDOWN_S
+    # The shared names section (the usage annotation's key among them).
+    names: KubeNames = DEFAULT_NAMES
+
+    @property
+    def refresh_s(self) -> float:
+        return self.refresh_intervals * self.interval_s
+
+    def validate(self) -> AgentConfig:
+        """Return self, or raise :class:`BadInput` naming the flag to fix."""
+        if not self.node_name:
+            raise BadInput("unknown node name: pass --node-name or set NODE_NAME (the DaemonSet "
+                           "sets it from spec.nodeName)", field="node_name")
+        checks: list[tuple[str, bool, str]] = [
+            ("interval_s", self.interval_s > 0, "> 0 seconds"),
+            ("tolerance_mib", self.tolerance_mib >= 0, ">= 0 MiB"),
+            ("tolerance_pct", 0 <= self.tolerance_pct <= 100, "in 0..100"),
+            ("refresh_intervals", self.refresh_intervals >= 1, ">= 1"),
+            ("leak_threshold_mib", self.leak_threshold_mib >= 0, ">= 0 MiB"),
+            ("leak_intervals", self.leak_intervals >= 1, ">= 1"),
+            ("share_tolerance_mib", self.share_tolerance_mib >= 0, ">= 0 MiB"),
+            ("share_intervals", self.share_intervals >= 1, ">= 1"),
+            ("share_cooldown_s", self.share_cooldown_s >= 0, ">= 0 seconds"),
+        ]
+        for name, ok, bound in checks:
+            if not ok:
+                raise BadInput(f"{getattr(self, name)!r} must be {bound}", field=name)
+        return self
+
+
+class GpuReader(Protocol):
+    def read(self) -> tuple[GpuReading, ...]: ...
+
+
+class PidToPod(Protocol):
+    def pod_for_pid(self, pid: int) -> PodRef | None: ...
+
+
+def no_shares(uid: str) -> PodShare | None:
+    """The share lookup of an agent that knows no pod's share (the isolation check is off)."""
+    return None
+
+
+def build_usage(node: str, timestamp: float, interval_s: float,
+                readings: Iterable[GpuReading],
+                pod_for_pid: Callable[[int], PodRef | None]) -> NodeGpuUsage:
+    """Turn NVML readings into the annotation value: processes summed per pod, per GPU.
+
+    Processes outside any known pod are left out of ``pods``; their memory still counts in the
+    GPU's ``memory_used_mib``.
+    """
+    pods_by_pid: dict[int, PodRef | None] = {}
+    gpus = []
+    for reading in sorted(readings, key=lambda r: r.index):
+        memory_by_pod: dict[PodRef, int] = defaultdict(int)
+        for process in reading.processes:
+            if process.pid not in pods_by_pid:
+                pods_by_pid[process.pid] = pod_for_pid(process.pid)
+            pod = pods_by_pid[process.pid]
+            if pod is not None:
+                memory_by_pod[pod] += process.memory_used_mib
+        pods = tuple(
+            PodGpuUsage(pod.namespace, pod.name, pod.uid, mib)
+            for pod, mib in sorted(memory_by_pod.items(),
+                                   key=lambda item: (item[0].namespace, item[0].name, item[0].uid))
+        )
+        gpus.append(GpuUsage(
+            index=reading.index,
+            uuid=reading.uuid,
+            product=reading.product,
+            memory_used_mib=reading.memory_used_mib,
+            memory_total_mib=reading.memory_total_mib,
+            utilization_pct=reading.utilization_pct,
+            pods=pods,
+        ))
+    return NodeGpuUsage(node=node, timestamp=round(timestamp, 3), interval_s=interval_s,
+                        gpus=tuple(gpus))
+
+
+def memory_by_pod(usage: NodeGpuUsage) -> dict[PodRef, int]:
+    """Each pod's GPU memory summed over the node's GPUs (what the leak watch follows)."""
+    totals: dict[PodRef, int] = defaultdict(int)
+    for gpu in usage.gpus:
+        for pod in gpu.pods:
+            totals[PodRef(pod.namespace, pod.name, pod.uid)] += pod.memory_used_mib
+    return dict(totals)
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, *, reader: GpuReader, pods: PidToPod,
+                 publisher: Publisher, metrics: AgentMetrics, health: Health,
+                 log: FilteringBoundLogger, clock: Callable[[], float] = time.time,
+                 shares: Callable[[str], PodShare | None] = no_shares) -> None:
+        self.config = config
+        self._reader = reader
+        self._pods = pods
+        self._publisher = publisher
+        self._metrics = metrics
+        self._health = health
+        self._log = log
+        self._clock = clock
+        self._leaks = LeakWatch(interval_s=config.interval_s,
+                                threshold_mib=config.leak_threshold_mib,
+                                intervals=config.leak_intervals)
+        self._shares = shares
+        self._share_watch = ShareWatch(tolerance_mib=config.share_tolerance_mib,
+                                       intervals=config.share_intervals,
+                                       cooldown_s=config.share_cooldown_s)
+
+    def tick(self) -> NodeGpuUsage | None:
+        """One interval. Returns the reading, or None when reading or publishing failed."""
+        now = self._clock()
+        self._health.mark_tick(now)
+        try:
+            readings = self._reader.read()
+        except GpuReadError as exc:
+            self._metrics.reads.labels("error").inc()
+            self._log.error("gpu_read_failed", error=str(exc))
+            return None
+        self._metrics.reads.labels("ok").inc()
+        usage = build_usage(self.config.node_name, now, self.config.interval_s, readings,
+                            self._pods.pod_for_pid)
+        self._metrics.observe_usage(usage)
+        self._watch_leaks(usage, now)
+        self._check_shares(usage, now)
+        try:
+            reason = self._publisher.publish(usage)
+        except PublishError as exc:
+            self._metrics.publishes.labels("error").inc()
+            self._log.error("publish_failed", error=str(exc), retryable=exc.retryable)
+            return None
+        if reason is not None:
+            self._metrics.publishes.labels(reason).inc()
+            self._metrics.last_publish_s.set(usage.timestamp)
+            self._log.debug("published", reason=reason, gpus=len(usage.gpus))
+        if not self._health.ready:
+            self._health.mark_ready()
+            self._log.info("ready", gpus=len(usage.gpus),
+                           pods=sum(len(gpu.pods) for gpu in usage.gpus))
+        return usage
+
+    def _watch_leaks(self, usage: NodeGpuUsage, now: float) -> None:
+        per_pod = memory_by_pod(usage)
+        for suspect in self._leaks.observe(per_pod, now):
+            pod = suspect.pod
+            self._log.warning("gpu_memory_growth", namespace=pod.namespace, pod=pod.name,
+                              start_mib=suspect.start_mib, current_mib=suspect.current_mib,
+                              intervals=suspect.intervals)
+            try:
+                self._publisher.report_leak(pod, suspect.message(), now)
+            except PublishError as exc:
+                # The metric still shows it; one lost Event is not worth failing the interval.
+                self._log.warning("event_failed", error=str(exc), namespace=pod.namespace,
+                                  pod=pod.name)
+            else:
+                self._metrics.events.labels(EVENT_REASON_GPU_MEMORY_GROWTH).inc()
+        self._metrics.observe_leaks(per_pod, self._leaks.suspected)
+
+    def _check_shares(self, usage: NodeGpuUsage, now: float) -> None:
+        checked, due = self._share_watch.observe(usage, self._shares, now)
+        for overrun in due:
+            pod = overrun.pod
+            self._log.warning("gpu_memory_over_share", namespace=pod.namespace, pod=pod.name,
+                              gpu=overrun.gpu_index, used_mib=overrun.used_mib,
+                              share_mib=overrun.share_mib, chosen=overrun.chosen)
+            try:
+                self._publisher.report_over_share(pod, overrun.message(), now)
+            except PublishError as exc:
+                self._log.warning("event_failed", error=str(exc), namespace=pod.namespace,
+                                  pod=pod.name)
+            else:
+                self._metrics.events.labels(EVENT_REASON_GPU_MEMORY_OVER_SHARE).inc()
+        self._metrics.observe_shares(checked, self.config.share_intervals)
+
+    def run(self, wait: Callable[[float], bool]) -> None:
+        """Tick every ``interval_s`` until ``wait(delay)`` returns True (stop requested).
+
+        ``wait`` is ``threading.Event.wait`` in the CLI and a fake clock's step in tests.
+        Intervals are paced from the start of each tick; a tick that overran starts the next
+        one at once rather than queueing up missed ones.
+        """
+        interval_s = self.config.interval_s
+        while True:
+            started = self._clock()
+            self.tick()
+            delay = max(0.0, started + interval_s - self._clock())
+            if wait(delay):
+                return

@@ -1,0 +1,195 @@
+"""Every write the node agent makes to the cluster, and the rule for when to make it.
+
+Two writes, so the agent's RBAC is short and obvious:
+
+- ``patch`` on ``nodes`` (its own Node): the ``gpufrag.io/gpu-usage`` annotation, as a JSON
+  merge patch that touches only that key;
+- ``create`` on ``events`` (core/v1, in the pod's namespace): ``GPUMemoryGrowth`` and
+  ``GPUMemoryOverShare`` warnings.
+
+(Its one read, ``list`` on ``pods`` with ``fieldSelector=spec.nodeName``, lives with the pid ->
+pod lookup in :mod:`node.agent.cgroup`.)
+
+:class:`ClusterWriter` is the seam: :class:`KubeClusterWriter` talks to a real
+``kubernetes.client.ApiClient``; :class:`LogOnlyWriter` (``--dry-run``) logs instead; tests
+record calls. :class:`Publisher` decides *whether* to write (changed beyond tolerance, or the
+last write is older than the refresh period) and is the same whichever writer it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+from kubernetes import client
+from kubernetes.client import ApiClient, CoreV1Api
+from structlog.typing import FilteringBoundLogger
+
+from gpufrag.conventions import ANNOTATION_GPU_USAGE
+from node.agent.cgroup import PodRef
+from node.agent.usage import NodeGpuUsage
+from scheduler.kube.errors import ApiError, api_errors
+
+COMPONENT = "gpufrag-agent"
+EVENT_REASON_GPU_MEMORY_GROWTH = "GPUMemoryGrowth"
+EVENT_REASON_GPU_MEMORY_OVER_SHARE = "GPUMemoryOverShare"
+EVENT_TYPE_WARNING = "Warning"
+# Object names are at most 253 characters; the event name adds "." and up to 16 hex digits.
+_MAX_EVENT_PREFIX = 253 - 17
+
+
+class PublishError(RuntimeError):
+    """A write failed. ``retryable`` says whether the next interval may succeed by itself;
+    when False the message says what to fix (node name, RBAC)."""
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class ClusterWriter(Protocol):
+    def patch_node_annotation(self, node: str, key: str, value: str) -> None: ...
+
+    def create_pod_event(self, pod: PodRef, *, reason: str, message: str, event_type: str,
+                         now: float) -> None: ...
+
+
+class KubeClusterWriter:
+    """:class:`ClusterWriter` over a ``kubernetes.client.ApiClient`` (in-cluster or kubeconfig)."""
+
+    def __init__(self, api_client: ApiClient, *, node_name: str, component: str = COMPONENT,
+                 request_timeout_s: float = 10.0) -> None:
+        self._core = CoreV1Api(api_client)
+        self._node_name = node_name
+        self._component = component
+        self._request_timeout_s = request_timeout_s
+
+    def patch_node_annotation(self, node: str, key: str, value: str) -> None:
+        body = {"metadata": {"annotations": {key: value}}}
+        with _api_errors(f"patching annotation {key} on node {node!r}", verb="patch nodes",
+                         not_found=f"node {node!r} does not exist; check --node-name / NODE_NAME"):
+            # Name the patch type: client releases differ in what they pick for a dict body.
+            self._core.patch_node(node, body, _content_type="application/merge-patch+json",
+                                  _request_timeout=self._request_timeout_s)
+
+    def create_pod_event(self, pod: PodRef, *, reason: str, message: str, event_type: str,
+                         now: float) -> None:
+        at = datetime.fromtimestamp(now, tz=UTC)
+        event = client.CoreV1Event(
+            # client-go's recorder names events "<object>.<unix nanos in hex>"; so do we.
+            metadata=client.V1ObjectMeta(
+                name=f"{pod.name[:_MAX_EVENT_PREFIX]}.{int(now * 1e9):x}",
+                namespace=pod.namespace,
+            ),
+            involved_object=client.V1ObjectReference(
+                api_version="v1", kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid,
+            ),
+            reason=reason,
+            message=message,
+            type=event_type,
+            count=1,
+            first_timestamp=at,
+            last_timestamp=at,
+            source=client.V1EventSource(component=self._component, host=self._node_name),
+            reporting_component=self._component,
+            reporting_instance=f"{self._component}-{self._node_name}",
+        )
+        with _api_errors(f"creating event {reason} on pod {pod.namespace}/{pod.name}",
+                         verb="create events",
+                         not_found=f"namespace {pod.namespace!r} is gone"):
+            self._core.create_namespaced_event(pod.namespace, event,
+                                               _request_timeout=self._request_timeout_s)
+
+
+@contextmanager
+def _api_errors(what: str, *, verb: str, not_found: str) -> Iterator[None]:
+    """Map API failures (classified once, in :mod:`scheduler.kube.errors`) to
+    :class:`PublishError`, with the fix in the message."""
+    try:
+        with api_errors(what):
+            yield
+    except ApiError as exc:
+        if exc.status == 404:
+            raise PublishError(f"{what}: {not_found}", retryable=False) from None
+        if exc.status in (401, 403):
+            raise PublishError(
+                f"{what}: HTTP {exc.status}; the agent's ServiceAccount needs RBAC '{verb}' "
+                "(see docs/agent.md)",
+                retryable=False,
+            ) from None
+        raise PublishError(str(exc), retryable=exc.retryable) from None
+
+
+class LogOnlyWriter:
+    """``--dry-run``: log what would be written; write nothing."""
+
+    def __init__(self, log: FilteringBoundLogger) -> None:
+        self._log = log
+
+    def patch_node_annotation(self, node: str, key: str, value: str) -> None:
+        self._log.info("dry_run_patch_node", node=node, key=key, bytes=len(value))
+
+    def create_pod_event(self, pod: PodRef, *, reason: str, message: str, event_type: str,
+                         now: float) -> None:
+        self._log.info("dry_run_create_event", namespace=pod.namespace, pod=pod.name,
+                       reason=reason, type=event_type, message=message)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishPolicy:
+    """When a reading is worth a write: see :meth:`NodeGpuUsage.changed_beyond`."""
+
+    tolerance_mib: int
+    tolerance_pct: int
+    refresh_s: float
+
+    def reason(self, usage: NodeGpuUsage, last: NodeGpuUsage | None,
+               last_at: float | None) -> str | None:
+        """``"first"``, ``"changed"``, ``"refresh"``, or None to skip this write."""
+        if last is None or last_at is None:
+            return "first"
+        if usage.changed_beyond(last, self.tolerance_mib, self.tolerance_pct):
+            return "changed"
+        if usage.timestamp - last_at >= self.refresh_s:
+            return "refresh"
+        return None
+
+
+class Publisher:
+    """Writes the node's usage annotation when :class:`PublishPolicy` says so."""
+
+    def __init__(self, writer: ClusterWriter, policy: PublishPolicy, *,
+                 annotation_key: str = ANNOTATION_GPU_USAGE) -> None:
+        self._writer = writer
+        self._policy = policy
+        self._annotation_key = annotation_key
+        self._last: NodeGpuUsage | None = None
+        self._last_at: float | None = None
+
+    @property
+    def last_published_at(self) -> float | None:
+        return self._last_at
+
+    def publish(self, usage: NodeGpuUsage) -> str | None:
+        """Write ``usage`` if due; returns why it was written, or None if skipped.
+
+        On :class:`PublishError` nothing is remembered, so the next interval tries again.
+        """
+        reason = self._policy.reason(usage, self._last, self._last_at)
+        if reason is None:
+            return None
+        self._writer.patch_node_annotation(usage.node, self._annotation_key, usage.to_json())
+        self._last = usage
+        self._last_at = usage.timestamp
+        return reason
+
+    def report_leak(self, pod: PodRef, message: str, now: float) -> None:
+        self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_GROWTH,
+                                      message=message, event_type=EVENT_TYPE_WARNING, now=now)
+
+    def report_over_share(self, pod: PodRef, message: str, now: float) -> None:
+        self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_OVER_SHARE,
+                                      message=message, event_type=EVENT_TYPE_WARNING, now=now)

@@ -1,0 +1,263 @@
+"""Allocate, GetPreferredAllocation and PreStartContainer: the decisions behind the RPCs.
+
+One :class:`Allocator` serves both resources. Calls are taken one at a time (a lock), so two
+calls can never match the same pod; the match is recorded in memory before the pod is marked
+through the API, so the next call skips it even before the watch brings the mark back. Marking
+is best effort: when the API server cannot be reached the container still gets its GPUs (its
+pod is not failed for an annotation), the failure is logged and counted, and the in-memory
+record guards the rest of this process's life.
+
+Which GPUs: those recorded for the pod (:func:`~node.deviceplugin.matching.resolve`), or, for
+a whole-GPU pod with no record (another scheduler placed it), the devices the kubelet chose
+(:func:`~node.deviceplugin.matching.kubelet_choice`), logged ``kubelet_choice`` once per pod
+and counted in ``gpufrag_deviceplugin_allocated_containers_total{source="kubelet"}``.
+
+What a container gets (:func:`container_response`):
+
+- ``NVIDIA_VISIBLE_DEVICES=<UUIDs of exactly the chosen GPUs>`` (read by the NVIDIA container
+  runtime), and the device nodes ``/dev/nvidia<index>`` of those GPUs plus the driver's control
+  devices, each only where it exists on this node;
+- for a share (below 1000 milli): ``GPUFRAG_GPU_MILLI`` and ``GPUFRAG_GPU_MEMORY_LIMIT_MIB`` for
+  the workload to honour (soft limits); with ``--mps`` also ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
+  (the share in percent, rounded up) and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<MiB>M``: the
+  container sees its one GPU as device 0), which CUDA enforces under an MPS control daemon, and
+  with ``--mps-pipe-dir`` the pipe directory mounted and named in ``CUDA_MPS_PIPE_DIRECTORY``.
+
+The ``/dev/nvidia<index>`` node uses NVML's index as the minor number, which holds on the usual
+single-driver node; the shared NVML adapter does not read ``nvmlDeviceGetMinorNumber``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from structlog.typing import FilteringBoundLogger
+
+from node.deviceplugin.api import pb
+from node.deviceplugin.config import DevicePluginConfig, Kind
+from node.deviceplugin.devices import gpu_of, preferred
+from node.deviceplugin.inventory import Gpu, HealthBoard
+from node.deviceplugin.matching import (
+    Candidate,
+    PodAsk,
+    Refusal,
+    find,
+    holders,
+    idle_gpus,
+    kubelet_choice,
+    resolve,
+    takes_kubelet_choice,
+)
+from node.deviceplugin.metrics import PluginMetrics
+from node.deviceplugin.writes import PodWriteError, PodWriter
+from scheduler.core.types import MILLI_PER_GPU
+from scheduler.kube.convert import milli_memory_mib
+
+GRANTS_KEPT = 4096  # device-ID sets -> GPUs remembered for PreStartContainer
+
+
+class PodSource(Protocol):
+    """The pods on this node (:class:`node.deviceplugin.pods.KubeNodePods`)."""
+
+    def asks(self) -> list[PodAsk]: ...
+
+    def relist(self) -> None: ...
+
+
+class AllocationRefused(RuntimeError):
+    """The call gets no GPUs; the message goes to the kubelet and so to the pod's Events."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceNodes:
+    """The device nodes that exist on this node, found once at start."""
+
+    by_index: Mapping[int, str]
+    control: tuple[str, ...]
+    missing: tuple[str, ...]
+
+    @classmethod
+    def find(cls, gpus: Sequence[Gpu], config: DevicePluginConfig,
+             exists: Callable[[str], bool] = os.path.exists) -> DeviceNodes:
+        def seen(path: str) -> bool:
+            return exists(os.path.join(config.dev_root, os.path.relpath(path, "/dev")))
+
+        wanted = {gpu.index: f"/dev/nvidia{gpu.index}" for gpu in gpus}
+        by_index = {i: path for i, path in wanted.items() if seen(path)}
+        control = tuple(path for path in config.control_devices if seen(path))
+        missing = tuple(sorted({*wanted.values(), *config.control_devices}
+                               - {*by_index.values(), *control}))
+        return cls(by_index, control, missing)
+
+
+def container_response(gpus: Sequence[Gpu], kind: Kind, count: int, *, nodes: DeviceNodes,
+                       config: DevicePluginConfig) -> pb.ContainerAllocateResponse:
+    """What the kubelet puts into the container (module docstring)."""
+    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(gpu.uuid for gpu in gpus)}
+    devices = [pb.DeviceSpec(container_path=path, host_path=path, permissions="rw")
+               for path in (*(nodes.by_index[g.index] for g in gpus if g.index in nodes.by_index),
+                            *nodes.control)]
+    mounts = []
+    if kind is Kind.SHARE and count % MILLI_PER_GPU:
+        gpu = gpus[0]
+        limit_mib = milli_memory_mib(count, gpu.memory_total_mib)
+        envs["GPUFRAG_GPU_MILLI"] = str(count)
+        envs["GPUFRAG_GPU_MEMORY_LIMIT_MIB"] = str(limit_mib)
+        if config.mps:
+            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, math.ceil(count / 10)))
+            envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit_mib}M"
+            if config.mps_pipe_dir:
+                envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_pipe_dir
+                mounts.append(pb.Mount(container_path=config.mps_pipe_dir,
+                                       host_path=config.mps_pipe_dir, read_only=False))
+    return pb.ContainerAllocateResponse(envs=envs, devices=devices, mounts=mounts)
+
+
+class Allocator:
+    """Matches calls to pods, records what each container got, answers the RPCs."""
+
+    def __init__(self, config: DevicePluginConfig, board: HealthBoard, pods: PodSource,
+                 writer: PodWriter, metrics: PluginMetrics, *, log: FilteringBoundLogger,
+                 nodes: DeviceNodes, clock: Callable[[], float] = time.time) -> None:
+        self._config = config
+        self._board = board
+        self._pods = pods
+        self._writer = writer
+        self._metrics = metrics
+        self._log = log
+        self._nodes = nodes
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._given: dict[str, dict[str, tuple[str, ...]]] = {}  # pod UID -> container -> GPUs
+        self._grants: OrderedDict[frozenset[str], tuple[str, ...]] = OrderedDict()
+
+    def forget(self, uid: str) -> None:
+        """The pod is gone: drop its record (keeps memory bounded by the pods on the node)."""
+        with self._lock:
+            self._given.pop(uid, None)
+
+    # -- matching --------------------------------------------------------------------------------
+    def _find(self, kind: Kind, count: int) -> Candidate | Refusal:
+        resource = self._config.resource(kind)
+        found = find(self._pods.asks(), kind, count, node=self._config.node_name,
+                     resource=resource, given=self._given)
+        if isinstance(found, Refusal):
+            try:
+                self._pods.relist()  # a pod bound moments ago may not be in the cache yet
+            except Exception as exc:  # the API server is down: answer from the cache
+                self._log.warning("relist_failed", error=str(exc))
+                return found
+            found = find(self._pods.asks(), kind, count, node=self._config.node_name,
+                         resource=resource, given=self._given)
+        return found
+
+    def preferred(self, kind: Kind, request: pb.ContainerPreferredAllocationRequest) -> list[str]:
+        """The devices of the GPUs recorded for the pod this call is for, where the kubelet
+        has them free; for a pod that takes the kubelet's choice, those of the lowest-index
+        idle GPUs (:func:`idle_gpus`); the lowest free device IDs otherwise (never an error:
+        Allocate says)."""
+        size = request.allocation_size
+        with self._lock:
+            found = self._find(kind, size)
+            target: tuple[str, ...] = ()
+            if isinstance(found, Candidate) and takes_kubelet_choice(
+                    found.pod, kubelet_fallback=self._config.kubelet_fallback):
+                target = idle_gpus(self._pods.asks(), self._board, self._given)
+            elif isinstance(found, Candidate):
+                gpus = resolve(found, self._board, self._config.names)
+                if not isinstance(gpus, Refusal):
+                    target = tuple(gpu.uuid for gpu in gpus)
+        return preferred(request.available_deviceIDs, request.must_include_deviceIDs, size,
+                         target)
+
+    def allocate(self, kind: Kind, device_ids: Sequence[str]) -> pb.ContainerAllocateResponse:
+        """One container's allocation; raises :class:`AllocationRefused`."""
+        count = len(device_ids)
+        with self._lock:
+            found = self._find(kind, count)
+            if isinstance(found, Refusal):
+                raise AllocationRefused(found.message)
+            pod, container = found.pod, found.container
+            source = "record"
+            if takes_kubelet_choice(pod, kubelet_fallback=self._config.kubelet_fallback):
+                source = "kubelet"
+                gpus = kubelet_choice(pod, self._board, device_ids)
+            else:
+                gpus = resolve(found, self._board, self._config.names)
+            if isinstance(gpus, Refusal):
+                self._refused(pod, gpus.message)
+                raise AllocationRefused(gpus.message)
+            uuids = tuple(gpu.uuid for gpu in gpus)
+            first_of_pod = pod.uid not in self._given and not pod.allocated
+            shared = self._held_by_others(pod, uuids) if source == "kubelet" else {}
+            record = self._given.setdefault(pod.uid, {})
+            record[container.name] = uuids
+            given = {**pod.allocated, **record}
+            self._grants[frozenset(device_ids)] = uuids
+            while len(self._grants) > GRANTS_KEPT:
+                self._grants.popitem(last=False)
+        resource = self._config.resource(kind)
+        self._metrics.allocated_containers.labels(resource, source).inc()
+        if source == "kubelet" and first_of_pod:
+            self._log.info("kubelet_choice", pod=pod.key,
+                           reason=f"no {self._config.names.annotation_gpu_indices} annotation: "
+                                  f"not placed by {self._config.names.scheduler_name}'s bind",
+                           effect="its containers get the GPUs the kubelet chose")
+        for uuid, pods in shared.items():
+            self._log.warning("kubelet_choice_in_use", pod=pod.key, uuid=uuid, held_by=pods[:5],
+                              effect="the container shares this GPU with those pods (the "
+                                     "kubelet counts whole GPUs and shares apart): keep other "
+                                     "schedulers' GPU pods off the nodes where "
+                                     f"{self._config.names.scheduler_name} places shares")
+        kubelet_gpus = sorted({gpu_of(d) for d in device_ids})
+        self._log.info("allocated", pod=pod.key, container=container.name, resource=resource,
+                       count=count, source=source, gpus=[gpu.index for gpu in gpus],
+                       uuids=list(uuids))
+        if kubelet_gpus != sorted(uuids):
+            # The kubelet did not take the preferred devices (NUMA alignment, or its books
+            # differ after a swap); its IDs are only counters, the container gets the GPUs.
+            self._log.info("kubelet_devices_differ", pod=pod.key, kubelet_gpus=kubelet_gpus)
+        try:
+            self._writer.mark_allocated(pod, self._config.annotation_allocated, given)
+        except PodWriteError as exc:
+            self._metrics.mark_errors.inc()
+            self._log.error("mark_failed", pod=pod.key, error=str(exc),
+                            effect="the container gets its GPUs; the mark is missing until "
+                                   "the plugin restarts and the pod is no longer pending")
+        return container_response(gpus, kind, count, nodes=self._nodes, config=self._config)
+
+    def _held_by_others(self, pod: PodAsk, uuids: Sequence[str]) -> dict[str, list[str]]:
+        """Which of ``uuids`` other pods hold or are promised (:func:`holders`); under the
+        lock."""
+        others = [other for other in self._pods.asks() if other.uid != pod.uid]
+        held = holders(others, self._board, self._given)
+        return {uuid: held[uuid] for uuid in uuids if uuid in held}
+
+    def _refused(self, pod: PodAsk | None, message: str) -> None:
+        self._log.warning("allocation_refused", pod=pod.key if pod else None, reason=message)
+        if pod is None:
+            return
+        try:
+            self._writer.warn(pod, message, now=self._clock())
+        except PodWriteError as exc:
+            self._log.warning("event_failed", pod=pod.key, error=str(exc))
+
+    def prestart(self, device_ids: Sequence[str]) -> None:
+        """Refuse to start a container whose GPUs went unhealthy since Allocate."""
+        with self._lock:
+            uuids = self._grants.get(frozenset(device_ids))
+        if uuids is None:  # granted before a restart of this plugin: the kubelet's IDs
+            uuids = tuple(sorted({gpu_of(d) for d in device_ids}))
+        for uuid in uuids:
+            gpu = self._board.by_uuid.get(uuid)
+            if gpu is not None and not self._board.is_healthy(uuid):
+                raise AllocationRefused(f"GPU {gpu.index} ({uuid}) became unhealthy after it was "
+                                        f"allocated ({self._board.reason(uuid)}); the container "
+                                        f"is not started on it")

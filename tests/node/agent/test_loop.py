@@ -1,0 +1,233 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+from gpufrag.conventions import ANNOTATION_GPU_USAGE
+from gpufrag.errors import BadInput
+from gpufrag.nvml import NvmlReader, ProcessReading
+from gpufrag.nvml_recorded import RecordedNvml
+from node.agent.loop import Agent, AgentConfig, build_usage, memory_by_pod
+from node.agent.metrics import AgentMetrics, Health
+from node.agent.publish import Publisher, PublishError, PublishPolicy
+from node.agent.usage import PodGpuUsage, parse
+from tests.node.agent.fakes import (
+    MIB,
+    POD_A,
+    POD_B,
+    POD_C,
+    FakeClock,
+    FakePods,
+    RecordingLog,
+    RecordingWriter,
+    fake_nvml,
+    processes,
+)
+
+CONFIG = AgentConfig(node_name="node1", interval_s=15.0, tolerance_mib=64, tolerance_pct=10,
+                     refresh_intervals=4, leak_threshold_mib=100, leak_intervals=3)
+
+
+@dataclass
+class Rig:
+    """An Agent on the recorded 2-GPU node with every collaborator in reach."""
+
+    config: AgentConfig = CONFIG
+    nvml: RecordedNvml = field(default_factory=fake_nvml)
+    pods: FakePods = field(default_factory=FakePods)
+    writer: RecordingWriter = field(default_factory=RecordingWriter)
+    clock: FakeClock = field(default_factory=FakeClock)
+    log: RecordingLog = field(default_factory=RecordingLog)
+
+    def __post_init__(self) -> None:
+        self.reader = NvmlReader(self.nvml)
+        self.reader.open()
+        self.metrics = AgentMetrics(self.config.node_name)
+        self.health = Health(self.clock, stall_after_s=60.0)
+        self.agent = Agent(
+            self.config, reader=self.reader, pods=self.pods,
+            publisher=Publisher(self.writer, PublishPolicy(self.config.tolerance_mib,
+                                                           self.config.tolerance_pct,
+                                                           self.config.refresh_s)),
+            metrics=self.metrics, health=self.health, log=self.log.as_logger(), clock=self.clock,
+        )
+
+    def tick(self) -> Any:
+        result = self.agent.tick()
+        self.clock.advance(self.config.interval_s)
+        return result
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        value: float | None = self.metrics.registry.get_sample_value(name, labels)
+        return value
+
+
+def test_first_tick_reads_attributes_publishes_and_becomes_ready() -> None:
+    rig = Rig()
+    assert not rig.health.ready
+    usage = rig.tick()
+    assert usage is not None and rig.health.ready
+    ((node, key, value),) = rig.writer.patches
+    assert (node, key) == ("node1", ANNOTATION_GPU_USAGE)
+    published = parse(value)
+    assert published == usage
+    gpu0, gpu1 = published.gpus
+    assert gpu0.pods == (PodGpuUsage("serving", "llama-7b-0", POD_A.uid, 20_000),
+                         PodGpuUsage("serving", "mistral-7b-0", POD_B.uid, 10_000))
+    # pid 7070 (a host process) is in no pod: its 256 MiB stay unattributed.
+    assert gpu1.pods == (PodGpuUsage("batch", "embed-0", POD_C.uid, 12_000),)
+    assert gpu1.memory_unattributed_mib == 800
+    assert rig.log.events("info") == ["ready"]
+    assert rig.sample("gpufrag_agent_annotation_publishes_total", reason="first") == 1
+    assert rig.sample("gpufrag_pod_gpu_memory_used_bytes", namespace="batch", pod="embed-0",
+                      node="node1", gpu="1") == 12_000 * MIB
+
+
+def test_unchanged_readings_wait_for_the_refresh() -> None:
+    rig = Rig()
+    for _ in range(6):
+        rig.tick()
+    # first at t0, then refresh after 4 intervals (60 s): t0 + 60.
+    stamps = [parse(v).timestamp for _, _, v in rig.writer.patches]
+    assert [s - stamps[0] for s in stamps] == [0.0, 60.0]
+
+
+def test_a_change_beyond_tolerance_is_published_at_once() -> None:
+    rig = Rig()
+    rig.tick()
+    rig.nvml.devices[0].samples[0].memory_used_bytes += 65 * MIB
+    rig.tick()
+    assert len(rig.writer.patches) == 2
+    rig.nvml.devices[0].samples[0].memory_used_bytes += 10 * MIB
+    rig.tick()
+    assert len(rig.writer.patches) == 2
+
+
+def test_a_read_error_is_logged_counted_and_not_fatal() -> None:
+    rig = Rig()
+    rig.nvml.devices[1].errors["nvmlDeviceGetMemoryInfo"] = ["NVMLError_GpuIsLost"]
+    assert rig.tick() is None
+    assert not rig.health.ready and rig.writer.patches == []
+    assert rig.log.events("error") == ["gpu_read_failed"]
+    assert rig.sample("gpufrag_agent_nvml_reads_total", result="error") == 1
+    del rig.nvml.devices[1].errors["nvmlDeviceGetMemoryInfo"]
+    assert rig.tick() is not None and rig.health.ready
+
+
+def test_a_publish_error_keeps_readiness_false_and_retries() -> None:
+    rig = Rig()
+    rig.writer.fail_with = PublishError("HTTP 503", retryable=True)
+    assert rig.tick() is None
+    assert not rig.health.ready
+    (error,) = [r for r in rig.log.records if r[0] == "error"]
+    assert error[1:] == ("publish_failed", {"error": "HTTP 503", "retryable": True})
+    assert rig.sample("gpufrag_agent_annotation_publishes_total", reason="error") == 1
+    rig.writer.fail_with = None
+    assert rig.tick() is not None
+    assert len(rig.writer.patches) == 1 and rig.health.ready
+
+
+def test_a_growing_pod_gets_one_event_and_the_metric() -> None:
+    rig = Rig()
+    leak = "gpufrag_agent_gpu_memory_leak_suspected"
+    for step in range(6):
+        rig.nvml.devices[0].processes = processes((4242, (20_000 + 500 * step) * MIB),
+                                                  (5151, 10_000 * MIB))
+        rig.tick()
+        if step < 3:
+            assert rig.sample(leak, namespace="serving", pod=POD_A.name) == 0
+    (event,) = rig.writer.events
+    assert (event["pod"], event["reason"], event["type"]) == (POD_A, "GPUMemoryGrowth", "Warning")
+    assert "20000 -> 21500 MiB" in event["message"]
+    assert rig.sample(leak, namespace="serving", pod=POD_A.name) == 1
+    assert rig.sample(leak, namespace="serving", pod=POD_B.name) == 0
+    assert rig.sample("gpufrag_agent_events_total", reason="GPUMemoryGrowth") == 1
+    assert rig.log.events("warning") == ["gpu_memory_growth"]
+
+
+def test_a_failed_event_is_logged_and_the_interval_still_publishes() -> None:
+    rig = Rig(config=AgentConfig(node_name="node1", leak_intervals=1, refresh_intervals=1))
+    rig.tick()
+
+    class EventsFail(RecordingWriter):
+        def create_pod_event(self, *args: Any, **kwargs: Any) -> None:
+            raise PublishError("HTTP 403; needs RBAC 'create events'", retryable=False)
+
+    failing = EventsFail()
+    rig.agent._publisher._writer = failing  # swap the writer, keep the publisher's state
+    rig.nvml.devices[0].processes = processes((4242, 21_000 * MIB), (5151, 10_000 * MIB))
+    assert rig.tick() is not None
+    assert "event_failed" in rig.log.events("warning")
+    assert len(failing.patches) == 1
+
+
+def test_run_paces_ticks_and_stops_when_asked() -> None:
+    rig = Rig()
+    delays: list[float] = []
+
+    def wait(delay: float) -> bool:
+        delays.append(delay)
+        rig.clock.advance(delay)
+        return len(delays) == 3
+
+    rig.agent.run(wait)
+    assert delays == [15.0, 15.0, 15.0]
+    assert rig.sample("gpufrag_agent_nvml_reads_total", result="ok") == 3
+
+
+def test_run_does_not_queue_up_after_a_slow_tick() -> None:
+    rig = Rig()
+    reads = rig.nvml.nvmlDeviceGetUUID
+
+    def slow_uuid(handle: object) -> str | bytes:
+        rig.clock.advance(20.0)  # NVML took longer than the interval
+        return reads(handle)
+
+    rig.nvml.nvmlDeviceGetUUID = slow_uuid  # type: ignore[method-assign]
+    delays: list[float] = []
+
+    def wait(delay: float) -> bool:
+        delays.append(delay)
+        return True
+
+    rig.agent.run(wait)
+    assert delays == [0.0]
+
+
+def test_build_usage_resolves_each_pid_once_and_sums_per_pod() -> None:
+    pods = FakePods({1: POD_A, 2: POD_A})
+    reader = NvmlReader(fake_nvml())
+    reader.open()
+    readings = reader.read()
+    shared = replace(readings[0], processes=(
+        ProcessReading(1, 100 * MIB), ProcessReading(2, 50 * MIB), ProcessReading(3, 7 * MIB)))
+    usage = build_usage("node1", 1.23456, 15.0, [readings[1], shared], pods.pod_for_pid)
+    assert [g.index for g in usage.gpus] == [0, 1]  # sorted by index
+    assert usage.gpus[0].pods == (PodGpuUsage(POD_A.namespace, POD_A.name, POD_A.uid, 150),)
+    assert sorted(pods.lookups) == [1, 2, 3, 6060, 7070]
+    assert usage.timestamp == 1.235
+    assert memory_by_pod(usage) == {POD_A: 150}
+
+
+@pytest.mark.parametrize(("overrides", "field_name"), [
+    ({"node_name": ""}, "node_name"),
+    ({"interval_s": 0}, "interval_s"),
+    ({"tolerance_mib": -1}, "tolerance_mib"),
+    ({"tolerance_pct": 101}, "tolerance_pct"),
+    ({"refresh_intervals": 0}, "refresh_intervals"),
+    ({"leak_threshold_mib": -1}, "leak_threshold_mib"),
+    ({"leak_intervals": 0}, "leak_intervals"),
+])
+def test_config_validation_names_the_field(overrides: dict[str, Any], field_name: str) -> None:
+    config = AgentConfig(**{"node_name": "node1", **overrides})
+    with pytest.raises(BadInput) as caught:
+        config.validate()
+    assert caught.value.field == field_name
+
+
+def test_default_config_is_valid_and_refresh_is_in_seconds() -> None:
+    config = AgentConfig(node_name="node1").validate()
+    assert (config.interval_s, config.leak_threshold_mib, config.leak_intervals) == (15.0, 100, 3)
+    assert config.refresh_s == 60.0

@@ -1,0 +1,104 @@
+"""``gpufrag device-plugin`` end to end in one process: flags, exit codes, recorded mode."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from devkit.procs import free_port
+from gpufrag.cli import main as gpufrag_main
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_NO_GPU, EXIT_OK
+from node.deviceplugin.cli import build_parser, main
+from node.deviceplugin.config import DevicePluginConfig
+from tests.node.deviceplugin.builders import UUIDS
+from tests.node.deviceplugin.fakes import FakePods, RecordingWriter
+from tests.node.deviceplugin.test_server import FakeKubelet
+
+
+def _recording(path: Path, **extra: object) -> Path:
+    path.write_text(json.dumps({**extra, "devices": [
+        {"name": "NVIDIA A100-SXM4-80GB", "uuid": UUIDS[0], "memory_total": 85_899_345_920,
+         "samples": [{"gpu": 0, "memory_used": 0}]}]}))
+    return path
+
+
+@pytest.mark.parametrize("argv", [
+    ["--node-name="],
+    ["--node-name=n", "--resources=gpus"],
+    ["--node-name=n", "--metrics-port=70000"],
+    ["--node-name=n", "--no-such-flag"],
+    ["--node-name=n", "--nvml-recording=/nonexistent.json"],
+])
+def test_bad_input_exits_2(argv: list[str]) -> None:
+    assert main(argv) == EXIT_BAD_INPUT
+
+
+def test_kubelet_fallback_is_on_unless_switched_off() -> None:
+    assert DevicePluginConfig(node_name="n").kubelet_fallback is True
+    assert build_parser().parse_args([]).kubelet_fallback is True
+    assert build_parser().parse_args(["--no-kubelet-fallback"]).kubelet_fallback is False
+
+
+def test_no_gpu_exits_3_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rec = _recording(tmp_path / "r.json", init_error="NVMLError_LibraryNotFound")
+    assert main(["--node-name=n", f"--nvml-recording={rec}", "--metrics-port=0"]) == EXIT_NO_GPU
+    assert "no_gpu" in capsys.readouterr().err
+
+
+def test_it_is_a_gpufrag_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpufrag_main(["device-plugin", "--help"]) == EXIT_OK
+    assert "gpufrag device-plugin" in capsys.readouterr().out
+
+
+def _ready_within(url: str, deadline: float) -> bool:
+    while True:
+        try:
+            if urllib.request.urlopen(url, timeout=5).status == 200:
+                return True
+        except OSError:  # 503 (HTTPError) until ready, or not listening yet
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def test_recorded_mode_registers_and_says_it_is_recorded(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with tempfile.TemporaryDirectory(prefix="dp-") as folder:
+        kubelet = FakeKubelet(Path(folder))
+        kubelet.start()
+        stop = threading.Event()
+        port = free_port()
+        argv = ["--node-name=n", f"--socket-dir={folder}", "--watch-interval-s=0.05",
+                f"--nvml-recording={_recording(tmp_path / 'r.json')}", f"--metrics-port={port}"]
+        result: list[int] = []
+        thread = threading.Thread(target=lambda: result.append(
+            main(argv, pods=FakePods(), writer=RecordingWriter(), stop=stop)))
+        thread.start()
+        try:
+            deadline = time.monotonic() + 20
+            while len(kubelet.requests) < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert [r.resource_name for r in kubelet.requests] == ["nvidia.com/gpu",
+                                                                   "gpufrag.io/gpu-milli"]
+            base = f"http://127.0.0.1:{port}"
+            # Ready follows registration by a moment (the kubelet opens ListAndWatch after
+            # Register answers): poll within the same deadline instead of racing it.
+            assert _ready_within(f"{base}/readyz", deadline)
+            metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+            assert "gpufrag_deviceplugin_inventory_recorded 1.0" in metrics
+            assert 'gpufrag_deviceplugin_registered{resource="nvidia.com/gpu"} 1.0' in metrics
+        finally:
+            stop.set()
+            thread.join(20)
+            kubelet.stop()
+    assert result == [EXIT_OK]
+    err = capsys.readouterr().err
+    assert "recorded_nvml" in err
+    assert "nvml=recorded" in err or '"nvml": "recorded"' in err
