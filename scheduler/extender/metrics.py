@@ -72,6 +72,14 @@ class _ClusterCollector(Collector):
             "GpufragBypassed Warning Event.")
         bypassed.add_metric([], cache.bypass.total)
         yield bypassed
+        refused = CounterMetricFamily(
+            "gpufrag_extender_reservation_refusals",
+            "Pods whose controller reference named a GPU reservation's owner from outside the "
+            "owner's namespace: judged as ordinary pods (a tenant cannot take another's "
+            "reserved GPU by naming its ReplicaSet).")
+        with cache.lock:
+            refused.add_metric([], cache.reservations.refused)
+        yield refused
 
 
 class SkipEventOutcomes(Protocol):

@@ -20,8 +20,13 @@ The object (a ``GPUReservation``, group ``gpufrag.io``, namespaced; CRD in
       existingPods: [5e1f..., a770...]            # the owner's pods when it was made
       expiresAt: "2026-12-01T12:30:00Z"
 
-Who may use it: a pod of ``owner`` (same controller UID, so same template) that is not one of
-``existingPods`` — i.e. the replacement the owner creates after the eviction. For every other
+Who may use it: a pod of ``owner`` (same controller UID, so same template) in the owner's own
+namespace that is not one of ``existingPods`` — i.e. the replacement the owner creates after the
+eviction. Only the pod's *controller* reference counts, and only in ``owner.namespace``: anyone
+with ``create pods`` in any namespace can write an ownerReference naming another tenant's
+ReplicaSet UID (the API server does not check owner references; the garbage collector only
+deletes such a pod later), so a reference from elsewhere is an ordinary pod's, logged and
+counted (``refused``) when it names a live reservation's owner. For every other
 pod the reserved share counts as taken, until a pod that may use it is bound on ``node`` (it is
 released: the pod itself now holds the capacity; the controller deletes the object) or
 ``expiresAt`` passes (ignored from then on; the next defrag cycle deletes it).
@@ -94,9 +99,22 @@ class Reservation:
         return PodRequest(name=self.name, namespace=PLACEMENT_NAMESPACE,
                           num_gpu=len(self.gpus), gpu_milli=self.gpu_milli)
 
-    def admits(self, owner: str, uid: str) -> bool:
-        """May the pod with this controller UID and UID use the reservation?"""
-        return bool(owner) and owner == self.owner_uid and uid not in self.existing_pods
+    def admits(self, key: str, owner: str, uid: str) -> bool:
+        """May the pod ``key`` (``namespace/name``) with this controller UID and UID use the
+        reservation? Only a pod in the owner's own namespace (module docstring)."""
+        return (self.names_owner(owner) and pod_namespace(key) == self.namespace
+                and uid not in self.existing_pods)
+
+    def names_owner(self, owner: str) -> bool:
+        """The pod's controller reference names this reservation's owner (wherever the pod is:
+        :meth:`admits` also checks the namespace)."""
+        return bool(owner) and owner == self.owner_uid
+
+
+def pod_namespace(key: str) -> str:
+    """The namespace of a pod cache key (``namespace/name``; '' for a key without one)."""
+    namespace, slash, _ = key.rpartition("/")
+    return namespace if slash else ""
 
 
 # ------------------------------------------------------------------------------ the object
@@ -158,6 +176,9 @@ def reservation_from_k8s(obj: Obj) -> Reservation:
     uid = _field(owner, "uid", str, "spec.owner", source)
     if not uid:
         raise BadInput("must not be empty", source=source, field="spec.owner.uid")
+    owner_namespace = _field(owner, "namespace", str, "spec.owner", source)
+    if not owner_namespace:  # only pods of this namespace may use it
+        raise BadInput("must not be empty", source=source, field="spec.owner.namespace")
     existing = spec.get("existingPods") or []
     if not isinstance(existing, list) or len(existing) > MAX_EXISTING_PODS or not all(
             isinstance(u, str) for u in existing):
@@ -174,12 +195,15 @@ def reservation_from_k8s(obj: Obj) -> Reservation:
     return Reservation(
         name=name, node=node, gpus=tuple(gpus), gpu_milli=milli, owner_uid=uid,
         owner_kind=str(owner.get("kind") or ""), owner_name=str(owner.get("name") or ""),
-        namespace=str(owner.get("namespace") or ""), existing_pods=frozenset(existing),
+        namespace=owner_namespace, existing_pods=frozenset(existing),
         expires=expires,
         replaces=f"{replaces.get('namespace') or ''}/{replaces.get('name') or ''}")
 
 
 # ------------------------------------------------------------------------------ the book
+# Pods remembered as refused (logged once each); past this the memory starts again.
+MAX_REFUSED_KEYS = 10_000
+
 class BoundPod(Protocol):
     """What the book reads of a pod the cache knows (``scheduler.kube.cache.KnownPod``)."""
 
@@ -206,6 +230,10 @@ class ReservationBook:
         self.skipped: dict[str, str] = {}  # reservation name -> why it is not honoured
         self.used = 0  # reservations released because a pod that may use them was bound
         self.expired = 0
+        # Pods whose controller reference named a live reservation's owner from another
+        # namespace (module docstring): by key, so each is logged once; the total is counted.
+        self.refused = 0
+        self._refused_keys: set[str] = set()
 
     def __len__(self) -> int:
         return len(self.live)
@@ -249,7 +277,7 @@ class ReservationBook:
         if r.expires <= self.clock() or any(t.name == r.name for t in self.taken.values()):
             return
         for key, pod in self.pods.items():  # used already (read after its replacement)
-            if pod.node == r.node and r.admits(pod.owner, pod.uid):
+            if pod.node == r.node and r.admits(key, pod.owner, pod.uid):
                 if old is None:
                     log.info("reservation already used", reservation=r.name, pod=key)
                 return
@@ -285,9 +313,25 @@ class ReservationBook:
         if not self.live or not pod.owner:
             return
         for r in self.live.values():
-            if r.node == pod.node and r.admits(pod.owner, pod.uid):
+            if r.node == pod.node and r.admits(key, pod.owner, pod.uid):
                 self._use(r, key)
                 return
+
+    def _refuse_foreign(self, key: str, owner: str) -> None:
+        """Note a pod whose controller reference names a live reservation's owner from outside
+        the owner's namespace: it is judged as an ordinary pod (module docstring)."""
+        foreign = [r for r in self.live.values()
+                   if r.names_owner(owner) and pod_namespace(key) != r.namespace]
+        if not foreign or key in self._refused_keys:
+            return
+        self._refused_keys.add(key)
+        if len(self._refused_keys) > MAX_REFUSED_KEYS:
+            self._refused_keys.clear()
+        self.refused += 1
+        log.warning("reservation refused", pod=key, reservation=foreign[0].name,
+                    owner_namespace=foreign[0].namespace,
+                    reason="the pod's controller reference names the reservation's owner, but "
+                           "the pod is not in the owner's namespace: it is an ordinary pod")
 
     def _use(self, r: Reservation, key: str) -> None:
         self._drop(r.name)
@@ -331,7 +375,9 @@ class ReservationBook:
             yield
             return
         now = self.clock()
-        mine = [r for r in self.live.values() if r.admits(owner, uid) and r.expires > now]
+        mine = [r for r in self.live.values() if r.admits(key, owner, uid) and r.expires > now]
+        if not mine and owner:
+            self._refuse_foreign(key, owner)
         for r in mine:
             self._unplace(r)
         try:

@@ -235,7 +235,9 @@ def test_every_move_is_reserved_before_the_first_eviction_with_the_replacements_
     for move, r in zip(the_plan.moves, reserved, strict=True):
         assert (r.node, r.gpus, r.gpu_milli) == (move.target, move.target_gpus, move.gpu_milli)
         assert r.owner_uid == move.owner_uid and move.uid in r.existing_pods
-        assert r.admits(move.owner_uid, "a-new-pod") and not r.admits("someone-else", "x")
+        assert r.admits(f"{move.namespace}/new", move.owner_uid, "a-new-pod")
+        assert not r.admits(f"{move.namespace}/new", "someone-else", "x")
+        assert not r.admits("other-tenant/new", move.owner_uid, "a-new-pod")
         assert r.expires == 1000.0 + config().hint_ttl_s
     # p0 never bound: its reservation runs to its TTL; p1 and p2 were never tried: released.
     assert report.error is not None
@@ -276,7 +278,7 @@ def test_a_share_an_earlier_cycle_still_holds_is_not_planned_into() -> None:
 
     def held(**overrides: object) -> Reservation:
         fields: dict[str, object] = dict(name="left", node="t", gpus=(0,), gpu_milli=300,
-                                         owner_uid="earlier-owner", expires=2000.0)
+                                         owner_uid="earlier-owner", namespace="ns", expires=2000.0)
         fields.update(overrides)
         return Reservation(**fields)  # type: ignore[arg-type]
 
@@ -295,7 +297,7 @@ def test_a_share_an_earlier_cycle_still_holds_is_not_planned_into() -> None:
 def test_a_share_held_on_a_triggered_node_is_not_counted_as_an_unknown_pod() -> None:
     snap = sources_and_sink()
     held = Reservation(name="left", node="s0", gpus=(0,), gpu_milli=300,
-                       owner_uid="earlier-owner", expires=2000.0)
+                       owner_uid="earlier-owner", namespace="ns", expires=2000.0)
     assert hold_reservations(snap, [body(held)], 1000.0) == []
     assert held.key in snap.state.pods_on_node[snap.state.index["s0"]]
     the_plan = make(snap)

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gpufrag.errors import BadInput
+from scheduler.extender.service import BindRefused
 from scheduler.kube.convert import node_to_k8s
 from scheduler.kube.reservations import (
     Reservation,
@@ -44,6 +45,8 @@ def test_the_object_reads_back_what_was_written() -> None:
     (lambda s: s.update(gpuMilli=1001), "spec.gpuMilli"),
     (lambda s: s.update(gpuMilli=True), "spec.gpuMilli"),
     (lambda s: s["owner"].update(uid=""), "spec.owner.uid"),
+    (lambda s: s["owner"].update(namespace=""), "spec.owner.namespace"),
+    (lambda s: s["owner"].pop("namespace"), "spec.owner.namespace"),
     (lambda s: s.update(existingPods="x"), "spec.existingPods"),
     (lambda s: s.update(expiresAt="tomorrow"), "spec.expiresAt"),
 ])
@@ -83,6 +86,35 @@ def test_a_reserved_share_is_taken_for_every_pod_but_the_replacement() -> None:
     assert passes(runtime, replacement) == ["n0"]
     assert passes(runtime, competitor) == []  # put back after the replacement was judged
     assert runtime.cache.counts()["pods_placed"] == 3
+
+
+def _in(namespace: str, obj: dict[str, Any]) -> dict[str, Any]:
+    return {**obj, "metadata": {**obj["metadata"], "namespace": namespace}}
+
+
+def _not_controller(obj: dict[str, Any]) -> dict[str, Any]:
+    refs = [{**ref, "controller": False} for ref in obj["metadata"]["ownerReferences"]]
+    return {**obj, "metadata": {**obj["metadata"], "ownerReferences": refs}}
+
+
+def test_another_tenant_naming_the_owner_cannot_take_the_reservation() -> None:
+    """Anyone with ``create pods`` can write an ownerReference naming another tenant's
+    ReplicaSet UID: it counts only in the owner's namespace, and only as the controller."""
+    clock = FakeClock(NOW)
+    thief = _in("tenant-b", k8s_pod(pod("thief", gpu_milli=300), uid="t1", owner=OWNER))
+    runtime, sink = setup(clock, thief)
+    sink.upsert(body(reservation()))
+    book = runtime.cache.reservations
+    assert passes(runtime, thief) == []  # an ordinary pod: the reserved share is taken
+    with pytest.raises(BindRefused, match="does not fit node n0 now"):
+        runtime.extender.bind("tenant-b", "thief", "t1", "n0")
+    assert len(book) == 1 and book.used == 0 and book.refused == 1  # counted once per pod
+    # A reference that is not the controller's counts for nothing, in the owner's namespace too.
+    helper = _not_controller(k8s_pod(pod("helper", gpu_milli=300), uid="h1", owner=OWNER))
+    assert passes(runtime, helper) == []
+    # The owner's own replacement still takes it.
+    replacement = k8s_pod(pod("web-1-b", gpu_milli=300), uid="new", owner=OWNER)
+    assert passes(runtime, replacement) == ["n0"]
 
 
 def test_bind_uses_the_reservation_and_the_watch_confirms_it() -> None:
