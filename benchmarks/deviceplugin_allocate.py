@@ -33,10 +33,12 @@ from devkit.procs import wait_until
 from gpufrag import logs
 from gpufrag.conventions import (
     ANNOTATION_GPU_INDICES,
+    ANNOTATION_GPU_RECORD,
     DEFAULT_NAMES,
     RESOURCE_GPU,
     RESOURCE_GPU_MILLI,
 )
+from gpufrag.records import RecordSigner
 from node.deviceplugin.allocator import Allocator, DeviceNodes, PodSource
 from node.deviceplugin.api import DevicePluginClient, pb
 from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED, DevicePluginConfig, Kind
@@ -47,6 +49,7 @@ from node.deviceplugin.metrics import PluginMetrics
 from node.deviceplugin.pods import KubeNodePods, NodePods
 from node.deviceplugin.server import Endpoint
 from node.deviceplugin.service import DevicePluginServicer
+from node.deviceplugin.trust import FixedRecordKeys
 from node.deviceplugin.writes import KubePodWriter, PodWriter
 
 TARGET_P99_S = 0.050
@@ -54,6 +57,8 @@ NODE = "bench-gpu-node"
 GPUS = 8
 SHARE_MILLI = 30
 WHOLE_GPUS = (6, 7)
+# Every pod's record is signed as the extender signs it, and checked on each Allocate.
+SIGNER = RecordSigner.generate()
 
 
 def gpus() -> tuple[Gpu, ...]:
@@ -79,7 +84,10 @@ def pod_body(name: str, kind: Kind, devices: int, gpu: int) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}",
                          "creationTimestamp": "2026-01-01T00:00:00Z",
-                         "annotations": {ANNOTATION_GPU_INDICES: str(gpu)}},
+                         "annotations": {ANNOTATION_GPU_INDICES: str(gpu),
+                                         ANNOTATION_GPU_RECORD: SIGNER.sign(
+                                             uid=f"uid-{name}", node=NODE,
+                                             gpus_text=str(gpu))}},
             "spec": {"nodeName": NODE, "containers": [
                 {"name": "main", "image": "x",
                  "resources": {"limits": {resource: str(devices)}}}]},
@@ -120,7 +128,8 @@ def run(pods: PodSource, writer: PodWriter, specs: list[tuple[str, Kind, int, in
     metrics = PluginMetrics(NODE, recorded=True)
     log = structlog.get_logger("bench")
     allocator = Allocator(config, board, pods, writer, metrics, log=log,
-                          nodes=DeviceNodes.find(board.gpus, config))
+                          nodes=DeviceNodes.find(board.gpus, config),
+                          records=FixedRecordKeys(SIGNER.verifier()))
     endpoints = {kind: Endpoint(DevicePluginServicer(kind, config.resource(kind), board,
                                                      allocator, metrics, log=log),
                                 config.socket_path(kind)) for kind in (Kind.WHOLE, Kind.SHARE)}

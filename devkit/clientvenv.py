@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -27,9 +28,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-# What each named client venv holds: the versions measured working against ``gpufrag serve``.
+REQUIREMENTS: Final = Path(__file__).resolve().parents[1] / "requirements"
+# What each named client venv holds: a lock (every version pinned and hash-checked, made by
+# scripts/lock) of the versions measured working against ``gpufrag serve``, so a fresh machine
+# builds the venv the last green run had.
 CLIENTS: Final[dict[str, tuple[str, ...]]] = {
-    "kserve": ("kserve==0.21.0", "numpy"),
+    "kserve": ("--require-hashes", "-r", str(REQUIREMENTS / "kserve-client.lock")),
 }
 # Modules each venv must import once built (a venv that installs but cannot import is broken).
 IMPORTS: Final[dict[str, tuple[str, ...]]] = {
@@ -51,8 +55,11 @@ def cache_root() -> Path:
 
 
 def venv_key(name: str, requirements: Sequence[str]) -> str:
-    """``<name>-<hash>``: the hash covers the requirements and the base interpreter."""
-    text = "\n".join([_SCHEMA, sys.version, sys.base_prefix, *sorted(requirements)])
+    """``<name>-<hash>``: the hash covers the requirements (a requirements file named after
+    ``-r`` by its content: a changed lock builds a new venv) and the base interpreter."""
+    files = [Path(path).read_text() for flag, path in itertools.pairwise(requirements)
+             if flag == "-r"]
+    text = "\n".join([_SCHEMA, sys.version, sys.base_prefix, *sorted(requirements), *files])
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 

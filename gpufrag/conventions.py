@@ -60,6 +60,12 @@ LABEL_MODEL_VERSION = "gpufrag.io/model-version"
 ANNOTATION_GPU_SPEC = "gpufrag.io/gpu-spec"
 # GPUs chosen at bind: comma-separated GPU indices on the node, e.g. "0,3".
 ANNOTATION_GPU_INDICES = "gpufrag.io/gpu-indices"
+# The extender's signature of that record (gpufrag.records): the device plugin honours
+# gpu-indices only with it. The private key (Secret) and the public keys (ConfigMap) live in
+# the hints namespace.
+ANNOTATION_GPU_RECORD = "gpufrag.io/gpu-record"
+RECORD_KEY_SECRET = "gpufrag-record-key"
+RECORD_KEYS_CONFIGMAP = "gpufrag-record-keys"
 # Per-GPU usage published by the node agent on its Node (JSON, see node.agent).
 ANNOTATION_GPU_USAGE = "gpufrag.io/gpu-usage"
 # Opt a pod out of defragmentation moves ("false").
@@ -107,6 +113,7 @@ class KubeNames:
     label_model_version: str = LABEL_MODEL_VERSION
     annotation_gpu_spec: str = ANNOTATION_GPU_SPEC
     annotation_gpu_indices: str = ANNOTATION_GPU_INDICES
+    annotation_gpu_record: str = ANNOTATION_GPU_RECORD
     annotation_gpu_usage: str = ANNOTATION_GPU_USAGE
     annotation_defrag_movable: str = ANNOTATION_DEFRAG_MOVABLE
     annotation_defrag_state: str = ANNOTATION_DEFRAG_STATE
@@ -116,6 +123,8 @@ class KubeNames:
     scheduler_name: str = SCHEDULER_NAME
     hints_namespace: str = HINTS_NAMESPACE
     hints_configmap: str = HINTS_CONFIGMAP
+    record_key_secret: str = RECORD_KEY_SECRET
+    record_keys_configmap: str = RECORD_KEYS_CONFIGMAP
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, message) for every value the API server would refuse where it is used."""
@@ -192,6 +201,8 @@ _OBJECT_NAME_CHECKS = {
     "device_plugin": _choice_problem(DEVICE_PLUGINS),
     "hints_namespace": _dns_label_problem,
     "hints_configmap": _dns_subdomain_problem,
+    "record_key_secret": _dns_subdomain_problem,
+    "record_keys_configmap": _dns_subdomain_problem,
     "scheduler_name": _dns_subdomain_problem,
 }
 

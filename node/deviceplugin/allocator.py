@@ -56,6 +56,7 @@ from node.deviceplugin.matching import (
     takes_kubelet_choice,
 )
 from node.deviceplugin.metrics import PluginMetrics
+from node.deviceplugin.trust import RecordTrust
 from node.deviceplugin.writes import PodWriteError, PodWriter
 from scheduler.core.types import MILLI_PER_GPU
 from scheduler.kube.convert import milli_memory_mib
@@ -125,8 +126,12 @@ class Allocator:
 
     def __init__(self, config: DevicePluginConfig, board: HealthBoard, pods: PodSource,
                  writer: PodWriter, metrics: PluginMetrics, *, log: FilteringBoundLogger,
-                 nodes: DeviceNodes, clock: Callable[[], float] = time.time) -> None:
+                 nodes: DeviceNodes, records: RecordTrust | None,
+                 clock: Callable[[], float] = time.time) -> None:
         self._config = config
+        # Which GPU records are honoured (node.deviceplugin.trust); None: every record
+        # (--no-verify-records, a cluster whose tenants all trust each other).
+        self._records = records
         self._board = board
         self._pods = pods
         self._writer = writer
@@ -191,6 +196,8 @@ class Allocator:
                 gpus = kubelet_choice(pod, self._board, device_ids)
             else:
                 gpus = resolve(found, self._board, self._config.names)
+                if not isinstance(gpus, Refusal) and self._records is not None:
+                    gpus = self._trusted(pod, gpus)
             if isinstance(gpus, Refusal):
                 self._refused(pod, gpus.message)
                 raise AllocationRefused(gpus.message)
@@ -232,6 +239,19 @@ class Allocator:
                             effect="the container gets its GPUs; the mark is missing until "
                                    "the plugin restarts and the pod is no longer pending")
         return container_response(gpus, kind, count, nodes=self._nodes, config=self._config)
+
+    def _trusted(self, pod: PodAsk, gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...] | Refusal:
+        """``gpus`` when the pod's record is one the extender signed (under the lock)."""
+        assert self._records is not None
+        problem = self._records.problem(pod)
+        if not problem:
+            return gpus
+        self._metrics.refused_records.inc()
+        names = self._config.names
+        return Refusal(f"pod {pod.key}: its {names.annotation_gpu_indices}={pod.gpus_text!r} "
+                       f"is not honoured: {problem}. Only {names.scheduler_name}'s extender "
+                       f"records GPUs for a pod (signed at bind, for that pod on that node); a "
+                       f"record written by anyone else could name another pod's GPU", pod)
 
     def _held_by_others(self, pod: PodAsk, uuids: Sequence[str]) -> dict[str, list[str]]:
         """Which of ``uuids`` other pods hold or are promised (:func:`holders`); under the

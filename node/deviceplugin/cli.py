@@ -59,6 +59,7 @@ from node.deviceplugin.metrics import PluginMetrics, start_http_server
 from node.deviceplugin.pods import KubeNodePods, NodePods
 from node.deviceplugin.server import Supervisor
 from node.deviceplugin.service import DevicePluginServicer
+from node.deviceplugin.trust import KubeRecordKeys, RecordTrust
 from node.deviceplugin.writes import KubePodWriter, PodWriter
 from scheduler.kube.client import api_client as kube_api_client
 
@@ -94,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "(no gpu-indices annotation) the GPUs the kubelet chose, as "
                              "NVIDIA's plugin does; --no-kubelet-fallback refuses it "
                              "(default: on)")
+    parser.add_argument("--verify-records", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="honour a pod's gpu-indices record only with the extender's "
+                             "signature (gpu-record) for that pod on this node, checked "
+                             "against the public keys the extender publishes; "
+                             "--no-verify-records trusts any record, which lets anyone who "
+                             "can write a pod name another pod's GPU (docs/security.md) "
+                             "(default: on)")
     parser.add_argument("--dev-root", default="/dev",
                         help="where the plugin sees the host's /dev (default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
@@ -111,9 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
          pods: PodSource | None = None, writer: PodWriter | None = None,
-         stop: threading.Event | None = None) -> int:
-    """Run the plugin. ``nvml``, ``pods`` and ``writer`` replace the NVML binding and the
-    Kubernetes client (tests); ``stop`` ends it (default: SIGTERM / SIGINT set it)."""
+         records: RecordTrust | None = None, stop: threading.Event | None = None) -> int:
+    """Run the plugin. ``nvml``, ``pods``, ``writer`` and ``records`` replace the NVML binding
+    and the Kubernetes client (tests); ``stop`` ends it (default: SIGTERM / SIGINT set it)."""
     try:
         args = build_parser().parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:  # --help
@@ -158,14 +167,16 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
         log.error("nvml_failed", error=str(exc))
         return EXIT_FAILURE
     try:
-        return _run(args, config, reader, HealthBoard(gpus), recorded, log, pods, writer, stop)
+        return _run(args, config, reader, HealthBoard(gpus), recorded, log, pods, writer,
+                    records, stop)
     finally:
         reader.close()
 
 
 def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReader,
          board: HealthBoard, recorded: bool, log: FilteringBoundLogger,
-         pods: PodSource | None, writer: PodWriter | None, stop: threading.Event | None) -> int:
+         pods: PodSource | None, writer: PodWriter | None, records: RecordTrust | None,
+         stop: threading.Event | None) -> int:
     metrics = PluginMetrics(config.node_name, recorded=recorded)
     for gpu in board.gpus:
         metrics.observe_health(gpu, True)
@@ -177,7 +188,8 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
         for allocator in allocator_ref:
             allocator.forget(uid)
 
-    if pods is None or writer is None:
+    verify = args.verify_records
+    if pods is None or writer is None or (verify and records is None):
         try:
             api_client = kube_api_client(args.kubeconfig)
         except Exception as exc:  # the config loaders raise a zoo of types; all mean the same
@@ -191,7 +203,15 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
             pods = watcher
         if writer is None:
             writer = KubePodWriter(api_client, node_name=config.node_name)
-    allocator = Allocator(config, board, pods, writer, metrics, log=log, nodes=nodes)
+        if verify and records is None:
+            records = KubeRecordKeys.from_api(api_client, config.names)
+    if not verify:
+        records = None
+        log.warning("records_not_verified",
+                    effect="any gpu-indices record is honoured: anyone who can write a pod on "
+                           "this node can name another pod's GPU (--no-verify-records)")
+    allocator = Allocator(config, board, pods, writer, metrics, log=log, nodes=nodes,
+                          records=records)
     allocator_ref.append(allocator)
     servicers = [DevicePluginServicer(kind, config.resource(kind), board, allocator, metrics,
                                       log=log) for kind in config.kinds]

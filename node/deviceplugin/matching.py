@@ -87,6 +87,7 @@ class PodAsk:
     gpu_count: int = 0  # GPUs the extender places the pod on (pod_from_k8s)
     gpus: tuple[int, ...] | None = None  # the recorded indices; None = unusable (see below)
     gpus_text: str | None = None  # the annotation as written; None = absent
+    record: str | None = None  # the extender's signature of the record (gpu-record); None = absent
     allocated: Given = field(default_factory=dict)  # the gpu-allocated annotation
     problem: str = ""  # why the pod cannot be given GPUs at all (bad spec, bad mark)
 
@@ -171,6 +172,7 @@ def pod_ask(obj: Obj, names: KubeNames, *, annotation_allocated: str) -> PodAsk 
         gpu_count=gpu_count,
         gpus=bound_gpus(obj, names),
         gpus_text=annotations.get(names.annotation_gpu_indices),
+        record=annotations.get(names.annotation_gpu_record),
         allocated=allocated,
         problem=problem or mark_problem,
     )

@@ -56,6 +56,11 @@ class PluginMetrics:
                                           buckets=_LATENCY_BUCKETS_S, registry=r)
         self.mark_errors = Counter("gpufrag_deviceplugin_mark_errors",
                                    "Failed writes of the gpu-allocated annotation.", registry=r)
+        self.refused_records = Counter(
+            "gpufrag_deviceplugin_refused_records",
+            "Containers refused because their pod's gpu-indices record is not one the "
+            "extender signed for this pod on this node (missing, altered, copied or of an "
+            "unknown key): a forged record names another pod's GPU.", registry=r)
 
     def observe_health(self, gpu: Gpu, healthy: bool) -> None:
         self.gpu_healthy.labels(str(gpu.index), gpu.uuid, gpu.product,

@@ -18,6 +18,7 @@ import numpy as np
 import structlog
 
 from gpufrag.errors import BadInput
+from gpufrag.records import RecordSigner, gpu_indices_text
 from scheduler.core.feasibility import explain
 from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_ratio, warm_up
 from scheduler.core.preemption import fewest_victims
@@ -81,8 +82,12 @@ def _configured_workload(config: ExtenderConfig) -> TargetWorkload | None:
 class Extender:
     def __init__(self, cache: ClusterCache, config: ExtenderConfig, *,
                  binder: Binder | None = None, clock: Clock = time.time,
-                 on_ready: Callable[[], None] | None = None) -> None:
+                 on_ready: Callable[[], None] | None = None,
+                 signer: RecordSigner | None = None) -> None:
         self.cache = cache
+        # Signs the GPU record of each bind, for gpufrag's device plugin (gpufrag.records);
+        # None: no record is signed (a snapshot, or another device plugin).
+        self.signer = signer
         self.on_ready = on_ready
         self.config = config
         self.binder = binder
@@ -418,15 +423,21 @@ class Extender:
             raise BindRefused(f"pod {key} cannot be read: {e}") from None
 
     def _device_plugin_annotations(self, request: PodRequest, gpus: tuple[int, ...],
-                                   node: str, row: int, namespace: str, name: str
+                                   node: str, row: int, namespace: str, name: str, uid: str
                                    ) -> dict[str, str]:
-        """What ``names.device_plugin``'s device plugin reads, besides the GPU indices.
+        """What ``names.device_plugin``'s device plugin reads, besides the GPU indices: for
+        gpufrag's own, the signed record of them (bound to the pod's UID and node).
 
         HAMi's are written per container, so that mode reads the pod (and the node, for its
         GPUs' UUIDs) from the API server; the bind is otherwise served from the cache."""
         names = self.config.names
-        if names.device_plugin == "gpufrag" or not request.wants_gpu:
+        if not request.wants_gpu:
             return {}
+        if names.device_plugin == "gpufrag":
+            if self.signer is None:
+                return {}
+            return {names.annotation_gpu_record: self.signer.sign(
+                uid=uid, node=node, gpus_text=gpu_indices_text(gpus))}
         assert self.binder is not None
         node_obj = pod_obj = None
         if names.device_plugin == "hami":
@@ -478,7 +489,8 @@ class Extender:
                 gpus = decision.gpus
                 self.cache.assume(request, row, gpus)
         try:
-            extra = self._device_plugin_annotations(request, gpus, node, row, namespace, name)
+            extra = self._device_plugin_annotations(request, gpus, node, row, namespace, name,
+                                                    uid)
             self.binder.bind(namespace, name, uid, node, gpus if request.wants_gpu else None,
                              **({"extra": extra} if extra else {}))
         except (BindError, UnsupportedRequest) as e:

@@ -49,6 +49,7 @@ from urllib3.util.wait import wait_for_read
 
 from gpufrag.conventions import KubeNames
 from gpufrag.http1 import reason_phrase
+from gpufrag.records import gpu_indices_text
 from scheduler.kube.errors import ApiError, api_errors
 
 Obj = Mapping[str, Any]
@@ -106,10 +107,6 @@ def _body(resp: Any) -> bytes:
         return data
     finally:
         resp.release_conn()
-
-
-def gpu_indices_text(gpus: tuple[int, ...]) -> str:
-    return ",".join(str(g) for g in gpus)
 
 
 def _bind_error(e: ApiError) -> BindError:

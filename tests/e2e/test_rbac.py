@@ -19,8 +19,12 @@ from devkit.stack import delete_nodes, gpu_pod
 from gpufrag import conventions as cv
 from node.agent.cgroup import KubePodLister
 from node.agent.publish import KubeClusterWriter
+from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
+from node.deviceplugin.matching import pod_ask
+from node.deviceplugin.trust import KubeRecordKeys
 from scheduler.extender.config import config_from_mapping
 from scheduler.extender.runtime import cluster_runtime
+from scheduler.kube.recordkeys import ensure_signer
 from tests.e2e.test_manifests import render
 
 NS = "gpufrag-system"
@@ -81,12 +85,27 @@ def test_extender_watches_and_binds_with_its_service_account(
         uid = admin.read_namespaced_pod("p", namespace).metadata.uid
         wait_until(lambda: runtime.cache.pods.get(f"{namespace}/p"), timeout_s=30,
                    what="the watch to see the pod")
+        # The record key: made, kept in its Secret and published with the SA's rights only
+        # (a second start reads the same key back).
+        signer = ensure_signer(as_service_account("gpufrag-scheduler"), config.names)
+        assert ensure_signer(as_service_account("gpufrag-scheduler"),
+                             config.names).key_id == signer.key_id
+        runtime.extender.signer = signer
         outcome = runtime.extender.bind(namespace, "p", uid, NODE)
         pod = admin.read_namespaced_pod("p", namespace)
         assert pod.spec.node_name == NODE
-        assert pod.metadata.annotations[cv.ANNOTATION_GPU_INDICES] == str(outcome.gpus[0])
+        annotations = pod.metadata.annotations
+        assert annotations[cv.ANNOTATION_GPU_INDICES] == str(outcome.gpus[0])
+        # ... and the device plugin, with its own SA's rights, accepts exactly that record.
+        keys = KubeRecordKeys.from_api(as_service_account("gpufrag-device-plugin"),
+                                       cv.DEFAULT_NAMES)
+        asked = pod_ask(admin.api_client.sanitize_for_serialization(pod), cv.DEFAULT_NAMES,
+                        annotation_allocated=ANNOTATION_GPU_ALLOCATED)
+        assert asked is not None and keys.problem(asked) == "", keys.last_error
     finally:
         runtime.stop()
+    plugin = kubernetes.client.CoreV1Api(as_service_account("gpufrag-device-plugin"))
+    assert _forbidden(lambda: plugin.read_namespaced_secret(cv.RECORD_KEY_SECRET, NS))
     core = kubernetes.client.CoreV1Api(as_service_account("gpufrag-scheduler"))
     # (Deleting pods is allowed: kube-scheduler's own role needs it for preemption.)
     assert _forbidden(lambda: core.create_namespaced_pod_eviction("p", namespace, {

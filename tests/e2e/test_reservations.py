@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -16,7 +17,7 @@ import pytest
 
 from devkit.controlplane import ControlPlane
 from devkit.procs import wait_until
-from devkit.stack import delete_nodes
+from devkit.stack import delete_nodes, gpu_pod
 from gpufrag import conventions as cv
 from scheduler.extender.config import config_from_mapping
 from scheduler.extender.runtime import Runtime, cluster_runtime
@@ -25,6 +26,7 @@ from scheduler.kube.convert import pod_to_k8s
 from scheduler.kube.reservations import Reservation
 from tests.builders import pod
 from tests.e2e.test_defrag import install_reservations_crd
+from tests.tenants import tenant_client
 
 pytestmark = pytest.mark.e2e
 
@@ -61,7 +63,7 @@ def test_the_extender_holds_a_reservation_across_a_restart_until_it_is_deleted(
         custom.create_namespaced_custom_object(
             rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE, rsv.PLURAL, rsv.body(Reservation(
                 name=name, node=node, gpus=(0,), gpu_milli=600, owner_uid="rs-1",
-                expires=time.time() + 300, replaces="default/web-a")))
+                namespace="default", expires=time.time() + 300, replaces="default/web-a")))
         wait_until(lambda: not passes(runtime, competitor, node) or None, timeout_s=WAIT_S,
                    what="the watch to deliver the reservation")
         assert passes(runtime, replacement, node)
@@ -75,6 +77,48 @@ def test_the_extender_holds_a_reservation_across_a_restart_until_it_is_deleted(
                                                rsv.PLURAL, name)
         wait_until(lambda: passes(runtime, competitor, node) or None, timeout_s=WAIT_S,
                    what="the watch to deliver the deletion")
+    finally:
+        runtime.stop()
+        delete_nodes(control_plane, [node])
+
+
+def test_another_tenant_naming_the_owner_cannot_take_its_reservation(
+        control_plane: ControlPlane, tmp_path: Path) -> None:
+    """An ordinary user of another namespace (``edit`` there) creates a pod whose controller
+    reference names the reserved-for ReplicaSet's UID (the API server lets anyone write owner
+    references): the extender judges it as an ordinary pod, so the reserved share stays taken
+    for it, and the owner's own replacement still gets it."""
+    install_reservations_crd(control_plane)
+    if control_plane.kubectl("get", "namespace", cv.HINTS_NAMESPACE, check=False).returncode:
+        control_plane.create_namespace(cv.HINTS_NAMESPACE)
+    suffix = uuid.uuid4().hex[:6]
+    owners, others = (control_plane.create_namespace(f"{who}-{suffix}") for who in ("web", "b"))
+    user = kubernetes.client.CoreV1Api(tenant_client(control_plane, others, tmp_path))
+    node = f"rsv-{suffix}"
+    control_plane.create_gpu_node(node, 1, "Tesla-T4", 16_384)
+    custom = kubernetes.client.CustomObjectsApi(control_plane.api_client())
+    runtime = started(control_plane)
+    try:
+        custom.create_namespaced_custom_object(
+            rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE, rsv.PLURAL, rsv.body(Reservation(
+                name=f"{node}-hold", node=node, gpus=(0,), gpu_milli=600, owner_uid="rs-web",
+                namespace=owners, expires=time.time() + 300, replaces=f"{owners}/web-a")))
+        wait_until(lambda: len(runtime.cache.reservations) or None, timeout_s=WAIT_S,
+                   what="the watch to deliver the reservation")
+        body = gpu_pod("thief", milli=500, scheduler="nobody")
+        body["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                                "name": "web", "uid": "rs-web",
+                                                "controller": True}]
+        # The object as the API server stored it (the garbage collector deletes it soon, its
+        # owner not being in its namespace: what kube-scheduler would have sent meanwhile).
+        created = user.create_namespaced_pod(others, body)
+        obj = control_plane.api_client().sanitize_for_serialization(created)
+        assert obj["metadata"]["ownerReferences"][0]["uid"] == "rs-web"
+        assert not passes(runtime, obj, node)  # an ordinary pod: the reserved share is taken
+        assert runtime.cache.reservations.refused == 1
+        replacement = pod_to_k8s(pod("web-b", namespace=owners, gpu_milli=500), uid="r-web",
+                                 owner="rs-web")
+        assert passes(runtime, replacement, node)
     finally:
         runtime.stop()
         delete_nodes(control_plane, [node])

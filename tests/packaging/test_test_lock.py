@@ -20,6 +20,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from devkit.clientvenv import CLIENTS, venv_key
 from tests.packaging.test_lock import PINS as IMAGE_PINS
 from tests.packaging.test_lock import read_lock
 
@@ -82,7 +83,18 @@ def test_the_test_command_installs_the_locks_with_hashes_then_gpufrag_without_de
     assert {"--no-deps", "--no-build-isolation"} <= set(package) and package[-2:] == ["-e", "."]
 
 
-def test_the_lock_script_regenerates_all_three_locks() -> None:
+def test_the_lock_script_regenerates_every_lock() -> None:
     script = (REPO / "scripts" / "lock").read_text()
-    for lock in ("image.lock", "test.lock", "test-tools.lock"):
+    for lock in ("image.lock", "test.lock", "test-tools.lock", "kserve-client.lock"):
         assert f"--output-file=requirements/{lock}" in script, lock
+
+
+def test_the_kserve_client_venv_is_built_from_its_hashed_lock() -> None:
+    pins = read_lock((REQUIREMENTS / "kserve-client.lock").read_text(), "kserve-client.lock")
+    assert pins["kserve"].version == "0.21.0" and all(pin.hashes for pin in pins.values())
+    args = CLIENTS["kserve"]
+    assert "--require-hashes" in args
+    assert Path(args[args.index("-r") + 1]) == REQUIREMENTS / "kserve-client.lock"
+    # A changed lock is a new venv: the cache key covers the lock's content.
+    assert venv_key("kserve", args) != venv_key("kserve", ("--require-hashes",
+                                                            "-r", str(REQUIREMENTS / "test.lock")))

@@ -41,6 +41,7 @@ from devkit.controlplane import ControlPlane
 from devkit.image import ImageBuildError
 from devkit.node import Node
 from devkit.procs import ComponentProcess, ControlPlaneError
+from tests.records import publish_test_key
 
 RUNTIME_ENV = "GPUFRAG_NODE_RUNTIME"
 # The device plugin's recorded GPUs (two A100s).
@@ -161,6 +162,7 @@ def device_plugin(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Itera
         {"name": "NVIDIA A100-SXM4-80GB", "uuid": uuid, "memory_total": 85_899_345_920,
          "samples": [{"gpu": 0, "memory_used": 0}]} for uuid in GPU_UUIDS]}))
     log = tmp_path / "device-plugin.log"
+    publish_test_key(kubernetes.client.CoreV1Api(node_plane.api_client()))
     with log.open("ab") as out:
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "gpufrag"), "device-plugin",

@@ -18,6 +18,7 @@ from devkit.procs import wait_until
 from gpufrag.conventions import ANNOTATION_GPU_INDICES, RESOURCE_GPU, RESOURCE_GPU_MILLI
 from node.agent.cgroup import KubePodLister, PodDirectory, PodRef, PodResolver
 from tests.e2e.node.conftest import GPU_UUIDS
+from tests.records import place_as_the_extender
 
 
 def _core(plane: ControlPlane) -> kubernetes.client.CoreV1Api:
@@ -143,8 +144,7 @@ def test_the_device_plugin_registers_and_a_gpu_pod_is_admitted(
     # With it (as gpufrag-scheduler's bind writes it), Allocate answers and the pod runs.
     manifest = _pod("gpu", node, command="env | grep -i -e nvidia -e gpufrag; sleep 3600",
                     resources={RESOURCE_GPU: "1"})
-    manifest["metadata"] = {"name": "gpu", "annotations": {ANNOTATION_GPU_INDICES: "1"}}
-    core.create_namespaced_pod(node_namespace, manifest)
+    place_as_the_extender(core, node_namespace, manifest, node.name, "1")
 
     def settled() -> kubernetes.client.V1Pod | None:
         pod = core.read_namespaced_pod("gpu", node_namespace)

@@ -47,6 +47,7 @@ from gpufrag.conventions import (
 )
 from node.agent.cgroup import pod_uid_for_pid
 from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
+from tests.records import place_as_the_extender, publish_test_key
 
 UUIDS = ("GPU-9a7e0c11-0000-4000-8000-00000000000a", "GPU-9a7e0c11-0000-4000-8000-00000000000b")
 A100_BYTES = 85_899_345_920  # 81920 MiB
@@ -101,6 +102,7 @@ def plugin(node: Node, node_plane: ControlPlane,
     folder = tmp_path_factory.mktemp("device-plugin")
     log_path, recording = folder / "device-plugin.log", folder / "nvml.json"
     write_recording(recording)
+    publish_test_key(kubernetes.client.CoreV1Api(node_plane.api_client()))
     with log_path.open("ab") as out:
         process = subprocess.Popen(
             [*GPUFRAG, "device-plugin",
@@ -138,11 +140,10 @@ def _wait_allocatable(core: kubernetes.client.CoreV1Api, node: Node, plugin: Plu
         raise
 
 
-def _gpu_pod(name: str, resource: str, count: str, *, node: Node | None = None,
-             gpus: str = "") -> dict[str, Any]:
+def _gpu_pod(name: str, resource: str, count: str) -> dict[str, Any]:
     """A pod asking ``count`` of ``resource``, whose container prints its GPU environment,
-    then sleeps. With ``node``: bound there with GPUs ``gpus`` recorded, as gpufrag-scheduler's
-    bind leaves it; without: for gpufrag-scheduler to place."""
+    then sleeps: for gpufrag-scheduler to place, or for :func:`_placed` to bind with a record
+    as gpufrag-scheduler's bind does."""
     limits = {resource: count}
     pod: dict[str, Any] = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
@@ -152,15 +153,18 @@ def _gpu_pod(name: str, resource: str, count: str, *, node: Node | None = None,
                      "command": ["/bin/sh", "-c",
                                  "env | grep -e NVIDIA_ -e GPUFRAG_ | sort; sleep 3600"],
                      "resources": {"limits": limits, "requests": limits}}]}}
-    if node is not None:
-        pod["spec"]["nodeName"] = node.name
-        pod["metadata"]["annotations"] = {ANNOTATION_GPU_INDICES: gpus}
-    else:
-        # The dev plane runs no node-lifecycle controller, so nothing lifts the not-ready taint
-        # admission put on the new Node (devkit/controlplane.py); the kubelet says it is Ready.
-        pod["spec"]["tolerations"] = [{"key": NOT_READY_TAINT, "operator": "Exists",
-                                       "effect": "NoSchedule"}]
+    # The dev plane runs no node-lifecycle controller, so nothing lifts the not-ready taint
+    # admission put on the new Node (devkit/controlplane.py); the kubelet says it is Ready.
+    pod["spec"]["tolerations"] = [{"key": NOT_READY_TAINT, "operator": "Exists",
+                                   "effect": "NoSchedule"}]
     return pod
+
+
+def _placed(core: kubernetes.client.CoreV1Api, namespace: str, name: str, resource: str,
+            count: str, node: Node, gpus: str) -> None:
+    """The pod bound to ``node`` with GPUs ``gpus`` recorded (and signed), as gpufrag-scheduler's
+    bind leaves it (tests/records.py)."""
+    place_as_the_extender(core, namespace, _gpu_pod(name, resource, count), node.name, gpus)
 
 
 def _settled(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
@@ -246,8 +250,7 @@ def _running_shares(core: kubernetes.client.CoreV1Api, namespace: str, node: Nod
                     plugin: Plugin, names: tuple[str, ...]) -> dict[str, kubernetes.client.V1Pod]:
     """Pods asking 300 milli each, all recorded on GPU 1, once they run."""
     for name in names:
-        core.create_namespaced_pod(namespace,
-                                   _gpu_pod(name, RESOURCE_GPU_MILLI, "300", node=node, gpus="1"))
+        _placed(core, namespace, name, RESOURCE_GPU_MILLI, "300", node, "1")
     running = {}
     for name in names:
         pod = _settled(core, namespace, name, plugin)
@@ -279,8 +282,7 @@ def test_an_unhealthy_gpu_is_reported_and_gets_no_new_pod(
     try:
         # ListAndWatch reports GPU 0's devices Unhealthy; the kubelet offers only GPU 1.
         _wait_allocatable(core, node, plugin, (1, 1000), "GPU 0 out of the Node's allocatable")
-        core.create_namespaced_pod(node_namespace,
-                                   _gpu_pod("on-lost-gpu", RESOURCE_GPU, "1", node=node, gpus="0"))
+        _placed(core, node_namespace, "on-lost-gpu", RESOURCE_GPU, "1", node, "0")
         pod = _settled(core, node_namespace, "on-lost-gpu", plugin)
         # A healthy GPU was free (GPU 1), but the extender chose GPU 0: no container gets a GPU
         # it was not given, so admission fails, with the plugin's reason in the pod's status.
@@ -310,8 +312,7 @@ def test_the_plugin_registers_again_after_a_kubelet_restart(
     wait_until(lambda: True if plugin.events("registered") >= registered + 2 else None,
                timeout_s=30, what="the plugin to register both resources again")
     _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs advertised again")
-    core.create_namespaced_pod(node_namespace,
-                               _gpu_pod("after-restart", RESOURCE_GPU, "1", node=node, gpus="0"))
+    _placed(core, node_namespace, "after-restart", RESOURCE_GPU, "1", node, "0")
     pod = _settled(core, node_namespace, "after-restart", plugin)
     assert pod.status.phase == "Running", (pod.status.reason, pod.status.message)
     assert _given(core.read_namespaced_pod("after-restart", node_namespace)) == {

@@ -20,6 +20,7 @@ from gpufrag.conventions import (
 from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED, DevicePluginConfig
 from node.deviceplugin.inventory import Gpu, HealthBoard
 from node.deviceplugin.matching import PodAsk, pod_ask
+from tests.records import signed_record
 
 NODE = "gpu-node-1"
 UUIDS = ("GPU-00000000-0000-4000-8000-000000000000", "GPU-11111111-1111-4111-8111-111111111111",
@@ -48,9 +49,10 @@ def build_pod(name: str, *, whole: int = 0, milli: int = 0, gpus: str | None = "
               init: Mapping[str, int] | None = None,
               allocated: Mapping[str, Sequence[str]] | str | None = None,
               uid: str | None = None, namespace: str = "default",
-              deleting: bool = False) -> dict[str, Any]:
+              deleting: bool = False, signed: bool = True) -> dict[str, Any]:
     """A pod as the API serves it; ``containers``/``init`` map names to device counts of the
-    resource (``whole`` GPUs, or ``milli``); the default is one container ``main``."""
+    resource (``whole`` GPUs, or ``milli``); the default is one container ``main``. A ``gpus``
+    record is ``signed`` as the extender signs it at bind (tests/records.py) unless told."""
     resource = RESOURCE_GPU if whole or not milli else RESOURCE_GPU_MILLI
     if containers is None:
         containers = {"main": whole or milli}
@@ -60,13 +62,16 @@ def build_pod(name: str, *, whole: int = 0, milli: int = 0, gpus: str | None = "
         return {"name": name, "image": "x", "resources": {"limits": limits}}
 
     annotations: dict[str, str] = {}
-    if gpus is not None:
+    uid = uid or f"uid-{name}"
+    if gpus is not None and signed:
+        annotations.update(signed_record(uid, node, gpus))
+    elif gpus is not None:
         annotations[ANNOTATION_GPU_INDICES] = gpus
     if allocated is not None:
         annotations[ANNOTATION_GPU_ALLOCATED] = (
             allocated if isinstance(allocated, str)
             else orjson.dumps({k: list(v) for k, v in allocated.items()}).decode())
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid or f"uid-{name}",
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid,
                             "creationTimestamp": created, "annotations": annotations}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T01:00:00Z"

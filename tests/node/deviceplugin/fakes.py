@@ -15,8 +15,10 @@ from node.deviceplugin.inventory import HealthBoard
 from node.deviceplugin.matching import PodAsk
 from node.deviceplugin.metrics import PluginMetrics
 from node.deviceplugin.pods import NodePods
+from node.deviceplugin.trust import FixedRecordKeys
 from node.deviceplugin.writes import PodWriteError
 from tests.node.deviceplugin.builders import build_board, build_config
+from tests.records import SIGNER
 
 
 class FakePods:
@@ -81,5 +83,5 @@ def build_allocator(pods: Sequence[Mapping[str, Any]] = (), *, unhealthy: Sequen
     present = {f"/dev/{name}" for name in devices}
     nodes = DeviceNodes.find(board.gpus, cfg, exists=lambda path: path in present)
     allocator = Allocator(cfg, board, source, writer, metrics, log=structlog.get_logger("test"),
-                          nodes=nodes, clock=clock)
+                          nodes=nodes, records=FixedRecordKeys(SIGNER.verifier()), clock=clock)
     return Setup(allocator, source, writer, board, metrics, cfg)

@@ -16,9 +16,11 @@ from gpufrag.cli import main as gpufrag_main
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_NO_GPU, EXIT_OK
 from node.deviceplugin.cli import build_parser, main
 from node.deviceplugin.config import DevicePluginConfig
+from node.deviceplugin.trust import FixedRecordKeys
 from tests.node.deviceplugin.builders import UUIDS
 from tests.node.deviceplugin.fakes import FakePods, RecordingWriter
 from tests.node.deviceplugin.test_server import FakeKubelet
+from tests.records import SIGNER
 
 
 def _recording(path: Path, **extra: object) -> Path:
@@ -79,7 +81,8 @@ def test_recorded_mode_registers_and_says_it_is_recorded(
                 f"--nvml-recording={_recording(tmp_path / 'r.json')}", f"--metrics-port={port}"]
         result: list[int] = []
         thread = threading.Thread(target=lambda: result.append(
-            main(argv, pods=FakePods(), writer=RecordingWriter(), stop=stop)))
+            main(argv, pods=FakePods(), writer=RecordingWriter(),
+                 records=FixedRecordKeys(SIGNER.verifier()), stop=stop)))
         thread.start()
         try:
             deadline = time.monotonic() + 20

@@ -42,6 +42,7 @@ from node.deviceplugin.matching import PodAsk
 from node.deviceplugin.pods import KubeNodePods, NodePods
 from node.deviceplugin.writes import REASON_REFUSED, KubePodWriter
 from tests.node.deviceplugin.harness import KubeletHarness
+from tests.records import publish_test_key, signed_record
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -74,14 +75,18 @@ class Node:
 
     def pod(self, name: str, *, gpus: str | None, whole: int = 0, milli: int = 0,
             containers: int = 1) -> dict[str, Any]:
-        """A pod bound to this node, as the extender binds it (annotation at bind)."""
+        """A pod bound to this node, as the extender binds it (annotation at bind, with its
+        signed record: tests/records.py). This kubelet admits only when told (:meth:`admit`),
+        so the record can follow the pod's creation, once its UID is known."""
         limits = {RESOURCE_GPU: str(whole)} if whole else {RESOURCE_GPU_MILLI: str(milli)}
-        annotations = {} if gpus is None else {ANNOTATION_GPU_INDICES: gpus}
-        body = {"metadata": {"name": name, "annotations": annotations},
+        body = {"metadata": {"name": name},
                 "spec": {"nodeName": NODE, "containers": [
                     {"name": f"c{i}", "image": "x", "resources": {"limits": limits}}
                     for i in range(containers)]}}
         created = self.core.create_namespaced_pod(self.namespace, body)
+        if gpus is not None:
+            self.core.patch_namespaced_pod(name, self.namespace, {"metadata": {
+                "annotations": signed_record(created.metadata.uid, NODE, gpus)}})
         return {"uid": created.metadata.uid, "name": name,
                 "containers": {f"c{i}": {next(iter(limits)): whole or milli}
                                for i in range(containers)}}
@@ -120,6 +125,7 @@ def node(plane: ControlPlane, dpharness: Path) -> Iterator[Node]:
     rec = work / "recording.json"
     rec.write_text(json.dumps(recording()))
     harness = KubeletHarness(dpharness, socket_dir, work / "harness.log")
+    publish_test_key(core)
     env = {**os.environ, "NODE_NAME": NODE, "GPUFRAG_LOG_FORMAT": "json",
            "PYTHONPATH": str(ROOT)}
     with (work / "plugin.log").open("ab") as log:

@@ -7,9 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from gpufrag.conventions import ANNOTATION_GPU_RECORD
 from scheduler.core import ClusterState, choose
 from scheduler.kube.binder import BindError
 from tests.builders import node, pod
+from tests.records import SIGNER
 from tests.scheduler.extender.helpers import (
     FakeClock,
     RecordingBinder,
@@ -203,3 +205,25 @@ def test_the_pod_is_read_from_the_api_when_the_bind_names_no_uid() -> None:
     del binder.pods["default/p1"]
     assert bind(runtime, "p1", "n0")["Error"] == "pod default/p1 not found"
     assert binder.reads == ["default/p1"] and binder.calls == []
+
+
+def test_the_bind_signs_the_gpu_record_for_the_pod_and_node() -> None:
+    binder = RecordingBinder()
+    runtime = serve([node("n0", gpu_count=2)],
+                    pending("p1") + pending("cpu", num_gpu=0, gpu_milli=0), binder=binder)
+    runtime.extender.signer = SIGNER
+    assert bind(runtime, "p1", "n0", "uid-p1") == {"Error": ""}
+    assert bind(runtime, "cpu", "n0", "uid-cpu") == {"Error": ""}
+    gpu_call, cpu_call = binder.calls
+    record = gpu_call.extra[ANNOTATION_GPU_RECORD]
+    verifier = SIGNER.verifier()
+    assert verifier.problem(record, uid="uid-p1", node="n0", gpus_text="0") == ""
+    assert verifier.problem(record, uid="uid-p1", node="n0", gpus_text="1") != ""
+    assert cpu_call.extra == {}  # no GPU, no record
+
+
+def test_without_a_signer_no_record_is_written() -> None:
+    binder = RecordingBinder()
+    runtime = serve([node("n0", gpu_count=2)], pending("p1"), binder=binder)
+    assert bind(runtime, "p1", "n0", "uid-p1") == {"Error": ""}
+    assert binder.calls[0].extra == {}
