@@ -11,10 +11,12 @@ accepted by a server-side dry run. helm is built from its Go module (``devkit/to
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import kubernetes
 import pytest
 import yaml
 
@@ -22,6 +24,8 @@ from devkit import chart
 from devkit.build import BuildError
 from devkit.controlplane import ControlPlane
 from devkit.toolbuild import build_tool
+from scheduler.kube import reservations as rsv
+from scheduler.kube.reservations import Reservation
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "gpufrag"
@@ -52,8 +56,22 @@ def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.Completed
 
 
 def helm_template(helm: Path, *args: str) -> list[Doc]:
-    out = run_helm(helm, "template", "gpufrag", str(CHART), *args).stdout
+    """What an install applies: the templates and crds/ (which Helm installs first)."""
+    out = run_helm(helm, "template", "gpufrag", str(CHART), "--include-crds", *args).stdout
     return [d for d in yaml.safe_load_all(out) if d]
+
+
+def without_keep(doc: Doc) -> Doc:
+    """``doc`` without Helm's keep policy, the one thing the chart adds to the base (on the
+    Namespace, which uninstall must not delete)."""
+    meta = doc.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if not isinstance(annotations, dict) or chart.KEEP_ANNOTATION not in annotations:
+        return doc
+    rest = {k: v for k, v in annotations.items() if k != chart.KEEP_ANNOTATION}
+    meta = {k: v for k, v in meta.items() if k != "annotations"} | (  # type: ignore[union-attr]
+        {"annotations": rest} if rest else {})
+    return {**doc, "metadata": meta}
 
 
 def kustomize(binary: Path, path: str) -> list[Doc]:
@@ -122,8 +140,10 @@ def test_default_values_render_exactly_the_kustomize_base(helm: Path,
     rendered = by_identity(helm_template(helm))
     base = by_identity(kustomize(control_plane_binary, "base"))
     assert sorted(rendered) == sorted(base)
-    differ = [key for key in base if rendered[key] != base[key]]
+    differ = [key for key in base if without_keep(rendered[key]) != base[key]]
     assert not differ, f"objects that differ from the base: {differ}"
+    kept = [key[1] for key, doc in rendered.items() if doc != without_keep(doc)]
+    assert kept == ["Namespace"]
 
 
 def test_helm_lint_strict_passes(helm: Path) -> None:
@@ -285,3 +305,39 @@ def test_bad_values_are_refused_naming_the_field(helm: Path, flag: str, field: s
     assert result.returncode != 0
     assert "values don't meet the specifications of the schema" in result.stderr
     assert field in result.stderr
+
+
+def test_uninstall_keeps_the_crd_the_reservations_and_the_namespace(
+        helm: Path, control_plane_binary: Path) -> None:
+    """``helm install`` then ``helm uninstall`` on a real API server of its own (the chart's
+    cluster-wide names would collide with objects other tests applied): the GPUReservation CRD
+    (in crds/), a live reservation and the gpufrag-system Namespace (kept by policy) are all
+    still there, so no reservation is lost; the release's other objects are gone."""
+    with ControlPlane(control_plane_binary) as plane:
+        _install_and_uninstall(helm, plane)
+
+
+def _install_and_uninstall(helm: Path, control_plane: ControlPlane) -> None:
+    kubeconfig = str(control_plane.kubeconfig_path)
+    release = "keep-test"
+    run_helm(helm, "install", release, str(CHART), "--kubeconfig", kubeconfig,
+             "--namespace", "default")
+    custom = kubernetes.client.CustomObjectsApi(control_plane.api_client())
+    try:
+        custom.create_namespaced_custom_object(
+            rsv.GROUP, rsv.VERSION, chart.BASE_NAMESPACE, rsv.PLURAL, rsv.body(Reservation(
+                name="held", node="n0", gpus=(0,), gpu_milli=300, owner_uid="rs-1",
+                namespace="default", expires=time.time() + 300)))
+    finally:
+        run_helm(helm, "uninstall", release, "--kubeconfig", kubeconfig, "--namespace",
+                 "default")
+    assert control_plane.kubectl("get", "crd", f"{rsv.PLURAL}.{rsv.GROUP}",
+                                 check=False).returncode == 0
+    assert control_plane.kubectl("get", "namespace", chart.BASE_NAMESPACE,
+                                 check=False).returncode == 0
+    held = custom.get_namespaced_custom_object(rsv.GROUP, rsv.VERSION, chart.BASE_NAMESPACE,
+                                               rsv.PLURAL, "held")
+    assert held["spec"]["node"] == "n0"
+    gone = control_plane.kubectl("get", "deployment", "gpufrag-scheduler", "-n",
+                                 chart.BASE_NAMESPACE, check=False)
+    assert gone.returncode != 0 and "NotFound" in gone.stderr
