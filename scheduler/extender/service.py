@@ -21,7 +21,7 @@ from gpufrag.errors import BadInput
 from gpufrag.records import RecordSigner, gpu_indices_text
 from scheduler.core.feasibility import explain
 from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_ratio, warm_up
-from scheduler.core.preemption import fewest_victims
+from scheduler.core.preemption import VictimInputs, choose_victims, victim_inputs
 from scheduler.core.state import IntArray, pod_key
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
 from scheduler.extender.config import ExtenderConfig
@@ -56,6 +56,10 @@ FALLBACK_SPECS: tuple[tuple[SpecKey, float], ...] = tuple(
                         (4, MILLI_PER_GPU), (8, MILLI_PER_GPU)))
 
 log = structlog.get_logger("gpufrag.extender")
+# A preempt answers within this long whatever it is sent (the shipped httpTimeout is 2 s): the
+# nodes it had no time to search keep kube-scheduler's own victims, what kube-scheduler does
+# without the extender.
+PREEMPT_BUDGET_S = 1.0
 # The scheduler the API server names in a pod created without spec.schedulerName.
 API_DEFAULT_SCHEDULER = "default-scheduler"
 
@@ -343,37 +347,61 @@ class Extender:
         if not pod.wants_gpu:
             return {n: (list(v.uids), v.num_pdb_violations) for n, v in victims.items()}
         chosen: dict[str, tuple[list[str], int]] = {}
-        with self.cache.lock:
-            state = self.cache.state
-            for node, candidates in victims.items():
-                row = state.index.get(node)
-                if row is None:
-                    continue
-                by_uid = {self.cache.pods[k].uid: k for k in state.pods_on_node[row]
-                          if k in self.cache.pods}
-                keys: list[str] = []
-                uid_of: dict[str, str] = {}
-                unknown: list[str] = []  # UIDs of candidates the state does not hold
-                for key, uid in zip(candidates.keys, candidates.uids, strict=True):
-                    key = key or by_uid.get(uid, "")
-                    if key in state.pods:
-                        keys.append(key)
-                        uid_of[key] = uid
-                    else:
-                        unknown.append(uid)
-                subset = fewest_victims(state, self.workload, pod, row, keys)
-                if subset is None:
-                    continue
-                if not subset:
-                    # The pod fits the GPUs already: kube-scheduler wants these victims for
-                    # something the extender does not count (pod count, host ports, ...).
-                    # An empty list would make it refuse the whole preemption ("expected at
-                    # least one victim pod on node"), so its own candidates go back as sent.
-                    chosen[node] = (list(candidates.uids), candidates.num_pdb_violations)
-                    continue
-                uids = [uid_of[k] for k in subset] + unknown
-                chosen[node] = (uids, min(candidates.num_pdb_violations, len(uids)))
+        deadline = time.monotonic() + PREEMPT_BUDGET_S
+        unsearched = 0
+        for node, candidates in victims.items():
+            if time.monotonic() >= deadline:  # out of time: kube-scheduler's own choice
+                chosen[node] = (list(candidates.uids), candidates.num_pdb_violations)
+                unsearched += 1
+                continue
+            # The lock only while one node's inputs are copied; the search runs without it,
+            # so filters are never queued behind a preempt.
+            with self.cache.lock:
+                found = self._victim_inputs(pod, node, candidates)
+            if found is None:
+                continue
+            inputs, uid_of, unknown = found
+            subset = choose_victims(inputs) if inputs is not None else None
+            if subset is None:
+                continue
+            if not subset:
+                # The pod fits the GPUs already: kube-scheduler wants these victims for
+                # something the extender does not count (pod count, host ports, ...).
+                # An empty list would make it refuse the whole preemption ("expected at
+                # least one victim pod on node"), so its own candidates go back as sent.
+                chosen[node] = (list(candidates.uids), candidates.num_pdb_violations)
+                continue
+            uids = [uid_of[k] for k in subset] + unknown
+            chosen[node] = (uids, min(candidates.num_pdb_violations, len(uids)))
+        if unsearched:
+            log.warning("preempt cut short", nodes=len(victims), unsearched=unsearched,
+                        budget_s=PREEMPT_BUDGET_S,
+                        effect="those nodes keep kube-scheduler's own victims")
         return chosen
+
+    def _victim_inputs(self, pod: PodRequest, node: str, candidates: NodeVictims
+                       ) -> tuple[VictimInputs | None, dict[str, str], list[str]] | None:
+        """One node's search inputs, the candidates' UIDs by key and the UIDs of those the
+        state does not hold (kept: their eviction may be what kube-scheduler needs for a
+        resource the extender does not track); None for a node the state does not know. Call
+        with the cache's lock held."""
+        state = self.cache.state
+        row = state.index.get(node)
+        if row is None:
+            return None
+        by_uid = {self.cache.pods[k].uid: k for k in state.pods_on_node[row]
+                  if k in self.cache.pods}
+        keys: list[str] = []
+        uid_of: dict[str, str] = {}
+        unknown: list[str] = []
+        for key, uid in zip(candidates.keys, candidates.uids, strict=True):
+            key = key or by_uid.get(uid, "")
+            if key in state.pods:
+                keys.append(key)
+                uid_of[key] = uid
+            else:
+                unknown.append(uid)
+        return victim_inputs(state, self.workload, pod, row, keys), uid_of, unknown
 
     def _check_scheduler(self, key: str, actual: str) -> None:
         """Refuse a pod that is not ours to schedule (``actual``: its spec.schedulerName).

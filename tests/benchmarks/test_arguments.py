@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from benchmarks import scheduling_throughput
+from benchmarks import preempt_latency, scheduling_throughput
 
 
 def _usage_error(main: Callable[[list[str]], int], argv: list[str],
@@ -26,3 +26,13 @@ def test_scheduling_throughput_names_an_unknown_row(capsys: pytest.CaptureFixtur
 def test_scheduling_throughput_needs_a_round(capsys: pytest.CaptureFixture[str]) -> None:
     err = _usage_error(scheduling_throughput.main, ["--rounds", "0"], capsys)
     assert "--rounds must be at least 1" in err
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--sizes", "300,lots"], "--sizes must be node counts separated by commas, got '300,lots'"),
+    (["--sizes", "0"], "--sizes must be 1..50000 nodes each"),
+    (["--victims", "100"], "--victims 1..64"),
+])
+def test_preempt_latency_names_a_bad_argument(argv: list[str], words: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert words in _usage_error(preempt_latency.main, argv, capsys)

@@ -3,8 +3,12 @@ a GPU the preemptor fits on (ties: least fragmentation); nodes where none helps 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+import pytest
+
+from scheduler.extender import service
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import k8s_pod, post, serve
 
@@ -62,3 +66,49 @@ def test_bad_preemption_args_are_400() -> None:
     status, reply = post(runtime.app.test_client(), "/preempt", {
         "Pod": k8s_pod(pod("hi")), "NodeNameToMetaVictims": {"n0": {"Pods": [{}]}}})
     assert status == 400 and "UID" in reply["Error"]
+
+
+def _three_victims() -> tuple[Any, dict[str, Any]]:
+    pods = [placed("a", 0, 400), placed("b", 0, 400), placed("c", 1, 500)]
+    runtime = serve([node("n0", gpu_count=2)], pods)
+    body = {"Pod": k8s_pod(pod("hi", gpu_milli=700), uid="uid-hi"), "NodeNameToMetaVictims": {
+        "n0": {"Pods": [{"UID": "uid-a"}, {"UID": "uid-b"}, {"UID": "uid-c"}],
+               "NumPDBViolations": 2}}}
+    return runtime, body
+
+
+def test_the_search_runs_without_the_cache_lock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filter is never queued behind a preempt: while the victim search runs, the cache's
+    lock (which every filter takes) is free."""
+    runtime, body = _three_victims()
+    searching, lock_was_free = threading.Event(), []
+    real = service.choose_victims
+
+    def filter_thread() -> None:  # the lock is reentrant: ask from another thread, as a filter
+        acquired = runtime.cache.lock.acquire(timeout=2)
+        lock_was_free.append(acquired)
+        if acquired:
+            runtime.cache.lock.release()
+
+    def search(inputs: Any) -> Any:
+        searching.set()
+        other = threading.Thread(target=filter_thread)
+        other.start()
+        other.join(10)
+        return real(inputs)
+
+    monkeypatch.setattr(service, "choose_victims", search)
+    worker = threading.Thread(target=lambda: preempt(runtime, body))
+    worker.start()
+    assert searching.wait(5)
+    worker.join(10)
+    assert lock_was_free == [True]
+
+
+def test_a_preempt_out_of_time_gives_kube_scheduler_its_own_victims(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime, body = _three_victims()
+    monkeypatch.setattr(service, "PREEMPT_BUDGET_S", 0.0)  # no time for any node
+    reply = preempt(runtime, body)
+    assert reply == {"NodeNameToMetaVictims": {"n0": {
+        "Pods": [{"UID": "uid-a"}, {"UID": "uid-b"}, {"UID": "uid-c"}], "NumPDBViolations": 2}}}
