@@ -28,7 +28,6 @@ from scheduler.extender.config import (
 from scheduler.extender.runtime import Runtime, cluster_runtime, freeze_heap, snapshot_runtime
 from scheduler.extender.server import ListenError, serve
 from scheduler.kube.client import api_client
-from scheduler.kube.recordkeys import RecordKeyError, ensure_signer
 from scheduler.kube.snapshot import read_snapshot
 from scheduler.policies import POLICY_NAMES
 
@@ -105,20 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             runtime = cluster_runtime(lambda: api_client(args.kubeconfig, args.context), config,
                                       on_ready=freeze_heap)
-            if config.bind.enabled and config.names.device_plugin == "gpufrag":
-                # gpufrag's device plugin honours a GPU record only with this signature.
-                client = api_client(args.kubeconfig, args.context)
-                try:
-                    runtime.extender.signer = ensure_signer(client, config.names)
-                finally:
-                    client.close()
+
             source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster"
     except BadInput as e:
         print(f"gpufrag extender: {_one_line(str(e))}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except RecordKeyError as e:
-        print(f"gpufrag extender: {_one_line(str(e))}", file=sys.stderr)
-        return EXIT_FAILURE
     server = config.server
     structlog.get_logger("gpufrag.extender").info(
         "extender starting", source=source, policy=config.policy, engine=server.engine,

@@ -19,6 +19,7 @@ import structlog
 from flask import Flask
 from prometheus_client import CollectorRegistry
 
+from gpufrag.records import RecordSigner
 from scheduler.extender.app import create_app
 from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.metrics import SkipEventCollector
@@ -26,6 +27,7 @@ from scheduler.extender.service import Extender
 from scheduler.kube.binder import Binder, DryRunBinder, KubeBinder, KubeEventWriter
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import key_of
+from scheduler.kube.recordkeys import SignerBootstrap
 from scheduler.kube.skipreport import SkipReporter
 from scheduler.kube.snapshot import Snapshot
 from scheduler.kube.watch import ClusterWatcher
@@ -49,6 +51,7 @@ class Runtime:
         if reporter is not None:
             self.registry.register(SkipEventCollector(reporter))
         self.clients: list[Any] = []  # API clients this runtime made, closed by stop()
+        self.record_key: SignerBootstrap | None = None  # gets the GPU-record signing key
         self._stop = threading.Event()
         self._maintainer: threading.Thread | None = None
 
@@ -57,6 +60,8 @@ class Runtime:
             self.reporter.start()  # before the watch: its first list may already skip objects
         if self.watcher is not None:
             self.watcher.start()
+        if self.record_key is not None:
+            self.record_key.start()
         self._maintainer = threading.Thread(target=self._maintain, name="maintenance",
                                             daemon=True)
         self._maintainer.start()
@@ -74,6 +79,8 @@ class Runtime:
             self.watcher.stop(timeout_s)
         if self.reporter is not None:
             self.reporter.stop(timeout_s)
+        if self.record_key is not None:
+            self.record_key.stop(timeout_s)
         if self._maintainer is not None:
             self._maintainer.join(timeout_s)
         for client in self.clients:
@@ -156,6 +163,12 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
         watch_client, cache, config.watch, names=config.names, hints=config.hints.enabled),
         reporter=reporter)
     runtime.clients = [c for c in (watch_client, bind_client, event_client) if c is not None]
+    if bind_client is not None and config.names.device_plugin == "gpufrag":
+        # gpufrag's device plugin honours a GPU record only with the extender's signature.
+        def use(signer: RecordSigner) -> None:
+            extender.signer = signer
+
+        runtime.record_key = SignerBootstrap(new_api_client, config.names, use)
     return runtime
 
 

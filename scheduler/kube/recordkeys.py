@@ -17,6 +17,8 @@ operator removes that key (rotation).
 from __future__ import annotations
 
 import base64
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
@@ -134,4 +136,65 @@ def ensure_signer(api_client: Any, names: KubeNames) -> RecordSigner:
     return signer
 
 
-__all__ = ["RecordKeyError", "ensure_signer"]
+
+
+# The first try is at once; then every RETRY_S, until a key is had (a missing namespace, RBAC
+# not applied yet, an API server not reachable yet).
+RETRY_S = 10.0
+
+
+class SignerBootstrap:
+    """Gets the signing key in a thread of its own and hands it to ``on_signer``: the extender
+    starts (and serves filters) whatever the API says, and binds are signed from the moment the
+    key is had. Until then binds carry no signature, which gpufrag's device plugin refuses (the
+    pod's Event says so); each failed try is logged with what to fix (module docstring)."""
+
+    def __init__(self, new_api_client: Callable[[], Any], names: KubeNames,
+                 on_signer: Callable[[RecordSigner], None], *, retry_s: float = RETRY_S
+                 ) -> None:
+        self._new_api_client = new_api_client
+        self._names = names
+        self._on_signer = on_signer
+        self._retry_s = retry_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.last_error = ""
+
+    def try_once(self) -> bool:
+        """One attempt; True once the key is had (and handed over)."""
+        client = self._new_api_client()
+        try:
+            signer = ensure_signer(client, self._names)
+        except RecordKeyError as e:
+            self.last_error = str(e)
+            log.error("record key unavailable", error=str(e), retry_in_s=self._retry_s,
+                      effect="binds carry no GPU-record signature until it is had: gpufrag's "
+                             "device plugin refuses their GPU records")
+            return False
+        finally:
+            client.close()
+        self.last_error = ""
+        self._on_signer(signer)
+        log.info("record key ready", key_id=signer.key_id)
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.try_once():
+                    return
+            except Exception:  # a client that cannot even be made: try again later
+                log.exception("record key bootstrap failed")
+            self._stop.wait(self._retry_s)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="record-key", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+__all__ = ["RETRY_S", "RecordKeyError", "SignerBootstrap", "ensure_signer"]
