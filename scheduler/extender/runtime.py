@@ -158,6 +158,7 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
                             clock=clock)
     cache.on_skip = reporter.report
     cache.bypass.on_bypass = reporter.report
+    cache.reservations.on_refused = reporter.report
     extender = Extender(cache, config, binder=binder, clock=clock, on_ready=on_ready)
     runtime = Runtime(config, cache, extender, ClusterWatcher(
         watch_client, cache, config.watch, names=config.names, hints=config.hints.enabled),

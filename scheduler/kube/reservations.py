@@ -47,7 +47,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import kubernetes
 import structlog
@@ -201,6 +201,23 @@ def reservation_from_k8s(obj: Obj) -> Reservation:
 
 
 # ------------------------------------------------------------------------------ the book
+@dataclass(frozen=True, slots=True)
+class RefusedReservation:
+    """A pod that named a reservation's owner from outside its namespace (for its Event)."""
+
+    key: str
+    namespace: str
+    name: str
+    uid: str
+    reason: str
+
+    kind: ClassVar[str] = "Pod"
+
+    @property
+    def label(self) -> str:
+        return "pod"
+
+
 # Pods remembered as refused (logged once each); past this the memory starts again.
 MAX_REFUSED_KEYS = 10_000
 
@@ -234,6 +251,7 @@ class ReservationBook:
         # namespace (module docstring): by key, so each is logged once; the total is counted.
         self.refused = 0
         self._refused_keys: set[str] = set()
+        self.on_refused: Callable[[RefusedReservation], None] | None = None
 
     def __len__(self) -> int:
         return len(self.live)
@@ -317,9 +335,10 @@ class ReservationBook:
                 self._use(r, key)
                 return
 
-    def _refuse_foreign(self, key: str, owner: str) -> None:
+    def _refuse_foreign(self, key: str, owner: str, uid: str) -> None:
         """Note a pod whose controller reference names a live reservation's owner from outside
-        the owner's namespace: it is judged as an ordinary pod (module docstring)."""
+        the owner's namespace: it is judged as an ordinary pod (module docstring); logged and
+        handed to ``on_refused`` (a Warning Event on the pod) once per pod."""
         foreign = [r for r in self.live.values()
                    if r.names_owner(owner) and pod_namespace(key) != r.namespace]
         if not foreign or key in self._refused_keys:
@@ -328,10 +347,14 @@ class ReservationBook:
         if len(self._refused_keys) > MAX_REFUSED_KEYS:
             self._refused_keys.clear()
         self.refused += 1
-        log.warning("reservation refused", pod=key, reservation=foreign[0].name,
-                    owner_namespace=foreign[0].namespace,
-                    reason="the pod's controller reference names the reservation's owner, but "
-                           "the pod is not in the owner's namespace: it is an ordinary pod")
+        reason = (f"its controller reference names the owner ({foreign[0].owner_kind or 'owner'} "
+                  f"{foreign[0].owner_name or foreign[0].owner_uid}) of GPU reservation "
+                  f"{foreign[0].name}, which only that owner's pods in namespace "
+                  f"{foreign[0].namespace} may use: it is scheduled as an ordinary pod")
+        log.warning("reservation refused", pod=key, reservation=foreign[0].name, reason=reason)
+        if self.on_refused is not None:
+            namespace, _, name = key.rpartition("/")
+            self.on_refused(RefusedReservation(key, namespace, name, uid, reason))
 
     def _use(self, r: Reservation, key: str) -> None:
         self._drop(r.name)
@@ -377,7 +400,7 @@ class ReservationBook:
         now = self.clock()
         mine = [r for r in self.live.values() if r.admits(key, owner, uid) and r.expires > now]
         if not mine and owner:
-            self._refuse_foreign(key, owner)
+            self._refuse_foreign(key, owner, uid)
         for r in mine:
             self._unplace(r)
         try:

@@ -26,6 +26,7 @@ import structlog
 from scheduler.kube.bypass import BypassedPod
 from scheduler.kube.cache import SkippedObject
 from scheduler.kube.errors import api_error
+from scheduler.kube.reservations import RefusedReservation
 
 log = structlog.get_logger("gpufrag.skipreport")
 
@@ -33,6 +34,8 @@ log = structlog.get_logger("gpufrag.skipreport")
 EVENT_REASON_UNREADABLE: Final = "GpufragUnreadable"
 # The Warning Event put on a GPU pod of this scheduler bound without the extender's say.
 EVENT_REASON_BYPASSED: Final = "GpufragBypassed"
+# ... and on a pod that named another namespace's reservation owner (scheduler.kube.reservations).
+EVENT_REASON_RESERVATION_REFUSED: Final = "GpufragReservationRefused"
 REPORTING_COMPONENT: Final = "gpufrag-extender"
 # Reports waiting for the writer; one burst of bad objects past this is dropped (and counted).
 EVENT_QUEUE_SIZE: Final = 256
@@ -52,7 +55,7 @@ EventWrite = Callable[[str, dict[str, Any]], None]
 _NOT_IN_A_NAME = re.compile(r"[^a-z0-9.-]+")
 
 
-Report = SkippedObject | BypassedPod
+Report = SkippedObject | BypassedPod | RefusedReservation
 """What a Warning Event is written about."""
 
 
@@ -62,7 +65,11 @@ def _identity(report: Report) -> str:
 
 
 def _event_reason(report: Report) -> str:
-    return EVENT_REASON_BYPASSED if isinstance(report, BypassedPod) else EVENT_REASON_UNREADABLE
+    if isinstance(report, BypassedPod):
+        return EVENT_REASON_BYPASSED
+    if isinstance(report, RefusedReservation):
+        return EVENT_REASON_RESERVATION_REFUSED
+    return EVENT_REASON_UNREADABLE
 
 
 def _event_name(report: Report) -> str:
@@ -78,6 +85,8 @@ def _event_name(report: Report) -> str:
 def _message(report: Report) -> str:
     if isinstance(report, BypassedPod):
         return f"placed by its scheduler without the gpufrag extender: {report.reason}"
+    if isinstance(report, RefusedReservation):
+        return f"gpufrag extender: no reserved GPU for this pod: {report.reason}"
     return (f"gpufrag extender cannot read this {report.label} and leaves it out of its "
             f"cluster state: {report.reason}")
 
@@ -218,5 +227,6 @@ class SkipReporter:
 
 
 
-__all__ = ["EVENT_REASON_BYPASSED", "EVENT_REASON_UNREADABLE", "REPORTING_COMPONENT",
+__all__ = ["EVENT_REASON_BYPASSED", "EVENT_REASON_RESERVATION_REFUSED", "EVENT_REASON_UNREADABLE",
+           "REPORTING_COMPONENT",
            "SKIP_EVENT_OUTCOMES", "EventWrite", "Report", "SkipReporter", "skip_event"]

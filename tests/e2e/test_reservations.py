@@ -116,6 +116,12 @@ def test_another_tenant_naming_the_owner_cannot_take_its_reservation(
         assert obj["metadata"]["ownerReferences"][0]["uid"] == "rs-web"
         assert not passes(runtime, obj, node)  # an ordinary pod: the reserved share is taken
         assert runtime.cache.reservations.refused == 1
+        core = kubernetes.client.CoreV1Api(control_plane.api_client())
+        events = wait_until(lambda: [e for e in core.list_namespaced_event(
+            others, field_selector="involvedObject.name=thief").items
+            if e.reason == "GpufragReservationRefused"] or None, timeout_s=WAIT_S,
+            what="the Warning Event on the pod that named another namespace's owner")
+        assert events[0].type == "Warning" and f"namespace {owners}" in events[0].message
         replacement = pod_to_k8s(pod("web-b", namespace=owners, gpu_milli=500), uid="r-web",
                                  owner="rs-web")
         assert passes(runtime, replacement, node)

@@ -10,11 +10,13 @@ from gpufrag.errors import BadInput
 from scheduler.extender.service import BindRefused
 from scheduler.kube.convert import node_to_k8s
 from scheduler.kube.reservations import (
+    RefusedReservation,
     Reservation,
     ReservationSink,
     body,
     reservation_from_k8s,
 )
+from scheduler.kube.skipreport import EVENT_REASON_RESERVATION_REFUSED, skip_event
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import FakeClock, k8s_pod, serve
 
@@ -105,10 +107,19 @@ def test_another_tenant_naming_the_owner_cannot_take_the_reservation() -> None:
     runtime, sink = setup(clock, thief)
     sink.upsert(body(reservation()))
     book = runtime.cache.reservations
+    heard: list[RefusedReservation] = []
+    book.on_refused = heard.append
     assert passes(runtime, thief) == []  # an ordinary pod: the reserved share is taken
     with pytest.raises(BindRefused, match="does not fit node n0 now"):
         runtime.extender.bind("tenant-b", "thief", "t1", "n0")
     assert len(book) == 1 and book.used == 0 and book.refused == 1  # counted once per pod
+    (refusal,) = heard  # ... and one Event for it
+    assert (refusal.key, refusal.uid) == ("tenant-b/thief", "t1")
+    namespace, event = skip_event(refusal, instance="x", now_s=0)
+    assert (namespace, event["reason"], event["type"]) == (
+        "tenant-b", EVENT_REASON_RESERVATION_REFUSED, "Warning")
+    assert "GPU reservation r1, which only that owner's pods in namespace default may use" in \
+        event["message"]
     # A reference that is not the controller's counts for nothing, in the owner's namespace too.
     helper = _not_controller(k8s_pod(pod("helper", gpu_milli=300), uid="h1", owner=OWNER))
     assert passes(runtime, helper) == []
