@@ -2,7 +2,7 @@
 
 kube-scheduler's preemption picks victims by its own resource arithmetic, which does not see
 GPU shares per GPU: it may evict pods from a GPU the preemptor cannot use, or more pods than
-needed. Given its candidates on one node, :func:`fewest_victims` returns the smallest subset
+needed. Given its candidates on one node, :func:`choose_victims` returns the smallest subset
 whose removal lets the pod fit one GPU (or enough whole GPUs) as the core sees it, and among
 subsets of that size the one leaving the node least fragmented (FGD's F(n) after the pod is
 placed; ties to the first subset in ``itertools.combinations`` order); None when no subset
@@ -129,13 +129,4 @@ def choose_victims(inputs: VictimInputs) -> tuple[str, ...] | None:
     return None
 
 
-def fewest_victims(state: ClusterState, workload: TargetWorkload, pod: PodRequest, row: int,
-                   candidates: Sequence[str]) -> tuple[str, ...] | None:
-    """The fewest of ``candidates`` (pod keys placed on ``row``) to evict so ``pod`` fits
-    there, ties to the smallest fragmentation after placing it; None when none helps."""
-    inputs = victim_inputs(state, workload, pod, row, candidates)
-    return None if inputs is None else choose_victims(inputs)
-
-
-__all__ = ["MAX_EXHAUSTIVE_VICTIMS", "VictimInputs", "choose_victims", "fewest_victims",
-           "victim_inputs"]
+__all__ = ["MAX_EXHAUSTIVE_VICTIMS", "VictimInputs", "choose_victims", "victim_inputs"]

@@ -104,7 +104,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             runtime = cluster_runtime(lambda: api_client(args.kubeconfig, args.context), config,
                                       on_ready=freeze_heap)
-
             source = f"kubeconfig {args.kubeconfig}" if args.kubeconfig else "in-cluster"
     except BadInput as e:
         print(f"gpufrag extender: {_one_line(str(e))}", file=sys.stderr)

@@ -153,7 +153,6 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
     # One bind connection per request thread: no bind waits for, or opens, a connection.
     binder = (KubeBinder(bind_client, config.names, pool_size=config.server.threads)
               if bind_client is not None else None)
-
     reporter = SkipReporter(KubeEventWriter(event_client), instance=socket.gethostname(),
                             clock=clock)
     cache.on_skip = reporter.report

@@ -86,12 +86,12 @@ def _configured_workload(config: ExtenderConfig) -> TargetWorkload | None:
 class Extender:
     def __init__(self, cache: ClusterCache, config: ExtenderConfig, *,
                  binder: Binder | None = None, clock: Clock = time.time,
-                 on_ready: Callable[[], None] | None = None,
-                 signer: RecordSigner | None = None) -> None:
+                 on_ready: Callable[[], None] | None = None) -> None:
         self.cache = cache
         # Signs the GPU record of each bind, for gpufrag's device plugin (gpufrag.records);
-        # None: no record is signed (a snapshot, or another device plugin).
-        self.signer = signer
+        # None: no record is signed (a snapshot, another device plugin, or the key is not had
+        # yet: scheduler.kube.recordkeys.SignerBootstrap sets it).
+        self.signer: RecordSigner | None = None
         self.on_ready = on_ready
         self.config = config
         self.binder = binder
@@ -361,7 +361,7 @@ class Extender:
             if found is None:
                 continue
             inputs, uid_of, unknown = found
-            subset = choose_victims(inputs) if inputs is not None else None
+            subset = choose_victims(inputs)
             if subset is None:
                 continue
             if not subset:
@@ -380,11 +380,11 @@ class Extender:
         return chosen
 
     def _victim_inputs(self, pod: PodRequest, node: str, candidates: NodeVictims
-                       ) -> tuple[VictimInputs | None, dict[str, str], list[str]] | None:
+                       ) -> tuple[VictimInputs, dict[str, str], list[str]] | None:
         """One node's search inputs, the candidates' UIDs by key and the UIDs of those the
         state does not hold (kept: their eviction may be what kube-scheduler needs for a
-        resource the extender does not track); None for a node the state does not know. Call
-        with the cache's lock held."""
+        resource the extender does not track); None for a node the state does not know or the
+        pod can never fit. Call with the cache's lock held."""
         state = self.cache.state
         row = state.index.get(node)
         if row is None:
@@ -401,7 +401,8 @@ class Extender:
                 uid_of[key] = uid
             else:
                 unknown.append(uid)
-        return victim_inputs(state, self.workload, pod, row, keys), uid_of, unknown
+        inputs = victim_inputs(state, self.workload, pod, row, keys)
+        return None if inputs is None else (inputs, uid_of, unknown)
 
     def _check_scheduler(self, key: str, actual: str) -> None:
         """Refuse a pod that is not ours to schedule (``actual``: its spec.schedulerName).

@@ -1,4 +1,4 @@
-"""fewest_victims: the one-kernel-call-per-size search gives exactly what trying each subset in
+"""choose_victims: the one-kernel-call-per-size search gives exactly what trying each subset in
 turn gives (the rule, spelled out naively below as the oracle), on random nodes and pods."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from scheduler.core import ClusterState, NodeSpec, PodRequest, TargetWorkload, choose
 from scheduler.core.fragmentation import fragmentation_of
-from scheduler.core.preemption import MAX_EXHAUSTIVE_VICTIMS, fewest_victims
+from scheduler.core.preemption import MAX_EXHAUSTIVE_VICTIMS, choose_victims, victim_inputs
 from scheduler.core.state import pod_key
 from scheduler.core.types import MILLI_PER_GPU
 from scheduler.policies import make_policy
@@ -92,5 +92,6 @@ def test_the_search_equals_trying_each_subset(placed: list[tuple[str, int, int, 
     assert all(k in state.pods for k in keys)
     preemptor = request(99, *asked)
     event(f"candidates: {min(len(keys), 3)}+")
-    assert fewest_victims(state, workload, preemptor, 0, keys) == naive(
-        state, workload, preemptor, 0, keys)
+    inputs = victim_inputs(state, workload, preemptor, 0, keys)
+    chosen = None if inputs is None else choose_victims(inputs)
+    assert chosen == naive(state, workload, preemptor, 0, keys)
