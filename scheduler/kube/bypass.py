@@ -23,11 +23,12 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Final
+from typing import Final
 
 import numpy as np
 
 from scheduler.core.state import IntArray
+from scheduler.kube.podwarning import EVENT_REASON_BYPASSED, PodWarning
 
 # An extender that received no filter for this long is not the one kube-scheduler is using.
 ACTIVE_WINDOW_S: Final = 300.0
@@ -38,26 +39,13 @@ REMEMBERED_ANSWERS: Final = 20_000
 Clock = Callable[[], float]
 
 
-@dataclass(frozen=True, slots=True)
-class BypassedPod:
-    """A GPU pod of this scheduler bound without this extender's say: where, and why it
-    counts as bypassed (the Event's message)."""
-
-    key: str
-    namespace: str
-    name: str
-    uid: str
-    node: str
-    reason: str
-
-    kind: ClassVar[str] = "Pod"
-
-    @property
-    def label(self) -> str:
-        return "pod"
+def bypassed(key: str, uid: str, reason: str) -> PodWarning:
+    """The Warning Event on a pod placed without the extender, ``reason`` saying how."""
+    return PodWarning.on(key, uid, EVENT_REASON_BYPASSED,
+                         f"placed by its scheduler without the gpufrag extender: {reason}")
 
 
-BypassListener = Callable[[BypassedPod], None]
+BypassListener = Callable[[PodWarning], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +93,7 @@ class BypassWatch:
             while len(self._answers) > self.remember:
                 self._answers.popitem(last=False)
 
-    def bound(self, key: str, uid: str, node: str, row: int | None) -> BypassedPod | None:
+    def bound(self, key: str, uid: str, node: str, row: int | None) -> PodWarning | None:
         """The watch shows the pod ``key`` (a GPU pod of this scheduler) newly bound to
         ``node`` (state row ``row``; None when the state has no such node): the bypass, when
         this extender did not pass that node for it, else None."""
@@ -129,15 +117,14 @@ class BypassWatch:
                       "created with spec.nodeName")
         else:
             return None
-        namespace, _, name = key.rpartition("/")
-        bypassed = BypassedPod(key, namespace, name, uid, node,
-                               f"{reason}; no fragmentation scoring and no GPU record for it")
+        warning = bypassed(key, uid, f"{reason}; no fragmentation scoring and no GPU record for "
+                                     "it")
         with self._lock:
             self.total += 1
         if self.on_bypass is not None:
-            self.on_bypass(bypassed)
-        return bypassed
+            self.on_bypass(warning)
+        return warning
 
 
 __all__ = ["ACTIVE_WINDOW_S", "REMEMBERED_ANSWERS", "BypassListener", "BypassWatch",
-           "BypassedPod"]
+           "bypassed"]

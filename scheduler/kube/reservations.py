@@ -47,7 +47,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 import kubernetes
 import structlog
@@ -57,6 +57,7 @@ from gpufrag.errors import BadInput
 from scheduler.core.state import ClusterState
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, PodRequest
 from scheduler.kube.convert import key_of, owner_uid, uid_of
+from scheduler.kube.podwarning import EVENT_REASON_RESERVATION_REFUSED, PodWarning
 
 GROUP = "gpufrag.io"
 VERSION = "v1alpha1"
@@ -201,23 +202,6 @@ def reservation_from_k8s(obj: Obj) -> Reservation:
 
 
 # ------------------------------------------------------------------------------ the book
-@dataclass(frozen=True, slots=True)
-class RefusedReservation:
-    """A pod that named a reservation's owner from outside its namespace (for its Event)."""
-
-    key: str
-    namespace: str
-    name: str
-    uid: str
-    reason: str
-
-    kind: ClassVar[str] = "Pod"
-
-    @property
-    def label(self) -> str:
-        return "pod"
-
-
 # Pods remembered as refused (logged once each); past this the memory starts again.
 MAX_REFUSED_KEYS = 10_000
 
@@ -251,7 +235,7 @@ class ReservationBook:
         # namespace (module docstring): by key, so each is logged once; the total is counted.
         self.refused = 0
         self._refused_keys: set[str] = set()
-        self.on_refused: Callable[[RefusedReservation], None] | None = None
+        self.on_refused: Callable[[PodWarning], None] | None = None
 
     def __len__(self) -> int:
         return len(self.live)
@@ -353,8 +337,9 @@ class ReservationBook:
                   f"{foreign[0].namespace} may use: it is scheduled as an ordinary pod")
         log.warning("reservation refused", pod=key, reservation=foreign[0].name, reason=reason)
         if self.on_refused is not None:
-            namespace, _, name = key.rpartition("/")
-            self.on_refused(RefusedReservation(key, namespace, name, uid, reason))
+            self.on_refused(PodWarning.on(key, uid, EVENT_REASON_RESERVATION_REFUSED,
+                                          f"gpufrag extender: no reserved GPU for this pod: "
+                                          f"{reason}"))
 
     def _use(self, r: Reservation, key: str) -> None:
         self._drop(r.name)

@@ -1,12 +1,13 @@
 """Warning Events the extender puts on objects, off the watch: one per object and cause.
 
-Two causes: an object the cache cannot read and leaves out of the state (a quantity no
-converter can use, a malformed field: ``GpufragUnreadable``), and a GPU pod of this scheduler
-bound without the extender's say (:mod:`scheduler.kube.bypass`: ``GpufragBypassed``). The
-watch hands each to :class:`SkipReporter`, which queues it and returns at once, so a slow or
-failing API can never stall the watch. One writer thread creates the Events (through
-:class:`scheduler.kube.binder.KubeEventWriter`, with the extender's other writes); a full
-queue drops the report and counts it.
+The causes: an object the cache cannot read and leaves out of the state (a quantity no
+converter can use, a malformed field: ``GpufragUnreadable``), and the pod warnings other parts
+make (:class:`~scheduler.kube.podwarning.PodWarning`: a GPU pod bound without the extender's
+say, ``GpufragBypassed``; a pod that named another namespace's reservation owner,
+``GpufragReservationRefused``). The watch hands each to :class:`SkipReporter`, which queues
+it and returns at once, so a slow or failing API can never stall the watch. One writer thread
+creates the Events (through :class:`scheduler.kube.binder.KubeEventWriter`, with the
+extender's other writes); a full queue drops the report and counts it.
 """
 
 from __future__ import annotations
@@ -23,19 +24,18 @@ from typing import Any, Final
 
 import structlog
 
-from scheduler.kube.bypass import BypassedPod
 from scheduler.kube.cache import SkippedObject
 from scheduler.kube.errors import api_error
-from scheduler.kube.reservations import RefusedReservation
+from scheduler.kube.podwarning import (
+    EVENT_REASON_BYPASSED,
+    EVENT_REASON_RESERVATION_REFUSED,
+    PodWarning,
+)
 
 log = structlog.get_logger("gpufrag.skipreport")
 
 # The Warning Event put on an object the extender cannot read.
 EVENT_REASON_UNREADABLE: Final = "GpufragUnreadable"
-# The Warning Event put on a GPU pod of this scheduler bound without the extender's say.
-EVENT_REASON_BYPASSED: Final = "GpufragBypassed"
-# ... and on a pod that named another namespace's reservation owner (scheduler.kube.reservations).
-EVENT_REASON_RESERVATION_REFUSED: Final = "GpufragReservationRefused"
 REPORTING_COMPONENT: Final = "gpufrag-extender"
 # Reports waiting for the writer; one burst of bad objects past this is dropped (and counted).
 EVENT_QUEUE_SIZE: Final = 256
@@ -55,7 +55,7 @@ EventWrite = Callable[[str, dict[str, Any]], None]
 _NOT_IN_A_NAME = re.compile(r"[^a-z0-9.-]+")
 
 
-Report = SkippedObject | BypassedPod | RefusedReservation
+Report = SkippedObject | PodWarning
 """What a Warning Event is written about."""
 
 
@@ -65,11 +65,7 @@ def _identity(report: Report) -> str:
 
 
 def _event_reason(report: Report) -> str:
-    if isinstance(report, BypassedPod):
-        return EVENT_REASON_BYPASSED
-    if isinstance(report, RefusedReservation):
-        return EVENT_REASON_RESERVATION_REFUSED
-    return EVENT_REASON_UNREADABLE
+    return report.event_reason if isinstance(report, PodWarning) else EVENT_REASON_UNREADABLE
 
 
 def _event_name(report: Report) -> str:
@@ -83,10 +79,8 @@ def _event_name(report: Report) -> str:
 
 
 def _message(report: Report) -> str:
-    if isinstance(report, BypassedPod):
-        return f"placed by its scheduler without the gpufrag extender: {report.reason}"
-    if isinstance(report, RefusedReservation):
-        return f"gpufrag extender: no reserved GPU for this pod: {report.reason}"
+    if isinstance(report, PodWarning):
+        return report.message
     return (f"gpufrag extender cannot read this {report.label} and leaves it out of its "
             f"cluster state: {report.reason}")
 

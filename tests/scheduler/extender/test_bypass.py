@@ -14,8 +14,9 @@ from flask.testing import FlaskClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler.extender.runtime import Runtime
-from scheduler.kube.bypass import ACTIVE_WINDOW_S, BypassedPod
+from scheduler.kube.bypass import ACTIVE_WINDOW_S, bypassed
 from scheduler.kube.cache import SkippedObject
+from scheduler.kube.podwarning import PodWarning
 from scheduler.kube.skipreport import (
     EVENT_REASON_BYPASSED,
     EVENT_REASON_UNREADABLE,
@@ -37,8 +38,8 @@ def runtime(clock: FakeClock) -> Runtime:
 
 
 @pytest.fixture
-def heard(runtime: Runtime) -> list[BypassedPod]:
-    found: list[BypassedPod] = []
+def heard(runtime: Runtime) -> list[PodWarning]:
+    found: list[PodWarning] = []
     runtime.cache.bypass.on_bypass = found.append
     return found
 
@@ -67,7 +68,7 @@ def filter_on(client: FlaskClient, obj: dict[str, Any], names: list[str]) -> lis
 
 
 def test_a_pod_bound_where_the_filter_decided_is_not_bypassed(
-        runtime: Runtime, heard: list[BypassedPod]) -> None:
+        runtime: Runtime, heard: list[PodWarning]) -> None:
     client = runtime.app.test_client()
     (chosen,) = filter_on(client, gpu_pod("a"), ["n0", "n1"])
     runtime.cache.apply_pod(gpu_pod("a", at=chosen))
@@ -75,40 +76,41 @@ def test_a_pod_bound_where_the_filter_decided_is_not_bypassed(
 
 
 def test_a_pod_bound_elsewhere_than_the_filter_passed_is_bypassed(
-        runtime: Runtime, heard: list[BypassedPod]) -> None:
+        runtime: Runtime, heard: list[PodWarning]) -> None:
     client = runtime.app.test_client()
     (chosen,) = filter_on(client, gpu_pod("a"), ["n0", "n1"])
     other = "n1" if chosen == "n0" else "n0"
     runtime.cache.apply_pod(gpu_pod("a", at=other))
     (report,) = heard
-    assert (report.key, report.node, report.uid) == ("default/a", other, "uid-a")
-    assert f"bound to {other}, a node the gpufrag extender did not pass for it" in report.reason
+    assert (report.key, report.namespace, report.name, report.uid) == (
+        "default/a", "default", "a", "uid-a")
+    assert f"bound to {other}, a node the gpufrag extender did not pass for it" in report.message
     assert bypassed_total(client) == 1
 
 
 def test_a_pod_bound_while_its_filter_is_being_answered_is_bypassed(
-        runtime: Runtime, heard: list[BypassedPod]) -> None:
+        runtime: Runtime, heard: list[PodWarning]) -> None:
     # What an ignorable extender looks like to kube-scheduler past httpTimeout: the request
     # arrived, its answer is not made yet, and the pod is bound by kube-scheduler's plugins.
     runtime.cache.bypass.asked("default/a")
     runtime.cache.apply_pod(gpu_pod("a", at="n0"))
     (report,) = heard
-    assert "still answering its filter" in report.reason and "httpTimeout" in report.reason
-    assert "no fragmentation scoring and no GPU record" in report.reason
+    assert "still answering its filter" in report.message and "httpTimeout" in report.message
+    assert "no fragmentation scoring and no GPU record" in report.message
 
 
 def test_a_pod_never_filtered_by_an_extender_in_use_is_bypassed(
-        runtime: Runtime, clock: FakeClock, heard: list[BypassedPod]) -> None:
+        runtime: Runtime, clock: FakeClock, heard: list[PodWarning]) -> None:
     client = runtime.app.test_client()
     filter_on(client, gpu_pod("other"), ["n0", "n1"])
     clock.advance(ACTIVE_WINDOW_S - 1)
     runtime.cache.apply_pod(gpu_pod("a", at="n1"))  # e.g. created with spec.nodeName
     (report,) = heard
-    assert "no filter answer" in report.reason and "spec.nodeName" in report.reason
+    assert "no filter answer" in report.message and "spec.nodeName" in report.message
 
 
 def test_an_extender_nobody_asks_judges_nothing(
-        runtime: Runtime, clock: FakeClock, heard: list[BypassedPod]) -> None:
+        runtime: Runtime, clock: FakeClock, heard: list[PodWarning]) -> None:
     # The standby replica of a leader-elected pair: its kube-scheduler places nothing.
     runtime.cache.apply_pod(gpu_pod("a", at="n1"))
     client = runtime.app.test_client()
@@ -123,14 +125,14 @@ def test_an_extender_nobody_asks_judges_nothing(
     gpu_pod("theirs", at="n0", scheduler_name="default-scheduler"),
 ], ids=["no GPU", "another scheduler"])
 def test_only_gpu_pods_of_this_scheduler_are_judged(
-        runtime: Runtime, heard: list[BypassedPod], obj: dict[str, Any]) -> None:
+        runtime: Runtime, heard: list[PodWarning], obj: dict[str, Any]) -> None:
     filter_on(runtime.app.test_client(), gpu_pod("other"), ["n0", "n1"])
     runtime.cache.apply_pod(obj)
     assert heard == []
 
 
 def test_pods_bound_before_the_first_list_are_not_judged(clock: FakeClock) -> None:
-    found: list[BypassedPod] = []
+    found: list[PodWarning] = []
     runtime = serve([node("n0", gpu_count=4)], [gpu_pod("old", at="n0")], clock=clock)
     runtime.cache.bypass.on_bypass = found.append
     runtime.cache.replace_pods([gpu_pod("old", at="n0")])  # a relist: nothing newly bound
@@ -138,7 +140,7 @@ def test_pods_bound_before_the_first_list_are_not_judged(clock: FakeClock) -> No
 
 
 def test_the_warning_event_says_what_happened() -> None:
-    report = BypassedPod("team/a", "team", "a", "uid-a", "n0", "bound to n0, a node ...")
+    report = bypassed("team/a", "uid-a", "bound to n0, a node ...")
     namespace, body = skip_event(report, instance="extender-0", now_s=0)
     assert namespace == "team"
     assert (body["type"], body["reason"]) == ("Warning", EVENT_REASON_BYPASSED)
@@ -151,9 +153,9 @@ def test_the_warning_event_says_what_happened() -> None:
 def test_one_event_per_pod_and_cause() -> None:
     written: list[dict[str, Any]] = []
     reporter = SkipReporter(lambda _ns, body: written.append(body), instance="x")
-    bypassed = BypassedPod("team/a", "team", "a", "uid-a", "n0", "why")
-    reporter.report(bypassed)
-    reporter.report(bypassed)  # seen again (a status update): no second Event
+    warning = bypassed("team/a", "uid-a", "why")
+    reporter.report(warning)
+    reporter.report(warning)  # seen again (a status update): no second Event
     reporter.report(SkippedObject("Pod", "team/a", "team", "a", "uid-a", "bad quantity"))
     assert reporter.write_queued() == 2
     assert [b["reason"] for b in written] == [EVENT_REASON_BYPASSED, EVENT_REASON_UNREADABLE]

@@ -9,8 +9,8 @@ import pytest
 from gpufrag.errors import BadInput
 from scheduler.extender.service import BindRefused
 from scheduler.kube.convert import node_to_k8s
+from scheduler.kube.podwarning import PodWarning
 from scheduler.kube.reservations import (
-    RefusedReservation,
     Reservation,
     ReservationSink,
     body,
@@ -107,7 +107,7 @@ def test_another_tenant_naming_the_owner_cannot_take_the_reservation() -> None:
     runtime, sink = setup(clock, thief)
     sink.upsert(body(reservation()))
     book = runtime.cache.reservations
-    heard: list[RefusedReservation] = []
+    heard: list[PodWarning] = []
     book.on_refused = heard.append
     assert passes(runtime, thief) == []  # an ordinary pod: the reserved share is taken
     with pytest.raises(BindRefused, match="does not fit node n0 now"):
