@@ -2,7 +2,7 @@
 
 For each cluster size: synthetic GPU nodes (the openb node mix) filled with synthetic pods to a
 realistic occupancy, written as a snapshot; then ``gpufrag extender --cluster-snapshot`` is
-started in a subprocess — the production server, with its default engine (``--engine``) — and driven
+started in a subprocess — the production server — and driven
 the way kube-scheduler drives an extender with ``nodeCacheCapable: true``: filter with every
 node's name, then prioritize with the names that passed. Bodies are written as kube-scheduler
 writes them (Go's field order, NodeNames last). Each size runs two servers one after the
@@ -40,7 +40,6 @@ import orjson
 from scheduler.core import ClusterState
 from scheduler.core.feasibility import feasible_mask
 from scheduler.core.gpus import NO_GPU, gpus_for
-from scheduler.extender.config import SERVER_ENGINES, ServerConfig
 from scheduler.kube.convert import node_to_k8s, pod_to_k8s
 from scheduler.kube.snapshot import write_snapshot
 from simulations.synthetic import synthetic_nodes, synthetic_pods
@@ -100,13 +99,11 @@ def free_port() -> int:
 
 
 def start_server(snapshot: Path, port: int, threads: int, log_level: str, answer: str,
-                 timeout_s: float = 600, *,
-                 engine: str = ServerConfig().engine) -> subprocess.Popen[bytes]:
+                 timeout_s: float = 600) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "gpufrag.cli", "extender", "--cluster-snapshot",
                str(snapshot), "--host", "127.0.0.1", "--port", str(port), "--no-bind",
                "--threads", str(threads), "--log-level", log_level,
-               "--set", "hints.enabled=false", "--set", f"filter.answer={answer}",
-               "--set", f"server.engine={engine}"]
+               "--set", "hints.enabled=false", "--set", f"filter.answer={answer}"]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     return wait_ready(server, port, timeout_s, f"extender ({' '.join(command)})")
@@ -234,11 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of GPU capacity allocated before the run")
     parser.add_argument("--log-level", default="info", help="the extender's log level")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--engine", choices=SERVER_ENGINES, default=ServerConfig().engine,
-                        help="server.engine (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    print(f"gpufrag extender over HTTP: server.engine {args.engine} ({args.threads} threads), "
+    print(f"gpufrag extender over HTTP (Hypercorn, {args.threads} threads), "
           f"nodeCacheCapable, {os.cpu_count()} CPUs on this machine, log level "
           f"{args.log_level}")
     header = (f"{'nodes':>6} {'pods':>6} {'GPU alloc':>9}  {'verb':<10} {'p50 ms':>7} "
@@ -253,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             port = free_port()
             started = time.perf_counter()
             server = start_server(cluster.snapshot, port, args.threads, args.log_level,
-                                  "feasible", engine=args.engine)
+                                  "feasible")
             ready = time.perf_counter() - started
             try:
                 filters, prioritizes, first_f, first_p = request_bodies(cluster, port,
@@ -266,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 stop_server(server)
             port = free_port()
             server = start_server(cluster.snapshot, port, args.threads, args.log_level,
-                                  "decide", engine=args.engine)
+                                  "decide")
             try:
                 first_d = sequential(port, "/filter", filters, len(filters))
                 lat_d = sequential(port, "/filter", filters, args.requests)

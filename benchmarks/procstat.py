@@ -12,7 +12,7 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int, *, descendants: bool = False) -> float:
     """User + system CPU of process ``pid`` so far, NaN when it cannot be read (gone, or not
-    Linux). With ``descendants``, plus that of its live descendants (a gunicorn master's worker,
+    Linux). With ``descendants``, plus that of its live descendants (a forked worker,
     say); one that exits between being listed and being read counts 0."""
     try:
         with open(f"/proc/{pid}/stat") as f:

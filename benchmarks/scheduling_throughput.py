@@ -15,8 +15,6 @@ no idle scheduler's or extender's watches share the cores with the one measured)
   node it fits (``filter.answer: feasible``);
 - ``gpufrag-decide-0.5ms`` (only when named): the deciding filter with a 0.5 ms thread switch
   interval instead of ``server.switch_interval_s``' default (Python's 5 ms);
-- ``gpufrag-decide-gunicorn`` / ``gpufrag-feasible-gunicorn`` (only when named): served by
-  gunicorn (``server.engine: gunicorn``) instead of the event loop.
 
 Each gpufrag row is printed with its ratio to the default scheduler and to the zero-cost
 extender of the same mode: how close gpufrag comes to the limit of the extender design.
@@ -93,12 +91,6 @@ EXTRA_ROWS = {
     "gpufrag-decide-0.5ms": Row("gpufrag-decide-0.5ms",
                                 "gpufrag: filter decides, 0.5 ms switch interval",
                                 "zero-one", ("server.switch_interval_s=0.0005",)),
-    "gpufrag-decide-gunicorn": Row("gpufrag-decide-gunicorn",
-                                   "gpufrag: filter decides, served by gunicorn", "zero-one",
-                                   ("server.engine=gunicorn",)),
-    "gpufrag-feasible-gunicorn": Row("gpufrag-feasible-gunicorn",
-                                     "gpufrag: filter (feasible), served by gunicorn",
-                                     "zero-all", ("server.engine=gunicorn",)),
 }
 
 
@@ -143,7 +135,7 @@ class Served:
 
 
 def cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
-    # With descendants: the extender works in the gunicorn worker it forks.
+    # With descendants: anything a process forks counts as its own.
     cpu = {name: cpu_seconds(pid, descendants=True) for name, pid in pids.items()}
     cpu["this client"] = cpu_seconds(os.getpid())  # the rest are its children
     return cpu

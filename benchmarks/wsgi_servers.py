@@ -1,16 +1,18 @@
-"""The extender's servers side by side on the same snapshot: its verbs on one event loop
-(``server.engine: eventloop``, the default), its Flask app under gunicorn (``server.engine:
-gunicorn``) and under granian (a Rust WSGI server, measured here only), for kube-scheduler's
-traffic: many short POSTs, and about half of them on a new connection (kube-scheduler keeps
-only two idle connections to an extender).
+"""Why the extender is served by Hypercorn: its Flask app on the candidate WSGI servers, side
+by side on the same snapshot, for kube-scheduler's traffic (many short POSTs, about half on a
+new connection: kube-scheduler keeps only two idle connections to an extender) and for slow
+clients.
 
     python -m benchmarks.wsgi_servers [--size 1000] [--requests 400] [--clients 4]
 
 For each server: sequential filter latency on one keep-alive connection, the same with a new
-connection per request, and requests/s with several client processes that open a new
-connection for every other request. The app, its state and the request bodies are the same;
-only the server differs. The target the figures are read against is gunicorn's, in the same
-run (the engine it replaced as the default).
+connection per request, requests/s with several client processes that open a new connection
+for every other request, and how long a ``GET /readyz`` waits while twice as many clients as
+the server has threads each hold a half-sent body (the slow-client case: a server that gives
+each request a thread while its body arrives stalls here until the bodies time out). The app,
+its state and the request bodies are the same; only the server differs. ``gpufrag`` is the
+product (``gpufrag extender``, Hypercorn through :mod:`gpufrag.httpserve`); gunicorn (gthread)
+and granian (WSGI) are measured here only, when installed, and their rows left out otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import http.client
 import importlib.util
 import multiprocessing
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -53,6 +56,39 @@ def granian_app() -> object:
     runtime = snapshot_runtime(read_snapshot(os.environ[SNAPSHOT_ENV]), config)
     runtime.start()
     return runtime.app
+
+
+def start_gunicorn(snapshot: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "gunicorn", "--worker-class", "gthread", "--workers", "1",
+               "--threads", str(threads), "--bind", f"127.0.0.1:{port}", "--keep-alive", "75",
+               "--log-level", "warning", "benchmarks.wsgi_servers:granian_app()"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True, env={**os.environ,
+                                                           SNAPSHOT_ENV: str(snapshot)})
+    return wait_ready(server, port, 600, "gunicorn")
+
+
+def probe_while_stalled(port: int, stalled: int, timeout_s: float = 10.0) -> float:
+    """Seconds a ``GET /readyz`` takes while ``stalled`` clients each hold half a body
+    (``timeout_s`` when it got no answer in that time)."""
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(stalled)]
+    try:
+        for sock in socks:
+            sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        # A plain request on a fresh connection, after every stalled one has been accepted.
+        started = time.perf_counter()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+        try:
+            conn.request("GET", "/readyz")
+            conn.getresponse().read()
+        except OSError:
+            return timeout_s
+        finally:
+            conn.close()
+        return time.perf_counter() - started
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 def start_granian(snapshot: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
@@ -117,36 +153,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    servers = ["gunicorn", "granian", "event loop"]
-    if importlib.util.find_spec("granian") is None:
-        print("wsgi_servers: granian is not installed (pip install granian; it is measured "
-              "here only, not a dependency of gpufrag): its row is left out", file=sys.stderr)
-        servers.remove("granian")
-    engines = {"gunicorn": "gunicorn", "event loop": "eventloop"}
+    servers = ["gpufrag", "gunicorn", "granian"]
+    for name in ("gunicorn", "granian"):
+        if importlib.util.find_spec(name) is None:
+            print(f"wsgi_servers: {name} is not installed (pip install {name}; it is measured "
+                  "here only, not a dependency of gpufrag): its row is left out",
+                  file=sys.stderr)
+            servers.remove(name)
+    starters = {"gunicorn": start_gunicorn, "granian": start_granian}
     results = {}
     with tempfile.TemporaryDirectory(prefix="gpufrag-bench-") as folder:
         cluster = build_cluster(args.size, 0.75, args.seed, Path(folder))
         for name in servers:
             port = free_port()
-            server = (start_granian(cluster.snapshot, port, args.threads) if name == "granian"
-                      else start_server(cluster.snapshot, port, args.threads, "info", "decide",
-                                        engine=engines[name]))
+            server = (starters[name](cluster.snapshot, port, args.threads) if name in starters
+                      else start_server(cluster.snapshot, port, args.threads, "info", "decide"))
             try:
                 bodies = request_bodies(cluster, port, args.seed + 7)[0]
                 kept = sequential(port, "/filter", bodies, args.requests)
                 fresh = fresh_connections(port, bodies, args.requests)
                 rps = saturation(port, bodies, args.clients, args.duration_s)
+                probe_s = probe_while_stalled(port, 2 * args.threads)
             finally:
                 stop_server(server)
-            results[name] = (kept, fresh, rps)
+            results[name] = (kept, fresh, rps, probe_s)
     print(f"the extender's app, {args.size} nodes, filter (decide), {os.cpu_count()} CPUs, "
           f"{args.threads} threads, log level info:")
     print(f"  {'server':<10} {'keep-alive p50/p99 ms':>22} {'new conn. p50/p99 ms':>21} "
-          f"{'req/s (4 clients, half new conn.)':>34}")
-    for name, (kept, fresh, rps) in results.items():
+          f"{'req/s (4 clients, half new conn.)':>34}  {'probe, stalled bodies':>21}")
+    for name, (kept, fresh, rps, probe_s) in results.items():
         print(f"  {name:<10} {ms(kept, 50):>10.2f} / {ms(kept, 99):<9.2f} "
               f"{ms(fresh, 50):>9.2f} / {ms(fresh, 99):<9.2f} {rps:>20.0f} "
-              f"({rps / results['gunicorn'][2]:.2f} x gunicorn)")
+              f"({rps / results['gpufrag'][2]:.2f} x gpufrag) {probe_s * 1000:>12.0f} ms")
     return 0
 
 

@@ -1,6 +1,6 @@
-"""What every long-running node-side process serves and obeys: ``/metrics``, ``/healthz`` and
-``/readyz`` on a small stdlib HTTP server, a stall-based liveness, and SIGTERM/SIGINT setting a
-stop event.
+"""What every long-running process serves and obeys: ``/metrics``, ``/healthz`` and
+``/readyz`` on a listener of their own (the one probe listener of the project, on
+:mod:`gpufrag.httpserve`), a stall-based liveness, and SIGTERM/SIGINT setting a stop event.
 
 The node agent and the device plugin both run a supervisor loop on one thread and answer
 probes from another; the loop ticking is what "alive" means (a hung NVML or kubelet call
@@ -13,14 +13,18 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from structlog.typing import FilteringBoundLogger
 
 from gpufrag.errors import BadInput
+from gpufrag.httpserve import Limits, Server, WSGIApp, listen, reason
 
 TEXT = "text/plain; charset=utf-8"
+# A probe is a GET: its request must be in within this long, and carry no body past this.
+PROBE_DEADLINE_S = 2.0
+PROBE_MAX_BODY_BYTES = 8192
 
 
 class Liveness:
@@ -74,29 +78,35 @@ def check_metrics_port(port: int) -> int:
     return port
 
 
-def start_http_server(port: int, answer: Callable[[str], tuple[int, str, bytes]], *,
-                      name: str, host: str = "0.0.0.0",
-                      poll_interval_s: float = 0.5) -> ThreadingHTTPServer:
-    """Serve ``answer(path)`` for every GET in a daemon thread named ``name``; call
-    ``shutdown()`` and ``server_close()`` on the result."""
+ProbeAnswer = tuple[int, str, bytes]
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            status, content_type, body = answer(self.path)
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass  # probes every few seconds would drown the component's own log
+def probe_app(answer: Callable[[str], ProbeAnswer]) -> WSGIApp:
+    """A WSGI app answering ``GET``/``HEAD`` with ``answer(path)`` (405 for other methods)."""
 
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name=name, daemon=True,
-                     kwargs={"poll_interval": poll_interval_s}).start()
-    return server
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        method = environ["REQUEST_METHOD"]
+        if method in ("GET", "HEAD"):
+            status, content_type, body = answer(environ.get("PATH_INFO") or "/")
+        else:
+            status, content_type, body = 405, TEXT, b"only GET and HEAD\n"
+        start_response(reason(status), [("Content-Type", content_type),
+                                        ("Content-Length", str(len(body)))])
+        return [b"" if method == "HEAD" else body]
+
+    return app
+
+
+def start_http_server(port: int, answer: Callable[[str], ProbeAnswer], *, name: str,
+                      host: str = "0.0.0.0", setting: str = "--metrics-port") -> Server:
+    """Serve ``answer(path)`` for every GET on ``host:port`` in a daemon thread named
+    ``name`` (the project's one server, :mod:`gpufrag.httpserve`: no slow client holds the
+    probes); ``stop()`` the result. :class:`~gpufrag.httpserve.ListenError` names
+    ``setting`` when the port cannot be had."""
+    sock = listen(host, port, setting=setting)
+    limits = Limits(max_body_bytes=PROBE_MAX_BODY_BYTES, read_timeout_s=PROBE_DEADLINE_S,
+                    threads=2, keepalive_s=10.0, grace_s=1.0)
+    return Server(probe_app(answer), sock, limits, name=name).start()
 
 
 def stop_on_signals(stop: threading.Event, log: FilteringBoundLogger) -> None:

@@ -39,7 +39,6 @@ import orjson
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gpufrag.http1 import Answer, Respond
 from serving.backends.base import Array
 from serving.batcher import DynamicBatcher
 from serving.errors import (
@@ -50,6 +49,7 @@ from serving.errors import (
     ServingError,
     Unavailable,
 )
+from serving.http1 import Answer, Respond
 from serving.metrics import ServingMetrics
 from serving.protocol import (
     BINARY_CONTENT_TYPE,

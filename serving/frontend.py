@@ -1,12 +1,12 @@
 """The HTTP/1.1 front end of ``gpufrag serve``: the v2 routes of :mod:`serving.app` behind the
-project's event-loop HTTP/1.1 server (:mod:`gpufrag.http1`, one ``asyncio.Protocol`` per
+project's event-loop HTTP/1.1 server (:mod:`serving.http1`, one ``asyncio.Protocol`` per
 connection, parsed by httptools).
 
 Why hand-written: with a model that computes an image in ~0.1 ms, aiohttp's HTTP stack cost
 more event-loop CPU per request (57 µs) than everything else the server did, and more than
 the model on a busy machine; httptools on a bare protocol costs 9.5 µs (figures and the
 before/after runs in docs/serving.md). The routes themselves live in :mod:`serving.app` as plain
-functions; the framing, its limits and timeouts in :mod:`gpufrag.http1`; this module only
+functions; the framing, its limits and timeouts in :mod:`serving.http1`; this module only
 says what a request means to the serving runtime (:class:`ServingSite`):
 
 - an infer request is admitted or refused (404, 413 by ``Content-Length``, 503 +
@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import structlog
 
-from gpufrag import http1
-from gpufrag.http1 import Answer, Call, HttpLimits, Respond
+from serving import http1
 from serving.app import (
     INFER,
     NOT_FOUND,
@@ -40,6 +39,7 @@ from serving.app import (
     begin_infer,
     plain_error,
 )
+from serving.http1 import Answer, Call, HttpLimits, Respond
 
 log = structlog.get_logger("serving.frontend")
 
@@ -48,7 +48,7 @@ INFER_HEADERS = frozenset({b"inference-header-content-length", b"timeout-ms"})
 
 
 class ServingSite:
-    """The v2 routes as a :class:`gpufrag.http1.Site`."""
+    """The v2 routes as a :class:`serving.http1.Site`."""
 
     captured_headers = INFER_HEADERS
 
@@ -103,8 +103,8 @@ class ServingSite:
 
 
 def front_end(state: ServerState, limits: HttpLimits | None = None) -> http1.HttpServer:
-    """The front end serving ``state`` (:meth:`~gpufrag.http1.HttpServer.start`, then
-    :meth:`~gpufrag.http1.HttpServer.close` once drained)."""
+    """The front end serving ``state`` (:meth:`~serving.http1.HttpServer.start`, then
+    :meth:`~serving.http1.HttpServer.close` once drained)."""
     return http1.HttpServer(ServingSite(state), limits, server_name=SERVER_NAME)
 
 

@@ -19,7 +19,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
-from gpufrag import http1
+from serving import http1
 from serving.app import ServerState
 from serving.backends.base import Array, Backend
 from serving.batcher import DynamicBatcher

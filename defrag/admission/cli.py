@@ -7,12 +7,9 @@ or certificate files that cannot be loaded (one line on stderr).
 from __future__ import annotations
 
 import argparse
-import signal
 import ssl
 import sys
-import threading
 from collections.abc import Sequence
-from typing import Any
 
 import structlog
 
@@ -21,6 +18,7 @@ from defrag.rightsizing.workloads import WorkloadClient
 from gpufrag import logs
 from gpufrag.conventions import names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput, BadInputArgumentParser
+from gpufrag.httpserve import ListenError
 from scheduler.kube.client import api_client
 
 PROG = "gpufrag admission"
@@ -76,19 +74,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ssl.SSLError, FileNotFoundError, IsADirectoryError) as e:
         print(f"{PROG}: cannot load the TLS certificate/key: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except OSError as e:
-        print(f"{PROG}: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
+    except ListenError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_FAILURE
-
-    def stop(_signum: int, _frame: Any) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     log.info("admission_starting", address=f"{args.host}:{server.port}",
              tls=not args.insecure_http)
-    server.serve_forever()
-    server.server_close()
+    server.run(signals=True)
     return EXIT_OK
 
 

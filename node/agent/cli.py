@@ -35,6 +35,7 @@ from gpufrag.errors import (
     BadInput,
     BadInputArgumentParser,
 )
+from gpufrag.httpserve import ListenError
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
 from gpufrag.probes import check_metrics_port, stop_on_signals
@@ -208,7 +209,7 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
     if args.metrics_port:
         try:
             server = start_http_server(args.metrics_port, metrics, health)
-        except OSError as exc:
+        except ListenError as exc:
             log.error("metrics_port_unavailable", port=args.metrics_port, error=str(exc))
             return EXIT_FAILURE
     if stop is None:
@@ -218,7 +219,6 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
         agent.run(stop.wait)
     finally:
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.stop()
     log.info("stopped")
     return EXIT_OK

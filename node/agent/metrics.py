@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
 
 from gpufrag import probes
+from gpufrag.httpserve import Server
 from gpufrag.nvml import MIB
 from gpufrag.probes import Liveness
 from node.agent.cgroup import PodRef
@@ -175,8 +175,7 @@ def respond(path: str, metrics: AgentMetrics, health: Health) -> tuple[int, str,
 
 
 def start_http_server(port: int, metrics: AgentMetrics, health: Health, *,
-                      host: str = "0.0.0.0", poll_interval_s: float = 0.5) -> ThreadingHTTPServer:
-    """Serve in a daemon thread; call ``shutdown()`` and ``server_close()`` on the result."""
+                      host: str = "0.0.0.0") -> Server:
+    """Serve in a daemon thread (:func:`gpufrag.probes.start_http_server`); ``stop()`` it."""
     return probes.start_http_server(port, lambda path: respond(path, metrics, health),
-                                    name="agent-http", host=host,
-                                    poll_interval_s=poll_interval_s)
+                                    name="agent-http", host=host)

@@ -35,6 +35,7 @@ from gpufrag.errors import (
     BadInput,
     BadInputArgumentParser,
 )
+from gpufrag.httpserve import ListenError
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
 from gpufrag.probes import Liveness, check_metrics_port, stop_on_signals
@@ -229,7 +230,7 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
         try:
             server = start_http_server(args.metrics_port, metrics, liveness.live,
                                        lambda: supervisor.ready)
-        except OSError as exc:
+        except ListenError as exc:
             log.error("metrics_port_unavailable", port=args.metrics_port, error=str(exc))
             return EXIT_FAILURE
     if stop is None:
@@ -257,8 +258,7 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
         if isinstance(follow, FollowedRecording):
             follow.close()  # the reader it holds now (the first one is closed by main)
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.stop()
     log.info("stopped")
     return EXIT_OK
 

@@ -10,12 +10,12 @@ every resource served".
 from __future__ import annotations
 
 from collections.abc import Callable
-from http.server import ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
 from gpufrag import probes
+from gpufrag.httpserve import Server
 from node.deviceplugin.inventory import Gpu
 
 # Allocate must answer well inside the kubelet's patience; buckets resolve the 50 ms target.
@@ -79,7 +79,7 @@ def respond(path: str, metrics: PluginMetrics, live: Callable[[], bool],
 
 
 def start_http_server(port: int, metrics: PluginMetrics, live: Callable[[], bool],
-                      ready: Callable[[], bool], *, host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """Serve in a daemon thread; call ``shutdown()`` and ``server_close()`` on the result."""
+                      ready: Callable[[], bool], *, host: str = "0.0.0.0") -> Server:
+    """Serve in a daemon thread (:func:`gpufrag.probes.start_http_server`); ``stop()`` it."""
     return probes.start_http_server(port, lambda path: respond(path, metrics, live, ready),
                                     name="deviceplugin-http", host=host)

@@ -5,5 +5,6 @@
   (policy + model-version affinity + placement hints);
 - ``service``: the ``Extender`` (filter, prioritize, bind) over the cluster cache;
 - ``app``: the Flask app (``create_app``), ``metrics``, ``runtime`` (cache + watch + threads),
-  ``server`` (gunicorn), ``cli`` (``gpufrag extender``).
+  ``server`` (the verbs' and probes' listeners on :mod:`gpufrag.httpserve`), ``cli``
+  (``gpufrag extender``).
 """

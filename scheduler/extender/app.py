@@ -17,22 +17,21 @@ more, not a pod of this scheduler) answers 200 with the reason in ``Error``, whi
 kube-scheduler reports on the pod. Only a bug answers 500, and then without a traceback (it goes
 to the log).
 
-The probes (``/healthz``, ``/readyz``, ``/metrics``) are plain functions (:func:`probes`), so the
-server can also answer them on a listener of their own, away from the verbs' threads.
+The probes are also served alone by :func:`create_probe_app`, on a listener of their own
+(``server.health_port``), away from the verbs. How the app is served: :mod:`.server`.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import structlog
 from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, RequestEntityTooLarge
 
 from gpufrag.errors import BadInput
 from scheduler.extender import wire
@@ -41,13 +40,13 @@ from scheduler.extender.service import BindRefused, Extender
 
 Payload = dict[str, Any] | bytes  # bytes: JSON already encoded
 Work = Callable[[bytes], tuple[Payload, dict[str, Any]]]
-# A probe's answer: HTTP status, content type, body.
-ProbeAnswer = tuple[int, str, bytes]
-Probe = Callable[[], ProbeAnswer]
 TEXT = "text/plain; charset=utf-8"
 # Bodies are read in pieces of this size, so that one over the limit is refused after reading
 # at most this much past it.
 _READ_CHUNK_BYTES = 1024 * 1024
+# A filter or prioritize body up to this size is answered on the server's loop (a
+# 10,000-node list is ~200 KB); larger ones go to a thread so one cannot hold the loop.
+INLINE_BODY_BYTES = 1024 * 1024
 
 log = structlog.get_logger("gpufrag.extender")
 
@@ -81,7 +80,8 @@ def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
     body, which then fails as "not valid JSON" (400) instead of "too large" (413). Reading
     stops at ``limit + 1`` bytes, so an endless body costs at most that much. A body without
     a Content-Length is read only where the server says it ends the stream itself
-    (``wsgi.input_terminated``, as gunicorn does for chunked bodies), as Werkzeug does.
+    (``wsgi.input_terminated``, as :mod:`gpufrag.httpserve` does: it reads every body whole
+    before the app runs), as Werkzeug does.
 
     Reading is the client's side of the exchange: a read that times out (the server's
     per-request deadline, see ``server.read_timeout_s``) raises :class:`BodyTimeout`; a body
@@ -118,89 +118,58 @@ def read_body(environ: Mapping[str, Any], limit: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-_REASONS = {200: "200 OK", 400: "400 BAD REQUEST", 408: "408 REQUEST TIMEOUT",
-            413: "413 REQUEST ENTITY TOO LARGE", 500: "500 INTERNAL SERVER ERROR"}
-# A verb's handler: the verb, its work, and how to read the request's body (which raises
-# RequestEntityTooLarge, BodyTimeout or WireError as read_body does).
-Handle = Callable[[str, Work, Callable[[], bytes]], tuple[int, bytes]]
+def _probe_routes(app: Flask, extender: Extender, metrics: ExtenderMetrics, *,
+                  stalled: Callable[[], str | None] | None = None) -> None:
+    """``/healthz`` (the process answers; with ``stalled``, also that what it names is not
+    stuck), ``/readyz`` (the state has synced and the target workload reflects it) and
+    ``/metrics``, as routes of ``app``."""
 
+    def healthz() -> Response:
+        problem = stalled() if stalled is not None else None
+        if problem:
+            return Response(f"{problem}\n", status=503, content_type=TEXT)
+        return Response(b"ok\n", content_type=TEXT)
 
-class _VerbsFirst:
-    """The WSGI entry point: a POST to a verb's path is answered here, straight from the
-    WSGI environ, and everything else goes on to Flask.
-
-    A verb is kube-scheduler's hot path (every pod); Flask's request and response objects,
-    contexts and URL matching are a fixed cost per request that it need not pay. What is
-    skipped is only that machinery: the handler, its errors and its answers are the ones
-    Flask's routes call too (``handle``)."""
-
-    def __init__(self, flask_app: Callable[..., Any], verbs: Verbs) -> None:
-        self.flask_app = flask_app
-        self.verbs = verbs.paths
-        self.handle = verbs.handle
-        self.max_body_bytes = verbs.max_body_bytes
-
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        found = (self.verbs.get(environ.get("PATH_INFO", ""))
-                 if environ.get("REQUEST_METHOD") == "POST" else None)
-        if found is None:
-            return self.flask_app(environ, start_response)
-        status, body = self.handle(found[0], found[1],
-                                   lambda: read_body(environ, self.max_body_bytes))
-        start_response(_REASONS.get(status, f"{status} ERROR"),
-                       [("Content-Type", "application/json"),
-                        ("Content-Length", str(len(body)))])
-        return [body]
-
-
-def probes(extender: Extender, metrics: ExtenderMetrics) -> dict[str, Probe]:
-    """``/healthz`` (the process answers), ``/readyz`` (the state has synced and the target
-    workload reflects it) and ``/metrics``, by path."""
-
-    def healthz() -> ProbeAnswer:
-        return 200, TEXT, b"ok\n"
-
-    def readyz() -> ProbeAnswer:
+    def readyz() -> Response:
         if extender.ready:
-            return 200, TEXT, b"ok\n"
-        return 503, TEXT, b"state not synced yet\n"
+            return Response(b"ok\n", content_type=TEXT)
+        return Response(b"state not synced yet\n", status=503, content_type=TEXT)
 
-    def metrics_page() -> ProbeAnswer:
-        return 200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry)
+    def metrics_page() -> Response:
+        return Response(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
-    return {"/healthz": healthz, "/readyz": readyz, "/metrics": metrics_page}
+    app.add_url_rule("/healthz", view_func=healthz, methods=["GET"])
+    app.add_url_rule("/readyz", view_func=readyz, methods=["GET"])
+    app.add_url_rule("/metrics", view_func=metrics_page, methods=["GET"])
 
-
-@dataclass(frozen=True, slots=True)
-class Verbs:
-    """The verbs an app serves, for a server that calls them without WSGI: by path, the verb's
-    name and work; the one handler (errors, metrics, logging) that runs a work; the body
-    limit (``server.max_body_bytes``)."""
-
-    paths: Mapping[str, tuple[str, Work]]
-    handle: Handle
-    max_body_bytes: int
-
-
-def app_verbs(app: Flask) -> Verbs:
-    """The verbs of an app made by :func:`create_app`."""
-    found: Verbs = app.extensions["gpufrag"]["verbs"]
-    return found
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException) -> Response:
+        # Unknown paths, wrong methods: the same JSON shape as every other error.
+        code = e.code or 500
+        response = _json({"Error": f"{code} {e.name}: {request.method} {request.path}"}, code)
+        if isinstance(e, MethodNotAllowed) and e.valid_methods:
+            response.headers["Allow"] = ", ".join(e.valid_methods)
+        return response
 
 
-def app_probes(app: Flask) -> Mapping[str, Probe]:
-    """The probes of an app made by :func:`create_app`."""
-    found: Mapping[str, Probe] = app.extensions["gpufrag"]["probes"]
-    return found
+def create_probe_app(extender: Extender, metrics: ExtenderMetrics, *,
+                     stalled: Callable[[], str | None] | None = None) -> Flask:
+    """The probes alone (``server.health_port``): a listener of their own, so the kubelet's
+    probes never queue behind verbs; ``stalled`` says what is stuck, if anything (the verbs'
+    event loop), for ``/healthz`` to fail on."""
+    app = Flask("gpufrag.extender.probes")
+    _probe_routes(app, extender, metrics, stalled=stalled)
+    return app
 
 
-def create_app(extender: Extender, *, registry: CollectorRegistry | None = None) -> Flask:
-    """The Flask app serving ``extender``; metrics go to ``registry`` (a fresh one if None)."""
+def create_app(extender: Extender, *, metrics: ExtenderMetrics | None = None,
+               registry: CollectorRegistry | None = None) -> Flask:
+    """The Flask app serving ``extender``: every verb and probe is one of its routes (see
+    ``app.url_map``). Metrics go to ``metrics`` (made on ``registry``, a fresh one if None,
+    when not given)."""
     config = extender.config
     app = Flask("gpufrag.extender")
-    metrics = ExtenderMetrics(extender, registry)
-    routes = probes(extender, metrics)
-    app.extensions["gpufrag"] = {"extender": extender, "metrics": metrics, "probes": routes}
+    metrics = metrics if metrics is not None else ExtenderMetrics(extender, registry)
     prefix = config.server.url_prefix
     limit = config.server.max_body_bytes
     read_timeout_s = config.server.read_timeout_s
@@ -290,31 +259,33 @@ def create_app(extender: Extender, *, registry: CollectorRegistry | None = None)
             return Response(body, status=status, mimetype="application/json")
         return view
 
-    for path, (verb, work) in verbs.items():  # Flask's routes: the same verbs, for its tools
+    for path, (verb, work) in verbs.items():
         app.add_url_rule(path, endpoint=verb, view_func=verb_view(verb, work),
                          methods=["POST"])
-    served = Verbs(verbs, handle, limit)
-    app.extensions["gpufrag"]["verbs"] = served
-    app.wsgi_app = _VerbsFirst(app.wsgi_app, served)  # type: ignore[method-assign]
-
-    def probe_view(probe: Probe) -> Callable[[], Response]:
-        def view() -> Response:
-            status, content_type, body = probe()
-            return Response(body, status=status, content_type=content_type)
-        return view
-
-    for path, probe in routes.items():
-        app.add_url_rule(path, endpoint=path.strip("/"), view_func=probe_view(probe),
-                         methods=["GET"])
-
-    @app.errorhandler(HTTPException)
-    def http_error(e: HTTPException) -> Response:
-        # Unknown paths, wrong methods: the same JSON shape as every other error.
-        code = e.code or 500
-        return _json({"Error": f"{code} {e.name}: {request.method} {request.path}"}, code)
-
+    _probe_routes(app, extender, metrics)
     return app
 
 
-__all__ = ["BodyTimeout", "Handle", "Probe", "ProbeAnswer", "Verbs", "Work", "app_probes",
-           "app_verbs", "create_app", "probes", "read_body"]
+def inline_verbs(prefix: str) -> Callable[[dict[str, Any]], bool]:
+    """Which requests the server may answer on its event loop's thread rather than hand to
+    a request thread: filter and prioritize with a body up to :data:`INLINE_BODY_BYTES`.
+
+    They are CPU only and take about a millisecond; kube-scheduler asks for one per pod in
+    its serial scheduling cycle, so the hand-off to a thread and back (two waits for the GIL)
+    would be latency on every pod. The bind waits on the API server and preempt may take its
+    budget, so they, and huge node lists, go to the threads (docs/extender.md, Performance)."""
+    paths = frozenset({f"{prefix}/filter", f"{prefix}/prioritize"})
+
+    def inline(environ: dict[str, Any]) -> bool:
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or INLINE_BODY_BYTES + 1)
+        except ValueError:
+            return False
+        return (environ["REQUEST_METHOD"] == "POST" and environ["PATH_INFO"] in paths
+                and length <= INLINE_BODY_BYTES)
+
+    return inline
+
+
+__all__ = ["BodyTimeout", "Work", "create_app", "create_probe_app", "inline_verbs",
+           "read_body"]

@@ -17,8 +17,8 @@ import structlog
 import yaml
 
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
+from gpufrag.httpserve import ListenError
 from gpufrag.logs import configure
-from scheduler.extender import eventloop
 from scheduler.extender.config import (
     ExtenderConfig,
     config_to_mapping,
@@ -26,7 +26,7 @@ from scheduler.extender.config import (
     parse_assignment,
 )
 from scheduler.extender.runtime import Runtime, cluster_runtime, freeze_heap, snapshot_runtime
-from scheduler.extender.server import ListenError, serve
+from scheduler.extender.server import serve
 from scheduler.kube.client import api_client
 from scheduler.kube.snapshot import read_snapshot
 from scheduler.policies import POLICY_NAMES
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     server = config.server
     structlog.get_logger("gpufrag.extender").info(
-        "extender starting", source=source, policy=config.policy, engine=server.engine,
+        "extender starting", source=source, policy=config.policy,
         address=f"{server.host}:{server.port}", tls=server.tls,
         client_certificates=bool(server.tls_client_ca_file),
         health_address=(f"{server.health_host}:{server.health_port}" if server.health_port
@@ -118,10 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url_prefix=server.url_prefix, bind=config.bind.enabled,
         nodes=runtime.cache.counts()["nodes"])
     try:
-        if server.engine == "eventloop":
-            eventloop.serve(runtime, server)
-        else:
-            serve(runtime, server)
+        serve(runtime, server)
     except ListenError as e:
         print(f"gpufrag extender: {e}", file=sys.stderr)
         return EXIT_FAILURE

@@ -109,31 +109,21 @@ class HintsConfig:
     enabled: bool = True
 
 
-SERVER_ENGINES = ("eventloop", "gunicorn")
-
-
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """HTTP serving: routes are ``{url_prefix}/filter`` etc., in one process (the state lives
-    in it).
-
-    ``engine`` is what serves them. ``eventloop`` (the default): one asyncio event loop
-    (uvloop when installed) that reads, parses and answers filter and prioritize on its own
-    thread, and hands only the bind (which waits on the API server) and preempt to
-    ``threads`` threads (:mod:`scheduler.extender.eventloop`). ``gunicorn``: one gunicorn
-    gthread worker with ``threads`` request threads (:mod:`scheduler.extender.server`); each
-    request passes from its poller thread to a request thread and back, which in
-    kube-scheduler's serial cycle is latency on every pod (docs/extender.md, Performance).
+    in it), on the project's one server (:mod:`scheduler.extender.server`): filter and
+    prioritize answered on its event loop, bind and preempt on ``threads`` threads.
 
     ``host`` is the loopback address by default: the extender runs as a sidecar of its
     kube-scheduler, and ``/bind`` writes Bindings with the pod's service account, so it should
     answer nobody else unless asked to (see "Threat model" in docs/operations.md).
 
-    ``read_timeout_s`` bounds how long one request may take to arrive (request line, headers
-    and body, counted from its first byte) and how long one write of the answer may block: a
-    slow client holds a request thread for at most that long. ``health_port`` (0 = off) serves
-    ``/healthz``, ``/readyz`` and ``/metrics`` on a listener of their own, so that probes are
-    answered even while slow clients hold every request thread.
+    ``read_timeout_s`` bounds how long a request's body may take to arrive after its headers
+    (408 past it), and a TLS handshake: slow clients hold no thread (they wait on the event
+    loop). ``health_port`` (0 = off) serves ``/healthz``, ``/readyz`` and ``/metrics`` on a
+    listener of their own, so that probes never queue behind verbs; its ``/healthz`` fails
+    once the verbs' loop has not ticked for ``timeout_s``.
 
     ``switch_interval_s`` is the worker's ``sys.setswitchinterval``: how long a thread that
     wants the GIL waits for a busy one to hand it over (a filter can wait behind the watch and
@@ -149,7 +139,6 @@ class ServerConfig:
     ``tlsConfig``). The files are read and checked at load.
     """
 
-    engine: str = "eventloop"
     host: str = "127.0.0.1"
     port: int = 8888
     url_prefix: str = ""
@@ -240,12 +229,19 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     return float(value) if tp is float else value
 
 
+# Settings earlier releases had, and what to do instead (an upgrade's config says why it fails).
+REMOVED = {"server.engine": "the extender has one server (Hypercorn, docs/extender.md); "
+                            "remove it"}
+
+
 def _build(cls: type[T], data: Mapping[str, Any], path: str) -> T:
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         where = f"{path}.{key}" if path else str(key)
+        if where in REMOVED:
+            raise ConfigError(f"no longer a setting: {REMOVED[where]}", field=where)
         if key not in known:
             raise ConfigError(f"unknown setting; known here: {', '.join(known)}", field=where)
         kwargs[key] = _convert(hints[key], value, where)
@@ -401,8 +397,6 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
          f"got {s.url_prefix!r}")
     need(s.max_body_bytes >= 1024, "server.max_body_bytes",
          f"must be >= 1024 bytes, got {s.max_body_bytes}")
-    need(s.engine in SERVER_ENGINES, "server.engine",
-         f"must be one of {', '.join(SERVER_ENGINES)}, got {s.engine!r}")
     need(s.threads >= 1, "server.threads", f"must be >= 1, got {s.threads}")
     need(0 < s.port < 65536, "server.port", f"must be in 1..65535, got {s.port}")
     need(s.timeout_s > 0, "server.timeout_s", f"must be > 0 seconds, got {s.timeout_s}")
@@ -424,9 +418,8 @@ def _tls_problems(s: ServerConfig) -> list[tuple[str, str]]:
     """The TLS files: a certificate and its key together or neither, a client CA only with
     them, each readable, and all of them loadable as they would be when serving.
 
-    Checked here because gunicorn builds its TLS context only when the first client connects:
-    a key that does not match its certificate would otherwise surface as every kube-scheduler
-    call failing, not as an error at start-up."""
+    Checked here, with the rest of the configuration, so that a key that does not match its
+    certificate is one line at start-up (exit 2), not every kube-scheduler call failing."""
     found: list[tuple[str, str]] = []
     if bool(s.tls_cert_file) != bool(s.tls_key_file):
         given, missing = (("tls_cert_file", "tls_key_file") if s.tls_cert_file
@@ -478,7 +471,6 @@ def validate(config: ExtenderConfig) -> ExtenderConfig:
 __all__ = [
     "ENV_PREFIX",
     "FILTER_ANSWERS",
-    "SERVER_ENGINES",
     "AffinityParams",
     "BindConfig",
     "ConfigError",

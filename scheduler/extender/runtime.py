@@ -2,8 +2,8 @@
 state current (the watch and the writer of Events about unreadable objects, or nothing for a
 snapshot; the maintenance loop either way).
 
-Built before the server forks and started in the worker (threads do not survive a fork), so
-``start()`` is what gunicorn's worker calls.
+Built first, then started (``start()``) by the server once its ports are had
+(:mod:`scheduler.extender.server`), so a port in use fails the start before any watch runs.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from gpufrag.records import RecordSigner
 from scheduler.extender.app import create_app
 from scheduler.extender.config import ExtenderConfig
-from scheduler.extender.metrics import SkipEventCollector
+from scheduler.extender.metrics import ExtenderMetrics, SkipEventCollector
 from scheduler.extender.service import Extender
 from scheduler.kube.binder import Binder, DryRunBinder, KubeBinder, KubeEventWriter
 from scheduler.kube.cache import ClusterCache
@@ -47,7 +47,8 @@ class Runtime:
         self.watcher = watcher
         self.reporter = reporter
         self.registry = CollectorRegistry()
-        self.app: Flask = create_app(extender, registry=self.registry)
+        self.metrics = ExtenderMetrics(extender, self.registry)
+        self.app: Flask = create_app(extender, metrics=self.metrics)
         if reporter is not None:
             self.registry.register(SkipEventCollector(reporter))
         self.clients: list[Any] = []  # API clients this runtime made, closed by stop()

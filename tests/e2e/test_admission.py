@@ -10,7 +10,6 @@ and the API server sends each creation through the webhook.
 from __future__ import annotations
 
 import base64
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,9 +38,7 @@ def webhook(control_plane: ControlPlane, namespace: str, tmp_path: Path
     ca, cert, key = make_serving_cert(tmp_path / "pki")
     client = WorkloadClient(control_plane.new_api_client(), timeout_s=2.0)
     server = AdmissionServer(("127.0.0.1", 0), resolve=client.resolve, names=NAMES,
-                             cert_file=str(cert), key_file=str(key))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+                             cert_file=str(cert), key_file=str(key)).start()
     api = kubernetes.client.AdmissionregistrationV1Api(control_plane.api_client())
     name = f"gpufrag-rightsizing-{namespace}"
     api.create_mutating_webhook_configuration({
@@ -61,8 +58,7 @@ def webhook(control_plane: ControlPlane, namespace: str, tmp_path: Path
         yield server
     finally:
         api.delete_mutating_webhook_configuration(name)
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def _wait_until_called(control_plane: ControlPlane, namespace: str,

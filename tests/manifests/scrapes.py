@@ -68,7 +68,7 @@ def extender_metrics() -> str:
     class Outcomes:
         outcomes: Mapping[str, int] = {"written": 1}
 
-    metrics: ExtenderMetrics = runtime.app.extensions["gpufrag"]["metrics"]
+    metrics: ExtenderMetrics = runtime.metrics
     metrics.registry.register(SkipEventCollector(Outcomes()))
     text: str = client.get("/metrics").data.decode()
     return text

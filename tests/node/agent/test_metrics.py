@@ -122,8 +122,8 @@ def test_http_server_serves_metrics_and_probes() -> None:
     metrics = AgentMetrics("node1")
     metrics.observe_usage(usage(GPU0))
     health = Health(FakeClock(), stall_after_s=60.0)
-    server = start_http_server(0, metrics, health, host="127.0.0.1", poll_interval_s=0.01)
-    base = f"http://127.0.0.1:{server.server_address[1]}"
+    server = start_http_server(0, metrics, health, host="127.0.0.1")
+    base = f"http://127.0.0.1:{server.port}"
     try:
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as reply:
             text = reply.read().decode()
@@ -134,5 +134,4 @@ def test_http_server_serves_metrics_and_probes() -> None:
         assert caught.value.code == 503
         caught.value.close()
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()

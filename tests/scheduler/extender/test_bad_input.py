@@ -127,7 +127,7 @@ def test_oversized_body_answers_413(runtime: Runtime, verb: str) -> None:
 
 
 def _chunked_post(runtime: Runtime, path: str, body: bytes) -> tuple[int, Any]:
-    """A POST whose length is not announced (as a chunked one reaches the app from gunicorn)."""
+    """A POST whose length is not announced (as a chunked one reaches the app from the server)."""
     response = runtime.app.test_client().post(
         path, input_stream=io.BytesIO(body), content_type="application/json",
         headers={"Transfer-Encoding": "chunked"},

@@ -84,8 +84,8 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
     ({"names": {"label_model": "x" * 64}}, "names.label_model", "1-63 characters"),
     ({"server": "fast"}, "server", "expected a mapping, got 'fast'"),
     ({"server": {"read_timeout_s": 0}}, "server.read_timeout_s", "must be > 0 seconds"),
-    ({"server": {"engine": "tornado"}}, "server.engine",
-     "must be one of eventloop, gunicorn, got 'tornado'"),
+    ({"server": {"engine": "gunicorn"}}, "server.engine", "no longer a setting: the extender "
+     "has one server"),
     ({"server": {"switch_interval_s": 0}}, "server.switch_interval_s", "must be > 0 and <= 0.1"),
     ({"server": {"switch_interval_s": 1}}, "server.switch_interval_s", "must be > 0 and <= 0.1"),
     ({"server": {"health_port": 8888}}, "server.health_port", "must differ from server.port"),

@@ -1,4 +1,5 @@
-"""The HTTP/1.1 front end's edge cases, over raw sockets against a real server.
+"""gpufrag serve's own HTTP/1.1 framing (serving/http1.py) and its v2 front end, over raw sockets
+against a real server.
 
 Each test writes bytes the way a real client (or a broken or hostile one) would and reads the
 answers back as bytes: pipelining answered in order, requests split into tiny reads, malformed
@@ -130,7 +131,9 @@ def test_a_fast_answer_waits_behind_a_slow_one_before_it() -> None:
     with ThreadedServer(FakeBackend(gate=gate), FAST) as server:
         client = Client(server)
         client.send(infer() + get("/v2/health/live"))  # the GET is answered at once, but 2nd
-        time.sleep(0.2)
+        # Both requests were parsed by the time the infer reaches the (held) model: the GET's
+        # answer is ready and must still wait behind the infer's.
+        wait_for(lambda: bool(server.backend.entered))
         client.sock.settimeout(0.2)
         with pytest.raises(TimeoutError):
             client.sock.recv(1)  # nothing may be written before the infer answer

@@ -1,14 +1,12 @@
-"""HTTP/1.1 on one event loop: one ``asyncio.Protocol`` per connection, parsed by httptools
-(llhttp, the C parser uvicorn and Node.js use), answers written as bytes. The one home of
-HTTP/1.1 framing for the project's event-loop servers: ``gpufrag serve``'s v2 front end
-(:mod:`serving.frontend`) and the scheduler extender's verbs (:mod:`scheduler.extender.eventloop`).
+"""HTTP/1.1 on one event loop for ``gpufrag serve``'s v2 front end (:mod:`serving.frontend`):
+one ``asyncio.Protocol`` per connection, parsed by httptools (llhttp, the C parser uvicorn and
+Node.js use), answers written as bytes. Every other gpufrag listener is on the project's one
+server (:mod:`gpufrag.httpserve`); this one is the serving runtime's own.
 
-Why hand-written: for requests that cost the application ~0.1 ms, aiohttp's HTTP stack cost
-more event-loop CPU per request than everything else the server did, and gunicorn's thread
-worker hands each request from its poller thread to a request thread and back, which in
-kube-scheduler's serial cycle is latency on every pod (figures in docs/serving.md and
-docs/extender.md). What a request means is the :class:`Site`'s: this module only frames
-requests and answers.
+Why hand-written: for requests that cost the application ~0.1 ms (a sub-millisecond model),
+aiohttp's HTTP stack cost more event-loop CPU per request than everything else the server
+did (figures in docs/serving.md). What a request means is the :class:`Site`'s: this module
+only frames requests and answers.
 
 What it does, and the bounds on each (:class:`HttpLimits`):
 
@@ -44,18 +42,18 @@ the answer over with ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import formatdate
-from http import HTTPStatus
 from typing import Protocol, cast
 
 import httptools
 import structlog
 
-log = structlog.get_logger("gpufrag.http1")
+from gpufrag.httpserve import reason_phrase
+
+log = structlog.get_logger("serving.http1")
 
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Answers longer than this are written as their own buffer rather than copied onto the head.
@@ -212,14 +210,12 @@ class HttpServer:
         self._none_left = asyncio.Event()
         self._none_left.set()
 
-    async def start(self, host: str, port: int, *, tls: ssl.SSLContext | None = None,
-                    tls_handshake_timeout_s: float | None = None) -> int:
-        """Listen on ``host:port`` (0: any free port), over TLS with ``tls``; the port bound."""
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0: any free port); the port bound."""
         loop = asyncio.get_running_loop()
         self._sweep()
         self._server = await loop.create_server(
-            lambda: Connection(self), host, port, reuse_address=True, backlog=1024, ssl=tls,
-            ssl_handshake_timeout=tls_handshake_timeout_s if tls is not None else None)
+            lambda: Connection(self), host, port, reuse_address=True, backlog=1024)
         for sock in self._server.sockets:
             return int(sock.getsockname()[1])
         return port
@@ -285,15 +281,6 @@ class HttpServer:
                       else b"Connection: keep-alive\r\n" if keep_alive_10 else b"")
         return b"%s%sContent-Length: %d\r\n%s%s\r\n" % (
             prefix, self.date_line, len(answer.body), extra, connection)
-
-
-def reason_phrase(status: int, unknown: str = "Unknown") -> str:
-    """The status line's reason for ``status`` (RFC 9110's phrase), ``unknown`` for a code it
-    does not name."""
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return unknown
 
 
 class Connection(asyncio.Protocol):
@@ -680,5 +667,4 @@ def _describe(exc: Exception) -> str:
     return text[:200]
 
 
-__all__ = ["Answer", "Call", "Connection", "HttpLimits", "HttpServer", "Respond", "Site",
-           "reason_phrase"]
+__all__ = ["Answer", "Call", "Connection", "HttpLimits", "HttpServer", "Respond", "Site"]

@@ -1,0 +1,431 @@
+"""Serving a WSGI app over HTTP/1.1: the one way every gpufrag component listens (the
+extender's verbs and probes, the admission webhook, the node agent's and device plugin's
+probes), on Hypercorn, a maintained asyncio server.
+
+Why Hypercorn: a slow client must not take the server from everyone else. In thread-per-
+connection WSGI servers (gunicorn's gthread, cheroot, granian's WSGI) a request whose body
+stalls holds a thread until its socket times out, so a few such clients block the probes and
+the verbs; measured here with four threads and eight stalled bodies, a health check waited
+past 5 s on each of them, and 6 ms on Hypercorn (docs/extender.md, "The server"). Hypercorn
+reads and parses on its event loop (h11), so a connection costs a coroutine, not a thread.
+Waitress buffers as well but has no TLS.
+
+What Hypercorn leaves to the app, this module's :class:`Gateway` does, in front of the app:
+
+- **The whole body is read before the app runs**, within ``read_timeout_s`` of the headers
+  (however slowly it trickles: the deadline is for the body, not each read), so the app's
+  threads only ever hold complete requests. A late body reaches the app as a ``wsgi.input``
+  whose ``read`` raises ``TimeoutError`` (the app answers 408 in its own shape).
+- **Bounded memory**: a body announced over ``max_body_bytes`` is not read at all (the app
+  sees its ``CONTENT_LENGTH`` and refuses it, 413); a chunked one is read to one byte past
+  the limit. Over all connections at most ``max_buffered_bytes`` of bodies are held at once;
+  past that the request is answered 503 with ``Retry-After`` and the body is not read.
+- **The app runs on ``threads`` threads** of its own (or, where ``inline`` says so, on the
+  loop's thread, for short CPU-only requests whose hand-off to a thread would cost more than
+  they do).
+
+Hypercorn's own settings bound the rest: request headers must arrive within
+``keepalive_s`` of the connection's previous request (or its opening) and fit
+:data:`MAX_HEADER_BYTES`; a TLS handshake must finish within ``read_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import signal
+import socket
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import structlog
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config
+
+from gpufrag.loops import new_event_loop
+from gpufrag.tls import ServerTLS
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+# Whether a request (its environ, before the body is read) runs on the loop's thread.
+Inline = Callable[[dict[str, Any]], bool]
+MAX_HEADER_BYTES = 64 * 1024
+TICK_S = 1.0
+
+log = structlog.get_logger("gpufrag.http")
+
+
+class ListenError(RuntimeError):
+    """An address a component cannot listen on (in use, not this host's)."""
+
+
+def listen(host: str, port: int, *, setting: str) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: any free port); :class:`ListenError`
+    naming ``setting`` (where the address was configured) when it cannot be had."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise ListenError(f"cannot listen on {host}:{port} ({setting}): {e}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port} ({setting}): "
+                          f"{e.strerror or e}") from None
+    return sock
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one listener allows; ``setting`` names where ``read_timeout_s`` was configured
+    and ``body_setting`` where ``max_body_bytes`` was, for the answers that cite them."""
+
+    max_body_bytes: int = 1024 * 1024
+    read_timeout_s: float = 5.0
+    keepalive_s: float = 75.0
+    threads: int = 2
+    max_buffered_bytes: int | None = None  # None: threads x max_body_bytes
+    grace_s: float = 10.0
+    setting: str = "read_timeout_s"
+    body_setting: str = "max_body_bytes"
+
+    @property
+    def buffered_budget(self) -> int:
+        if self.max_buffered_bytes is not None:
+            return self.max_buffered_bytes
+        return max(1, self.threads) * self.max_body_bytes
+
+
+class LateBody(io.RawIOBase):
+    """The ``wsgi.input`` of a request whose body did not arrive in time: reading it raises
+    ``TimeoutError`` with what was missed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        raise TimeoutError(self.message)
+
+    def readinto(self, buffer: Any) -> int:
+        raise TimeoutError(self.message)
+
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+def _text(status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Answer:
+    return (status, [(b"content-type", b"text/plain; charset=utf-8"), *headers],
+            f"{message}\n".encode())
+
+
+def _environ(scope: dict[str, Any], body: io.RawIOBase | io.BytesIO) -> dict[str, Any]:
+    server = scope.get("server") or ("localhost", 80)
+    client = scope.get("client")
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": scope["method"],
+        "SCRIPT_NAME": "",
+        "PATH_INFO": scope["path"].encode("utf-8").decode("latin-1"),
+        "QUERY_STRING": scope["query_string"].decode("latin-1"),
+        "SERVER_NAME": str(server[0]),
+        "SERVER_PORT": str(server[1]),
+        "SERVER_PROTOCOL": f"HTTP/{scope['http_version']}",
+        "REMOTE_ADDR": client[0] if client else "",
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": scope.get("scheme", "http"),
+        "wsgi.input": body,
+        "wsgi.input_terminated": True,  # the whole body is in (or refused): read to the end
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+    }
+    for raw_name, raw_value in scope["headers"]:
+        name = raw_name.decode("latin-1").upper().replace("-", "_")
+        key = name if name in ("CONTENT_LENGTH", "CONTENT_TYPE") else f"HTTP_{name}"
+        value = raw_value.decode("latin-1")
+        environ[key] = f"{environ[key]},{value}" if key in environ else value
+    return environ
+
+
+class Gateway:
+    """The ASGI app Hypercorn serves: reads each body within its bounds, then runs the WSGI
+    ``app`` on ``pool`` (or inline) and sends its answer (see the module docstring)."""
+
+    def __init__(self, app: WSGIApp, limits: Limits, pool: ThreadPoolExecutor, *,
+                 inline: Inline | None = None) -> None:
+        self.app = app
+        self.limits = limits
+        self.pool = pool
+        self.inline = inline
+        self.buffered = 0  # bytes of bodies held now, over every connection (loop thread only)
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any],
+                       send: Callable[[dict[str, Any]], Any]) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":  # websockets: not served
+            await send({"type": "websocket.close", "code": 1003})
+            return
+        held = 0
+        try:
+            announced = self._announced(scope)
+            limits = self.limits
+            if announced is not None and announced > limits.max_body_bytes:
+                body: io.RawIOBase | io.BytesIO = io.BytesIO(b"")  # the app refuses it unread
+            elif self.buffered + (limits.max_body_bytes if announced is None else announced
+                                  ) > limits.buffered_budget:
+                await self._send(send, _text(
+                    503, "too many request bodies held at once; retry shortly",
+                    ((b"retry-after", b"1"),)))
+                return
+            else:
+                read = await self._read_body(receive, announced)
+                if read is None:  # the client went away mid-body: nobody to answer
+                    return
+                body, held = read
+            environ = _environ(scope, body)
+            if self.inline is not None and self.inline(environ):
+                answer = self._run(environ)
+            else:
+                answer = await asyncio.get_running_loop().run_in_executor(
+                    self.pool, self._run, environ)
+            await self._send(send, answer)
+        finally:
+            self.buffered -= held
+
+    @staticmethod
+    def _announced(scope: dict[str, Any]) -> int | None:
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                return int(value)  # h11 accepts only digits here
+        return None
+
+    async def _read_body(self, receive: Callable[[], Any], announced: int | None
+                         ) -> tuple[io.RawIOBase | io.BytesIO, int] | None:
+        """The body (held bytes counted in :attr:`buffered`), or None when the client left.
+        Stops one byte past the limit (the app then refuses it) or at the deadline."""
+        limits = self.limits
+        chunks: list[bytes] = []
+        held = 0
+        try:
+            async with asyncio.timeout(limits.read_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        self.buffered -= held
+                        return None
+                    chunk = message.get("body", b"")
+                    if chunk:
+                        chunks.append(chunk)
+                        held += len(chunk)
+                        self.buffered += len(chunk)
+                    if held > limits.max_body_bytes or not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            message = (f"request body did not arrive within {limits.read_timeout_s:g} s "
+                       f"({limits.setting})")
+            return LateBody(message), held
+        return io.BytesIO(chunks[0] if len(chunks) == 1 else b"".join(chunks)), held
+
+    def _run(self, environ: dict[str, Any]) -> Answer:
+        """The WSGI call, its answer collected (the project's answers are small)."""
+        started: list[Any] = []
+
+        def start_response(status: str, headers: list[tuple[str, str]],
+                           exc_info: Any = None) -> Callable[[bytes], None]:
+            started[:] = [status, headers]
+            return lambda _data: None  # the legacy write(): unused by Flask
+
+        try:
+            result = self.app(environ, start_response)
+            try:
+                body = b"".join(result)
+            finally:
+                close = getattr(result, "close", None)
+                if close is not None:
+                    close()
+        except Exception:
+            log.exception("request failed", path=environ.get("PATH_INFO"))
+            return _text(500, "internal error; see the server's log")
+        status_line, headers = started
+        return (int(status_line.split(" ", 1)[0]),
+                [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers], body)
+
+    @staticmethod
+    async def _send(send: Callable[[dict[str, Any]], Any], answer: Answer) -> None:
+        status, headers, body = answer
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def reason_phrase(status: int, unknown: str = "Unknown") -> str:
+    """The status line's reason for ``status`` (RFC 9110's phrase), ``unknown`` for a code it
+    does not name: the one table of them, for every server of the project."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return unknown
+
+
+def reason(status: int) -> str:
+    """``"404 Not Found"``: the status line's text, for WSGI's ``start_response``."""
+    return f"{status} {reason_phrase(status)}"
+
+
+class _ToStructlog(logging.Handler):
+    """Hypercorn's error log, as the component's JSON lines (warnings and worse)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log.warning("http server", message=record.getMessage())
+
+
+def _config(sock: socket.socket, limits: Limits, tls: ServerTLS | None) -> Config:
+    errorlog = logging.getLogger("gpufrag.hypercorn")
+    if not errorlog.handlers:
+        errorlog.addHandler(_ToStructlog())
+        errorlog.propagate = False
+    config = _TLSConfig(tls) if tls is not None else Config()
+    # Hypercorn makes its own socket object on the descriptor and closes it when it stops:
+    # hand the descriptor over (detach), or ``sock`` would close it again, or a reused one.
+    config.bind = [f"fd://{sock.detach()}"]
+    config.keep_alive_timeout = limits.keepalive_s
+    config.h11_max_incomplete_size = MAX_HEADER_BYTES
+    config.ssl_handshake_timeout = limits.read_timeout_s
+    config.graceful_timeout = limits.grace_s
+    config.include_server_header = False
+    config.accesslog = None
+    config.errorlog = errorlog
+    config.loglevel = "WARNING"
+    if tls is not None:
+        # Hypercorn serves TLS when these are set; the context itself is tls's (reloading).
+        config.certfile, config.keyfile = tls.cert_file, tls.key_file
+    return config
+
+
+class _TLSConfig(Config):
+    """A Config whose ``create_ssl_context`` (the public method Hypercorn asks for its
+    context) answers the reloading :class:`~gpufrag.tls.ServerTLS` context."""
+
+    def __init__(self, tls: ServerTLS) -> None:
+        super().__init__()
+        self.tls = tls
+
+    def create_ssl_context(self) -> ssl.SSLContext:
+        return self.tls.context
+
+
+class Server:
+    """One listener serving a WSGI app on an event loop of its own: :meth:`run` in this
+    thread, or :meth:`start` in a thread of its own; :meth:`stop` from any thread. The loop
+    ticks every :data:`TICK_S` (:meth:`stalled_for`: a stuck loop is what a liveness probe
+    should see)."""
+
+    def __init__(self, app: WSGIApp, sock: socket.socket, limits: Limits, *,
+                 tls: ServerTLS | None = None, name: str = "http",
+                 inline: Inline | None = None) -> None:
+        self.sock = sock
+        self.limits = limits
+        self.tls = tls
+        self.name = name
+        self.pool = ThreadPoolExecutor(max(1, limits.threads), thread_name_prefix=name)
+        self.gateway = Gateway(app, limits, self.pool, inline=inline)
+        self._ticked_at = time.monotonic()
+        self.port: int = sock.getsockname()[1]
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_asked = threading.Event()
+        self._listening = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    async def _main(self, *, signals: bool) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(signum, self._stop.set)
+        if self._stop_asked.is_set():
+            self._stop.set()
+        ticker = asyncio.create_task(self._tick())
+        self._listening.set()
+        try:
+            await hypercorn_serve(self.gateway,  # type: ignore[arg-type]
+                                  _config(self.sock, self.limits, self.tls),
+                                  shutdown_trigger=self._stop.wait, mode="asgi")
+        finally:
+            ticker.cancel()
+
+    async def _tick(self) -> None:
+        while True:
+            self._ticked_at = time.monotonic()
+            await asyncio.sleep(TICK_S)
+
+    def stalled_for(self) -> float:
+        """Seconds since the loop last ticked (about :data:`TICK_S` at most when well)."""
+        return max(0.0, time.monotonic() - self._ticked_at - TICK_S)
+
+    def run(self, *, signals: bool = False) -> None:
+        """Serve in this thread until :meth:`stop` (or, with ``signals``, SIGTERM/SIGINT:
+        only the main thread may take them); answers in flight get ``limits.grace_s``."""
+        loop = new_event_loop()
+        try:
+            loop.run_until_complete(self._main(signals=signals))
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            loop.close()
+            self._listening.set()
+
+    def start(self) -> Server:
+        """Serve in a daemon thread; returns once the loop runs."""
+        self._thread = threading.Thread(target=self.run, name=self.name, daemon=True)
+        self._thread.start()
+        self._listening.wait()
+        return self
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop listening, let answers in flight finish (``limits.grace_s``), and, for a
+        server :meth:`start` ran, wait up to ``timeout_s`` for its thread."""
+        self._stop_asked.set()
+        loop, event = self._loop, self._stop
+        if loop is not None and event is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed already
+                loop.call_soon_threadsafe(event.set)
+        if self._thread is not None:
+            self._thread.join(self.limits.grace_s + 5.0 if timeout_s is None else timeout_s)
+
+
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "Gateway",
+    "Inline",
+    "LateBody",
+    "Limits",
+    "ListenError",
+    "Server",
+    "WSGIApp",
+    "listen",
+    "reason",
+    "reason_phrase",
+]

@@ -1,0 +1,267 @@
+"""The one HTTP server (:mod:`gpufrag.httpserve`) and its reloading TLS (:mod:`gpufrag.tls`), in
+process, with a small WSGI app: the gateway's bounds on bodies and memory, where the app runs,
+a graceful stop, and certificates renewed on disk. Waits are on events and an injected clock."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import shutil
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufrag.httpserve import Limits, ListenError, Server, listen
+from gpufrag.tls import RELOAD_EVERY_S, ServerTLS
+from tests.scheduler.extender.helpers import FakeClock, Pki, make_pki
+
+READ_TIMEOUT_S = 1.0
+LIMIT = 1000
+
+
+class App:
+    """Answers what it saw: the announced length, the body it read (or 408 for a late one,
+    413 past the limit), and the thread it ran on; ``/gated`` waits for :attr:`gate`."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.threads: list[str] = []
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
+                 ) -> list[bytes]:
+        self.threads.append(threading.current_thread().name)
+        announced = int(environ.get("CONTENT_LENGTH") or 0)
+        status = "200 OK"
+        if announced > LIMIT:
+            body = b"too large (announced)"
+            status = "413 Payload Too Large"
+        else:
+            try:
+                read = environ["wsgi.input"].read()
+                body = b"read %d" % len(read)
+                if len(read) > LIMIT:
+                    status = "413 Payload Too Large"
+            except TimeoutError as e:
+                body, status = str(e).encode(), "408 Request Timeout"
+        if environ["PATH_INFO"] == "/gated":
+            self.entered.set()
+            self.gate.wait(10)
+        start_response(status, [("Content-Length", str(len(body)))])
+        return [body]
+
+
+@pytest.fixture
+def app() -> App:
+    return App()
+
+
+def _serve(app: App, *, inline: Callable[[dict[str, Any]], bool] | None = None,
+           **limits: Any) -> Server:
+    settings: dict[str, Any] = {"max_body_bytes": LIMIT, "read_timeout_s": READ_TIMEOUT_S,
+                                "threads": 2, "grace_s": 5.0, "setting": "test.read_timeout_s"}
+    settings.update(limits)
+    sock = listen("127.0.0.1", 0, setting="test")
+    return Server(app, sock, Limits(**settings), name="served", inline=inline).start()
+
+
+@pytest.fixture
+def server(app: App) -> Iterator[Server]:
+    served = _serve(app)
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+def _post(port: int, path: str, body: bytes) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("POST", path, body)
+        reply = conn.getresponse()
+        return reply.status, reply.read()
+    finally:
+        conn.close()
+
+
+def _raw(port: int, data: bytes, timeout_s: float = 10.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        return answer
+
+
+def test_a_body_within_the_limit_reaches_the_app_whole(server: Server) -> None:
+    assert _post(server.port, "/x", b"a" * LIMIT) == (200, b"read 1000")
+
+
+def test_a_body_announced_over_the_limit_is_refused_unread(server: Server, app: App) -> None:
+    answer = _raw(server.port, b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n"
+                               b"Connection: close\r\n\r\n" + b"a" * 10)
+    assert answer.startswith(b"HTTP/1.1 413") and answer.endswith(b"too large (announced)")
+
+
+def test_a_chunked_body_is_read_to_one_byte_past_the_limit(server: Server) -> None:
+    chunk = b"a" * 600
+    data = (b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close"
+            b"\r\n\r\n" + (b"258\r\n" + chunk + b"\r\n") * 4 + b"0\r\n\r\n")
+    answer = _raw(server.port, data)
+    assert answer.startswith(b"HTTP/1.1 413") and answer.endswith(b"read 1200")
+
+
+def test_a_trickled_body_is_late_after_the_read_timeout_however_it_trickles(
+        server: Server) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n")
+        started = time.monotonic()
+        sock.settimeout(0.1)
+        answer = b""
+        while not answer.endswith(b"(test.read_timeout_s)"):
+            assert time.monotonic() - started < READ_TIMEOUT_S + 3, answer
+            sock.sendall(b"a")  # never silent for longer than the 0.1 s recv timeout
+            with contextlib.suppress(TimeoutError):
+                answer += sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 408")
+    assert answer.endswith(b"request body did not arrive within 1 s (test.read_timeout_s)")
+
+
+def test_bodies_past_the_buffered_budget_get_503(app: App) -> None:
+    served = _serve(app, max_buffered_bytes=LIMIT)
+    try:
+        held = threading.Thread(target=_post, args=(served.port, "/gated", b"a" * 800))
+        held.start()
+        assert app.entered.wait(10)  # its 800 bytes are held while the app runs
+        status, body = _post(served.port, "/x", b"b" * 300)
+        assert status == 503 and b"retry shortly" in body
+        assert _post(served.port, "/x", b"b" * 100) == (200, b"read 100")  # within budget
+        app.gate.set()
+        held.join(10)
+        assert _post(served.port, "/x", b"b" * 300) == (200, b"read 300")  # released
+    finally:
+        app.gate.set()
+        served.stop()
+
+
+def test_requests_run_on_the_threads_unless_inline_says_so(app: App) -> None:
+    served = _serve(app, inline=lambda environ: environ["PATH_INFO"] == "/inline")
+    try:
+        _post(served.port, "/inline", b"x")
+        _post(served.port, "/x", b"x")
+    finally:
+        served.stop()
+    assert app.threads[0] == "served"  # the loop's own thread (Server.start names it)
+    assert app.threads[1].startswith("served_")  # the pool's
+
+
+def test_a_stop_lets_the_answer_in_flight_finish(app: App) -> None:
+    served = _serve(app)
+    answers: list[tuple[int, bytes]] = []
+    client = threading.Thread(target=lambda: answers.append(_post(served.port, "/gated", b"")))
+    client.start()
+    assert app.entered.wait(10)
+    stopper = threading.Thread(target=served.stop)
+    stopper.start()
+    app.gate.set()
+    client.join(10)
+    stopper.join(10)
+    assert answers == [(200, b"read 0")]
+    with pytest.raises(OSError):  # and nothing listens any more
+        socket.create_connection(("127.0.0.1", served.port), timeout=2).close()
+
+
+def test_an_address_in_use_names_its_setting(server: Server) -> None:
+    with pytest.raises(ListenError, match=rf"cannot listen on 127.0.0.1:{server.port} "
+                                          r"\(server.health_port\): "):
+        listen("127.0.0.1", server.port, setting="server.health_port")
+
+
+# ------------------------------------------------------------------------------------ TLS
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    assert shutil.which("openssl"), "the openssl command makes the test certificates"
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def _served_certificate(port: int, client: tuple[Path, Path] | None = None) -> bytes:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if client is not None:
+        context.load_cert_chain(str(client[0]), str(client[1]))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock, \
+            context.wrap_socket(sock) as tls:
+        der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return der
+
+
+def _der(path: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(path.read_text())
+
+
+def _tls_server(app: App, pki: Pki, folder: Path, clock: FakeClock, *,
+                client_ca: bool = False) -> tuple[Server, Path, Path]:
+    cert, key = folder / "tls.crt", folder / "tls.key"
+    shutil.copy(pki.server_cert, cert)
+    shutil.copy(pki.server_key, key)
+    tls = ServerTLS(str(cert), str(key), str(pki.ca) if client_ca else "", clock=clock)
+    sock = listen("127.0.0.1", 0, setting="test")
+    return Server(app, sock, Limits(), tls=tls, name="tls").start(), cert, key
+
+
+def test_renewed_tls_files_are_served_to_new_connections(app: App, pki: Pki,
+                                                         tmp_path: Path) -> None:
+    clock = FakeClock()
+    served, cert, key = _tls_server(app, pki, tmp_path, clock)
+    try:
+        assert _served_certificate(served.port) == _der(pki.server_cert)
+        shutil.copy(pki.rogue_cert, cert)  # "renewed": another certificate and key
+        shutil.copy(pki.rogue_key, key)
+        assert _served_certificate(served.port) == _der(pki.server_cert)  # not checked yet
+        clock.advance(RELOAD_EVERY_S)
+        assert _served_certificate(served.port) == _der(pki.rogue_cert)
+    finally:
+        served.stop()
+
+
+def test_tls_files_that_do_not_load_keep_the_old_certificate(app: App, pki: Pki,
+                                                             tmp_path: Path) -> None:
+    clock = FakeClock()
+    served, cert, key = _tls_server(app, pki, tmp_path, clock)
+    try:
+        shutil.copy(pki.rogue_cert, cert)  # a new certificate, its key not written yet
+        clock.advance(RELOAD_EVERY_S)
+        assert _served_certificate(served.port) == _der(pki.server_cert)  # still served
+        shutil.copy(pki.rogue_key, key)  # now the pair is whole: tried again next time
+        clock.advance(RELOAD_EVERY_S)
+        assert _served_certificate(served.port) == _der(pki.rogue_cert)
+    finally:
+        served.stop()
+
+
+def test_a_client_ca_requires_a_certificate_it_signed(app: App, pki: Pki,
+                                                      tmp_path: Path) -> None:
+    served, _, _ = _tls_server(app, pki, tmp_path, FakeClock(), client_ca=True)
+    try:
+        assert _served_certificate(served.port, (pki.client_cert, pki.client_key))
+        for client in (None, (pki.rogue_cert, pki.rogue_key)):
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                context = ssl.create_default_context(cafile=str(pki.ca))
+                if client is not None:
+                    context.load_cert_chain(str(client[0]), str(client[1]))
+                conn = http.client.HTTPSConnection("127.0.0.1", served.port, context=context,
+                                                   timeout=5)
+                conn.request("POST", "/x", b"")
+                conn.getresponse().read()
+    finally:
+        served.stop()
