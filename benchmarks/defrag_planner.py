@@ -4,7 +4,7 @@ for 5,000 nodes and 50,000 pods.
 The cluster: ``synthetic_nodes(5000)`` (the openb node mix, ~25,000 GPUs), filled at random
 (the fragmentation a fragmentation-blind scheduler leaves) with 50,000 pods — 15% CPU-only,
 65% GPU shares (openb's share sizes), 20% one whole GPU — each using a Beta(10.8, 11.7) share
-of what it reserves (the GenAI trace's shape), so nearly every node is over the 25% waste
+of what it reserves (the GenAI trace's shape), so nearly every node is over the 25% idle memory
 threshold and every small pod is a candidate. Timed: ``defrag.controller.planner.plan`` end to end
 (measure, triggers, candidates, ranking, scoring with FGD through the core's ``choose``, the
 predicted "after", restoring the snapshot), best of ``--repeat`` runs, for the CronJob's

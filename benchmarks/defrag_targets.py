@@ -7,7 +7,7 @@ cycles. Side by side, in the same run, the reference: the same cluster and usage
 right-sizing in ``recommend`` (nothing admitted smaller: moves only pack) and no least gain
 per eviction — the controller as it was before right-sizing reached defrag.
 
-Printed: the target table (waste ratio, free whole GPUs, fragmentation ratio, evictions per
+Printed: the target table (idle ratio, free whole GPUs, fragmentation ratio, evictions per
 cycle and in total, pods moved twice, nodes with the trigger off once settled), the per-cycle
 lines, and the bound right-sizing can reach: every share pod admitted with its recommendation
 at once, with no eviction budget. Where the bound is above a target, the target cannot be met
@@ -42,7 +42,7 @@ from simulations.rightsizing import read_memory_trace
 
 def _line(name: str, result: WhatIfResult) -> str:
     b, a = result.before, result.after
-    return (f"  {name:<34} waste {b.waste_ratio:.1%} -> {a.waste_ratio:.1%}, frag "
+    return (f"  {name:<34} idle {b.idle_ratio:.1%} -> {a.idle_ratio:.1%}, frag "
             f"{b.frag_ratio:.1%} -> {a.frag_ratio:.1%}, free whole GPUs {b.free_whole_gpus} -> "
             f"{a.free_whole_gpus}, evictions {result.evictions} "
             f"({result.evictions / max(result.pods, 1):.2%}), moved twice {result.moved_twice}")
@@ -79,14 +79,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, result in runs.items():
         print(_line(name, result) + f" ({seconds[name]:.1f}s)")
     ref = runs["reference (recommend, no least gain)"]
-    saved = ref.after.wasted_gib - ours.after.wasted_gib
+    saved = ref.after.idle_gib - ours.after.idle_gib
     print(f"  right-sizing gave back {saved:.0f} GiB of reserved-but-unused memory against the "
-          f"reference ({saved / max(ref.after.wasted_gib, 1e-9):.1%} of its waste), with "
+          f"reference ({saved / max(ref.after.idle_gib, 1e-9):.1%} of its idle memory), with "
           f"{ours.evictions - ref.evictions:+d} evictions")
     bound = ours.ceiling
     if bound is not None:
-        print(f"\nbound: every share pod right-sized at once, no budget: waste ratio "
-              f"{bound.summary.waste_ratio:.1%}, {bound.triggered_waste} of {ours.gpu_nodes} "
+        print(f"\nbound: every share pod right-sized at once, no budget: idle ratio "
+              f"{bound.summary.idle_ratio:.1%}, {bound.triggered_idle} of {ours.gpu_nodes} "
               f"nodes still above the trigger ({bound.rightsized} pods change)")
     met = sum(t.met for t in targets(ours))
     print(f"targets met: {met} of {len(targets(ours))}")

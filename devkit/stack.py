@@ -15,10 +15,12 @@ from typing import Any
 
 import kubernetes
 
+from devkit.build import REPO_ROOT
 from devkit.controlplane import ControlPlane
 from devkit.procs import wait_until
 from gpufrag import conventions as cv
 from scheduler.core import ClusterState
+from scheduler.kube import reservations as rsv
 from scheduler.kube.cache import ClusterCache
 
 SCHEDULER = cv.SCHEDULER_NAME
@@ -95,3 +97,14 @@ def cluster_state(plane: ControlPlane, group: str) -> ClusterState:
     cache = ClusterCache()
     cache.load(nodes, pods)
     return cache.state
+
+
+RESERVATIONS_CRD = REPO_ROOT / "manifests" / "base" / "crd-gpureservation.yaml"
+
+
+def install_reservations_crd(plane: ControlPlane) -> None:
+    """The GPUReservation CRD as manifests/base ships it, established before any extender or
+    defrag cycle lists reservations (a cluster without it stops defrag before any eviction)."""
+    plane.kubectl("apply", "-f", str(RESERVATIONS_CRD))
+    plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                  f"crd/{rsv.PLURAL}.{rsv.GROUP}")

@@ -39,9 +39,10 @@ RESOURCE_GPU_MEMORY_MIB = "gpufrag.io/gpu-memory-mib"
 # Optional share resources, off ("") unless mapped: a share's compute in percent of one GPU
 # (HAMi's nvidia.com/gpucores).
 RESOURCE_GPU_CORES_PERCENT = ""
-# The unit of the GPU-memory share resource: "MiB" (gpufrag, HAMi's nvidia.com/gpumem) or
-# "GiB" (Aliyun gpushare's aliyun.com/gpu-mem with its device plugin's default --memory-unit).
-GPU_MEMORY_UNITS = ("MiB", "GiB")
+# The unit of the GPU-memory share resource: "MiB" (gpufrag, HAMi's nvidia.com/gpumem), "GiB"
+# (Aliyun gpushare's aliyun.com/gpu-mem with its device plugin's default --memory-unit) or
+# "bytes" (Koordinator's koordinator.sh/gpu-memory: "8Gi" is 8 GiB).
+GPU_MEMORY_UNITS = ("MiB", "GiB", "bytes")
 # Whose device plugin runs on the nodes, and so which annotations a bind writes besides the
 # GPU indices: "gpufrag", "hami" (Project-HAMi's hami.io/* keys) or "gpushare"
 # (AliyunContainerService's ALIYUN_COM_GPU_MEM_* keys).

@@ -25,7 +25,7 @@
    Evictions are capped per cycle (``--max-evictions-total``, by default
    ``--eviction-budget-pct`` of the pods placed).
 
-Reported before/after: waste ratio, fragmentation ratio, free whole GPUs, pending pods (and
+Reported before/after: idle ratio, fragmentation ratio, free whole GPUs, pending pods (and
 those placed), evictions, triggered nodes, per cycle what the moves cut and whether the cycle
 settled, the bound right-sizing can reach, and issue 14's targets — a table,
 ``DIR/defrag_summary.json`` and a plot.
@@ -147,7 +147,7 @@ class CycleRecord:
     pending: int
     seconds: float
     convergence: Convergence
-    cuts_waste: int = 0  # moves whose purposes include waste
+    cuts_idle: int = 0  # moves whose purposes include idle memory
     cuts_fragmentation: int = 0
     rightsized: int = 0  # replacements admitted with a different share
     reclaimed_milli: int = 0  # share given back by right-sized replacements
@@ -227,7 +227,7 @@ class WhatIfResult:
             "before": side(before, self.pending_before),
             "after": side(after, self.pending_after),
             "rightsizing_ceiling": None if self.ceiling is None else {
-                **self.ceiling.summary.as_dict(), "triggered_waste": self.ceiling.triggered_waste,
+                **self.ceiling.summary.as_dict(), "triggered_idle": self.ceiling.triggered_idle,
                 "rightsized": self.ceiling.rightsized},
             "targets": [{"target": t.name, "figure": t.figure, "goal": t.goal, "met": t.met}
                         for t in targets(self)],
@@ -236,7 +236,7 @@ class WhatIfResult:
                         "landed_elsewhere": c.landed_elsewhere,
                         "pending_placed": c.pending_placed,
                         "placed_in_window": c.placed_in_window, "committed": c.committed,
-                        "cuts_waste": c.cuts_waste, "cuts_fragmentation": c.cuts_fragmentation,
+                        "cuts_idle": c.cuts_idle, "cuts_fragmentation": c.cuts_fragmentation,
                         "rightsized": c.rightsized, "reclaimed_milli": c.reclaimed_milli,
                         "admission_skips": dict(sorted(c.admission_skips.items())),
                         "free_whole_gpus_after_moves": c.free_whole_gpus_after_moves,
@@ -273,10 +273,12 @@ def place_pending(snapshot: Snapshot, policy: Policy, cache: ScoreCache | None,
             continue
         placement = state.place(info.request, decision.row, decision.gpus, check=False)
         used = None
+        peak = None
         if info.request.wants_gpu:
-            sizing.track(info.key, info.request, float(state.gpu_memory_mib[decision.row]))
-            used = sizing.used_mib(info.key, now_s)
-        snapshot.usage.add(placement, decision.row, used)
+            sizing.track(info.key, info.request, float(state.gpu_memory_mib[decision.row]),
+                         since_s=now_s)
+            used, peak = sizing.used_mib(info.key, now_s), sizing.peak_mib(info.key, now_s)
+        snapshot.usage.add(placement, decision.row, used, peak)
         snapshot.pods[info.key] = replace(info, node=placement.node, running=True)
         placed += 1
     snapshot.pending = waiting
@@ -289,11 +291,13 @@ def _gpu_memory_of_pods(state: ClusterState) -> dict[str, float]:
 
 
 def _refresh_usage(snapshot: Snapshot, sizing: Rightsizing, now_s: float) -> None:
-    """Every tracked pod's memory as its container of the trace uses it at ``now_s``."""
+    """Every tracked pod's memory as its container of the trace uses it at ``now_s``, and its
+    peak over the window."""
     usage, state = snapshot.usage, snapshot.state
     for key in state.pods:
         if key in sizing.pods:
             usage.pod_used_mib[key] = sizing.used_mib(key, now_s)
+            usage.pod_peak_mib[key] = sizing.peak_mib(key, now_s)
     usage.recompute(state)
 
 
@@ -304,7 +308,7 @@ class Ceiling:
     can give back at that moment (whole-GPU pods keep what they ask)."""
 
     summary: Summary
-    triggered_waste: int  # nodes still above --threshold on waste
+    triggered_idle: int  # nodes still above --threshold on idle memory
     rightsized: int  # share pods whose share would change
 
 
@@ -324,7 +328,7 @@ def rightsizing_ceiling(snapshot: Snapshot, target: TargetWorkload,
         for old in changed:
             state.remove_pod(pod_key(old.pod))
             state.place(old.pod, old.node, old.gpus, check=False)
-    over = int((np.nan_to_num(m.waste_ratio, nan=0.0) > threshold).sum())
+    over = int((np.nan_to_num(m.idle_ratio, nan=0.0) > threshold).sum())
     return Ceiling(m.summary, over, len(changed))
 
 
@@ -364,7 +368,8 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
         sizing.track(key, placement.pod, float(state.gpu_memory_mib[state.index[placement.node]]))
     now = history_s
     used = {k: sizing.used_mib(k, now) for k in state.pods if k in sizing.pods}
-    snapshot = snapshot_of_state(state, used, pending=pending)
+    peaks = {k: sizing.peak_mib(k, now) for k in state.pods if k in sizing.pods}
+    snapshot = snapshot_of_state(state, used, pending=pending, pod_peak_mib=peaks)
     placed_pods = len(state.pods)
     total = (max_evictions_total if max_evictions_total is not None
              else max(1, int(placed_pods * eviction_budget_pct / 100)))
@@ -410,7 +415,7 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
                        if r.outcome not in ("refused by PDB", "pod gone")]
         result.moves_per_pod.update(m.pod for m in carried_out)
         summary = convergence(
-            triggered_waste=len(report.latched_after), triggered_blocking=report.blocking_after,
+            triggered_idle=len(report.latched_after), triggered_blocking=report.blocking_after,
             triggered=report.triggered_after, nodes=result.gpu_nodes,
             planned=len(the_plan.moves), evicted=report.evicted,
             cooling=the_plan.skipped.get("owner moved within --cooldown-s", 0))
@@ -424,7 +429,7 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
             summary=measure(state, snapshot.usage, target).summary,
             pending=len(snapshot.pending), seconds=time.perf_counter() - started,
             convergence=summary,
-            cuts_waste=sum(1 for m in carried_out if "waste" in m.purposes),
+            cuts_idle=sum(1 for m in carried_out if "idle" in m.purposes),
             cuts_fragmentation=sum(1 for m in carried_out if "fragmentation" in m.purposes),
             rightsized=sum(1 for m in carried_out if m.new_milli),
             reclaimed_milli=sum(m.gpu_milli - m.new_milli for m in carried_out if m.new_milli),
@@ -457,8 +462,8 @@ def targets(result: WhatIfResult) -> list[Target]:
     total = result.evictions / pods
     off = (1.0 - at.convergence.triggered / max(at.convergence.nodes, 1)) if at else 0.0
     return [
-        Target("waste ratio once settled", f"{b.waste_ratio:.1%} -> {end.waste_ratio:.1%}",
-               "<= 25%", end.waste_ratio <= 0.25),
+        Target("idle ratio once settled", f"{b.idle_ratio:.1%} -> {end.idle_ratio:.1%}",
+               "<= 25%", end.idle_ratio <= 0.25),
         Target("free whole GPUs", f"{b.free_whole_gpus} -> {end.free_whole_gpus} "
                f"({gain:+.1%})", ">= +50%", gain >= 0.5),
         Target("fragmentation ratio", f"{b.frag_ratio:.1%} -> {end.frag_ratio:.1%}", "down",
@@ -500,18 +505,18 @@ def table(result: WhatIfResult) -> str:
     for c in result.cycles:
         s, v = c.summary, c.convergence
         lines.append(
-            f"    cycle {c.cycle}: planned {c.planned} ({c.cuts_waste} cut waste, "
+            f"    cycle {c.cycle}: planned {c.planned} ({c.cuts_idle} cut idle memory, "
             f"{c.cuts_fragmentation} fragmentation; {c.rightsized} right-sized, "
             f"{c.reclaimed_milli / 1000:.1f} GPUs given back), evicted {c.evicted}"
             f"{'' if c.committed else ' (a reservation did not fit: plan not committed)'}, "
-            f"free whole GPUs {s.free_whole_gpus}; frag {s.frag_ratio:.1%}, waste "
-            f"{s.waste_ratio:.1%}; {v.triggered} triggered ({v.nodes - v.triggered} off), "
+            f"free whole GPUs {s.free_whole_gpus}; frag {s.frag_ratio:.1%}, idle "
+            f"{s.idle_ratio:.1%}; {v.triggered} triggered ({v.nodes - v.triggered} off), "
             f"settled: {'yes' if v.settled else 'no'} ({c.seconds:.1f}s)")
     if result.ceiling is not None:
         bound = result.ceiling
-        lines.append(f"  every share pod right-sized at once (no budget, the bound): waste "
-                     f"{bound.summary.waste_ratio:.1%} ({bound.rightsized} pods), "
-                     f"{bound.triggered_waste} nodes still over the threshold")
+        lines.append(f"  every share pod right-sized at once (no budget, the bound): idle "
+                     f"{bound.summary.idle_ratio:.1%} ({bound.rightsized} pods), "
+                     f"{bound.triggered_idle} nodes still over the threshold")
     lines.append("  targets (issue 14):")
     lines += [f"    {t.name:<28}{t.figure:<40}{t.goal:<24}{'met' if t.met else 'NOT met'}"
               for t in targets(result)]
@@ -533,7 +538,7 @@ def plot(result: WhatIfResult, out: Path) -> Path:
     axes[0].plot(xs, pending, marker="s", label="pending pods")
     axes[0].set_title("free whole GPUs / pending pods")
     axes[1].plot(xs, [100 * s.frag_ratio for s in series], marker="o", label="fragmentation")
-    axes[1].plot(xs, [100 * s.waste_ratio for s in series], marker="s", label="waste")
+    axes[1].plot(xs, [100 * s.idle_ratio for s in series], marker="s", label="idle")
     axes[1].set_title("ratios (%)")
     axes[2].bar(xs, evictions)
     axes[2].set_title("evictions (cumulative)")
@@ -557,8 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpufrag whatif --defrag",
         description="Fill a cluster with a baseline policy, then run defrag cycles with the "
-        "planner and the core; report waste, fragmentation, free whole GPUs, pending pods and "
-        "evictions before/after. With no --nodes/--pods, a seeded synthetic cluster is used.")
+        "planner and the core; report idle memory, fragmentation, free whole GPUs, pending pods "
+        "and evictions before/after. With no --nodes/--pods, a seeded synthetic cluster is used.")
     p.add_argument("--nodes", type=Path, help="openb node CSV")
     p.add_argument("--pods", type=Path, help="openb pod CSV")
     p.add_argument("--synthetic-nodes", type=int, default=300,
@@ -590,7 +595,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-reservations", action="store_true",
                    help="evict without holding the replacement's capacity first (to compare)")
     p.add_argument("--threshold", type=float, default=_DEFAULTS.threshold,
-                   help=f"waste ratio trigger (default: {_DEFAULTS.threshold:g})")
+                   help=f"idle ratio trigger (default: {_DEFAULTS.threshold:g})")
     p.add_argument("--max-evictions-total", type=int,
                    help="per cycle (default: --eviction-budget-pct of the pods placed)")
     p.add_argument("--max-evictions-per-node", type=int, default=2)

@@ -25,7 +25,7 @@ What happens, and whose code does it:
   otherwise from the slow group (a cold start).
 
 Every figure is integrated event by event (GPU-hours, pending pod-seconds) or sampled every
-``sample_s`` (fragmentation, waste, replicas). With ``departures=False``, no defrag, no serving
+``sample_s`` (fragmentation, idle ratio, replicas). With ``departures=False``, no defrag, no serving
 and the static replay's pod order, the replay makes exactly the static replay's decisions and
 ``as_replay_result`` gives exactly its numbers (``tests/simulations/test_events.py``).
 """
@@ -194,7 +194,7 @@ class Sample:
     allocated_gpus: float
     used_gpus: float
     frag_ratio: float
-    waste_ratio: float
+    idle_ratio: float
     pending_pods: int
     replicas: int
     ready_replicas: int
@@ -417,7 +417,7 @@ class EventReplay:
         placement = state.pods[key]
         row = state.index[placement.node]
         self.usage.move(placement, row, row, ())
-        self.usage.pod_used_mib.pop(key, None)
+        self.usage.forget(key)
         state.remove_pod(key, now=self.now)
         self.free_total += placement.pod.gpu_demand_milli
         self._refrag(row)
@@ -630,7 +630,7 @@ class EventReplay:
             allocated_gpus=(self.capacity_milli - self.free_total) / MILLI_PER_GPU,
             used_gpus=(self.trace_busy_milli + self.serving_busy_milli) / MILLI_PER_GPU,
             frag_ratio=self.frag_total / self.free_total if self.free_total else 0.0,
-            waste_ratio=summary.waste_ratio, pending_pods=len(self.waiting),
+            idle_ratio=summary.idle_ratio, pending_pods=len(self.waiting),
             replicas=replicas, ready_replicas=ready,
             cold_starts=int(self.counts["cold_starts"]),
             evictions=int(self.counts["evictions"]), over_slo=self.counts["over_slo"]))
@@ -726,7 +726,7 @@ class EventReplay:
                                                                   * self.end)
                                     if self.capacity_milli else 0.0),
             "mean_frag_ratio": float(np.mean([s.frag_ratio for s in samples])),
-            "mean_waste_ratio": float(np.mean([s.waste_ratio for s in samples])),
+            "mean_idle_ratio": float(np.mean([s.idle_ratio for s in samples])),
             "pending_pod_s": c["pending_pod_s"],
             "wait_p50_s": _percentile(waits, 50),
             "wait_p99_s": _percentile(waits, 99),

@@ -20,7 +20,7 @@ its writer is swapped, as ``--dry-run`` swaps it. This one adds:
   scheduler's policy puts it ("landed elsewhere"), or nowhere (the cycle stops, as a bind
   timeout stops a live one).
 
-A reservation uses, as far as the waste measure is concerned, all it holds (no invented waste).
+A reservation uses, as far as the idle measure is concerned, all it holds (no invented idle).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class WhatIfActions(DryRunActions):
             raise CycleStopped(
                 f"reserving {reservation.gpu_milli} milli on GPU(s) {list(reservation.gpus)} "
                 f"of {reservation.node} for {reservation.replaces}", str(e)) from None
-        # A held share uses, as far as the waste measure is concerned, all it holds.
+        # A held share uses, as far as the idle memory measure is concerned, all it holds.
         self.snapshot.usage.add(placement, state.index[reservation.node], None)
         self.held[reservation.name] = reservation
         self.reserved += 1

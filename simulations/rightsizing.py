@@ -136,6 +136,7 @@ class _Tracked:
     container: int
     scale_mib: float  # what the pod reserved per GPU when it was first placed
     asked_milli: int  # its template's share (0: not a share)
+    since_s: float = -math.inf  # when it started (the fill's pods: before the trace)
     history: WorkloadHistory = field(default_factory=WorkloadHistory)
     recommendation: Recommendation | None = None
 
@@ -156,18 +157,29 @@ class Rightsizing:
         self.observed_until_s = -math.inf
         self.skips: dict[str, int] = {}
 
-    def track(self, key: str, request: PodRequest, gpu_memory_mib: float) -> None:
-        """Give a newly placed GPU pod its container and the reservation its use scales with."""
+    def track(self, key: str, request: PodRequest, gpu_memory_mib: float, *,
+              since_s: float = -math.inf) -> None:
+        """Give a newly placed GPU pod its container and the reservation its use scales with;
+        ``since_s``: when it started (its peaks count from then)."""
         if key in self.pods or not request.wants_gpu:
             return
         container = int(self.rng.integers(0, self.trace.containers))
         scale = request.gpu_milli / MILLI_PER_GPU * gpu_memory_mib
         self.pods[key] = _Tracked(container, scale, request.gpu_milli if request.is_share
-                                  else 0)
+                                  else 0, since_s=since_s)
 
     def used_mib(self, key: str, t_s: float) -> float:
         pod = self.pods[key]
         return self.trace.at(pod.container, t_s) * pod.scale_mib
+
+    def peak_mib(self, key: str, t_s: float) -> float:
+        """The most the pod used at any sample over the recommender's window up to ``t_s``
+        (since it started): what the node agent publishes as its ``peak_mib``."""
+        pod = self.pods[key]
+        start = max(pod.since_s, t_s - self.config.window_s)
+        _, fractions = self.trace.between(pod.container, start, t_s)
+        now = self.trace.at(pod.container, t_s)
+        return max(float(fractions.max()) if fractions.size else now, now) * pod.scale_mib
 
     def observe(self, until_s: float, gpu_memory_mib: Mapping[str, float]) -> None:
         """Fold every share pod's readings since the last call (up to ``until_s``) into its

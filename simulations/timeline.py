@@ -24,7 +24,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("gpu_hours_used", "GPU-h used", ".0f"),
     ("mean_allocation_pct", "alloc %", ".2f"),
     ("mean_frag_ratio", "frag", ".3f"),
-    ("mean_waste_ratio", "waste", ".3f"),
+    ("mean_idle_ratio", "idle", ".3f"),
     ("pending_pod_s", "pending pod-s", ".0f"),
     ("pods_waited", "waited", ".0f"),
     ("wait_p99_s", "wait p99 s", ".1f"),
@@ -34,7 +34,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("evictions", "evictions", ".0f"),
 )
 SERIES = (("allocated_gpus", "allocated GPUs"), ("used_gpus", "used GPUs (busy)"),
-          ("frag_ratio", "fragmentation ratio"), ("waste_ratio", "waste ratio"),
+          ("frag_ratio", "fragmentation ratio"), ("idle_ratio", "idle ratio"),
           ("pending_pods", "pending pods"), ("ready_replicas", "ready replicas"),
           ("cold_starts", "cold starts (cumulative)"), ("evictions", "evictions (cumulative)"))
 # Lines drawn per plot at most: past this a plot is unreadable, the table says the rest.

@@ -1,3 +1,3 @@
-"""The defrag controller (one cycle per CronJob run): measure waste, plan moves with the
+"""The defrag controller (one cycle per CronJob run): measure idle memory, plan moves with the
 scheduler's own policy, evict within budgets. Planning modules are pure; the executor is the one
 place that writes to the cluster."""

@@ -62,11 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--context", help="kubeconfig context")
     t = p.add_argument_group("trigger and measurement")
     t.add_argument("--threshold", type=float, default=d.threshold,
-                   help="waste ratio above which a node is a source of moves (default: "
+                   help="idle ratio above which a node is a source of moves (default: "
                         f"{d.threshold})")
     t.add_argument("--threshold-off", type=float, default=None,
-                   help="hysteresis: a node triggered on waste stays triggered until its waste "
-                        "ratio falls to this (default: --threshold minus "
+                   help="hysteresis: a node triggered on idle memory stays triggered until "
+                        "its idle ratio falls to this (default: --threshold minus "
                         f"{DEFAULT_HYSTERESIS:g})")
     t.add_argument("--prometheus", metavar="URL",
                    help="read used GPU memory from DCGM_FI_DEV_FB_USED in this Prometheus "
@@ -277,11 +277,11 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     report = Executor(actions, config, metrics, log=log).run(the_plan, snapshot, workload)
     assert report.before is not None and report.after is not None
     summary = convergence(
-        triggered_waste=len(report.latched_after), triggered_blocking=report.blocking_after,
+        triggered_idle=len(report.latched_after), triggered_blocking=report.blocking_after,
         triggered=report.triggered_after, nodes=_gpu_nodes(snapshot.state),
         planned=len(the_plan.moves), evicted=report.evicted,
         cooling=the_plan.skipped.get("owner moved within --cooldown-s", 0))
-    metrics.converged(settled=summary.settled, waste=summary.triggered_waste,
+    metrics.converged(settled=summary.settled, idle=summary.triggered_idle,
                       blocking=summary.triggered_blocking, any_=summary.triggered,
                       cooling=summary.cooling)
     if report.error is None or report.results:

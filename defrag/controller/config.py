@@ -35,9 +35,9 @@ class Limits:
 class DefragConfig:
     """What one defrag cycle may do and how it measures."""
 
-    # Trigger: a node whose waste ratio is above this is a source of moves.
+    # Trigger: a node whose idle ratio is above this is a source of moves.
     threshold: float = 0.25
-    # Hysteresis: a node triggered on waste stays triggered until its waste ratio falls to
+    # Hysteresis: a node triggered on idle memory stays triggered until its idle ratio falls to
     # this or below (None: threshold - DEFAULT_HYSTERESIS, at least 0).
     threshold_off: float | None = None
     # Cooldown: an owner one of whose pods moved less than this long ago is not moved again.
@@ -75,7 +75,7 @@ class DefragConfig:
 
     @property
     def off_threshold(self) -> float:
-        """The waste ratio at or below which a triggered node's trigger turns off."""
+        """The idle ratio at or below which a triggered node's trigger turns off."""
         if self.threshold_off is not None:
             return self.threshold_off
         return max(self.threshold - DEFAULT_HYSTERESIS, 0.0)

@@ -11,9 +11,9 @@ there is invisible to it)::
 - **cooldown**: a pod's replacement is a new pod of the same owner, so the cooldown is per owner
   (controller UID): an owner one of whose pods moved less than ``--cooldown-s`` ago is not moved
   again. Entries older than the cooldown are dropped when the state is written.
-- **hysteresis**: a node's waste trigger turns on above ``--threshold`` and, once on
-  ("latched"), stays on until its waste ratio falls to ``--threshold-off`` or below. The
-  latched nodes are the ones the cycle ended with triggered on waste.
+- **hysteresis**: a node's idle trigger turns on above ``--threshold`` and, once on
+  ("latched"), stays on until its idle ratio falls to ``--threshold-off`` or below. The
+  latched nodes are the ones the cycle ended with triggered on idle memory.
 
 An unreadable annotation is reported and read as empty (no cooldown, nothing latched): the worst
 case is one cycle acting as the first one did.
@@ -38,7 +38,7 @@ class DefragState:
     """What the last cycles left for this one."""
 
     moved: Mapping[str, float] = field(default_factory=dict)  # owner UID -> last move (unix s)
-    latched: frozenset[str] = frozenset()  # nodes whose waste trigger is on
+    latched: frozenset[str] = frozenset()  # nodes whose idle trigger is on
 
     def cooling(self, now: float, cooldown_s: float) -> frozenset[str]:
         """Owners moved less than ``cooldown_s`` before ``now``."""
@@ -91,7 +91,7 @@ class Convergence:
     """The per-cycle summary: has the cluster settled?"""
 
     triggered: int  # nodes triggered at the end of the cycle
-    triggered_waste: int
+    triggered_idle: int
     triggered_blocking: int
     nodes: int  # nodes with GPUs
     planned: int
@@ -101,7 +101,7 @@ class Convergence:
     why: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {"triggered": self.triggered, "triggered_waste": self.triggered_waste,
+        return {"triggered": self.triggered, "triggered_idle": self.triggered_idle,
                 "triggered_blocking": self.triggered_blocking, "nodes": self.nodes,
                 "planned": self.planned, "evicted": self.evicted, "cooling": self.cooling,
                 "settled": self.settled, "why": self.why}
@@ -109,13 +109,13 @@ class Convergence:
     def line(self) -> str:
         off = self.nodes - self.triggered
         share = f" ({off / self.nodes:.0%} off)" if self.nodes else ""
-        return (f"convergence: {self.triggered} node(s) triggered ({self.triggered_waste} "
-                f"waste, {self.triggered_blocking} blocking), {off} of {self.nodes} off{share}; "
+        return (f"convergence: {self.triggered} node(s) triggered ({self.triggered_idle} "
+                f"idle, {self.triggered_blocking} blocking), {off} of {self.nodes} off{share}; "
                 f"{self.planned} planned, {self.evicted} evicted, {self.cooling} owner(s) in "
                 f"cooldown; settled: {'yes' if self.settled else 'no'} ({self.why})")
 
 
-def convergence(*, triggered_waste: int, triggered_blocking: int, triggered: int, nodes: int,
+def convergence(*, triggered_idle: int, triggered_blocking: int, triggered: int, nodes: int,
                 planned: int, evicted: int, cooling: int) -> Convergence:
     """Settled = nothing left worth doing: no node triggered, or the plan had no move."""
     if triggered == 0:
@@ -125,5 +125,5 @@ def convergence(*, triggered_waste: int, triggered_blocking: int, triggered: int
                               + (f"; {cooling} owner(s) cooling down" if cooling else ""))
     else:
         settled, why = False, f"{evicted} pod(s) moved this cycle; the next may move more"
-    return Convergence(triggered, triggered_waste, triggered_blocking, nodes, planned, evicted,
+    return Convergence(triggered, triggered_idle, triggered_blocking, nodes, planned, evicted,
                        cooling, settled, why)

@@ -407,7 +407,7 @@ class CycleReport:
     stopped_early: str = ""
     before: Summary | None = None
     after: Summary | None = None
-    # At the end of the cycle (hysteresis applied): nodes triggered on waste (latched for the
+    # At the end of the cycle (hysteresis applied): nodes triggered on idle memory (latched for the
     # next cycle), and how many are triggered in all and for blocking.
     latched_after: frozenset[str] = frozenset()
     triggered_after: int = 0
@@ -437,10 +437,10 @@ class Executor:
         """Carry out ``plan`` on the cluster; ``snapshot`` follows what really happened."""
         report = CycleReport(before=plan.before)
         state = snapshot.state
-        # Hysteresis within the cycle too: a node the plan found triggered on waste stays a
-        # source until its waste ratio falls to --threshold-off.
+        # Hysteresis within the cycle too: a node the plan found triggered on idle memory stays a
+        # source until its idle ratio falls to --threshold-off.
         latched = snapshot.latched_rows() | frozenset(
-            state.index[n] for n in plan.waste_nodes if n in state.index)
+            state.index[n] for n in plan.idle_nodes if n in state.index)
         held: dict[str, Reservation] = {}  # pod key -> the reservation not yet released
         try:
             pruned = self.actions.prune_hints(self.clock())
@@ -498,7 +498,7 @@ class Executor:
         report.after = final.summary
         end = find_triggers(state, final, snapshot.pending, self.config.threshold,
                             latched=latched, threshold_off=self.config.off_threshold)
-        report.latched_after = frozenset(state.names[r] for r in end.waste)
+        report.latched_after = frozenset(state.names[r] for r in end.idle)
         report.triggered_after = len(end.rows)
         report.blocking_after = len(end.blocking)
         return report

@@ -1,13 +1,20 @@
-"""Measure what the defrag trigger and the plan's score read: reserved-but-unused GPU memory
-and FGD fragmentation, per GPU and per node. Pure numpy over a ``ClusterState``.
+"""Measure what the defrag trigger and the plan's score read: GPU memory reserved and not
+touched over a window ("allocated but unused"), and FGD fragmentation, per GPU and per node.
+Pure numpy over a ``ClusterState``.
 
-Allocated memory of a GPU is its allocated share times its memory:
+Allocated (reserved) memory of a GPU is its allocated share times its memory:
 ``(1000 - free_milli) / 1000 x gpu_memory_mib`` (the memory from the node label
 ``nvidia.com/gpu.memory`` or, failing that, the agent's ``memory_total_mib``). Used memory comes
-from the node agent's annotation or from DCGM through Prometheus and is kept per pod, so that it
-travels with a pod when the planner (or the what-if) moves it. The waste ratio of a node is
-(DESIGN.md) ``Σ_gpu max(allocated − used, 0) / Σ_gpu allocated`` over the GPUs with a fresh
-reading; a node with no fresh reading has no waste ratio (NaN) and never triggers on waste.
+from the node agent's annotation (or DCGM through Prometheus) and is kept per pod, so that it
+travels with a pod when the planner (or the what-if) moves it: what the pod uses now, and the
+most it used over the window (the agent's ``peak_mib``; the recommender's window).
+
+The idle ratio of a node (DESIGN.md) is ``Σ_gpu max(allocated − peak use, 0) / Σ_gpu
+allocated`` over the GPUs with a fresh reading: memory reserved and not touched over the
+window, which is what the 25% trigger reads. A pod's use swinging below its peak is not idle:
+no move and no right-sizing could give it back, so it is reported apart, as **burst headroom**
+(``Σ max(peak − current use, 0)``), and never triggers. A node with no fresh reading has no
+idle ratio (NaN) and never triggers on idle memory.
 """
 
 from __future__ import annotations
@@ -28,28 +35,35 @@ MIB_PER_GIB = 1024.0
 
 
 class UsageTable:
-    """GPU memory in use, per GPU and per pod (MiB), aligned with a ``ClusterState``'s rows.
+    """GPU memory in use, now and at its peak over the window, per GPU and per pod (MiB),
+    aligned with a ``ClusterState``'s rows.
 
-    ``used_mib[row, gpu]`` = memory of the pods on that GPU + ``other_mib`` (processes outside
-    any pod, driver reservations). A pod's figure is memory per GPU it holds. A pod with no
-    figure of its own is counted as using all it reserved, so no waste is ever invented for it.
-    ``known`` marks GPUs with a fresh reading; only those enter the waste ratio.
+    ``used_mib[row, gpu]`` = memory of the pods on that GPU now + ``other_mib`` (processes
+    outside any pod, driver reservations); ``peak_mib[row, gpu]`` the same with each pod's
+    peak over the window. A pod's figures are memory per GPU it holds. A pod with no figure of
+    its own is counted as using all it reserved, and one with no peak as peaking at what it
+    uses now, so no idle memory is ever invented for it. ``known`` marks GPUs with a fresh
+    reading; only those enter the idle ratio.
     """
 
     def __init__(self, state: ClusterState) -> None:
         shape = (state.cpu_cap.shape[0], state.gpu_width)
         self.used_mib: FloatArray = np.zeros(shape)
+        self.peak_mib: FloatArray = np.zeros(shape)
         self.other_mib: FloatArray = np.zeros(shape)
         self.known: BoolArray = np.zeros(shape, np.bool_)
         self.pod_used_mib: dict[str, float] = {}
+        self.pod_peak_mib: dict[str, float] = {}
         self._gpu_memory = state.gpu_memory_mib
 
     @classmethod
     def from_readings(cls, state: ClusterState, gpu_used_mib: Mapping[GpuKey, float],
-                      pod_used_mib: Mapping[str, float]) -> UsageTable:
-        """Build from fresh readings: ``gpu_used_mib`` per (row, GPU) with a reading, and the
-        per-GPU figures of the pods that have one. On a GPU with a reading, pods without a
-        figure share what the listed pods do not explain, in proportion to their shares."""
+                      pod_used_mib: Mapping[str, float],
+                      pod_peak_mib: Mapping[str, float] | None = None) -> UsageTable:
+        """Build from fresh readings: ``gpu_used_mib`` per (row, GPU) with a reading, the
+        per-GPU figures of the pods that have one, and their peaks over the window
+        (``pod_peak_mib``). On a GPU with a reading, pods without a figure share what the
+        listed pods do not explain, in proportion to their shares."""
         table = cls(state)
         on_gpu: dict[GpuKey, list[Placement]] = {}
         for placement in state.pods.values():
@@ -78,17 +92,23 @@ class UsageTable:
         for key, used in pod_used_mib.items():
             if key in state.pods:
                 table.pod_used_mib[key] = float(used)
+        for key, peak in (pod_peak_mib or {}).items():
+            if key in state.pods:
+                table.pod_peak_mib[key] = float(peak)
         table.recompute(state)
         return table
 
     def recompute(self, state: ClusterState) -> None:
-        """Rebuild ``used_mib`` from the pods and ``other_mib`` (after a bulk change)."""
+        """Rebuild ``used_mib`` and ``peak_mib`` from the pods and ``other_mib`` (after a
+        bulk change)."""
         self.used_mib[:] = self.other_mib
+        self.peak_mib[:] = self.other_mib
         for placement in state.pods.values():
             row = state.index[placement.node]
-            used = self.pod_used(placement, row)
+            used, peak = self.pod_used(placement, row), self.pod_peak(placement, row)
             for g in placement.gpus:
                 self.used_mib[row, g] += used
+                self.peak_mib[row, g] += peak
 
     def pod_used(self, placement: Placement, row: int) -> float:
         """Memory per GPU that ``placement``'s pod uses (its reservation on ``row`` if unknown)."""
@@ -97,13 +117,30 @@ class UsageTable:
             return figure
         return placement.pod.gpu_milli / MILLI_PER_GPU * float(self._gpu_memory[row])
 
-    def add(self, placement: Placement, row: int, used_mib: float | None) -> None:
-        """Account a newly placed pod using ``used_mib`` per GPU (None: what it reserves)."""
+    def pod_peak(self, placement: Placement, row: int) -> float:
+        """The most memory per GPU ``placement``'s pod used over the window (never below what
+        it uses now; what it uses now when no peak is known)."""
+        used = self.pod_used(placement, row)
+        peak = self.pod_peak_mib.get(pod_key(placement.pod))
+        return used if peak is None else max(peak, used)
+
+    def add(self, placement: Placement, row: int, used_mib: float | None,
+            peak_mib: float | None = None) -> None:
+        """Account a newly placed pod using ``used_mib`` per GPU (None: what it reserves),
+        ``peak_mib`` at most over the window (None: what it uses now)."""
         key = pod_key(placement.pod)
         if used_mib is not None:
             self.pod_used_mib[key] = float(used_mib)
+        if peak_mib is not None:
+            self.pod_peak_mib[key] = float(peak_mib)
         for g in placement.gpus:
             self.used_mib[row, g] += self.pod_used(placement, row)
+            self.peak_mib[row, g] += self.pod_peak(placement, row)
+
+    def forget(self, key: str) -> None:
+        """Drop a gone pod's figures (call after :meth:`move` took its memory off)."""
+        self.pod_used_mib.pop(key, None)
+        self.pod_peak_mib.pop(key, None)
 
     def move(self, placement: Placement, source_row: int, target_row: int,
              target_gpus: tuple[int, ...]) -> None:
@@ -111,16 +148,19 @@ class UsageTable:
         is. Call before ``ClusterState`` is updated (``placement`` is the old one)."""
         for g in placement.gpus:
             self.used_mib[source_row, g] -= self.pod_used(placement, source_row)
+            self.peak_mib[source_row, g] -= self.pod_peak(placement, source_row)
         for g in target_gpus:
             self.used_mib[target_row, g] += self.pod_used(placement, target_row)
+            self.peak_mib[target_row, g] += self.pod_peak(placement, target_row)
 
 
 @dataclass(frozen=True)
 class Summary:
     """Cluster-wide figures, before or after a cycle (printed, pushed, written by the what-if)."""
 
-    waste_ratio: float  # Σ wasted / Σ allocated over GPUs with a fresh reading
-    wasted_gib: float
+    idle_ratio: float  # Σ idle / Σ allocated over GPUs with a fresh reading
+    idle_gib: float  # reserved and not touched over the window
+    burst_headroom_gib: float  # Σ (peak − current use): reported, never a trigger
     frag_ratio: float  # FGD fragmentation over free GPU share
     frag_gpus: float  # FGD fragmentation in GPUs
     free_whole_gpus: int
@@ -130,8 +170,9 @@ class Summary:
 
     def as_dict(self) -> dict[str, float | int]:
         return {
-            "waste_ratio": round(self.waste_ratio, 6),
-            "wasted_gib": round(self.wasted_gib, 3),
+            "idle_ratio": round(self.idle_ratio, 6),
+            "idle_gib": round(self.idle_gib, 3),
+            "burst_headroom_gib": round(self.burst_headroom_gib, 3),
             "frag_ratio": round(self.frag_ratio, 6),
             "frag_gpus": round(self.frag_gpus, 3),
             "free_whole_gpus": self.free_whole_gpus,
@@ -148,8 +189,10 @@ def comparison_rows(before: Summary, after: Summary, *, gib: str = ".1f",
     GPU-count figures (a whole what-if cluster reads better with fewer digits)."""
     b, a = before, after
     return [
-        ("waste ratio", f"{b.waste_ratio:.1%}", f"{a.waste_ratio:.1%}"),
-        ("wasted GiB", format(b.wasted_gib, gib), format(a.wasted_gib, gib)),
+        ("idle ratio", f"{b.idle_ratio:.1%}", f"{a.idle_ratio:.1%}"),
+        ("idle GiB", format(b.idle_gib, gib), format(a.idle_gib, gib)),
+        ("burst headroom GiB", format(b.burst_headroom_gib, gib),
+         format(a.burst_headroom_gib, gib)),
         ("fragmentation ratio", f"{b.frag_ratio:.1%}", f"{a.frag_ratio:.1%}"),
         ("fragmentation (GPUs)", format(b.frag_gpus, gpus), format(a.frag_gpus, gpus)),
         ("free whole GPUs", str(b.free_whole_gpus), str(a.free_whole_gpus)),
@@ -159,10 +202,11 @@ def comparison_rows(before: Summary, after: Summary, *, gib: str = ".1f",
 
 @dataclass(frozen=True)
 class Measurement:
-    """Per node (index = ClusterState row): waste and fragmentation, plus the cluster summary."""
+    """Per node (index = ClusterState row): idle memory and fragmentation, plus the cluster
+    summary."""
 
-    waste_ratio: FloatArray  # NaN where the node has no fresh reading of an allocated GPU
-    wasted_mib: FloatArray
+    idle_ratio: FloatArray  # NaN where the node has no fresh reading of an allocated GPU
+    idle_mib: FloatArray
     allocated_mib: FloatArray  # over GPUs with a fresh reading
     frag_milli: FloatArray
     summary: Summary
@@ -177,26 +221,29 @@ def gpu_exists(state: ClusterState) -> BoolArray:
 
 
 def measure(state: ClusterState, usage: UsageTable, workload: TargetWorkload) -> Measurement:
-    """Waste and fragmentation of every node of ``state``."""
+    """Idle memory and fragmentation of every node of ``state``."""
     n = state.size
     exists = gpu_exists(state)
     free = state.gpu_free[:n]
     allocated_milli = np.where(exists, MILLI_PER_GPU - free, 0)
     allocated_mib = allocated_milli / MILLI_PER_GPU * state.gpu_memory_mib[:n, None]
     known = usage.known[:n] & exists
-    wasted = np.where(known, np.maximum(allocated_mib - usage.used_mib[:n], 0.0), 0.0)
-    node_wasted = wasted.sum(axis=1)
+    peak, now = usage.peak_mib[:n], usage.used_mib[:n]
+    idle = np.where(known, np.maximum(allocated_mib - peak, 0.0), 0.0)
+    node_idle = idle.sum(axis=1)
+    headroom = float(np.where(known, np.maximum(peak - now, 0.0), 0.0).sum())
     node_allocated = np.where(known, allocated_mib, 0.0).sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(node_allocated > 0, node_wasted / node_allocated, np.nan)
+        ratio = np.where(node_allocated > 0, node_idle / node_allocated, np.nan)
     frag = node_fragmentation(state, workload)
     free_total = int(np.where(exists, free, 0).sum())
     whole_free = exists & (free == MILLI_PER_GPU)
     gpu_nodes = state.active[:n] & (state.gpu_count[:n] > 0)
     total_allocated = float(node_allocated.sum())
     summary = Summary(
-        waste_ratio=float(node_wasted.sum()) / total_allocated if total_allocated else 0.0,
-        wasted_gib=float(node_wasted.sum()) / MIB_PER_GIB,
+        idle_ratio=float(node_idle.sum()) / total_allocated if total_allocated else 0.0,
+        idle_gib=float(node_idle.sum()) / MIB_PER_GIB,
+        burst_headroom_gib=headroom / MIB_PER_GIB,
         frag_ratio=float(frag.sum()) / free_total if free_total else 0.0,
         frag_gpus=float(frag.sum()) / MILLI_PER_GPU,
         free_whole_gpus=int(whole_free.sum()),
@@ -204,6 +251,6 @@ def measure(state: ClusterState, usage: UsageTable, workload: TargetWorkload) ->
         allocated_gpus=float(allocated_milli.sum()) / MILLI_PER_GPU,
         nodes_with_usage=int(known.any(axis=1).sum()),
     )
-    return Measurement(waste_ratio=ratio, wasted_mib=node_wasted, allocated_mib=node_allocated,
+    return Measurement(idle_ratio=ratio, idle_mib=node_idle, allocated_mib=node_allocated,
                        frag_milli=frag, summary=summary)
 

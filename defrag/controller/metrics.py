@@ -11,8 +11,10 @@ Metric names (all prefixed ``gpufrag_defrag_``):
 - ``skipped_total{reason}`` — planned moves not carried out (``trigger_cleared``);
 - ``reservations_total{result}`` — GPU reservations ``created``, ``released`` (after the move,
   or for a move not carried out) and ``rolled_back`` (a plan that could not reserve it all);
-- ``waste_ratio``, ``wasted_bytes``, ``fragmentation_ratio``, ``free_whole_gpus`` ``{phase}`` —
-  ``before`` the cycle and ``after`` it (the model, moved pods carrying their usage);
+- ``idle_ratio``, ``idle_bytes`` (reserved and not touched over the window: what the trigger
+  reads), ``burst_headroom_bytes`` (peak over the window minus use now: reported, never a
+  trigger), ``fragmentation_ratio``, ``free_whole_gpus`` ``{phase}`` — ``before`` the cycle
+  and ``after`` it (the model, moved pods carrying their usage);
 - ``cycle_seconds``, ``plan_seconds``, ``dry_run``.
 
 Right-sizing (prefix ``gpufrag_rightsizing_``), one series per workload and model version
@@ -61,8 +63,12 @@ class CycleMetrics:
                                      ["result"], registry=r)
         self._phase = {
             name: Gauge(f"{PREFIX}{name}", text, ["phase"], registry=r)
-            for name, text in (("waste_ratio", "Wasted / allocated GPU memory"),
-                               ("wasted_bytes", "Allocated but unused GPU memory"),
+            for name, text in (("idle_ratio", "GPU memory reserved and not touched over the "
+                                              "window / reserved (the trigger's ratio)"),
+                               ("idle_bytes", "GPU memory reserved and not touched over the "
+                                              "window (allocated but unused)"),
+                               ("burst_headroom_bytes", "GPU memory used at its peak over the "
+                                                        "window but not now (never a trigger)"),
                                ("fragmentation_ratio", "FGD fragmentation / free GPU share"),
                                ("free_whole_gpus", "GPUs with nothing allocated"))
         }
@@ -134,15 +140,17 @@ class CycleMetrics:
         self.counts["recommendations published"] = sum(workloads_by_mode.values())
 
     def phase(self, phase: str, summary: Summary) -> None:
-        self._phase["waste_ratio"].labels(phase).set(summary.waste_ratio)
-        self._phase["wasted_bytes"].labels(phase).set(summary.wasted_gib * BYTES_PER_GIB)
+        self._phase["idle_ratio"].labels(phase).set(summary.idle_ratio)
+        self._phase["idle_bytes"].labels(phase).set(summary.idle_gib * BYTES_PER_GIB)
+        self._phase["burst_headroom_bytes"].labels(phase).set(
+            summary.burst_headroom_gib * BYTES_PER_GIB)
         self._phase["fragmentation_ratio"].labels(phase).set(summary.frag_ratio)
         self._phase["free_whole_gpus"].labels(phase).set(summary.free_whole_gpus)
 
-    def converged(self, *, settled: bool, waste: int, blocking: int, any_: int,
+    def converged(self, *, settled: bool, idle: int, blocking: int, any_: int,
                   cooling: int) -> None:
         self._settled.set(int(settled))
-        self._triggered.labels(trigger="waste").set(waste)
+        self._triggered.labels(trigger="idle").set(idle)
         self._triggered.labels(trigger="blocking").set(blocking)
         self._triggered.labels(trigger="any").set(any_)
         self._cooling.set(cooling)

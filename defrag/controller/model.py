@@ -174,7 +174,7 @@ class Snapshot:
     notes: list[UsageNote] = field(default_factory=list)
     taints: Mapping[str, tuple[Taint, ...]] = field(default_factory=dict)
     cordoned: frozenset[str] = frozenset()
-    # What the last cycles left (defrag.controller.convergence): nodes whose waste trigger is
+    # What the last cycles left (defrag.controller.convergence): nodes whose idle trigger is
     # on (hysteresis) and owners still in cooldown.
     latched: frozenset[str] = frozenset()
     cooling: frozenset[str] = frozenset()
@@ -195,14 +195,18 @@ class Snapshot:
 def snapshot_of_state(state: ClusterState, pod_used_mib: Mapping[str, float], *,
                       pending: tuple[PodRequest, ...] | list[PodRequest] = (),
                       owner_kind: str = "ReplicaSet", pdbs: list[Pdb] | None = None,
-                      infos: Mapping[str, PodInfo] | None = None) -> Snapshot:
+                      infos: Mapping[str, PodInfo] | None = None,
+                      pod_peak_mib: Mapping[str, float] | None = None) -> Snapshot:
     """A snapshot of a simulated cluster: every GPU has a fresh reading; each placed pod uses
-    ``pod_used_mib`` per GPU (pods missing there use what they reserve); pods are movable
+    ``pod_used_mib`` per GPU (pods missing there use what they reserve) and peaked at
+    ``pod_peak_mib`` over the window (missing: at what it uses now); pods are movable
     ``owner_kind`` pods unless ``infos`` says otherwise (the what-if and tests build these)."""
     usage = UsageTable(state)
     n = state.size
     usage.known[:n] = np.arange(state.gpu_width)[None, :] < state.gpu_count[:n, None]
     usage.pod_used_mib.update({k: float(v) for k, v in pod_used_mib.items() if k in state.pods})
+    usage.pod_peak_mib.update({k: float(v) for k, v in (pod_peak_mib or {}).items()
+                               if k in state.pods})
     usage.recompute(state)
     given = dict(infos or {})
     pods: dict[str, PodInfo] = {}

@@ -18,7 +18,7 @@ memory — never by giving up a whole free GPU for nothing, and only when the ga
 In what order: greedily by gain per eviction, where gain is in GPUs:
 
     gain = −Δ fragmentation / 1000  +  net whole GPUs freed
-           −Δ wasted-but-reserved MiB / source GPU memory  +  pending pods unblocked
+           −Δ reserved-but-idle MiB / source GPU memory  +  pending pods unblocked
 
 Scoring every pod with the policy would be slow on a large cluster, so candidates are first
 ranked by what freeing their share does to the source node alone plus the share a right-sized
@@ -80,7 +80,7 @@ class Move:
     target: str
     target_gpus: tuple[int, ...]
     frag_delta_milli: float  # change of cluster fragmentation (negative: it falls)
-    waste_delta_mib: float  # change of wasted-but-reserved GPU memory (negative: it falls)
+    idle_delta_mib: float  # change of reserved-but-idle GPU memory (negative: it falls)
     freed_gpus: int  # net whole GPUs freed
     unblocks: tuple[str, ...]  # pending pods that fit on the source afterwards
     gain: float
@@ -90,12 +90,12 @@ class Move:
 
     @property
     def purposes(self) -> tuple[str, ...]:
-        """What the move is for: ``waste`` (a right-sized replacement or a smaller GPU gives
+        """What the move is for: ``idle`` (a right-sized replacement or a smaller GPU gives
         reserved-but-unused memory back), ``fragmentation`` (fragmentation falls or a whole GPU
         comes free), ``unblock`` (a pending pod fits afterwards)."""
         out = []
-        if self.waste_delta_mib < 0:
-            out.append("waste")
+        if self.idle_delta_mib < 0:
+            out.append("idle")
         if self.frag_delta_milli < -FRAG_EPSILON_MILLI or self.freed_gpus > 0:
             out.append("fragmentation")
         if self.unblocks:
@@ -122,7 +122,7 @@ class Move:
             "source": self.source, "source_gpus": list(self.source_gpus),
             "target": self.target, "target_gpus": list(self.target_gpus),
             "frag_delta_gpus": round(self.frag_delta_milli / MILLI_PER_GPU, 4),
-            "waste_delta_gib": round(self.waste_delta_mib / 1024.0, 3),
+            "idle_delta_gib": round(self.idle_delta_mib / 1024.0, 3),
             "freed_gpus": self.freed_gpus, "unblocks": list(self.unblocks),
             "gain": round(self.gain, 4), "reason": self.reason, "pdb": self.pdb,
             "new_milli": self.new_milli or None, "purposes": list(self.purposes),
@@ -140,7 +140,7 @@ class Plan:
     scored: int  # candidate moves scored with the policy
     seconds: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
-    waste_nodes: frozenset[str] = frozenset()  # triggered on waste (hysteresis applied)
+    idle_nodes: frozenset[str] = frozenset()  # triggered on idle memory (hysteresis applied)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -186,7 +186,7 @@ class _Scored:
     target: int
     target_gpus: tuple[int, ...]
     frag_delta: float
-    waste_delta: float
+    idle_delta: float
     freed: int
     unblocks: tuple[str, ...]
     gain: float
@@ -224,7 +224,7 @@ def plan(snapshot: Snapshot, policy: Policy, workload: TargetWorkload,
         unplaceable=tuple(p.key for p in planner.triggers.unplaceable),
         scored=planner.scored,
         seconds=time.perf_counter() - started,
-        waste_nodes=frozenset(state.names[r] for r in planner.triggers.waste),
+        idle_nodes=frozenset(state.names[r] for r in planner.triggers.idle),
     )
 
 
@@ -301,7 +301,7 @@ class _Planner:
         after = fragmentation_of(free_after, state.cpu_left[rows] + cpu, state.product[rows],
                                  self.workload, self.allowed)
         # A right-sized replacement gives back the share it no longer reserves (in GPUs, as
-        # the score's waste term counts it), wherever it lands.
+        # the score's idle memory term counts it), wherever it lands.
         rightsized = self.snapshot.rightsized
         reclaim = np.fromiter((max(c.placement.pod.gpu_milli
                                    - rightsized.get(c.info.key, c.placement.pod.gpu_milli), 0)
@@ -353,9 +353,10 @@ class _Planner:
         dst, dst_gpus = decision.row, decision.gpus
         src_mem = float(state.gpu_memory_mib[src])
         dst_mem = float(state.gpu_memory_mib[dst])
-        figure = self.usage.pod_used_mib.get(c.info.key)
-        if figure is not None and dst_mem > 0 and figure > pod.gpu_milli / 1000 * dst_mem:
-            return "memory in use would not fit its share of the target GPU"
+        if c.info.key in self.usage.pod_used_mib and dst_mem > 0:
+            peak = self.usage.pod_peak(placement, src)
+            if peak > pod.gpu_milli / 1000 * dst_mem:
+                return "memory it used over the window would not fit its share of the target GPU"
         free_src = state.gpu_free[src].copy()
         free_src[list(placement.gpus)] += old_pod.gpu_milli
         free_dst = state.gpu_free[dst].copy()
@@ -368,18 +369,18 @@ class _Planner:
         frag_delta = float(after.sum() - self.frag[src] - self.frag[dst])
         freed = (sum(1 for g in placement.gpus if free_src[g] == MILLI_PER_GPU)
                  - sum(1 for g in dst_gpus if state.gpu_free[dst, g] == MILLI_PER_GPU))
-        waste_delta = round(self._waste_delta(placement, src, dst, dst_gpus, pod), 3) + 0.0
+        idle_delta = round(self._idle_delta(placement, src, dst, dst_gpus, pod), 3) + 0.0
         unblocks = self._unblocks(src, free_src, pod)
-        cuts_waste = pod.gpu_milli < old_pod.gpu_milli and waste_delta < 0
+        cuts_idle = pod.gpu_milli < old_pod.gpu_milli and idle_delta < 0
         improves = ((frag_delta < -FRAG_EPSILON_MILLI or freed > 0 or bool(unblocks)
-                     or cuts_waste) and (freed >= 0 or bool(unblocks)))
+                     or cuts_idle) and (freed >= 0 or bool(unblocks)))
         gain = (-frag_delta / MILLI_PER_GPU + freed + len(unblocks)
-                - (waste_delta / src_mem if src_mem > 0 else 0.0))
+                - (idle_delta / src_mem if src_mem > 0 else 0.0))
         if not improves or gain <= 0:
             return "no landing improves the cluster"
         if gain < self.config.min_gain_gpus:
             return "gain below --min-gain-gpus"
-        return _Scored(dst, dst_gpus, frag_delta, waste_delta, freed, unblocks, gain)
+        return _Scored(dst, dst_gpus, frag_delta, idle_delta, freed, unblocks, gain)
 
     def replacement(self, key: str, pod: PodRequest) -> PodRequest:
         """The pod its replacement will be: the share the webhook admits it with. That is
@@ -390,23 +391,24 @@ class _Planner:
             return dataclasses.replace(pod, gpu_milli=milli)
         return pod
 
-    def _waste_delta(self, placement: Placement, src: int, dst: int,
+    def _idle_delta(self, placement: Placement, src: int, dst: int,
                      dst_gpus: tuple[int, ...], new_pod: PodRequest | None = None) -> float:
-        """Change of Σ max(allocated − used, 0) over the GPUs the move touches."""
+        """Change of Σ max(allocated − peak use over the window, 0) over the GPUs the move
+        touches (the idle memory the trigger reads)."""
         state, usage = self.state, self.usage
         delta = 0.0
         for row, gpus, sign, pod in ((src, placement.gpus, -1.0, placement.pod),
                                      (dst, dst_gpus, 1.0, new_pod or placement.pod)):
             memory = float(state.gpu_memory_mib[row])
             moved_alloc = pod.gpu_milli / MILLI_PER_GPU * memory
-            moved_used = usage.pod_used(placement, row)
+            moved_peak = usage.pod_peak(placement, row)
             for g in gpus:
                 if not usage.known[row, g]:
                     continue
                 alloc = (MILLI_PER_GPU - float(state.gpu_free[row, g])) / MILLI_PER_GPU * memory
-                used = float(usage.used_mib[row, g])
-                before = max(alloc - used, 0.0)
-                after = max(alloc + sign * moved_alloc - (used + sign * moved_used), 0.0)
+                peak = float(usage.peak_mib[row, g])
+                before = max(alloc - peak, 0.0)
+                after = max(alloc + sign * moved_alloc - (peak + sign * moved_peak), 0.0)
                 delta += after - before
         return delta
 
@@ -511,7 +513,7 @@ class _Planner:
             pod=key, uid=c.info.uid, owner_kind=c.info.owner_kind, owner_uid=c.info.owner_uid,
             owner_name=c.info.owner_name, num_gpu=old.pod.num_gpu, gpu_milli=old.pod.gpu_milli,
             source=state.names[src], source_gpus=old.gpus, target=state.names[s.target],
-            target_gpus=s.target_gpus, frag_delta_milli=s.frag_delta, waste_delta_mib=s.waste_delta,
+            target_gpus=s.target_gpus, frag_delta_milli=s.frag_delta, idle_delta_mib=s.idle_delta,
             freed_gpus=s.freed, unblocks=s.unblocks, gain=s.gain,
             reason=self.triggers.reason(src, self.measurement),
             pdb=pdbs[0].key if pdbs else "",

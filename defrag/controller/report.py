@@ -26,7 +26,7 @@ def plan_table(plan: Plan, notes: Sequence[UsageNote] = (), *, dry_run: bool = F
              f"in {plan.seconds:.2f}s"]
     if plan.moves:
         head = (f"  {'#':>3}  {'pod':<40} {'GPU':>6}  {'from (gpus)':<24} {'to (gpus)':<24}"
-                f" {'dFrag':>7} {'dWaste':>8} {'freed':>5}  cuts; reason")
+                f" {'dFrag':>7} {'dIdle':>8} {'freed':>5}  cuts; reason")
         lines += [head, "  " + "-" * (len(head) - 2)]
         for i, m in enumerate(plan.moves, 1):
             size = f"{m.gpu_milli}m" if m.gpu_milli < 1000 else f"{m.num_gpu}"
@@ -36,14 +36,14 @@ def plan_table(plan: Plan, notes: Sequence[UsageNote] = (), *, dry_run: bool = F
                 f"  {i:>3}  {m.pod[:40]:<40} {size:>6}  "
                 f"{(m.source + ' (' + _gpus(m.source_gpus) + ')')[:24]:<24} "
                 f"{(m.target + ' (' + _gpus(m.target_gpus) + ')')[:24]:<24} "
-                f"{m.frag_delta_milli / 1000:>+7.2f} {m.waste_delta_mib / 1024:>+7.1f}G "
+                f"{m.frag_delta_milli / 1000:>+7.2f} {m.idle_delta_mib / 1024:>+7.1f}G "
                 f"{m.freed_gpus:>5}  {'+'.join(m.purposes) or '-'}; {m.reason}"
                 + (f"; unblocks {', '.join(m.unblocks)}" if m.unblocks else ""))
     b, a = plan.before, plan.after
-    lines.append(f"  before: waste {b.waste_ratio:.1%} ({b.wasted_gib:.1f} GiB), fragmentation "
+    lines.append(f"  before: idle {b.idle_ratio:.1%} ({b.idle_gib:.1f} GiB), fragmentation "
                  f"{b.frag_ratio:.1%} ({b.frag_gpus:.2f} GPUs), {b.free_whole_gpus} free whole "
                  f"GPUs")
-    lines.append(f"  after (predicted): waste {a.waste_ratio:.1%} ({a.wasted_gib:.1f} GiB), "
+    lines.append(f"  after (predicted): idle {a.idle_ratio:.1%} ({a.idle_gib:.1f} GiB), "
                  f"fragmentation {a.frag_ratio:.1%} ({a.frag_gpus:.2f} GPUs), "
                  f"{a.free_whole_gpus} free whole GPUs")
     if plan.skipped:

@@ -281,6 +281,7 @@ def _usage_table(state: ClusterState, infos: Mapping[str, PodInfo],
                  notes: list[UsageNote]) -> UsageTable:
     gpu_used: dict[GpuKey, float] = {}
     pod_sum: dict[str, float] = {}
+    peak_sum: dict[str, float] = {}
     pod_count: dict[str, int] = {}
     if source.dcgm is None:
         key_by_uid = {i.uid: k for k, i in infos.items() if i.uid}
@@ -293,6 +294,7 @@ def _usage_table(state: ClusterState, infos: Mapping[str, PodInfo],
                 for p in gpu.pods:
                     key = key_by_uid.get(p.uid) or f"{p.namespace}/{p.name}"
                     pod_sum[key] = pod_sum.get(key, 0.0) + p.memory_used_mib
+                    peak_sum[key] = peak_sum.get(key, 0.0) + p.window_peak_mib
                     pod_count[key] = pod_count.get(key, 0) + 1
     else:
         limit = source.stale_intervals * source.dcgm_interval_s
@@ -312,7 +314,8 @@ def _usage_table(state: ClusterState, infos: Mapping[str, PodInfo],
                                          f"{source.stale_intervals:g} x "
                                          f"{source.dcgm_interval_s:g}s): ignored"))
     pod_used = {k: pod_sum[k] / pod_count[k] for k in pod_sum if k in state.pods}
-    return UsageTable.from_readings(state, gpu_used, pod_used)
+    pod_peak = {k: peak_sum[k] / pod_count[k] for k in peak_sum if k in state.pods}
+    return UsageTable.from_readings(state, gpu_used, pod_used, pod_peak)
 
 
 def hold_reservations(snapshot: Snapshot, objs: Iterable[Obj], now: float) -> list[str]:
@@ -320,7 +323,8 @@ def hold_reservations(snapshot: Snapshot, objs: Iterable[Obj], now: float) -> li
     yet) as taken in ``snapshot``, exactly as the extender does (its own
     :class:`~scheduler.kube.reservations.ReservationBook`: expired ones and ones a bound pod
     already used hold nothing), so the planner does not plan a move into a held share. Their
-    placements count as using all they hold (no waste). Returns a problem per unreadable one."""
+    placements count as using all they hold (no idle memory). Returns a problem per unreadable
+    one."""
     problems: list[str] = []
     readable = []
     for obj in objs:

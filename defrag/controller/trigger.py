@@ -2,7 +2,7 @@
 
 Two triggers (DESIGN.md, issue 5):
 
-- **waste**: the node's waste ratio is above ``--threshold``: memory is reserved there but not
+- **idle memory**: the node's idle ratio is above ``--threshold``: memory is reserved there but not
   used, so its small pods are worth packing elsewhere.
 - **blocking**: a pending GPU pod fits nowhere now, but this node has enough free GPU share in
   total (and CPU, memory, an allowed product) that it *would* fit if the node's shares were
@@ -29,7 +29,7 @@ PODS_PER_ROW = 16
 class Triggers:
     """Triggered node rows, and the pending pods each blocking node holds back."""
 
-    waste: frozenset[int] = frozenset()
+    idle: frozenset[int] = frozenset()
     # Row -> pending pods it holds back (at most PODS_PER_ROW listed; ``blocked`` counts all).
     blocking: Mapping[int, tuple[PodInfo, ...]] = field(default_factory=dict)
     blocked: Mapping[int, int] = field(default_factory=dict)
@@ -38,12 +38,12 @@ class Triggers:
 
     @property
     def rows(self) -> frozenset[int]:
-        return self.waste | frozenset(self.blocking)
+        return self.idle | frozenset(self.blocking)
 
     def reason(self, row: int, measurement: Measurement) -> str:
         parts = []
-        if row in self.waste:
-            parts.append(f"waste {measurement.waste_ratio[row]:.0%}")
+        if row in self.idle:
+            parts.append(f"idle {measurement.idle_ratio[row]:.0%}")
         if row in self.blocking:
             n = self.blocked.get(row, len(self.blocking[row]))
             parts.append(f"blocks {n} pending pod{'s' if n != 1 else ''}")
@@ -66,15 +66,15 @@ def blocking_rows(state: ClusterState, pod: PodInfo) -> list[int]:
 def find_triggers(state: ClusterState, measurement: Measurement, pending: Sequence[PodInfo],
                   threshold: float, *, latched: frozenset[int] = frozenset(),
                   threshold_off: float | None = None) -> Triggers:
-    """The nodes over the waste threshold and the nodes that block pending GPU pods.
+    """The nodes over the idle threshold and the nodes that block pending GPU pods.
 
-    Hysteresis: a ``latched`` row (triggered on waste when the last cycle ended) stays
-    triggered while its waste ratio is above ``threshold_off`` (default: ``threshold``)."""
-    ratio = np.nan_to_num(measurement.waste_ratio, nan=0.0)
+    Hysteresis: a ``latched`` row (triggered on idle memory when the last cycle ended) stays
+    triggered while its idle ratio is above ``threshold_off`` (default: ``threshold``)."""
+    ratio = np.nan_to_num(measurement.idle_ratio, nan=0.0)
     over = np.flatnonzero(ratio > threshold)
     off = threshold if threshold_off is None else threshold_off
     still = [r for r in latched if 0 <= r < ratio.shape[0] and ratio[r] > off]
-    waste = frozenset(int(r) for r in [*over, *still] if state.active[r])
+    idle = frozenset(int(r) for r in [*over, *still] if state.active[r])
     rows = state.active_rows()
     by_shape: dict[tuple[int, int, int, int, frozenset[str], int], list[PodInfo]] = {}
     for pod in pending:
@@ -93,5 +93,5 @@ def find_triggers(state: ClusterState, measurement: Measurement, pending: Sequen
             blocked[row] = blocked.get(row, 0) + len(group)
     order = {id(p): i for i, p in enumerate(pending)}
     unplaceable.sort(key=lambda p: order[id(p)])
-    return Triggers(waste=waste, blocking={r: tuple(p) for r, p in blocking.items()},
+    return Triggers(idle=idle, blocking={r: tuple(p) for r, p in blocking.items()},
                     blocked=blocked, unplaceable=tuple(unplaceable))

@@ -29,7 +29,7 @@ never from a component's log or output:
    writes placement hints, evicts through the Eviction API (PDBs respected), and the extender
    steers each replacement to the hinted node. The demo sees the hints, the evictions and the
    replacements through the API; the controller's printed plan goes to ``logs/defrag-plan.txt``.
-6. **Before/after**: fragmentation ratio, waste ratio, free whole GPUs (measured by the defrag
+6. **Before/after**: fragmentation ratio, idle ratio, free whole GPUs (measured by the defrag
    controller's own functions from what the API server holds), cold loads avoided, request p99 —
    printed as a table, written to ``DIR/demo_summary.json`` and plotted to ``DIR/demo.png``.
 

@@ -54,6 +54,7 @@ from devkit.demo.scenario import (
 from devkit.demo.summary import DemoOptions, DemoSummary, Phase, summary_table, write_plot
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
+from devkit.stack import install_reservations_crd
 from gpufrag import conventions as cv
 from gpufrag.conventions import DEFAULT_NAMES
 from gpufrag.errors import BadInput
@@ -255,6 +256,8 @@ class Demo:
         return found if len(found) == wanted else None
 
     def _start_gpufrag_scheduler(self) -> None:
+        # The defrag cycle reserves each replacement's GPU before it evicts: the CRD first.
+        install_reservations_crd(self.plane)
         self.extender = ExtenderProcess(self.plane, self.logs_dir / "extender.log")
         self.extender.start()
         self.plane.start_scheduler(self.scheduler_process,
@@ -462,7 +465,7 @@ class Demo:
         return found
 
     def _measure(self) -> tuple[dict[str, Any], dict[str, list[int]]]:
-        """Waste and fragmentation with the defrag controller's own functions, on what the API
+        """Idle memory and fragmentation with the defrag controller's own functions, on what the API
         server holds for the demo's nodes (the agent's annotations included)."""
 
         nodes = [self.api.sanitize_for_serialization(n) for n in

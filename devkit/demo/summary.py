@@ -84,8 +84,8 @@ class DemoSummary:
 ROWS: tuple[tuple[str, str, Callable[[Phase], str]], ...] = (
     ("fragmentation ratio (FGD)", "lower",
      lambda p: f"{p.measured['frag_ratio']:.1%} ({p.measured['frag_gpus']:.2f} GPUs)"),
-    ("waste ratio (reserved, unused)", "lower",
-     lambda p: f"{p.measured['waste_ratio']:.1%} ({p.measured['wasted_gib']:.0f} GiB)"),
+    ("idle ratio (reserved, unused)", "lower",
+     lambda p: f"{p.measured['idle_ratio']:.1%} ({p.measured['idle_gib']:.0f} GiB)"),
     ("free whole GPUs", "higher", lambda p: str(p.measured["free_whole_gpus"])),
     ("cold loads avoided by affinity", "higher",
      lambda p: f"{p.placement['cold_loads_avoided']} of {p.placement['placements']} "
@@ -144,8 +144,8 @@ def write_plot(summary: DemoSummary, path: Path) -> None:
     bars: list[tuple[str, float, float]] = [
         ("fragmentation ratio", summary.before.measured["frag_ratio"],
          summary.after.measured["frag_ratio"]),
-        ("waste ratio", summary.before.measured["waste_ratio"],
-         summary.after.measured["waste_ratio"]),
+        ("idle ratio", summary.before.measured["idle_ratio"],
+         summary.after.measured["idle_ratio"]),
         ("free whole GPUs", summary.before.measured["free_whole_gpus"],
          summary.after.measured["free_whole_gpus"]),
         ("placements that avoided a cold load",

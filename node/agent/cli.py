@@ -39,7 +39,7 @@ from gpufrag.httpserve import ListenError
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
 from gpufrag.probes import check_metrics_port, stop_on_signals
-from node.agent import isolation
+from node.agent import isolation, peaks
 from node.agent.cgroup import KubePodLister, PodDirectory, PodLister, PodResolver
 from node.agent.loop import (
     DEFAULT_INTERVAL_S,
@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--share-cooldown-s", type=float, default=isolation.DEFAULT_COOLDOWN_S,
                         help="at most one GPUMemoryOverShare event per pod and GPU in this "
                              "many seconds (default: %(default)s)")
+    parser.add_argument("--peak-window-s", type=float, default=peaks.DEFAULT_WINDOW_S,
+                        help="each pod's published peak_mib covers this many seconds, what "
+                             "the defrag trigger reads as used (default: %(default)s, the "
+                             "recommender's 7 days)")
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                         help="port for /metrics, /healthz, /readyz; 0 disables "
                              "(default: %(default)s)")
@@ -143,6 +147,7 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
             share_tolerance_mib=args.share_tolerance_mib,
             share_intervals=args.share_intervals,
             share_cooldown_s=args.share_cooldown_s,
+            peak_window_s=args.peak_window_s,
             names=names_from_environ(),
         ).validate()
         check_metrics_port(args.metrics_port)

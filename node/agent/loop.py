@@ -11,6 +11,7 @@ and published.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -22,7 +23,7 @@ from structlog.typing import FilteringBoundLogger
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
 from gpufrag.nvml import GpuReadError, GpuReading
-from node.agent import isolation
+from node.agent import isolation, peaks
 from node.agent.cgroup import PodRef, PodShare
 from node.agent.isolation import ShareWatch
 from node.agent.leakwatch import DEFAULT_INTERVALS, DEFAULT_THRESHOLD_MIB, LeakWatch
@@ -60,6 +61,8 @@ class AgentConfig:
     share_tolerance_mib: int = isolation.DEFAULT_TOLERANCE_MIB
     share_intervals: int = isolation.DEFAULT_INTERVALS
     share_cooldown_s: float = isolation.DEFAULT_COOLDOWN_S
+    # Each pod's peak is published over this window (node.agent.peaks).
+    peak_window_s: float = peaks.DEFAULT_WINDOW_S
     # The shared names section (the usage annotation's key among them).
     names: KubeNames = DEFAULT_NAMES
 
@@ -82,6 +85,9 @@ class AgentConfig:
             ("share_tolerance_mib", self.share_tolerance_mib >= 0, ">= 0 MiB"),
             ("share_intervals", self.share_intervals >= 1, ">= 1"),
             ("share_cooldown_s", self.share_cooldown_s >= 0, ">= 0 seconds"),
+            ("peak_window_s", math.isfinite(self.peak_window_s)
+             and self.peak_window_s >= peaks.DEFAULT_BUCKET_S,
+             f">= {peaks.DEFAULT_BUCKET_S:g} seconds (one bucket)"),
         ]
         for name, ok, bound in checks:
             if not ok:
@@ -163,6 +169,7 @@ class Agent:
         self._leaks = LeakWatch(interval_s=config.interval_s,
                                 threshold_mib=config.leak_threshold_mib,
                                 intervals=config.leak_intervals)
+        self._peaks = peaks.PeakWindow(config.peak_window_s)
         self._shares = shares
         self._share_watch = ShareWatch(tolerance_mib=config.share_tolerance_mib,
                                        intervals=config.share_intervals,
@@ -179,8 +186,9 @@ class Agent:
             self._log.error("gpu_read_failed", error=str(exc))
             return None
         self._metrics.reads.labels("ok").inc()
-        usage = build_usage(self.config.node_name, now, self.config.interval_s, readings,
-                            self._pods.pod_for_pid)
+        usage = self._peaks.observe(build_usage(self.config.node_name, now,
+                                                self.config.interval_s, readings,
+                                                self._pods.pod_for_pid))
         self._metrics.observe_usage(usage)
         self._watch_leaks(usage, now)
         self._check_shares(usage, now)

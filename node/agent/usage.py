@@ -10,12 +10,19 @@ Example (``version`` lets the schema grow without breaking readers)::
      "gpus": [{"index": 0, "uuid": "GPU-5a3c...", "product": "NVIDIA A100-SXM4-80GB",
                "memory_used_mib": 30512, "memory_total_mib": 81920, "utilization_pct": 63,
                "pods": [{"namespace": "serving", "name": "llama-7b-0", "uid": "0b8f...",
-                         "memory_used_mib": 30000}]}]}
+                         "memory_used_mib": 30000, "peak_mib": 31200,
+                         "peak_since": 1732300000.0}]}]}
 
 Memory is in MiB (as ``nvidia-smi`` and DCGM report it), utilisation in whole percent over the
 driver's last sample period. ``timestamp`` is the wall-clock time of the NVML reading. A GPU's
 ``memory_used_mib`` minus the sum of its pods' is memory held by processes that are not in a pod
 (or whose pod could not be resolved) plus the driver's own reservations.
+
+A pod's ``peak_mib`` is the most it used on that GPU over the agent's window
+(``--peak-window-s``, the recommender's 7 days by default) as far back as ``peak_since`` (the
+later of the window's start and when the agent first saw the pod there: an agent restart
+starts it again). It is what the defrag trigger reads (memory reserved and not touched over
+the window); readers of annotations without it take the current figure as the peak.
 
 The agent republishes at least every :data:`REFRESH_INTERVALS` intervals even when nothing
 changed, so a reader can tell a live annotation from one left by a dead agent with
@@ -42,12 +49,21 @@ STALE_AFTER_INTERVALS = 2 * REFRESH_INTERVALS
 
 @dataclass(frozen=True, slots=True)
 class PodGpuUsage:
-    """GPU memory one pod's processes hold on one GPU."""
+    """GPU memory one pod's processes hold on one GPU now, and the most they held over the
+    window since ``peak_since`` (None: not known, as from an agent before peaks)."""
 
     namespace: str
     name: str
     uid: str
     memory_used_mib: int
+    peak_mib: int | None = None
+    peak_since: float | None = None
+
+    @property
+    def window_peak_mib(self) -> int:
+        """The peak over the window, never below the current figure."""
+        return self.memory_used_mib if self.peak_mib is None else max(self.peak_mib,
+                                                                       self.memory_used_mib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +146,18 @@ def _gpu_changed(mine: GpuUsage, theirs: GpuUsage, tolerance_mib: int, tolerance
         return True
     return any(
         abs(pod.memory_used_mib - theirs_pods[pod.uid].memory_used_mib) > tolerance_mib
+        or abs(pod.window_peak_mib - theirs_pods[pod.uid].window_peak_mib) > tolerance_mib
         for pod in mine.pods
     )
+
+
+def _pod_dict(pod: PodGpuUsage) -> dict[str, Any]:
+    out: dict[str, Any] = {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid,
+                           "memory_used_mib": pod.memory_used_mib}
+    if pod.peak_mib is not None and pod.peak_since is not None:
+        out["peak_mib"] = pod.peak_mib
+        out["peak_since"] = pod.peak_since
+    return out
 
 
 def _to_dict(usage: NodeGpuUsage) -> dict[str, Any]:
@@ -148,15 +174,7 @@ def _to_dict(usage: NodeGpuUsage) -> dict[str, Any]:
                 "memory_used_mib": gpu.memory_used_mib,
                 "memory_total_mib": gpu.memory_total_mib,
                 "utilization_pct": gpu.utilization_pct,
-                "pods": [
-                    {
-                        "namespace": pod.namespace,
-                        "name": pod.name,
-                        "uid": pod.uid,
-                        "memory_used_mib": pod.memory_used_mib,
-                    }
-                    for pod in gpu.pods
-                ],
+                "pods": [_pod_dict(pod) for pod in gpu.pods],
             }
             for gpu in usage.gpus
         ],
@@ -225,11 +243,16 @@ def _parse_gpu(reader: _Reader, item: object, path: str) -> GpuUsage:
 
 def _parse_pod(reader: _Reader, item: object, path: str) -> PodGpuUsage:
     obj = reader.obj(item, path)
+    peak = peak_since = None
+    if "peak_mib" in obj or "peak_since" in obj:  # both, or neither (an older agent)
+        peak = reader.integer(obj, "peak_mib", path, minimum=0)
+        peak_since = reader.number(obj, "peak_since", path, minimum=0.0)
     return PodGpuUsage(
         namespace=reader.string(obj, "namespace", path),
         name=reader.string(obj, "name", path),
         uid=reader.string(obj, "uid", path),
         memory_used_mib=reader.integer(obj, "memory_used_mib", path, minimum=0),
+        peak_mib=peak, peak_since=peak_since,
     )
 
 

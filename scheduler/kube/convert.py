@@ -149,6 +149,24 @@ class UnsupportedRequest(BadInput):
 # amd.com/gpu, nvidia.com/gpumem-percentage, aliyun.com/gpu-count, ...).
 _GPU_LIKE = re.compile(r"(gpu|vgpu|mig-)", re.IGNORECASE)
 _MIB_PER_GIB = 1024
+_BYTES_PER_MIB = 1024 * 1024
+# MiB in one unit of the GPU-memory resource (names.gpu_memory_unit): its quantities are counted
+# in MiB (gpufrag, HAMi), GiB (gpushare) or bytes (Koordinator's koordinator.sh/gpu-memory,
+# where "8Gi" is 8 GiB).
+_MIB_PER_UNIT = {"MiB": Decimal(1), "GiB": Decimal(_MIB_PER_GIB),
+                 "bytes": Decimal(1) / Decimal(_BYTES_PER_MIB)}
+
+
+def memory_mib(amount: Decimal, unit: str) -> int:
+    """A GPU-memory quantity in ``unit`` (``names.gpu_memory_unit``) as whole MiB, rounded up."""
+    return math.ceil(amount * _MIB_PER_UNIT[unit])
+
+
+def memory_quantity(mib: int, unit: str) -> str:
+    """``mib`` MiB as a quantity of the GPU-memory resource in ``unit`` (rounded up)."""
+    if unit == "bytes":
+        return f"{mib}Mi"
+    return str(math.ceil(Decimal(mib) / _MIB_PER_UNIT[unit]))
 _PERCENT = Decimal(100)
 
 
@@ -202,7 +220,6 @@ def container_gpus(obj: Obj, names: KubeNames = DEFAULT_NAMES,
     """Each container of ``spec[key]`` (app containers by default) with its GPU request, in
     order; containers asking no GPU are included (with zeros), as HAMi counts them."""
     spec = _mapping(obj, "spec", "pod")
-    per_mib = _MIB_PER_GIB if names.gpu_memory_unit == "GiB" else 1
     found = []
     for i, c in enumerate(_list(spec, key, "spec")):
         if not isinstance(c, Mapping):
@@ -211,7 +228,7 @@ def container_gpus(obj: Obj, names: KubeNames = DEFAULT_NAMES,
         req = _requests(c, path)
         found.append(ContainerGpus(
             str(c.get("name") or f"{key}[{i}]"), int(_amount(req, names.gpu, path)),
-            math.ceil(_amount(req, names.gpu_memory, path) * per_mib),
+            memory_mib(_amount(req, names.gpu_memory, path), names.gpu_memory_unit),
             math.ceil(_amount(req, names.gpu_cores, path)),
             math.ceil(_amount(req, names.gpu_milli, path))))
     return tuple(found)
@@ -295,9 +312,8 @@ def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
         if cores > _PERCENT:
             raise BadInput(f"{cores}% of a GPU's compute: at most 100",
                            field=f"requests.{names.gpu_cores}")
-        per_mib = _MIB_PER_GIB if names.gpu_memory_unit == "GiB" else 1
         num_gpu, gpu_milli = 1, math.ceil(cores * MILLI_PER_GPU / _PERCENT)
-        gpu_memory_mib = math.ceil(memory * per_mib)
+        gpu_memory_mib = memory_mib(memory, names.gpu_memory_unit)
     if num_gpu > MAX_GPUS_PER_NODE:
         raise BadInput(f"{num_gpu} GPUs is more than any node has", field=f"requests.{names.gpu}")
     annotations = annotations_of(obj)
@@ -420,8 +436,7 @@ def pod_to_k8s(pod: PodRequest, names: KubeNames = DEFAULT_NAMES, *, node: str =
     requests = {"cpu": f"{pod.cpu_milli}m", "memory": f"{pod.memory_mib}Mi"}
     if pod.gpu_memory_mib:
         requests[names.gpu] = "1"
-        requests[names.gpu_memory] = (str(pod.gpu_memory_mib) if names.gpu_memory_unit == "MiB"
-                                      else str(math.ceil(pod.gpu_memory_mib / _MIB_PER_GIB)))
+        requests[names.gpu_memory] = memory_quantity(pod.gpu_memory_mib, names.gpu_memory_unit)
         if pod.gpu_milli and names.gpu_cores:
             requests[names.gpu_cores] = str(math.ceil(pod.gpu_milli / 10))
     elif pod.is_share:

@@ -13,7 +13,7 @@ node its placement hint names. Otherwise they use an upstream kube-scheduler pro
 ``gpufrag.io/gpu-milli`` (MostAllocated), and the test checks that each hint was written and each
 eviction happened — landing "via the hint" is only claimed with the extender running.
 
-Checked after one cycle: fragmentation ratio and wasted GiB drop and whole GPUs come free (read
+Checked after one cycle: fragmentation ratio and idle GiB drop and whole GPUs come free (read
 back from the API server through the same converters), every Deployment is back at full replicas,
 the PDB never had fewer than minAvailable ready pods, the bare pods are untouched, the hints are
 cleaned up; and ``--dry-run`` changes nothing at all (no hint, no reservation, no annotation).
@@ -43,10 +43,10 @@ import pytest
 from defrag.controller.measure import Summary, measure
 from defrag.controller.snapshot import UsageSource, build_snapshot
 from defrag.rightsizing.recommender import parse as parse_recommendation
-from devkit.build import REPO_ROOT
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
+from devkit.stack import install_reservations_crd
 from gpufrag import conventions as cv
 from gpufrag.cli import main as gpufrag
 from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
@@ -85,20 +85,12 @@ profiles:
 """
 
 
-CRD = REPO_ROOT / "manifests" / "base" / "crd-gpureservation.yaml"
 
 
 @dataclass
 class Binder:
     scheduler: str
     via_extender: bool
-
-
-def install_reservations_crd(plane: ControlPlane) -> None:
-    """The CRD as manifests/base ships it, established before any extender lists it."""
-    plane.kubectl("apply", "-f", str(CRD))
-    plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
-                  f"crd/{rsv.PLURAL}.{rsv.GROUP}")
 
 
 def reservations(plane: ControlPlane) -> list[dict[str, Any]]:
@@ -606,9 +598,9 @@ def test_one_cycle_defragments_and_keeps_every_promise(
     cluster.publish_usage()
     after = cluster.measure()
     assert after.frag_ratio < before.frag_ratio
-    assert after.wasted_gib < before.wasted_gib
+    assert after.idle_gib < before.idle_gib
     assert after.free_whole_gpus >= before.free_whole_gpus + 2
-    assert after.waste_ratio < before.waste_ratio
+    assert after.idle_ratio < before.idle_ratio
     assert result["after"]["free_whole_gpus"] == after.free_whole_gpus
 
 

@@ -15,10 +15,10 @@ import pytest
 from defrag.controller.executor import KubeActions
 from defrag.rightsizing.workloads import Workload, WorkloadClient
 from devkit.controlplane import ControlPlane
+from devkit.stack import install_reservations_crd
 from gpufrag import conventions as cv
 from scheduler.kube import reservations as rsv
 from scheduler.kube.reservations import Reservation
-from tests.e2e.test_defrag import install_reservations_crd
 from tests.e2e.test_rbac import NODE, NS, Clients, _forbidden
 from tests.e2e.test_rbac import as_service_account as as_service_account  # the fixture
 

@@ -2,14 +2,14 @@
 
 Two T4 nodes (16 GiB, one GPU each). ``anchor``, a bare 700-milli pod, sits on the sink and
 leaves 300 milli there. Deployment ``llm`` (``gpufrag.io/rightsizing-mode: auto``) has one
-500-milli replica on the source that uses 2 GiB of the 8 GiB it reserves (75 % waste). Its
+500-milli replica on the source that uses 2 GiB of the 8 GiB it reserves (75 % idle memory). Its
 replica does not fit the sink's 300 milli as it is; right-sized it does.
 
 One ``gpufrag defrag`` cycle (with the extender binding and the right-sizing webhook registered
 with the API server, from tests/e2e/test_admission.py) must: publish the recommendation on the
-Deployment (2,048 MiB peak -> 2,612 MiB = 160 milli), plan the move as a waste cut with the new
+Deployment (2,048 MiB peak -> 2,612 MiB = 160 milli), plan the move as an idle cut with the new
 share, reserve 160 milli on the sink's GPU, evict; the webhook admits the replacement with 160
-milli, and the replacement lands on the reserved GPU. The waste read back falls.
+milli, and the replacement lands on the reserved GPU. The idle memory read back falls.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from defrag.rightsizing.recommender import parse as parse_recommendation
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
-from devkit.stack import delete_nodes
+from devkit.stack import delete_nodes, install_reservations_crd
 from gpufrag import conventions as cv
 from gpufrag.cli import main as gpufrag
 from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from tests.e2e.test_admission import webhook as webhook  # the fixture
-from tests.e2e.test_defrag import install_reservations_crd, pod_spec, reservations
+from tests.e2e.test_defrag import pod_spec, reservations
 
 pytestmark = pytest.mark.e2e
 
@@ -123,7 +123,7 @@ def test_an_over_reserved_replica_is_replaced_right_sized_onto_its_reservation(
     result = next(d for d in lines if d["kind"] == "result")
     assert code == 0, result
 
-    # Published, and used in the same cycle: the move is a waste cut with the smaller share.
+    # Published, and used in the same cycle: the move is an idle cut with the smaller share.
     text = apps.read_namespaced_deployment("llm", namespace).metadata.annotations[
         cv.ANNOTATION_GPU_RECOMMENDATION]
     rec = parse_recommendation(text)["*"]
@@ -132,7 +132,7 @@ def test_an_over_reserved_replica_is_replaced_right_sized_onto_its_reservation(
                                                    160}
     (move,) = plan["moves"]
     assert (move["source"], move["target"], move["target_gpus"]) == (SOURCE, SINK, [0])
-    assert move["new_milli"] == 160 and "waste" in move["purposes"]
+    assert move["new_milli"] == 160 and "idle" in move["purposes"]
     assert [o["outcome"] for o in result["moves"]] == ["landed"]
     assert result["counts"]["reservations created"] == 1
     assert result["counts"]["reservations released"] == 1
@@ -148,7 +148,7 @@ def test_an_over_reserved_replica_is_replaced_right_sized_onto_its_reservation(
     change = json.loads(replacement["metadata"]["annotations"][cv.ANNOTATION_RIGHTSIZING_CHANGE])
     assert (change["from"], change["to"]) == (500, 160)
     assert replacement["metadata"]["annotations"][cv.ANNOTATION_GPU_INDICES] == "0"
-    # The bare anchor is untouched; the model's waste fell from 75 % on the source.
+    # The bare anchor is untouched; the model's idle memory fell from 75 % on the source.
     assert bound(core, namespace, "anchor")["metadata"]["uid"] == anchor["metadata"]["uid"]
-    assert result["after"]["waste_ratio"] < result["before"]["waste_ratio"]
+    assert result["after"]["idle_ratio"] < result["before"]["idle_ratio"]
     assert result["after"]["free_whole_gpus"] == result["before"]["free_whole_gpus"] + 1

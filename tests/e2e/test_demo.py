@@ -31,7 +31,7 @@ from gpufrag.conventions import DEFAULT_NAMES
 from gpufrag.nvml import MIB, GpuReading, NvmlReader, ProcessReading
 from gpufrag.nvml_recorded import RecordedNvml
 
-PHASE_FIELDS = ("frag_ratio", "frag_gpus", "waste_ratio", "wasted_gib", "free_whole_gpus",
+PHASE_FIELDS = ("frag_ratio", "frag_gpus", "idle_ratio", "idle_gib", "free_whole_gpus",
                 "placements", "cold_loads_avoided", "cold_loads", "placed_by", "p50_ms",
                 "p99_ms", "requests", "errors", "mean_batch", "p99_ms_by_deployment")
 

@@ -17,7 +17,7 @@ import pytest
 
 from devkit.controlplane import ControlPlane
 from devkit.procs import wait_until
-from devkit.stack import delete_nodes, gpu_pod
+from devkit.stack import delete_nodes, gpu_pod, install_reservations_crd
 from gpufrag import conventions as cv
 from scheduler.extender.config import config_from_mapping
 from scheduler.extender.runtime import Runtime, cluster_runtime
@@ -25,7 +25,6 @@ from scheduler.kube import reservations as rsv
 from scheduler.kube.convert import pod_to_k8s
 from scheduler.kube.reservations import Reservation
 from tests.builders import pod
-from tests.e2e.test_defrag import install_reservations_crd
 from tests.tenants import tenant_client
 
 pytestmark = pytest.mark.e2e

@@ -142,7 +142,8 @@ def defrag_metrics() -> str:
     metrics.landed(on_target=True)
     metrics.skipped("trigger_cleared")
     for phase in ("before", "after"):
-        metrics.phase(phase, Summary(waste_ratio=0.3, wasted_gib=12.0, frag_ratio=0.2,
+        metrics.phase(phase, Summary(idle_ratio=0.3, idle_gib=12.0, burst_headroom_gib=4.0,
+                                     frag_ratio=0.2,
                                      frag_gpus=0.5, free_whole_gpus=1, free_gpu_nodes=0,
                                      allocated_gpus=6.0, nodes_with_usage=2))
     metrics.finished(3.0)

@@ -41,7 +41,7 @@ def test_cli_writes_summary_and_plot(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "free whole GPUs" in text and "evictions" in text and "usage from genai trace" in text
     summary = json.loads((out / "defrag_summary.json").read_text())
     for side in ("before", "after"):
-        assert {"waste_ratio", "frag_ratio", "free_whole_gpus", "pending_pods"} <= set(
+        assert {"idle_ratio", "frag_ratio", "free_whole_gpus", "pending_pods"} <= set(
             summary[side])
     assert summary["pods"] > 0 and 0 <= summary["evictions"] <= 2 * max(1, summary["pods"] * 15
                                                                          // 1000)
@@ -107,12 +107,12 @@ def test_auto_right_sizing_gives_memory_back_recommend_does_not() -> None:
     assert sum(c.rightsized for c in plain.cycles) == 0
     assert set(plain.cycles[0].admission_skips) == {"mode_recommend"}
     assert sum(c.rightsized for c in auto.cycles) > 0
-    assert sum(c.cuts_waste for c in auto.cycles) > 0
+    assert sum(c.cuts_idle for c in auto.cycles) > 0
     assert all(m.new_milli < m.gpu_milli for c in auto.cycles for m in c.moves
-               if m.new_milli and "waste" in m.purposes)
-    # Same usage at the same times: what right-sizing gives back shows in the waste.
-    assert auto.after.wasted_gib < plain.after.wasted_gib
-    assert auto.ceiling is not None and auto.ceiling.summary.waste_ratio < auto.before.waste_ratio
+               if m.new_milli and "idle" in m.purposes)
+    # Same usage at the same times: what right-sizing gives back shows in the idle memory.
+    assert auto.after.idle_gib < plain.after.idle_gib
+    assert auto.ceiling is not None and auto.ceiling.summary.idle_ratio < auto.before.idle_ratio
 
 
 def test_reservations_keep_every_landing_on_its_target(small: WhatIfResult) -> None:
@@ -127,7 +127,7 @@ def test_targets_are_judged_on_the_figures(small: WhatIfResult) -> None:
     assert rows["pods moved twice"].figure == str(small.moved_twice)
     assert rows["evictions in total"].figure.startswith(f"{small.evictions} (")
     assert rows["evictions in total"].met == (small.evictions <= 0.1 * small.pods)
-    assert set(rows) >= {"waste ratio once settled", "free whole GPUs", "evictions in total",
+    assert set(rows) >= {"idle ratio once settled", "free whole GPUs", "evictions in total",
                          "trigger off once settled"}
 
 

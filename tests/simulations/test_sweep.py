@@ -89,7 +89,7 @@ def test_cli_sweep_prints_the_comparison(tmp_path: Path, capsys: pytest.CaptureF
     assert {"gpu_hours_allocated", "gpu_hours_used", "pending_pod_s", "wait_p99_s",
             "cold_starts", "cold_start_s", "requests_over_slo", "evictions"} <= set(
         record["totals"])
-    assert {"frag_ratio", "waste_ratio", "allocated_gpus"} <= set(record["samples"])
+    assert {"frag_ratio", "idle_ratio", "allocated_gpus"} <= set(record["samples"])
     assert (out / "timeline.png").stat().st_size > 0
     assert main(["whatif", "sweep", *SMALL, "--policies", "fgd,bestfit", "--set",
                  "warm_window_s=0,1800", "--out", str(out), "--jobs", "1"]) == 0

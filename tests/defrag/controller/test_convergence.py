@@ -37,13 +37,13 @@ def test_bad_state_is_bad_input_naming_the_field(text: str, field: str | None) -
 def test_hysteresis_keeps_a_latched_node_on_until_the_lower_threshold() -> None:
     snap = snapshot([gpu_node("n0"), gpu_node("n1")],
                     [(share("a", 500), "n0", (0,)), (share("b", 500), "n1", (0,))],
-                    used_fraction=0.78)  # waste ratio 22%
+                    used_fraction=0.78)  # idle ratio 22%
     m = measure(snap.state, snap.usage, WORKLOAD)
-    assert find_triggers(snap.state, m, [], 0.25).waste == frozenset()
+    assert find_triggers(snap.state, m, [], 0.25).idle == frozenset()
     latched = find_triggers(snap.state, m, [], 0.25, latched=frozenset({1}), threshold_off=0.2)
-    assert latched.waste == frozenset({1})
+    assert latched.idle == frozenset({1})
     off = find_triggers(snap.state, m, [], 0.25, latched=frozenset({1}), threshold_off=0.23)
-    assert off.waste == frozenset()
+    assert off.idle == frozenset()
 
 
 def test_off_threshold_defaults_below_the_threshold_and_is_validated() -> None:
@@ -66,12 +66,12 @@ def test_an_owner_in_cooldown_is_not_moved() -> None:
 
 
 def test_convergence_summary() -> None:
-    done = convergence(triggered_waste=0, triggered_blocking=0, triggered=0, nodes=10,
+    done = convergence(triggered_idle=0, triggered_blocking=0, triggered=0, nodes=10,
                        planned=0, evicted=0, cooling=0)
     assert done.settled and "no node" in done.why and "10 of 10 off" in done.line()
-    stuck = convergence(triggered_waste=3, triggered_blocking=0, triggered=3, nodes=10,
+    stuck = convergence(triggered_idle=3, triggered_blocking=0, triggered=3, nodes=10,
                         planned=0, evicted=0, cooling=2)
     assert stuck.settled and "2 owner(s) cooling down" in stuck.why
-    busy = convergence(triggered_waste=3, triggered_blocking=1, triggered=4, nodes=10,
+    busy = convergence(triggered_idle=3, triggered_blocking=1, triggered=4, nodes=10,
                        planned=2, evicted=2, cooling=0)
     assert not busy.settled and busy.as_dict()["evicted"] == 2

@@ -287,8 +287,8 @@ def test_a_share_an_earlier_cycle_still_holds_is_not_planned_into() -> None:
     assert hold_reservations(snap, [body(held()), {"metadata": {"name": "bad"}}], 1000.0) == [
         "GPUReservation bad, field 'spec': expected an object"]
     assert ("t", (0,)) not in targets(snap)
-    # Held, it counts as allocated and used: no waste is invented for it.
-    assert measure(snap.state, snap.usage, WORKLOAD).summary.wasted_gib == before.wasted_gib
+    # Held, it counts as allocated and used: no idle memory is invented for it.
+    assert measure(snap.state, snap.usage, WORKLOAD).summary.idle_gib == before.idle_gib
     expired = sources_and_sink()
     hold_reservations(expired, [body(held(expires=999.0))], 1000.0)
     assert targets(expired) == free_plan

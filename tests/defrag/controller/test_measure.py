@@ -1,4 +1,4 @@
-"""Waste and fragmentation per node, and the usage table that carries used memory."""
+"""Idle memory and fragmentation per node, and the usage table that carries used memory."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from tests.defrag.controller.builders import gpu_node, share, snapshot
 WORKLOAD = workload((1000, 1, 1000, 1.0))
 
 
-def test_waste_ratio_per_node_and_cluster() -> None:
-    # n0: GPU0 holds 500 milli of 16 GiB = 8 GiB, used 2 GiB -> 6 wasted; GPU1 holds 1000 =
+def test_idle_ratio_per_node_and_cluster() -> None:
+    # n0: GPU0 holds 500 milli of 16 GiB = 8 GiB, used 2 GiB -> 6 idle; GPU1 holds 1000 =
     # 16 GiB, used 16 GiB -> 0. Ratio 6/24. n1: nothing allocated -> no ratio.
     state = ClusterState([gpu_node("n0"), gpu_node("n1")])
     state.place(share("a", 500), "n0", (0,))
@@ -25,14 +25,50 @@ def test_waste_ratio_per_node_and_cluster() -> None:
     usage = UsageTable.from_readings(state, {(0, 0): 2048.0, (0, 1): 16_384.0, (1, 0): 500.0},
                                      {})
     m = measure(state, usage, WORKLOAD)
-    assert m.waste_ratio[0] == pytest.approx(6 / 24)
-    assert math.isnan(m.waste_ratio[1])
-    assert m.summary.wasted_gib == pytest.approx(6.0)
-    assert m.summary.waste_ratio == pytest.approx(6 / 24)
+    assert m.idle_ratio[0] == pytest.approx(6 / 24)
+    assert math.isnan(m.idle_ratio[1])
+    assert m.summary.idle_gib == pytest.approx(6.0)
+    assert m.summary.idle_ratio == pytest.approx(6 / 24)
     assert m.summary.free_whole_gpus == 2 and m.summary.free_gpu_nodes == 1
     assert m.summary.nodes_with_usage == 2
     # Whole-GPU spec: n0's 500 free milli are a fragment; n1 is all usable.
     assert m.frag_milli.tolist() == [500.0, 0.0]
+
+
+def test_idle_memory_is_what_was_not_touched_over_the_window() -> None:
+    # One pod holding a whole 16 GiB GPU, using 4 GiB now and 12 GiB at its peak over the
+    # window: 4 GiB idle (never touched), 8 GiB burst headroom (used, just not now).
+    state = ClusterState([gpu_node("n0")])
+    state.place(share("a", 1000), "n0", (0,))
+    usage = UsageTable.from_readings(state, {(0, 0): 4096.0, (0, 1): 0.0}, {"ns/a": 4096.0},
+                                     {"ns/a": 12_288.0})
+    m = measure(state, usage, WORKLOAD)
+    assert m.idle_ratio[0] == pytest.approx(4 / 16)
+    assert m.summary.idle_gib == pytest.approx(4.0)
+    assert m.summary.burst_headroom_gib == pytest.approx(8.0)
+    # Without a peak the current figure is the peak: the instant figure, all of it idle.
+    instant = UsageTable.from_readings(state, {(0, 0): 4096.0, (0, 1): 0.0}, {"ns/a": 4096.0})
+    assert measure(state, instant, WORKLOAD).summary.idle_gib == pytest.approx(12.0)
+    # A peak below the current figure (an old reading) never makes idle memory of current use.
+    low = UsageTable.from_readings(state, {(0, 0): 4096.0, (0, 1): 0.0}, {"ns/a": 4096.0},
+                                   {"ns/a": 1024.0})
+    assert usage.pod_peak(state.pods["ns/a"], 0) == 12_288.0
+    assert low.pod_peak(state.pods["ns/a"], 0) == 4096.0
+
+
+def test_a_moved_pod_takes_its_peak_along() -> None:
+    state = ClusterState([gpu_node("n0"), gpu_node("n1")])
+    state.place(share("a", 500), "n0", (0,))
+    usage = UsageTable.from_readings(state, {(0, 0): 1024.0, (1, 0): 0.0}, {"ns/a": 1024.0},
+                                     {"ns/a": 6144.0})
+    old = state.pods["ns/a"]
+    usage.move(old, 0, 1, (0,))
+    state.remove_pod("ns/a")
+    state.place(old.pod, "n1", (0,))
+    assert usage.peak_mib[0, 0] == 0.0 and usage.peak_mib[1, 0] == 6144.0
+    usage.move(state.pods["ns/a"], 1, 1, ())
+    usage.forget("ns/a")
+    assert usage.peak_mib[1, 0] == 0.0 and "ns/a" not in usage.pod_peak_mib
 
 
 def test_gpus_without_a_reading_do_not_count() -> None:
@@ -41,7 +77,7 @@ def test_gpus_without_a_reading_do_not_count() -> None:
     state.place(share("b", 500), "n0", (1,))
     usage = UsageTable.from_readings(state, {(0, 0): 0.0}, {})  # GPU1 unread
     m = measure(state, usage, WORKLOAD)
-    assert m.waste_ratio[0] == pytest.approx(1.0) and m.allocated_mib[0] == 8192
+    assert m.idle_ratio[0] == pytest.approx(1.0) and m.allocated_mib[0] == 8192
 
 
 def test_unexplained_memory_is_split_by_share_and_travels_with_pods() -> None:
@@ -70,12 +106,12 @@ def test_pod_without_a_figure_uses_what_it_reserves() -> None:
     assert usage.used_mib[0, 0] == pytest.approx(4096.0)
 
 
-def test_waste_trigger_uses_the_threshold() -> None:
+def test_idle_trigger_uses_the_threshold() -> None:
     snap = snapshot([gpu_node("n0"), gpu_node("n1")],
                     [(share("a", 500), "n0", (0,)), (share("b", 500), "n1", (0,))],
                     used_fraction=0.7)
     m = measure(snap.state, snap.usage, WORKLOAD)
-    assert find_triggers(snap.state, m, [], 0.25).waste == frozenset({0, 1})
+    assert find_triggers(snap.state, m, [], 0.25).idle == frozenset({0, 1})
     assert find_triggers(snap.state, m, [], 0.35).rows == frozenset()
 
 
@@ -87,9 +123,9 @@ def test_blocking_trigger_needs_a_pending_pod_that_fits_nowhere() -> None:
                     used_fraction=1.0, pending=[share("p", 1000), share("q", 200)])
     m = measure(snap.state, snap.usage, WORKLOAD)
     found = find_triggers(snap.state, m, snap.pending, 0.25)
-    assert found.waste == frozenset()
+    assert found.idle == frozenset()
     assert {r: [p.key for p in pods] for r, pods in found.blocking.items()} == {0: ["ns/p"]}
     assert [p.key for p in found.unplaceable] == ["ns/p"]  # q (200) fits now: not blocked
     assert found.reason(0, m) == "blocks 1 pending pod"
     assert blocking_rows(snap.state, snap.pending[0]) == [0]
-    assert np.isnan(m.waste_ratio).sum() == 0
+    assert np.isnan(m.idle_ratio).sum() == 0

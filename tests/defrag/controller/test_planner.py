@@ -42,7 +42,7 @@ def test_small_pod_moves_into_a_leftover_and_frees_its_node() -> None:
         ("ns/a", "n0", "n1", (0,))]
     move = result.moves[0]
     assert move.frag_delta_milli == pytest.approx(-450.0)
-    assert move.freed_gpus == 1 and move.unblocks == () and move.reason == "waste 50%"
+    assert move.freed_gpus == 1 and move.unblocks == () and move.reason == "idle 50%"
     assert result.before.free_whole_gpus == 3 and result.after.free_whole_gpus == 4
     assert result.after.frag_gpus == pytest.approx(result.before.frag_gpus - 0.45)
     # n1 received a pod, so its own pods stay this cycle; the snapshot is left as given.
@@ -177,7 +177,7 @@ def test_pdb_headroom_is_spent_as_moves_are_planned() -> None:
 
 
 def test_pending_pod_blocked_by_stranded_share_is_unblocked() -> None:
-    # No waste anywhere (pods use all they reserve); a 1-GPU pod is pending although n0 has
+    # No idle memory anywhere (pods use all they reserve); a 1-GPU pod is pending although n0 has
     # 1100 milli free: moving b (300, alone on GPU1) off n0 frees a whole GPU for it.
     nodes = [gpu_node("n0"), gpu_node("n1")]
     placed = [(share("a", 600), "n0", (0,)), (share("b", 300), "n0", (1,)),
@@ -196,12 +196,13 @@ def test_memory_in_use_must_fit_the_target_share() -> None:
     placed = [(share("a", 500), "big", (0,)), (share("f", 400), "t4", (0,))]
     heavy = run(snapshot(nodes, placed, used_fraction=0.7))  # uses 11.2 GiB: 8 is too little
     assert all(m.pod != "ns/a" for m in heavy.moves)
-    assert heavy.skipped["memory in use would not fit its share of the target GPU"] == 1
+    skipped = "memory it used over the window would not fit its share of the target GPU"
+    assert heavy.skipped[skipped] == 1
     light = run(snapshot(nodes, placed, used_fraction=0.25))  # uses 4 GiB
     move = next(m for m in light.moves if m.pod == "ns/a")
     assert move.target == "t4"
-    # Wasted before 16 - 4 = 12 GiB on big; after 8 - 4 = 4 GiB on t4.
-    assert move.waste_delta_mib == pytest.approx(-8 * 1024)
+    # Idle before 16 - 4 = 12 GiB on big; after 8 - 4 = 4 GiB on t4.
+    assert move.idle_delta_mib == pytest.approx(-8 * 1024)
 
 
 def test_node_selector_and_cordon_limit_targets() -> None:
@@ -228,7 +229,7 @@ def test_plan_as_dict_is_json_ready() -> None:
     assert '"source": "n0"' in text and doc["predicted_after"]["free_whole_gpus"] == 4
 
 
-def test_a_right_sized_replacement_cuts_waste_and_the_plan_says_so() -> None:
+def test_a_right_sized_replacement_cuts_idle_and_the_plan_says_so() -> None:
     # One over-reserved pod (600 milli, uses half) alone on n0; its workload is in auto mode
     # with a 300-milli recommendation. Moving it anywhere as is would change nothing worth an
     # eviction; as a right-sized replica it gives back 300 milli of idle memory.
@@ -240,10 +241,10 @@ def test_a_right_sized_replacement_cuts_waste_and_the_plan_says_so() -> None:
     assert len(sized.moves) == 1
     move = sized.moves[0]
     assert move.pod == "ns/a" and move.new_milli == 300
-    assert move.waste_delta_mib < 0 and "waste" in move.purposes
+    assert move.idle_delta_mib < 0 and "idle" in move.purposes
     assert move.as_dict()["purposes"] == list(move.purposes)
-    assert sized.after.waste_ratio < sized.before.waste_ratio
-    assert all("waste" not in m.purposes for m in plain.moves)
+    assert sized.after.idle_ratio < sized.before.idle_ratio
+    assert all("idle" not in m.purposes for m in plain.moves)
     before = positions(snap)
     apply_moves(snap, sized.moves)
     assert snap.state.pods["ns/a"].pod.gpu_milli == 300 and positions(snap) != before

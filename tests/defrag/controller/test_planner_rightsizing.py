@@ -1,5 +1,5 @@
-"""The planner with right-sized replacements: waste reclaimed per eviction ranks candidates, the
-admitted share is the one predicted (smaller or, after the recommendation rose, larger), and a
+"""The planner with right-sized replacements: idle memory reclaimed per eviction ranks candidates,
+the admitted share is the one predicted (smaller or, after the recommendation rose, larger), and a
 move is worth its eviction only above --min-gain-gpus."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_the_pod_that_gives_back_most_per_eviction_goes_first() -> None:
     snap.rightsized = {"ns/a": 500, "ns/b": 320}  # b's replacement gives back 280 milli
     result = run(snap, total=1)
     assert [m.pod for m in result.moves] == ["ns/b"]
-    assert result.moves[0].new_milli == 320 and "waste" in result.moves[0].purposes
+    assert result.moves[0].new_milli == 320 and "idle" in result.moves[0].purposes
 
 
 def test_a_replacement_can_be_admitted_larger_than_a_right_sized_pod_holds() -> None:
@@ -44,7 +44,7 @@ def test_a_replacement_can_be_admitted_larger_than_a_right_sized_pod_holds() -> 
     snap.rightsized = {"ns/a": 450}
     result = run(snap)
     assert [(m.pod, m.target, m.new_milli) for m in result.moves] == [("ns/a", "n1", 450)]
-    assert "waste" not in result.moves[0].purposes  # it reserves more than before
+    assert "idle" not in result.moves[0].purposes  # it reserves more than before
     apply_moves(snap, result.moves)
     assert snap.state.pods["ns/a"].pod.gpu_milli == 450
 

@@ -41,7 +41,7 @@ def test_metrics_summary_and_registry() -> None:
     assert "evicted" in lines and "refused (pdb)" in lines and "free whole GPUs" in lines
     names = {m.name for m in metrics.registry.collect()}
     assert {"gpufrag_defrag_evictions", "gpufrag_defrag_free_whole_gpus",
-            "gpufrag_defrag_fragmentation_ratio", "gpufrag_defrag_waste_ratio"} <= names
+            "gpufrag_defrag_fragmentation_ratio", "gpufrag_defrag_idle_ratio"} <= names
     value = metrics.registry.get_sample_value("gpufrag_defrag_free_whole_gpus",
                                               {"phase": "after"})
     assert value == 4.0

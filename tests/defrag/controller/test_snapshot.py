@@ -56,7 +56,7 @@ def test_pods_land_on_recorded_gpus_with_their_facts() -> None:
     assert snap.usage.other_mib[0, 1] == 0.0
     m = measure(state, snap.usage, workload((1000, 1, 1000, 1.0)))
     # GPU1: 700 milli of 16 GiB = 11468.8 MiB reserved, 3000 used; GPU0: nothing reserved.
-    assert m.wasted_mib[0] == pytest.approx(11468.8 - 3000)
+    assert m.idle_mib[0] == pytest.approx(11468.8 - 3000)
 
 
 def test_gpu_indices_fall_back_to_what_the_agent_saw() -> None:

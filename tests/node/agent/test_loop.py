@@ -74,10 +74,12 @@ def test_first_tick_reads_attributes_publishes_and_becomes_ready() -> None:
     published = parse(value)
     assert published == usage
     gpu0, gpu1 = published.gpus
-    assert gpu0.pods == (PodGpuUsage("serving", "llama-7b-0", POD_A.uid, 20_000),
-                         PodGpuUsage("serving", "mistral-7b-0", POD_B.uid, 10_000))
+    # The first reading is each pod's peak so far, over the window since now.
+    at = usage.timestamp
+    assert gpu0.pods == (PodGpuUsage("serving", "llama-7b-0", POD_A.uid, 20_000, 20_000, at),
+                         PodGpuUsage("serving", "mistral-7b-0", POD_B.uid, 10_000, 10_000, at))
     # pid 7070 (a host process) is in no pod: its 256 MiB stay unattributed.
-    assert gpu1.pods == (PodGpuUsage("batch", "embed-0", POD_C.uid, 12_000),)
+    assert gpu1.pods == (PodGpuUsage("batch", "embed-0", POD_C.uid, 12_000, 12_000, at),)
     assert gpu1.memory_unattributed_mib == 800
     assert rig.log.events("info") == ["ready"]
     assert rig.sample("gpufrag_agent_annotation_publishes_total", reason="first") == 1

@@ -25,6 +25,7 @@ from scheduler.kube.convert import (
     container_gpus,
     device_plugin_annotations,
     pod_from_k8s,
+    pod_to_k8s,
 )
 from tests.builders import node
 from tests.scheduler.extender.helpers import RecordingBinder, make_config, post, serve
@@ -147,6 +148,18 @@ def test_container_gpus_reads_every_container_in_order() -> None:
                            KubeNames(gpu_memory="nvidia.com/gpumem", gpu_memory_unit="GiB"))
     assert [(c.name, c.count, c.memory_mib, c.asks_gpu) for c in found] == [
         ("c0", 1, 3000 * 1024, True), ("c1", 0, 0, False), ("c2", 0, 2048, True)]
+
+
+@pytest.mark.parametrize(("quantity", "mib"), [("8Gi", 8192), ("1.5Gi", 1536), ("1M", 1),
+                                               ("8589934592", 8192)])
+def test_koordinator_gpu_memory_is_a_byte_count(quantity: str, mib: int) -> None:
+    names = KubeNames(gpu_memory="koordinator.sh/gpu-memory", gpu_memory_unit="bytes")
+    obj = pod({"nvidia.com/gpu": "1", "koordinator.sh/gpu-memory": quantity})
+    assert pod_from_k8s(obj, names).gpu_memory_mib == mib
+    written = pod_to_k8s(pod_from_k8s(obj, names), names)
+    requests = written["spec"]["containers"][0]["resources"]["requests"]
+    assert requests["koordinator.sh/gpu-memory"] == f"{mib}Mi"  # and read back the same
+    assert pod_from_k8s(written, names).gpu_memory_mib == mib
 
 
 def test_the_extender_binds_a_multi_container_hami_pod_per_container() -> None:
