@@ -18,7 +18,13 @@ from urllib.parse import urlparse
 import structlog
 
 from defrag.controller.cluster import read_cluster, read_reservations
-from defrag.controller.config import DEFAULT_HYSTERESIS, OUTPUTS, DefragConfig, Limits
+from defrag.controller.config import (
+    DEFAULT_HYSTERESIS,
+    OUTPUTS,
+    DefragConfig,
+    Limits,
+    add_trigger_cycle_flags,
+)
 from defrag.controller.convergence import DefragState, convergence, parse_state
 from defrag.controller.errors import CycleStopped
 from defrag.controller.executor import ClusterActions, DryRunActions, Executor, KubeActions
@@ -68,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hysteresis: a node triggered on idle memory stays triggered until "
                         "its idle ratio falls to this (default: --threshold minus "
                         f"{DEFAULT_HYSTERESIS:g})")
+    add_trigger_cycle_flags(t)
     t.add_argument("--prometheus", metavar="URL",
                    help="read used GPU memory from DCGM_FI_DEV_FB_USED in this Prometheus "
                         "instead of the node agent's annotation")
@@ -164,6 +171,7 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
     _url(args.pushgateway, "--pushgateway", bare_host_ok=True)
     return DefragConfig(
         threshold=args.threshold, threshold_off=args.threshold_off,
+        trigger_on_cycles=args.trigger_on_cycles, trigger_off_cycles=args.trigger_off_cycles,
         cooldown_s=args.cooldown_s,
         limits=Limits(per_node=args.max_evictions_per_node,
                       per_namespace=args.max_evictions_per_namespace,
@@ -248,6 +256,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
         log.warning("defrag state unreadable: starting afresh", problem=str(e))
         previous = DefragState()
     snapshot.latched = previous.latched
+    snapshot.streaks = previous.streaks
     snapshot.cooling = previous.cooling(now, config.cooldown_s)
     rightsizing = publish(snapshot, WorkloadClient(client), config.rightsizing, config.names,
                           now, dry_run=config.dry_run)
@@ -280,7 +289,8 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
         triggered_idle=len(report.latched_after), triggered_blocking=report.blocking_after,
         triggered=report.triggered_after, nodes=_gpu_nodes(snapshot.state),
         planned=len(the_plan.moves), evicted=report.evicted,
-        cooling=the_plan.skipped.get("owner moved within --cooldown-s", 0))
+        cooling=the_plan.skipped.get("owner moved within --cooldown-s", 0),
+        waiting=report.waiting_after)
     metrics.converged(settled=summary.settled, idle=summary.triggered_idle,
                       blocking=summary.triggered_blocking, any_=summary.triggered,
                       cooling=summary.cooling)
@@ -288,7 +298,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
         try:
             actions.save_state(previous.after_cycle(
                 time.time(), config.cooldown_s, report.moved_owners,
-                report.latched_after).encode())
+                report.latched_after, report.streaks_after).encode())
         except CycleStopped as e:
             report.error = report.error or str(e)
     metrics.phase("before", report.before)

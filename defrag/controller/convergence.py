@@ -6,14 +6,17 @@ the controller already reads and writes, and whose ``data`` the extender reads (
 there is invisible to it)::
 
     {"version": 1, "moved": {"<owner UID>": <unix seconds of the last move>, ...},
-     "latched": ["<node>", ...]}
+     "latched": ["<node>", ...], "streaks": {"<node>": <cycles in a row>, ...}}
 
 - **cooldown**: a pod's replacement is a new pod of the same owner, so the cooldown is per owner
   (controller UID): an owner one of whose pods moved less than ``--cooldown-s`` ago is not moved
   again. Entries older than the cooldown are dropped when the state is written.
-- **hysteresis**: a node's idle trigger turns on above ``--threshold`` and, once on
-  ("latched"), stays on until its idle ratio falls to ``--threshold-off`` or below. The
-  latched nodes are the ones the cycle ended with triggered on idle memory.
+- **hysteresis**: a node's idle trigger turns on once it has been above ``--threshold`` for
+  ``--trigger-on-cycles`` cycles in a row and, once on ("latched"), turns off only once it has
+  been at or below ``--threshold-off`` for ``--trigger-off-cycles`` cycles in a row. The
+  latched nodes are the ones the cycle ended with triggered on idle memory; ``streaks`` counts,
+  per node, the cycles in a row towards its next change (absent: none; an older state without
+  it reads as none).
 
 An unreadable annotation is reported and read as empty (no cooldown, nothing latched): the worst
 case is one cycle acting as the first one did.
@@ -39,22 +42,26 @@ class DefragState:
 
     moved: Mapping[str, float] = field(default_factory=dict)  # owner UID -> last move (unix s)
     latched: frozenset[str] = frozenset()  # nodes whose idle trigger is on
+    streaks: Mapping[str, int] = field(default_factory=dict)  # node -> cycles towards a change
 
     def cooling(self, now: float, cooldown_s: float) -> frozenset[str]:
         """Owners moved less than ``cooldown_s`` before ``now``."""
         return frozenset(o for o, t in self.moved.items() if now - t < cooldown_s)
 
     def after_cycle(self, now: float, cooldown_s: float, moved_owners: Iterable[str],
-                    latched: Iterable[str]) -> DefragState:
+                    latched: Iterable[str],
+                    streaks: Mapping[str, int] | None = None) -> DefragState:
         """The state to leave for the next cycle."""
         moved = {o: t for o, t in self.moved.items() if now - t < cooldown_s}
         moved.update({o: now for o in moved_owners if o})
-        return DefragState(moved=moved, latched=frozenset(latched))
+        return DefragState(moved=moved, latched=frozenset(latched),
+                           streaks=dict(streaks or {}))
 
     def encode(self) -> str:
         return orjson.dumps({"version": STATE_VERSION,
                              "moved": {k: round(v, 3) for k, v in sorted(self.moved.items())},
-                             "latched": sorted(self.latched)}).decode()
+                             "latched": sorted(self.latched),
+                             "streaks": dict(sorted(self.streaks.items()))}).decode()
 
 
 def parse_state(text: str | None, *, source: str = "defrag state annotation") -> DefragState:
@@ -83,7 +90,16 @@ def parse_state(text: str | None, *, source: str = "defrag state annotation") ->
     latched = doc.get("latched", [])
     if not isinstance(latched, list) or not all(isinstance(n, str) for n in latched):
         raise BadInput("expected an array of node names", source=source, field="latched")
-    return DefragState(moved=moved, latched=frozenset(latched))
+    streaks_raw = doc.get("streaks", {})
+    if not isinstance(streaks_raw, dict):
+        raise BadInput("expected an object", source=source, field="streaks")
+    streaks: dict[str, int] = {}
+    for node, count in streaks_raw.items():
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= 1000:
+            raise BadInput(f"expected a count of cycles, got {count!r}", source=source,
+                           field=f"streaks.{node}")
+        streaks[str(node)] = count
+    return DefragState(moved=moved, latched=frozenset(latched), streaks=streaks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +132,14 @@ class Convergence:
 
 
 def convergence(*, triggered_idle: int, triggered_blocking: int, triggered: int, nodes: int,
-                planned: int, evicted: int, cooling: int) -> Convergence:
-    """Settled = nothing left worth doing: no node triggered, or the plan had no move."""
-    if triggered == 0:
+                planned: int, evicted: int, cooling: int, waiting: int = 0) -> Convergence:
+    """Settled = nothing left worth doing: no node triggered, or the plan had no move.
+    ``waiting``: nodes above the threshold still counting cycles before they turn on
+    (``--trigger-on-cycles``): while there are any, nothing has settled yet."""
+    if waiting:
+        settled, why = False, (f"{waiting} node(s) above the threshold, counting cycles "
+                               "before they turn on")
+    elif triggered == 0:
         settled, why = True, "no node is triggered"
     elif planned == 0:
         settled, why = True, ("no move improves the cluster"

@@ -31,12 +31,14 @@ replacement "lands" where planned); the loop is the same code.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, Protocol
 
+import numpy as np
 import orjson
 import structlog
 from kubernetes import client
@@ -47,7 +49,7 @@ from defrag.controller.measure import Summary, measure
 from defrag.controller.metrics import CycleMetrics
 from defrag.controller.model import PodInfo, Snapshot, place_gpus
 from defrag.controller.planner import Move, Plan
-from defrag.controller.trigger import find_triggers
+from defrag.controller.trigger import find_triggers, next_streaks
 from gpufrag.conventions import (
     DEFAULT_NAMES,
     KubeNames,
@@ -410,6 +412,9 @@ class CycleReport:
     # At the end of the cycle (hysteresis applied): nodes triggered on idle memory (latched for the
     # next cycle), and how many are triggered in all and for blocking.
     latched_after: frozenset[str] = frozenset()
+    # ... and, per node, the cycles in a row towards its next change (the next cycle's streaks).
+    streaks_after: dict[str, int] = field(default_factory=dict)
+    waiting_after: int = 0  # nodes above the threshold, counting cycles before they turn on
     triggered_after: int = 0
     blocking_after: int = 0
 
@@ -438,9 +443,15 @@ class Executor:
         report = CycleReport(before=plan.before)
         state = snapshot.state
         # Hysteresis within the cycle too: a node the plan found triggered on idle memory stays a
-        # source until its idle ratio falls to --threshold-off.
-        latched = snapshot.latched_rows() | frozenset(
-            state.index[n] for n in plan.idle_nodes if n in state.index)
+        # source until its idle ratio falls to --threshold-off (for --trigger-off-cycles).
+        before = snapshot.latched_rows()
+        fresh = frozenset(state.index[n] for n in plan.idle_nodes if n in state.index) - before
+        latched = before | fresh
+        # A node that turned on this cycle counts its cycles towards turning off from 0.
+        streaks = {r: c for r, c in snapshot.streak_rows().items() if r not in fresh}
+        cycles = functools.partial(find_triggers, streaks=streaks,
+                                   on_cycles=self.config.trigger_on_cycles,
+                                   off_cycles=self.config.trigger_off_cycles)
         held: dict[str, Reservation] = {}  # pod key -> the reservation not yet released
         try:
             pruned = self.actions.prune_hints(self.clock())
@@ -457,10 +468,9 @@ class Executor:
                     raise
             for i, move in enumerate(plan.moves):
                 measurement = measure(state, snapshot.usage, workload)
-                triggers = find_triggers(state, measurement, snapshot.pending,
-                                         self.config.threshold,
-                                         latched=latched,
-                                         threshold_off=self.config.off_threshold)
+                triggers = cycles(state, measurement, snapshot.pending,
+                                  self.config.threshold, latched=latched,
+                                  threshold_off=self.config.off_threshold)
                 if not triggers.rows:
                     report.stopped_early = "no node is triggered any more"
                     for rest in plan.moves[i:]:
@@ -496,10 +506,17 @@ class Executor:
                                  error=str(e))
         final = measure(state, snapshot.usage, workload)
         report.after = final.summary
-        end = find_triggers(state, final, snapshot.pending, self.config.threshold,
-                            latched=latched, threshold_off=self.config.off_threshold)
+        end = cycles(state, final, snapshot.pending, self.config.threshold,
+                     latched=latched, threshold_off=self.config.off_threshold)
         report.latched_after = frozenset(state.names[r] for r in end.idle)
+        ratio = np.nan_to_num(final.idle_ratio, nan=0.0)
+        report.streaks_after = {
+            state.names[r]: c for r, c in next_streaks(
+                ratio, threshold=self.config.threshold, off=self.config.off_threshold,
+                latched_before=latched, latched_after=end.idle, streaks=streaks).items()}
         report.triggered_after = len(end.rows)
+        report.waiting_after = sum(1 for n in report.streaks_after
+                                   if n not in report.latched_after)
         report.blocking_after = len(end.blocking)
         return report
 

@@ -177,6 +177,7 @@ class Snapshot:
     # What the last cycles left (defrag.controller.convergence): nodes whose idle trigger is
     # on (hysteresis) and owners still in cooldown.
     latched: frozenset[str] = frozenset()
+    streaks: Mapping[str, int] = field(default_factory=dict)  # node -> cycles in a row
     cooling: frozenset[str] = frozenset()
     # Right-sizing: pod key -> the GPU share (milli) its replacement will be admitted with (its
     # workload is in ``auto`` mode and the recommendation is below what it reserves).
@@ -187,6 +188,10 @@ class Snapshot:
     def latched_rows(self) -> frozenset[int]:
         index = self.state.index
         return frozenset(index[n] for n in self.latched if n in index)
+
+    def streak_rows(self) -> dict[int, int]:
+        index = self.state.index
+        return {index[n]: c for n, c in self.streaks.items() if n in index}
 
     def pdbs_of(self, pod: PodInfo) -> list[Pdb]:
         return [b for b in self.pdbs if b.covers(pod)]

@@ -240,7 +240,9 @@ class _Planner:
         self.measurement = measure(self.state, self.usage, workload)
         self.triggers: Triggers = find_triggers(
             self.state, self.measurement, snapshot.pending, config.threshold,
-            latched=snapshot.latched_rows(), threshold_off=config.off_threshold)
+            latched=snapshot.latched_rows(), threshold_off=config.off_threshold,
+            streaks=snapshot.streak_rows(), on_cycles=config.trigger_on_cycles,
+            off_cycles=config.trigger_off_cycles)
         n = self.state.size
         self.frag = self.measurement.frag_milli.copy()
         self.allowed = workload.allowed(self.state)

@@ -63,18 +63,55 @@ def blocking_rows(state: ClusterState, pod: PodInfo) -> list[int]:
     return [int(r) for r in rows[ok]]
 
 
+def idle_rows(ratio: np.ndarray, active: np.ndarray, *, threshold: float, off: float,
+              latched: frozenset[int], streaks: Mapping[int, int], on_cycles: int,
+              off_cycles: int) -> frozenset[int]:
+    """The rows triggered on idle memory, this measurement counted as one more cycle.
+
+    A row not ``latched`` turns on once it has been above ``threshold`` for ``on_cycles``
+    cycles in a row (``streaks``: the cycles before this one); a latched row turns off once it
+    has been at or below ``off`` for ``off_cycles`` cycles in a row, and stays on above it."""
+    on: set[int] = set()
+    for r in np.flatnonzero(ratio > threshold):
+        row = int(r)
+        if active[row] and (row in latched or streaks.get(row, 0) + 1 >= on_cycles):
+            on.add(row)
+    for row in latched:
+        if not (0 <= row < ratio.shape[0] and active[row]):
+            continue
+        if ratio[row] > off or streaks.get(row, 0) + 1 < off_cycles:
+            on.add(row)
+    return frozenset(on)
+
+
+def next_streaks(ratio: np.ndarray, *, threshold: float, off: float,
+                 latched_before: frozenset[int], latched_after: frozenset[int],
+                 streaks: Mapping[int, int]) -> dict[int, int]:
+    """The consecutive cycles to carry to the next one: for a row that is off, how many it
+    has been above ``threshold``; for one that is on, how many it has been at or below
+    ``off``. A row that changed state starts again from 0 (and is left out)."""
+    out: dict[int, int] = {}
+    for row in range(ratio.shape[0]):
+        was, now = row in latched_before, row in latched_after
+        if was != now:
+            continue
+        counting = ratio[row] <= off if now else ratio[row] > threshold
+        if counting:
+            out[row] = streaks.get(row, 0) + 1
+    return out
+
+
 def find_triggers(state: ClusterState, measurement: Measurement, pending: Sequence[PodInfo],
                   threshold: float, *, latched: frozenset[int] = frozenset(),
-                  threshold_off: float | None = None) -> Triggers:
-    """The nodes over the idle threshold and the nodes that block pending GPU pods.
-
-    Hysteresis: a ``latched`` row (triggered on idle memory when the last cycle ended) stays
-    triggered while its idle ratio is above ``threshold_off`` (default: ``threshold``)."""
+                  threshold_off: float | None = None, streaks: Mapping[int, int] | None = None,
+                  on_cycles: int = 1, off_cycles: int = 1) -> Triggers:
+    """The nodes triggered on idle memory (:func:`idle_rows`: hysteresis between
+    ``threshold`` and ``threshold_off``, default ``threshold``, each for a number of cycles in
+    a row) and the nodes that block pending GPU pods."""
     ratio = np.nan_to_num(measurement.idle_ratio, nan=0.0)
-    over = np.flatnonzero(ratio > threshold)
     off = threshold if threshold_off is None else threshold_off
-    still = [r for r in latched if 0 <= r < ratio.shape[0] and ratio[r] > off]
-    idle = frozenset(int(r) for r in [*over, *still] if state.active[r])
+    idle = idle_rows(ratio, state.active, threshold=threshold, off=off, latched=latched,
+                     streaks=streaks or {}, on_cycles=on_cycles, off_cycles=off_cycles)
     rows = state.active_rows()
     by_shape: dict[tuple[int, int, int, int, frozenset[str], int], list[PodInfo]] = {}
     for pod in pending:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from defrag.controller.config import DefragConfig
 from defrag.controller.convergence import DefragState, convergence, parse_state
 from defrag.controller.measure import measure
-from defrag.controller.trigger import find_triggers
+from defrag.controller.trigger import find_triggers, idle_rows, next_streaks
 from gpufrag.errors import BadInput
 from tests.defrag.controller.builders import config, gpu_node, share, snapshot
 from tests.defrag.controller.test_planner import WORKLOAD, run, three_nodes
@@ -46,9 +47,55 @@ def test_hysteresis_keeps_a_latched_node_on_until_the_lower_threshold() -> None:
     assert off.idle == frozenset()
 
 
+def test_a_node_turns_on_and_off_only_after_its_cycles_in_a_row() -> None:
+    ratio = np.array([0.30, 0.30, 0.10, 0.20])
+    active = np.ones(4, np.bool_)
+
+    def on(latched: set[int], streaks: dict[int, int]) -> frozenset[int]:
+        return idle_rows(ratio, active, threshold=0.25, off=0.15, latched=frozenset(latched),
+                         streaks=streaks, on_cycles=2, off_cycles=2)
+
+    # Rows 0 and 1 are above 0.25: row 0 for the second cycle in a row, row 1 for its first.
+    assert on(set(), {0: 1}) == frozenset({0})
+    # Latched rows 2 (0.10, at or below 0.15) and 3 (0.20, between the thresholds): row 3
+    # stays on; row 2 stays on for its first cycle below, and is off at its second.
+    assert on({2, 3}, {}) == frozenset({2, 3})
+    assert on({2, 3}, {2: 1}) == frozenset({3})
+    # What the next cycle counts from.
+    after = next_streaks(ratio, threshold=0.25, off=0.15, latched_before=frozenset({2, 3}),
+                         latched_after=frozenset({0, 2, 3}), streaks={0: 1, 1: 0})
+    # Row 0 changed (it starts again), row 1 counts towards on, row 2 towards off, row 3
+    # (between the thresholds) towards nothing.
+    assert after == {1: 1, 2: 1}
+
+
+def test_nodes_still_counting_towards_on_are_not_settled() -> None:
+    waiting = convergence(triggered_idle=0, triggered_blocking=0, triggered=0, nodes=10,
+                          planned=0, evicted=0, cooling=0, waiting=3)
+    assert not waiting.settled and "3 node(s) above the threshold" in waiting.why
+
+
+def test_the_plan_counts_cycles_before_a_node_turns_on() -> None:
+    config_2 = config(trigger_on_cycles=2, trigger_off_cycles=2)
+    snap = three_nodes()
+    assert run(snap, config_2).moves == ()  # the first cycle above: counting, no move
+    snap.streaks = {name: 1 for name in snap.state.names if name}
+    assert run(snap, config_2).moves  # the second in a row: on
+
+
+def test_state_keeps_the_streaks_and_reads_an_older_state_without_them() -> None:
+    state = DefragState(latched=frozenset({"n1"}), streaks={"n1": 1, "n2": 1})
+    assert parse_state(state.encode()) == state
+    assert parse_state('{"version": 1, "moved": {}, "latched": ["n1"]}').streaks == {}
+    with pytest.raises(BadInput, match="streaks.n1"):
+        parse_state('{"version": 1, "streaks": {"n1": -1}}')
+
+
 def test_off_threshold_defaults_below_the_threshold_and_is_validated() -> None:
-    assert DefragConfig().off_threshold == pytest.approx(0.20)
+    assert DefragConfig().off_threshold == pytest.approx(0.15)  # DESIGN.md's 15%
     assert DefragConfig(threshold=0.02).off_threshold == 0.0
+    with pytest.raises(BadInput, match="--trigger-on-cycles"):
+        DefragConfig(trigger_on_cycles=0).validate()
     with pytest.raises(BadInput, match="--threshold-off"):
         DefragConfig(threshold=0.25, threshold_off=0.3).validate()
     with pytest.raises(BadInput, match="--cooldown-s"):
