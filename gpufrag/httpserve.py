@@ -90,8 +90,8 @@ def listen(host: str, port: int, *, setting: str) -> socket.socket:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What one listener allows; ``setting`` names where ``read_timeout_s`` was configured
-    and ``body_setting`` where ``max_body_bytes`` was, for the answers that cite them."""
+    """What one listener allows; ``setting`` names where ``read_timeout_s`` was configured,
+    for the late-body message that cites it."""
 
     max_body_bytes: int = 1024 * 1024
     read_timeout_s: float = 5.0
@@ -100,7 +100,6 @@ class Limits:
     max_buffered_bytes: int | None = None  # None: threads x max_body_bytes
     grace_s: float = 10.0
     setting: str = "read_timeout_s"
-    body_setting: str = "max_body_bytes"
 
     @property
     def buffered_budget(self) -> int:

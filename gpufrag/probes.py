@@ -22,6 +22,8 @@ from gpufrag.errors import BadInput
 from gpufrag.httpserve import Limits, Server, WSGIApp, listen, reason
 
 TEXT = "text/plain; charset=utf-8"
+# A probe's answer: HTTP status, content type, body.
+ProbeAnswer = tuple[int, str, bytes]
 # A probe is a GET: its request must be in within this long, and carry no body past this.
 PROBE_DEADLINE_S = 2.0
 PROBE_MAX_BODY_BYTES = 8192
@@ -57,8 +59,7 @@ class Liveness:
 
 
 def respond(path: str, render_metrics: Callable[[], bytes], live: Callable[[], bool],
-            ready: Callable[[], bool], *, stalled: str, not_ready: str
-            ) -> tuple[int, str, bytes]:
+            ready: Callable[[], bool], *, stalled: str, not_ready: str) -> ProbeAnswer:
     """(status, content type, body) for one GET; apart from the server so it is testable.
     ``stalled`` and ``not_ready`` say, in the 503 body, what the component is waiting for."""
     route = path.split("?", 1)[0]
@@ -76,9 +77,6 @@ def check_metrics_port(port: int) -> int:
     if not 0 <= port <= 65535:
         raise BadInput(f"{port} is not a TCP port (0 disables)", field="metrics_port")
     return port
-
-
-ProbeAnswer = tuple[int, str, bytes]
 
 
 def probe_app(answer: Callable[[str], ProbeAnswer]) -> WSGIApp:

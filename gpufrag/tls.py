@@ -47,7 +47,9 @@ class ServerTLS:
         self.current = self.make_context()
         self._stamps = self._read_stamps()
         self._checked_at = clock()
-        self.context = self.make_context()
+        # The listener's context: the first one made, carrying the callback that hands each
+        # handshake to whichever context is current (itself until the files change).
+        self.context = self.current
         self.context.sni_callback = self._pick
 
     def make_context(self) -> ssl.SSLContext:

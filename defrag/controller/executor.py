@@ -449,9 +449,9 @@ class Executor:
         latched = before | fresh
         # A node that turned on this cycle counts its cycles towards turning off from 0.
         streaks = {r: c for r, c in snapshot.streak_rows().items() if r not in fresh}
-        cycles = functools.partial(find_triggers, streaks=streaks,
-                                   on_cycles=self.config.trigger_on_cycles,
-                                   off_cycles=self.config.trigger_off_cycles)
+        triggers_now = functools.partial(find_triggers, streaks=streaks,
+                                         on_cycles=self.config.trigger_on_cycles,
+                                         off_cycles=self.config.trigger_off_cycles)
         held: dict[str, Reservation] = {}  # pod key -> the reservation not yet released
         try:
             pruned = self.actions.prune_hints(self.clock())
@@ -468,9 +468,9 @@ class Executor:
                     raise
             for i, move in enumerate(plan.moves):
                 measurement = measure(state, snapshot.usage, workload)
-                triggers = cycles(state, measurement, snapshot.pending,
-                                  self.config.threshold, latched=latched,
-                                  threshold_off=self.config.off_threshold)
+                triggers = triggers_now(state, measurement, snapshot.pending,
+                                        self.config.threshold, latched=latched,
+                                        threshold_off=self.config.off_threshold)
                 if not triggers.rows:
                     report.stopped_early = "no node is triggered any more"
                     for rest in plan.moves[i:]:
@@ -506,8 +506,8 @@ class Executor:
                                  error=str(e))
         final = measure(state, snapshot.usage, workload)
         report.after = final.summary
-        end = cycles(state, final, snapshot.pending, self.config.threshold,
-                     latched=latched, threshold_off=self.config.off_threshold)
+        end = triggers_now(state, final, snapshot.pending, self.config.threshold,
+                           latched=latched, threshold_off=self.config.off_threshold)
         report.latched_after = frozenset(state.names[r] for r in end.idle)
         ratio = np.nan_to_num(final.idle_ratio, nan=0.0)
         report.streaks_after = {

@@ -167,7 +167,7 @@ class Health:
         return self._liveness.live()
 
 
-def respond(path: str, metrics: AgentMetrics, health: Health) -> tuple[int, str, bytes]:
+def respond(path: str, metrics: AgentMetrics, health: Health) -> probes.ProbeAnswer:
     """(status, content type, body) for one GET (:func:`gpufrag.probes.respond`)."""
     return probes.respond(path, metrics.render, health.live, lambda: health.ready,
                           stalled="stalled: no reading within the deadline",

@@ -71,7 +71,7 @@ class PluginMetrics:
 
 
 def respond(path: str, metrics: PluginMetrics, live: Callable[[], bool],
-            ready: Callable[[], bool]) -> tuple[int, str, bytes]:
+            ready: Callable[[], bool]) -> probes.ProbeAnswer:
     """(status, content type, body) for one GET (:func:`gpufrag.probes.respond`)."""
     return probes.respond(path, metrics.render, live, ready, stalled="stalled",
                           not_ready="not ready: not registered with the kubelet for every "

@@ -142,6 +142,11 @@ def _probe_routes(app: Flask, extender: Extender, metrics: ExtenderMetrics, *,
     app.add_url_rule("/readyz", view_func=readyz, methods=["GET"])
     app.add_url_rule("/metrics", view_func=metrics_page, methods=["GET"])
 
+
+def _json_errors(app: Flask) -> None:
+    """Unknown paths and wrong methods answered in the verbs' JSON shape (``{"Error": ...}``),
+    with ``Allow`` on a 405."""
+
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException) -> Response:
         # Unknown paths, wrong methods: the same JSON shape as every other error.
@@ -159,6 +164,7 @@ def create_probe_app(extender: Extender, metrics: ExtenderMetrics, *,
     event loop), for ``/healthz`` to fail on."""
     app = Flask("gpufrag.extender.probes")
     _probe_routes(app, extender, metrics, stalled=stalled)
+    _json_errors(app)
     return app
 
 
@@ -263,6 +269,7 @@ def create_app(extender: Extender, *, metrics: ExtenderMetrics | None = None,
         app.add_url_rule(path, endpoint=verb, view_func=verb_view(verb, work),
                          methods=["POST"])
     _probe_routes(app, extender, metrics)
+    _json_errors(app)
     return app
 
 

@@ -44,7 +44,7 @@ def limits(server: ServerConfig) -> Limits:
     """The verbs' listener's bounds, from ``server``."""
     return Limits(max_body_bytes=server.max_body_bytes, read_timeout_s=server.read_timeout_s,
                   keepalive_s=KEEPALIVE_S, threads=server.threads, grace_s=STOP_GRACE_S,
-                  setting="server.read_timeout_s", body_setting="server.max_body_bytes")
+                  setting="server.read_timeout_s")
 
 
 def verbs_server(runtime: Runtime, server: ServerConfig) -> Server:

@@ -109,6 +109,8 @@ def test_bad_flag_value_is_bad_input(capsys: pytest.CaptureFixture[str]) -> None
     assert "share_intervals" in assert_one_clear_line(capsys, "bad_input")["error"]
     assert cli.main(["--node-name", "n", "--share-cooldown-s", "-1"], nvml=fake_nvml()) == 2
     assert "share_cooldown_s" in assert_one_clear_line(capsys, "bad_input")["error"]
+    assert cli.main(["--node-name", "n", "--peak-window-s", "inf"], nvml=fake_nvml()) == 2
+    assert "peak_window_s" in assert_one_clear_line(capsys, "bad_input")["error"]
     assert cli.main(["--node-name", "n", "--metrics-port", "70000"], nvml=fake_nvml()) == 2
     assert "metrics_port" in assert_one_clear_line(capsys, "bad_input")["error"]
     assert cli.main(["--interval-s", "soon"]) == EXIT_BAD_INPUT  # argparse's own message

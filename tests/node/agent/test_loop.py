@@ -221,6 +221,8 @@ def test_build_usage_resolves_each_pid_once_and_sums_per_pod() -> None:
     ({"refresh_intervals": 0}, "refresh_intervals"),
     ({"leak_threshold_mib": -1}, "leak_threshold_mib"),
     ({"leak_intervals": 0}, "leak_intervals"),
+    ({"peak_window_s": 60.0}, "peak_window_s"),  # under one hour bucket
+    ({"peak_window_s": float("nan")}, "peak_window_s"),
 ])
 def test_config_validation_names_the_field(overrides: dict[str, Any], field_name: str) -> None:
     config = AgentConfig(**{"node_name": "node1", **overrides})
