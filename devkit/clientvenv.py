@@ -10,6 +10,10 @@ it outside the repository, under
 - the venv is built in a uniquely named directory and published by atomically renaming a
   symlink onto the cache path, so a reader sees either no venv or a complete one (the build
   directory keeps its name, so the absolute paths pip writes into it stay valid);
+- the venv's installer is replaced first by the locked one (``requirements/test-tools.lock``,
+  hash-checked): the pip that ``python -m venv`` bundles is whatever the interpreter shipped
+  with, and pip 23's resolver refuses a hashed lock as soon as a dependency names an extra
+  (``kserve`` asks ``uvicorn[standard]``) and a newer release of it is published;
 - a failed build raises :class:`ClientVenvError` with the tail of pip's output, so the test
   that needs the client fails rather than silently skipping.
 """
@@ -36,13 +40,17 @@ CLIENTS: Final[dict[str, tuple[str, ...]]] = {
     "kserve": ("--require-hashes", "-r", str(REQUIREMENTS / "kserve-client.lock")),
 }
 # Modules each venv must import once built (a venv that installs but cannot import is broken).
+# The installer every client venv gets before its own requirements: pip, setuptools and wheel at
+# the test environment's versions, hash-checked.
+INSTALLER: Final[tuple[str, ...]] = ("--require-hashes", "-r",
+                                     str(REQUIREMENTS / "test-tools.lock"))
 IMPORTS: Final[dict[str, tuple[str, ...]]] = {
     "kserve": ("kserve", "numpy"),
 }
 BUILD_TIMEOUT_S: Final = 900.0
 LOCK_TIMEOUT_S: Final = 1200.0
 OUTPUT_TAIL_CHARS: Final = 4000
-_SCHEMA: Final = "1"  # bump to invalidate every cached venv
+_SCHEMA: Final = "2"  # bump to invalidate every cached venv
 
 
 class ClientVenvError(RuntimeError):
@@ -55,10 +63,11 @@ def cache_root() -> Path:
 
 
 def venv_key(name: str, requirements: Sequence[str]) -> str:
-    """``<name>-<hash>``: the hash covers the requirements (a requirements file named after
-    ``-r`` by its content: a changed lock builds a new venv) and the base interpreter."""
-    files = [Path(path).read_text() for flag, path in itertools.pairwise(requirements)
-             if flag == "-r"]
+    """``<name>-<hash>``: the hash covers the installer and the requirements (a requirements
+    file named after ``-r`` by its content: a changed lock builds a new venv) and the base
+    interpreter."""
+    files = [Path(path).read_text()
+             for flag, path in itertools.pairwise((*INSTALLER, *requirements)) if flag == "-r"]
     text = "\n".join([_SCHEMA, sys.version, sys.base_prefix, *sorted(requirements), *files])
     return f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
@@ -160,8 +169,9 @@ def _build(venv: Path, requirements: Sequence[str], modules: Sequence[str],
 
     _run([sys.executable, "-m", "venv", venv], f"creating the venv {venv}", left())
     python = _python(venv)
-    _run([python, "-m", "pip", "install", "--no-input", "--progress-bar", "off", *requirements],
-         f"pip install {' '.join(requirements)}", left())
+    for step in (INSTALLER, tuple(requirements)):
+        _run([python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+              "--progress-bar", "off", *step], f"pip install {' '.join(step)}", left())
     if modules:
         code = "; ".join(f"import {module}" for module in modules)
         _run([python, "-I", "-c", code], f"importing {', '.join(modules)} in {venv}", left())

@@ -20,7 +20,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from devkit.clientvenv import CLIENTS, venv_key
+from devkit.clientvenv import CLIENTS, INSTALLER, venv_key
 from tests.packaging.test_lock import PINS as IMAGE_PINS
 from tests.packaging.test_lock import read_lock
 
@@ -98,3 +98,12 @@ def test_the_kserve_client_venv_is_built_from_its_hashed_lock() -> None:
     # A changed lock is a new venv: the cache key covers the lock's content.
     assert venv_key("kserve", args) != venv_key("kserve", ("--require-hashes",
                                                             "-r", str(REQUIREMENTS / "test.lock")))
+
+
+def test_client_venvs_replace_the_bundled_pip_with_the_locked_one_first() -> None:
+    # The pip a new venv bundles (23.x with Python 3.11) refuses a hashed lock once a dependency
+    # names an extra (kserve: uvicorn[standard]) and a newer release of it exists.
+    assert INSTALLER[:2] == ("--require-hashes", "-r")
+    tools = read_lock(Path(INSTALLER[2]).read_text(), "test-tools.lock")
+    assert {"pip", "setuptools", "wheel"} <= set(tools)
+    assert all(pin.hashes for pin in tools.values())
