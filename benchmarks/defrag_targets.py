@@ -13,7 +13,12 @@ lines, and the bound right-sizing can reach: every share pod admitted with its r
 at once, with no eviction budget. Where the bound is above a target, the target cannot be met
 by this mechanism on this trace; the bound says by how much.
 
-    .venv/bin/python -m benchmarks.defrag_targets [--data ../shared/data] [--cycles 6]
+Then the frontier (issue 25): the same run for a few right-sizing headrooms, each judged out of
+sample (readings of right-sized pods above the share they held, which the recommender set from
+earlier readings): idle ratio and free whole GPUs against that risk, and the small pods placed
+on the room it opened. ``--out DIR`` also plots it (``defrag_frontier.png``).
+
+    .venv/bin/python -m benchmarks.defrag_targets [--data ../shared/data] [--cycles 6] [--out D]
 """
 
 from __future__ import annotations
@@ -25,12 +30,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from defrag.controller.config import DefragConfig
-from defrag.rightsizing.recommender import Mode
+from defrag.rightsizing.recommender import Mode, RightsizingConfig
 from simulations.defrag_whatif import (
     DEFAULT_CYCLES,
     GENAI_FILE,
     GENAI_GPU_GIB,
+    WHATIF_WHOLE_GPU_MIN_INTERVALS,
+    FrontierPoint,
     WhatIfResult,
+    plot_frontier,
     run_whatif,
     table,
     targets,
@@ -53,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=Path("..") / "shared" / "data")
     p.add_argument("--cycles", type=int, default=DEFAULT_CYCLES)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--out", type=Path, help="write defrag_frontier.png here")
     args = p.parse_args(argv)
     nodes_csv = args.data / "openb" / "openb_node_list_gpu_node.csv"
     pods_csv = args.data / "openb" / "openb_pod_list_default.csv"
@@ -85,12 +94,30 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{ours.evictions - ref.evictions:+d} evictions")
     bound = ours.ceiling
     if bound is not None:
-        print(f"\nbound: every share pod right-sized at once, no budget: idle ratio "
+        print(f"\nbound: every single-GPU pod right-sized at once, no budget: idle ratio "
               f"{bound.summary.idle_ratio:.1%}, {bound.triggered_idle} of {ours.gpu_nodes} "
               f"nodes still above the trigger ({bound.rightsized} pods change)")
     met = sum(t.met for t in targets(ours))
     print(f"targets met: {met} of {len(targets(ours))}")
+
+    print("\nfrontier (right-sizing headroom; out of sample; default knobs marked *):")
+    default = RightsizingConfig(whole_gpu_min_intervals=WHATIF_WHOLE_GPU_MIN_INTERVALS)
+    points = []
+    for fraction, mib in HEADROOMS:
+        config = RightsizingConfig(headroom_fraction=fraction, headroom_mib=mib,
+                                   whole_gpu_min_intervals=WHATIF_WHOLE_GPU_MIN_INTERVALS)
+        result = ours if config == default else run_whatif(
+            nodes, pods, workload=pods_csv.stem, seed=args.seed, cycles=args.cycles,
+            trace=trace, rightsizing_config=config)
+        points.append(FrontierPoint.of(config, result))
+        print(f"  {'*' if config == default else ' '} {points[-1].line()}")
+    if args.out is not None:
+        print(f"  plotted: {plot_frontier(points, args.out)}")
     return 0
+
+
+# The headrooms the frontier tries (fraction of the p95, MiB): none, the default, twice it.
+HEADROOMS = ((0.0, 0), (0.15, 256), (0.3, 512))
 
 
 if __name__ == "__main__":

@@ -60,7 +60,6 @@ from gpufrag.conventions import (
     LABEL_GPU_MEMORY_MIB,
     LABEL_GPU_PRODUCT,
     RESOURCE_GPU,
-    RESOURCE_GPU_MEMORY_MIB,
     RESOURCE_GPU_MILLI,
 )
 
@@ -456,11 +455,14 @@ class ControlPlane:
         """Create a Node that looks like a GPU node with the device plugin and GFD running.
 
         Capacity and allocatable: cpu, memory, pods, ``nvidia.com/gpu`` = gpus and, when
-        ``milli_resources``, the shared-GPU resources (``gpus * 1000`` milli-GPU and
-        ``gpus * gpu_memory_mib`` MiB). Labels: the GFD product/memory/count labels (per-GPU
-        memory, as GFD reports it) plus ``labels``. Condition Ready=True and no not-ready taint,
-        since no node-lifecycle controller runs to lift it. ``gpus=0`` makes a CPU-only node
-        (no GPU resources or labels). Returns the Node as the API server stored it.
+        ``milli_resources``, ``gpus * 1000`` milli-GPU: what gpufrag's device plugin advertises
+        on a real node. GPU memory is not advertised (no device plugin does): a memory-share
+        pod reaches the extender only because the scheduler configuration has kube-scheduler
+        ignore that resource (``MANAGED_RESOURCES``), as on a real node. Labels: the GFD
+        product/memory/count labels (per-GPU memory, as GFD reports it) plus ``labels``.
+        Condition Ready=True and no not-ready taint, since no node-lifecycle controller runs to
+        lift it. ``gpus=0`` makes a CPU-only node (no GPU resources or labels). Returns the
+        Node as the API server stored it.
         """
         if gpus < 0 or gpu_memory_mib < 0 or cpu_milli <= 0 or memory_mib <= 0 or pods <= 0:
             raise ValueError(f"node {name!r}: gpus={gpus}, gpu_memory_mib={gpu_memory_mib} must "
@@ -476,7 +478,6 @@ class ControlPlane:
             resources[RESOURCE_GPU] = str(gpus)
             if milli_resources:
                 resources[RESOURCE_GPU_MILLI] = str(gpus * 1000)
-                resources[RESOURCE_GPU_MEMORY_MIB] = str(gpus * gpu_memory_mib)
         node_labels |= dict(labels or {})
         core.create_node(kubernetes.client.V1Node(
             metadata=kubernetes.client.V1ObjectMeta(name=name, labels=node_labels)))

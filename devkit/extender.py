@@ -19,6 +19,7 @@ from typing import Any, Final
 from devkit.controlplane import ControlPlane
 from devkit.procs import ControlPlaneError, free_port, tail, wait_until
 from gpufrag.conventions import (
+    MANAGED_RESOURCES,
     SCHEDULER_NAME,
 )
 
@@ -39,11 +40,7 @@ extenders:
     httpTimeout: 5s
     ignorable: {ignorable}
     managedResources:
-      - name: nvidia.com/gpu
-        ignoredByScheduler: false
-      - name: gpufrag.io/gpu-milli
-        ignoredByScheduler: true
-"""
+{managed}"""
 
 
 def gpufrag_scheduler_config(url: str, *, ignorable: bool = False, bind: bool = True,
@@ -58,7 +55,10 @@ def gpufrag_scheduler_config(url: str, *, ignorable: bool = False, bind: bool = 
     return _GPUFRAG_SCHEDULER_CONFIG.format(
         name=name, url=url, ignorable=str(ignorable).lower(),
         prioritize="    prioritizeVerb: prioritize\n" if prioritize else "",
-        bind="    bindVerb: bind\n" if bind else "")
+        bind="    bindVerb: bind\n" if bind else "",
+        managed="".join(f"      - name: {resource}\n"
+                        f"        ignoredByScheduler: {str(ignored).lower()}\n"
+                        for resource, ignored in MANAGED_RESOURCES.items()))
 
 
 class _Served:

@@ -29,13 +29,17 @@ GROUP_LABEL = "e2e.gpufrag.io/group"
 
 def gpu_pod(name: str, *, gpus: int = 0, milli: int = 0, cpu: str = "1", memory: str = "1Gi",
             products: Iterable[str] = (), model: str = "", version: str = "",
-            scheduler: str = SCHEDULER, group: str = "") -> dict[str, Any]:
-    """A bare pod asking for whole GPUs (``gpus``) or a GPU share (``milli``)."""
+            scheduler: str = SCHEDULER, group: str = "", gpu_memory_mib: int = 0
+            ) -> dict[str, Any]:
+    """A bare pod asking for whole GPUs (``gpus``) or a GPU share (``milli``, and/or
+    ``gpu_memory_mib`` of one GPU's memory)."""
     requests: dict[str, str] = {"cpu": cpu, "memory": memory}
     if gpus:
         requests[cv.RESOURCE_GPU] = str(gpus)
     if milli:
         requests[cv.RESOURCE_GPU_MILLI] = str(milli)
+    if gpu_memory_mib:
+        requests[cv.RESOURCE_GPU_MEMORY_MIB] = str(gpu_memory_mib)
     labels = {k: v for k, v in ((cv.LABEL_MODEL, model), (cv.LABEL_MODEL_VERSION, version)) if v}
     annotations = {cv.ANNOTATION_GPU_SPEC: "|".join(products)} if products else {}
     spec: dict[str, Any] = {

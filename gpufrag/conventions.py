@@ -35,6 +35,16 @@ RESOURCE_GPU = "nvidia.com/gpu"
 # Shared GPUs: per-GPU share in milli-GPU (as the openb trace) and GPU memory in MiB.
 RESOURCE_GPU_MILLI = "gpufrag.io/gpu-milli"
 RESOURCE_GPU_MEMORY_MIB = "gpufrag.io/gpu-memory-mib"
+# The resources the extender manages in kube-scheduler's configuration (managedResources), and
+# whether kube-scheduler ignores them (ignoredByScheduler). Whole GPUs are counted by both:
+# the device plugin advertises them. The shares are the extender's alone: kube-scheduler sees
+# neither per-GPU room nor (for memory) any allocatable at all, since no device plugin
+# advertises GPU memory and would fail every memory-share pod as "Insufficient" before the
+# extender is asked; the kubelet drops requests for extended resources its node does not
+# advertise at admission, so such a pod still runs. Every shipped configuration (kustomize,
+# Helm, the dev kit) lists exactly these; tests/e2e/test_manifests.py checks it.
+MANAGED_RESOURCES: dict[str, bool] = {RESOURCE_GPU: False, RESOURCE_GPU_MILLI: True,
+                                      RESOURCE_GPU_MEMORY_MIB: True}
 
 # Optional share resources, off ("") unless mapped: a share's compute in percent of one GPU
 # (HAMi's nvidia.com/gpucores).

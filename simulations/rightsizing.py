@@ -15,11 +15,13 @@ The cluster's loop, replayed with its own code:
 3. **Admission.** A replacement is the workload's template, so it asks what the pod first
    asked; the webhook's rule (:func:`defrag.admission.mutate.decide`, given the workload's mode
    and recommendation annotations exactly as the controller publishes them) says what share it
-   is admitted with. Only shares below one GPU are right-sized (the webhook's rule); whole-GPU
-   pods keep what they ask.
+   is admitted with: a share below one GPU is right-sized, and a pod asking one whole GPU
+   becomes a share once its history allows it (``whole_gpu_min_intervals`` hourly peaks, the
+   recommender's default of a day unless the config says otherwise); multi-GPU pods keep what
+   they ask.
 
-Histories are kept only for pods asking for a share: for any other pod the webhook's answer is
-"no GPU share" whatever the recommendation, so its history would change nothing.
+Histories are kept only for single-GPU pods: for a multi-GPU pod the webhook's answer is
+"multi-GPU pods stay whole" whatever the recommendation, so its history would change nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from defrag.rightsizing.recommender import (
     ANY_VERSION,
     Mode,
     PodSample,
+    Raise,
     Recommendation,
     RightsizingConfig,
     WorkloadHistory,
@@ -135,10 +138,28 @@ def synthetic_memory_trace(seed: int = 0, *, containers: int = 64, hours: float 
 class _Tracked:
     container: int
     scale_mib: float  # what the pod reserved per GPU when it was first placed
-    asked_milli: int  # its template's share (0: not a share)
+    asked_milli: int  # its template's ask per GPU if single-GPU (1000: one whole GPU); else 0
     since_s: float = -math.inf  # when it started (the fill's pods: before the trace)
     history: WorkloadHistory = field(default_factory=WorkloadHistory)
     recommendation: Recommendation | None = None
+    guard: Raise = field(default_factory=Raise)
+    raises: int = 0  # times the guard raised it (a sample over the share it held)
+
+
+@dataclass
+class OverShare:
+    """Out of sample: each reading judged against the share the pod held when it was taken
+    (a share set from earlier readings). ``samples`` counts the readings of pods holding less
+    than they first asked (right-sized); ``over`` those above the share held."""
+
+    samples: int = 0
+    over: int = 0
+    raised: int = 0  # workloads the guard raised
+    over_again: int = 0  # workloads over their share again after a raise
+
+    @property
+    def ratio(self) -> float:
+        return self.over / self.samples if self.samples else 0.0
 
 
 class Rightsizing:
@@ -156,6 +177,7 @@ class Rightsizing:
         self.pods: dict[str, _Tracked] = {}
         self.observed_until_s = -math.inf
         self.skips: dict[str, int] = {}
+        self.over_share = OverShare()
 
     def track(self, key: str, request: PodRequest, gpu_memory_mib: float, *,
               since_s: float = -math.inf) -> None:
@@ -165,8 +187,9 @@ class Rightsizing:
             return
         container = int(self.rng.integers(0, self.trace.containers))
         scale = request.gpu_milli / MILLI_PER_GPU * gpu_memory_mib
-        self.pods[key] = _Tracked(container, scale, request.gpu_milli if request.is_share
-                                  else 0, since_s=since_s)
+        self.pods[key] = _Tracked(container, scale,
+                                  request.gpu_milli if request.num_gpu == 1 else 0,
+                                  since_s=since_s)
 
     def used_mib(self, key: str, t_s: float) -> float:
         pod = self.pods[key]
@@ -181,20 +204,36 @@ class Rightsizing:
         now = self.trace.at(pod.container, t_s)
         return max(float(fractions.max()) if fractions.size else now, now) * pod.scale_mib
 
-    def observe(self, until_s: float, gpu_memory_mib: Mapping[str, float]) -> None:
-        """Fold every share pod's readings since the last call (up to ``until_s``) into its
-        workload's history and recommend; ``gpu_memory_mib`` is the GPU each pod is on."""
+    def observe(self, until_s: float, gpu_memory_mib: Mapping[str, float],
+                share_mib: Mapping[str, float] | None = None) -> None:
+        """Fold every single-GPU pod's readings since the last call (up to ``until_s``) into its
+        workload's history and recommend; ``gpu_memory_mib`` is the GPU each pod is on and
+        ``share_mib`` what it reserves there now. A reading above that share is an overrun:
+        counted (:attr:`over_share`) and, as the controller does, the guard raises the
+        workload (:meth:`defrag.rightsizing.recommender.Raise.after_overrun`)."""
         start = self.observed_until_s
+        shares = share_mib or {}
         for key, pod in self.pods.items():
             if not pod.asked_milli or key not in gpu_memory_mib:
                 continue
             times, fractions = self.trace.between(pod.container, start, until_s)
             gpu_mib = int(gpu_memory_mib[key])
             ns, _, name = key.rpartition("/")
-            samples = [PodSample(ns, name, key, int(f * pod.scale_mib), gpu_mib, float(t))
-                       for t, f in zip(times, fractions, strict=True)]
+            used = [int(f * pod.scale_mib) for f in fractions]
+            samples = [PodSample(ns, name, key, u, gpu_mib, float(t))
+                       for t, u in zip(times, used, strict=True)]
+            share = shares.get(key)
+            if share is not None and share < pod.scale_mib and used:
+                over = [u for u in used if u > share]
+                self.over_share.samples += len(used)
+                self.over_share.over += len(over)
+                if over:
+                    self.over_share.over_again += int(pod.raises == 1)
+                    self.over_share.raised += int(pod.raises == 0)
+                    pod.raises += 1
+                    pod.guard = pod.guard.after_overrun(max(over), until_s, self.config)
             pod.history = pod.history.add(samples, until_s, self.config)
-            pod.recommendation = recommend(pod.history, self.config, until_s)
+            pod.recommendation = recommend(pod.history, self.config, until_s, pod.guard)
         self.observed_until_s = until_s
 
     def workload(self, key: str) -> Workload:
@@ -212,8 +251,8 @@ class Rightsizing:
         """The pod its owner's template creates: what the pod first asked for."""
         pod = self.pods.get(key)
         asked = pod.asked_milli if pod is not None else 0
-        limits = ({self.names.gpu_milli: str(asked)} if asked
-                  else {self.names.gpu: str(request.num_gpu)})
+        limits = ({self.names.gpu_milli: str(asked)} if 0 < asked < MILLI_PER_GPU
+                  else {self.names.gpu: str(request.num_gpu if not asked else 1)})
         ns, _, name = key.rpartition("/")
         return {"metadata": {"name": name, "namespace": ns, "labels": {}},
                 "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]}}
@@ -221,7 +260,8 @@ class Rightsizing:
     def admitted_milli(self, key: str, request: PodRequest) -> int:
         """The share the webhook admits ``key``'s replacement with (0: as the template asks,
         or not a share); each skip reason is counted in :attr:`skips`."""
-        decision = decide(self.template(key, request), self.workload(key), self.names)
+        decision = decide(self.template(key, request), self.workload(key), self.names,
+                          self.observed_until_s)
         if decision.change is None:
             reason = decision.skip or "unchanged"
             self.skips[reason] = self.skips.get(reason, 0) + 1
@@ -230,7 +270,7 @@ class Rightsizing:
         return int(decision.change["to"])
 
     def rightsized(self, requests: Mapping[str, PodRequest]) -> dict[str, int]:
-        """Pod key -> the share its replacement would get, for every share pod whose
+        """Pod key -> the share its replacement would get, for every single-GPU pod whose
         replacement would differ from what it holds now (``Snapshot.rightsized``)."""
         self.skips = {}
         out: dict[str, int] = {}
@@ -241,4 +281,16 @@ class Rightsizing:
             milli = self.admitted_milli(key, request)
             if milli and milli != request.gpu_milli:
                 out[key] = milli
+        return out
+
+    def sizable(self, requests: Mapping[str, PodRequest]) -> dict[str, tuple[str, bool]]:
+        """Pod key -> (its workload, whether right-sizing may change its replacements: mode
+        auto and one GPU), as the controller reports it (``Snapshot.sizable``)."""
+        out: dict[str, tuple[str, bool]] = {}
+        for key, request in requests.items():
+            if not request.wants_gpu:
+                continue
+            multi = ", multi-GPU" if request.num_gpu > 1 else ""
+            out[key] = (f"{self.workload(key).text} (mode {self.mode.value}{multi})",
+                        self.mode is Mode.AUTO and request.num_gpu == 1)
         return out

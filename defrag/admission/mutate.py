@@ -5,11 +5,16 @@ GPU share (``names.gpu_milli``, below one whole GPU) gets the share
 
     new = min(asked, max(recommendation.milli, milli(peak)))
 
-— never above what the user asked, never below the largest use observed in the window. Its
-requests and limits (where present) are rewritten, and the pod is annotated
-(``names.annotation_rightsizing_change``) with what changed and why. Everything else is a
-*skip*: the pod is admitted unchanged, the reason is counted (a metric label) and, for bad
-input, returned as an admission warning so ``kubectl`` shows it.
+— never above what the user asked, never below the largest use observed in the window. A
+container that asks exactly one whole GPU (``names.gpu: 1``) becomes that share of one GPU only
+when the recommendation allows it (``whole_gpu``: enough history; see
+:func:`defrag.rightsizing.recommender.replacement_milli`): its ``names.gpu`` is replaced by
+``names.gpu_milli`` in its requests and limits. Multi-GPU pods stay whole. Either way the pod
+is annotated (``names.annotation_rightsizing_change``) with what changed, what it replaced and
+why; the workload's template is never touched, so switching the mode off admits the next pods
+exactly as the template asks. Everything else is a *skip*: the pod is admitted unchanged, the
+reason is counted (a metric label) and, for bad input, returned as an admission warning so
+``kubectl`` shows it.
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ import orjson
 from defrag.rightsizing.recommender import (
     MILLI_PER_GPU,
     Mode,
-    admitted_milli,
+    Recommendation,
     lookup,
     milli_for,
     parse,
     parse_mode,
+    replacement_milli,
 )
 from defrag.rightsizing.workloads import Workload
 from gpufrag.conventions import KubeNames
@@ -40,6 +46,7 @@ SKIP_REASONS = (
     "not_a_pod_create", "bare_pod", "no_gpu_share", "several_gpu_containers", "owner_unknown",
     "lookup_failed", "mode_off", "mode_recommend", "bad_mode", "no_recommendation",
     "bad_recommendation", "bad_request", "at_or_below_recommendation", "internal_error",
+    "multi_gpu", "whole_gpu_kept", "oom_cooloff",
 )
 # Skips that mean the input is wrong: the reason goes back as an admission warning.
 WARN_REASONS = frozenset({"bad_mode", "bad_recommendation", "bad_request", "lookup_failed",
@@ -71,38 +78,87 @@ def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def gpu_share_container(pod: Mapping[str, Any], names: KubeNames
-                        ) -> tuple[int, int] | Decision:
-    """(container index, milli asked) of the one container asking for a share, or a skip."""
-    found: list[tuple[int, int]] = []
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The one container right-sizing may change: its index, the milli it asks (per GPU), and
+    whether that is one whole GPU (``names.gpu: 1``) rather than a share."""
+
+    index: int
+    asked_milli: int
+    whole: bool = False
+
+
+def _asked(resources: Mapping[str, Any], resource: str) -> Any:
+    return ((resources.get("limits") or {}).get(resource)
+            or (resources.get("requests") or {}).get(resource))
+
+
+def gpu_target(pod: Mapping[str, Any], names: KubeNames) -> Target | Decision:
+    """The one container asking for a share, or for exactly one whole GPU; else a skip."""
+    found: list[Target] = []
     for i, container in enumerate((pod.get("spec") or {}).get("containers") or []):
         resources = container.get("resources") or {}
-        value = ((resources.get("limits") or {}).get(names.gpu_milli)
-                 or (resources.get("requests") or {}).get(names.gpu_milli))
-        if value is None:
+        share, whole = _asked(resources, names.gpu_milli), _asked(resources, names.gpu)
+        if share is None and whole is None:
             continue
+        resource, value = (names.gpu_milli, share) if share is not None else (names.gpu, whole)
         try:
-            milli = math.ceil(parse_quantity(value))
+            amount = math.ceil(parse_quantity(value))
         except QuantityError as e:
-            return skip("bad_request", f"container {container.get('name')!r}: "
-                                       f"{names.gpu_milli}: {e}")
-        if 0 < milli < MILLI_PER_GPU:
-            found.append((i, milli))
+            return skip("bad_request", f"container {container.get('name')!r}: {resource}: {e}")
+        if share is not None and 0 < amount < MILLI_PER_GPU:
+            found.append(Target(i, amount))
+        elif share is None and amount == 1:
+            found.append(Target(i, MILLI_PER_GPU, whole=True))
+        elif share is None and amount > 1:
+            return skip("multi_gpu", f"container {container.get('name')!r} asks {amount} "
+                                     f"{names.gpu}: multi-GPU pods stay whole")
     if not found:
         return skip("no_gpu_share", f"no container asks for a {names.gpu_milli} share below "
-                                    f"{MILLI_PER_GPU}")
+                                    f"{MILLI_PER_GPU} or for one {names.gpu}")
     if len(found) > 1:
-        return skip("several_gpu_containers", "more than one container asks for a GPU share; "
+        return skip("several_gpu_containers", "more than one container asks for a GPU; "
                                               "right-sizing sets one container's share")
     return found[0]
 
 
-def decide(pod: Mapping[str, Any], workload: Workload, names: KubeNames) -> Decision:
-    """The decision for a pod of ``workload`` (whose annotations carry mode and recommendation)."""
-    target = gpu_share_container(pod, names)
+def _new_share(target: Target, rec: Recommendation, workload: Workload,
+               now: float) -> int | Decision:
+    new = replacement_milli(rec, 1, target.asked_milli, now)
+    if new is None:
+        why = ("the recommendation or the peak fills the GPU" if rec.whole_gpu else
+               f"{rec.intervals} hourly peak(s) of history, too few to share a whole GPU")
+        return skip("whole_gpu_kept", f"{workload.text} keeps whole GPUs: {why}")
+    if new >= target.asked_milli:
+        return skip("at_or_below_recommendation",
+                    f"asks {target.asked_milli} milli, recommendation {rec.milli} "
+                    f"(peak {milli_for(rec.peak_mib, rec.gpu_memory_mib)})")
+    return new
+
+
+def _patch(container: Mapping[str, Any], index: int, target: Target, new: int,
+           names: KubeNames) -> list[dict[str, Any]]:
+    resources = container.get("resources") or {}
+    patch: list[dict[str, Any]] = []
+    base = f"/spec/containers/{index}/resources"
+    for part in ("requests", "limits"):
+        if target.whole and names.gpu in (resources.get(part) or {}):
+            patch.append({"op": "remove", "path": f"{base}/{part}/{_escape(names.gpu)}"})
+            patch.append({"op": "add", "path": f"{base}/{part}/{_escape(names.gpu_milli)}",
+                          "value": str(new)})
+        elif not target.whole and names.gpu_milli in (resources.get(part) or {}):
+            patch.append({"op": "replace", "path": f"{base}/{part}/{_escape(names.gpu_milli)}",
+                          "value": str(new)})
+    return patch
+
+
+def decide(pod: Mapping[str, Any], workload: Workload, names: KubeNames,
+           now: float) -> Decision:
+    """The decision for a pod of ``workload`` (whose annotations carry mode and recommendation)
+    at ``now`` (unix seconds: the guard's cool-off is judged against it)."""
+    target = gpu_target(pod, names)
     if isinstance(target, Decision):
         return target
-    index, asked = target
     try:
         mode = parse_mode(workload.annotations.get(names.annotation_rightsizing_mode))
     except BadInput as e:
@@ -126,22 +182,21 @@ def decide(pod: Mapping[str, Any], workload: Workload, names: KubeNames) -> Deci
     if rec is None:
         return skip("no_recommendation", f"{workload.text} has no recommendation for model "
                                          f"version {version or '(none)'}")
-    floor_milli = milli_for(rec.peak_mib, rec.gpu_memory_mib)
-    new = admitted_milli(rec, asked)
-    if new >= asked:
-        return skip("at_or_below_recommendation",
-                    f"asks {asked} milli, recommendation {rec.milli} (peak {floor_milli})")
-    container = pod["spec"]["containers"][index]
-    resources = container.get("resources") or {}
-    patch: list[dict[str, Any]] = []
-    for part in ("requests", "limits"):
-        if names.gpu_milli in (resources.get(part) or {}):
-            patch.append({"op": "replace", "path": f"/spec/containers/{index}/resources/{part}/"
-                          f"{_escape(names.gpu_milli)}", "value": str(new)})
+    if rec.held(now):
+        return skip("oom_cooloff", f"{workload.text} ran past its share; admitted as asked "
+                                   f"until {rec.hold_until:.0f} (the guard's cool-off)")
+    new = _new_share(target, rec, workload, now)
+    if isinstance(new, Decision):
+        return new
+    container = pod["spec"]["containers"][target.index]
+    patch = _patch(container, target.index, target, new, names)
     change = {"container": container.get("name"), "resource": names.gpu_milli,
-              "from": asked, "to": new, "workload": workload.text,
+              "from": target.asked_milli, "to": new,
+              "replaced": {names.gpu: "1"} if target.whole else None,
+              "memory_mib": rec.memory_mib, "workload": workload.text,
               "model_version": version or None, "recommendation_milli": rec.milli,
-              "peak_milli": floor_milli, "computed_at": rec.computed_at, "why": rec.why()}
+              "peak_milli": milli_for(rec.peak_mib, rec.gpu_memory_mib),
+              "computed_at": rec.computed_at, "why": rec.why()}
     annotations = (pod.get("metadata") or {}).get("annotations")
     value = orjson.dumps(change).decode()
     if annotations is None:
@@ -150,5 +205,6 @@ def decide(pod: Mapping[str, Any], workload: Workload, names: KubeNames) -> Deci
     else:
         patch.append({"op": "add", "path": "/metadata/annotations/"
                       f"{_escape(names.annotation_rightsizing_change)}", "value": value})
-    return Decision(patch=patch, change=change,
-                    message=f"{names.gpu_milli} {asked} -> {new}")
+    message = (f"{names.gpu} 1 -> {names.gpu_milli} {new}" if target.whole
+               else f"{names.gpu_milli} {target.asked_milli} -> {new}")
+    return Decision(patch=patch, change=change, message=message)

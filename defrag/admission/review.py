@@ -63,8 +63,8 @@ class AdmissionMetrics:
 
 
 def decide_request(request: Mapping[str, Any], resolve: Resolver,
-                   names: KubeNames) -> Decision:
-    """The decision for one AdmissionReview ``request``."""
+                   names: KubeNames, now: float) -> Decision:
+    """The decision for one AdmissionReview ``request`` at ``now`` (unix seconds)."""
     kind = (request.get("kind") or {}).get("kind")
     pod = request.get("object")
     if kind != "Pod" or request.get("operation") != "CREATE" or not isinstance(pod, dict):
@@ -82,12 +82,14 @@ def decide_request(request: Mapping[str, Any], resolve: Resolver,
                                      f"{type(e).__name__}: {e}")
     if workload is None:
         return skip("owner_unknown", "the pod's controller is not a supported kind or is gone")
-    return decide(pod, workload, names)
+    return decide(pod, workload, names, now)
 
 
 def answer(body: bytes, resolve: Resolver, names: KubeNames,
-           metrics: AdmissionMetrics) -> dict[str, Any]:
-    """The AdmissionReview response to ``body`` (a review with a ``request``).
+           metrics: AdmissionMetrics, clock: Callable[[], float] = time.time
+           ) -> dict[str, Any]:
+    """The AdmissionReview response to ``body`` (a review with a ``request``); ``clock``: the
+    time the guard's cool-off is judged at.
 
     Raises ValueError for a body that is not an AdmissionReview (the server answers 400)."""
     started = time.perf_counter()
@@ -96,7 +98,7 @@ def answer(body: bytes, resolve: Resolver, names: KubeNames,
         raise ValueError("expected an AdmissionReview with a request")
     request = review["request"]
     try:
-        decision = decide_request(request, resolve, names)
+        decision = decide_request(request, resolve, names, clock())
     except Exception as e:  # a bug here must not block pods either
         log.exception("review_failed")
         decision = skip("internal_error", f"{type(e).__name__}: {e}")

@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--candidates-per-eviction", type=int, default=d.candidates_per_eviction,
                    help="candidate moves scored per allowed eviction (default: "
                         f"{d.candidates_per_eviction})")
+    s.add_argument("--move-not-actionable", action="store_true",
+                   help="also move pods off nodes triggered on idle memory that no "
+                        "right-sizing reclaims (workloads in mode off or recommend, multi-GPU "
+                        "pods): the moves then only cut fragmentation and free whole GPUs, "
+                        "like a descheduler; default: such nodes are reported, not moved from")
     s.add_argument("--min-gain-gpus", type=float, default=d.min_gain_gpus,
                    help="plan a move only if it gives back at least this many GPUs "
                         f"(fragmentation, freed GPUs, idle reserved memory; default: "
@@ -132,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"never recommend less (default: {rd.min_mib})")
     r.add_argument("--rightsizing-window-s", type=float, default=rd.window_s,
                    help=f"history kept, in seconds (default: {rd.window_s:g}, 7 days)")
+    r.add_argument("--rightsizing-whole-gpu-min-intervals", type=int,
+                   default=rd.whole_gpu_min_intervals,
+                   help="a pod asking one whole GPU, of a workload in auto mode, is admitted "
+                        "as a share once its workload's history holds this many hourly peaks "
+                        f"(default: {rd.whole_gpu_min_intervals}: a day)")
+    r.add_argument("--rightsizing-oom-bump-fraction", type=float, default=rd.oom_bump_fraction,
+                   help="a workload one of whose replicas used more than its share (or whose "
+                        "right-sized container ran out of memory) is recommended at least "
+                        "1 + this times that use (default: "
+                        f"{rd.oom_bump_fraction:g}, VPA's 1.2)")
+    r.add_argument("--rightsizing-oom-cooloff-s", type=float, default=rd.oom_cooloff_s,
+                   help="... and its new pods are admitted as their template asks for this "
+                        f"long (default: {rd.oom_cooloff_s:g}, a day)")
     a = p.add_argument_group("acting")
     a.add_argument("--dry-run", action="store_true",
                    help="print the plan and what would be done; write nothing")
@@ -180,7 +198,7 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
         coverage=args.coverage, stale_intervals=args.stale_intervals,
         prometheus_interval_s=args.prometheus_interval_s, bind_timeout_s=args.bind_timeout_s,
         hint_ttl_s=args.hint_ttl_s, candidates_per_eviction=args.candidates_per_eviction,
-        min_gain_gpus=args.min_gain_gpus,
+        min_gain_gpus=args.min_gain_gpus, move_not_actionable=args.move_not_actionable,
         excluded_namespaces=_names(args.exclude_namespaces),
         namespaces=_names(args.namespaces),
         dry_run=args.dry_run,
@@ -188,7 +206,10 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
             percentile=args.rightsizing_percentile,
             headroom_fraction=args.rightsizing_headroom_fraction,
             headroom_mib=args.rightsizing_headroom_mib, min_mib=args.rightsizing_min_mib,
-            window_s=args.rightsizing_window_s),
+            window_s=args.rightsizing_window_s,
+            whole_gpu_min_intervals=args.rightsizing_whole_gpu_min_intervals,
+            oom_bump_fraction=args.rightsizing_oom_bump_fraction,
+            oom_cooloff_s=args.rightsizing_oom_cooloff_s),
         names=names_from_environ(),
     ).validate()
 
@@ -224,7 +245,7 @@ def _rightsizing_metrics(metrics: CycleMetrics, rightsizing: RightsizingReport) 
         for version, rec in published.recommendations.items():
             metrics.recommendation(namespace=w.namespace, kind=w.kind, workload=w.name,
                                    version=version, rec=rec)
-    metrics.rightsizing(by_mode, len(rightsizing.rightsized))
+    metrics.rightsizing(by_mode, len(rightsizing.rightsized), len(rightsizing.raised))
 
 
 def _gpu_nodes(state: ClusterState) -> int:
@@ -261,6 +282,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     rightsizing = publish(snapshot, WorkloadClient(client), config.rightsizing, config.names,
                           now, dry_run=config.dry_run)
     snapshot.rightsized = rightsizing.rightsized
+    snapshot.sizable = rightsizing.sizable
     for problem in rightsizing.problems:
         log.warning("right-sizing left a workload alone", problem=problem)
     for problem in problems:
@@ -280,7 +302,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     print(render(the_plan, snapshot.notes, dry_run=config.dry_run), flush=True)
 
     metrics = CycleMetrics(dry_run=config.dry_run)
-    metrics.planned(len(the_plan.moves), the_plan.seconds)
+    metrics.planned(len(the_plan.moves), the_plan.seconds, len(the_plan.not_actionable))
     _rightsizing_metrics(metrics, rightsizing)
     actions: ClusterActions = DryRunActions(log) if config.dry_run else kube
     report = Executor(actions, config, metrics, log=log).run(the_plan, snapshot, workload)

@@ -71,6 +71,9 @@ class DefragConfig:
     # A move is worth its eviction only if it gives back at least this many GPUs (the plan's
     # gain: fragmentation, whole GPUs freed, reserved-but-unused memory, pods unblocked).
     min_gain_gpus: float = 0.1
+    # Take pods from nodes whose idle memory no right-sizing reclaims (defrag.controller.
+    # actionable) too: their moves then only cut fragmentation and free whole GPUs.
+    move_not_actionable: bool = False
     excluded_namespaces: frozenset[str] = frozenset({"kube-system"})
     # When not empty, only pods in these namespaces may move.
     namespaces: frozenset[str] = frozenset()

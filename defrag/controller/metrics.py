@@ -91,13 +91,20 @@ class CycleMetrics:
             self._rs_workloads.labels(mode.value)
         self._rs_pods = Gauge(f"{RS_PREFIX}pods_rightsized",
                               "Replicas whose replacement gets a smaller share", registry=r)
+        self._rs_raised = Gauge(f"{RS_PREFIX}raised",
+                                "Workload versions the guard raised this cycle (a replica "
+                                "over its share or out of memory)", registry=r)
+        self._not_actionable = Gauge(f"{PREFIX}nodes_not_actionable",
+                                     "Nodes triggered on idle memory no right-sizing reclaims",
+                                     registry=r)
         self._cycle_s = Gauge(f"{PREFIX}cycle_seconds", "Wall time of the cycle", registry=r)
         self._plan_s = Gauge(f"{PREFIX}plan_seconds", "Time spent planning", registry=r)
         Gauge(f"{PREFIX}dry_run", "1 when nothing was written", registry=r).set(int(dry_run))
         self.counts: collections.Counter[str] = collections.Counter()
 
-    def planned(self, moves: int, seconds: float) -> None:
+    def planned(self, moves: int, seconds: float, not_actionable: int = 0) -> None:
         self._planned.set(moves)
+        self._not_actionable.set(not_actionable)
         self._plan_s.set(seconds)
         self.counts["planned"] = moves
 
@@ -133,10 +140,13 @@ class CycleMetrics:
         self._rs["recommended_milli"].labels(*labels).set(rec.milli)
         self._rs["peak_memory_bytes"].labels(*labels).set(rec.peak_mib * BYTES_PER_MIB)
 
-    def rightsizing(self, workloads_by_mode: dict[str, int], pods_rightsized: int) -> None:
+    def rightsizing(self, workloads_by_mode: dict[str, int], pods_rightsized: int,
+                    raised: int = 0) -> None:
         for mode, count in workloads_by_mode.items():
             self._rs_workloads.labels(mode).set(count)
         self._rs_pods.set(pods_rightsized)
+        self._rs_raised.set(raised)
+        self.counts["workloads raised by the guard"] = raised
         self.counts["recommendations published"] = sum(workloads_by_mode.values())
 
     def phase(self, phase: str, summary: Summary) -> None:

@@ -87,6 +87,9 @@ class PodInfo:
     scheduler_name: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     constraints: NodeConstraints = NodeConstraints()
+    # A container of this right-sized pod (it carries the webhook's change annotation) ended
+    # out of memory: the right-sizing guard raises its workload.
+    out_of_memory: bool = False
 
     @property
     def namespace(self) -> str:
@@ -182,6 +185,10 @@ class Snapshot:
     # Right-sizing: pod key -> the GPU share (milli) its replacement will be admitted with (its
     # workload is in ``auto`` mode and the recommendation is below what it reserves).
     rightsized: Mapping[str, int] = field(default_factory=dict)
+    # Right-sizing: pod key -> (its workload, as "Kind/namespace/name", and whether right-sizing
+    # may change what its replacements reserve: mode auto, one GPU). None: not known, and every
+    # node counts as actionable (defrag.controller.actionable).
+    sizable: Mapping[str, tuple[str, bool]] | None = None
     # The node agent's fresh readings by node (per pod, per GPU): what right-sizing learns from.
     readings: Mapping[str, NodeGpuUsage] = field(default_factory=dict)
 

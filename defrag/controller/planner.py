@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from defrag.controller.actionable import not_actionable
 from defrag.controller.budget import EvictionBudget
 from defrag.controller.config import DefragConfig
 from defrag.controller.measure import Summary, measure
@@ -62,6 +63,8 @@ FRAG_EPSILON_MILLI = 1.0
 NO_CONSTRAINTS = NodeConstraints()
 # Re-scoring after earlier moves may take at most this many times the first round's scoring.
 RESCORE_FACTOR = 3
+# The skip reason of every pod on a node whose idle memory right-sizing cannot reclaim.
+NOT_ACTIONABLE = "source node not actionable (its idle memory is not right-sizable)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,9 @@ class Plan:
     seconds: float = 0.0
     extra: Mapping[str, Any] = field(default_factory=dict)
     idle_nodes: frozenset[str] = frozenset()  # triggered on idle memory (hysteresis applied)
+    # Triggered on idle memory that right-sizing cannot reclaim: node -> the workloads holding
+    # it (defrag.controller.actionable); no pod is taken from these.
+    not_actionable: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -149,6 +155,7 @@ class Plan:
             "skipped": dict(sorted(self.skipped.items(), key=lambda kv: (-kv[1], kv[0]))),
             "before": self.before.as_dict(), "predicted_after": self.after.as_dict(),
             "unplaceable_pending": list(self.unplaceable), "scored": self.scored,
+            "not_actionable": {n: list(w) for n, w in sorted(self.not_actionable.items())},
             "seconds": round(self.seconds, 4),
         }
 
@@ -225,6 +232,7 @@ def plan(snapshot: Snapshot, policy: Policy, workload: TargetWorkload,
         scored=planner.scored,
         seconds=time.perf_counter() - started,
         idle_nodes=frozenset(state.names[r] for r in planner.triggers.idle),
+        not_actionable={state.names[r]: w for r, w in sorted(planner.not_actionable.items())},
     )
 
 
@@ -243,6 +251,9 @@ class _Planner:
             latched=snapshot.latched_rows(), threshold_off=config.off_threshold,
             streaks=snapshot.streak_rows(), on_cycles=config.trigger_on_cycles,
             off_cycles=config.trigger_off_cycles)
+        # Idle-only triggered nodes whose idle memory no replacement gives back: no source.
+        self.not_actionable = not_actionable(
+            snapshot, (r for r in self.triggers.idle if r not in self.triggers.blocking))
         n = self.state.size
         self.frag = self.measurement.frag_milli.copy()
         self.allowed = workload.allowed(self.state)
@@ -267,6 +278,9 @@ class _Planner:
         state, pods, config = self.state, self.snapshot.pods, self.config
         out: list[_Candidate] = []
         for row in self.triggers.rows:
+            if row in self.not_actionable and not config.move_not_actionable:
+                self.skipped[NOT_ACTIONABLE] += len(state.pods_on_node[row])
+                continue
             for key in state.pods_on_node[row]:
                 if key.startswith(HELD_SHARE_PREFIX):
                     continue  # a reservation's held share: capacity, not a pod to move
@@ -386,11 +400,12 @@ class _Planner:
 
     def replacement(self, key: str, pod: PodRequest) -> PodRequest:
         """The pod its replacement will be: the share the webhook admits it with. That is
-        usually smaller (right-sized), but may be larger than a right-sized pod holds now when
-        the recommendation rose since (never above what its template asks)."""
+        usually smaller (right-sized; for a pod holding one whole GPU, a share of one), but may
+        be larger than a right-sized pod holds now when the recommendation rose since (never
+        above what its template asks)."""
         milli = self.snapshot.rightsized.get(key, 0)
-        if pod.is_share and 0 < milli < MILLI_PER_GPU and milli != pod.gpu_milli:
-            return dataclasses.replace(pod, gpu_milli=milli)
+        if pod.num_gpu == 1 and 0 < milli < MILLI_PER_GPU and milli != pod.gpu_milli:
+            return dataclasses.replace(pod, gpu_milli=milli)  # a whole GPU may become a share
         return pod
 
     def _idle_delta(self, placement: Placement, src: int, dst: int,

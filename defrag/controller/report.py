@@ -50,6 +50,12 @@ def plan_table(plan: Plan, notes: Sequence[UsageNote] = (), *, dry_run: bool = F
         lines.append("  not moved:")
         ranked = sorted(plan.skipped.items(), key=lambda kv: (-kv[1], kv[0]))
         lines += [f"    {n:>6}  {reason}" for reason, n in ranked[:MAX_SKIP_LINES]]
+    if plan.not_actionable:
+        lines.append(f"  not actionable ({len(plan.not_actionable)} triggered on idle memory "
+                     "that no right-sizing reclaims; set these workloads to auto):")
+        for node, workloads in list(sorted(plan.not_actionable.items()))[:MAX_SKIP_LINES]:
+            shown = ", ".join(workloads[:3]) + (" ..." if len(workloads) > 3 else "")
+            lines.append(f"    {node}: {shown}")
     if plan.unplaceable:
         shown = ", ".join(plan.unplaceable[:5]) + (" ..." if len(plan.unplaceable) > 5 else "")
         lines.append(f"  pending GPU pods that fit nowhere now: {len(plan.unplaceable)} "
@@ -83,6 +89,8 @@ def result_json(report: CycleReport, counts: dict[str, int], *, dry_run: bool,
             "published": [p.as_dict() for p in rightsizing.published],
             "rightsized": dict(sorted(rightsizing.rightsized.items())),
             "skipped": dict(sorted(rightsizing.skipped.items())),
+            "raised": [{"workload": w, "model_version": v, "used_mib": u, "floor_mib": f}
+                       for w, v, u, f in rightsizing.raised],
             "problems": rightsizing.problems},
     }
     return orjson.dumps(doc).decode()
@@ -99,5 +107,8 @@ def rightsizing_lines(report: RightsizingReport, *, dry_run: bool = False) -> li
             lines.append(f"  {p.workload.text[:48]:<48} {version[:12]:<12} {p.mode.value:<9} "
                          f"{r.memory_mib:>7} MiB {r.milli:>5}m (peak {r.peak_mib} MiB, "
                          f"{r.samples} samples)")
+    lines += [f"  raised: {text} {version}: a replica used {used} MiB past its share; at least "
+              f"{floor} MiB from now on, new pods admitted as asked for the cool-off"
+              for text, version, used, floor in report.raised[:MAX_SKIP_LINES]]
     lines += [f"  left alone: {problem}" for problem in report.problems[:MAX_SKIP_LINES]]
     return lines

@@ -10,8 +10,10 @@ it changed (a merge patch of that one key; never in a dry run). The webhook
 
 A workload whose mode (``names.annotation_rightsizing_mode``) is ``off`` keeps no recommendation;
 one in ``auto`` has its pods' replacements admitted at
-:func:`~defrag.rightsizing.recommender.admitted_milli`, so the planner is told that share
-(``Snapshot.rightsized``) and can plan the move that gives the difference back. A workload whose
+:func:`~defrag.rightsizing.recommender.replacement_milli` (a pod asking one whole GPU too,
+once the history allows it), so the
+planner is told that share (``Snapshot.rightsized``) and can plan the move that gives the
+difference back. A workload whose
 lookup or patch fails is reported and left alone: publishing is advice and never stops a cycle.
 """
 
@@ -28,16 +30,17 @@ from defrag.rightsizing.recommender import (
     PodSample,
     Recommendation,
     RightsizingConfig,
-    admitted_milli,
     lookup,
     parse_mode,
     pod_samples,
+    replacement_milli,
     update,
     version_key,
 )
 from defrag.rightsizing.workloads import Workload
 from gpufrag.conventions import KubeNames
 from gpufrag.errors import BadInput
+from scheduler.kube.convert import milli_memory_mib
 
 
 class Workloads(Protocol):
@@ -46,6 +49,12 @@ class Workloads(Protocol):
     def resolve(self, namespace: str, owner_references: Any) -> Workload | None: ...
 
     def patch_annotation(self, workload: Workload, key: str, value: str) -> None: ...
+
+    def event(self, workload: Workload, reason: str, message: str) -> None: ...
+
+
+# The Warning Event on a workload whose share the guard raised.
+EVENT_REASON_RAISED = "GPUShareRaised"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +76,12 @@ class Published:
 class RightsizingReport:
     published: list[Published] = field(default_factory=list)
     rightsized: dict[str, int] = field(default_factory=dict)  # pod key -> admitted milli
+    # Pod key -> (workload, may right-sizing change it): every sampled pod (Snapshot.sizable).
+    sizable: dict[str, tuple[str, bool]] = field(default_factory=dict)
     skipped: Counter[str] = field(default_factory=Counter)  # reason -> pods
     problems: list[str] = field(default_factory=list)
+    # The guard's raises: (workload, model version, MiB used past the share, new floor MiB).
+    raised: list[tuple[str, str, int, int]] = field(default_factory=list)
 
 
 def _owner_refs(info: PodInfo) -> list[dict[str, Any]]:
@@ -82,13 +95,15 @@ def publish(snapshot: Snapshot, workloads: Workloads, config: RightsizingConfig,
     report = RightsizingReport()
     by_uid = {info.uid: info for info in snapshot.pods.values() if info.uid}
     resolved: dict[tuple[str, str], Workload | None] = {}
-    groups: dict[str, tuple[Workload, dict[str, list[PodSample]], list[PodInfo]]] = {}
+    groups: dict[str, _Group] = {}
     for reading in snapshot.readings.values():
         for sample in pod_samples(reading):
             info = by_uid.get(sample.uid)
             if info is None:
                 report.skipped["not a running pod the cycle read"] += 1
                 continue
+            report.sizable[info.key] = (f"{info.owner_kind or 'bare pod'}/{info.namespace}/"
+                                        f"{info.owner_name or info.name}", False)
             if not info.owner_uid:
                 report.skipped["bare pod"] += 1
                 continue
@@ -105,21 +120,32 @@ def publish(snapshot: Snapshot, workloads: Workloads, config: RightsizingConfig,
                 report.skipped["no supported controller"] += 1
                 continue
             version = version_key(info.labels.get(names.label_model_version))
-            _, samples, infos = groups.setdefault(workload.uid, (workload, {}, []))
-            samples.setdefault(version, []).append(sample)
-            infos.append(info)
-    for workload, samples, infos in sorted(groups.values(), key=lambda g: g[0].text):
+            group = groups.setdefault(workload.uid, _Group(workload))
+            group.samples.setdefault(version, []).append(sample)
+            group.infos.append(info)
+            over = overrun_mib(info, sample)
+            if over:
+                group.overruns[version] = max(group.overruns.get(version, 0), over)
+    for group in sorted(groups.values(), key=lambda g: g.workload.text):
+        workload, samples, infos = group.workload, group.samples, group.infos
         try:
             mode = parse_mode(workload.annotations.get(names.annotation_rightsizing_mode))
         except BadInput as e:
             report.problems.append(f"{workload.text}: {e}")
             report.skipped["bad mode annotation"] += len(infos)
+            for info in infos:
+                report.sizable[info.key] = (f"{workload.text} (bad mode)", False)
             continue
+        for info in infos:
+            multi = ", multi-GPU" if info.request.num_gpu > 1 else ""
+            report.sizable[info.key] = (f"{workload.text} (mode {mode.value}{multi})",
+                                        mode is Mode.AUTO and info.request.num_gpu == 1)
         if mode is Mode.OFF:
             report.skipped["mode off"] += len(infos)
             continue
         old = workload.annotations.get(names.annotation_gpu_recommendation)
-        text, recs = update(old, samples, now, config)
+        overruns = group.overruns if mode is Mode.AUTO else {}
+        text, recs = update(old, samples, now, config, overruns)
         written = text != old
         if written and not dry_run:
             try:
@@ -129,17 +155,59 @@ def publish(snapshot: Snapshot, workloads: Workloads, config: RightsizingConfig,
                                        f"{names.annotation_gpu_recommendation} failed: {e}")
                 continue
         report.published.append(Published(workload, mode, recs, written))
+        for version, used in sorted(overruns.items()):
+            _raise(report, workloads, workload, version, used, recs.get(version), names,
+                   dry_run=dry_run)
         if mode is not Mode.AUTO:
             continue
         for info in infos:
             rec = lookup(recs, info.labels.get(names.label_model_version))
-            asked = info.request.gpu_milli
-            if rec is None or not info.request.is_share:
-                continue
-            milli = admitted_milli(rec, asked)
-            if milli < asked:
+            milli = None if rec is None else replacement_milli(rec, info.request.num_gpu,
+                                                               info.request.gpu_milli, now)
+            if milli is not None and milli < info.request.gpu_milli:
                 report.rightsized[info.key] = milli
     return report
 
 
-__all__ = ["Published", "RightsizingReport", "Workloads", "publish"]
+@dataclass
+class _Group:
+    """One workload's pods this cycle: samples and overruns per model version."""
+
+    workload: Workload
+    samples: dict[str, list[PodSample]] = field(default_factory=dict)
+    infos: list[PodInfo] = field(default_factory=list)
+    overruns: dict[str, int] = field(default_factory=dict)
+
+
+def overrun_mib(info: PodInfo, sample: PodSample) -> int:
+    """What a share pod used past its share in this reading (its use; its share itself when a
+    container of the right-sized pod ran out of memory), or 0 when within it. Whole and
+    multi-GPU pods have nothing to overrun."""
+    req = info.request
+    if not req.is_share:
+        return 0
+    share = milli_memory_mib(req.gpu_milli, sample.gpu_memory_mib)
+    if sample.memory_used_mib > share:
+        return sample.memory_used_mib
+    return share if info.out_of_memory else 0
+
+
+def _raise(report: RightsizingReport, workloads: Workloads, workload: Workload, version: str,
+           used_mib: int, rec: Recommendation | None, names: KubeNames, *,
+           dry_run: bool) -> None:
+    """Report one raise, and (not in a dry run) tell the workload's owners with an Event."""
+    floor = rec.raised_mib if rec is not None else 0
+    message = (f"a replica (model version {version}) used {used_mib} MiB of GPU memory past "
+               f"its share; recommendation raised to at least {floor} MiB, new pods admitted "
+               "as their template asks until the cool-off ends")
+    report.raised.append((workload.text, version, used_mib, floor))
+    if dry_run:
+        return
+    try:
+        workloads.event(workload, EVENT_REASON_RAISED, message)
+    except Exception as e:  # advice, like the annotation: never stops the cycle
+        report.problems.append(f"{workload.text}: recording the {EVENT_REASON_RAISED} Event "
+                               f"failed: {e}")
+
+
+__all__ = ["Published", "RightsizingReport", "Workloads", "overrun_mib", "publish"]

@@ -170,7 +170,23 @@ def pod_info(obj: Obj, request: PodRequest, names: KubeNames = DEFAULT_NAMES) ->
         running=isinstance(status, Mapping) and status.get("phase") == "Running",
         deleting=bool(meta.get("deletionTimestamp")),
         scheduler_name=str(spec.get("schedulerName") or ""),
-        labels=labels_of(obj), constraints=constraints_of(obj))
+        labels=labels_of(obj), constraints=constraints_of(obj),
+        out_of_memory=(names.annotation_rightsizing_change in annotations_of(obj)
+                       and _ran_out_of_memory(status)))
+
+
+def _ran_out_of_memory(status: object) -> bool:
+    """A container's current or last state ended with reason OOMKilled (the kubelet's)."""
+    if not isinstance(status, Mapping):
+        return False
+    for container in status.get("containerStatuses") or ():
+        if not isinstance(container, Mapping):
+            continue
+        for state in ("state", "lastState"):
+            ended = (container.get(state) or {}).get("terminated") or {}
+            if isinstance(ended, Mapping) and ended.get("reason") == "OOMKilled":
+                return True
+    return False
 
 
 def _usage_by_node(nodes: Iterable[Obj], source: UsageSource, notes: list[UsageNote],

@@ -23,6 +23,19 @@ How a recommendation is made (the Vertical Pod Autoscaler's memory recommender, 
    target as thousandths of the smallest GPU the workload was seen on (rounded up), so a
    replica placed on that GPU gets at least the target. ``peak_mib`` is the largest use seen in
    the window: the webhook never sets a share below it.
+4. **Whole GPUs.** A single-GPU pod that asks one whole GPU may be admitted as a share of it
+   (``whole_gpu``) only once the history holds ``whole_gpu_min_intervals`` intervals with
+   readings (24: a day of hourly peaks, so a daily cycle has been seen): a share is then a
+   bet on a longer record than a share shrunk from a share, which was already sized by hand.
+   Multi-GPU pods are never shares. The decision is made here, once, and published with the
+   recommendation, so the webhook, the controller's planner and the what-if read one answer.
+5. **The guard against running out** (:class:`Raise`). A share can be too small. When a
+   replica is seen above its share (the agent's reading over what it reserves) or a container
+   of a right-sized pod ends out of memory, the controller raises the workload: the target
+   becomes at least ``(1 + oom_bump_fraction)`` (1.2, VPA's rule) times the use that overran
+   (``raised_mib``, kept for the window), and for ``oom_cooloff_s`` (a day, ``hold_until``)
+   its new pods are admitted exactly as their template asks: whole GPUs stay whole, shares are
+   not shrunk.
 
 The annotation ``gpufrag.io/gpu-recommendation`` on the workload's controller carries, per model
 version (``"*"`` for pods without one), the recommendation and the history it came from, so
@@ -88,6 +101,9 @@ class RightsizingConfig:
     max_mib: int = 0  # 0: bounded only by the GPU's memory
     window_s: float = 7 * 86400.0
     interval_s: float = 3600.0
+    whole_gpu_min_intervals: int = 24
+    oom_bump_fraction: float = 0.2
+    oom_cooloff_s: float = 86400.0
 
     def problems(self) -> list[tuple[str, str]]:
         found: list[tuple[str, str]] = []
@@ -104,6 +120,13 @@ class RightsizingConfig:
             found.append(("interval_s", f"{self.interval_s!r} must be > 0"))
         if not self.window_s >= self.interval_s:
             found.append(("window_s", f"{self.window_s!r} must be >= interval_s"))
+        if not 0.0 <= self.oom_bump_fraction <= 10.0:
+            found.append(("oom_bump_fraction", f"{self.oom_bump_fraction!r} must be in 0..10"))
+        if not 0.0 <= self.oom_cooloff_s <= 365 * 86400.0:
+            found.append(("oom_cooloff_s", f"{self.oom_cooloff_s!r} must be in 0..31536000"))
+        if self.whole_gpu_min_intervals < 1:
+            found.append(("whole_gpu_min_intervals",
+                          f"{self.whole_gpu_min_intervals!r} must be >= 1"))
         return found
 
     def validated(self) -> RightsizingConfig:
@@ -188,12 +211,48 @@ class Recommendation:
     intervals: int
     computed_at: float
     history: tuple[IntervalPeak, ...] = ()
+    # A pod asking one whole GPU may be admitted as this share (enough history; see step 4).
+    # Absent in older annotations: read as False, so they never turn a whole GPU into a share.
+    whole_gpu: bool = False
+    # The guard (step 5): the floor an overrun set and when, and until when new pods are
+    # admitted as asked. 0 in older annotations: never raised.
+    raised_mib: int = 0
+    raised_at: float = 0.0
+    hold_until: float = 0.0
+
+    def held(self, now: float) -> bool:
+        """New pods are admitted as their template asks (a cool-off after an overrun)."""
+        return now < self.hold_until
 
     def why(self) -> str:
+        raised = (f"; raised to at least {self.raised_mib} MiB after an overrun"
+                  if self.raised_mib else "")
         return (f"percentile {self.percentile_mib} MiB + headroom = {self.memory_mib} MiB "
                 f"({self.milli} milli of a {self.gpu_memory_mib} MiB GPU); peak "
                 f"{self.peak_mib} MiB over {self.intervals} interval(s), {self.samples} "
-                f"sample(s)")
+                f"sample(s){raised}")
+
+
+@dataclass(frozen=True, slots=True)
+class Raise:
+    """What the guard carries between cycles for one workload and version (step 5)."""
+
+    raised_mib: int = 0
+    raised_at: float = 0.0
+    hold_until: float = 0.0
+
+    @classmethod
+    def of(cls, rec: Recommendation | None) -> Raise:
+        return cls() if rec is None else cls(rec.raised_mib, rec.raised_at, rec.hold_until)
+
+    def after_overrun(self, used_mib: int, now: float, config: RightsizingConfig) -> Raise:
+        """This guard once a replica used ``used_mib`` past its share (or ran out) at ``now``."""
+        floor = math.ceil(used_mib * (1.0 + config.oom_bump_fraction))
+        return Raise(max(self.current(now, config), floor), now, now + config.oom_cooloff_s)
+
+    def current(self, now: float, config: RightsizingConfig) -> int:
+        """The floor still in force: a raise is kept for the window, like the history."""
+        return self.raised_mib if self.raised_at + config.window_s > now else 0
 
 
 def percentile(values: list[int], q: float) -> int:
@@ -211,16 +270,19 @@ def milli_for(memory_mib: int, gpu_memory_mib: int) -> int:
     return min(max(math.ceil(memory_mib * MILLI_PER_GPU / gpu_memory_mib), 1), MILLI_PER_GPU)
 
 
-def recommend(history: WorkloadHistory, config: RightsizingConfig,
-              now: float) -> Recommendation | None:
-    """The recommendation for ``history`` at ``now``, or None with no sample in the window."""
+def recommend(history: WorkloadHistory, config: RightsizingConfig, now: float,
+              guard: Raise | None = None) -> Recommendation | None:
+    """The recommendation for ``history`` at ``now`` (at least what ``guard`` raised it to),
+    or None with no sample in the window."""
     peaks = WorkloadHistory.within(history.intervals, now, config)
     if not peaks:
         return None
     values = [p.peak_mib for p in peaks]
     base = percentile(values, config.percentile)
     target = math.ceil(base * (1.0 + config.headroom_fraction)) + config.headroom_mib
-    target = max(target, config.min_mib)
+    guard = guard or Raise()
+    floor = guard.current(now, config)
+    target = max(target, config.min_mib, floor)
     if config.max_mib:
         target = min(target, config.max_mib)
     if history.gpu_memory_mib > 0:
@@ -229,7 +291,9 @@ def recommend(history: WorkloadHistory, config: RightsizingConfig,
         memory_mib=target, milli=milli_for(target, history.gpu_memory_mib),
         peak_mib=max(values), percentile_mib=base, gpu_memory_mib=history.gpu_memory_mib,
         samples=sum(p.samples for p in peaks), intervals=len(peaks), computed_at=now,
-        history=peaks)
+        history=peaks, whole_gpu=len(peaks) >= config.whole_gpu_min_intervals,
+        raised_mib=floor, raised_at=guard.raised_at if floor else 0.0,
+        hold_until=guard.hold_until)
 
 
 # --------------------------------------------------------------- the controller's annotation
@@ -292,6 +356,10 @@ def _parse_one(item: Any, path: str, source: str) -> Recommendation:
             or not math.isfinite(computed_at):
         raise BadInput(f"expected unix seconds, got {computed_at!r}", source=source,
                        field=f"{path}.computed_at")
+    whole_gpu = item.get("whole_gpu", False)
+    if not isinstance(whole_gpu, bool):
+        raise BadInput(f"expected true or false, got {whole_gpu!r}", source=source,
+                       field=f"{path}.whole_gpu")
     history = []
     raw = item.get("history", [])
     if not isinstance(raw, list):
@@ -305,16 +373,33 @@ def _parse_one(item: Any, path: str, source: str) -> Recommendation:
             raise BadInput(f"expected [start_s, peak_mib, samples], got {entry!r}",
                            source=source, field=f"{path}.history[{i}]")
         history.append(IntervalPeak(float(entry[0]), entry[1], entry[2]))
+    raised_mib = item.get("raised_mib", 0)
+    if not isinstance(raised_mib, int) or isinstance(raised_mib, bool) or raised_mib < 0:
+        raise BadInput(f"expected an integer >= 0, got {raised_mib!r}", source=source,
+                       field=f"{path}.raised_mib")
+    times: dict[str, float] = {}
+    for name in ("raised_at", "hold_until"):
+        value = item.get(name, 0.0)
+        if not isinstance(value, int | float) or isinstance(value, bool) \
+                or not math.isfinite(value) or value < 0:
+            raise BadInput(f"expected unix seconds, got {value!r}", source=source,
+                           field=f"{path}.{name}")
+        times[name] = float(value)
     return Recommendation(**values, computed_at=float(computed_at),
-                          history=tuple(sorted(history, key=lambda p: p.start_s)))
+                          history=tuple(sorted(history, key=lambda p: p.start_s)),
+                          whole_gpu=whole_gpu, raised_mib=raised_mib,
+                          raised_at=times["raised_at"], hold_until=times["hold_until"])
 
 
 def update(text: str | None, samples_by_version: Mapping[str, list[PodSample]], now: float,
-           config: RightsizingConfig) -> tuple[str, dict[str, Recommendation]]:
+           config: RightsizingConfig, overruns: Mapping[str, int] | None = None
+           ) -> tuple[str, dict[str, Recommendation]]:
     """Fold new samples into a controller's annotation (None or unreadable = start afresh).
 
-    Returns the new annotation value and the recommendations in it. A version whose samples
-    all fell out of the window is dropped.
+    ``overruns``: per version, the most a replica used past its share (or ran out with) since
+    the last cycle: the guard raises that version (step 5). Returns the new annotation value
+    and the recommendations in it. A version whose samples all fell out of the window is
+    dropped.
     """
     try:
         old = parse(text) if text else {}
@@ -326,7 +411,10 @@ def update(text: str | None, samples_by_version: Mapping[str, list[PodSample]], 
         history = (WorkloadHistory(prev.history, prev.gpu_memory_mib) if prev is not None
                    else WorkloadHistory())
         history = history.add(samples_by_version.get(key, ()), now, config)
-        rec = recommend(history, config, now)
+        guard = Raise.of(prev)
+        if overruns and key in overruns:
+            guard = guard.after_overrun(overruns[key], now, config)
+        rec = recommend(history, config, now, guard)
         if rec is not None:
             result[key] = rec
     return encode(result), result
@@ -340,8 +428,33 @@ def admitted_milli(recommendation: Recommendation, asked_milli: int) -> int:
     return min(asked_milli, max(recommendation.milli, floor))
 
 
+def whole_gpu_share(recommendation: Recommendation) -> int | None:
+    """The share (milli) a pod asking one whole GPU is admitted with in ``auto`` mode, or None
+    when it stays whole: too little history (``whole_gpu``), or a share that gives nothing
+    back (the recommendation or the peak fills the GPU)."""
+    if not recommendation.whole_gpu:
+        return None
+    milli = admitted_milli(recommendation, MILLI_PER_GPU)
+    return milli if milli < MILLI_PER_GPU else None
+
+
 def lookup(recommendations: Mapping[str, Recommendation],
            model_version: str | None) -> Recommendation | None:
     """The recommendation for a pod of ``model_version`` (its own, else the unversioned one)."""
     return recommendations.get(version_key(model_version)) or recommendations.get(ANY_VERSION)
 
+
+
+def replacement_milli(recommendation: Recommendation, num_gpu: int, gpu_milli: int,
+                      now: float) -> int | None:
+    """The share a new pod asking ``num_gpu`` x ``gpu_milli`` is admitted with in ``auto``
+    mode at ``now``, or None when right-sizing leaves it as asked (multi-GPU; one whole GPU
+    the history does not yet allow to share; the guard's cool-off). The webhook applies it;
+    the defrag planner plans with it."""
+    if recommendation.held(now):
+        return None
+    if num_gpu == 1 and gpu_milli < MILLI_PER_GPU:
+        return admitted_milli(recommendation, gpu_milli)
+    if num_gpu == 1:
+        return whole_gpu_share(recommendation)
+    return None

@@ -6,13 +6,16 @@ survives its rollouts; the ReplicaSet of each revision is new). Supported kinds:
 ReplicaSet, StatefulSet, DaemonSet, Job. A bare pod, or one whose owner is another kind, has no
 workload here: right-sizing leaves it alone.
 
-The defrag controller resolves pods and patches the recommendation annotation
-(:meth:`WorkloadClient.patch_annotation`: a merge patch of one key); the admission webhook only
-reads. RBAC: ``get`` on those kinds, ``patch`` for the controller.
+The defrag controller resolves pods, patches the recommendation annotation
+(:meth:`WorkloadClient.patch_annotation`: a merge patch of one key) and records a Warning Event
+on a workload the right-sizing guard raised (:meth:`WorkloadClient.event`); the admission
+webhook only reads. RBAC: ``get`` on those kinds; ``patch`` on them and ``create`` on events for
+the controller.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,9 +58,12 @@ def controller_ref(owner_references: Any) -> OwnerRef | None:
 class WorkloadClient:
     """Reads controllers (and patches the recommender's annotation) with one ApiClient."""
 
-    def __init__(self, api_client: Any, *, timeout_s: float = 5.0) -> None:
+    def __init__(self, api_client: Any, *, timeout_s: float = 5.0,
+                 component: str = "gpufrag-defrag") -> None:
         self._apps = kubernetes.client.AppsV1Api(api_client)
         self._batch = kubernetes.client.BatchV1Api(api_client)
+        self._core = kubernetes.client.CoreV1Api(api_client)
+        self._component = component
         self._timeout_s = timeout_s
 
     def _api(self, kind: str) -> tuple[Any, str]:
@@ -99,4 +105,20 @@ class WorkloadClient:
         api, suffix = self._api(workload.kind)
         getattr(api, f"patch_namespaced_{suffix}")(
             workload.name, workload.namespace, {"metadata": {"annotations": {key: value}}},
+            _request_timeout=self._timeout_s)
+
+    def event(self, workload: Workload, reason: str, message: str) -> None:
+        """A Warning Event on the workload's controller (``kubectl describe`` shows it)."""
+        at = datetime.datetime.now(datetime.UTC)
+        models = kubernetes.client
+        self._core.create_namespaced_event(workload.namespace, models.CoreV1Event(
+            metadata=models.V1ObjectMeta(generate_name=f"{workload.name}.",
+                                         namespace=workload.namespace),
+            involved_object=models.V1ObjectReference(
+                api_version="batch/v1" if workload.kind == "Job" else "apps/v1",
+                kind=workload.kind, namespace=workload.namespace, name=workload.name,
+                uid=workload.uid),
+            reason=reason, message=message, type="Warning", count=1, first_timestamp=at,
+            last_timestamp=at, source=models.V1EventSource(component=self._component),
+            reporting_component=self._component, reporting_instance=self._component),
             _request_timeout=self._timeout_s)

@@ -525,7 +525,10 @@ class Demo:
                    str(self.plane.kubeconfig_path), "--namespaces", self.namespace,
                    "--max-evictions-total", "8",
                    "--max-evictions-per-node", "2", "--max-evictions-per-namespace", "8",
-                   "--bind-timeout-s", str(int(WAIT_S))]
+                   "--bind-timeout-s", str(int(WAIT_S)),
+                   # The demo's workloads keep the default right-sizing mode (recommend): no
+                   # replacement reserves less, so only consolidating moves are on offer.
+                   "--move-not-actionable"]
         log_path = self.logs_dir / "defrag.log"
         plan_path = self.logs_dir / "defrag-plan.txt"
         env = {**os.environ, "GPUFRAG_LOG_FORMAT": "json"}

@@ -1,15 +1,13 @@
 """The right-sizing webhook registered with the real API server.
 
-The webhook runs in this process on 127.0.0.1 with a serving certificate signed by a CA made
-here with openssl; a MutatingWebhookConfiguration (failurePolicy Ignore, scoped to the test's
-namespace) points the API server at it with that CA bundle. Deployments carry a recommendation
+The webhook runs in this process on 127.0.0.1, registered for the test's namespace
+(tests/webhooks.py). Deployments carry a recommendation
 (as the defrag controller publishes it) and a mode; the controller-manager creates their pods,
 and the API server sends each creation through the webhook.
 """
 
 from __future__ import annotations
 
-import base64
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,11 +18,9 @@ import orjson
 import pytest
 
 from defrag.admission.server import AdmissionServer
-from defrag.rightsizing.recommender import PodSample, RightsizingConfig, update
-from defrag.rightsizing.workloads import WorkloadClient
 from devkit.controlplane import ControlPlane
 from gpufrag.conventions import DEFAULT_NAMES as NAMES
-from tests.defrag.admission.certs import make_serving_cert
+from tests.webhooks import recommendation, registered_webhook
 
 ASKED_MILLI = 500
 GPU_MIB = 81920
@@ -35,55 +31,12 @@ NOW = time.time()
 @pytest.fixture
 def webhook(control_plane: ControlPlane, namespace: str, tmp_path: Path
             ) -> Iterator[AdmissionServer]:
-    ca, cert, key = make_serving_cert(tmp_path / "pki")
-    client = WorkloadClient(control_plane.new_api_client(), timeout_s=2.0)
-    server = AdmissionServer(("127.0.0.1", 0), resolve=client.resolve, names=NAMES,
-                             cert_file=str(cert), key_file=str(key)).start()
-    api = kubernetes.client.AdmissionregistrationV1Api(control_plane.api_client())
-    name = f"gpufrag-rightsizing-{namespace}"
-    api.create_mutating_webhook_configuration({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": "rightsizing.gpufrag.io",
-            "clientConfig": {"url": f"https://127.0.0.1:{server.port}/mutate",
-                             "caBundle": base64.b64encode(ca.read_bytes()).decode()},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"], "scope": "Namespaced"}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            "failurePolicy": "Ignore", "sideEffects": "None", "timeoutSeconds": 5,
-            "reinvocationPolicy": "Never", "admissionReviewVersions": ["v1"]}]})
-    try:
-        _wait_until_called(control_plane, namespace, server)
+    with registered_webhook(control_plane, namespace, tmp_path / "pki") as server:
         yield server
-    finally:
-        api.delete_mutating_webhook_configuration(name)
-        server.stop()
-
-
-def _wait_until_called(control_plane: ControlPlane, namespace: str,
-                       server: AdmissionServer) -> None:
-    """The API server picks up a new webhook configuration within about a second: dry-run a
-    bare pod until the webhook has seen one."""
-    core = kubernetes.client.CoreV1Api(control_plane.api_client())
-    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
-             "spec": {"containers": [{"name": "c", "image": "pause"}]}}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        core.create_namespaced_pod(namespace, probe, dry_run="All")
-        if server.metrics.registry.get_sample_value(
-                "gpufrag_admission_skips_total", {"reason": "bare_pod"}):
-            return
-        time.sleep(0.2)
-    pytest.fail("the API server never called the webhook")
 
 
 def _recommendation() -> str:
-    sample = PodSample(namespace="x", name="x", uid="x", memory_used_mib=PEAK_MIB,
-                       gpu_memory_mib=GPU_MIB, timestamp=NOW)
-    text, _ = update(None, {"*": [sample]}, NOW,
-                     RightsizingConfig(headroom_fraction=0.0, headroom_mib=0, min_mib=0))
-    return text
+    return recommendation(PEAK_MIB, GPU_MIB, hours=1, now=NOW)
 
 
 def _deployment(name: str, mode: str | None) -> dict[str, Any]:
@@ -145,3 +98,36 @@ def test_webhook_rewrites_auto_pods_and_replacements_and_leaves_off_and_recommen
     assert skipped("gpufrag_admission_skips_total", {"reason": "mode_off"}) == 1
     assert skipped("gpufrag_admission_skips_total", {"reason": "mode_recommend"}) == 2
     assert skipped("gpufrag_admission_reviews_total", {"result": "mutated"}) == 2
+
+
+def _whole_gpu_deployment(name: str, mode: str, history_h: int) -> dict[str, Any]:
+    doc = _deployment(name, mode)
+    annotations = doc["metadata"]["annotations"]
+    annotations[NAMES.annotation_gpu_recommendation] = recommendation(
+        PEAK_MIB, GPU_MIB, hours=history_h, now=NOW)
+    whole = {NAMES.gpu: "1"}  # as users write it: the API server copies it into requests
+    doc["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": whole}
+    return doc
+
+
+def test_whole_gpu_pods_become_shares_in_auto_mode_after_a_day_of_history(
+        control_plane: ControlPlane, namespace: str, webhook: AdmissionServer) -> None:
+    apps = kubernetes.client.AppsV1Api(control_plane.api_client())
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    for name, mode, hours in (("whole-auto", "auto", 24), ("whole-young", "auto", 6),
+                              ("whole-recommend", "recommend", 24)):
+        apps.create_namespaced_deployment(namespace, _whole_gpu_deployment(name, mode, hours))
+
+    (shared,) = _pods(core, namespace, "whole-auto")
+    resources = shared.spec.containers[0].resources
+    assert NAMES.gpu not in resources.requests and NAMES.gpu not in resources.limits
+    assert _milli(shared) == ("100", "100")  # 8,192 MiB of an 80 GiB GPU
+    record = orjson.loads(shared.metadata.annotations[NAMES.annotation_rightsizing_change])
+    assert record["replaced"] == {NAMES.gpu: "1"} and record["memory_mib"] == PEAK_MIB
+    for app in ("whole-young", "whole-recommend"):
+        (pod,) = _pods(core, namespace, app)
+        resources = pod.spec.containers[0].resources
+        assert (resources.requests[NAMES.gpu], resources.limits[NAMES.gpu]) == ("1", "1"), app
+        assert NAMES.gpu_milli not in resources.limits, app
+    skipped = webhook.metrics.registry.get_sample_value
+    assert skipped("gpufrag_admission_skips_total", {"reason": "whole_gpu_kept"}) == 1

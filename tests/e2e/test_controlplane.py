@@ -145,11 +145,12 @@ def test_fake_gpu_node_has_gpu_resources_labels_and_is_ready(
     node = core.read_node(GPU_NODE)
     assert node.status is not None and node.metadata is not None and node.spec is not None
     # Compared as quantities: the API server canonicalises them ("4000" is stored as "4k").
-    expected = {RESOURCE_GPU: 4, RESOURCE_GPU_MILLI: 4000, RESOURCE_GPU_MEMORY_MIB: 4 * 81920,
-                "cpu": 64, "pods": 110}
+    expected = {RESOURCE_GPU: 4, RESOURCE_GPU_MILLI: 4000, "cpu": 64, "pods": 110}
     for resources in (node.status.allocatable, node.status.capacity):
         assert resources is not None
         assert {k: parse_quantity(resources[k]) for k in expected} == expected
+        # As on a real node: no device plugin advertises GPU memory.
+        assert RESOURCE_GPU_MEMORY_MIB not in resources
     labels = node.metadata.labels or {}
     assert (labels[LABEL_GPU_PRODUCT], labels[LABEL_GPU_MEMORY_MIB], labels[LABEL_GPU_COUNT],
             labels["smoke"]) == (A100, "81920", "4", "true")

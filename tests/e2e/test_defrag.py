@@ -289,12 +289,16 @@ def cluster(control_plane: ControlPlane, binder: Binder) -> Iterator[Cluster]:
                 core.delete_node(name)
 
 
-def run_defrag(cluster: Cluster, *extra: str, capsys: pytest.CaptureFixture[str]
-               ) -> tuple[int, dict[str, Any], dict[str, Any]]:
+def run_defrag(cluster: Cluster, *extra: str, capsys: pytest.CaptureFixture[str],
+               move_not_actionable: bool = True) -> tuple[int, dict[str, Any], dict[str, Any]]:
+    """One cycle, its JSON plan and result. The scenario's workloads are in the default mode
+    (recommend): no right-sizing can reclaim their idle memory, so the cycle moves them only
+    with --move-not-actionable (consolidating, as a descheduler would)."""
+    flags = ["--move-not-actionable"] if move_not_actionable else []
     code = gpufrag(["defrag", "--kubeconfig", str(cluster.plane.kubeconfig_path),
                     "--namespaces", cluster.namespace, "--output", "json",
                     "--max-evictions-total", "3", "--max-evictions-per-node", "2",
-                    "--bind-timeout-s", str(int(WAIT_S)), *extra])
+                    "--bind-timeout-s", str(int(WAIT_S)), *flags, *extra])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()
              if line.startswith("{")]
     plan = next(d for d in lines if d["kind"] == "plan")
@@ -484,9 +488,17 @@ def test_dry_run_changes_nothing(cluster: Cluster, capsys: pytest.CaptureFixture
     assert len(plan["moves"]) >= 2
     assert all(m["outcome"] == "landed" for m in result["moves"])  # as planned, in the model
     assert gpufrag(["defrag", "--kubeconfig", str(cluster.plane.kubeconfig_path),
-                    "--namespaces", cluster.namespace, "--dry-run"]) == 0
+                    "--namespaces", cluster.namespace, "--dry-run",
+                    "--move-not-actionable"]) == 0
     table = capsys.readouterr().out
     assert "defrag plan (dry run):" in table and "defrag cycle summary (dry run" in table
+    # By default the V100 nodes are not actionable: their idle memory is the recommend-mode
+    # replicas', which no right-sizing reclaims. They are named, and nothing is moved.
+    code, plan, _ = run_defrag(cluster, "--dry-run", capsys=capsys, move_not_actionable=False)
+    assert code == 0 and plan["moves"] == []
+    holders = {w.split(" ")[0].split("/")[-1] for ws in plan["not_actionable"].values()
+               for w in ws}
+    assert {"web", "api"} <= holders, plan["not_actionable"]
     time.sleep(1.0)
     assert cluster.layout() == before_layout
     assert cluster.hints() == before_hints

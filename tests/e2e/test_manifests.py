@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from devkit.controlplane import ControlPlane
+from devkit.extender import gpufrag_scheduler_config
+from gpufrag.conventions import MANAGED_RESOURCES
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 OVERLAYS = ["base", "overlays/dev", "overlays/production"]
@@ -87,3 +89,20 @@ def test_scheduler_configuration_loads_in_kube_scheduler(control_plane: ControlP
     name = f"manifest-{overlay.replace('/', '-')}"
     control_plane.start_scheduler(name, text)  # returns once /readyz answers: config accepted
     control_plane.stop_scheduler(name)
+
+
+def _managed(config_text: str) -> list[dict[str, bool]]:
+    config = yaml.safe_load(config_text)
+    return [{r["name"]: r["ignoredByScheduler"] for r in extender["managedResources"]}
+            for extender in config["extenders"]]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_scheduler_configuration_names_the_resources_the_extender_manages(
+        control_plane: ControlPlane, overlay: str) -> None:
+    # A resource missing here is counted by kube-scheduler itself: a memory-share pod, on nodes
+    # that advertise no GPU memory, would be failed before the extender is asked.
+    config = next(d for d in render(control_plane, overlay) if d["kind"] == "ConfigMap" and
+                  d["metadata"]["name"] == "gpufrag-scheduler-config")  # type: ignore[index]
+    assert _managed(config["data"]["config.yaml"]) == [MANAGED_RESOURCES]  # type: ignore[index]
+    assert _managed(gpufrag_scheduler_config("http://127.0.0.1:1")) == [MANAGED_RESOURCES]

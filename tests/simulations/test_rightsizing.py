@@ -82,15 +82,25 @@ def test_no_replacement_changes_outside_auto(mode: Mode) -> None:
     assert sizing.skips == {f"mode_{mode.value}": 1}
 
 
-def test_whole_gpu_pods_keep_what_they_ask() -> None:
-    sizing = Rightsizing(one_series([0.1] * 12))
-    pod = PodRequest("w", namespace="ns", num_gpu=1, gpu_milli=1000)
-    sizing.track("ns/w", pod, GPU_MIB)
-    sizing.observe(3600.0, {"ns/w": GPU_MIB})
-    assert sizing.rightsized({"ns/w": pod}) == {}
-    assert sizing.pods["ns/w"].recommendation is None  # no history kept: nothing to change
-    assert sizing.admitted_milli("ns/w", pod) == 0
-    assert sizing.skips == {"no_gpu_share": 1}
+def test_whole_gpu_pods_become_shares_after_a_day_of_history_multi_gpu_pods_never() -> None:
+    # 10% of a 32 GiB GPU, sampled every 10 minutes for 30 hours.
+    sizing = Rightsizing(one_series([0.1] * 180))
+    whole = PodRequest("w", namespace="ns", num_gpu=1, gpu_milli=1000)
+    multi = PodRequest("m", namespace="ns", num_gpu=2, gpu_milli=1000)
+    sizing.track("ns/w", whole, GPU_MIB)
+    sizing.track("ns/m", multi, GPU_MIB)
+    sizing.observe(12 * 3600.0, {"ns/w": GPU_MIB, "ns/m": GPU_MIB})
+    # Half a day: the history is too short to share a whole GPU.
+    assert sizing.rightsized({"ns/w": whole, "ns/m": multi}) == {}
+    assert sizing.skips == {"whole_gpu_kept": 1}
+    assert sizing.pods["ns/m"].recommendation is None  # no history kept: nothing to change
+    sizing.observe(30 * 3600.0, {"ns/w": GPU_MIB, "ns/m": GPU_MIB})
+    rec = sizing.pods["ns/w"].recommendation
+    assert rec is not None and rec.whole_gpu and rec.intervals >= 24
+    expected = max(rec.milli, milli_for(rec.peak_mib, GPU_MIB))
+    assert sizing.rightsized({"ns/w": whole, "ns/m": multi}) == {"ns/w": expected}
+    assert expected < 200
+    assert sizing.admitted_milli("ns/m", multi) == 0 and sizing.skips == {"multi_gpu": 1}
 
 
 def test_a_right_sized_pod_whose_use_grew_gets_its_template_share_back() -> None:
@@ -106,3 +116,22 @@ def test_a_right_sized_pod_whose_use_grew_gets_its_template_share_back() -> None
     sizing.observe(12 * 3600.0, {"ns/a": GPU_MIB})
     assert sizing.rightsized({"ns/a": now}) == {"ns/a": 600}
     assert sizing.used_mib("ns/a", 12 * 3600.0) == pytest.approx(0.9 * 0.6 * GPU_MIB)
+
+
+def test_readings_above_a_right_sized_share_are_counted_out_of_sample_and_raise_the_pod() -> None:
+    # 600 milli of a 32 GiB GPU (19,660 MiB), using 20% of it for 4 hours, then 90%.
+    sizing = Rightsizing(one_series([0.2] * 24 + [0.9] * 6))
+    pod = PodRequest("a", namespace="ns", num_gpu=1, gpu_milli=600)
+    sizing.track("ns/a", pod, GPU_MIB)
+    full = 0.6 * GPU_MIB
+    sizing.observe(4 * 3600.0, {"ns/a": GPU_MIB}, {"ns/a": full})
+    assert sizing.over_share.samples == 0  # it holds what it asked: nothing to judge
+    # Right-sized to 200 milli (6,553 MiB): the 90% readings (11,796 MiB) overrun it.
+    sizing.observe(5 * 3600.0, {"ns/a": GPU_MIB}, {"ns/a": 0.2 * GPU_MIB})
+    over = sizing.over_share
+    assert (over.samples, over.over, over.raised, over.over_again) == (5, 5, 1, 0)
+    rec = sizing.pods["ns/a"].recommendation
+    assert rec is not None and rec.held(5 * 3600.0)
+    assert rec.raised_mib == math.ceil(int(0.9 * full) * 1.2)
+    assert sizing.rightsized({"ns/a": pod}) == {}  # held: the replacement asks 600 again
+    assert sizing.skips == {"oom_cooloff": 1}

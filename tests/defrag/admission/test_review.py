@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import math
 from typing import Any
 
 import orjson
 import pytest
 
+from defrag.admission.mutate import decide
 from defrag.admission.review import AdmissionMetrics, answer
 from defrag.rightsizing.recommender import PodSample, RightsizingConfig, encode, parse, update
 from defrag.rightsizing.workloads import Workload
@@ -57,7 +59,7 @@ def review(obj: dict[str, Any], operation: str = "CREATE", kind: str = "Pod") ->
 def run(obj: dict[str, Any], wl: Workload | None, **kw: Any) -> tuple[dict[str, Any],
                                                                       AdmissionMetrics]:
     metrics = AdmissionMetrics()
-    out = answer(review(obj, **kw), lambda _ns, _refs: wl, NAMES, metrics)
+    out = answer(review(obj, **kw), lambda _ns, _refs: wl, NAMES, metrics, clock=lambda: NOW)
     return out["response"], metrics
 
 
@@ -155,3 +157,74 @@ def test_never_below_the_observed_peak() -> None:
 def test_requests_only_pods_are_patched_in_requests_only() -> None:
     response, _ = run(pod("500", limits=False), workload("auto", recommendation(8192)))
     assert [op["path"].split("/")[5] for op in patch_of(response)[:-1]] == ["requests"]
+
+
+def day_of_history(peak_mib: int = 8192, *, hours: int = 24) -> str:
+    """A recommendation learned from ``hours`` hourly peaks of ``peak_mib`` (no headroom)."""
+    samples = [PodSample("ns", "p", "u", peak_mib, 81920, NOW - 3600.0 * h) for h in range(hours)]
+    text, _ = update(None, {"*": samples}, NOW,
+                     RightsizingConfig(headroom_fraction=0.0, headroom_mib=0, min_mib=0))
+    return text
+
+
+def whole_pod(gpus: str = "1") -> dict[str, Any]:
+    obj = pod(None)
+    obj["spec"]["containers"][0]["resources"] = {
+        "requests": {NAMES.gpu: gpus, "cpu": "1"}, "limits": {NAMES.gpu: gpus}}
+    return obj
+
+
+def test_a_whole_gpu_pod_with_a_day_of_history_becomes_a_share_saying_what_it_replaced() -> None:
+    response, metrics = run(whole_pod(), workload("auto", day_of_history(8192)))
+    ops = patch_of(response)
+    base = "/spec/containers/0/resources"
+    for part in ("requests", "limits"):
+        assert {"op": "remove", "path": f"{base}/{part}/nvidia.com~1gpu"} in ops
+        assert {"op": "add", "path": f"{base}/{part}/gpufrag.io~1gpu-milli",
+                "value": "100"} in ops  # 8192 MiB of an 81920 MiB GPU
+    annotations = next(op["value"] for op in ops if op["path"] == "/metadata/annotations")
+    record = orjson.loads(annotations[NAMES.annotation_rightsizing_change])
+    assert record["replaced"] == {NAMES.gpu: "1"}
+    assert (record["from"], record["to"], record["memory_mib"]) == (1000, 100, 8192)
+    assert metrics.registry.get_sample_value("gpufrag_admission_milli_saved_total") == 900
+    decision = decide(whole_pod(), workload("auto", day_of_history(8192)), NAMES, NOW)
+    assert decision.message == "nvidia.com/gpu 1 -> gpufrag.io/gpu-milli 100"
+
+
+def test_older_recommendations_never_share_a_whole_gpu() -> None:
+    # Written before whole_gpu existed: read as False, whatever the history.
+    doc = orjson.loads(day_of_history())
+    for rec in doc["recommendations"].values():
+        del rec["whole_gpu"]
+    assert not parse(orjson.dumps(doc).decode())["*"].whole_gpu
+    response, metrics = run(whole_pod(), workload("auto", orjson.dumps(doc).decode()))
+    assert "patch" not in response and skips(metrics, "whole_gpu_kept") == 1
+
+
+@pytest.mark.parametrize(("obj", "wl", "reason"), [
+    (whole_pod(), workload("auto", day_of_history(hours=23)), "whole_gpu_kept"),
+    (whole_pod(), workload("auto", day_of_history(81920)), "whole_gpu_kept"),  # fills the GPU
+    (whole_pod(), workload("auto", recommendation(8192)), "whole_gpu_kept"),  # one interval
+    (whole_pod("2"), workload("auto", day_of_history()), "multi_gpu"),
+    (whole_pod(), workload("recommend", day_of_history()), "mode_recommend"),
+    (whole_pod(), workload("off", day_of_history()), "mode_off"),
+])
+def test_whole_gpu_pods_stay_whole_without_a_days_history_or_auto(
+        obj: dict[str, Any], wl: Workload, reason: str) -> None:
+    response, metrics = run(obj, wl)
+    assert response["allowed"] is True and "patch" not in response
+    assert skips(metrics, reason) == 1
+
+
+def test_a_raised_workload_in_its_cool_off_is_admitted_as_asked() -> None:
+    text, _ = update(None, {"*": [PodSample("ns", "p", "u", 8192, 81920, NOW)]}, NOW,
+                     RightsizingConfig(headroom_fraction=0.0, headroom_mib=0, min_mib=0),
+                     {"*": 9000})
+    response, metrics = run(pod("500"), workload("auto", text))
+    assert "patch" not in response and skips(metrics, "oom_cooloff") == 1
+    # Judged on the webhook's clock: once the cool-off is over, the (raised) share applies.
+    later = AdmissionMetrics()
+    out = answer(review(pod("500")), lambda _ns, _refs: workload("auto", text), NAMES, later,
+                 clock=lambda: NOW + 2 * 86400)["response"]
+    assert any(op.get("value") == str(math.ceil(9000 * 1.2 * 1000 / 81920))
+               for op in patch_of(out))

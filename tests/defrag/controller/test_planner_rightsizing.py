@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from defrag.controller.model import Snapshot
-from defrag.controller.planner import Plan, apply_moves, plan
+from defrag.controller.planner import NOT_ACTIONABLE, Plan, apply_moves, plan
+from defrag.controller.report import plan_table
 from gpufrag.errors import BadInput
 from scheduler.core import TargetWorkload
 from scheduler.policies import make_policy
@@ -63,3 +64,48 @@ def test_moves_worth_less_than_min_gain_are_not_planned() -> None:
 def test_min_gain_is_validated() -> None:
     with pytest.raises(BadInput, match="--min-gain-gpus"):
         config(min_gain_gpus=-1.0)
+
+
+def test_a_whole_gpu_pod_whose_replacement_is_a_share_moves_and_gives_the_rest_back() -> None:
+    # w holds n0's only GPU whole and uses a tenth of it; its replacement is admitted as 200
+    # milli (the webhook, after a day of history) and lands beside c on n1, sharing its GPU.
+    snap = snapshot([gpu_node("n0", gpus=1), gpu_node("n1", gpus=1)],
+                    [(share("w", 1000), "n0", (0,)), (share("c", 500), "n1", (0,))],
+                    used_fraction=0.1)
+    snap.rightsized = {"ns/w": 200}
+    result = run(snap)
+    assert [(m.pod, m.target, m.new_milli) for m in result.moves] == [("ns/w", "n1", 200)]
+    assert "idle" in result.moves[0].purposes
+    apply_moves(snap, result.moves)
+    assert snap.state.pods["ns/w"].pod.gpu_milli == 200 and snap.state.pods["ns/w"].pod.is_share
+
+
+def test_a_whole_gpu_pod_is_not_squeezed_below_what_it_used() -> None:
+    # The same, but w used half its GPU over the window: 200 milli cannot hold that.
+    snap = snapshot([gpu_node("n0", gpus=1), gpu_node("n1", gpus=1)],
+                    [(share("w", 1000), "n0", (0,)), (share("c", 500), "n1", (0,))],
+                    used_fraction=0.5)
+    snap.rightsized = {"ns/w": 200}
+    result = run(snap)
+    assert result.moves == ()
+    assert result.skipped["memory it used over the window would not fit its share of the "
+                          "target GPU"] == 1
+
+
+def test_a_node_whose_idle_memory_no_right_sizing_reclaims_is_not_actionable() -> None:
+    # n0's two pods use half their shares, so n0 is triggered on idle memory (50%).
+    snap = two_over_reserved()
+    snap.sizable = {"ns/a": ("Deployment/ns/a (mode recommend)", False),
+                    "ns/b": ("Deployment/ns/b (mode off)", False)}
+    result = run(snap)
+    assert result.moves == ()
+    assert result.not_actionable == {"n0": ("Deployment/ns/a (mode recommend)",
+                                            "Deployment/ns/b (mode off)")}
+    assert result.skipped[NOT_ACTIONABLE] == 2
+    assert result.as_dict()["not_actionable"] == {"n0": list(result.not_actionable["n0"])}
+    assert "not actionable (1 triggered" in plan_table(result)
+    # One pod in auto mode makes the node actionable again: its idle memory can come back.
+    snap.sizable = {**snap.sizable, "ns/b": ("Deployment/ns/b (mode auto)", True)}
+    snap.rightsized = {"ns/b": 320}
+    again = run(snap)
+    assert again.not_actionable == {} and [m.pod for m in again.moves][:1] == ["ns/b"]

@@ -4,11 +4,12 @@ right-sized shares handed to the planner, dry run, failures reported (the real A
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from defrag.controller.model import Snapshot
 from defrag.controller.rightsize import publish
-from defrag.rightsizing.recommender import RightsizingConfig, parse
+from defrag.rightsizing.recommender import PodSample, RightsizingConfig, parse, update
 from defrag.rightsizing.workloads import Workload
 from gpufrag import conventions as cv
 from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
@@ -26,6 +27,7 @@ class Workloads:
         self.fail_patch = fail_patch
         self.resolved: list[str] = []
         self.patches: list[tuple[str, str, str]] = []
+        self.events: list[tuple[str, str, str]] = []
 
     def resolve(self, namespace: str, owner_references: Any) -> Workload | None:
         uid = owner_references[0]["uid"]
@@ -38,6 +40,9 @@ class Workloads:
         if self.fail_patch:
             raise RuntimeError("HTTP 403: forbidden")
         self.patches.append((workload.text, key, value))
+
+    def event(self, workload: Workload, reason: str, message: str) -> None:
+        self.events.append((workload.text, reason, message))
 
 
 def cluster(owners: dict[str, str], used_mib: int = 2048) -> Snapshot:
@@ -91,6 +96,9 @@ def test_auto_mode_tells_the_planner_the_share_the_webhook_will_admit() -> None:
     assert report.rightsized == {"ns/a": 160}
     assert [p.workload.name for p in report.published] == ["dep-a"]
     assert report.skipped["mode off"] == 1 and len(api.patches) == 1
+    # What the planner needs to tell actionable nodes from the rest: every sampled pod.
+    assert report.sizable == {"ns/a": ("Deployment/ns/dep-a (mode auto)", True),
+                              "ns/b": ("Deployment/ns/dep-b (mode off)", False)}
 
 
 def test_history_continues_from_the_annotation_and_unchanged_is_not_rewritten() -> None:
@@ -145,3 +153,69 @@ def test_replicas_of_one_owner_are_looked_up_once() -> None:
     report = run(snap, api)
     assert api.resolved == ["rs-a"]
     assert len(report.published) == 1
+
+
+def a_day_of(peak_mib: int) -> str:
+    """The recommendation annotation after 24 hourly peaks of ``peak_mib`` on a T4."""
+    samples = [PodSample("ns", "w", "uid-w", peak_mib, T4_MIB, NOW - 3600.0 * (h + 1))
+               for h in range(24)]
+    text, _ = update(None, {"*": samples}, NOW - 1.0, CONFIG)
+    return text
+
+
+def whole_cluster(history: str | None) -> tuple[Snapshot, Workloads]:
+    """One T4 node holding pod w, one whole GPU of owner rs-w, using 2,048 MiB."""
+    snap = snapshot([gpu_node("n0", gpus=1)], [(share("w", 1000), "n0", (0,))])
+    snap.pods["ns/w"] = dataclasses.replace(
+        snap.pods["ns/w"], uid="uid-w", owner_uid="rs-w", owner_kind="ReplicaSet",
+        owner_name="rs-w")
+    gpu = GpuUsage(index=0, uuid="GPU-0", product="T4", memory_used_mib=2048,
+                   memory_total_mib=T4_MIB, utilization_pct=30,
+                   pods=(PodGpuUsage("ns", "w", "uid-w", 2048),))
+    snap.readings = {"n0": NodeGpuUsage("n0", NOW - 5, 15.0, (gpu,))}
+    annotations = {cv.ANNOTATION_GPU_RECOMMENDATION: history} if history else {}
+    return snap, Workloads({"rs-w": workload("w", "auto", **annotations)})
+
+
+def test_a_whole_gpu_pod_is_planned_as_a_share_once_its_workload_has_a_days_history() -> None:
+    snap, api = whole_cluster(a_day_of(2048))
+    report = run(snap, api)
+    rec = parse(api.patches[0][2])["*"]
+    assert rec.whole_gpu and rec.intervals == 24
+    assert report.rightsized == {"ns/w": rec.milli}  # 2,048 MiB + 15 % + 256 MiB of 16 GiB
+    assert rec.milli == 160
+    # Its first reading only: it stays whole.
+    fresh, api = whole_cluster(None)
+    assert run(fresh, api).rightsized == {}
+
+
+def test_a_share_pod_over_its_share_raises_its_workload_and_says_so() -> None:
+    # pod a holds 700 milli of a T4 (11,468 MiB) and uses 12,000: over its share.
+    snap = cluster({"a": "rs-a"}, used_mib=12_000)
+    api = Workloads({"rs-a": workload("a", "auto")})
+    report = run(snap, api)
+    rec = parse(api.patches[0][2])["v1"]
+    assert rec.raised_mib == 14_400 and rec.held(NOW)  # 12,000 x 1.2
+    assert report.raised == [("Deployment/ns/dep-a", "v1", 12_000, 14_400)]
+    assert report.rightsized == {}  # held: its replacement is admitted as asked
+    ((text, reason, message),) = api.events
+    assert (text, reason) == ("Deployment/ns/dep-a", "GPUShareRaised")
+    assert "12000 MiB" in message and "14400 MiB" in message
+    # A dry run computes the same and tells no one.
+    dry = Workloads({"rs-a": workload("a", "auto")})
+    assert run(snap, dry, dry_run=True).raised == report.raised and dry.events == []
+
+
+def test_a_right_sized_pod_that_ran_out_of_memory_raises_by_its_share() -> None:
+    snap = cluster({"a": "rs-a"}, used_mib=2048)
+    snap.pods["ns/a"] = dataclasses.replace(snap.pods["ns/a"], out_of_memory=True)
+    api = Workloads({"rs-a": workload("a", "auto")})
+    report = run(snap, api)
+    share = T4_MIB * 700 // 1000
+    assert report.raised == [("Deployment/ns/dep-a", "v1", share, math.ceil(share * 1.2))]
+
+
+def test_overruns_outside_auto_mode_raise_nothing() -> None:
+    snap = cluster({"a": "rs-a"}, used_mib=12_000)
+    api = Workloads({"rs-a": workload("a", "recommend")})
+    assert run(snap, api).raised == [] and api.events == []

@@ -130,3 +130,17 @@ def test_constraints_taints_and_cordon() -> None:
                       taints=[{"key": "gpu", "effect": "NoSchedule"}])]
     snap, _ = build_snapshot(nodes, [], [], AGENT)
     assert snap.cordoned == frozenset({"n0"}) and snap.taints["n0"] == gpu_taint
+
+
+def test_a_right_sized_pod_whose_container_was_oom_killed_is_marked() -> None:
+    changed = {cv.ANNOTATION_RIGHTSIZING_CHANGE: '{"from": 500, "to": 300}'}
+    pods = []
+    for name, notes in (("sized", changed), ("asked", {})):
+        pod = k8s_pod(name, node="n0", milli=300, annotations=notes)
+        pod["status"]["containerStatuses"] = [{
+            "name": "main", "state": {"running": {}},
+            "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]
+        pods.append(pod)
+    snap, _ = build_snapshot([k8s_node("n0")], pods, [], AGENT)
+    # Only the pod right-sizing changed is the guard's business.
+    assert snap.pods["ns/sized"].out_of_memory and not snap.pods["ns/asked"].out_of_memory

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import orjson
 import pytest
 
 from defrag.rightsizing.recommender import (
@@ -17,6 +20,7 @@ from defrag.rightsizing.recommender import (
     percentile,
     pod_samples,
     recommend,
+    replacement_milli,
     update,
 )
 from gpufrag.errors import BadInput
@@ -130,8 +134,45 @@ def test_a_bad_mode_is_bad_input() -> None:
     ("max_mib", RightsizingConfig(min_mib=500, max_mib=100)),
     ("window_s", RightsizingConfig(window_s=10, interval_s=60)),
     ("headroom_mib", RightsizingConfig(headroom_mib=-1)),
+    ("whole_gpu_min_intervals", RightsizingConfig(whole_gpu_min_intervals=0)),
+    ("oom_bump_fraction", RightsizingConfig(oom_bump_fraction=-0.1)),
+    ("oom_cooloff_s", RightsizingConfig(oom_cooloff_s=float("nan"))),
 ])
 def test_config_validation_names_the_field(field: str, config: RightsizingConfig) -> None:
     with pytest.raises(BadInput) as e:
         config.validated()
     assert e.value.field == f"rightsizing.{field}"
+
+
+def test_an_overrun_raises_the_recommendation_by_a_fifth_and_holds_new_pods_as_asked() -> None:
+    config = dataclasses.replace(CONFIG, oom_cooloff_s=6 * HOUR)  # the window is a day
+    text, recs = update(None, {"*": [sample(4000)]}, NOW, config)
+    assert recs["*"].memory_mib == 4500  # 4,000 + 10% + 100
+    # A replica used 6,000 MiB past its share: at least 6,000 x 1.2 from now on, and new pods
+    # are admitted as their template asks for the cool-off.
+    text, recs = update(text, {"*": [sample(6000, at=NOW + 60)]}, NOW + 60, config,
+                        {"*": 6000})
+    raised = recs["*"]
+    assert (raised.raised_mib, raised.hold_until) == (7200, NOW + 60 + 6 * HOUR)
+    assert raised.memory_mib >= 7200 and "raised to at least 7200 MiB" in raised.why()
+    assert replacement_milli(raised, 1, 500, NOW + 120) is None  # held: as asked
+    assert parse(text)["*"] == raised  # the guard survives between cycles
+    # After the cool-off the raised floor still holds (for the window), then it lapses.
+    later = NOW + 60 + 6 * HOUR + 1
+    _, recs = update(text, {"*": [sample(1000, at=later)]}, later, config)
+    assert not recs["*"].held(later) and recs["*"].memory_mib == 7200
+    assert replacement_milli(recs["*"], 1, 500, later) == milli_for(7200, 81920)
+    gone = NOW + config.window_s + 2 * HOUR  # the 6,000 MiB hour has left the window too
+    _, recs = update(text, {"*": [sample(1000, at=gone)]}, gone, config)
+    assert recs["*"].raised_mib == 0 and recs["*"].memory_mib == 1200
+
+
+@pytest.mark.parametrize(("name", "value"), [("raised_mib", -1), ("raised_at", "soon"),
+                                             ("hold_until", -5.0), ("whole_gpu", "yes")])
+def test_the_guards_fields_are_checked_when_read(name: str, value: object) -> None:
+    text, _ = update(None, {"*": [sample(4000)]}, NOW, CONFIG)
+    doc = orjson.loads(text)
+    doc["recommendations"]["*"][name] = value
+    with pytest.raises(BadInput) as e:
+        parse(orjson.dumps(doc).decode())
+    assert e.value.field == f"recommendations.*.{name}"

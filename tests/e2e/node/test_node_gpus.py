@@ -12,7 +12,9 @@ device-plugin`` (recorded NVML readings) over the real unix sockets.
 - the node agent, reading the real cgroups of running share pods, reports the one holding more
   GPU memory than its share;
 - a whole-GPU pod the default kube-scheduler places (no gpu-indices record) is admitted and its
-  container gets the GPU the kubelet chose.
+  container gets the GPU the kubelet chose;
+- right-sizing's whole-GPU path: the webhook turns an ``auto`` Deployment's whole-GPU replicas
+  into shares, the extender puts two on one GPU, the plugin hands each its memory limit.
 
 After the first test the pods carry ``gpufrag.io/gpu-indices`` as gpufrag-scheduler's bind
 writes it, with ``spec.nodeName`` standing in for the binding, so each test chooses the GPU it
@@ -25,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,7 @@ from devkit.procs import ComponentProcess, wait_until
 from devkit.stack import bound_node
 from gpufrag.conventions import (
     ANNOTATION_GPU_INDICES,
+    DEFAULT_NAMES,
     RESOURCE_GPU,
     RESOURCE_GPU_MILLI,
     SCHEDULER_NAME,
@@ -48,6 +52,7 @@ from gpufrag.conventions import (
 from node.agent.cgroup import pod_uid_for_pid
 from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
 from tests.records import place_as_the_extender, publish_test_key
+from tests.webhooks import recommendation, registered_webhook
 
 UUIDS = ("GPU-9a7e0c11-0000-4000-8000-00000000000a", "GPU-9a7e0c11-0000-4000-8000-00000000000b")
 A100_BYTES = 85_899_345_920  # 81920 MiB
@@ -392,3 +397,74 @@ def test_a_pod_of_the_default_scheduler_gets_the_gpu_the_kubelet_chose(
     if node.runtime == "containerd":
         assert _environment(node, node_namespace, "default-scheduled")[
             "NVIDIA_VISIBLE_DEVICES"] == given["main"][0]
+
+
+def _whole_gpu_deployment(name: str, mode: str, history: str, replicas: int
+                          ) -> dict[str, Any]:
+    """``replicas`` asking one whole GPU each, whose workload carries a day's recommendation
+    (8,192 MiB: 100 milli of these 80 GiB GPUs) and right-sizing ``mode``."""
+    template = _gpu_pod(name, RESOURCE_GPU, "1")
+    template["metadata"] = {"labels": {"app": name}}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "annotations": {
+                DEFAULT_NAMES.annotation_rightsizing_mode: mode,
+                DEFAULT_NAMES.annotation_gpu_recommendation: history}},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": template["metadata"], "spec": template["spec"]}}}
+
+
+def _replicas(core: kubernetes.client.CoreV1Api, namespace: str, app: str, count: int,
+              plugin: Plugin) -> list[kubernetes.client.V1Pod]:
+    def running() -> list[kubernetes.client.V1Pod] | None:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
+        ok = [p for p in pods if p.status.phase == "Running"]
+        return ok if len(ok) == count else None
+
+    try:
+        found: list[kubernetes.client.V1Pod] = wait_until(
+            running, timeout_s=90, what=f"{count} running replicas of {app}")
+    except Exception:
+        print(plugin.log()[-6000:])
+        raise
+    return found
+
+
+def test_a_whole_gpu_deployment_in_auto_mode_runs_two_replicas_on_one_gpu(
+        node: Node, node_plane: ControlPlane, node_namespace: str, plugin: Plugin,
+        tmp_path: Path) -> None:
+    """Right-sizing's whole-GPU path, all real: the webhook admits each replica of an ``auto``
+    Deployment asking ``nvidia.com/gpu: 1`` as a 100-milli share (its workload has a day of
+    history), kube-scheduler with the extender puts both on one GPU, and the device plugin
+    hands each container that GPU with its memory limit. The same Deployment in ``recommend``
+    mode keeps whole GPUs."""
+    core = _core(node_plane)
+    apps = kubernetes.client.AppsV1Api(node_plane.api_client())
+    _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")
+    history = recommendation(8192, 81_920, hours=24, now=time.time())
+    extender = ExtenderProcess(node_plane, tmp_path / "extender.log").start()
+    try:
+        node_plane.start_scheduler("gpufrag", gpufrag_scheduler_config(extender.url))
+        with registered_webhook(node_plane, node_namespace, tmp_path / "pki"):
+            apps.create_namespaced_deployment(
+                node_namespace, _whole_gpu_deployment("sized", "auto", history, 2))
+            shared = _replicas(core, node_namespace, "sized", 2, plugin)
+            gpus = set()
+            for pod in shared:
+                limits = pod.spec.containers[0].resources.limits
+                assert RESOURCE_GPU not in limits and limits[RESOURCE_GPU_MILLI] == "100"
+                gpus.add(pod.metadata.annotations[ANNOTATION_GPU_INDICES])
+                if node.runtime == "containerd":
+                    env = _environment(node, node_namespace, pod.metadata.name)
+                    assert (env["GPUFRAG_GPU_MILLI"], env["GPUFRAG_GPU_MEMORY_LIMIT_MIB"]) == (
+                        "100", str(81_920 * 100 // 1000)), env
+            assert len(gpus) == 1, gpus  # both replicas share one GPU
+            # recommend mode: admitted as asked, a whole GPU (the other one).
+            apps.create_namespaced_deployment(
+                node_namespace, _whole_gpu_deployment("kept", "recommend", history, 1))
+            (kept,) = _replicas(core, node_namespace, "kept", 1, plugin)
+            assert kept.spec.containers[0].resources.limits[RESOURCE_GPU] == "1"
+            assert DEFAULT_NAMES.annotation_rightsizing_change not in kept.metadata.annotations
+            assert kept.metadata.annotations[ANNOTATION_GPU_INDICES] not in gpus
+    finally:
+        node_plane.stop_scheduler("gpufrag")
+        extender.stop()
