@@ -70,6 +70,8 @@ class ListenError(RuntimeError):
 def listen(host: str, port: int, *, setting: str) -> socket.socket:
     """A listening TCP socket on ``host:port`` (0: any free port); :class:`ListenError`
     naming ``setting`` (where the address was configured) when it cannot be had."""
+    if not 0 <= port <= 65535:
+        raise ListenError(f"cannot listen on {host}:{port} ({setting}): a port is 0..65535")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]

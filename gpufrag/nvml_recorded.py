@@ -33,12 +33,12 @@ that wants the next answers to differ edits ``fake.devices`` (the remaining scri
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pynvml
 
 from gpufrag.errors import BadInput
@@ -165,11 +165,13 @@ class RecordedNvml:
         """Read a JSON recording file; a bad file is :class:`~gpufrag.errors.BadInput`."""
         path = Path(path)
         try:
-            recording = json.loads(path.read_text())
+            # orjson: its nesting limit (1,024) refuses a deeply nested file as bad JSON,
+            # where the standard library's parser recursed into a RecursionError.
+            recording = orjson.loads(path.read_bytes())
         except OSError as exc:
             raise BadInput(f"cannot read the NVML recording: {exc.strerror}",
                            source=str(path)) from None
-        except json.JSONDecodeError as exc:
+        except orjson.JSONDecodeError as exc:
             raise BadInput(f"not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}",
                            source=str(path)) from None
         return cls.from_recording(recording, source=str(path))

@@ -41,6 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving.backends.base import Array
 from serving.batcher import DynamicBatcher
+from serving.encoding import decode_body
 from serving.errors import (
     BodyTooLarge,
     InvalidRequest,
@@ -363,10 +364,16 @@ class InferCall:
 
     def run(self, body: bytes, headers: Mapping[bytes, str],
             client_gone: Callable[[], bool]) -> None:
-        """Step two, with the whole body (and the ``Timeout-Ms`` and
-        ``Inference-Header-Content-Length`` headers, when sent): parse, check and submit."""
+        """Step two, with the whole body (and the ``Timeout-Ms``,
+        ``Inference-Header-Content-Length`` and ``Content-Encoding`` headers, when sent):
+        inflate, parse, check and submit. An encoded body is inflated and parsed in a worker
+        thread: inflating is the cost its size on the wire does not show."""
         timeout_header = headers.get(b"timeout-ms")
         header_length = headers.get(b"inference-header-content-length")
+        encoding = headers.get(b"content-encoding")
+        if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+            self._offload(body, encoding, timeout_header, header_length, client_gone)
+            return
         json_bytes = len(body)  # only the JSON part costs parsing; binary tensors are views
         if header_length is not None:
             try:
@@ -376,12 +383,7 @@ class InferCall:
         model = self._model
         plans = self._state.plans
         if json_bytes > PARSE_OFFLOAD_BYTES:
-            loop = asyncio.get_running_loop()
-            future = loop.run_in_executor(
-                None, lambda: parse_infer_request(body, model, timeout_header=timeout_header,
-                                                  header_length=header_length, plans=plans))
-            self._pending = future
-            future.add_done_callback(lambda done: self._parsed_in_thread(done, client_gone))
+            self._offload(body, None, timeout_header, header_length, client_gone)
             return
         try:
             parsed = parse_infer_request(body, model, timeout_header=timeout_header,
@@ -390,6 +392,20 @@ class InferCall:
             self._fail(exc)
             return
         self._submit(parsed, client_gone)
+
+    def _offload(self, body: bytes, encoding: str | None, timeout_header: str | None,
+                 header_length: str | None, client_gone: Callable[[], bool]) -> None:
+        """Inflate (when ``encoding``) and parse in a worker thread, then submit."""
+        model, plans, limit = self._model, self._state.plans, self._state.max_body_bytes
+
+        def parse() -> InferRequest:
+            plain = body if encoding is None else decode_body(body, encoding, limit)
+            return parse_infer_request(plain, model, timeout_header=timeout_header,
+                                       header_length=header_length, plans=plans)
+
+        future = asyncio.get_running_loop().run_in_executor(None, parse)
+        self._pending = future
+        future.add_done_callback(lambda done: self._parsed_in_thread(done, client_gone))
 
     def cancel(self) -> None:
         """The client has gone: drop the request (the batcher skips a cancelled future)."""

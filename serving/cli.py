@@ -28,7 +28,7 @@ from gpufrag.errors import (
 from gpufrag.loops import EVENT_LOOPS, loop_factory, resolve_event_loop
 from serving.backends.tensorrt_engine import BackendUnavailable
 from serving.cache import CACHE_ROOT_ENV, MODEL_CACHE_ENV
-from serving.config import BACKENDS, BatcherConfig, ServerConfig, parse_sizes
+from serving.config import BACKENDS, GROWTH_WARN_MIB, BatcherConfig, ServerConfig, parse_sizes
 from serving.models import check_model_file
 from serving.server import serve
 
@@ -78,8 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "~/.cache/gpufrag/models, else a temp dir when that is not writable)")
     p.add_argument("--engine-cache-dir", type=Path,
                    help="where TensorRT engines are cached (default <model cache>/engines)")
-    p.add_argument("--gpu-memory-growth-warn-mib", type=float, default=100.0,
-                   help="warn when GPU memory grows more than this over one batch")
+    p.add_argument("--gpu-memory-growth-warn-mib", type=float, default=GROWTH_WARN_MIB,
+                   help="warn when GPU memory grows more than this over one batch (default: "
+                        "100 MB, 95.37 MiB)")
     p.add_argument("--allow-non-finite", action="append", default=[], metavar="INPUT",
                    help="accept NaN/Inf in this float input (binary tensor data only: JSON "
                    "has no NaN); repeat for more inputs. Default: rejected with 400")

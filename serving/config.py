@@ -16,6 +16,11 @@ from gpufrag.loops import EVENT_LOOPS
 BACKENDS = ("auto", "onnxruntime", "tensorrt")
 
 
+# The seed's leak alarm: GPU memory grown by more than 100 MB across one batch. 100 MB, not
+# 100 MiB: 95.37 MiB.
+GROWTH_WARN_MIB = 100e6 / 2**20
+
+
 @dataclass(frozen=True)
 class BatcherConfig:
     """How requests are grouped into batches (Triton ``dynamic_batching`` semantics).
@@ -67,7 +72,7 @@ class ServerConfig:
     port: int = 8000
     max_body_bytes: int = 64 * 1024 * 1024
     intra_op_threads: int = 0
-    gpu_memory_growth_warn_mib: float = 100.0
+    gpu_memory_growth_warn_mib: float = GROWTH_WARN_MIB
     shutdown_timeout_s: float = 30.0
     # After SIGTERM: readiness is 503 at once but requests are still admitted and answered for
     # this long, so the endpoint is removed from Services/load balancers before admission closes.

@@ -38,6 +38,13 @@ class BodyTooLarge(ServingError):
     outcome = "invalid"
 
 
+class UnsupportedMediaType(ServingError):
+    """A request body in a coding the server does not read (``Content-Encoding``)."""
+
+    status = 415
+    outcome = "invalid"
+
+
 class Unavailable(ServingError):
     """Not admitted: queue full, model not loaded yet, or shutting down. Retry after a pause."""
 

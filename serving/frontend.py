@@ -44,7 +44,8 @@ from serving.http1 import Answer, Call, HttpLimits, Respond
 log = structlog.get_logger("serving.frontend")
 
 # The headers an infer call reads (lower case, as the framing matches them).
-INFER_HEADERS = frozenset({b"inference-header-content-length", b"timeout-ms"})
+INFER_HEADERS = frozenset({b"inference-header-content-length", b"timeout-ms",
+                           b"content-encoding"})
 
 
 class ServingSite:

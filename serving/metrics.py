@@ -34,6 +34,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gpufrag.metrics import new_registry
 from serving.cache import CacheState
 from serving.config import BatcherConfig
 from serving.gpu import GpuProbe, GrowthObserver
@@ -77,7 +78,7 @@ class ServingMetrics:
     """Implements :class:`serving.batcher.BatchObserver`; the HTTP layer adds request metrics."""
 
     def __init__(self, *, model: str, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or new_registry()
         labels = ("model",)
         self._model = model
         self.depth = 0

@@ -240,6 +240,19 @@ def _positive_float(text: str) -> float:
     return value
 
 
+# The most a sweep's --load may ask: a hundred times the cluster's GPU capacity on average is
+# already no cluster anyone runs; above it a synthetic workload's arrival rate overflows.
+MAX_LOAD = 100.0
+
+
+def _sweep_load(text: str) -> float:
+    value = _positive_float(text)
+    if value > MAX_LOAD:
+        raise argparse.ArgumentTypeError(f"{text!r} is above {MAX_LOAD:g} (x the cluster's "
+                                         "GPU capacity)")
+    return value
+
+
 def build_sweep_parser() -> argparse.ArgumentParser:
     knobs = ", ".join(EventConfig.knobs())
     p = BadInputArgumentParser(
@@ -255,7 +268,7 @@ def build_sweep_parser() -> argparse.ArgumentParser:
                    f"{genai.DEFAULT_DIR} when present)")
     p.add_argument("--synthetic-nodes", type=int, default=100,
                    help="node count of the synthetic cluster (default: 100)")
-    p.add_argument("--load", type=_positive_float,
+    p.add_argument("--load", type=_sweep_load,
                    help="superimpose time-shifted copies of the trace until it holds this "
                    "share of GPU capacity on average (default: the trace as it is; synthetic: "
                    "0.8)")

@@ -51,6 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.insecure_http and not (args.tls_cert_file and args.tls_key_file):
             raise BadInput("--tls-cert-file and --tls-key-file are required (the API server "
                            "calls webhooks over HTTPS); --insecure-http for local tests")
+        if not 0 <= args.port <= 65535:
+            raise BadInput(f"{args.port} is not a port (0..65535)", field="--port")
         if not 0 < args.lookup_timeout_s <= 30:
             raise BadInput(f"{args.lookup_timeout_s} must be in (0, 30]",
                            field="--lookup-timeout-s")

@@ -23,11 +23,12 @@ from typing import Any
 
 import orjson
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import Counter, Histogram
 
 from defrag.admission.mutate import SKIP_REASONS, Decision, decide, skip
 from defrag.rightsizing.workloads import Workload, controller_ref
 from gpufrag.conventions import KubeNames
+from gpufrag.metrics import new_registry
 
 log = structlog.get_logger("gpufrag.admission")
 
@@ -37,7 +38,7 @@ Resolver = Callable[[str, Any], Workload | None]
 
 class AdmissionMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = new_registry()
         r = self.registry
         self.reviews = Counter("gpufrag_admission_reviews", "Pods reviewed", ["result"],
                                registry=r)
@@ -62,16 +63,61 @@ class AdmissionMetrics:
             self.milli_saved.inc(max(int(change.get("from", 0)) - int(change.get("to", 0)), 0))
 
 
+def _dict(obj: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """``obj[key]`` when it is an object, else empty: a review's fields are untrusted JSON."""
+    value = obj.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(obj: Mapping[str, Any], key: str) -> str | None:
+    value = obj.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _malformed(pod: Mapping[str, Any]) -> str | None:
+    """What makes a pod in a review unreadable (a field of the wrong JSON type), or None.
+    Checked before anything reads it, so every such review is answered as a skip."""
+    for key in ("metadata", "spec"):
+        if key in pod and not isinstance(pod[key], Mapping):
+            return f"object.{key} is not an object"
+    meta, spec = _dict(pod, "metadata"), _dict(pod, "spec")
+    for key in ("labels", "annotations"):
+        if meta.get(key) is not None and not isinstance(meta[key], Mapping):
+            return f"object.metadata.{key} is not an object"
+    refs = meta.get("ownerReferences")
+    if refs is not None and not (isinstance(refs, list)
+                                 and all(isinstance(r, Mapping) for r in refs)):
+        return "object.metadata.ownerReferences is not a list of objects"
+    containers = spec.get("containers")
+    if containers is not None and not isinstance(containers, list):
+        return "object.spec.containers is not a list"
+    for i, container in enumerate(containers or ()):
+        if not isinstance(container, Mapping):
+            return f"object.spec.containers[{i}] is not an object"
+        resources = container.get("resources")
+        if resources is not None and not isinstance(resources, Mapping):
+            return f"object.spec.containers[{i}].resources is not an object"
+        for part in ("requests", "limits"):
+            value = (resources or {}).get(part)
+            if value is not None and not isinstance(value, Mapping):
+                return f"object.spec.containers[{i}].resources.{part} is not an object"
+    return None
+
+
 def decide_request(request: Mapping[str, Any], resolve: Resolver,
                    names: KubeNames, now: float) -> Decision:
     """The decision for one AdmissionReview ``request`` at ``now`` (unix seconds)."""
-    kind = (request.get("kind") or {}).get("kind")
+    kind = _text(_dict(request, "kind"), "kind")
     pod = request.get("object")
-    if kind != "Pod" or request.get("operation") != "CREATE" or not isinstance(pod, dict):
-        return skip("not_a_pod_create", f"{kind} {request.get('operation')}: only pod "
-                                        "creations are right-sized")
-    meta = pod.get("metadata") or {}
-    namespace = request.get("namespace") or meta.get("namespace") or ""
+    operation = _text(request, "operation")
+    if kind != "Pod" or operation != "CREATE" or not isinstance(pod, dict):
+        return skip("not_a_pod_create", f"{kind} {operation}: only pod creations are "
+                                        "right-sized")
+    problem = _malformed(pod)
+    if problem is not None:
+        return skip("bad_request", problem)
+    meta = _dict(pod, "metadata")
+    namespace = _text(request, "namespace") or _text(meta, "namespace") or ""
     refs = meta.get("ownerReferences")
     if controller_ref(refs) is None:
         return skip("bare_pod", "the pod has no controller; only workloads are right-sized")
@@ -102,7 +148,8 @@ def answer(body: bytes, resolve: Resolver, names: KubeNames,
     except Exception as e:  # a bug here must not block pods either
         log.exception("review_failed")
         decision = skip("internal_error", f"{type(e).__name__}: {e}")
-    response: dict[str, Any] = {"uid": request.get("uid", ""), "allowed": True}
+    uid = request.get("uid")
+    response: dict[str, Any] = {"uid": uid if isinstance(uid, str) else "", "allowed": True}
     if decision.patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode()
@@ -110,8 +157,8 @@ def answer(body: bytes, resolve: Resolver, names: KubeNames,
         response["warnings"] = decision.warnings
     metrics.count(decision)
     metrics.seconds.observe(time.perf_counter() - started)
-    log.info("reviewed", namespace=request.get("namespace"),
-             pod=((request.get("object") or {}).get("metadata") or {}).get("generateName"),
+    log.info("reviewed", namespace=_text(request, "namespace"),
+             pod=_text(_dict(_dict(request, "object"), "metadata"), "generateName"),
              result="skipped" if decision.skip else "mutated", reason=decision.skip,
              message=decision.message)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import collections
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, push_to_gateway
+from prometheus_client import Counter, Gauge, push_to_gateway
 
 from defrag.controller.measure import Summary, comparison_rows
 from defrag.rightsizing.recommender import Mode, Recommendation
+from gpufrag.metrics import new_registry
 
 BYTES_PER_MIB = 1024**2
 BYTES_PER_GIB = 1024**3  # Summary keeps GiB for people; Prometheus gets base units
@@ -46,7 +47,7 @@ JOB = "gpufrag-defrag"
 class CycleMetrics:
     def __init__(self, *, dry_run: bool) -> None:
         self.dry_run = dry_run
-        self.registry = CollectorRegistry()
+        self.registry = new_registry()
         r = self.registry
         # Counters start at zero in every run: one push is the whole story of one cycle.
         self._planned = Gauge(f"{PREFIX}moves_planned", "Moves in the plan", registry=r)

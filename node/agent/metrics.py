@@ -25,6 +25,7 @@ from prometheus_client.exposition import generate_latest
 
 from gpufrag import probes
 from gpufrag.httpserve import Server
+from gpufrag.metrics import new_registry
 from gpufrag.nvml import MIB
 from gpufrag.probes import Liveness
 from node.agent.cgroup import PodRef
@@ -41,7 +42,7 @@ class AgentMetrics:
 
     def __init__(self, node_name: str, registry: CollectorRegistry | None = None) -> None:
         self.node_name = node_name
-        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else new_registry()
         r = self.registry
         self.fb_used_mib = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).",
                                  _GPU_LABELS, registry=r)

@@ -16,6 +16,7 @@ from prometheus_client.exposition import generate_latest
 
 from gpufrag import probes
 from gpufrag.httpserve import Server
+from gpufrag.metrics import new_registry
 from node.deviceplugin.inventory import Gpu
 
 # Allocate must answer well inside the kubelet's patience; buckets resolve the 50 ms target.
@@ -27,7 +28,7 @@ class PluginMetrics:
 
     def __init__(self, node_name: str, *, recorded: bool,
                  registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+        self.registry = registry if registry is not None else new_registry()
         r = self.registry
         self.node_name = node_name
         self.recorded = Gauge("gpufrag_deviceplugin_inventory_recorded",

@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from gpufrag.metrics import new_registry
 from scheduler.extender.service import Extender
 from scheduler.kube.cache import SKIPPED_KINDS
 from scheduler.kube.skipreport import SKIP_EVENT_OUTCOMES
@@ -110,7 +111,7 @@ class SkipEventCollector(Collector):
 
 class ExtenderMetrics:
     def __init__(self, extender: Extender, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+        self.registry = registry or new_registry()
         self.requests = Counter("gpufrag_extender_requests", "Extender requests by verb and "
                                 "HTTP status.", ["verb", "code"], registry=self.registry)
         self.latency = Histogram("gpufrag_extender_request_duration_seconds",

@@ -17,8 +17,8 @@ from typing import Any
 
 import structlog
 from flask import Flask
-from prometheus_client import CollectorRegistry
 
+from gpufrag.metrics import new_registry
 from gpufrag.records import RecordSigner
 from scheduler.extender.app import create_app
 from scheduler.extender.config import ExtenderConfig
@@ -46,7 +46,7 @@ class Runtime:
         self.extender = extender
         self.watcher = watcher
         self.reporter = reporter
-        self.registry = CollectorRegistry()
+        self.registry = new_registry()
         self.metrics = ExtenderMetrics(extender, self.registry)
         self.app: Flask = create_app(extender, metrics=self.metrics)
         if reporter is not None:

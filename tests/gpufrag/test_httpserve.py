@@ -265,3 +265,9 @@ def test_a_client_ca_requires_a_certificate_it_signed(app: App, pki: Pki,
                 conn.getresponse().read()
     finally:
         served.stop()
+
+
+@pytest.mark.parametrize("port", [70000, -1])
+def test_a_port_out_of_range_is_a_listen_error_naming_the_setting(port: int) -> None:
+    with pytest.raises(ListenError, match=rf"127.0.0.1:{port} \(server.port\): a port is"):
+        listen("127.0.0.1", port, setting="server.port")

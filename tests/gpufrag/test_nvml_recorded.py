@@ -139,6 +139,13 @@ def test_a_bad_file_says_which(tmp_path: Path) -> None:
     assert RecordedNvml.load(path).devices[0].name == "Tesla T4"
 
 
+def test_a_deeply_nested_file_is_bad_input_not_a_recursion_error(tmp_path: Path) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text('{"devices": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(BadInput, match="deep.json: not JSON: depth limit"):
+        RecordedNvml.load(path)
+
+
 def test_it_answers_every_call_the_protocol_names() -> None:
     names = {n for n, _ in inspect.getmembers(NvmlApi) if n.startswith("nvml")}
     assert names <= {n for n in dir(RecordedNvml) if n.startswith("nvml")}

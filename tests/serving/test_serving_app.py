@@ -7,11 +7,13 @@ of the infer endpoint that must never crash the batcher or leave the queue stuck
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -272,6 +274,37 @@ def test_oversized_body_is_413(server: ThreadedServer) -> None:
     response = post(server, None, raw=b" " * (65 * 1024))
     assert response.status_code == 413
     assert "exceeds the 65536 byte limit (--max-body-bytes)" in response.json()["error"]
+
+
+def _deflate_raw(data: bytes) -> bytes:
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
+@pytest.mark.parametrize(("encoding", "pack"), [
+    ("gzip", gzip.compress), ("deflate", zlib.compress), ("deflate", _deflate_raw),
+    ("GZip", gzip.compress), ("identity", lambda data: data)])
+def test_compressed_request_bodies_are_inflated(server: ThreadedServer, encoding: str,
+                                                pack: Callable[[bytes], bytes]) -> None:
+    body = json.dumps(infer_body(2)).encode()
+    response = post(server, None, raw=pack(body), headers={"Content-Encoding": encoding})
+    assert response.status_code == 200, response.text
+    assert response.json() == post(server, infer_body(2)).json()
+
+
+@pytest.mark.parametrize(("encoding", "raw", "status", "message"), [
+    ("br", b"{}", 415, "Content-Encoding 'br' is not supported; send one of gzip, deflate"),
+    ("gzip, deflate", b"{}", 415, "is not supported"),
+    ("gzip", b"not gzip at all", 400, "the gzip request body is corrupt"),
+    ("gzip", gzip.compress(b'{"inputs": []}')[:-12], 400, "ends before its stream does"),
+    ("deflate", b"\x00\xff" * 8, 400, "the deflate request body is corrupt"),
+    # A bomb: 20 KB on the wire, 20 MB inflated, against a 64 KiB limit.
+    ("gzip", gzip.compress(b"0" * (20 * 1024 * 1024)), 413, "inflates past the 65536 byte"),
+])
+def test_bad_request_codings_are_refused_naming_what_is_wrong(
+        server: ThreadedServer, encoding: str, raw: bytes, status: int, message: str) -> None:
+    response = post(server, None, raw=raw, headers={"Content-Encoding": encoding})
+    assert response.status_code == status and message in response.json()["error"]
 
 
 def test_deadline_counts_from_arrival_so_a_tiny_one_expires_before_the_queue(

@@ -163,6 +163,18 @@ def test_tritonclient_infer_matches_the_model(client: triton.InferenceServerClie
     np.testing.assert_allclose(logits, expected(reference, x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_compressed_requests_are_answered(client: triton.InferenceServerClient,
+                                                       reference: ort.InferenceSession,
+                                                       algorithm: str) -> None:
+    x = images(2, seed=5)
+    result = client.infer(MODEL, [triton_input(x, binary=False)],
+                          request_compression_algorithm=algorithm)
+    logits = result.as_numpy("logits")
+    assert logits is not None
+    np.testing.assert_allclose(logits, expected(reference, x), rtol=1e-5, atol=1e-6)
+
+
 def test_tritonclient_default_outputs_come_back_binary(client: triton.InferenceServerClient,
                                                        reference: ort.InferenceSession) -> None:
     """With no outputs named, tritonclient sets ``binary_data_output``: all outputs as raw

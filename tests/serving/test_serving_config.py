@@ -50,3 +50,8 @@ def test_valid_configs_pass_through_unchanged() -> None:
 @pytest.mark.parametrize(("text", "sizes"), [("", ()), ("8", (8,)), (" 4, 8 ,16,", (4, 8, 16))])
 def test_parse_sizes(text: str, sizes: tuple[int, ...]) -> None:
     assert parse_sizes(text, "--x") == sizes
+
+
+def test_the_growth_alarm_defaults_to_the_seeds_100_mb() -> None:
+    # 100 MB is 95.37 MiB: an alarm at 100 MiB (104.9 MB) would let a 4.9 MB larger step by.
+    assert ServerConfig(model="m").gpu_memory_growth_warn_mib * 2**20 == 100e6

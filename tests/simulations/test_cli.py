@@ -53,6 +53,14 @@ def test_bad_input_exits_2_with_one_line(args: list[str], message: str, tmp_path
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("load", ["1e308", "inf", "0", "nan"])
+def test_a_sweep_load_out_of_bounds_is_refused_in_one_line(
+        load: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", "sweep", "--load", load]) == 2
+    err = capsys.readouterr().err
+    assert "--load" in err and "Traceback" not in err
+
+
 def test_unknown_command_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["frobnicate"]) == 2
     assert main([]) == 0 and "whatif" in capsys.readouterr().out

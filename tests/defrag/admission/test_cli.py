@@ -9,7 +9,8 @@ from gpufrag.errors import EXIT_BAD_INPUT
 
 
 @pytest.mark.parametrize("argv", [[], ["--tls-cert-file=x"], ["--insecure-http",
-                                                               "--lookup-timeout-s=0"]])
+                                                               "--lookup-timeout-s=0"],
+                                  ["--insecure-http", "--port=70000"]])
 def test_bad_flags_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]
                                         ) -> None:
     assert main(argv) == EXIT_BAD_INPUT

@@ -228,3 +228,45 @@ def test_a_raised_workload_in_its_cool_off_is_admitted_as_asked() -> None:
                  clock=lambda: NOW + 2 * 86400)["response"]
     assert any(op.get("value") == str(math.ceil(9000 * 1.2 * 1000 / 81920))
                for op in patch_of(out))
+
+
+def _malformed_reviews() -> list[tuple[str, dict[str, Any]]]:
+    """The whole-GPU auto review with one field at a time replaced by each wrong JSON type."""
+    def base() -> dict[str, Any]:
+        return orjson.loads(review(whole_pod()))
+
+    paths = [("request", "uid"), ("request", "kind"), ("request", "operation"),
+             ("request", "namespace"), ("request", "object"), ("request", "object", "metadata"),
+             ("request", "object", "metadata", "labels"),
+             ("request", "object", "metadata", "annotations"),
+             ("request", "object", "metadata", "ownerReferences"),
+             ("request", "object", "metadata", "ownerReferences", 0),
+             ("request", "object", "spec"), ("request", "object", "spec", "containers"),
+             ("request", "object", "spec", "containers", 0),
+             ("request", "object", "spec", "containers", 0, "resources"),
+             ("request", "object", "spec", "containers", 0, "resources", "limits"),
+             ("request", "object", "spec", "containers", 0, "resources", "limits",
+              NAMES.gpu)]
+    out = []
+    for path in paths:
+        for value in ("text", 7, -1.5, True, None, [], [1, "x"], {"a": {"b": []}}):
+            doc = base()
+            node: Any = doc
+            for step in path[:-1]:
+                node = node[step]
+            node[path[-1]] = value
+            out.append((f"{'.'.join(map(str, path))}={value!r}", doc))
+    return out
+
+
+@pytest.mark.parametrize(("case", "doc"), _malformed_reviews(), ids=lambda v: str(v)[:60])
+def test_every_malformed_review_is_answered_allowed_and_unchanged(
+        case: str, doc: dict[str, Any]) -> None:
+    metrics = AdmissionMetrics()
+    out = answer(orjson.dumps(doc), lambda _ns, _refs: workload("auto", day_of_history()),
+                 NAMES, metrics, clock=lambda: NOW)
+    response = out["response"]
+    assert out["kind"] == "AdmissionReview" and response["allowed"] is True, case
+    assert isinstance(response["uid"], str)
+    assert metrics.registry.get_sample_value("gpufrag_admission_skips_total",
+                                             {"reason": "internal_error"}) in (None, 0.0), case
