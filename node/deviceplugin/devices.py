@@ -54,7 +54,20 @@ class DeviceList:
     def __init__(self, kind: Kind, gpus: Sequence[Gpu]) -> None:
         self.kind = kind
         self._ids = {gpu.uuid: device_ids(kind, gpu) for gpu in gpus}
+        self._all = frozenset(i for ids in self._ids.values() for i in ids)
         self._cache: tuple[tuple[tuple[str, bool], ...], pb.ListAndWatchResponse] | None = None
+
+    def problem(self, ids: Sequence[str]) -> str | None:
+        """Why ``ids`` (from an Allocate or PreStartContainer call) cannot be this list's: an
+        ID never advertised, or one named twice; None when they are fine."""
+        unknown = [i for i in ids if i not in self._all]
+        if unknown:
+            shown = ", ".join(repr(i[:80]) for i in unknown[:3])
+            return (f"{len(unknown)} device ID(s) this plugin never advertised ({shown}"
+                    f"{' ...' if len(unknown) > 3 else ''})")
+        if len(set(ids)) != len(ids):
+            return "a device ID is named more than once"
+        return None
 
     def response(self, health: Mapping[str, bool]) -> pb.ListAndWatchResponse:
         key = tuple(sorted(health.items()))
