@@ -16,10 +16,15 @@ What Hypercorn leaves to the app, this module's :class:`Gateway` does, in front 
   (however slowly it trickles: the deadline is for the body, not each read), so the app's
   threads only ever hold complete requests. A late body reaches the app as a ``wsgi.input``
   whose ``read`` raises ``TimeoutError`` (the app answers 408 in its own shape).
-- **Bounded memory**: a body announced over ``max_body_bytes`` is not read at all (the app
-  sees its ``CONTENT_LENGTH`` and refuses it, 413); a chunked one is read to one byte past
-  the limit. Over all connections at most ``max_buffered_bytes`` of bodies are held at once;
-  past that the request is answered 503 with ``Retry-After`` and the body is not read.
+- **Bounded memory**: a body announced over ``max_body_bytes`` is not kept (the app sees its
+  ``CONTENT_LENGTH`` and refuses it, 413); a chunked one is kept to one byte past the limit.
+  Over all connections at most ``max_buffered_bytes`` of bodies are held at once; past that
+  the request is answered 503 with ``Retry-After`` and the body is not kept.
+- **A refused body is drained before its answer**: what the client still sends of it is read
+  and dropped (at most ``discard_max_bytes``, within ``read_timeout_s``), then the answer goes
+  out with ``Connection: close``. Closing with the body unread would make the kernel reset
+  the connection, and a client still sending (most send the whole body before they read)
+  would lose the answer to the reset.
 - **The app runs on ``threads`` threads** of its own (or, where ``inline`` says so, on the
   loop's thread, for short CPU-only requests whose hand-off to a thread would cost more than
   they do).
@@ -100,6 +105,7 @@ class Limits:
     keepalive_s: float = 75.0
     threads: int = 2
     max_buffered_bytes: int | None = None  # None: threads x max_body_bytes
+    discard_max_bytes: int = 1024**3  # of a refused body, read and dropped before its answer
     grace_s: float = 10.0
     setting: str = "read_timeout_s"
 
@@ -191,31 +197,56 @@ class Gateway:
             await send({"type": "websocket.close", "code": 1003})
             return
         held = 0
+        unread = False  # part of the body is still on its way: drain it before answering
         try:
             announced = self._announced(scope)
             limits = self.limits
             if announced is not None and announced > limits.max_body_bytes:
-                body: io.RawIOBase | io.BytesIO = io.BytesIO(b"")  # the app refuses it unread
+                body: io.RawIOBase | io.BytesIO = io.BytesIO(b"")  # the app refuses it unkept
+                unread = True
             elif self.buffered + (limits.max_body_bytes if announced is None else announced
                                   ) > limits.buffered_budget:
-                await self._send(send, _text(
+                await self._discard(receive)
+                await self._send(send, _closing(_text(
                     503, "too many request bodies held at once; retry shortly",
-                    ((b"retry-after", b"1"),)))
+                    ((b"retry-after", b"1"),))))
                 return
             else:
                 read = await self._read_body(receive, announced)
                 if read is None:  # the client went away mid-body: nobody to answer
                     return
                 body, held = read
+                # (a late body is not drained: its sender is too slow to wait for)
+                unread = held > limits.max_body_bytes
             environ = _environ(scope, body)
             if self.inline is not None and self.inline(environ):
                 answer = self._run(environ)
             else:
                 answer = await asyncio.get_running_loop().run_in_executor(
                     self.pool, self._run, environ)
+            if unread:
+                self.buffered -= held  # the kept part is not needed any more
+                held = 0
+                await self._discard(receive)
+                answer = _closing(answer)
             await self._send(send, answer)
         finally:
             self.buffered -= held
+
+    async def _discard(self, receive: Callable[[], Any]) -> None:
+        """Read and drop the rest of a refused body: to its end, ``discard_max_bytes``, the
+        read deadline, or the client's leaving, whichever comes first."""
+        limits = self.limits
+        dropped = 0
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(limits.read_timeout_s):
+                while dropped <= limits.discard_max_bytes:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    dropped += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        return
 
     @staticmethod
     def _announced(scope: dict[str, Any]) -> int | None:
@@ -280,6 +311,13 @@ class Gateway:
         status, headers, body = answer
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _closing(answer: Answer) -> Answer:
+    """``answer`` with ``Connection: close``: the connection ends after it."""
+    status, headers, body = answer
+    return status, [*(h for h in headers if h[0] != b"connection"),
+                    (b"connection", b"close")], body
 
 
 def reason_phrase(status: int, unknown: str = "Unknown") -> str:

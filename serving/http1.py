@@ -139,7 +139,7 @@ class HttpLimits:
     body_timeout_s: float = 30.0  # longest silence while a body is arriving
     keepalive_timeout_s: float = 75.0  # an idle keep-alive connection (aiohttp's default)
     max_pipelined: int = 64  # answers outstanding on one connection before reading pauses
-    discard_max_bytes: int = 16 * 1024 * 1024  # of a refused body, read and dropped
+    discard_max_bytes: int = 1024**3  # of a refused body, read and dropped (not kept)
     max_connections: int = 4096  # open at once; one more is closed as it is accepted
     timeouts_setting: str = ""  # the setting a 408's message names for both timeouts
     # Bytes of request bodies held at once, over all connections (read, or handed to the

@@ -271,3 +271,33 @@ def test_a_client_ca_requires_a_certificate_it_signed(app: App, pki: Pki,
 def test_a_port_out_of_range_is_a_listen_error_naming_the_setting(port: int) -> None:
     with pytest.raises(ListenError, match=rf"127.0.0.1:{port} \(server.port\): a port is"):
         listen("127.0.0.1", port, setting="server.port")
+
+
+def _send_all_then_read(port: int, head: bytes, body: bytes) -> tuple[str, bytes]:
+    """As most clients do: the whole body first, then the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        try:
+            sock.sendall(head + body)
+        except OSError as e:
+            return f"send failed: {e!r}", b""
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+        return "sent", answer
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_70_mb_body_over_the_limit_is_drained_so_the_client_reads_its_413(
+        server: Server, framing: str) -> None:
+    data = b"a" * 70_000_000
+    if framing == "length":
+        head = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(data)
+        body = data
+    else:
+        head = b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        body = b"%x\r\n" % len(data) + data + b"\r\n0\r\n\r\n"
+    sent, answer = _send_all_then_read(server.port, head, body)
+    assert sent == "sent", sent  # not reset mid-send
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:80]
+    assert b"connection: close" in answer.lower()  # and then the server closes (recv ended)

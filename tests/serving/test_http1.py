@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import requests
 
 from serving.config import BatcherConfig
 from serving.frontend import HttpLimits
@@ -366,3 +367,14 @@ def test_an_upgrade_request_is_answered_as_http_1_1_then_the_connection_closes(
     reply = client.reply()
     assert reply.status == 200 and reply.json() == {"live": True}
     assert client.closed_by_server() and client.buffer == b""
+
+
+def test_a_70_mb_body_announced_over_the_limit_still_gets_its_413_read() -> None:
+    # A client that sends its whole body before reading (as requests does): the server
+    # answers from the headers and reads the rest to drop it, so the client is not reset
+    # mid-send and reads the 413.
+    with ThreadedServer(FakeBackend(), FAST, max_body_bytes=1024 * 1024) as server:
+        response = requests.post(f"{server.url}/v2/models/fake/infer",
+                                 data=b" " * 70_000_000, timeout=60)
+        assert response.status_code == 413
+        assert "exceeds the 1048576 byte limit" in response.json()["error"]
