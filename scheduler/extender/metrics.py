@@ -81,6 +81,12 @@ class _ClusterCollector(Collector):
         with cache.lock:
             refused.add_metric([], cache.reservations.refused)
         yield refused
+        unassumed = CounterMetricFamily(
+            "gpufrag_extender_unassumed_decisions",
+            "Deciding filters for pods the watch had not seen pending: answered, but no GPU "
+            "held for them (a caller that is not kube-scheduler, or a watch running behind).")
+        unassumed.add_metric([], self.extender.unassumed_decisions)
+        yield unassumed
 
 
 class SkipEventOutcomes(Protocol):

@@ -103,6 +103,8 @@ class Extender:
         self._workload_changes = -1
         self._workload_after_sync = False
         self.node_json = NodeJson()
+        # Deciding filters answered for pods the watch has not seen (nothing assumed for them).
+        self.unassumed_decisions = 0
         self._cached_requests = cache.names == config.names
         # NodeNames set (the wire's key) -> (its rows, all of them known, state.index size).
         self._rows_by_list: dict[NameSet, tuple[IntArray, bool, int]] = {}
@@ -291,10 +293,23 @@ class Extender:
         decision = self.scorer.place_on(state, pod, int(chosen[0]))
         if decision is None:  # pragma: no cover - decide ranks only rows the pod fits
             return None
-        self.cache.assume(pod, decision.row, decision.gpus, decided=True)
+        if self._known_pending(key, pod_obj):
+            self.cache.assume(pod, decision.row, decision.gpus, decided=True)
+        else:
+            self.unassumed_decisions += 1
         passed = rows == chosen[0] if chosen.size == 1 else np.isin(rows, chosen)
         return FilterVerdicts(rows, passed, np.zeros(0, np.int64), [], np.zeros(0, np.bool_),
                               [], decided=decision.node)
+
+    def _known_pending(self, key: str, pod_obj: Obj) -> bool:
+        """The watch has seen this pod, pending, with this UID: a decision may hold GPUs for
+        it. A pod the cluster does not have (made up by whoever can reach the verb port, or
+        not yet seen by the watch) is answered all the same but holds nothing, so a flood of
+        such filters cannot take every free GPU for the assume TTL; its bind, if it is real,
+        assumes and re-checks the GPUs then. Call with the cache's lock held."""
+        known = self.cache.pods.get(key)
+        return known is not None and not known.node and bool(known.uid) \
+            and known.uid == uid_of(pod_obj)
 
     def _unplaceable(self, reason: str, names: Sequence[str]) -> FilterVerdicts:
         """Every node fails, unresolvable, with ``reason`` (a request the extender cannot

@@ -152,3 +152,22 @@ def test_a_cpu_only_pod_passes_every_node_and_assumes_nothing() -> None:
     reply = filtered(runtime, pending("web", num_gpu=0, gpu_milli=0), NAMES)
     assert reply["NodeNames"] == NAMES and runtime.cache.counts()["pods_assumed"] == 0
 
+
+
+def test_filters_for_pods_the_cluster_does_not_have_hold_no_gpu() -> None:
+    # One free GPU. Whoever reaches the verb port files 50 filters for made-up pods: each is
+    # answered, none holds the GPU, and the real pod's filter then gets it (and holds it).
+    runtime = serve([node("n0", gpu_count=1)], [pending("real")])
+    for i in range(50):
+        made_up = filtered(runtime, pending(f"ghost-{i}"), ["n0"])
+        assert made_up["NodeNames"] == ["n0"]
+    assert runtime.cache.assumed == {} and runtime.extender.unassumed_decisions == 50
+    assert filtered(runtime, pending("real"), ["n0"])["NodeNames"] == ["n0"]
+    assert runtime.cache.assumed_node("default/real") == "n0"
+    # A pod known by name but filed with another UID is not the cluster's pod either.
+    impostor = k8s_pod(pod("real"), uid="uid-someone-else")
+    runtime.cache.forget("default/real")
+    filtered(runtime, impostor, ["n0"])
+    assert runtime.cache.assumed == {}
+    assert "gpufrag_extender_unassumed_decisions_total 51.0" in runtime.app.test_client().get(
+        "/metrics").get_data(as_text=True)
