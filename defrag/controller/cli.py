@@ -81,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--prometheus-interval-s", type=float, default=d.prometheus_interval_s,
                    help="DCGM scrape interval, for staleness (default: "
                         f"{d.prometheus_interval_s:g})")
+    t.add_argument("--prometheus-peak-window-s", type=float,
+                   default=d.prometheus_peak_window_s,
+                   help="the window DCGM's peak use is read over (max_over_time), for the "
+                        f"idle ratio (default: {d.prometheus_peak_window_s:g}, a day)")
     t.add_argument("--stale-intervals", type=float, default=d.stale_intervals,
                    help="ignore (and report) usage older than this many publishing intervals "
                         f"(default: {d.stale_intervals:g})")
@@ -196,7 +200,8 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
                       total=args.max_evictions_total),
         max_priority=args.max_priority, max_pod_gpus=args.max_pod_gpus, policy=args.policy,
         coverage=args.coverage, stale_intervals=args.stale_intervals,
-        prometheus_interval_s=args.prometheus_interval_s, bind_timeout_s=args.bind_timeout_s,
+        prometheus_interval_s=args.prometheus_interval_s,
+        prometheus_peak_window_s=args.prometheus_peak_window_s, bind_timeout_s=args.bind_timeout_s,
         hint_ttl_s=args.hint_ttl_s, candidates_per_eviction=args.candidates_per_eviction,
         min_gain_gpus=args.min_gain_gpus, move_not_actionable=args.move_not_actionable,
         excluded_namespaces=_names(args.exclude_namespaces),
@@ -260,7 +265,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     nodes, pods, pdbs = read_cluster(client)
     dcgm = None
     if args.prometheus:
-        dcgm = fetch_samples(args.prometheus)
+        dcgm = fetch_samples(args.prometheus, peak_window_s=config.prometheus_peak_window_s)
     source = UsageSource(stale_intervals=config.stale_intervals, now=time.time(), dcgm=dcgm,
                          dcgm_interval_s=config.prometheus_interval_s)
     snapshot, problems = build_snapshot(nodes, pods, pdbs, source, config.names)

@@ -62,6 +62,9 @@ class DefragConfig:
     stale_intervals: float = float(STALE_AFTER_INTERVALS)
     # Prometheus scrape interval of the DCGM exporter (staleness of --prometheus data).
     prometheus_interval_s: float = 30.0
+    # The window DCGM's peak is read over (max_over_time): a day keeps the query cheap on a
+    # large fleet; the agent's own window is 7 days.
+    prometheus_peak_window_s: float = 86400.0
     # How long to wait for an evicted pod's replacement to be bound.
     bind_timeout_s: float = 180.0
     # Placement hints expire after this long even if nobody removes them.
@@ -123,6 +126,9 @@ class DefragConfig:
             raise BadInput(f"{self.coverage} is outside (0, 1]", field="--coverage")
         if self.stale_intervals <= 0:
             raise BadInput(f"{self.stale_intervals} must be > 0", field="--stale-intervals")
+        if not self.prometheus_interval_s <= self.prometheus_peak_window_s <= 31 * 86400:
+            raise BadInput(f"{self.prometheus_peak_window_s} must be between the scrape "
+                           "interval and 31 days", field="--prometheus-peak-window-s")
         if self.prometheus_interval_s <= 0:
             raise BadInput(f"{self.prometheus_interval_s} must be > 0",
                            field="--prometheus-interval-s")

@@ -59,11 +59,14 @@ class UsageTable:
     @classmethod
     def from_readings(cls, state: ClusterState, gpu_used_mib: Mapping[GpuKey, float],
                       pod_used_mib: Mapping[str, float],
-                      pod_peak_mib: Mapping[str, float] | None = None) -> UsageTable:
+                      pod_peak_mib: Mapping[str, float] | None = None, *,
+                      gpu_peak_mib: Mapping[GpuKey, float] | None = None) -> UsageTable:
         """Build from fresh readings: ``gpu_used_mib`` per (row, GPU) with a reading, the
         per-GPU figures of the pods that have one, and their peaks over the window
         (``pod_peak_mib``). On a GPU with a reading, pods without a figure share what the
-        listed pods do not explain, in proportion to their shares."""
+        listed pods do not explain, in proportion to their shares; where the GPU's own peak
+        over the window is known (``gpu_peak_mib``: DCGM's), they share its unexplained peak
+        the same way."""
         table = cls(state)
         on_gpu: dict[GpuKey, list[Placement]] = {}
         for placement in state.pods.values():
@@ -79,14 +82,20 @@ class UsageTable:
                             if pod_key(p.pod) in pod_used_mib)
             unexplained = [p for p in pods if pod_key(p.pod) not in pod_used_mib]
             rest = max(used - explained, 0.0)
+            peak = (gpu_peak_mib or {}).get((row, g))
             if unexplained:
                 total_milli = sum(p.pod.gpu_milli for p in unexplained)
+                peak_rest = None if peak is None else max(peak - explained, rest)
                 for p in unexplained:
                     share = rest * p.pod.gpu_milli / total_milli
                     key = pod_key(p.pod)
                     # A pod on several GPUs gets the mean of its GPUs' shares.
                     table.pod_used_mib[key] = (table.pod_used_mib.get(key, 0.0)
                                                + share / len(p.gpus))
+                    if peak_rest is not None:
+                        table.pod_peak_mib[key] = (
+                            table.pod_peak_mib.get(key, 0.0)
+                            + peak_rest * p.pod.gpu_milli / total_milli / len(p.gpus))
             else:
                 table.other_mib[row, g] = rest
         for key, used in pod_used_mib.items():

@@ -4,7 +4,15 @@ dcgm-exporter publishes ``DCGM_FI_DEV_FB_USED`` (MiB) per GPU with labels ``gpu`
 ``UUID``, ``Hostname`` (the node) and, with its Kubernetes mapping on, ``pod``/``namespace`` —
 renamed ``exported_pod``/``exported_namespace`` when Prometheus scrapes the exporter's own pod.
 An instant query returns the query time, not the time of the sample, so staleness is read from a
-second query, ``timestamp(DCGM_FI_DEV_FB_USED)``, joined on the labels.
+second query, ``timestamp(DCGM_FI_DEV_FB_USED)``, joined on the labels. The peak over the
+window, which the idle ratio reads (memory reserved and not touched), is a third,
+``max_over_time(DCGM_FI_DEV_FB_USED[<window>s])``, joined the same way; a series without one
+(newer than the window's first scrape) peaks at what it uses now.
+
+The figures are per GPU (dcgm-exporter has no per-process memory): where several pods share a
+GPU, its peak is shared out in proportion to their shares, which is never more than the sum
+of their own peaks (they need not peak together), so a pod's idle memory can read higher
+than the agent's per-pod figures would say. Prefer the agent where both run.
 """
 
 from __future__ import annotations
@@ -41,10 +49,17 @@ def _series(payload: Mapping[str, Any], what: str) -> list[tuple[dict[str, str],
     return out
 
 
-def samples_from(values: Mapping[str, Any], timestamps: Mapping[str, Any]) -> list[GpuSample]:
-    """Join the two query answers into one sample per series (series without a node or GPU
-    label, or without a timestamp, are dropped: they cannot be attributed)."""
+def peak_query(window_s: float) -> str:
+    return f"max_over_time({METRIC}[{int(window_s)}s])"
+
+
+def samples_from(values: Mapping[str, Any], timestamps: Mapping[str, Any],
+                 peaks: Mapping[str, Any] | None = None) -> list[GpuSample]:
+    """Join the query answers into one sample per series (series without a node or GPU label,
+    or without a timestamp, are dropped: they cannot be attributed)."""
     stamp_of = {frozenset(m.items()): ts for m, ts in _series(timestamps, f"timestamp({METRIC})")}
+    peak_of = ({frozenset(m.items()): v for m, v in _series(peaks, f"the peak of {METRIC}")}
+               if peaks is not None else {})
     out = []
     for metric, value in _series(values, METRIC):
         node = next((metric[k] for k in NODE_LABELS if metric.get(k)), "")
@@ -54,20 +69,22 @@ def samples_from(values: Mapping[str, Any], timestamps: Mapping[str, Any]) -> li
         out.append(GpuSample(
             node=node, gpu=int(metric["gpu"]), used_mib=value, timestamp=stamp,
             namespace=metric.get("exported_namespace") or metric.get("namespace", ""),
-            pod=metric.get("exported_pod") or metric.get("pod", "")))
+            pod=metric.get("exported_pod") or metric.get("pod", ""),
+            peak_mib=peak_of.get(frozenset(metric.items()))))
     return out
 
 
-def fetch_samples(base_url: str, *, timeout_s: float = 10.0,
+def fetch_samples(base_url: str, *, peak_window_s: float, timeout_s: float = 10.0,
                   session: requests.Session | None = None) -> list[GpuSample]:
-    """Query Prometheus at ``base_url`` (e.g. http://prometheus.monitoring:9090)."""
+    """Query Prometheus at ``base_url`` (e.g. http://prometheus.monitoring:9090): used memory,
+    its timestamps, and its peak over ``peak_window_s``."""
     http = session or requests.Session()
     answers = []
-    for query in (METRIC, f"timestamp({METRIC})"):
+    for query in (METRIC, f"timestamp({METRIC})", peak_query(peak_window_s)):
         try:
             response = http.get(f"{base_url.rstrip('/')}/api/v1/query", params={"query": query},
                                 timeout=timeout_s)
             answers.append(response.json())
         except (requests.RequestException, ValueError) as e:
             raise CycleStopped(f"querying Prometheus at {base_url} for {query}", str(e)) from None
-    return samples_from(answers[0], answers[1])
+    return samples_from(answers[0], answers[1], answers[2])

@@ -59,6 +59,7 @@ class GpuSample:
     timestamp: float
     namespace: str = ""
     pod: str = ""
+    peak_mib: float | None = None  # the most it held over the window (None: not known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +297,7 @@ def _usage_table(state: ClusterState, infos: Mapping[str, PodInfo],
                  agent: Mapping[str, NodeGpuUsage], source: UsageSource,
                  notes: list[UsageNote]) -> UsageTable:
     gpu_used: dict[GpuKey, float] = {}
+    gpu_peak: dict[GpuKey, float] = {}
     pod_sum: dict[str, float] = {}
     peak_sum: dict[str, float] = {}
     pod_count: dict[str, int] = {}
@@ -325,13 +327,15 @@ def _usage_table(state: ClusterState, infos: Mapping[str, PodInfo],
                 continue
             # Several series per GPU (one per pod label) carry the same GPU-wide figure.
             gpu_used[(row, s.gpu)] = max(gpu_used.get((row, s.gpu), 0.0), s.used_mib)
+            if s.peak_mib is not None and math.isfinite(s.peak_mib):
+                gpu_peak[(row, s.gpu)] = max(gpu_peak.get((row, s.gpu), 0.0), s.peak_mib)
         for node, age in sorted(stale.items()):
             notes.append(UsageNote(node, f"DCGM samples {age:.0f}s old (> "
                                          f"{source.stale_intervals:g} x "
                                          f"{source.dcgm_interval_s:g}s): ignored"))
     pod_used = {k: pod_sum[k] / pod_count[k] for k in pod_sum if k in state.pods}
     pod_peak = {k: peak_sum[k] / pod_count[k] for k in peak_sum if k in state.pods}
-    return UsageTable.from_readings(state, gpu_used, pod_used, pod_peak)
+    return UsageTable.from_readings(state, gpu_used, pod_used, pod_peak, gpu_peak_mib=gpu_peak)
 
 
 def hold_reservations(snapshot: Snapshot, objs: Iterable[Obj], now: float) -> list[str]:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from defrag.controller.errors import CycleStopped
-from defrag.controller.prometheus import samples_from
+from defrag.controller.prometheus import peak_query, samples_from
 from defrag.controller.snapshot import GpuSample
 
 
@@ -35,6 +35,14 @@ def test_values_join_their_timestamps() -> None:
         GpuSample("node-1", 0, 4096.0, 1699999990.5, "serving", "web-0"),
         GpuSample("node-1", 1, 10.0, 1699999000.0, "", ""),
     ]
+
+
+def test_the_peak_over_the_window_joins_its_series() -> None:
+    samples = samples_from(vector((GPU0, 4096), (GPU1, 10)),
+                           stamps((GPU0, 1699999990.5), (GPU1, 1699999000.0)),
+                           vector((GPU0, 9000)))  # GPU1's series is newer than the window
+    assert [(s.gpu, s.peak_mib) for s in samples] == [(0, 9000.0), (1, None)]
+    assert peak_query(86400) == "max_over_time(DCGM_FI_DEV_FB_USED[86400s])"
 
 
 def test_an_error_answer_stops_the_cycle() -> None:

@@ -101,6 +101,27 @@ def test_dcgm_samples_replace_the_annotation() -> None:
     assert [n.node for n in snap.notes] == ["n0"] and "DCGM samples" in snap.notes[0].reason
 
 
+def test_dcgm_peaks_make_the_idle_ratio_read_the_window_not_the_instant() -> None:
+    # Two 500-milli pods on GPU 0 use 6,000 MiB between them now, 12,000 at the window's peak.
+    nodes = [k8s_node("n0")]
+    pods = [k8s_pod("a", node="n0", milli=500, indices="0"),
+            k8s_pod("b", node="n0", milli=500, indices="0")]
+    samples = [GpuSample("n0", 0, 6000.0, NOW - 5, "ns", name, peak_mib=12_000.0)
+               for name in ("a", "b")]
+    source = UsageSource(stale_intervals=8, now=NOW, dcgm=samples, dcgm_interval_s=30)
+    snap, _ = build_snapshot(nodes, pods, [], source)
+    assert snap.usage.pod_peak_mib == {"ns/a": 6000.0, "ns/b": 6000.0}
+    reserved = float(snap.state.gpu_memory_mib[0])  # both halves: the whole GPU
+    summary = measure(snap.state, snap.usage, workload((1000, 1, 1000, 1.0))).summary
+    assert summary.idle_gib * 1024 == pytest.approx(reserved - 12_000)
+    assert summary.burst_headroom_gib * 1024 == pytest.approx(6000)
+    # Without the peak (the series is newer than the window), the instant figure stands.
+    plain = [GpuSample("n0", 0, 6000.0, NOW - 5, "ns", name) for name in ("a", "b")]
+    snap, _ = build_snapshot(nodes, pods, [], UsageSource(stale_intervals=8, now=NOW,
+                                                          dcgm=plain, dcgm_interval_s=30))
+    assert snap.usage.pod_peak_mib == {}
+
+
 def test_bad_objects_are_skipped_with_a_reason() -> None:
     bad = k8s_pod("x", node="n0", milli=1500)
     owners = k8s_pod("y", node="n0", milli=500)
