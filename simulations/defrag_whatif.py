@@ -591,18 +591,21 @@ class FrontierPoint:
     over_share_ratio: float  # readings above the share held, out of sample
     raised: int  # workloads the guard raised
     pending_placed: int  # small pods placed on the room the moves and right-sizing opened
+    bound_idle_ratio: float  # every single-GPU pod right-sized at once (no eviction budget)
 
     @classmethod
     def of(cls, config: RightsizingConfig, result: WhatIfResult) -> FrontierPoint:
+        bound = result.ceiling.summary.idle_ratio if result.ceiling else result.after.idle_ratio
         return cls(config.headroom_fraction, config.headroom_mib, result.after.idle_ratio,
                    result.after.free_whole_gpus, result.over_share.ratio,
-                   result.over_share.raised, result.pending_before - result.pending_after)
+                   result.over_share.raised, result.pending_before - result.pending_after,
+                   bound)
 
     def line(self) -> str:
         return (f"headroom {self.headroom_fraction:>4.0%} + {self.headroom_mib:>4} MiB: idle "
-                f"{self.idle_ratio:.1%}, free whole GPUs {self.free_whole_gpus}, readings over "
-                f"the share {self.over_share_ratio:.2%} ({self.raised} workloads raised), "
-                f"pending pods placed {self.pending_placed}")
+                f"{self.idle_ratio:.1%} (bound {self.bound_idle_ratio:.1%}), free whole GPUs "
+                f"{self.free_whole_gpus}, readings over the share {self.over_share_ratio:.2%} "
+                f"({self.raised} workloads raised), pending pods placed {self.pending_placed}")
 
 
 def plot_frontier(points: Sequence[FrontierPoint], out: Path) -> Path:
@@ -614,14 +617,17 @@ def plot_frontier(points: Sequence[FrontierPoint], out: Path) -> Path:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     risk = [100 * p.over_share_ratio for p in points]
-    for ax, values, label in ((axes[0], [100 * p.idle_ratio for p in points], "idle ratio %"),
-                              (axes[1], [p.free_whole_gpus for p in points],
-                               "free whole GPUs")):
-        ax.plot(risk, values, marker="o")
+    series = ((axes[0], [100 * p.idle_ratio for p in points], "after the cycles"),
+              (axes[0], [100 * p.bound_idle_ratio for p in points], "bound: all right-sized"),
+              (axes[1], [p.free_whole_gpus for p in points], "after the cycles"))
+    for ax, values, label in series:
+        ax.plot(risk, values, marker="o", label=label)
         for p, x, y in zip(points, risk, values, strict=True):
             ax.annotate(f"{p.headroom_fraction:.0%}+{p.headroom_mib}", (x, y))
+    for ax, label in ((axes[0], "idle ratio %"), (axes[1], "free whole GPUs")):
         ax.set_xlabel("readings above the share, out of sample (%)")
         ax.set_ylabel(label)
+        ax.legend()
     fig.suptitle("right-sizing headroom: what it gives back against what it risks")
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)

@@ -144,6 +144,7 @@ class _Tracked:
     recommendation: Recommendation | None = None
     guard: Raise = field(default_factory=Raise)
     raises: int = 0  # times the guard raised it (a sample over the share it held)
+    raised_share_mib: float | None = None  # the share it held when first raised
 
 
 @dataclass
@@ -155,7 +156,9 @@ class OverShare:
     samples: int = 0
     over: int = 0
     raised: int = 0  # workloads the guard raised
-    over_again: int = 0  # workloads over their share again after a raise
+    # Workloads over their share again after a raise, in a replica admitted since (the one
+    # that overran keeps its share until it is replaced: that is not a second overrun).
+    over_again: int = 0
 
     @property
     def ratio(self) -> float:
@@ -228,8 +231,12 @@ class Rightsizing:
                 self.over_share.samples += len(used)
                 self.over_share.over += len(over)
                 if over:
-                    self.over_share.over_again += int(pod.raises == 1)
-                    self.over_share.raised += int(pod.raises == 0)
+                    if pod.raised_share_mib is None:
+                        self.over_share.raised += 1
+                        pod.raised_share_mib = share
+                    elif share != pod.raised_share_mib:
+                        self.over_share.over_again += 1
+                        pod.raised_share_mib = share
                     pod.raises += 1
                     pod.guard = pod.guard.after_overrun(max(over), until_s, self.config)
             pod.history = pod.history.add(samples, until_s, self.config)

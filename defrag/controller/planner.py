@@ -63,6 +63,8 @@ FRAG_EPSILON_MILLI = 1.0
 NO_CONSTRAINTS = NodeConstraints()
 # Re-scoring after earlier moves may take at most this many times the first round's scoring.
 RESCORE_FACTOR = 3
+# A move that would lift its target node, whose idle trigger is off, over the threshold.
+TURNS_TARGET_ON = "it would turn its target node's idle trigger on"
 # The skip reason of every pod on a node whose idle memory right-sizing cannot reclaim.
 NOT_ACTIONABLE = "source node not actionable (its idle memory is not right-sizable)"
 
@@ -396,6 +398,10 @@ class _Planner:
             return "no landing improves the cluster"
         if gain < self.config.min_gain_gpus:
             return "gain below --min-gain-gpus"
+        if dst not in self.triggers.idle and (
+                self._idle_ratio_with(placement, src, dst, dst_gpus, pod)
+                > self.config.threshold):
+            return TURNS_TARGET_ON
         return _Scored(dst, dst_gpus, frag_delta, idle_delta, freed, unblocks, gain)
 
     def replacement(self, key: str, pod: PodRequest) -> PodRequest:
@@ -407,6 +413,28 @@ class _Planner:
         if pod.num_gpu == 1 and 0 < milli < MILLI_PER_GPU and milli != pod.gpu_milli:
             return dataclasses.replace(pod, gpu_milli=milli)  # a whole GPU may become a share
         return pod
+
+    def _idle_ratio_with(self, placement: Placement, src: int, dst: int,
+                         dst_gpus: tuple[int, ...], pod: PodRequest) -> float:
+        """``dst``'s idle ratio once ``pod`` (``placement``'s replacement) is on ``dst_gpus``,
+        over its GPUs with a reading. A move that lifts a node whose trigger is off over the
+        threshold only makes the next cycle's source: the node flaps on again, and the pod
+        may be moved twice."""
+        state, usage = self.state, self.usage
+        memory = float(state.gpu_memory_mib[dst])
+        moved_alloc = pod.gpu_milli / MILLI_PER_GPU * memory
+        moved_peak = usage.pod_peak(placement, src)
+        idle = allocated = 0.0
+        for g in range(int(state.gpu_count[dst])):
+            if not usage.known[dst, g]:
+                continue
+            alloc = (MILLI_PER_GPU - float(state.gpu_free[dst, g])) / MILLI_PER_GPU * memory
+            peak = float(usage.peak_mib[dst, g])
+            if g in dst_gpus:
+                alloc, peak = alloc + moved_alloc, peak + moved_peak
+            idle += max(alloc - peak, 0.0)
+            allocated += alloc
+        return idle / allocated if allocated > 0 else 0.0
 
     def _idle_delta(self, placement: Placement, src: int, dst: int,
                      dst_gpus: tuple[int, ...], new_pod: PodRequest | None = None) -> float:

@@ -9,11 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from defrag.rightsizing.recommender import Mode
+from defrag.rightsizing.recommender import Mode, RightsizingConfig
 from gpufrag.cli import main
 from simulations.defrag_whatif import (
+    FrontierPoint,
     WhatIfResult,
     genai_fractions,
+    plot_frontier,
     run_whatif,
     sampler,
     targets,
@@ -129,6 +131,28 @@ def test_targets_are_judged_on_the_figures(small: WhatIfResult) -> None:
     assert rows["evictions in total"].met == (small.evictions <= 0.1 * small.pods)
     assert set(rows) >= {"idle ratio once settled", "free whole GPUs", "evictions in total",
                          "trigger off once settled"}
+
+
+def test_the_new_targets_are_judged_on_their_figures(small: WhatIfResult) -> None:
+    rows = {t.name: t for t in targets(small)}
+    over = small.over_share
+    assert rows["samples above the share (out of sample)"].met == (over.ratio <= 0.01)
+    assert rows["over the share again after a raise"].met == (over.over_again == 0)
+    assert rows["nodes flapping on/off/on"].met == (not small.flapped)
+    assert rows["free whole GPUs"].goal == ">= +100%"
+
+
+def test_a_frontier_point_carries_the_end_state_the_risk_and_the_bound(
+        small: WhatIfResult, tmp_path: Path) -> None:
+    point = FrontierPoint.of(RightsizingConfig(), small)
+    assert (point.idle_ratio, point.free_whole_gpus) == (small.after.idle_ratio,
+                                                         small.after.free_whole_gpus)
+    assert small.ceiling is not None
+    assert point.bound_idle_ratio == small.ceiling.summary.idle_ratio
+    assert point.over_share_ratio == small.over_share.ratio
+    assert "headroom  15% +  256 MiB: idle" in point.line()
+    path = plot_frontier([point, point], tmp_path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_genai_fractions_and_sampler(tmp_path: Path) -> None:

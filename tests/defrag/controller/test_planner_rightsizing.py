@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from defrag.controller.model import Snapshot
-from defrag.controller.planner import NOT_ACTIONABLE, Plan, apply_moves, plan
+from defrag.controller.model import Snapshot, snapshot_of_state
+from defrag.controller.planner import (
+    NOT_ACTIONABLE,
+    TURNS_TARGET_ON,
+    Plan,
+    apply_moves,
+    plan,
+)
 from defrag.controller.report import plan_table
 from gpufrag.errors import BadInput
-from scheduler.core import TargetWorkload
+from scheduler.core import ClusterState, TargetWorkload
 from scheduler.policies import make_policy
 from tests.builders import workload
 from tests.defrag.controller.builders import config, gpu_node, share, snapshot
@@ -51,7 +57,11 @@ def test_a_replacement_can_be_admitted_larger_than_a_right_sized_pod_holds() -> 
 
 
 def test_moves_worth_less_than_min_gain_are_not_planned() -> None:
-    snap = two_over_reserved()
+    # Both pods use 72% of their 600 milli: n0 is over the trigger (28% idle), and a's
+    # right-sized 560 holds what it uses with 23% idle, so n1 stays under it after the move.
+    snap = snapshot([gpu_node("n0"), gpu_node("n1")],
+                    [(share("a", 600), "n0", (0,)), (share("b", 600), "n0", (1,))],
+                    used_fraction=0.72)
     snap.rightsized = {"ns/a": 560}  # 40 milli back: a fraction of a GPU's worth
     small = run(snap, min_gain_gpus=0.0)
     assert small.moves
@@ -109,3 +119,23 @@ def test_a_node_whose_idle_memory_no_right_sizing_reclaims_is_not_actionable() -
     snap.rightsized = {"ns/b": 320}
     again = run(snap)
     assert again.not_actionable == {} and [m.pod for m in again.moves][:1] == ["ns/b"]
+
+
+def test_a_move_that_would_turn_its_target_on_is_not_planned() -> None:
+    # n0: a (300 milli) and b (600) each use 30% of their share: 70% idle, triggered. n1: c
+    # (300) uses all of its share: 0% idle, off. Moving a beside c frees a GPU on n0, but
+    # leaves n1 35% idle, over the 25% trigger: n1 would only be the next cycle's source.
+    state = ClusterState([gpu_node("n0"), gpu_node("n1")])
+    for pod, where, gpus in ((share("a", 300), "n0", (0,)), (share("b", 600), "n0", (1,)),
+                             (share("c", 300), "n1", (0,))):
+        state.place(pod, where, gpus)
+    mib = float(state.gpu_memory_mib[0]) / 1000
+    used = {"ns/a": 0.3 * 300 * mib, "ns/b": 0.3 * 600 * mib, "ns/c": 300 * mib}
+    result = run(snapshot_of_state(state, used), min_gain_gpus=0.0)
+    assert "ns/a" not in [m.pod for m in result.moves]
+    assert result.skipped[TURNS_TARGET_ON] >= 1
+    # Right-sized to what it uses (90 milli), a lands beside c and n1 stays under it.
+    snap = snapshot_of_state(state, used)
+    snap.rightsized = {"ns/a": 90}
+    moves = run(snap, min_gain_gpus=0.0).moves
+    assert ("ns/a", "n1") in [(m.pod, m.target) for m in moves]
