@@ -301,3 +301,44 @@ def test_a_70_mb_body_over_the_limit_is_drained_so_the_client_reads_its_413(
     assert sent == "sent", sent  # not reset mid-send
     assert answer.startswith(b"HTTP/1.1 413"), answer[:80]
     assert b"connection: close" in answer.lower()  # and then the server closes (recv ended)
+
+
+def test_many_trickling_header_connections_neither_lock_out_a_request_nor_live_for_ever(
+        app: App) -> None:
+    # 512 connections each sending one byte of a request line every 0.5 s (the lockout of
+    # issue 33 used 1,024 and 3 s against a thread-per-connection server): a new request is
+    # answered at once, and every trickler is closed once the keep-alive bound passes, however
+    # it trickles.
+    served = _serve(app, keepalive_s=2.0)
+    tricklers = [socket.create_connection(("127.0.0.1", served.port), timeout=10)
+                 for _ in range(512)]
+    try:
+        started = time.monotonic()
+        for sock in tricklers:
+            sock.setblocking(False)
+        closed: set[int] = set()
+        answered = False
+        while len(closed) < len(tricklers):
+            assert time.monotonic() - started < 12, f"{len(closed)} of 512 closed"
+            for i, sock in enumerate(tricklers):
+                if i in closed:
+                    continue
+                try:
+                    sock.send(b"G")
+                    if sock.recv(1) == b"":
+                        closed.add(i)
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    closed.add(i)
+            if not answered:
+                began = time.monotonic()
+                assert _post(served.port, "/x", b"abc") == (200, b"read 3")
+                assert time.monotonic() - began < 1.0
+                answered = True
+            time.sleep(0.5)
+        assert time.monotonic() - started >= 2.0  # not before the bound either
+    finally:
+        for sock in tricklers:
+            sock.close()
+        served.stop()
