@@ -25,6 +25,10 @@ What Hypercorn leaves to the app, this module's :class:`Gateway` does, in front 
   out with ``Connection: close``. Closing with the body unread would make the kernel reset
   the connection, and a client still sending (most send the whole body before they read)
   would lose the answer to the reset.
+- **Large bodies one at a time**: a request whose body is at least ``large_body_bytes`` waits
+  (within ``read_timeout_s``, else 503 + ``Retry-After``) until fewer than
+  ``large_concurrency`` such requests are being handled: what the app builds from a body can
+  be ten times its size, and that, not the bytes held, is what runs a process out of memory.
 - **The app runs on ``threads`` threads** of its own (or, where ``inline`` says so, on the
   loop's thread, for short CPU-only requests whose hand-off to a thread would cost more than
   they do).
@@ -106,6 +110,11 @@ class Limits:
     threads: int = 2
     max_buffered_bytes: int | None = None  # None: threads x max_body_bytes
     discard_max_bytes: int = 1024**3  # of a refused body, read and dropped before its answer
+    # Requests whose body is at least this large are handled ``large_concurrency`` at a time
+    # (None: no such bound): what an app builds from a body (parsed JSON) can be ten times
+    # its size, so a few large bodies at once, not their bytes, are what exhausts memory.
+    large_body_bytes: int | None = None
+    large_concurrency: int = 1
     grace_s: float = 10.0
     setting: str = "read_timeout_s"
 
@@ -182,6 +191,7 @@ class Gateway:
         self.pool = pool
         self.inline = inline
         self.buffered = 0  # bytes of bodies held now, over every connection (loop thread only)
+        self.large = asyncio.Semaphore(limits.large_concurrency)  # bound on the loop's first use
 
     async def __call__(self, scope: dict[str, Any], receive: Callable[[], Any],
                        send: Callable[[dict[str, Any]], Any]) -> None:
@@ -212,18 +222,32 @@ class Gateway:
                     ((b"retry-after", b"1"),))))
                 return
             else:
-                read = await self._read_body(receive, announced)
+                # An announced body is counted against the budget from its headers on, so
+                # bodies arriving together cannot all pass the check before any is held.
+                held = announced or 0
+                self.buffered += held
+                read = await self._read_body(receive, held)
                 if read is None:  # the client went away mid-body: nobody to answer
                     return
                 body, held = read
                 # (a late body is not drained: its sender is too slow to wait for)
-                unread = held > limits.max_body_bytes
+                unread = isinstance(body, io.BytesIO) and held > limits.max_body_bytes
             environ = _environ(scope, body)
-            if self.inline is not None and self.inline(environ):
-                answer = self._run(environ)
-            else:
-                answer = await asyncio.get_running_loop().run_in_executor(
-                    self.pool, self._run, environ)
+            large = limits.large_body_bytes is not None and held >= limits.large_body_bytes
+            if large and not await self._admit_large():
+                await self._send(send, _text(
+                    503, "too many large request bodies being handled at once; retry shortly",
+                    ((b"retry-after", b"1"),)))
+                return
+            try:
+                if self.inline is not None and self.inline(environ) and not large:
+                    answer = self._run(environ)
+                else:
+                    answer = await asyncio.get_running_loop().run_in_executor(
+                        self.pool, self._run, environ)
+            finally:
+                if large:
+                    self.large.release()
             if unread:
                 self.buffered -= held  # the kept part is not needed any more
                 held = 0
@@ -232,6 +256,15 @@ class Gateway:
             await self._send(send, answer)
         finally:
             self.buffered -= held
+
+    async def _admit_large(self) -> bool:
+        """Wait (at most ``read_timeout_s``) for a turn to handle a large body."""
+        try:
+            async with asyncio.timeout(self.limits.read_timeout_s):
+                await self.large.acquire()
+        except TimeoutError:
+            return False
+        return True
 
     async def _discard(self, receive: Callable[[], Any]) -> None:
         """Read and drop the rest of a refused body: to its end, ``discard_max_bytes``, the
@@ -255,32 +288,36 @@ class Gateway:
                 return int(value)  # h11 accepts only digits here
         return None
 
-    async def _read_body(self, receive: Callable[[], Any], announced: int | None
+    async def _read_body(self, receive: Callable[[], Any], reserved: int
                          ) -> tuple[io.RawIOBase | io.BytesIO, int] | None:
-        """The body (held bytes counted in :attr:`buffered`), or None when the client left.
-        Stops one byte past the limit (the app then refuses it) or at the deadline."""
+        """The body and the bytes it holds in :attr:`buffered` (at least ``reserved``, counted
+        there already), or None when the client left (then nothing stays counted). Stops one
+        byte past the limit (the app then refuses it) or at the deadline."""
         limits = self.limits
         chunks: list[bytes] = []
-        held = 0
+        read = 0
+        counted = reserved
         try:
             async with asyncio.timeout(limits.read_timeout_s):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        self.buffered -= held
+                        self.buffered -= counted
                         return None
                     chunk = message.get("body", b"")
                     if chunk:
                         chunks.append(chunk)
-                        held += len(chunk)
-                        self.buffered += len(chunk)
-                    if held > limits.max_body_bytes or not message.get("more_body", False):
+                        read += len(chunk)
+                        if read > counted:
+                            self.buffered += read - counted
+                            counted = read
+                    if read > limits.max_body_bytes or not message.get("more_body", False):
                         break
         except TimeoutError:
             message = (f"request body did not arrive within {limits.read_timeout_s:g} s "
                        f"({limits.setting})")
-            return LateBody(message), held
-        return io.BytesIO(chunks[0] if len(chunks) == 1 else b"".join(chunks)), held
+            return LateBody(message), counted
+        return io.BytesIO(chunks[0] if len(chunks) == 1 else b"".join(chunks)), counted
 
     def _run(self, environ: dict[str, Any]) -> Answer:
         """The WSGI call, its answer collected (the project's answers are small)."""

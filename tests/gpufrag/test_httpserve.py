@@ -342,3 +342,49 @@ def test_many_trickling_header_connections_neither_lock_out_a_request_nor_live_f
         for sock in tricklers:
             sock.close()
         served.stop()
+
+
+def test_large_bodies_are_handled_one_at_a_time_and_small_ones_are_not_held_back(
+        app: App) -> None:
+    served = _serve(app, large_body_bytes=400, large_concurrency=1, max_buffered_bytes=10_000)
+    try:
+        first: list[tuple[int, bytes]] = []
+        holder = threading.Thread(target=lambda: first.append(
+            _post(served.port, "/gated", b"a" * 500)))
+        holder.start()
+        assert app.entered.wait(5)
+        # A second large one waits for its turn, then (the first still running past the
+        # read timeout) is refused to come back later.
+        began = time.monotonic()
+        status, text = _post(served.port, "/x", b"b" * 500)
+        assert (status, text) == (503, b"too many large request bodies being handled at once; "
+                                       b"retry shortly\n")
+        assert time.monotonic() - began >= READ_TIMEOUT_S * 0.9
+        assert _post(served.port, "/x", b"c" * 50) == (200, b"read 50")  # small: at once
+        app.gate.set()
+        holder.join(10)
+        assert first == [(200, b"read 500")]
+        assert _post(served.port, "/x", b"d" * 500) == (200, b"read 500")  # its turn now
+    finally:
+        app.gate.set()
+        served.stop()
+
+
+def test_an_announced_body_counts_against_the_budget_before_it_has_arrived(app: App) -> None:
+    served = _serve(app, max_buffered_bytes=1500)
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as slow:
+            # 1,000 bytes announced, 10 sent: the budget holds 1,000 for it already.
+            slow.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)
+            deadline = time.monotonic() + 5
+            while True:  # the 503 comes once the slow body's headers are in
+                status, text = _post(served.port, "/x", b"b" * 1000)
+                if status == 503 or time.monotonic() > deadline:
+                    break
+            assert (status, text) == (503, b"too many request bodies held at once; "
+                                           b"retry shortly\n")
+            slow.sendall(b"a" * 990)
+            assert slow.recv(4096).startswith(b"HTTP/1.1 200")
+        assert _post(served.port, "/x", b"b" * 1000) == (200, b"read 1000")  # freed
+    finally:
+        served.stop()
