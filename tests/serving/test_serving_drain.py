@@ -2,6 +2,8 @@
 
 A real ``serve()`` (in this process, a fake model) gets requests at a fixed rate from threads on
 127.0.0.1, each thread on its own keep-alive session, and is sent SIGTERM part-way through.
+Each thread keeps one keep-alive session, or (``per-request``) opens a new connection for every
+request, the two ways issue 33 saw resets at the end of the drain delay.
 Every request must end as a 200 (accepted: before SIGTERM or during the drain delay) or a clean
 503 with Retry-After (after admission closed) - never a reset, an EOF or a connection error.
 
@@ -58,7 +60,9 @@ def queue_depth(url: str) -> float:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])  # the default, and the fallback
-def test_sigterm_under_open_loop_load_loses_no_accepted_request(event_loop: str) -> None:
+@pytest.mark.parametrize("connections", ["keep-alive", "per-request"])
+def test_sigterm_under_open_loop_load_loses_no_accepted_request(event_loop: str,
+                                                                connections: str) -> None:
     backend = FakeBackend()
     gate = threading.Event()
     config = ServerConfig(model="fake", model_name="fake", host="127.0.0.1", port=0,
@@ -71,8 +75,11 @@ def test_sigterm_under_open_loop_load_loses_no_accepted_request(event_loop: str)
     local = threading.local()
 
     def send(outcome: Outcome, url: str) -> None:
+        fresh = connections == "per-request"  # a new connection for every request
         session = getattr(local, "session", None)
-        if session is None:  # one keep-alive connection per thread, as a pooled client has
+        if fresh:
+            session = requests.Session()
+        elif session is None:  # one keep-alive connection per thread, as a pooled client has
             session = local.session = requests.Session()
         try:
             response = session.post(f"{url}/v2/models/fake/infer", json=BODY, timeout=30)
@@ -82,6 +89,9 @@ def test_sigterm_under_open_loop_load_loses_no_accepted_request(event_loop: str)
             response.json()  # the whole body arrived and parses
         except Exception as exc:  # a reset, an EOF, a refused connection: a lost request
             outcome.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            if fresh:
+                session.close()
 
     def load() -> None:
         wait_until(lambda: bool(port), timeout_s=WAIT_S)
