@@ -2,7 +2,8 @@
 
 Integer score, as the FGD authors' simulator:
 - the node's GPUs are all free: max(33 − #free, #free) (smaller idle nodes first);
-- a GPU share fits on a partly used GPU (tightest first): max(100 − free%/10, 50);
+- a GPU share fits on a partly used GPU (tightest first): max(100 − ⌊⌊free%⌋/10⌋, 50), each
+  step an integer division as there;
 - otherwise the pod takes fully free GPUs on a used node: max(50 − #GPUs it takes, 33).
 CPU-only pods score 0 everywhere (ties go to the fixed node order).
 """
@@ -30,9 +31,12 @@ class GpuPackingPolicy:
         idle = full == state.gpu_count[rows]
         score = np.full(rows.size, float(max(50 - pod.num_gpu, 33)))
         if pod.is_share:
-            chosen = free[np.arange(rows.size), np.maximum(share_gpu, 0)]
+            chosen = free[np.arange(rows.size), np.maximum(share_gpu, 0)].astype(np.int64)
             partly = chosen < MILLI_PER_GPU
-            free_pct = chosen * 100.0 / MILLI_PER_GPU
-            score = np.where(partly, np.maximum(np.floor(100.0 - free_pct / 10.0), 50.0), score)
+            # Integer steps, as the reference computes them: the free percentage truncated,
+            # then its tenth truncated (250 milli free scores 98, not 97).
+            free_pct = chosen * 100 // MILLI_PER_GPU
+            score = np.where(partly, np.maximum(100 - free_pct // 10, 50).astype(np.float64),
+                             score)
         score = np.where(idle, np.maximum(33 - full, full).astype(np.float64), score)
         return Scores(score, share_gpu)

@@ -44,6 +44,15 @@ def test_gpu_packing() -> None:
     assert scores("gpu-packing", CPU_ONLY) == [0, 0]
 
 
+def test_gpu_packing_truncates_each_step_as_the_reference_does() -> None:
+    # 250 milli free: 25% -> 25 // 10 = 2 -> 98 (the free fraction's tenth, 2.5, taken whole
+    # in one step would give 97: two seeds of the published curves drifted by it).
+    state = state_with_free([1000, 250], [1000, 1000])
+    share = pod("s", cpu_milli=4_000, gpu_milli=200)
+    assert make_policy("gpu-packing").score(state, share, state.active_rows()).score.tolist() \
+        == [98, 31]
+
+
 def test_gpu_clustering() -> None:
     # base = 25 (G - gpu_left)/G: n0 8.75, n1 0. n0 holds one share pod.
     assert scores("gpu-clustering", SHARE) == [83, 25]
