@@ -1,12 +1,12 @@
 """What the agent exports over HTTP: ``/metrics``, ``/healthz`` and ``/readyz``.
 
 GPU series use the DCGM exporter's names and label names (``DCGM_FI_DEV_FB_USED`` and friends,
-labelled ``gpu``, ``UUID``, ``Hostname``) so dashboards, HPA rules and ``gpufrag defrag
---prometheus`` written for DCGM work against the agent unchanged, with one exception: DCGM's
-``modelName`` is ``model_name`` here, because Prometheus label names are snake_case and
-``promtool check metrics`` rejects the camelCase one (a dashboard grouping by ``modelName``
-groups by ``model_name`` instead). The DCGM series keep DCGM's units (MiB, percent) since the
-names promise them. The agent's own series (``gpufrag_``) follow Prometheus's conventions:
+labelled ``gpu``, ``UUID``, ``modelName``, ``Hostname``) so dashboards, HPA rules and
+``gpufrag defrag --prometheus`` written for dcgm-exporter work against the agent unchanged.
+Their one departure from Prometheus's conventions is dcgm-exporter's: the camelCase
+``modelName`` (``promtool check metrics`` names it, and the project's lint accepts exactly that
+for the ``DCGM_`` families it mirrors). The DCGM series keep DCGM's units (MiB, percent) since
+the names promise them. The agent's own series (``gpufrag_``) follow Prometheus's conventions:
 snake_case labels, base units (bytes, seconds), ``node`` for the node as kube-state-metrics
 names it. Everything is registered on the agent's own :class:`CollectorRegistry`, never the
 global one, so tests and other components in the same process do not collide.
@@ -32,8 +32,8 @@ from node.agent.cgroup import PodRef
 from node.agent.isolation import Overrun
 from node.agent.usage import NodeGpuUsage
 
-# DCGM's label names, but snake_case model_name (see the module docstring).
-_GPU_LABELS = ("gpu", "UUID", "model_name", "Hostname")
+# dcgm-exporter's label names, modelName included (see the module docstring).
+_GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
 _POD_GPU_LABELS = ("namespace", "pod", "node", "gpu")
 
 

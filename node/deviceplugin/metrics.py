@@ -37,7 +37,7 @@ class PluginMetrics:
         self.recorded.set(1 if recorded else 0)
         self.gpu_healthy = Gauge("gpufrag_deviceplugin_gpu_healthy",
                                  "1 while the GPU is reported Healthy to the kubelet.",
-                                 ("gpu", "UUID", "modelName", "Hostname"), registry=r)
+                                 ("gpu", "UUID", "model_name", "Hostname"), registry=r)
         self.registered = Gauge("gpufrag_deviceplugin_registered",
                                 "1 while registered with the kubelet for the resource.",
                                 ("resource",), registry=r)

@@ -38,6 +38,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {
         "extender": scrapes.extender_metrics(),
         "agent": scrapes.agent_metrics(tmp_path_factory.mktemp("proc")),
+        "deviceplugin": scrapes.deviceplugin_metrics(),
         "serving": scrapes.serving_metrics(),
         "defrag": scrapes.defrag_metrics(),
     }

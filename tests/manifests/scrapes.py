@@ -7,6 +7,7 @@
   (the agent's test fakes: two A100s, two pods found through their cgroups);
 - serving: the runtime's registry on a recorded 2 x H100 probe, after batches, outcomes, a
   model load and a batch that grew GPU memory by 300 MiB (counted by MemoryGrowthWatch);
+- the device plugin: its registry after a health report, a registration and an allocation;
 - defrag: one cycle's registry, as ``--pushgateway`` pushes it.
 
 Used by the promtool lint of every component and by the dashboard and rule tests, which may
@@ -34,6 +35,8 @@ from gpufrag.nvml import NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
 from node.agent import cli as agent_cli
 from node.agent.cgroup import PodRecord
+from node.deviceplugin.inventory import Gpu
+from node.deviceplugin.metrics import PluginMetrics
 from scheduler.extender.metrics import ExtenderMetrics, SkipEventCollector
 from serving.config import BatcherConfig
 from serving.gpu import MemoryGrowthWatch, NvmlProbe
@@ -148,6 +151,16 @@ def defrag_metrics() -> str:
                                      allocated_gpus=6.0, nodes_with_usage=2))
     metrics.finished(3.0)
     return generate_latest(metrics.registry).decode()
+
+
+def deviceplugin_metrics() -> str:
+    metrics = PluginMetrics("node1", recorded=True)
+    metrics.observe_health(Gpu(index=0, uuid="GPU-aaaa", product="NVIDIA A100-SXM4-80GB",
+                               memory_total_mib=81_920), True)
+    metrics.registered.labels("nvidia.com/gpu").set(1)
+    metrics.registrations.labels("nvidia.com/gpu", "ok").inc()
+    metrics.allocations.labels("nvidia.com/gpu", "ok").inc()
+    return metrics.render().decode()
 
 
 def metric_names(text: str) -> set[str]:

@@ -30,7 +30,7 @@ def value(metrics: AgentMetrics, name: str, **labels: str) -> float | None:
 
 
 def gpu_labels(index: int, uuid: str) -> dict[str, str]:
-    return {"gpu": str(index), "UUID": uuid, "model_name": "NVIDIA A100-SXM4-80GB",
+    return {"gpu": str(index), "UUID": uuid, "modelName": "NVIDIA A100-SXM4-80GB",
             "Hostname": "node1"}
 
 
@@ -56,14 +56,18 @@ def test_per_pod_series_in_bytes_and_removal_of_pods_that_left() -> None:
                  gpu="0") == 20_000 * MIB
 
 
-def test_label_names_are_snake_case_except_dcgms_own() -> None:
-    # promtool's lint rejects camelCase label names; UUID and Hostname are DCGM's and pass it.
+def test_dcgm_families_carry_dcgms_labels_and_the_agents_own_are_snake_case() -> None:
+    # The DCGM_ families mirror dcgm-exporter's, camelCase modelName included, so its
+    # dashboards work unchanged; gpufrag's own families use Prometheus's snake_case.
     metrics = AgentMetrics("node1")
     metrics.observe_usage(usage(GPU0))
     metrics.observe_leaks([POD_A], frozenset())
-    labels = {label for family in metrics.registry.collect() for sample in family.samples
-              for label in sample.labels}
-    assert labels == {"gpu", "UUID", "model_name", "Hostname", "namespace", "pod", "node"}
+    dcgm, own = set(), set()
+    for family in metrics.registry.collect():
+        for sample in family.samples:
+            (dcgm if family.name.startswith("DCGM_") else own).update(sample.labels)
+    assert dcgm == {"gpu", "UUID", "modelName", "Hostname"}
+    assert own == {"namespace", "pod", "node", "gpu"}
 
 
 def test_series_of_a_vanished_gpu_are_removed() -> None:
