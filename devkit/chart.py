@@ -660,15 +660,36 @@ def _values_yaml(values: dict[str, object], notes: dict[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
+# What the binaries refuse at start, refused by `helm install` instead (naming the field), so a
+# bad value is an install error, not a crash loop. Integers: inclusive bounds. Ratios: [0, 1),
+# as the defrag controller reads --threshold.
+INTEGER_BOUNDS: Final[dict[str, tuple[int, int]]] = {
+    "scheduler.replicas": (1, 16),
+    "extender.weight": (1, 100_000),
+    "defrag.maxEvictionsPerNode": (0, 10_000),
+    "defrag.maxEvictionsPerNamespace": (0, 10_000),
+    "defrag.maxEvictionsTotal": (0, 100_000),
+    "agent.intervalS": (1, 3600),
+}
+RATIOS: Final = frozenset({"defrag.threshold"})
+# A ratio in [0, 1) as helm --set passes it (a string): 0, 0.25, .5, never 1 or more.
+_RATIO_TEXT = r"^0*(\.[0-9]+|0(\.[0-9]*)?)$"
+
+
 def _schema_of(value: object, path: str, enums: dict[str, tuple[str, ...]]
                ) -> dict[str, object]:
     if isinstance(value, bool):
         return {"type": "boolean"}
     if isinstance(value, int):
-        return {"type": "integer"}
+        low, high = INTEGER_BOUNDS.get(path, (None, None))
+        bounded = {} if low is None else {"minimum": low, "maximum": high}
+        return {"type": "integer", **bounded}
     if isinstance(value, float):
         # `helm --set x=0.4` passes a float as a string (it types only integers and booleans);
         # a numeric string prints the same in a template, so it is accepted too.
+        if path in RATIOS:
+            return {"anyOf": [{"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+                              {"type": "string", "pattern": _RATIO_TEXT}]}
         return {"anyOf": [{"type": "number"},
                           {"type": "string", "pattern": r"^-?[0-9]+(\.[0-9]+)?$"}]}
     if isinstance(value, str):
@@ -682,9 +703,16 @@ def _schema_of(value: object, path: str, enums: dict[str, tuple[str, ...]]
     assert isinstance(value, dict)
     if path and not (path.count(".") == 0 or path.startswith("images")):
         return {"type": "object"}  # a Kubernetes map (resources, nodeSelector): free-form
-    return {"type": "object", "additionalProperties": False,
-            "properties": {k: _schema_of(v, f"{path}.{k}" if path else k, enums)
-                           for k, v in value.items()}}
+    schema: dict[str, object] = {
+        "type": "object", "additionalProperties": False,
+        "properties": {k: _schema_of(v, f"{path}.{k}" if path else k, enums)
+                       for k, v in value.items()}}
+    if path == "scheduler":
+        # Two kube-scheduler replicas without leader election both schedule: double binds.
+        schema["if"] = {"properties": {"replicas": {"minimum": 2}}, "required": ["replicas"]}
+        schema["then"] = {"properties": {"leaderElect": {"const": True}},
+                          "required": ["leaderElect"]}
+    return schema
 
 
 def _schema(values: dict[str, object], enums: dict[str, tuple[str, ...]]) -> dict[str, object]:

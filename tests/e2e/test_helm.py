@@ -299,12 +299,28 @@ def test_chart_installs_into_an_existing_release_namespace(helm: Path) -> None:
     ("extender.policy=fastest", "policy"),
     ("scheduler.replica=2", "replica"),
     ("images.gpufrag.repository=", "repository"),
+    # What the binaries refuse at start (a crash loop), refused at install instead:
+    ("defrag.threshold=2", "threshold"),
+    ("defrag.threshold=1.5", "threshold"),
+    ("defrag.maxEvictionsTotal=-1", "maxEvictionsTotal"),
+    ("agent.intervalS=0", "intervalS"),
+    ("scheduler.replicas=-1", "replicas"),
+    ("extender.weight=0", "weight"),
+    # Two kube-schedulers without leader election would both bind.
+    ("scheduler.replicas=2", "leaderElect"),
 ])
 def test_bad_values_are_refused_naming_the_field(helm: Path, flag: str, field: str) -> None:
     result = run_helm(helm, "template", "gpufrag", str(CHART), "--set", flag, check=False)
     assert result.returncode != 0
     assert "values don't meet the specifications of the schema" in result.stderr
     assert field in result.stderr
+
+
+def test_two_scheduler_replicas_render_with_leader_election(helm: Path) -> None:
+    docs = helm_template(helm, "--set", "scheduler.replicas=2", "--set",
+                         "scheduler.leaderElect=true", "--set", "defrag.threshold=0.3")
+    scheduler = find(docs, "Deployment", "gpufrag-scheduler")
+    assert scheduler["spec"]["replicas"] == 2  # type: ignore[index]
 
 
 def test_uninstall_keeps_the_crd_the_reservations_and_the_namespace(

@@ -46,7 +46,9 @@ def test_a_knob_inside_an_embedded_file_reads_the_value_and_defaults_to_the_base
         in template
     assert yaml.safe_load(files["values.yaml"])["extender"]["weight"] == 200
     schema = json.loads(files["values.schema.json"])
-    assert schema["properties"]["extender"]["properties"]["weight"] == {"type": "integer"}
+    # Bounded as kube-scheduler validates an extender's weight (positive).
+    assert schema["properties"]["extender"]["properties"]["weight"] == {
+        "type": "integer", "minimum": 1, "maximum": 100_000}
     assert schema["properties"]["extender"]["additionalProperties"] is False
 
 
