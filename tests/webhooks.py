@@ -9,18 +9,17 @@ that CA bundle. :func:`registered_webhook` yields once the API server has called
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import kubernetes
-import pytest
 
 from defrag.admission.server import AdmissionServer
 from defrag.rightsizing.recommender import PodSample, RightsizingConfig, update
 from defrag.rightsizing.workloads import WorkloadClient
 from devkit.controlplane import ControlPlane
+from devkit.procs import wait_until
 from gpufrag.conventions import DEFAULT_NAMES
 from tests.defrag.admission.certs import make_serving_cert
 
@@ -71,11 +70,10 @@ def _wait_until_called(plane: ControlPlane, namespace: str, server: AdmissionSer
     core = kubernetes.client.CoreV1Api(plane.api_client())
     probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"},
              "spec": {"containers": [{"name": "c", "image": "pause"}]}}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def called() -> bool:
         core.create_namespaced_pod(namespace, probe, dry_run="All")
-        if server.metrics.registry.get_sample_value(
-                "gpufrag_admission_skips_total", {"reason": "bare_pod"}):
-            return
-        time.sleep(0.2)
-    pytest.fail("the API server never called the webhook")
+        return bool(server.metrics.registry.get_sample_value(
+            "gpufrag_admission_skips_total", {"reason": "bare_pod"}))
+
+    wait_until(called, timeout_s=30, what="the API server to call the webhook")
