@@ -24,18 +24,19 @@ on the room it opened. ``--out DIR`` also plots it (``defrag_frontier.png``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from defrag.controller.config import DefragConfig
-from defrag.rightsizing.recommender import Mode, RightsizingConfig
+from defrag.rightsizing.recommender import Mode
 from simulations.defrag_whatif import (
     DEFAULT_CYCLES,
     GENAI_FILE,
     GENAI_GPU_GIB,
-    WHATIF_WHOLE_GPU_MIN_INTERVALS,
+    WHATIF_RIGHTSIZING,
     FrontierPoint,
     WhatIfResult,
     plot_frontier,
@@ -101,11 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"targets met: {met} of {len(targets(ours))}")
 
     print("\nfrontier (right-sizing headroom; out of sample; default knobs marked *):")
-    default = RightsizingConfig(whole_gpu_min_intervals=WHATIF_WHOLE_GPU_MIN_INTERVALS)
+    default = WHATIF_RIGHTSIZING
     points = []
     for fraction, mib in HEADROOMS:
-        config = RightsizingConfig(headroom_fraction=fraction, headroom_mib=mib,
-                                   whole_gpu_min_intervals=WHATIF_WHOLE_GPU_MIN_INTERVALS)
+        config = dataclasses.replace(default, headroom_fraction=fraction, headroom_mib=mib)
         result = ours if config == default else run_whatif(
             nodes, pods, workload=pods_csv.stem, seed=args.seed, cycles=args.cycles,
             trace=trace, rightsizing_config=config)

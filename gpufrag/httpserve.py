@@ -233,7 +233,9 @@ class Gateway:
                 # (a late body is not drained: its sender is too slow to wait for)
                 unread = isinstance(body, io.BytesIO) and held > limits.max_body_bytes
             environ = _environ(scope, body)
-            large = limits.large_body_bytes is not None and held >= limits.large_body_bytes
+            # A body the app will refuse unread (over the limit) is cheap to answer: no turn.
+            large = (not unread and limits.large_body_bytes is not None
+                     and held >= limits.large_body_bytes)
             if large and not await self._admit_large():
                 await self._send(send, _text(
                     503, "too many large request bodies being handled at once; retry shortly",

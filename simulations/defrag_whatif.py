@@ -361,6 +361,8 @@ DEFAULT_HISTORY_H = 12.0
 # containers cover 22.8 h, so the recommender's default (24, a day) would never be reached
 # with readings still to come; half a day is the first cycle's history (--history-h).
 WHATIF_WHOLE_GPU_MIN_INTERVALS = 12
+# The recommender's knobs in the what-if: its own defaults, but for the history above.
+WHATIF_RIGHTSIZING = RightsizingConfig(whole_gpu_min_intervals=WHATIF_WHOLE_GPU_MIN_INTERVALS)
 # The CronJob's schedule in the manifests ("*/15 * * * *").
 DEFAULT_INTERVAL_S = 900.0
 
@@ -378,19 +380,16 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
                cooldown_s: float = _DEFAULTS.cooldown_s,
                min_gain_gpus: float = _DEFAULTS.min_gain_gpus,
                reservations: bool = True,
-               whole_gpu_min_intervals: int = WHATIF_WHOLE_GPU_MIN_INTERVALS,
-               rightsizing_config: RightsizingConfig | None = None) -> WhatIfResult:
+               rightsizing_config: RightsizingConfig = WHATIF_RIGHTSIZING) -> WhatIfResult:
     """Fill, give every GPU pod a memory series, run ``cycles`` defrag cycles every
     ``interval_s`` starting ``history_s`` into the series (the recommender's history so far);
     the per-cycle eviction budget is ``max_evictions_total`` or else ``eviction_budget_pct`` %
-    of the pods placed. ``rightsizing_config``: the recommender's knobs (default: its own,
-    with ``whole_gpu_min_intervals``)."""
+    of the pods placed. ``rightsizing_config``: the recommender's knobs."""
     target = TargetWorkload.from_pods(pods, coverage=coverage)
     state, pending = fill_cluster(nodes, pods, fill=fill, fill_policy=fill_policy, seed=seed,
                                   target=target)
     trace = trace if trace is not None else synthetic_memory_trace(seed)
-    sizing = Rightsizing(trace, mode=rightsizing, seed=seed, config=rightsizing_config or
-                         RightsizingConfig(whole_gpu_min_intervals=whole_gpu_min_intervals))
+    sizing = Rightsizing(trace, mode=rightsizing, seed=seed, config=rightsizing_config)
     for key, placement in state.pods.items():
         sizing.track(key, placement.pod, float(state.gpu_memory_mib[state.index[placement.node]]))
     now = history_s
@@ -803,7 +802,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_evictions_per_node=args.max_evictions_per_node,
         eviction_budget_pct=args.eviction_budget_pct, trace=trace,
         rightsizing=Mode(args.rightsizing_mode), history_s=args.history_h * 3600.0,
-        whole_gpu_min_intervals=args.whole_gpu_min_intervals,
+        rightsizing_config=replace(
+            WHATIF_RIGHTSIZING, whole_gpu_min_intervals=args.whole_gpu_min_intervals),
         interval_s=args.cycle_interval_s, cooldown_s=args.cooldown_s,
         min_gain_gpus=args.min_gain_gpus,
         reservations=not args.no_reservations)

@@ -136,11 +136,11 @@ def _new_share(target: Target, rec: Recommendation, workload: Workload,
     return new
 
 
-def _patch(container: Mapping[str, Any], index: int, target: Target, new: int,
+def _patch(container: Mapping[str, Any], target: Target, new: int,
            names: KubeNames) -> list[dict[str, Any]]:
     resources = container.get("resources") or {}
     patch: list[dict[str, Any]] = []
-    base = f"/spec/containers/{index}/resources"
+    base = f"/spec/containers/{target.index}/resources"
     for part in ("requests", "limits"):
         if target.whole and names.gpu in (resources.get(part) or {}):
             patch.append({"op": "remove", "path": f"{base}/{part}/{_escape(names.gpu)}"})
@@ -189,7 +189,7 @@ def decide(pod: Mapping[str, Any], workload: Workload, names: KubeNames,
     if isinstance(new, Decision):
         return new
     container = pod["spec"]["containers"][target.index]
-    patch = _patch(container, target.index, target, new, names)
+    patch = _patch(container, target, new, names)
     change = {"container": container.get("name"), "resource": names.gpu_milli,
               "from": target.asked_milli, "to": new,
               "replaced": {names.gpu: "1"} if target.whole else None,

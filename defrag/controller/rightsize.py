@@ -40,7 +40,7 @@ from defrag.rightsizing.recommender import (
 from defrag.rightsizing.workloads import Workload
 from gpufrag.conventions import KubeNames
 from gpufrag.errors import BadInput
-from scheduler.kube.convert import milli_memory_mib
+from scheduler.kube.convert import share_memory_mib
 
 
 class Workloads(Protocol):
@@ -156,7 +156,7 @@ def publish(snapshot: Snapshot, workloads: Workloads, config: RightsizingConfig,
                 continue
         report.published.append(Published(workload, mode, recs, written))
         for version, used in sorted(overruns.items()):
-            _raise(report, workloads, workload, version, used, recs.get(version), names,
+            _raise(report, workloads, workload, version, used, recs.get(version),
                    dry_run=dry_run)
         if mode is not Mode.AUTO:
             continue
@@ -181,20 +181,19 @@ class _Group:
 
 def overrun_mib(info: PodInfo, sample: PodSample) -> int:
     """What a share pod used past its share in this reading (its use; its share itself when a
-    container of the right-sized pod ran out of memory), or 0 when within it. Whole and
-    multi-GPU pods have nothing to overrun."""
-    req = info.request
-    if not req.is_share:
+    container of the right-sized pod ran out of memory), or 0 when within it. The share is
+    the one the agent's isolation check holds the pod to (memory asked, or milli of the GPU);
+    whole and multi-GPU pods have nothing to overrun."""
+    share = share_memory_mib(info.request, sample.gpu_memory_mib)
+    if share is None:
         return 0
-    share = milli_memory_mib(req.gpu_milli, sample.gpu_memory_mib)
     if sample.memory_used_mib > share:
         return sample.memory_used_mib
     return share if info.out_of_memory else 0
 
 
 def _raise(report: RightsizingReport, workloads: Workloads, workload: Workload, version: str,
-           used_mib: int, rec: Recommendation | None, names: KubeNames, *,
-           dry_run: bool) -> None:
+           used_mib: int, rec: Recommendation | None, *, dry_run: bool) -> None:
     """Report one raise, and (not in a dry run) tell the workload's owners with an Event."""
     floor = rec.raised_mib if rec is not None else 0
     message = (f"a replica (model version {version}) used {used_mib} MiB of GPU memory past "

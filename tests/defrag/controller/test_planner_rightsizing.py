@@ -76,13 +76,19 @@ def test_min_gain_is_validated() -> None:
         config(min_gain_gpus=-1.0)
 
 
-def test_a_whole_gpu_pod_whose_replacement_is_a_share_moves_and_gives_the_rest_back() -> None:
-    # w holds n0's only GPU whole and uses a tenth of it; its replacement is admitted as 200
-    # milli (the webhook, after a day of history) and lands beside c on n1, sharing its GPU.
+def whole_pod_right_sized_to_200(used_fraction: float) -> Snapshot:
+    """w holds n0's only GPU whole; c holds half of n1's; both use ``used_fraction`` of what
+    they hold, and w's replacement is admitted as 200 milli (the webhook, after a day)."""
     snap = snapshot([gpu_node("n0", gpus=1), gpu_node("n1", gpus=1)],
                     [(share("w", 1000), "n0", (0,)), (share("c", 500), "n1", (0,))],
-                    used_fraction=0.1)
+                    used_fraction=used_fraction)
     snap.rightsized = {"ns/w": 200}
+    return snap
+
+
+def test_a_whole_gpu_pod_whose_replacement_is_a_share_moves_and_gives_the_rest_back() -> None:
+    # w uses a tenth of its GPU: its 200-milli replacement lands beside c, sharing n1's GPU.
+    snap = whole_pod_right_sized_to_200(0.1)
     result = run(snap)
     assert [(m.pod, m.target, m.new_milli) for m in result.moves] == [("ns/w", "n1", 200)]
     assert "idle" in result.moves[0].purposes
@@ -92,11 +98,7 @@ def test_a_whole_gpu_pod_whose_replacement_is_a_share_moves_and_gives_the_rest_b
 
 def test_a_whole_gpu_pod_is_not_squeezed_below_what_it_used() -> None:
     # The same, but w used half its GPU over the window: 200 milli cannot hold that.
-    snap = snapshot([gpu_node("n0", gpus=1), gpu_node("n1", gpus=1)],
-                    [(share("w", 1000), "n0", (0,)), (share("c", 500), "n1", (0,))],
-                    used_fraction=0.5)
-    snap.rightsized = {"ns/w": 200}
-    result = run(snap)
+    result = run(whole_pod_right_sized_to_200(0.5))
     assert result.moves == ()
     assert result.skipped["memory it used over the window would not fit its share of the "
                           "target GPU"] == 1

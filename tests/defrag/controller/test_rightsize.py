@@ -7,12 +7,13 @@ import dataclasses
 import math
 from typing import Any
 
-from defrag.controller.model import Snapshot
-from defrag.controller.rightsize import publish
+from defrag.controller.model import PodInfo, Snapshot
+from defrag.controller.rightsize import overrun_mib, publish
 from defrag.rightsizing.recommender import PodSample, RightsizingConfig, parse, update
 from defrag.rightsizing.workloads import Workload
 from gpufrag import conventions as cv
 from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from scheduler.core import PodRequest
 from tests.defrag.controller.builders import T4_MIB, gpu_node, share, snapshot
 
 NOW = 1_767_225_600.0
@@ -219,3 +220,18 @@ def test_overruns_outside_auto_mode_raise_nothing() -> None:
     snap = cluster({"a": "rs-a"}, used_mib=12_000)
     api = Workloads({"rs-a": workload("a", "recommend")})
     assert run(snap, api).raised == [] and api.events == []
+
+
+def test_an_overrun_is_judged_against_the_share_the_agent_holds_the_pod_to() -> None:
+    # A memory share (8,000 MiB asked, no milli) within what it asked: no overrun; past it, an
+    # overrun of what it used. A whole GPU has nothing to overrun.
+    def info(request: PodRequest) -> PodInfo:
+        return PodInfo(key="ns/p", request=request, uid="u")
+
+    def used(mib: int) -> PodSample:
+        return PodSample("ns", "p", "u", mib, T4_MIB, NOW)
+
+    memory = PodRequest("p", namespace="ns", num_gpu=1, gpu_memory_mib=8000)
+    assert overrun_mib(info(memory), used(6000)) == 0
+    assert overrun_mib(info(memory), used(9000)) == 9000
+    assert overrun_mib(info(share("p", 1000)), used(T4_MIB)) == 0
