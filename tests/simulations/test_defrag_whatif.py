@@ -175,6 +175,7 @@ def test_genai_fractions_and_sampler(tmp_path: Path) -> None:
         (["--max-evictions-total", "-2"], "--max-evictions-total"),
         (["--rightsizing-mode", "always"], "'always' is not one of off, recommend, auto"),
         (["--min-gain-gpus", "-1"], "--min-gain-gpus"),
+        (["--whole-gpu-min-intervals", "0"], "--whole-gpu-min-intervals"),
         (["--cycle-interval-s", "0"], "--cycle-interval-s"),
         (["--cooldown-s", "-5"], "--cooldown-s"),
     ],
