@@ -16,8 +16,10 @@ What happens, and whose code does it:
 - **The defrag CronJob** runs every ``defrag_interval_min``: the planner
   (``defrag.controller.planner.plan``) with the configured budgets, carried out by the
   controller's own executor with its dry-run writer, so every replacement lands where planned
-  (as in ``gpufrag whatif --defrag``). Reservations and right-sizing do not exist in the
-  controller yet, so they are not replayed.
+  (as in ``gpufrag whatif --defrag``). This replay leaves out what the dry-run writer skips:
+  the controller's reservations and the scheduler's turn between an eviction and the bind
+  (:mod:`simulations.reservations`), and right-sizing (:mod:`simulations.rightsizing`); the
+  defrag what-if replays those, on a static cluster.
 - **Model Deployments** (:mod:`simulations.autoscale`) serve the GenAI demand curve, scaled by
   the HPA rules of ``manifests/``, optionally pre-warmed. A new replica is ready after a start
   time drawn from the GenAI trace's base-model loads: from the fast group when its model version

@@ -19,6 +19,7 @@ import pytest
 
 from defrag.admission.server import AdmissionServer
 from devkit.controlplane import ControlPlane
+from devkit.procs import wait_until
 from gpufrag.conventions import DEFAULT_NAMES as NAMES
 from tests.webhooks import recommendation, registered_webhook
 
@@ -55,14 +56,11 @@ def _deployment(name: str, mode: str | None) -> dict[str, Any]:
 
 def _pods(core: Any, namespace: str, app: str, *, exclude: set[str] = frozenset(),
           timeout_s: float = 60) -> list[Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pods = [p for p in core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
-                if p.metadata.name not in exclude and p.metadata.deletion_timestamp is None]
-        if pods:
-            return pods
-        time.sleep(0.2)
-    pytest.fail(f"no pod of {app} appeared")
+    def live() -> list[Any] | None:
+        return [p for p in core.list_namespaced_pod(namespace, label_selector=f"app={app}").items
+                if p.metadata.name not in exclude and p.metadata.deletion_timestamp is None
+                ] or None
+    return wait_until(live, timeout_s=timeout_s, what=f"a pod of {app}")
 
 
 def _milli(pod: Any) -> tuple[str, str]:

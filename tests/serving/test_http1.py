@@ -13,13 +13,15 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
 import requests
 
+from devkit.procs import wait_until
 from serving.config import BatcherConfig
 from serving.frontend import HttpLimits
 from serving.testing import FakeBackend, ThreadedServer
@@ -104,12 +106,8 @@ def client(server: ThreadedServer) -> Iterator[Client]:
     connection.close()
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
+wait_for = partial(wait_until, timeout_s=5.0, what="the test's condition",
+                   interval_s=0.005)
 
 
 # -- keep-alive, pipelining, partial reads -----------------------------------------------------

@@ -14,6 +14,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devkit.procs import wait_until
 from serving.config import BatcherConfig
 from serving.testing import FakeBackend, ThreadedServer
 
@@ -502,9 +504,5 @@ def test_after_fuzzing_the_server_still_serves_and_the_queue_is_empty(
     assert server.call(lambda: server.state.batcher.depth) == 0  # type: ignore[union-attr]
 
 
-def _wait_for(condition: Any, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.005)
+_wait_for = partial(wait_until, timeout_s=5.0, what="the test's condition",
+                    interval_s=0.005)

@@ -14,10 +14,10 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,6 +26,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit import procs
 from gpufrag.errors import BadInput
 from serving.backends.base import Backend
 from serving.backends.select import LoadedBackend
@@ -37,17 +38,8 @@ from serving.testing import FakeBackend
 BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
 
 
-def wait_until(condition: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            if condition():
-                return
-        except requests.ConnectionError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.01)
+wait_until = partial(procs.wait_until, timeout_s=10.0, what="the test's condition",
+                     interval_s=0.005)
 
 
 @pytest.mark.timeout(60)
