@@ -39,6 +39,7 @@ from defrag.rightsizing.recommender import (
 from defrag.rightsizing.workloads import Workload
 from gpufrag.conventions import KubeNames
 from gpufrag.errors import BadInput
+from scheduler.kube.convert import uncarried
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
 # Skip reasons (the ``reason`` label of gpufrag_admission_skips_total).
@@ -61,6 +62,7 @@ class Decision:
     skip: str | None = None
     message: str = ""
     change: Mapping[str, Any] | None = None
+    carriers: int = 0  # GPU-memory asks given their carrier (carrier_patch), whatever the rest
 
     @property
     def warnings(self) -> list[str]:
@@ -150,6 +152,30 @@ def _patch(container: Mapping[str, Any], target: Target, new: int,
             patch.append({"op": "replace", "path": f"{base}/{part}/{_escape(names.gpu_milli)}",
                           "value": str(new)})
     return patch
+
+
+def carrier_patch(pod: Mapping[str, Any], names: KubeNames
+                  ) -> tuple[list[dict[str, Any]], int]:
+    """``names.gpu_milli: 1`` beside every GPU-memory ask that comes alone, for any pod: the
+    patch, and how many containers it carries.
+
+    The kubelet hands a container a GPU only through a resource a device plugin advertises,
+    and none advertises GPU memory (:func:`scheduler.kube.convert.uncarried`; the extender
+    refuses such a pod, naming this fix). One milli is the carrier: placement counts the share
+    at its memory's part of the GPU whatever the milli, and the device plugin hands the
+    container the memory it asked as its limit."""
+    patch: list[dict[str, Any]] = []
+    try:
+        found = uncarried(pod, names)
+    except BadInput:  # the extender names what is wrong with the pod; nothing to add here
+        return [], 0
+    for key, i, _ in found:
+        resources = pod["spec"][key][i].get("resources") or {}
+        for part in ("requests", "limits"):
+            if names.gpu_memory in (resources.get(part) or {}):
+                patch.append({"op": "add", "path": f"/spec/{key}/{i}/resources/{part}/"
+                              f"{_escape(names.gpu_milli)}", "value": "1"})
+    return patch, len(found)
 
 
 def decide(pod: Mapping[str, Any], workload: Workload, names: KubeNames,

@@ -2,8 +2,9 @@
 
 A webhook that rejects or fails would block pod creation (``failurePolicy: Ignore`` only covers
 a webhook that does not answer), so every path here admits: with a JSON patch when the pod was
-right-sized, unchanged otherwise, counted by reason in the metrics. A lookup of the pod's
-workload that fails (API server slow, RBAC missing) admits unchanged with a warning.
+right-sized or a GPU-memory ask needed its carrier, unchanged otherwise, counted by reason in
+the metrics. A lookup of the pod's workload that fails (API server slow, RBAC missing) admits
+unchanged with a warning.
 
 Metrics (own registry, ``/metrics``):
 
@@ -11,6 +12,9 @@ Metrics (own registry, ``/metrics``):
 - ``gpufrag_admission_skips_total{reason}`` — one per skipped pod (reasons in
   :data:`defrag.admission.mutate.SKIP_REASONS`, all present from the start at 0);
 - ``gpufrag_admission_milli_saved_total`` — GPU share (milli) given back by rewrites;
+- ``gpufrag_admission_carriers_total`` — GPU-memory asks that came alone and were given
+  ``gpufrag.io/gpu-milli: 1``, the resource the device plugin hands their GPU for
+  (:func:`defrag.admission.mutate.carrier_patch`);
 - ``gpufrag_admission_review_seconds`` — time to answer, lookups included.
 """
 
@@ -19,13 +23,14 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
 import structlog
 from prometheus_client import Counter, Histogram
 
-from defrag.admission.mutate import SKIP_REASONS, Decision, decide, skip
+from defrag.admission.mutate import SKIP_REASONS, Decision, carrier_patch, decide, skip
 from defrag.rightsizing.workloads import Workload, controller_ref
 from gpufrag.conventions import KubeNames
 from gpufrag.metrics import new_registry
@@ -44,6 +49,9 @@ class AdmissionMetrics:
                                registry=r)
         self.skips = Counter("gpufrag_admission_skips", "Pods admitted unchanged, by reason",
                              ["reason"], registry=r)
+        self.carriers = Counter("gpufrag_admission_carriers",
+                                "GPU-memory asks given gpu-milli 1 as their device-plugin "
+                                "carrier", registry=r)
         self.milli_saved = Counter("gpufrag_admission_milli_saved",
                                    "GPU share (milli) given back by rewrites", registry=r)
         self.seconds = Histogram("gpufrag_admission_review_seconds", "Time to answer a review",
@@ -54,6 +62,7 @@ class AdmissionMetrics:
             self.skips.labels(reason)
 
     def count(self, decision: Decision) -> None:
+        self.carriers.inc(decision.carriers)
         if decision.skip is not None:
             self.reviews.labels("skipped").inc()
             self.skips.labels(decision.skip).inc()
@@ -116,6 +125,15 @@ def decide_request(request: Mapping[str, Any], resolve: Resolver,
     problem = _malformed(pod)
     if problem is not None:
         return skip("bad_request", problem)
+    decision = _rightsize(pod, request, resolve, names, now)
+    carried, containers = carrier_patch(pod, names)
+    if not carried:
+        return decision
+    return replace(decision, patch=[*carried, *decision.patch], carriers=containers)
+
+
+def _rightsize(pod: Mapping[str, Any], request: Mapping[str, Any], resolve: Resolver,
+               names: KubeNames, now: float) -> Decision:
     meta = _dict(pod, "metadata")
     namespace = _text(request, "namespace") or _text(meta, "namespace") or ""
     refs = meta.get("ownerReferences")

@@ -17,11 +17,14 @@ What a container gets (:func:`container_response`):
 - ``NVIDIA_VISIBLE_DEVICES=<UUIDs of exactly the chosen GPUs>`` (read by the NVIDIA container
   runtime), and the device nodes ``/dev/nvidia<index>`` of those GPUs plus the driver's control
   devices, each only where it exists on this node;
-- for a share (below 1000 milli): ``GPUFRAG_GPU_MILLI`` and ``GPUFRAG_GPU_MEMORY_LIMIT_MIB`` for
-  the workload to honour (soft limits); with ``--mps`` also ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
-  (the share in percent, rounded up) and ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<MiB>M``: the
-  container sees its one GPU as device 0), which CUDA enforces under an MPS control daemon, and
-  with ``--mps-pipe-dir`` the pipe directory mounted and named in ``CUDA_MPS_PIPE_DIRECTORY``.
+- for a share (below 1000 milli, or a GPU-memory ask beside ``gpufrag.io/gpu-milli`` or HAMi's
+  ``nvidia.com/gpu: 1``): ``GPUFRAG_GPU_MILLI`` and ``GPUFRAG_GPU_MEMORY_LIMIT_MIB`` for the
+  workload to honour (soft limits: the memory asked, else the milli share of the GPU's memory;
+  the compute at least that memory's share, as placement counts it); with ``--mps`` also
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the share in percent, rounded up) and
+  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<MiB>M``: the container sees its one GPU as device
+  0), which CUDA enforces under an MPS control daemon, and with ``--mps-pipe-dir`` the pipe
+  directory mounted and named in ``CUDA_MPS_PIPE_DIRECTORY``.
 
 The ``/dev/nvidia<index>`` node uses NVML's index as the minor number, which holds on the usual
 single-driver node; the shared NVML adapter does not read ``nvmlDeviceGetMinorNumber``.
@@ -58,7 +61,7 @@ from node.deviceplugin.matching import (
 from node.deviceplugin.metrics import PluginMetrics
 from node.deviceplugin.trust import RecordTrust
 from node.deviceplugin.writes import PodWriteError, PodWriter
-from scheduler.core.types import MILLI_PER_GPU
+from scheduler.core.types import MILLI_PER_GPU, memory_milli
 from scheduler.kube.convert import milli_memory_mib
 
 GRANTS_KEPT = 4096  # device-ID sets -> GPUs remembered for PreStartContainer
@@ -99,20 +102,28 @@ class DeviceNodes:
 
 
 def container_response(gpus: Sequence[Gpu], kind: Kind, count: int, *, nodes: DeviceNodes,
-                       config: DevicePluginConfig) -> pb.ContainerAllocateResponse:
-    """What the kubelet puts into the container (module docstring)."""
+                       config: DevicePluginConfig,
+                       memory_mib: int = 0) -> pb.ContainerAllocateResponse:
+    """What the kubelet puts into the container (module docstring); ``memory_mib``: the
+    container's GPU-memory ask, which makes it a memory share of its one GPU."""
     envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(gpu.uuid for gpu in gpus)}
     devices = [pb.DeviceSpec(container_path=path, host_path=path, permissions="rw")
                for path in (*(nodes.by_index[g.index] for g in gpus if g.index in nodes.by_index),
                             *nodes.control)]
     mounts = []
-    if kind is Kind.SHARE and count % MILLI_PER_GPU:
+    share = kind is Kind.SHARE and count % MILLI_PER_GPU
+    if (share or memory_mib) and len(gpus) == 1:
         gpu = gpus[0]
-        limit_mib = milli_memory_mib(count, gpu.memory_total_mib)
-        envs["GPUFRAG_GPU_MILLI"] = str(count)
+        milli = count if share else 0
+        if memory_mib:  # the share's compute is counted at least as its memory (placement's rule)
+            limit_mib = memory_mib
+            milli = max(milli, memory_milli(memory_mib, gpu.memory_total_mib), 1)
+        else:
+            limit_mib = milli_memory_mib(count, gpu.memory_total_mib)
+        envs["GPUFRAG_GPU_MILLI"] = str(milli)
         envs["GPUFRAG_GPU_MEMORY_LIMIT_MIB"] = str(limit_mib)
         if config.mps:
-            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, math.ceil(count / 10)))
+            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, math.ceil(milli / 10)))
             envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit_mib}M"
             if config.mps_pipe_dir:
                 envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_pipe_dir
@@ -238,7 +249,8 @@ class Allocator:
             self._log.error("mark_failed", pod=pod.key, error=str(exc),
                             effect="the container gets its GPUs; the mark is missing until "
                                    "the plugin restarts and the pod is no longer pending")
-        return container_response(gpus, kind, count, nodes=self._nodes, config=self._config)
+        return container_response(gpus, kind, count, nodes=self._nodes, config=self._config,
+                                  memory_mib=container.memory_mib)
 
     def _trusted(self, pod: PodAsk, gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...] | Refusal:
         """``gpus`` when the pod's record is one the extender signed (under the lock)."""

@@ -55,7 +55,7 @@ from gpufrag.errors import BadInput
 from node.deviceplugin.config import Kind
 from node.deviceplugin.inventory import Gpu, HealthBoard
 from scheduler.core.types import MILLI_PER_GPU
-from scheduler.kube.convert import annotations_of, bound_gpus, pod_from_k8s
+from scheduler.kube.convert import annotations_of, bound_gpus, container_gpus, pod_from_k8s
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
 Obj = Mapping[str, Any]
@@ -69,6 +69,7 @@ class ContainerAsk:
     name: str
     count: int
     init: bool = False
+    memory_mib: int = 0  # its GPU-memory ask (names.gpu_memory), in MiB: a memory share
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +140,13 @@ def pod_ask(obj: Obj, names: KubeNames, *, annotation_allocated: str) -> PodAsk 
     asks: dict[Kind, list[ContainerAsk]] = {Kind.WHOLE: [], Kind.SHARE: []}
     try:
         for key, init in (("initContainers", True), ("containers", False)):
-            for container in spec.get(key) or ():
+            memory = [c.memory_mib for c in container_gpus(obj, names, key)]
+            for i, container in enumerate(spec.get(key) or ()):
                 for kind, resource in ((Kind.WHOLE, names.gpu), (Kind.SHARE, names.gpu_milli)):
                     count = _count(container, resource)
                     if count:
                         asks[kind].append(ContainerAsk(str(container.get("name") or ""),
-                                                       count, init))
+                                                       count, init, memory[i]))
     except (BadInput, QuantityError, AttributeError, TypeError) as exc:
         problem = f"its GPU request cannot be read: {exc}"
     kinds = [kind for kind, found in asks.items() if found]

@@ -15,6 +15,13 @@ MILLI_PER_GPU = 1000
 MAX_GPUS_PER_NODE = 16
 
 
+def memory_milli(memory_mib: int, gpu_memory_mib: int) -> int:
+    """``memory_mib`` of a GPU with ``gpu_memory_mib`` as milli-GPU, rounded up: the compute a
+    memory share is counted for, in placement and in what the device plugin hands its
+    container (a share's memory and compute are never split apart)."""
+    return math.ceil(memory_mib * MILLI_PER_GPU / gpu_memory_mib)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
     """A node's capacity as the scheduler may use it (allocatable, not raw capacity)."""
@@ -97,8 +104,7 @@ class PodRequest:
             return self.gpu_milli
         if gpu_memory_mib <= 0 or self.gpu_memory_mib > gpu_memory_mib:
             return None
-        by_memory = math.ceil(self.gpu_memory_mib * MILLI_PER_GPU / gpu_memory_mib)
-        return max(self.gpu_milli, by_memory, 1)
+        return max(self.gpu_milli, memory_milli(self.gpu_memory_mib, gpu_memory_mib), 1)
 
     def on_gpu_memory(self, gpu_memory_mib: int) -> PodRequest | None:
         """This request as it is on a node whose GPUs have ``gpu_memory_mib`` (a memory share

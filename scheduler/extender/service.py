@@ -37,6 +37,7 @@ from scheduler.kube.binder import Binder, BindError
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import (
     UnsupportedRequest,
+    device_gap,
     device_plugin_annotations,
     key_of,
     owner_uid,
@@ -260,6 +261,10 @@ class Extender:
             pod = self._pod(pod_obj)
         except UnsupportedRequest as e:  # fits no node, ever: say why on each
             return self._unplaceable(str(e), names)
+        if pod.gpu_memory_mib and not pod.gpu_milli:  # a memory share with no carrier?
+            gap = device_gap(pod_obj, self.config.names)
+            if gap is not None:
+                return self._unplaceable(gap, names)
         with self.cache.lock, self.cache.reservations.lifted_for(pod_obj):
             rows = self._rows(names, name_set)
             self.node_json.sync(self.cache.state.names)

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from gpufrag.conventions import DEFAULT_NAMES, KubeNames
+from gpufrag.conventions import DEFAULT_NAMES, RESOURCE_GPU_MEMORY_MIB, KubeNames
 from gpufrag.errors import BadInput
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.kube.quantity import QuantityError, parse_quantity
@@ -268,6 +268,32 @@ def _check_share_containers(obj: Obj, names: KubeNames) -> None:
             "or none", field=f"requests.{names.gpu}")
 
 
+def uncarried(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> list[tuple[str, int, str]]:
+    """The containers that would start without their GPU, as (``containers`` or
+    ``initContainers``, index, name): each asks gpufrag's own GPU-memory resource
+    (``gpufrag.io/gpu-memory-mib``) and no resource a device plugin hands GPUs for. The kubelet
+    drops a resource no device plugin advertises and calls no plugin for that container.
+    Other vendors' memory resources (gpushare, Koordinator) come with their own device plugins
+    and are not judged here."""
+    if names.gpu_memory != RESOURCE_GPU_MEMORY_MIB:
+        return []
+    return [(key, i, c.name) for key in ("initContainers", "containers")
+            for i, c in enumerate(container_gpus(obj, names, key))
+            if c.memory_mib and not (c.count or c.milli)]
+
+
+def device_gap(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> str | None:
+    """Why a pending pod would start without its GPU (:func:`uncarried`), or None. Asked of
+    pods being placed only, never of pods already running (their GPU use must still count)."""
+    found = uncarried(obj, names)
+    if not found:
+        return None
+    return (f"container {found[0][2]!r} asks {names.gpu_memory} without {names.gpu_milli} or "
+            f"{names.gpu}: no device plugin hands a GPU for memory alone, so it would start "
+            f"without one; add {names.gpu_milli}: 1 (or its compute share) beside it, as the "
+            "admission webhook does")
+
+
 def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
     """What a Pod asks for. Whole GPUs come from ``names.gpu``; a share of one GPU from
     ``names.gpu_milli`` (milli-GPU; 1000 or more means whole GPUs), from ``names.gpu_memory``
@@ -295,11 +321,17 @@ def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
     if milli and whole:
         raise BadInput(f"asks for both {names.gpu} and {names.gpu_milli}; use one",
                        field=f"requests.{names.gpu_milli}")
-    if milli and (memory or cores):
-        other = names.gpu_memory if memory else names.gpu_cores
-        raise BadInput(f"asks for both {names.gpu_milli} and {other}; use one",
+    if milli and cores:
+        raise BadInput(f"asks for both {names.gpu_milli} and {names.gpu_cores}; use one",
+                       field=f"requests.{names.gpu_milli}")
+    if milli and memory and milli >= MILLI_PER_GPU:
+        raise BadInput(f"{milli} milli-GPU with {names.gpu_memory}: a memory share is a share "
+                       f"of one GPU, so its {names.gpu_milli} must be below 1000",
                        field=f"requests.{names.gpu_milli}")
     if milli:
+        # With a memory ask, milli is the share's compute and the device plugin's resource
+        # (the kubelet hands a GPU only for a resource a device plugin advertises).
+        gpu_memory_mib = memory_mib(memory, names.gpu_memory_unit)
         if milli < MILLI_PER_GPU:
             num_gpu, gpu_milli = 1, math.ceil(milli)
         elif milli % MILLI_PER_GPU == 0:

@@ -199,26 +199,38 @@ def _pending_for(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
 
 def test_memory_share_pods_are_placed_by_the_extender_alone(
         control_plane: ControlPlane, extender: ExtenderProcess, namespace: str) -> None:
-    """Pods asking GPU memory (``gpufrag.io/gpu-memory-mib``) on nodes that, like a real node,
-    advertise no GPU memory: kube-scheduler ignores the resource (managedResources), so it is
-    the extender that fits them, two 6,000 MiB shares per 15,360 MiB T4, and the fifth waits.
-    Without ``ignoredByScheduler`` kube-scheduler fails each one as Insufficient first."""
+    """Pods asking GPU memory (``gpufrag.io/gpu-memory-mib``, carried by ``gpu-milli: 1``, the
+    resource the device plugin hands their GPU for) on nodes that, like a real node, advertise
+    no GPU memory: kube-scheduler ignores the resource (managedResources), so it is the
+    extender that fits them, two 6,000 MiB shares per 15,360 MiB T4, and the fifth waits.
+    Without ``ignoredByScheduler`` kube-scheduler fails each one as Insufficient first. A
+    memory ask with no carrier would start without a GPU: it waits, and says why."""
     nodes = make_nodes(control_plane, "memshare", {"T4": 15_360}, per_product=2, gpus=1)
     core = kubernetes.client.CoreV1Api(control_plane.api_client())
     try:
         for i in range(4):
-            core.create_namespaced_pod(namespace, gpu_pod(f"mem-{i}", gpu_memory_mib=6_000,
+            core.create_namespaced_pod(namespace, gpu_pod(f"mem-{i}", milli=1,
+                                                          gpu_memory_mib=6_000,
                                                           group="memshare"))
             bound_node(core, namespace, f"mem-{i}")
         per_node = Counter(p.spec.node_name for p in core.list_namespaced_pod(namespace).items)
         assert per_node == dict.fromkeys(nodes, 2)
         for pod in core.list_namespaced_pod(namespace).items:
             assert (pod.metadata.annotations or {})[cv.ANNOTATION_GPU_INDICES] == "0"
-        core.create_namespaced_pod(namespace, gpu_pod("mem-over", gpu_memory_mib=6_000,
+        core.create_namespaced_pod(namespace, gpu_pod("mem-over", milli=1, gpu_memory_mib=6_000,
                                                       group="memshare"))
         verdict = wait_until(lambda: _scheduling_verdict(core, namespace, "mem-over"),
                              timeout_s=30, what="a verdict on the fifth memory share")
         assert verdict == "unschedulable"
+        core.create_namespaced_pod(namespace, gpu_pod("mem-alone", gpu_memory_mib=1_000,
+                                                      group="memshare"))
+        verdict = wait_until(lambda: _scheduling_verdict(core, namespace, "mem-alone"),
+                             timeout_s=30, what="a verdict on a memory ask with no carrier")
+        assert verdict == "unschedulable"
+        (condition,) = [c for c in core.read_namespaced_pod("mem-alone", namespace).status
+                        .conditions if c.type == "PodScheduled"]
+        assert "no device plugin hands a GPU for memory alone" in condition.message, \
+            condition.message
     finally:
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         delete_nodes(control_plane, nodes)

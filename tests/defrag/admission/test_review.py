@@ -270,3 +270,34 @@ def test_every_malformed_review_is_answered_allowed_and_unchanged(
     assert isinstance(response["uid"], str)
     assert metrics.registry.get_sample_value("gpufrag_admission_skips_total",
                                              {"reason": "internal_error"}) in (None, 0.0), case
+
+
+def _memory_pod(resources: dict[str, Any], *, owner: Any = None) -> dict[str, Any]:
+    obj = pod(None, owner=owner)
+    obj["spec"]["containers"][0]["resources"] = resources
+    return obj
+
+
+def test_a_memory_ask_alone_gets_its_carrier_on_any_pod() -> None:
+    ask = {NAMES.gpu_memory: "6000"}
+    response, metrics = run(_memory_pod({"requests": dict(ask), "limits": dict(ask)}), None)
+    assert response["allowed"] and patch_of(response) == [
+        {"op": "add", "path": f"/spec/containers/0/resources/{part}/gpufrag.io~1gpu-milli",
+         "value": "1"} for part in ("requests", "limits")]
+    assert metrics.registry.get_sample_value("gpufrag_admission_carriers_total") == 1.0
+    assert skips(metrics, "bare_pod") == 1  # right-sizing itself still skips a bare pod
+    # limits only: the request defaults to the limit, so only the limit gets the carrier
+    response, _ = run(_memory_pod({"limits": dict(ask)}), None)
+    assert [op["path"] for op in patch_of(response)] == [
+        "/spec/containers/0/resources/limits/gpufrag.io~1gpu-milli"]
+
+
+@pytest.mark.parametrize("resources", [
+    {"limits": {NAMES.gpu_memory: "6000", NAMES.gpu_milli: "1"}},
+    {"limits": {NAMES.gpu_memory: "6000", NAMES.gpu: "1"}},  # HAMi's count
+    {"limits": {"cpu": "1"}},
+])
+def test_a_carried_memory_ask_or_none_is_left_alone(resources: dict[str, Any]) -> None:
+    response, metrics = run(_memory_pod(resources), None)
+    assert "patch" not in response
+    assert metrics.registry.get_sample_value("gpufrag_admission_carriers_total") == 0.0

@@ -14,7 +14,9 @@ device-plugin`` (recorded NVML readings) over the real unix sockets.
 - a whole-GPU pod the default kube-scheduler places (no gpu-indices record) is admitted and its
   container gets the GPU the kubelet chose;
 - right-sizing's whole-GPU path: the webhook turns an ``auto`` Deployment's whole-GPU replicas
-  into shares, the extender puts two on one GPU, the plugin hands each its memory limit.
+  into shares, the extender puts two on one GPU, the plugin hands each its memory limit;
+- the guard: a replica the agent reads past its share raises its workload in one defrag
+  cycle, and the replica that replaces it is admitted with the raised share.
 
 After the first test the pods carry ``gpufrag.io/gpu-indices`` as gpufrag-scheduler's bind
 writes it, with ``spec.nodeName`` standing in for the binding, so each test chooses the GPU it
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,9 @@ import kubernetes
 import pytest
 from kubernetes.utils import parse_quantity
 
+from defrag.controller.rightsize import EVENT_REASON_RAISED
+from defrag.rightsizing.recommender import milli_for
+from defrag.rightsizing.recommender import parse as parse_recommendation
 from devkit.controlplane import NOT_READY_TAINT, ControlPlane
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.node import BUSYBOX_IMAGE, Node
@@ -45,6 +51,8 @@ from devkit.stack import bound_node
 from gpufrag.conventions import (
     ANNOTATION_GPU_INDICES,
     DEFAULT_NAMES,
+    HINTS_CONFIGMAP,
+    HINTS_NAMESPACE,
     RESOURCE_GPU,
     RESOURCE_GPU_MILLI,
     SCHEDULER_NAME,
@@ -465,6 +473,84 @@ def test_a_whole_gpu_deployment_in_auto_mode_runs_two_replicas_on_one_gpu(
             assert kept.spec.containers[0].resources.limits[RESOURCE_GPU] == "1"
             assert DEFAULT_NAMES.annotation_rightsizing_change not in kept.metadata.annotations
             assert kept.metadata.annotations[ANNOTATION_GPU_INDICES] not in gpus
+    finally:
+        node_plane.stop_scheduler("gpufrag")
+        extender.stop()
+
+
+def test_a_replica_over_its_share_raises_its_workload_and_the_next_is_admitted_raised(
+        node: Node, node_plane: ControlPlane, node_namespace: str, plugin: Plugin,
+        tmp_path: Path) -> None:
+    """The guard against running out, all real: an ``auto`` Deployment's replica admitted at a
+    100-milli share (8,192 MiB) holds 12,000 MiB; ``gpufrag agent --once`` reads it through the
+    kubelet's real cgroups and publishes it, one ``gpufrag defrag`` cycle raises the workload to
+    1.2 x that use (a ``GPUShareRaised`` Event on the Deployment), and the replica that replaces
+    it is admitted by the webhook with the raised share and handed that memory limit. The
+    cool-off is 0 here so the raise itself admits the next replica; the default (a day) admits
+    it as its template asks (tests/defrag/rightsizing/test_recommender.py)."""
+    if node.runtime != "containerd":
+        pytest.skip(f"no container processes with the {node.runtime} runtime: {node.runtime_note}")
+    core = _core(node_plane)
+    apps = kubernetes.client.AppsV1Api(node_plane.api_client())
+    _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")
+    with suppress(kubernetes.client.ApiException):  # where the cycle records its state,
+        node_plane.create_namespace(HINTS_NAMESPACE)  # as manifests/base ships it
+    with suppress(kubernetes.client.ApiException):
+        core.create_namespaced_config_map(HINTS_NAMESPACE, {"metadata": {"name": HINTS_CONFIGMAP}})
+    extender = ExtenderProcess(node_plane, tmp_path / "extender.log").start()
+    try:
+        node_plane.start_scheduler("gpufrag", gpufrag_scheduler_config(extender.url))
+        with registered_webhook(node_plane, node_namespace, tmp_path / "pki"):
+            apps.create_namespaced_deployment(node_namespace, _whole_gpu_deployment(
+                "guarded", "auto", recommendation(8192, 81_920, hours=24, now=time.time()), 1))
+            (first,) = _replicas(core, node_namespace, "guarded", 1, plugin)
+            assert first.spec.containers[0].resources.limits[RESOURCE_GPU_MILLI] == "100"
+            gpu = int(first.metadata.annotations[ANNOTATION_GPU_INDICES])
+            pid = wait_until(lambda: _pids_of(first.metadata.uid) or None, timeout_s=20,
+                             what="the replica's processes")[0]
+            used_mib = 12_000  # past its 8,192 MiB share
+            recording = tmp_path / "agent-nvml.json"
+            recording.write_text(json.dumps({"devices": [
+                {"name": "NVIDIA A100-SXM4-80GB", "uuid": uuid, "memory_total": A100_BYTES,
+                 "samples": [{"gpu": 10, "memory_used": used_mib * 1024 * 1024 if i == gpu
+                              else 0}],
+                 "processes": [{"pid": pid, "used_bytes": used_mib * 1024 * 1024}]
+                 if i == gpu else []} for i, uuid in enumerate(UUIDS)]}))
+            agent = subprocess.run(
+                [*GPUFRAG, "agent", "--once", f"--node-name={node.name}",
+                 f"--kubeconfig={node_plane.kubeconfig_path}", f"--nvml-recording={recording}",
+                 "--share-intervals=1", "--metrics-port=0"],
+                capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+            assert agent.returncode == 0, agent.stdout + agent.stderr
+            cycle = subprocess.run(
+                [*GPUFRAG, "defrag", f"--kubeconfig={node_plane.kubeconfig_path}",
+                 f"--namespaces={node_namespace}", "--rightsizing-oom-cooloff-s=0",
+                 "--output=json"],
+                capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
+            assert cycle.returncode == 0, cycle.stdout + cycle.stderr
+            deployment = apps.read_namespaced_deployment("guarded", node_namespace)
+            rec = parse_recommendation(deployment.metadata.annotations[
+                DEFAULT_NAMES.annotation_gpu_recommendation])["*"]
+            assert rec.raised_mib == used_mib * 6 // 5, cycle.stdout
+            raised = [e for e in core.list_namespaced_event(node_namespace).items
+                      if e.reason == EVENT_REASON_RAISED]
+            assert [(e.involved_object.kind, e.involved_object.name) for e in raised] == [
+                ("Deployment", "guarded")], cycle.stdout
+            # The next replica: admitted at the raised share, handed at least the raise.
+            core.delete_namespaced_pod(first.metadata.name, node_namespace,
+                                       grace_period_seconds=0)
+            wait_until(lambda: not [p for p in core.list_namespaced_pod(
+                node_namespace, label_selector="app=guarded").items
+                if p.metadata.uid == first.metadata.uid], timeout_s=60,
+                what="the first replica gone")
+            (second,) = _replicas(core, node_namespace, "guarded", 1, plugin)
+            milli = int(second.spec.containers[0].resources.limits[RESOURCE_GPU_MILLI])
+            assert milli == milli_for(rec.memory_mib, 81_920) and milli > 100, milli
+            change = json.loads(second.metadata.annotations[
+                DEFAULT_NAMES.annotation_rightsizing_change])
+            assert (change["to"], change["memory_mib"]) == (milli, rec.memory_mib), change
+            env = _environment(node, node_namespace, second.metadata.name)
+            assert int(env["GPUFRAG_GPU_MEMORY_LIMIT_MIB"]) >= rec.raised_mib, env
     finally:
         node_plane.stop_scheduler("gpufrag")
         extender.stop()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 import threading
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
-from gpufrag.conventions import RESOURCE_GPU
+from gpufrag.conventions import RESOURCE_GPU, RESOURCE_GPU_MEMORY_MIB
 from node.deviceplugin.allocator import AllocationRefused
 from node.deviceplugin.api import pb
 from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED, Kind
@@ -55,6 +56,28 @@ def test_a_share_without_mps_gets_soft_limits_only() -> None:
     assert dict(response.envs) == {"NVIDIA_VISIBLE_DEVICES": UUIDS[2],
                                    "GPUFRAG_GPU_MILLI": "300",
                                    "GPUFRAG_GPU_MEMORY_LIMIT_MIB": "24576"}
+
+
+def _with_memory(obj: dict[str, object], mib: int) -> dict[str, object]:
+    limits = obj["spec"]["containers"][0]["resources"]["limits"]  # type: ignore[index]
+    limits[RESOURCE_GPU_MEMORY_MIB] = str(mib)
+    return obj
+
+
+@pytest.mark.parametrize(("kind", "pod"), [
+    (Kind.SHARE, lambda: build_pod("p", milli=1, gpus="2")),  # gpu-milli 1: the carrier
+    (Kind.WHOLE, lambda: build_pod("p", whole=1, gpus="2")),  # HAMi's nvidia.com/gpu: 1
+])
+def test_a_memory_share_gets_the_memory_it_asked_and_the_compute_placement_counts(
+        kind: Kind, pod: Any) -> None:
+    setup = build_allocator([_with_memory(pod(), 6000)], mps=True)
+    response = setup.allocator.allocate(kind, _ids(kind, 2, 1))
+    envs = dict(response.envs)
+    # placement counts 6,000 MiB of an 81,920 MiB GPU as 74 milli (rounded up)
+    assert (envs["NVIDIA_VISIBLE_DEVICES"], envs["GPUFRAG_GPU_MILLI"],
+            envs["GPUFRAG_GPU_MEMORY_LIMIT_MIB"]) == (UUIDS[2], "74", "6000")
+    assert envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=6000M"
+    assert envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "8"
 
 
 def test_a_share_with_mps_gets_cuda_mps_limits_from_its_share() -> None:

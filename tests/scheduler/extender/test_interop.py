@@ -133,3 +133,18 @@ def test_gpushare_bind_writes_the_gpu_index_and_memory() -> None:
     assert call.extra["ALIYUN_COM_GPU_MEM_POD"] == "4"
     assert call.extra["ALIYUN_COM_GPU_MEM_DEV"] == "16"
     assert call.extra["ALIYUN_COM_GPU_MEM_ASSIGNED"] == "false"
+
+
+def test_filter_fails_every_node_for_a_memory_ask_with_no_carrier() -> None:
+    runtime = serve([node("n0", gpu_memory_mib=81_920), node("n1", gpu_memory_mib=81_920)])
+    client = runtime.app.test_client()
+    status, reply = post(client, "/filter", {
+        "Pod": k8s("alone", {"gpufrag.io/gpu-memory-mib": "6000"}), "NodeNames": ["n0", "n1"]})
+    assert status == 200 and reply["NodeNames"] == []
+    assert set(reply["FailedAndUnresolvableNodes"]) == {"n0", "n1"}
+    assert "no device plugin hands a GPU for memory alone" in \
+        reply["FailedAndUnresolvableNodes"]["n0"]
+    status, reply = post(client, "/filter", {
+        "Pod": k8s("carried", {"gpufrag.io/gpu-memory-mib": "6000", "gpufrag.io/gpu-milli": "1"}),
+        "NodeNames": ["n0", "n1"]})
+    assert status == 200 and reply["NodeNames"], reply

@@ -6,13 +6,16 @@ from typing import Any
 
 import pytest
 
+from gpufrag.conventions import KubeNames
 from gpufrag.errors import BadInput
 from scheduler.kube.convert import (
     bound_gpus,
     controller_ref,
+    device_gap,
     node_from_k8s,
     owner_uid,
     pod_from_k8s,
+    uncarried,
 )
 
 
@@ -80,3 +83,37 @@ def test_bound_gpus_and_owner() -> None:
     assert controller_ref(k8s_pod()) == ("", "", "")
     with pytest.raises(BadInput, match="ownerReferences"):
         controller_ref(k8s_pod(ownerReferences={"kind": "ReplicaSet"}))
+
+
+def test_a_memory_share_may_ride_on_milli_and_counts_at_least_its_memory() -> None:
+    carried = pod_from_k8s(k8s_pod({"gpufrag.io/gpu-milli": "1",
+                                    "gpufrag.io/gpu-memory-mib": "6000"}))
+    assert (carried.num_gpu, carried.gpu_milli, carried.gpu_memory_mib) == (1, 1, 6000)
+    assert carried.milli_on(81_920) == 74  # 6,000 of 81,920 MiB, rounded up
+    compute = pod_from_k8s(k8s_pod({"gpufrag.io/gpu-milli": "500",
+                                    "gpufrag.io/gpu-memory-mib": "6000"}))
+    assert compute.milli_on(81_920) == 500  # the larger of its compute and its memory
+    with pytest.raises(BadInput, match="must be below 1000"):
+        pod_from_k8s(k8s_pod({"gpufrag.io/gpu-milli": "1000", "gpufrag.io/gpu-memory-mib": "1"}))
+
+
+@pytest.mark.parametrize(("requests", "gap"), [
+    ({"gpufrag.io/gpu-memory-mib": "6000"}, True),  # alone: no device plugin hands it a GPU
+    ({"gpufrag.io/gpu-memory-mib": "6000", "gpufrag.io/gpu-milli": "1"}, False),
+    ({"gpufrag.io/gpu-memory-mib": "6000", "nvidia.com/gpu": "1"}, False),  # HAMi's way
+    ({"gpufrag.io/gpu-milli": "300"}, False),
+    ({"cpu": "1"}, False),
+])
+def test_a_memory_ask_alone_is_named_as_starting_without_its_gpu(
+        requests: dict[str, str], gap: bool) -> None:
+    obj = k8s_pod(requests)
+    assert bool(uncarried(obj)) is gap
+    message = device_gap(obj)
+    assert (message is not None) is gap
+    if message is not None:
+        assert "container 'c'" in message and "gpufrag.io/gpu-milli: 1" in message
+
+
+def test_other_vendors_memory_resources_bring_their_own_device_plugin() -> None:
+    gpushare = KubeNames(gpu_memory="aliyun.com/gpu-mem", gpu_memory_unit="GiB")
+    assert device_gap(k8s_pod({"aliyun.com/gpu-mem": "4"}), gpushare) is None
