@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from gpufrag import logs
+from gpufrag import diagnose, logs
 from gpufrag.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILURE,
@@ -132,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     logs.configure(args.log_level)
+    diagnose.install("serve")
     try:
         with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
             return runner.run(serve(config))

@@ -15,7 +15,7 @@ import structlog
 
 from defrag.admission.server import AdmissionServer
 from defrag.rightsizing.workloads import WorkloadClient
-from gpufrag import logs
+from gpufrag import diagnose, logs
 from gpufrag.conventions import names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput, BadInputArgumentParser
 from gpufrag.httpserve import ListenError
@@ -61,6 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     logs.configure(args.log_level)
+    diagnose.install("admission")
     log = structlog.get_logger("gpufrag.admission")
     try:
         client = WorkloadClient(api_client(args.kubeconfig, args.context),

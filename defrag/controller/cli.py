@@ -36,7 +36,7 @@ from defrag.controller.rightsize import RightsizingReport, publish
 from defrag.controller.snapshot import UsageSource, build_snapshot, hold_reservations
 from defrag.rightsizing.recommender import RightsizingConfig
 from defrag.rightsizing.workloads import WorkloadClient
-from gpufrag import logs
+from gpufrag import diagnose, logs
 from gpufrag.conventions import names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from scheduler.core.fragmentation import TargetWorkload
@@ -229,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:
         return int(e.code) if isinstance(e.code, int) else EXIT_BAD_INPUT
     logs.configure(args.log_level)
+    diagnose.install("defrag")
     log = structlog.get_logger("defrag").bind(dry_run=config.dry_run)
     try:
         client = api_client(args.kubeconfig, args.context)

@@ -25,7 +25,7 @@ from pathlib import Path
 import structlog
 from structlog.typing import FilteringBoundLogger
 
-from gpufrag import logs
+from gpufrag import diagnose, logs
 from gpufrag.conventions import names_from_environ
 from gpufrag.errors import (
     EXIT_BAD_INPUT,
@@ -134,6 +134,7 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
         print(f"gpufrag agent: {exc} (see gpufrag agent --help)", file=sys.stderr)
         return EXIT_BAD_INPUT
     logs.configure(args.log_level)
+    diagnose.install("agent")
     log: FilteringBoundLogger = structlog.get_logger("gpufrag.agent")
     try:
         config = AgentConfig(

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import structlog
 import yaml
 
+from gpufrag import diagnose
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from gpufrag.httpserve import ListenError
 from gpufrag.logs import configure
@@ -86,6 +87,7 @@ def _snapshot_runtime(path: str, config: ExtenderConfig) -> Runtime:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure(args.log_level)
+    diagnose.install("extender")
     try:
         overrides = [parse_assignment(a) for a in args.assignments]
         for flag, path in (("host", "server.host"), ("port", "server.port"),

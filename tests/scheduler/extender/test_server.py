@@ -10,6 +10,7 @@ import contextlib
 import http.client
 import os
 import select
+import signal
 import socket
 import ssl
 import subprocess
@@ -317,3 +318,23 @@ def test_a_port_in_use_is_an_error_at_start_up(server: Server) -> None:
             verbs_server(runtime, ServerConfig(port=server.port))
     finally:
         runtime.stop()
+
+
+def test_sigusr1_logs_every_threads_stack_as_json_and_the_extender_keeps_serving(
+        server: Server) -> None:
+    """``kill -USR1`` on a running extender (gpufrag.diagnose): one JSON ``thread_stack`` line
+    per thread, then a summary, and the verbs still answer."""
+    before = server.log().count('"thread_stacks"')
+    server.process.send_signal(signal.SIGUSR1)
+    wait_until(lambda: server.log().count('"thread_stacks"') > before, timeout_s=10,
+               interval_s=0.05, what="the stack dump in the extender's log")
+    lines = [orjson.loads(line) for line in server.log().splitlines()
+             if line.startswith("{") and '"thread_stack' in line]
+    stacks = [d for d in lines if d["event"] == "thread_stack"]
+    (summary,) = [d for d in lines if d["event"] == "thread_stacks"][before:]
+    assert summary["threads"] >= 2 and summary["component"] == "extender"  # loop + probes
+    assert {d["thread"] for d in stacks} >= {"MainThread"}
+    assert all(d["frames"] and all(" in " in f for f in d["frames"]) for d in stacks)
+    status, reply = _exchange(server.port, _chunked(FILTER_BODY))
+    assert status == 200 and reply["Error"] == ""
+    assert server.process.poll() is None
