@@ -35,12 +35,17 @@ def _list_all(what: str, fn: Callable[..., Any]) -> list[Obj]:
             return items
 
 
+def read_nodes_and_pods(api_client: Any) -> tuple[list[Obj], list[Obj]]:
+    """(nodes, pods) of the whole cluster."""
+    core = client.CoreV1Api(api_client)
+    return (_list_all("nodes", core.list_node),
+            _list_all("pods", core.list_pod_for_all_namespaces))
+
+
 def read_cluster(api_client: Any) -> tuple[list[Obj], list[Obj], list[Obj]]:
     """(nodes, pods, pdbs) of the whole cluster."""
-    core = client.CoreV1Api(api_client)
     policy = client.PolicyV1Api(api_client)
-    nodes = _list_all("nodes", core.list_node)
-    pods = _list_all("pods", core.list_pod_for_all_namespaces)
+    nodes, pods = read_nodes_and_pods(api_client)
     pdbs = _list_all("PodDisruptionBudgets",
                      policy.list_pod_disruption_budget_for_all_namespaces)
     return nodes, pods, pdbs

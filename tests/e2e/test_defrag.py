@@ -505,6 +505,45 @@ def test_dry_run_changes_nothing(cluster: Cluster, capsys: pytest.CaptureFixture
     assert cluster.measure() == before
 
 
+def test_inspect_shows_every_placement_and_a_reservation_as_created(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpufrag inspect`` against the live cluster: each pod on the node and GPUs its record
+    names, with its share, and a reservation on the GPU it holds with its expiry."""
+    custom = kubernetes.client.CustomObjectsApi(cluster.plane.api_client())
+    expires = time.time() + 600
+    hold = rsv.Reservation(name="inspect-hold", node=SINK, gpus=(0,), gpu_milli=200,
+                           owner_uid="owner-inspect", owner_kind="ReplicaSet",
+                           owner_name="inspect", namespace=cluster.namespace, expires=expires,
+                           replaces=f"{cluster.namespace}/gone")
+    custom.create_namespaced_custom_object(rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE,
+                                           rsv.PLURAL, rsv.body(hold))
+    try:
+        capsys.readouterr()
+        assert gpufrag(["inspect", "--kubeconfig", str(cluster.plane.kubeconfig_path),
+                        "-o", "json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+    finally:
+        custom.delete_namespaced_custom_object(rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE,
+                                               rsv.PLURAL, "inspect-hold")
+    shown = {(h["pod"], n["node"], g["index"], h["milli"])
+             for n in data["nodes"] for g in n["gpus"] for h in g["holders"] if "pod" in h}
+    ours = {s for s in shown if s[0].startswith(f"{cluster.namespace}/")}
+    placed = {}
+    for pod in cluster.pods():
+        meta, spec = pod["metadata"], pod["spec"]
+        milli = int(spec["containers"][0]["resources"]["requests"][cv.RESOURCE_GPU_MILLI])
+        placed[f"{cluster.namespace}/{meta['name']}"] = (spec["nodeName"], milli)
+        recorded = (meta.get("annotations") or {}).get(cv.ANNOTATION_GPU_INDICES)
+        if recorded:  # the GPU its record names (a pinned pod has none: the default rule's)
+            assert {(g, m) for k, _, g, m in ours if k.endswith(f"/{meta['name']}")} == {
+                (int(gpu), milli) for gpu in recorded.split(",")}
+    assert {k: (node, m) for k, node, _, m in ours} == placed
+    (sink,) = [n for n in data["nodes"] if n["node"] == SINK]
+    held = [h for h in sink["gpus"][0]["holders"] if "reservation" in h]
+    assert held == [{"reservation": "inspect-hold", "milli": 200,
+                     "expires": rsv.rfc3339(expires)}]
+
+
 def test_one_cycle_defragments_and_keeps_every_promise(
         cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     before = cluster.measure()

@@ -1,0 +1,279 @@
+"""``gpufrag inspect``: who holds each GPU, what it uses and what sits idle, node by node.
+
+One read of the cluster (Nodes, Pods, GPUReservations; a list each, paged) or of a file that
+``gpufrag export-snapshot`` wrote, then the defrag cycle's own reading of it: the placement
+state the extender would build (:func:`defrag.controller.snapshot.build_snapshot`, with the
+reservations held as the extender holds them) and the cycle's measure (idle memory as DESIGN.md
+defines it: reserved minus peak use over the window; FGD fragmentation against the cluster's
+own workload). Nothing is written: it needs only ``get``/``list`` on nodes, pods and
+gpureservations (docs/operations.md, "Inspect").
+
+Per node: product, GPU memory, GPUs, the idle ratio and whether it is over the defrag trigger,
+the node's FGD fragmentation (milli-GPU), cordoned. Per GPU: free milli, memory in use now and
+at its peak (with a fresh agent reading), and each holder: a pod with its share and what it
+asked (``whole``, ``milli``, ``memory``), or a reservation with its expiry. ``-o json|yaml``
+print the same as data; ``-o wide`` adds each pod's own use and peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import orjson
+import yaml
+
+from defrag.controller.cluster import read_nodes_and_pods, read_reservations
+from defrag.controller.config import DefragConfig
+from defrag.controller.measure import measure
+from defrag.controller.model import Snapshot
+from defrag.controller.snapshot import UsageSource, build_snapshot, hold_reservations
+from gpufrag.conventions import KubeNames, names_from_environ
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput, BadInputArgumentParser
+from gpufrag.logs import configure
+from scheduler.core.fragmentation import TargetWorkload
+from scheduler.core.types import MILLI_PER_GPU, PodRequest
+from scheduler.kube.client import api_client
+from scheduler.kube.reservations import PLACEMENT_NAMESPACE, reservation_from_k8s
+from scheduler.kube.snapshot import read_snapshot
+
+PROG = "gpufrag inspect"
+OUTPUTS = ("table", "wide", "json", "yaml")
+DEFAULTS = DefragConfig()  # the cycle's own trigger and staleness defaults
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """What was read: the objects, and the time the figures are judged at."""
+
+    nodes: list[Mapping[str, Any]]
+    pods: list[Mapping[str, Any]]
+    reservations: list[Mapping[str, Any]]
+    now: float
+    note: str = ""
+
+
+def asked(pod: PodRequest) -> str:
+    """What a pod asked for, in the words of its request."""
+    if pod.gpu_memory_mib:
+        return "memory"
+    if pod.num_gpu and pod.gpu_milli >= MILLI_PER_GPU:
+        return "whole"
+    return "milli"
+
+
+def _iso(unix_s: float) -> str | None:
+    if not math.isfinite(unix_s):
+        return None
+    return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _mib(value: float) -> int:
+    return round(value)
+
+
+def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node: str | None,
+         namespace: str | None, threshold: float) -> dict[str, Any]:
+    """The inspection as data (what ``-o json`` prints). ``node``/``namespace`` filter; a node
+    is listed under a namespace filter when it holds a pod of that namespace."""
+    state, usage = snapshot.state, snapshot.usage
+    requests = [p.pod for p in state.pods.values()] + [p.request for p in snapshot.pending]
+    workload = (TargetWorkload.from_pods(requests) if requests
+                else TargetWorkload.from_specs([((0, 1, MILLI_PER_GPU, frozenset()), 1.0)]))
+    measured = measure(state, usage, workload)
+    expiry: dict[str, float] = {}
+    for obj in reservations:
+        try:
+            r = reservation_from_k8s(obj)
+        except BadInput:
+            continue  # build_snapshot's caller reports it
+        expiry[r.key] = r.expires
+    nodes: list[dict[str, Any]] = []
+    for row, name in enumerate(state.names):
+        if not state.active[row] or (node is not None and name != node):
+            continue
+        holders: dict[int, list[dict[str, Any]]] = {}
+        seen_namespace = namespace is None
+        for key in sorted(state.pods_on_node[row]):
+            placed = state.pods[key]
+            ns = placed.pod.namespace
+            if namespace is not None and ns not in (namespace, PLACEMENT_NAMESPACE):
+                continue
+            seen_namespace = seen_namespace or ns == namespace
+            memory = int(state.gpu_memory_mib[row])
+            milli = placed.pod.milli_on(memory) or placed.pod.gpu_milli
+            entry: dict[str, Any]
+            if ns == PLACEMENT_NAMESPACE:
+                entry = {"reservation": placed.pod.name, "milli": milli,
+                         "expires": _iso(expiry.get(key, math.inf))}
+            else:
+                entry = {"pod": key, "milli": milli, "asked": asked(placed.pod),
+                         "used_mib": _round_or_none(usage.pod_used_mib.get(key)),
+                         "peak_mib": _round_or_none(usage.pod_peak_mib.get(key))}
+                if placed.pod.gpu_memory_mib:
+                    entry["memory_mib"] = placed.pod.gpu_memory_mib
+            for gpu in placed.gpus:
+                holders.setdefault(gpu, []).append(entry)
+        if not seen_namespace:
+            continue
+        ratio = float(measured.idle_ratio[row])
+        known = not np.isnan(ratio)
+        gpus = []
+        for gpu in range(int(state.gpu_count[row])):
+            fresh = bool(usage.known[row, gpu])
+            gpus.append({"index": gpu, "free_milli": int(state.gpu_free[row, gpu]),
+                         "used_mib": _mib(usage.used_mib[row, gpu]) if fresh else None,
+                         "peak_mib": _mib(usage.peak_mib[row, gpu]) if fresh else None,
+                         "holders": holders.get(gpu, [])})
+        nodes.append({
+            "node": name, "product": (state.products[int(state.product[row])]
+                                          if state.product[row] >= 0 else ""),
+            "gpu_memory_mib": int(state.gpu_memory_mib[row]), "gpus": gpus,
+            "idle_ratio": round(ratio, 4) if known else None,
+            "idle_mib": _mib(measured.idle_mib[row]),
+            "trigger": ("no reading" if not known else "over" if ratio > threshold else "under"),
+            "frag_milli": _mib(measured.frag_milli[row]),
+            "cordoned": name in snapshot.cordoned})
+    summary = measured.summary
+    return {"nodes": nodes, "threshold": threshold,
+            "pending_gpu_pods": sorted(p.key for p in snapshot.pending
+                                       if namespace is None or p.request.namespace == namespace),
+            "cluster": {"idle_ratio": round(summary.idle_ratio, 4),
+                        "frag_ratio": round(summary.frag_ratio, 4),
+                        "free_whole_gpus": summary.free_whole_gpus,
+                        "nodes_with_usage": summary.nodes_with_usage}}
+
+
+def _round_or_none(value: float | None) -> int | None:
+    return None if value is None else _mib(value)
+
+
+def _percent(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.1%}"
+
+
+def _figure(mib: int | None) -> str:
+    return "-" if mib is None else f"{mib:,} MiB"
+
+
+def table(data: Mapping[str, Any], *, wide: bool) -> str:
+    """The human form: a line per node, a line per GPU under it, a line per holder."""
+    lines = [f"{'NODE':<24} {'PRODUCT':<22} {'GPUS':>4} {'IDLE':>7} {'TRIGGER':<10} "
+             f"{'FRAG':>6}  NOTE"]
+    for n in data["nodes"]:
+        note = "cordoned" if n["cordoned"] else ""
+        lines.append(f"{n['node']:<24} {n['product'] or '-':<22} {len(n['gpus']):>4} "
+                     f"{_percent(n['idle_ratio']):>7} {n['trigger']:<10} "
+                     f"{n['frag_milli'] / MILLI_PER_GPU:>6.2f}  {note}".rstrip())
+        for g in n["gpus"]:
+            lines.append(f"  gpu {g['index']}: free {g['free_milli']} milli, used "
+                         f"{_figure(g['used_mib'])}, peak {_figure(g['peak_mib'])}")
+            for h in g["holders"]:
+                if "reservation" in h:
+                    lines.append(f"    reservation {h['reservation']}: {h['milli']} milli, "
+                                 f"expires {h['expires'] or 'never'}")
+                    continue
+                share = (f"{h['memory_mib']:,} MiB ({h['milli']} milli)" if "memory_mib" in h
+                         else f"{h['milli']} milli")
+                extra = (f", used {_figure(h['used_mib'])}, peak {_figure(h['peak_mib'])}"
+                         if wide else "")
+                lines.append(f"    {h['pod']}: {share}, asked {h['asked']}{extra}")
+    c = data["cluster"]
+    lines.append(f"{len(data['nodes'])} node(s); cluster idle {c['idle_ratio']:.1%} "
+                 f"(trigger over {data['threshold']:.0%}), fragmentation {c['frag_ratio']:.1%}, "
+                 f"{c['free_whole_gpus']} whole GPU(s) free, "
+                 f"{len(data['pending_gpu_pods'])} GPU pod(s) pending")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = BadInputArgumentParser(prog=PROG, description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else "
+                                            "$KUBECONFIG or ~/.kube/config)")
+    where.add_argument("--snapshot", help="a file gpufrag export-snapshot wrote, instead of a "
+                                          "live cluster (its agent readings are judged at the "
+                                          "newest reading's time)")
+    p.add_argument("--context", help="kubeconfig context (default: the current one)")
+    p.add_argument("--node", help="only this node")
+    p.add_argument("--namespace", help="only pods of this namespace, and the nodes holding them")
+    p.add_argument("-o", "--output", choices=OUTPUTS, default="table")
+    p.add_argument("--threshold", type=float, default=DEFAULTS.threshold,
+                   help=f"the idle ratio the defrag trigger reads as over (default: "
+                        f"{DEFAULTS.threshold:g})")
+    return p
+
+
+def _newest_reading(nodes: Sequence[Mapping[str, Any]], names: KubeNames) -> float:
+    newest = 0.0
+    for obj in nodes:
+        text = ((obj.get("metadata") or {}).get("annotations") or {}).get(
+            names.annotation_gpu_usage)
+        if not text:
+            continue
+        try:
+            stamp = orjson.loads(text).get("timestamp")
+        except (orjson.JSONDecodeError, AttributeError):
+            continue
+        if isinstance(stamp, int | float):
+            newest = max(newest, float(stamp))
+    return newest
+
+
+def read_source(args: argparse.Namespace, names: KubeNames) -> Source:
+    """The objects to inspect, from the snapshot file or the live cluster."""
+    if args.snapshot:
+        snap = read_snapshot(args.snapshot)
+        newest = _newest_reading(snap.nodes, names)
+        note = ("" if newest else
+                "the snapshot holds no agent reading: memory use is unknown")
+        return Source(snap.nodes, snap.pods, [], newest or time.time(), note)
+    client = api_client(args.kubeconfig, args.context)
+    nodes, pods = read_nodes_and_pods(client)
+    held = read_reservations(client, names.hints_namespace)
+    note = "" if held is not None else "no GPUReservation CRD: no reservation shown"
+    return Source(nodes, pods, list(held or ()), time.time(), note)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure()
+    names = names_from_environ()
+    try:
+        if not 0.0 <= args.threshold < 1.0:
+            raise BadInput(f"{args.threshold!r} must be in [0, 1)", field="--threshold")
+        source = read_source(args, names)
+        usage = UsageSource(DEFAULTS.stale_intervals, source.now)
+        snapshot, problems = build_snapshot(source.nodes, source.pods, [], usage, names)
+        problems += hold_reservations(snapshot, source.reservations, source.now)
+        if args.node is not None and args.node not in snapshot.state.index:
+            raise BadInput(f"no node {args.node!r} in the cluster "
+                           f"({len(snapshot.state.index)} nodes read)", field="--node")
+        data = view(snapshot, source.reservations, node=args.node, namespace=args.namespace,
+                    threshold=args.threshold)
+    except BadInput as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as e:  # API refusals, connection errors
+        print(f"{PROG}: failed: {e}", file=sys.stderr)
+        return EXIT_FAILURE
+    data["skipped"] = problems
+    data["notes"] = [n for n in (source.note,) if n] + [
+        f"{n.node}: {n.reason}" for n in snapshot.notes]
+    if args.output == "json":
+        print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
+    elif args.output == "yaml":
+        print(yaml.safe_dump(data, sort_keys=False), end="")
+    else:
+        print(table(data, wide=args.output == "wide"))
+        for line in data["notes"] + [f"skipped: {p}" for p in problems]:
+            print(f"note: {line}", file=sys.stderr)
+    return EXIT_OK

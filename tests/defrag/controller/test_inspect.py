@@ -1,0 +1,105 @@
+"""``gpufrag inspect`` on a snapshot file: each GPU's holders, use, idle memory and trigger."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from defrag.controller.inspect import main as inspect_main
+from gpufrag import conventions as cv
+from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from scheduler.kube.snapshot import write_snapshot
+from tests.defrag.controller.builders import k8s_node, k8s_pod
+
+NOW = 1_767_225_600.0
+
+
+def _usage(node: str, gpus: list[tuple[int, int, list[tuple[str, str, int]]]]) -> dict[str, str]:
+    reading = NodeGpuUsage(node=node, timestamp=NOW, interval_s=15.0, gpus=tuple(
+        GpuUsage(index=i, uuid=f"GPU-{node}-{i}", product="Tesla-T4", memory_used_mib=used,
+                 memory_total_mib=16_384, utilization_pct=10,
+                 pods=tuple(PodGpuUsage(ns, name, f"uid-{name}", mib) for ns, name, mib in pods))
+        for i, used, pods in gpus))
+    return {cv.ANNOTATION_GPU_USAGE: reading.to_json()}
+
+
+@pytest.fixture
+def snapshot(tmp_path: Path) -> Path:
+    """n0: GPU 0 held by two shares (web 500 milli using 1,000 MiB, api 300 using 4,000), GPU 1
+    by a whole-GPU pod of another namespace; n1: no reading; one GPU pod pending."""
+    nodes = [k8s_node("n0", annotations=_usage("n0", [
+                 (0, 5000, [("ns", "web", 1000), ("ns", "api", 4000)]),
+                 (1, 16_000, [("other", "big", 16_000)])])),
+             k8s_node("n1", unschedulable=True)]
+    pods = [k8s_pod("web", node="n0", milli=500, indices="0"),
+            k8s_pod("api", node="n0", milli=300, indices="0"),
+            k8s_pod("big", namespace="other", node="n0", gpus=1, indices="1"),
+            k8s_pod("waiting", milli=200, scheduler_name=cv.SCHEDULER_NAME)]
+    path = tmp_path / "cluster.json"
+    write_snapshot(path, nodes, pods)
+    return path
+
+
+def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    assert inspect_main([*args, "-o", "json"]) == 0
+    data: dict[str, object] = json.loads(capsys.readouterr().out)
+    return data
+
+
+def test_each_gpu_shows_its_holders_use_and_the_nodes_idle_memory(
+        snapshot: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, "--snapshot", str(snapshot))
+    n0, n1 = data["nodes"]  # type: ignore[misc]
+    gpu0, gpu1 = n0["gpus"]
+    assert (gpu0["free_milli"], gpu0["used_mib"]) == (200, 5000)
+    assert [(h["pod"], h["milli"], h["asked"], h["used_mib"]) for h in gpu0["holders"]] == [
+        ("ns/api", 300, "milli", 4000), ("ns/web", 500, "milli", 1000)]
+    assert [(h["pod"], h["asked"]) for h in gpu1["holders"]] == [("other/big", "whole")]
+    # idle = reserved - peak: 800 milli of 16,384 MiB reserved on GPU 0 (13,107 MiB), 5,000
+    # used; GPU 1 16,384 reserved, 16,000 used
+    reserved = 16_384 * 800 / 1000 + 16_384
+    idle = (16_384 * 800 / 1000 - 5000) + (16_384 - 16_000)
+    assert n0["idle_ratio"] == round(idle / reserved, 4) and n0["trigger"] == "over"
+    assert (n1["trigger"], n1["idle_ratio"], n1["cordoned"]) == ("no reading", None, True)
+    assert data["pending_gpu_pods"] == ["ns/waiting"]
+
+
+def test_filters_keep_one_node_or_one_namespaces_holders(
+        snapshot: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, "--snapshot", str(snapshot), "--namespace", "other")
+    (only,) = data["nodes"]  # type: ignore[misc]
+    holders = [h["pod"] for g in only["gpus"] for h in g["holders"]]
+    assert only["node"] == "n0" and holders == ["other/big"]
+    data = _json(capsys, "--snapshot", str(snapshot), "--node", "n1")
+    assert [n["node"] for n in data["nodes"]] == ["n1"]  # type: ignore[attr-defined]
+
+
+def test_the_table_and_yaml_say_the_same(snapshot: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert inspect_main(["--snapshot", str(snapshot), "-o", "wide"]) == 0
+    out = capsys.readouterr()
+    assert "ns/web: 500 milli, asked milli, used 1,000 MiB" in out.out
+    assert "gpu 0: free 200 milli, used 5,000 MiB" in out.out
+    assert "2 node(s);" in out.out and "1 GPU pod(s) pending" in out.out
+    assert inspect_main(["--snapshot", str(snapshot), "-o", "yaml"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["nodes"][0]["node"] == "n0"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--node", "nowhere"], "no node 'nowhere' in the cluster (2 nodes read)"),
+    (["--threshold", "1.5"], "--threshold"),
+])
+def test_bad_input_is_one_line_and_exit_2(snapshot: Path, capsys: pytest.CaptureFixture[str],
+                                          args: list[str], message: str) -> None:
+    assert inspect_main(["--snapshot", str(snapshot), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_missing_snapshot_file_is_exit_2(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert inspect_main(["--snapshot", str(tmp_path / "none.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
