@@ -217,6 +217,12 @@ class PodResolver:
         uid = pod_uid_for_pid(pid, self._proc_root)
         return None if uid is None else self._directory.lookup(uid)
 
+    def stray_reason(self, pid: int) -> str:
+        """Why :meth:`pod_for_pid` found no pod: ``pod_gone`` when the process's cgroup names a
+        pod this node's list does not hold (deleted, its process left behind), ``no_pod`` when
+        it runs in no pod's cgroup at all (a host process, another runtime, or gone already)."""
+        return "pod_gone" if pod_uid_for_pid(pid, self._proc_root) is not None else "no_pod"
+
 
 class KubePodLister:
     """Lists this node's pods through the API (RBAC: ``list pods``, cluster-wide)."""

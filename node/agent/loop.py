@@ -31,6 +31,7 @@ from node.agent.metrics import AgentMetrics, Health
 from node.agent.publish import (
     EVENT_REASON_GPU_MEMORY_GROWTH,
     EVENT_REASON_GPU_MEMORY_OVER_SHARE,
+    EVENT_REASON_GPU_PROCESS_WITHOUT_POD,
     Publisher,
     PublishError,
 )
@@ -101,6 +102,39 @@ class GpuReader(Protocol):
 
 class PidToPod(Protocol):
     def pod_for_pid(self, pid: int) -> PodRef | None: ...
+
+    def stray_reason(self, pid: int) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Stray:
+    """A process holding GPU memory that belongs to no live pod on this node: the memory is
+    counted on its GPU (so no share looks free) but nobody asked for it, and nothing will give
+    it back (``pod_gone``: its pod was deleted and the process left behind; ``no_pod``: it runs
+    outside any pod, e.g. on the host, or an MPS server)."""
+
+    pid: int
+    gpu_index: int
+    gpu_uuid: str
+    memory_mib: int
+    reason: str
+
+    def message(self) -> str:
+        why = ("its pod is gone from this node" if self.reason == "pod_gone"
+               else "it runs in no pod")
+        return (f"process {self.pid} holds {self.memory_mib} MiB on GPU {self.gpu_index} "
+                f"({self.gpu_uuid}) and {why}: the memory stays taken until it exits")
+
+
+def find_strays(readings: Iterable[GpuReading], pods: PidToPod) -> list[Stray]:
+    """Every process on a GPU that :meth:`PidToPod.pod_for_pid` maps to no pod."""
+    found = []
+    for reading in sorted(readings, key=lambda r: r.index):
+        for process in reading.processes:
+            if pods.pod_for_pid(process.pid) is None:
+                found.append(Stray(process.pid, reading.index, reading.uuid,
+                                   process.memory_used_mib, pods.stray_reason(process.pid)))
+    return found
 
 
 def no_shares(uid: str) -> PodShare | None:
@@ -174,6 +208,8 @@ class Agent:
         self._share_watch = ShareWatch(tolerance_mib=config.share_tolerance_mib,
                                        intervals=config.share_intervals,
                                        cooldown_s=config.share_cooldown_s)
+        # (pid, GPU UUID) of the strays reported: one Event each while they stay
+        self._strays_reported: set[tuple[int, str]] = set()
 
     def tick(self) -> NodeGpuUsage | None:
         """One interval. Returns the reading, or None when reading or publishing failed."""
@@ -192,6 +228,7 @@ class Agent:
         self._metrics.observe_usage(usage)
         self._watch_leaks(usage, now)
         self._check_shares(usage, now)
+        self._report_strays(readings, now)
         try:
             reason = self._publisher.publish(usage)
         except PublishError as exc:
@@ -240,6 +277,26 @@ class Agent:
             else:
                 self._metrics.events.labels(EVENT_REASON_GPU_MEMORY_OVER_SHARE).inc()
         self._metrics.observe_shares(checked, self.config.share_intervals)
+
+    def _report_strays(self, readings: Iterable[GpuReading], now: float) -> None:
+        strays = find_strays(readings, self._pods)
+        self._metrics.observe_strays((s.reason, s.memory_mib) for s in strays)
+        seen = {(s.pid, s.gpu_uuid) for s in strays}
+        self._strays_reported &= seen  # a process that left is reported again if it returns
+        for stray in strays:
+            key = (stray.pid, stray.gpu_uuid)
+            if key in self._strays_reported:
+                continue
+            self._log.warning("gpu_process_without_pod", pid=stray.pid, gpu=stray.gpu_index,
+                              uuid=stray.gpu_uuid, memory_mib=stray.memory_mib,
+                              reason=stray.reason)
+            try:
+                self._publisher.report_stray(stray.message(), now)
+            except PublishError as exc:
+                self._log.warning("event_failed", error=str(exc), pid=stray.pid)
+                continue  # asked again next interval
+            self._strays_reported.add(key)
+            self._metrics.events.labels(EVENT_REASON_GPU_PROCESS_WITHOUT_POD).inc()
 
     def run(self, wait: Callable[[float], bool]) -> None:
         """Tick every ``interval_s`` until ``wait(delay)`` returns True (stop requested).

@@ -37,6 +37,9 @@ _GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
 _POD_GPU_LABELS = ("namespace", "pod", "node", "gpu")
 
 
+# Why a GPU process belongs to no live pod (node.agent.cgroup.PodResolver.stray_reason).
+STRAY_REASONS = ("pod_gone", "no_pod")
+
 class AgentMetrics:
     """The agent's Prometheus series; label sets of GPUs and pods that went away are removed."""
 
@@ -82,6 +85,18 @@ class AgentMetrics:
         )
         self.events = Counter("gpufrag_agent_events", "Kubernetes Events created, by reason.",
                               ("reason",), registry=r)
+        self.strays = Gauge(
+            "gpufrag_agent_stray_gpu_processes",
+            "GPU processes that belong to no live pod on this node, by reason (pod_gone: the "
+            "cgroup names a pod the node no longer lists; no_pod: outside any pod).",
+            ("reason",), registry=r)
+        self.stray_bytes = Gauge(
+            "gpufrag_agent_stray_gpu_memory_bytes",
+            "GPU memory those processes hold (bytes; read in whole MiB), by reason.",
+            ("reason",), registry=r)
+        for reason in STRAY_REASONS:
+            self.strays.labels(reason)
+            self.stray_bytes.labels(reason)
         self.last_publish_s = Gauge(
             "gpufrag_agent_last_publish_timestamp_seconds",
             "Unix time of the last successful usage annotation write.", registry=r,
@@ -139,6 +154,17 @@ class AgentMetrics:
             self.share_bytes.remove(*gone)
             self.over_share.remove(*gone)
         self._share_labels = share_labels
+
+    def observe_strays(self, strays: Iterable[tuple[str, int]]) -> None:
+        """This interval's strays as (reason, MiB): the count and memory of each reason."""
+        count = dict.fromkeys(STRAY_REASONS, 0)
+        mib = dict.fromkeys(STRAY_REASONS, 0)
+        for reason, memory_mib in strays:
+            count[reason] += 1
+            mib[reason] += memory_mib
+        for reason in STRAY_REASONS:
+            self.strays.labels(reason).set(count[reason])
+            self.stray_bytes.labels(reason).set(mib[reason] * MIB)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -35,6 +35,10 @@ from scheduler.kube.errors import ApiError, api_errors
 
 COMPONENT = "gpufrag-agent"
 EVENT_REASON_GPU_MEMORY_GROWTH = "GPUMemoryGrowth"
+# A GPU process that belongs to no live pod (node.agent.loop.find_strays), on the Node.
+EVENT_REASON_GPU_PROCESS_WITHOUT_POD = "GPUProcessWithoutPod"
+# Events about a cluster-scoped Node go to this namespace, as the kubelet's do.
+NODE_EVENT_NAMESPACE = "default"
 EVENT_REASON_GPU_MEMORY_OVER_SHARE = "GPUMemoryOverShare"
 EVENT_TYPE_WARNING = "Warning"
 # Object names are at most 253 characters; the event name adds "." and up to 16 hex digits.
@@ -55,6 +59,9 @@ class ClusterWriter(Protocol):
 
     def create_pod_event(self, pod: PodRef, *, reason: str, message: str, event_type: str,
                          now: float) -> None: ...
+
+    def create_node_event(self, *, reason: str, message: str, event_type: str,
+                          now: float) -> None: ...
 
 
 class KubeClusterWriter:
@@ -77,16 +84,36 @@ class KubeClusterWriter:
 
     def create_pod_event(self, pod: PodRef, *, reason: str, message: str, event_type: str,
                          now: float) -> None:
+        self._create_event(
+            client.V1ObjectReference(api_version="v1", kind="Pod", namespace=pod.namespace,
+                                     name=pod.name, uid=pod.uid),
+            pod.namespace, reason=reason, message=message, event_type=event_type, now=now,
+            what=f"pod {pod.namespace}/{pod.name}",
+            not_found=f"namespace {pod.namespace!r} is gone")
+
+    def create_node_event(self, *, reason: str, message: str, event_type: str,
+                          now: float) -> None:
+        self._create_event(
+            # uid = the node's name, as the kubelet's node reference has it (kubectl describe
+            # node finds the Event by it)
+            client.V1ObjectReference(api_version="v1", kind="Node", name=self._node_name,
+                                     uid=self._node_name),
+            NODE_EVENT_NAMESPACE, reason=reason, message=message, event_type=event_type,
+            now=now, what=f"node {self._node_name}",
+            not_found=f"namespace {NODE_EVENT_NAMESPACE!r} is gone")
+
+    def _create_event(self, involved: client.V1ObjectReference, namespace: str, *, reason: str,
+                      message: str, event_type: str, now: float, what: str,
+                      not_found: str) -> None:
+        name = str(involved.name)
         at = datetime.fromtimestamp(now, tz=UTC)
         event = client.CoreV1Event(
             # client-go's recorder names events "<object>.<unix nanos in hex>"; so do we.
             metadata=client.V1ObjectMeta(
-                name=f"{pod.name[:_MAX_EVENT_PREFIX]}.{int(now * 1e9):x}",
-                namespace=pod.namespace,
+                name=f"{name[:_MAX_EVENT_PREFIX]}.{int(now * 1e9):x}",
+                namespace=namespace,
             ),
-            involved_object=client.V1ObjectReference(
-                api_version="v1", kind="Pod", namespace=pod.namespace, name=pod.name, uid=pod.uid,
-            ),
+            involved_object=involved,
             reason=reason,
             message=message,
             type=event_type,
@@ -97,10 +124,9 @@ class KubeClusterWriter:
             reporting_component=self._component,
             reporting_instance=f"{self._component}-{self._node_name}",
         )
-        with _api_errors(f"creating event {reason} on pod {pod.namespace}/{pod.name}",
-                         verb="create events",
-                         not_found=f"namespace {pod.namespace!r} is gone"):
-            self._core.create_namespaced_event(pod.namespace, event,
+        with _api_errors(f"creating event {reason} on {what}", verb="create events",
+                         not_found=not_found):
+            self._core.create_namespaced_event(namespace, event,
                                                _request_timeout=self._request_timeout_s)
 
 
@@ -136,6 +162,11 @@ class LogOnlyWriter:
                          now: float) -> None:
         self._log.info("dry_run_create_event", namespace=pod.namespace, pod=pod.name,
                        reason=reason, type=event_type, message=message)
+
+    def create_node_event(self, *, reason: str, message: str, event_type: str,
+                          now: float) -> None:
+        self._log.info("dry_run_create_event", kind="Node", reason=reason, type=event_type,
+                       message=message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,3 +224,7 @@ class Publisher:
     def report_over_share(self, pod: PodRef, message: str, now: float) -> None:
         self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_OVER_SHARE,
                                       message=message, event_type=EVENT_TYPE_WARNING, now=now)
+
+    def report_stray(self, message: str, now: float) -> None:
+        self._writer.create_node_event(reason=EVENT_REASON_GPU_PROCESS_WITHOUT_POD,
+                                       message=message, event_type=EVENT_TYPE_WARNING, now=now)

@@ -10,7 +10,7 @@ device-plugin`` (recorded NVML readings) over the real unix sockets.
 - the kubelet restarts (its socket directory wiped, a new ``kubelet.sock``): the plugin notices,
   registers again, and a new pod gets its GPU;
 - the node agent, reading the real cgroups of running share pods, reports the one holding more
-  GPU memory than its share;
+  GPU memory than its share, and a process on a GPU in no pod (this test's own) as a stray;
 - a whole-GPU pod the default kube-scheduler places (no gpu-indices record) is admitted and its
   container gets the GPU the kubelet chose;
 - right-sizing's whole-GPU path: the webhook turns an ``auto`` Deployment's whole-GPU replicas
@@ -363,7 +363,8 @@ def test_the_agent_reports_a_real_pod_over_its_share(
          "samples": [{"gpu": 10, "memory_used": 40_000 * 1024 * 1024 if i else 0}],
          "processes": [{"pid": pids["greedy"], "used_bytes": (share_mib + 1000) * 1024 * 1024},
                        {"pid": pids["modest"], "used_bytes": 10_000 * 1024 * 1024}]
-         if i else []} for i, uuid in enumerate(UUIDS)]}))
+         if i else [{"pid": os.getpid(), "used_bytes": 2_000 * 1024 * 1024}]}  # no pod's
+        for i, uuid in enumerate(UUIDS)]}))
     agent = subprocess.run(
         [*GPUFRAG, "agent", "--once",
          f"--node-name={node.name}", f"--kubeconfig={node_plane.kubeconfig_path}",
@@ -376,6 +377,13 @@ def test_the_agent_reports_a_real_pod_over_its_share(
         ("greedy", uids["greedy"])], agent.stdout + agent.stderr
     assert f"hold {share_mib + 1000} MiB, more than its share of {share_mib} MiB" in \
         events[0].message, events[0].message
+    # This test's own process, "on" GPU 0, runs in no pod: a stray, reported on the Node.
+    strays = [e for e in core.list_namespaced_event("default").items
+              if e.reason == "GPUProcessWithoutPod" and f"process {os.getpid()} " in e.message]
+    assert [(e.involved_object.kind, e.involved_object.name) for e in strays] == [
+        ("Node", node.name)], agent.stdout + agent.stderr
+    assert "holds 2000 MiB on GPU 0" in strays[0].message and "runs in no pod" in \
+        strays[0].message
 
 
 def test_a_pod_of_the_default_scheduler_gets_the_gpu_the_kubelet_chose(

@@ -79,16 +79,25 @@ POD_C = PodRef("batch", "embed-0", "0b8f0c8e-3333-4a4a-9b9b-000000000003")
 RECORDED_PIDS: dict[int, PodRef] = {4242: POD_A, 5151: POD_B, 6060: POD_C}
 
 
+def pod_events(writer: RecordingWriter) -> list[dict[str, Any]]:
+    """The Events written on pods (not the Node's: recorded_devices has a host process)."""
+    return [e for e in writer.events if e["pod"] is not None]
+
+
 class FakePods:
     """pid -> pod from a dict, counting lookups."""
 
     def __init__(self, by_pid: dict[int, PodRef] | None = None) -> None:
         self.by_pid = dict(RECORDED_PIDS if by_pid is None else by_pid)
         self.lookups: list[int] = []
+        self.gone: set[int] = set()  # pids whose cgroup names a pod the node no longer lists
 
     def pod_for_pid(self, pid: int) -> PodRef | None:
         self.lookups.append(pid)
         return self.by_pid.get(pid)
+
+    def stray_reason(self, pid: int) -> str:
+        return "pod_gone" if pid in self.gone else "no_pod"
 
 
 class FakeLister:
@@ -169,4 +178,11 @@ class RecordingWriter:
         if self.fail_with is not None:
             raise self.fail_with
         self.events.append({"pod": pod, "reason": reason, "message": message,
+                            "type": event_type, "now": now})
+
+    def create_node_event(self, *, reason: str, message: str, event_type: str,
+                          now: float) -> None:
+        if self.fail_with is not None:
+            raise self.fail_with
+        self.events.append({"pod": None, "reason": reason, "message": message,
                             "type": event_type, "now": now})

@@ -165,6 +165,15 @@ def test_resolver_joins_cgroup_and_directory(tmp_path: Path) -> None:
     assert resolver.pod_for_pid(4242) == REF
     assert resolver.pod_for_pid(7070) is None
     assert resolver.pod_for_pid(31337) is None
+    assert (resolver.stray_reason(7070), resolver.stray_reason(31337)) == ("no_pod", "no_pod")
+
+
+def test_a_process_whose_pod_is_no_longer_listed_is_a_stray_of_a_gone_pod(
+        tmp_path: Path) -> None:
+    _proc(tmp_path, 4242, V2_SYSTEMD)
+    resolver = PodResolver(PodDirectory(FakeLister([]), clock=FakeClock(0.0)), tmp_path)
+    assert resolver.pod_for_pid(4242) is None
+    assert resolver.stray_reason(4242) == "pod_gone"
 
 
 # KubePodLister against the real API server: tests/e2e/test_agent.py.

@@ -36,6 +36,7 @@ from tests.node.agent.fakes import (
     RecordingLog,
     RecordingWriter,
     fake_nvml,
+    pod_events,
 )
 
 A100_MIB = 81_920
@@ -183,11 +184,11 @@ def test_the_agent_reports_over_share_pods_by_metric_and_event() -> None:
         clock.advance(15)
         if _ == 0:  # one reading over: the metric waits for the streak, like the Event
             assert value("gpufrag_agent_gpu_memory_over_share", POD_A.name, 0) == 0
-            assert writer.events == []
-    events = [(e["pod"], e["reason"], e["type"]) for e in writer.events]
+            assert pod_events(writer) == []
+    events = [(e["pod"], e["reason"], e["type"]) for e in pod_events(writer)]
     assert events == [(POD_A, EVENT_REASON_GPU_MEMORY_OVER_SHARE, "Warning"),
                       (POD_C, EVENT_REASON_GPU_MEMORY_OVER_SHARE, "Warning")]
-    assert "hold 20000 MiB, more than its share of 16384 MiB" in writer.events[0]["message"]
+    assert "hold 20000 MiB, more than its share of 16384 MiB" in pod_events(writer)[0]["message"]
     assert value("gpufrag_agent_gpu_memory_over_share", POD_A.name, 0) == 1
     assert value("gpufrag_agent_gpu_memory_over_share", POD_B.name, 0) == 0
     assert value("gpufrag_agent_gpu_memory_over_share", POD_C.name, 1) == 1
@@ -210,6 +211,6 @@ def test_without_share_lookup_nothing_is_checked() -> None:
                   metrics=metrics, health=Health(clock, stall_after_s=60),
                   log=RecordingLog().as_logger(), clock=clock)
     agent.tick()
-    assert writer.events == []
+    assert pod_events(writer) == []
     assert b"gpufrag_agent_gpu_memory_over_share{" not in metrics.render()
     reader.close()

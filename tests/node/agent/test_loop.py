@@ -23,6 +23,7 @@ from tests.node.agent.fakes import (
     RecordingLog,
     RecordingWriter,
     fake_nvml,
+    pod_events,
     processes,
 )
 
@@ -140,13 +141,14 @@ def test_a_growing_pod_gets_one_event_and_the_metric() -> None:
         rig.tick()
         if step < 3:
             assert rig.sample(leak, namespace="serving", pod=POD_A.name) == 0
-    (event,) = rig.writer.events
+    (event,) = pod_events(rig.writer)
     assert (event["pod"], event["reason"], event["type"]) == (POD_A, "GPUMemoryGrowth", "Warning")
     assert "20000 -> 21500 MiB" in event["message"]
     assert rig.sample(leak, namespace="serving", pod=POD_A.name) == 1
     assert rig.sample(leak, namespace="serving", pod=POD_B.name) == 0
     assert rig.sample("gpufrag_agent_events_total", reason="GPUMemoryGrowth") == 1
-    assert rig.log.events("warning") == ["gpu_memory_growth"]
+    assert [e for e in rig.log.events("warning") if e != "gpu_process_without_pod"] == [
+        "gpu_memory_growth"]
 
 
 def test_a_failed_event_is_logged_and_the_interval_still_publishes() -> None:
@@ -235,3 +237,30 @@ def test_default_config_is_valid_and_refresh_is_in_seconds() -> None:
     config = AgentConfig(node_name="node1").validate()
     assert (config.interval_s, config.leak_threshold_mib, config.leak_intervals) == (15.0, 100, 3)
     assert config.refresh_s == 60.0
+
+
+def test_a_gpu_process_of_no_live_pod_gets_one_node_event_while_it_stays() -> None:
+    """7070 is a host process; 6060's pod is deleted (its cgroup still names it)."""
+    rig = Rig(pods=FakePods({4242: POD_A, 5151: POD_B}))
+    rig.pods.gone.add(6060)
+    rig.tick()
+    rig.tick()
+    strays = [e for e in rig.writer.events if e["reason"] == "GPUProcessWithoutPod"]
+    assert [e["pod"] for e in strays] == [None, None]  # on the Node, once each over two ticks
+    assert "process 6060 holds 12000 MiB on GPU 1" in strays[0]["message"]
+    assert "its pod is gone from this node" in strays[0]["message"]
+    assert "process 7070 holds 256 MiB on GPU 1" in strays[1]["message"]
+    assert "it runs in no pod" in strays[1]["message"]
+    assert rig.sample("gpufrag_agent_stray_gpu_processes", reason="pod_gone") == 1
+    assert rig.sample("gpufrag_agent_stray_gpu_processes", reason="no_pod") == 1
+    assert rig.sample("gpufrag_agent_stray_gpu_memory_bytes", reason="pod_gone") == 12_000 * MIB
+    assert rig.sample("gpufrag_agent_events_total", reason="GPUProcessWithoutPod") == 2
+    # the pod is listed again (the directory caught up): no stray left, the gauge says so
+    rig.pods.by_pid[6060] = POD_C
+    rig.pods.gone.clear()
+    rig.tick()
+    assert rig.sample("gpufrag_agent_stray_gpu_processes", reason="pod_gone") == 0
+    # a stray that comes back after it left is reported again
+    del rig.pods.by_pid[6060]
+    rig.tick()
+    assert len([e for e in rig.writer.events if e["reason"] == "GPUProcessWithoutPod"]) == 3

@@ -67,7 +67,7 @@ def test_dcgm_families_carry_dcgms_labels_and_the_agents_own_are_snake_case() ->
         for sample in family.samples:
             (dcgm if family.name.startswith("DCGM_") else own).update(sample.labels)
     assert dcgm == {"gpu", "UUID", "modelName", "Hostname"}
-    assert own == {"namespace", "pod", "node", "gpu"}
+    assert own == {"namespace", "pod", "node", "gpu", "reason"}
 
 
 def test_series_of_a_vanished_gpu_are_removed() -> None:
