@@ -374,12 +374,14 @@ def test_large_bodies_are_handled_one_at_a_time_and_small_ones_are_not_held_back
 
 
 def test_an_announced_body_counts_against_the_budget_before_it_has_arrived(app: App) -> None:
-    served = _serve(app, max_buffered_bytes=1500)
+    # A read deadline far beyond the test's own waits: on a loaded machine the slow body must
+    # not be cut (408, its share of the budget freed) before the check has seen its 503.
+    served = _serve(app, max_buffered_bytes=1500, read_timeout_s=60.0)
     try:
-        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as slow:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=30) as slow:
             # 1,000 bytes announced, 10 sent: the budget holds 1,000 for it already.
             slow.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + 30
             while True:  # the 503 comes once the slow body's headers are in
                 status, text = _post(served.port, "/x", b"b" * 1000)
                 if status == 503 or time.monotonic() > deadline:
