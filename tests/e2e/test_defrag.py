@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -542,6 +545,21 @@ def test_inspect_shows_every_placement_and_a_reservation_as_created(
     held = [h for h in sink["gpus"][0]["holders"] if "reservation" in h]
     assert held == [{"reservation": "inspect-hold", "milli": 200,
                      "expires": rsv.rfc3339(expires)}]
+
+
+def test_kubectl_runs_inspect_as_its_gpufrag_plugin(cluster: Cluster) -> None:
+    """The real kubectl finds the installed ``kubectl-gpufrag`` entry point on PATH and runs
+    ``inspect`` through it (kubectl forwards no global flag to a plugin: KUBECONFIG is read)."""
+    scripts = Path(sys.executable).parent
+    assert (scripts / "kubectl-gpufrag").exists(), "pip install -e . installs the entry point"
+    env = {**os.environ, "PATH": f"{scripts}{os.pathsep}{os.environ.get('PATH', '')}",
+           "KUBECONFIG": str(cluster.plane.kubeconfig_path)}
+    result = subprocess.run([str(cluster.plane.binary), "kubectl", "gpufrag", "inspect",
+                             "--node", SINK, "-o", "json"], capture_output=True, text=True,
+                            env=env, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    (node,) = json.loads(result.stdout)["nodes"]
+    assert node["node"] == SINK and len(node["gpus"]) == 2
 
 
 def test_one_cycle_defragments_and_keeps_every_promise(
