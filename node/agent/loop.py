@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -126,14 +126,27 @@ class Stray:
                 f"({self.gpu_uuid}) and {why}: the memory stays taken until it exits")
 
 
-def find_strays(readings: Iterable[GpuReading], pods: PidToPod) -> list[Stray]:
-    """Every process on a GPU that :meth:`PidToPod.pod_for_pid` maps to no pod."""
+def owners_of(readings: Iterable[GpuReading],
+              pod_for_pid: Callable[[int], PodRef | None]) -> dict[int, PodRef | None]:
+    """Each GPU process's pod (None: no live pod), looked up once per reading: the usage
+    annotation and the stray report both read this one map."""
+    owners: dict[int, PodRef | None] = {}
+    for reading in readings:
+        for process in reading.processes:
+            if process.pid not in owners:
+                owners[process.pid] = pod_for_pid(process.pid)
+    return owners
+
+
+def find_strays(readings: Iterable[GpuReading], owners: Mapping[int, PodRef | None],
+                stray_reason: Callable[[int], str]) -> list[Stray]:
+    """Every process on a GPU that ``owners`` (:func:`owners_of`) maps to no pod."""
     found = []
     for reading in sorted(readings, key=lambda r: r.index):
         for process in reading.processes:
-            if pods.pod_for_pid(process.pid) is None:
+            if owners[process.pid] is None:
                 found.append(Stray(process.pid, reading.index, reading.uuid,
-                                   process.memory_used_mib, pods.stray_reason(process.pid)))
+                                   process.memory_used_mib, stray_reason(process.pid)))
     return found
 
 
@@ -222,13 +235,14 @@ class Agent:
             self._log.error("gpu_read_failed", error=str(exc))
             return None
         self._metrics.reads.labels("ok").inc()
+        owners = owners_of(readings, self._pods.pod_for_pid)
         usage = self._peaks.observe(build_usage(self.config.node_name, now,
                                                 self.config.interval_s, readings,
-                                                self._pods.pod_for_pid))
+                                                owners.__getitem__))
         self._metrics.observe_usage(usage)
         self._watch_leaks(usage, now)
         self._check_shares(usage, now)
-        self._report_strays(readings, now)
+        self._report_strays(readings, owners, now)
         try:
             reason = self._publisher.publish(usage)
         except PublishError as exc:
@@ -278,8 +292,9 @@ class Agent:
                 self._metrics.events.labels(EVENT_REASON_GPU_MEMORY_OVER_SHARE).inc()
         self._metrics.observe_shares(checked, self.config.share_intervals)
 
-    def _report_strays(self, readings: Iterable[GpuReading], now: float) -> None:
-        strays = find_strays(readings, self._pods)
+    def _report_strays(self, readings: Iterable[GpuReading],
+                       owners: Mapping[int, PodRef | None], now: float) -> None:
+        strays = find_strays(readings, owners, self._pods.stray_reason)
         self._metrics.observe_strays((s.reason, s.memory_mib) for s in strays)
         seen = {(s.pid, s.gpu_uuid) for s in strays}
         self._strays_reported &= seen  # a process that left is reported again if it returns

@@ -244,6 +244,7 @@ def test_a_gpu_process_of_no_live_pod_gets_one_node_event_while_it_stays() -> No
     rig = Rig(pods=FakePods({4242: POD_A, 5151: POD_B}))
     rig.pods.gone.add(6060)
     rig.tick()
+    assert sorted(rig.pods.lookups) == [4242, 5151, 6060, 7070]  # once each per reading
     rig.tick()
     strays = [e for e in rig.writer.events if e["reason"] == "GPUProcessWithoutPod"]
     assert [e["pod"] for e in strays] == [None, None]  # on the Node, once each over two ticks
