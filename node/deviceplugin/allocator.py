@@ -61,7 +61,7 @@ from node.deviceplugin.matching import (
 from node.deviceplugin.metrics import PluginMetrics
 from node.deviceplugin.trust import RecordTrust
 from node.deviceplugin.writes import PodWriteError, PodWriter
-from scheduler.core.types import MILLI_PER_GPU, memory_milli
+from scheduler.core.types import MILLI_PER_GPU, share_milli
 from scheduler.kube.convert import milli_memory_mib
 
 GRANTS_KEPT = 4096  # device-ID sets -> GPUs remembered for PreStartContainer
@@ -117,7 +117,7 @@ def container_response(gpus: Sequence[Gpu], kind: Kind, count: int, *, nodes: De
         milli = count if share else 0
         if memory_mib:  # the share's compute is counted at least as its memory (placement's rule)
             limit_mib = memory_mib
-            milli = max(milli, memory_milli(memory_mib, gpu.memory_total_mib), 1)
+            milli = share_milli(milli, memory_mib, gpu.memory_total_mib)
         else:
             limit_mib = milli_memory_mib(count, gpu.memory_total_mib)
         envs["GPUFRAG_GPU_MILLI"] = str(milli)

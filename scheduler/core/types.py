@@ -15,11 +15,12 @@ MILLI_PER_GPU = 1000
 MAX_GPUS_PER_NODE = 16
 
 
-def memory_milli(memory_mib: int, gpu_memory_mib: int) -> int:
-    """``memory_mib`` of a GPU with ``gpu_memory_mib`` as milli-GPU, rounded up: the compute a
-    memory share is counted for, in placement and in what the device plugin hands its
-    container (a share's memory and compute are never split apart)."""
-    return math.ceil(memory_mib * MILLI_PER_GPU / gpu_memory_mib)
+def share_milli(milli: int, memory_mib: int, gpu_memory_mib: int) -> int:
+    """The milli-GPU a share asking ``milli`` of compute and ``memory_mib`` of a GPU with
+    ``gpu_memory_mib`` is counted for: the larger of its milli and its memory's part of the GPU
+    (rounded up), at least 1. Placement counts it (:meth:`PodRequest.milli_on`) and the device
+    plugin hands it to the container: a share's memory and compute are never split apart."""
+    return max(milli, math.ceil(memory_mib * MILLI_PER_GPU / gpu_memory_mib), 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,7 @@ class PodRequest:
             return self.gpu_milli
         if gpu_memory_mib <= 0 or self.gpu_memory_mib > gpu_memory_mib:
             return None
-        return max(self.gpu_milli, memory_milli(self.gpu_memory_mib, gpu_memory_mib), 1)
+        return share_milli(self.gpu_milli, self.gpu_memory_mib, gpu_memory_mib)
 
     def on_gpu_memory(self, gpu_memory_mib: int) -> PodRequest | None:
         """This request as it is on a node whose GPUs have ``gpu_memory_mib`` (a memory share
