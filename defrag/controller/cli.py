@@ -39,7 +39,6 @@ from defrag.rightsizing.workloads import WorkloadClient
 from gpufrag import diagnose, logs
 from gpufrag.conventions import names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
-from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.state import ClusterState
 from scheduler.kube.client import api_client
 from scheduler.policies import POLICY_NAMES, make_policy
@@ -295,10 +294,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
         log.warning("object skipped", problem=problem)
     for note in snapshot.notes:
         log.warning("usage ignored", node=note.node, reason=note.reason)
-    requests = [p.pod for p in snapshot.state.pods.values()] + [p.request
-                                                                 for p in snapshot.pending]
-    workload = (TargetWorkload.from_pods(requests, coverage=config.coverage) if requests
-                else TargetWorkload.from_specs([((0, 1, 1000, frozenset()), 1.0)]))
+    workload = snapshot.target_workload(config.coverage)
     policy = make_policy(config.policy, workload=workload)
     the_plan = make_plan(snapshot, policy, workload, config)
     log.info("plan made", moves=len(the_plan.moves), triggered=len(the_plan.triggered),

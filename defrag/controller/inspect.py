@@ -38,7 +38,6 @@ from defrag.controller.snapshot import UsageSource, build_snapshot, hold_reserva
 from gpufrag.conventions import KubeNames, names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput, BadInputArgumentParser
 from gpufrag.logs import configure
-from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
 from scheduler.kube.client import api_client
 from scheduler.kube.reservations import PLACEMENT_NAMESPACE, reservation_from_k8s
@@ -84,10 +83,7 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
     """The inspection as data (what ``-o json`` prints). ``node``/``namespace`` filter; a node
     is listed under a namespace filter when it holds a pod of that namespace."""
     state, usage = snapshot.state, snapshot.usage
-    requests = [p.pod for p in state.pods.values()] + [p.request for p in snapshot.pending]
-    workload = (TargetWorkload.from_pods(requests) if requests
-                else TargetWorkload.from_specs([((0, 1, MILLI_PER_GPU, frozenset()), 1.0)]))
-    measured = measure(state, usage, workload)
+    measured = measure(state, usage, snapshot.target_workload(DEFAULTS.coverage))
     expiry: dict[str, float] = {}
     for obj in reservations:
         try:

@@ -14,9 +14,10 @@ import numpy as np
 
 from defrag.controller.measure import UsageTable
 from node.agent.usage import NodeGpuUsage
+from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
-from scheduler.core.types import PodRequest
+from scheduler.core.types import MILLI_PER_GPU, PodRequest
 
 # Controllers that recreate an evicted pod (elsewhere): the only owners whose pods may move.
 MOVABLE_OWNERS = frozenset({"ReplicaSet", "StatefulSet", "Job"})
@@ -202,6 +203,14 @@ class Snapshot:
 
     def pdbs_of(self, pod: PodInfo) -> list[Pdb]:
         return [b for b in self.pdbs if b.covers(pod)]
+
+    def target_workload(self, coverage: float) -> TargetWorkload:
+        """FGD's target workload: the most popular specs of the pods placed and pending
+        (covering ``coverage`` of them); one whole GPU for a cluster that runs nothing."""
+        requests = [p.pod for p in self.state.pods.values()] + [p.request for p in self.pending]
+        if not requests:
+            return TargetWorkload.from_specs([((0, 1, MILLI_PER_GPU, frozenset()), 1.0)])
+        return TargetWorkload.from_pods(requests, coverage=coverage)
 
 
 def snapshot_of_state(state: ClusterState, pod_used_mib: Mapping[str, float], *,
