@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from devkit.procs import wait_until
 from gpufrag.httpserve import Limits, ListenError, Server, listen
 from gpufrag.tls import RELOAD_EVERY_S, ServerTLS
 from tests.scheduler.extender.helpers import FakeClock, Pki, make_pki
@@ -379,15 +380,14 @@ def test_an_announced_body_counts_against_the_budget_before_it_has_arrived(app: 
     served = _serve(app, max_buffered_bytes=1500, read_timeout_s=60.0)
     try:
         with socket.create_connection(("127.0.0.1", served.port), timeout=30) as slow:
-            # 1,000 bytes announced, 10 sent: the budget holds 1,000 for it already.
+            # 1,000 bytes announced, 10 sent: the budget holds 1,000 for it already. Wait for
+            # the gateway to count it before the other request, or that one may come first and
+            # take the budget (then the slow body is the one refused).
             slow.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)
-            deadline = time.monotonic() + 30
-            while True:  # the 503 comes once the slow body's headers are in
-                status, text = _post(served.port, "/x", b"b" * 1000)
-                if status == 503 or time.monotonic() > deadline:
-                    break
-            assert (status, text) == (503, b"too many request bodies held at once; "
-                                           b"retry shortly\n")
+            wait_until(lambda: served.gateway.buffered == 1000, timeout_s=30, interval_s=0.01,
+                       what="the slow body's announced bytes counted")
+            assert _post(served.port, "/x", b"b" * 1000) == (
+                503, b"too many request bodies held at once; retry shortly\n")
             slow.sendall(b"a" * 990)
             assert slow.recv(4096).startswith(b"HTTP/1.1 200")
         assert _post(served.port, "/x", b"b" * 1000) == (200, b"read 1000")  # freed
