@@ -113,13 +113,18 @@ def test_the_device_plugin_registers_and_a_gpu_pod_is_admitted(
         node: Node, node_plane: ControlPlane, node_namespace: str, device_plugin: Path) -> None:
     core = _core(node_plane)
 
+    # The two resources are two plugin endpoints, each registered and listed on its own: wait
+    # for both to reach the Node's status (under load the second can trail the first).
     def advertised() -> dict[str, str] | None:
         allocatable = core.read_node(node.name).status.allocatable or {}
-        return allocatable if allocatable.get(RESOURCE_GPU) == str(len(GPU_UUIDS)) else None
+        both = (allocatable.get(RESOURCE_GPU) == str(len(GPU_UUIDS))
+                and parse_quantity(allocatable.get(RESOURCE_GPU_MILLI, "0")) > 0)
+        return allocatable if both else None
 
     try:
         allocatable = wait_until(advertised, timeout_s=30,
-                                 what=f"{RESOURCE_GPU} in Node {node.name}'s allocatable")
+                                 what=f"{RESOURCE_GPU} and {RESOURCE_GPU_MILLI} in Node "
+                                      f"{node.name}'s allocatable")
     except Exception:
         print(device_plugin.read_text())
         raise
