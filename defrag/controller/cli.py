@@ -9,6 +9,7 @@ what was done), 2 on bad flags or configuration (one line on stderr).
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 import time
 from collections.abc import Sequence
@@ -28,6 +29,7 @@ from defrag.controller.config import (
 from defrag.controller.convergence import DefragState, convergence, parse_state
 from defrag.controller.errors import CycleStopped
 from defrag.controller.executor import ClusterActions, DryRunActions, Executor, KubeActions
+from defrag.controller.ledger import StaleReservation, stale_reservations
 from defrag.controller.metrics import CycleMetrics
 from defrag.controller.planner import plan as make_plan
 from defrag.controller.prometheus import fetch_samples
@@ -163,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="placement hints and GPU reservations expire after this long (a "
                         "reservation's TTL counts from its pod's eviction; default: "
                         f"{d.hint_ttl_s:g})")
+    a.add_argument("--orphan-grace-s", type=float, default=d.orphan_grace_s,
+                   help="release a GPU reservation whose owner has no pod this long after it "
+                        f"was made (default: {d.orphan_grace_s:g})")
     o = p.add_argument_group("output")
     o.add_argument("--output", default="table", help="table or json (JSON lines: the plan, "
                                                      "then the result)")
@@ -201,7 +206,8 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
         coverage=args.coverage, stale_intervals=args.stale_intervals,
         prometheus_interval_s=args.prometheus_interval_s,
         prometheus_peak_window_s=args.prometheus_peak_window_s, bind_timeout_s=args.bind_timeout_s,
-        hint_ttl_s=args.hint_ttl_s, candidates_per_eviction=args.candidates_per_eviction,
+        hint_ttl_s=args.hint_ttl_s, orphan_grace_s=args.orphan_grace_s,
+        candidates_per_eviction=args.candidates_per_eviction,
         min_gain_gpus=args.min_gain_gpus, move_not_actionable=args.move_not_actionable,
         excluded_namespaces=_names(args.exclude_namespaces),
         namespaces=_names(args.namespaces),
@@ -258,6 +264,18 @@ def _gpu_nodes(state: ClusterState) -> int:
     return int((state.active[:n] & (state.gpu_count[:n] > 0)).sum())
 
 
+def _releasable(stale: StaleReservation, config: DefragConfig) -> bool:
+    """Whether this cycle deletes ``stale``: only reservations it made, and one whose owner
+    is gone only when the owner's namespace is this cycle's to move pods in."""
+    if not stale.managed:
+        return False
+    if stale.reason != "owner_gone":
+        return True  # expired, unreadable or on a node that is gone: nobody's, anywhere
+    if stale.namespace in config.excluded_namespaces:
+        return False
+    return not config.namespaces or stale.namespace in config.namespaces
+
+
 def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
               log: structlog.typing.FilteringBoundLogger) -> int:
     """Read, plan, print, act, summarise. Raises CycleStopped if reading fails."""
@@ -274,7 +292,13 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     if held is None:
         log.warning("no GPUReservation CRD: a cycle with moves will stop before evicting; "
                     "install manifests/base/crd-gpureservation.yaml")
-    problems += hold_reservations(snapshot, held or (), now)
+    stale = stale_reservations(held or (), snapshot.pods, set(snapshot.state.index), now,
+                               grace_s=config.orphan_grace_s)
+    releasing = [s for s in stale if _releasable(s, config)]
+    released = {s.name for s in releasing}
+    problems += hold_reservations(
+        snapshot, [o for o in held or () if (o.get("metadata") or {}).get("name") not in released],
+        now)
     kube = KubeActions(client, log=log, names=config.names)
     try:
         previous = parse_state(kube.load_state())
@@ -307,6 +331,13 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     metrics.planned(len(the_plan.moves), the_plan.seconds, len(the_plan.not_actionable))
     _rightsizing_metrics(metrics, rightsizing)
     actions: ClusterActions = DryRunActions(log) if config.dry_run else kube
+    metrics.stale(collections.Counter(s.reason for s in stale))
+    for s in stale:
+        log.warning("stale GPU reservation", reservation=s.name, reason=s.reason,
+                    detail=s.detail, released=s.name in released)
+    for s in releasing:  # a reservation only: deleting it never touches a pod
+        actions.release(s.name)
+        metrics.reservation("pruned")
     report = Executor(actions, config, metrics, log=log).run(the_plan, snapshot, workload)
     assert report.before is not None and report.after is not None
     summary = convergence(

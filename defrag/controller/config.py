@@ -69,6 +69,9 @@ class DefragConfig:
     bind_timeout_s: float = 180.0
     # Placement hints expire after this long even if nobody removes them.
     hint_ttl_s: float = 900.0
+    # A GPU reservation with no pod of its owner this long after it was made holds capacity
+    # for nothing; the cycle releases it (defrag.controller.ledger).
+    orphan_grace_s: float = 120.0
     # How many candidate moves the planner scores with the policy, per allowed eviction.
     candidates_per_eviction: int = 8
     # A move is worth its eviction only if it gives back at least this many GPUs (the plan's
@@ -138,6 +141,9 @@ class DefragConfig:
             raise BadInput(f"{self.hint_ttl_s} is shorter than --bind-timeout-s "
                            f"{self.bind_timeout_s}; a hint must outlive the wait",
                            field="--hint-ttl-s")
+        if not 0.0 <= self.orphan_grace_s <= 86400.0:
+            raise BadInput(f"{self.orphan_grace_s} is outside 0..86400 seconds",
+                           field="--orphan-grace-s")
         if not 0.0 <= self.min_gain_gpus <= 100.0:
             raise BadInput(f"{self.min_gain_gpus} is outside 0..100 (GPUs per eviction; "
                            "e.g. 0.1)", field="--min-gain-gpus")

@@ -20,9 +20,10 @@ Then, for each move, in plan order:
 
 Any other API error stops the cycle where it is (the report says what was done; the CLI exits
 1). A rerun reads the live state again and plans from there, so cycles are idempotent; hints and
-reservations a stopped cycle leaves behind expire on their own and are pruned at the start of
-the next. The reservations of moves not carried out (skipped, or after a stop) are deleted at
-once; the one of a replacement that did not bind in time is left to its TTL (it may still bind).
+reservations a stopped cycle leaves behind expire on their own; the next cycle releases them
+with every other stale reservation (:mod:`defrag.controller.ledger`) before it plans. The
+reservations of moves not carried out (skipped, or after a stop) are deleted at once; the one
+of a replacement that did not bind in time is left to its TTL (it may still bind).
 
 ``--dry-run`` swaps :class:`KubeActions` for :class:`DryRunActions` (nothing written; every
 replacement "lands" where planned); the loop is the same code.
@@ -102,8 +103,6 @@ class ClusterActions(Protocol):
 
     def save_state(self, text: str) -> None: ...
 
-    def prune_reservations(self, now: float) -> int: ...
-
     def reserve(self, reservation: Reservation) -> None: ...
 
     def renew_reservation(self, name: str, expires: float) -> None: ...
@@ -146,9 +145,6 @@ class DryRunActions:
     def save_state(self, text: str) -> None:
         self.written.append(("state", "", text))
         self.log.info("dry run: would record the defrag state (cooldown, hysteresis)")
-
-    def prune_reservations(self, now: float) -> int:
-        return 0
 
     def reserve(self, reservation: Reservation) -> None:
         self.written.append(("reserve", reservation.name, reservation.node))
@@ -280,26 +276,6 @@ class KubeActions:
                if f'"{self.hints_namespace}" not found' in answer.message else
                "is the GPUReservation CRD installed? manifests/base/crd-gpureservation.yaml")
         return CycleStopped(doing, f"HTTP 404: {answer.message} ({fix})", status=404)
-
-    def prune_reservations(self, now: float) -> int:
-        """Delete the reservations this controller made that have expired (or are unreadable)."""
-        doing = f"listing GPUReservations in {self.hints_namespace}"
-        answer = call_api_or_refusal(doing, lambda: self.custom.list_namespaced_custom_object(
-            rsv.GROUP, rsv.VERSION, self.hints_namespace, rsv.PLURAL,
-            label_selector=f"{rsv.MANAGED_BY_LABEL}={rsv.MANAGED_BY}"), ok=(404,))
-        if isinstance(answer, ApiRefusal):
-            raise self._crd_missing(answer, doing)
-        pruned = 0
-        for obj in answer.get("items") or []:
-            name = str((obj.get("metadata") or {}).get("name") or "")
-            try:
-                expired = rsv.reservation_from_k8s(obj).expires <= now
-            except BadInput:
-                expired = True
-            if expired and name:
-                self.release(name)
-                pruned += 1
-        return pruned
 
     def reserve(self, reservation: Reservation) -> None:
         doing = f"creating GPUReservation {self.hints_namespace}/{reservation.name}"
@@ -458,9 +434,6 @@ class Executor:
             if pruned:
                 self.log.info("expired placement hints pruned", count=pruned)
             if plan.moves:
-                pruned = self.actions.prune_reservations(self.clock())
-                if pruned:
-                    self.log.info("expired reservations pruned", count=pruned)
                 try:
                     held = self._reserve_all(plan, snapshot)
                 except CycleStopped:

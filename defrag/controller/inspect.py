@@ -11,8 +11,11 @@ gpureservations (docs/operations.md, "Inspect").
 Per node: product, GPU memory, GPUs, the idle ratio and whether it is over the defrag trigger,
 the node's FGD fragmentation (milli-GPU), cordoned. Per GPU: free milli, memory in use now and
 at its peak (with a fresh agent reading), and each holder: a pod with its share and what it
-asked (``whole``, ``milli``, ``memory``), or a reservation with its expiry. ``-o json|yaml``
-print the same as data; ``-o wide`` adds each pod's own use and peak.
+asked (``whole``, ``milli``, ``memory``), or a reservation with its expiry. Reservations that
+hold capacity for nothing (expired, owner or node gone: :mod:`defrag.controller.ledger`) are
+marked where they sit and listed at the end with why; the next ``gpufrag defrag`` cycle
+releases the ones it made. ``-o json|yaml`` print the same as data; ``-o wide`` adds each pod's
+own use and peak.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import yaml
 
 from defrag.controller.cluster import read_nodes_and_pods, read_reservations
 from defrag.controller.config import DefragConfig
+from defrag.controller.ledger import StaleReservation, stale_reservations
 from defrag.controller.measure import measure
 from defrag.controller.model import Snapshot
 from defrag.controller.snapshot import UsageSource, build_snapshot, hold_reservations
@@ -79,7 +83,8 @@ def _mib(value: float) -> int:
 
 
 def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node: str | None,
-         namespace: str | None, threshold: float) -> dict[str, Any]:
+         namespace: str | None, threshold: float,
+         stale: Sequence[StaleReservation] = ()) -> dict[str, Any]:
     """The inspection as data (what ``-o json`` prints). ``node``/``namespace`` filter; a node
     is listed under a namespace filter when it holds a pod of that namespace."""
     state, usage = snapshot.state, snapshot.usage
@@ -91,6 +96,7 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
         except BadInput:
             continue  # build_snapshot's caller reports it
         expiry[r.key] = r.expires
+    why_stale = {f"{PLACEMENT_NAMESPACE}/{s.name}": s.reason for s in stale}
     nodes: list[dict[str, Any]] = []
     for row, name in enumerate(state.names):
         if not state.active[row] or (node is not None and name != node):
@@ -109,6 +115,8 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
             if ns == PLACEMENT_NAMESPACE:
                 entry = {"reservation": placed.pod.name, "milli": milli,
                          "expires": _iso(expiry.get(key, math.inf))}
+                if key in why_stale:
+                    entry["stale"] = why_stale[key]
             else:
                 entry = {"pod": key, "milli": milli, "asked": asked(placed.pod),
                          "used_mib": _round_or_none(usage.pod_used_mib.get(key)),
@@ -144,7 +152,12 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
             "cluster": {"idle_ratio": round(summary.idle_ratio, 4),
                         "frag_ratio": round(summary.frag_ratio, 4),
                         "free_whole_gpus": summary.free_whole_gpus,
-                        "nodes_with_usage": summary.nodes_with_usage}}
+                        "nodes_with_usage": summary.nodes_with_usage},
+            "stale_reservations": [
+                {"reservation": s.name, "reason": s.reason, "detail": s.detail,
+                 "node": s.node, "released_by_defrag": s.managed}
+                for s in stale if (node is None or s.node == node)
+                and (namespace is None or s.namespace == namespace)]}
 
 
 def _round_or_none(value: float | None) -> int | None:
@@ -173,14 +186,17 @@ def table(data: Mapping[str, Any], *, wide: bool) -> str:
                          f"{_figure(g['used_mib'])}, peak {_figure(g['peak_mib'])}")
             for h in g["holders"]:
                 if "reservation" in h:
+                    stale_mark = f", STALE ({h['stale']})" if "stale" in h else ""
                     lines.append(f"    reservation {h['reservation']}: {h['milli']} milli, "
-                                 f"expires {h['expires'] or 'never'}")
+                                 f"expires {h['expires'] or 'never'}{stale_mark}")
                     continue
                 share = (f"{h['memory_mib']:,} MiB ({h['milli']} milli)" if "memory_mib" in h
                          else f"{h['milli']} milli")
                 extra = (f", used {_figure(h['used_mib'])}, peak {_figure(h['peak_mib'])}"
                          if wide else "")
                 lines.append(f"    {h['pod']}: {share}, asked {h['asked']}{extra}")
+    for r in data["stale_reservations"]:
+        lines.append(f"stale reservation {r['reservation']} ({r['reason']}): {r['detail']}")
     c = data["cluster"]
     lines.append(f"{len(data['nodes'])} node(s); cluster idle {c['idle_ratio']:.1%} "
                  f"(trigger over {data['threshold']:.0%}), fragmentation {c['frag_ratio']:.1%}, "
@@ -205,6 +221,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=DEFAULTS.threshold,
                    help=f"the idle ratio the defrag trigger reads as over (default: "
                         f"{DEFAULTS.threshold:g})")
+    p.add_argument("--orphan-grace-s", type=float, default=DEFAULTS.orphan_grace_s,
+                   help="a reservation whose owner has no pod this long after it was made is "
+                        f"stale (default: {DEFAULTS.orphan_grace_s:g}, as gpufrag defrag)")
     return p
 
 
@@ -249,12 +268,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         source = read_source(args, names)
         usage = UsageSource(DEFAULTS.stale_intervals, source.now)
         snapshot, problems = build_snapshot(source.nodes, source.pods, [], usage, names)
+        if not 0.0 <= args.orphan_grace_s <= 86400.0:
+            raise BadInput(f"{args.orphan_grace_s!r} is outside 0..86400 seconds",
+                           field="--orphan-grace-s")
+        stale = stale_reservations(source.reservations, snapshot.pods,
+                                   set(snapshot.state.index), source.now,
+                                   grace_s=args.orphan_grace_s)
         problems += hold_reservations(snapshot, source.reservations, source.now)
         if args.node is not None and args.node not in snapshot.state.index:
             raise BadInput(f"no node {args.node!r} in the cluster "
                            f"({len(snapshot.state.index)} nodes read)", field="--node")
         data = view(snapshot, source.reservations, node=args.node, namespace=args.namespace,
-                    threshold=args.threshold)
+                    threshold=args.threshold, stale=stale)
     except BadInput as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

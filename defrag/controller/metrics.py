@@ -11,6 +11,9 @@ Metric names (all prefixed ``gpufrag_defrag_``):
 - ``skipped_total{reason}`` — planned moves not carried out (``trigger_cleared``);
 - ``reservations_total{result}`` — GPU reservations ``created``, ``released`` (after the move,
   or for a move not carried out) and ``rolled_back`` (a plan that could not reserve it all);
+- ``stale_reservations{reason}`` — reservations found holding capacity for nothing
+  (``expired``, ``node_gone``, ``owner_gone``, ``unreadable``: defrag.controller.ledger); the
+  ones this controller made are released (``reservations_total{result="pruned"}``);
 - ``idle_ratio``, ``idle_bytes`` (reserved and not touched over the window: what the trigger
   reads), ``burst_headroom_bytes`` (peak over the window minus use now: reported, never a
   trigger), ``fragmentation_ratio``, ``free_whole_gpus`` ``{phase}`` — ``before`` the cycle
@@ -62,6 +65,9 @@ class CycleMetrics:
                                 ["reason"], registry=r)
         self._reservations = Counter(f"{PREFIX}reservations", "GPU reservations, by result",
                                      ["result"], registry=r)
+        self._stale = Gauge(f"{PREFIX}stale_reservations",
+                            "GPU reservations holding capacity nobody can use, by reason",
+                            ["reason"], registry=r)
         self._phase = {
             name: Gauge(f"{PREFIX}{name}", text, ["phase"], registry=r)
             for name, text in (("idle_ratio", "GPU memory reserved and not touched over the "
@@ -133,6 +139,11 @@ class CycleMetrics:
     def reservation(self, result: str) -> None:
         self._reservations.labels(result).inc()
         self.counts[f"reservations {result}"] += 1
+
+    def stale(self, counts: collections.Counter[str]) -> None:
+        for reason, count in counts.items():
+            self._stale.labels(reason).set(count)
+            self.counts[f"stale reservations ({reason})"] += count
 
     def recommendation(self, *, namespace: str, kind: str, workload: str, version: str,
                        rec: Recommendation) -> None:

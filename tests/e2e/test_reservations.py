@@ -7,8 +7,10 @@ the test can ask its filter directly; no kube-scheduler is involved.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from devkit.controlplane import ControlPlane
 from devkit.procs import wait_until
 from devkit.stack import delete_nodes, gpu_pod, install_reservations_crd
 from gpufrag import conventions as cv
+from gpufrag.cli import main as gpufrag
 from scheduler.extender.config import config_from_mapping
 from scheduler.extender.runtime import Runtime, cluster_runtime
 from scheduler.kube import reservations as rsv
@@ -126,4 +129,72 @@ def test_another_tenant_naming_the_owner_cannot_take_its_reservation(
         assert passes(runtime, replacement, node)
     finally:
         runtime.stop()
+        delete_nodes(control_plane, [node])
+
+
+def test_a_reservation_whose_owner_is_gone_is_reported_released_and_its_gpu_freed(
+        control_plane: ControlPlane, capsys: pytest.CaptureFixture[str]) -> None:
+    """A reservation made for the replacement of a pod whose owner is then deleted (no pod of
+    it exists any more) blocks its GPU for nothing: ``gpufrag inspect`` marks it stale with
+    why, a dry-run cycle only says it would release it, a real cycle deletes it (touching no
+    pod: it moves none here) and the extender's watch gives the GPU back to other pods."""
+    install_reservations_crd(control_plane)
+    if control_plane.kubectl("get", "namespace", cv.HINTS_NAMESPACE, check=False).returncode:
+        control_plane.create_namespace(cv.HINTS_NAMESPACE)
+    suffix = uuid.uuid4().hex[:6]
+    owners = control_plane.create_namespace(f"gone-{suffix}")
+    node = f"rsv-{suffix}"
+    name = f"{node}-hold"
+    control_plane.create_gpu_node(node, 1, "Tesla-T4", 16_384)
+    custom = kubernetes.client.CustomObjectsApi(control_plane.api_client())
+    kubeconfig = str(control_plane.kubeconfig_path)
+    other = pod_to_k8s(pod("other", gpu_milli=500), uid="o-1", owner="other-rs")
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    with suppress(kubernetes.client.ApiException):  # as the manifests make it (409: made)
+        core.create_namespaced_config_map(cv.HINTS_NAMESPACE, {
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cv.HINTS_CONFIGMAP}})
+    runtime = started(control_plane)
+    try:
+        custom.create_namespaced_custom_object(
+            rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE, rsv.PLURAL, rsv.body(Reservation(
+                name=name, node=node, gpus=(0,), gpu_milli=1000, owner_uid="rs-deleted",
+                owner_kind="ReplicaSet", owner_name="web-7d", namespace=owners,
+                expires=time.time() + 600, replaces=f"{owners}/web-7d-a")))
+        wait_until(lambda: not passes(runtime, other, node) or None, timeout_s=WAIT_S,
+                   what="the watch to deliver the reservation")
+        capsys.readouterr()
+        assert gpufrag(["inspect", "--kubeconfig", kubeconfig, "--node", node, "-o", "json",
+                        "--orphan-grace-s", "0"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        (stale,) = data["stale_reservations"]
+        assert (stale["reservation"], stale["reason"], stale["released_by_defrag"]) == (
+            name, "owner_gone", True)
+        assert f"ReplicaSet {owners}/web-7d has no pod" in stale["detail"]
+        (held,) = data["nodes"][0]["gpus"][0]["holders"]
+        assert (held["reservation"], held["stale"]) == (name, "owner_gone")
+        cycle = ["defrag", "--kubeconfig", kubeconfig, "--namespaces", owners,
+                 "--orphan-grace-s", "0", "--output", "json"]
+        assert gpufrag([*cycle, "--dry-run"]) == 0
+        result = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+                  if line.startswith("{")][-1]
+        # (Other tests' leftovers may be stale too: at least ours.)
+        assert result["counts"].get("stale reservations (owner_gone)", 0) >= 1, result
+        assert [o["metadata"]["name"] for o in custom.list_namespaced_custom_object(
+            rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE, rsv.PLURAL)["items"]
+            if o["metadata"]["name"] == name] == [name]
+        assert not passes(runtime, other, node)
+        assert gpufrag(cycle) == 0
+        result = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+                  if line.startswith("{")][-1]
+        assert result["counts"].get("reservations pruned", 0) >= 1, result
+        assert result["moves"] == [] and result["ok"], result
+        assert name not in {o["metadata"]["name"] for o in custom.list_namespaced_custom_object(
+            rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE, rsv.PLURAL)["items"]}
+        wait_until(lambda: passes(runtime, other, node) or None, timeout_s=WAIT_S,
+                   what="the extender to give the freed GPU back")
+    finally:
+        runtime.stop()
+        with suppress(kubernetes.client.ApiException):
+            custom.delete_namespaced_custom_object(rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE,
+                                                   rsv.PLURAL, name)
         delete_nodes(control_plane, [node])

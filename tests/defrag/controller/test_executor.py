@@ -53,10 +53,6 @@ class RecordingActions:
         self.reserved: list[Reservation] = []  # every one created
         self.fail_reserve = fail_reserve  # the creation (0-based) that fails
 
-    def prune_reservations(self, now: float) -> int:
-        self.calls.append(("prune reservations",))
-        return 0
-
     def reserve(self, reservation: Reservation) -> None:
         if self.fail_reserve == 0:
             raise CycleStopped(f"creating GPUReservation {reservation.name}", "HTTP 403: no")
@@ -146,8 +142,8 @@ def test_every_move_writes_a_hint_evicts_and_removes_the_hint() -> None:
     actions = RecordingActions()
     report, _ = execute(actions, snap, make(snap))
     names = [f"p{i}-nsp{i}" for i in range(3)]
-    assert actions.calls[:10] == [
-        ("prune",), ("prune reservations",), *(("reserve", n, "t") for n in names),
+    assert actions.calls[:9] == [
+        ("prune",), *(("reserve", n, "t") for n in names),
         ("hint", "owner-ns/p0", "t"), ("renew", names[0]), ("evict", "ns/p0"),
         ("unhint", "owner-ns/p0", "t"), ("release", names[0])]
     assert actions.reservations == {}  # every reservation released once its pod was bound
