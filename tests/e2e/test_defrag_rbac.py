@@ -7,6 +7,7 @@ watches reservations and may not write them.
 
 from __future__ import annotations
 
+import json
 import time
 
 import kubernetes
@@ -17,6 +18,7 @@ from defrag.rightsizing.workloads import Workload, WorkloadClient
 from devkit.controlplane import ControlPlane
 from devkit.stack import install_reservations_crd
 from gpufrag import conventions as cv
+from gpufrag.cli import main as gpufrag
 from scheduler.kube import reservations as rsv
 from scheduler.kube.reservations import Reservation
 from tests.e2e.test_rbac import NODE, NS, Clients, _forbidden
@@ -81,3 +83,36 @@ def test_extender_reads_reservations_and_cannot_write_them(
         rsv.GROUP, rsv.VERSION, NS, rsv.PLURAL, body))
     assert _forbidden(lambda: custom.delete_namespaced_custom_object(
         rsv.GROUP, rsv.VERSION, NS, rsv.PLURAL, "anything"))
+
+
+def test_inspect_runs_under_the_shipped_read_only_role_and_can_write_nothing(
+        control_plane: ControlPlane, as_service_account: Clients,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A service account bound to manifests/base's gpufrag-inspect ClusterRole (and nothing
+    else) runs ``gpufrag inspect`` on the whole cluster, and may not write what it reads."""
+    install_reservations_crd(control_plane)
+    admin = control_plane.api_client()
+    kubernetes.client.CoreV1Api(admin).create_namespaced_service_account(
+        NS, {"metadata": {"name": "inspector"}})
+    kubernetes.client.RbacAuthorizationV1Api(admin).create_cluster_role_binding({
+        "metadata": {"name": "e2e-inspector"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "gpufrag-inspect"},
+        "subjects": [{"kind": "ServiceAccount", "name": "inspector", "namespace": NS}]})
+    try:
+        client = as_service_account("inspector")
+        capsys.readouterr()
+        assert gpufrag(["inspect", "--kubeconfig", str(client.kubeconfig_path), "--node", NODE,
+                        "-o", "json"]) == 0
+        data = json.loads(capsys.readouterr().out)
+        assert [n["node"] for n in data["nodes"]] == [NODE]
+        assert not any("no GPUReservation" in n for n in data["notes"]), data["notes"]
+        core = kubernetes.client.CoreV1Api(client)
+        custom = kubernetes.client.CustomObjectsApi(client)
+        assert _forbidden(lambda: core.patch_node(NODE, {"metadata": {"labels": {"x": "y"}}}))
+        assert _forbidden(lambda: core.delete_collection_namespaced_pod("default"))
+        assert _forbidden(lambda: custom.create_namespaced_custom_object(
+            rsv.GROUP, rsv.VERSION, NS, rsv.PLURAL, rsv.body(reservation("x", time.time()))))
+    finally:
+        kubernetes.client.RbacAuthorizationV1Api(admin).delete_cluster_role_binding(
+            "e2e-inspector")
