@@ -431,6 +431,7 @@ class Server:
         self.pool = ThreadPoolExecutor(max(1, limits.threads), thread_name_prefix=name)
         self.gateway = Gateway(app, limits, self.pool, inline=inline)
         self._ticked_at = time.monotonic()
+        self.host: str = sock.getsockname()[0]
         self.port: int = sock.getsockname()[1]
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None

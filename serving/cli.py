@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--event-loop", choices=EVENT_LOOPS, default="auto",
                    help="auto: uvloop when installed, else asyncio's own loop (default "
                    "%(default)s)")
+    p.add_argument("--debug-port", type=int, default=0,
+                   help="serve GET /debug/memory (allocation growth by site, tracemalloc, and "
+                        "each GPU's used memory) on 127.0.0.1 at this port; tracing costs a "
+                        "few percent of CPU, so 0 (the default) turns it off")
     p.add_argument("--log-level", default=None, help="debug, info, warning, error")
     return p
 
@@ -116,7 +120,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         gpu_memory_growth_warn_mib=args.gpu_memory_growth_warn_mib,
         shutdown_timeout_s=args.shutdown_timeout_s, drain_delay_s=args.drain_delay_s,
         allow_non_finite_inputs=tuple(args.allow_non_finite),
-        event_loop=args.event_loop,
+        event_loop=args.event_loop, debug_port=args.debug_port,
     ).validate()
 
 

@@ -82,6 +82,9 @@ class ServerConfig:
     allow_non_finite_inputs: tuple[str, ...] = ()
     # auto = uvloop when installed, else asyncio's own loop (gpufrag/loops.py)
     event_loop: str = "auto"
+    # The opt-in debug listener (gpufrag.memdebug: allocation growth by site), on loopback;
+    # 0: off, and nothing is traced.
+    debug_port: int = 0
 
     def validate(self) -> ServerConfig:
         if not self.model:
@@ -93,6 +96,12 @@ class ServerConfig:
                            field="--backend")
         if not 0 <= self.port <= 65535:
             raise BadInput(f"{self.port} is outside 0..65535", field="--port")
+        if not 0 <= self.debug_port <= 65535:
+            raise BadInput(f"{self.debug_port} is outside 0..65535 (0: off)",
+                           field="--debug-port")
+        if self.debug_port and self.debug_port == self.port:
+            raise BadInput(f"{self.debug_port} is --port too; the debug listener needs its own",
+                           field="--debug-port")
         _positive_int(self.max_body_bytes, "--max-body-bytes")
         if self.intra_op_threads < 0:
             raise BadInput(f"must be >= 0 (0 = runtime default), got {self.intra_op_threads}",

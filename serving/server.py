@@ -30,11 +30,15 @@ import dataclasses
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
 from gpufrag.errors import BadInput
+from gpufrag.httpserve import ListenError, Server
 from gpufrag.loops import running_loop_kind
+from gpufrag.memdebug import LOOPBACK, AllocationTracer, start_debug_listener
+from gpufrag.nvml import MIB
 from serving.app import ServerState
 from serving.backends.base import Backend, zeros_like_spec
 from serving.backends.select import LoadedBackend, load_backend
@@ -123,6 +127,7 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
+    debug = _start_debug(config, probe)
     server = front_end(state, limits)
     port = await server.start(config.host, config.port)
     log.info("listening", host=config.host, port=port, model=name,
@@ -166,11 +171,37 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
         await server.close(min(config.shutdown_timeout_s, LAST_WRITE_GRACE_S))
         if backend is not None:
             backend.close()
+        if debug is not None:
+            debug[0].stop()
+            debug[1].close()
         if probe is not None:
             probe.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
         log.info("stopped")
+
+
+def _start_debug(config: ServerConfig, probe: NvmlProbe | None
+                 ) -> tuple[Server, AllocationTracer] | None:
+    """The opt-in debug listener (``--debug-port``), reporting each GPU's used memory beside
+    the allocation growth; None when it is off."""
+    if not config.debug_port:
+        return None
+
+    def gpus() -> dict[str, Any]:
+        if probe is None:
+            return {"gpu_memory_used_mib": None, "gpu": "no GPU: NVML found none"}
+        return {"gpu_memory_used_mib": {str(gpu): round(used / MIB, 1) for gpu, used
+                                        in probe.memory_used_bytes().items()}}
+
+    tracer = AllocationTracer()
+    try:
+        listener = start_debug_listener(config.debug_port, tracer, gpus)
+    except ListenError as e:  # the port is taken: one line, exit 1, as for --port
+        tracer.close()
+        raise OSError(str(e)) from e
+    log.info("debug_listening", host=LOOPBACK, port=listener.port, path="/debug/memory")
+    return listener, tracer
 
 
 async def _drain(config: ServerConfig, state: ServerState, batcher: DynamicBatcher,

@@ -30,6 +30,7 @@ from devkit import procs
 from gpufrag.errors import BadInput
 from serving.backends.base import Backend
 from serving.backends.select import LoadedBackend
+from serving.cli import main as serve_main
 from serving.config import BatcherConfig, ServerConfig
 from serving.server import check_limits, published_inputs, serve
 from serving.tensors import TensorSpec
@@ -340,3 +341,33 @@ def test_the_server_runs_on_uvloop_unless_told_otherwise(
         assert answer.json()["outputs"][0]["shape"] == [1, 10]
     finally:
         stop_serve(started)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_debug_listener_reports_allocation_growth_and_gpu_memory_on_loopback(
+        tmp_path: Path) -> None:
+    """``--debug-port``: a second listener, on 127.0.0.1 only, answering the allocation sites
+    that grew since the start and each GPU's used memory (none here: said so)."""
+    port = procs.free_port()
+    started = start_serve("builtin:resnet-small",
+                          clean_env(GPUFRAG_MODEL_CACHE_DIR=str(tmp_path / "cache")),
+                          "--debug-port", str(port))
+    try:
+        line = next(e for e in started.entries if e["event"] == "debug_listening")
+        assert (line["host"], line["port"]) == ("127.0.0.1", port)
+        data = requests.get(f"http://127.0.0.1:{port}/debug/memory", timeout=30).json()
+        assert data["top_growth"] and data["traced_bytes"] > 0
+        assert data["gpu_memory_used_mib"] is None and "no GPU" in data["gpu"]
+        assert requests.get(f"{started.url}/debug/memory", timeout=5).status_code == 404
+    finally:
+        stop_serve(started)
+
+
+@pytest.mark.parametrize("flags", [["--debug-port", "70000"], ["--port", "8123",
+                                                                "--debug-port", "8123"]])
+def test_a_bad_debug_port_is_one_line_and_exit_2(flags: list[str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert serve_main(["--model", "builtin:resnet-small", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--debug-port" in err, err
