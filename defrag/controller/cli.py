@@ -292,7 +292,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     if held is None:
         log.warning("no GPUReservation CRD: a cycle with moves will stop before evicting; "
                     "install manifests/base/crd-gpureservation.yaml")
-    stale = stale_reservations(held or (), snapshot.pods, set(snapshot.state.index), now,
+    stale = stale_reservations(held or (), snapshot.pods, snapshot.state.index, now,
                                grace_s=config.orphan_grace_s)
     releasing = [s for s in stale if _releasable(s, config)]
     released = {s.name for s in releasing}

@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise BadInput(f"{args.orphan_grace_s!r} is outside 0..86400 seconds",
                            field="--orphan-grace-s")
         stale = stale_reservations(source.reservations, snapshot.pods,
-                                   set(snapshot.state.index), source.now,
+                                   snapshot.state.index, source.now,
                                    grace_s=args.orphan_grace_s)
         problems += hold_reservations(snapshot, source.reservations, source.now)
         if args.node is not None and args.node not in snapshot.state.index:

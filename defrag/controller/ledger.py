@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Final
 
 from defrag.controller.config import DefragConfig
 from defrag.controller.model import PodInfo
 from gpufrag.errors import BadInput
 from scheduler.kube import reservations as rsv
+from scheduler.kube.convert import labels_of
 
 # How long a reservation with no pod of its owner is given before it counts as orphaned.
 OWNER_GRACE_S: Final = DefragConfig().orphan_grace_s
@@ -61,7 +61,7 @@ def _created(obj: Obj) -> float | None:
     if not isinstance(text, str):
         return None
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+        return rsv.parse_rfc3339(text)
     except ValueError:
         return None
 
@@ -71,15 +71,15 @@ def stale_reservations(objs: Iterable[Obj], pods: Mapping[str, PodInfo],
                        grace_s: float = OWNER_GRACE_S) -> list[StaleReservation]:
     """Each reservation among ``objs`` that holds capacity for nothing (``pods``: every
     non-terminal pod of the cluster, by key; ``nodes``: the names of the cluster's nodes)."""
-    owners = {(info.key.split("/", 1)[0], info.owner_uid) for info in pods.values()
+    owners = {(info.request.namespace, info.owner_uid) for info in pods.values()
               if info.owner_uid}
     found: list[StaleReservation] = []
     for obj in objs:
         meta = _meta(obj)
         name = str(meta.get("name") or "")
-        labels = meta.get("labels")
-        managed = isinstance(labels, Mapping) and labels.get(rsv.MANAGED_BY_LABEL) == rsv.MANAGED_BY
+        managed = False  # unknown while its labels cannot be read
         try:
+            managed = labels_of(obj).get(rsv.MANAGED_BY_LABEL) == rsv.MANAGED_BY
             r = rsv.reservation_from_k8s(obj)
         except BadInput as e:
             found.append(StaleReservation(name, "unreadable", str(e), managed=managed))

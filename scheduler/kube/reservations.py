@@ -123,6 +123,11 @@ def rfc3339(unix_s: float) -> str:
     return datetime.fromtimestamp(math.floor(unix_s), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def parse_rfc3339(text: str) -> float:
+    """Unix seconds of an API time (``2026-12-01T12:30:00Z``); ValueError when it is not one."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def body(reservation: Reservation) -> dict[str, Any]:
     """The API object for ``reservation`` (what the defrag controller creates)."""
     pod_ns, _, pod_name = reservation.replaces.rpartition("/")
@@ -187,7 +192,7 @@ def reservation_from_k8s(obj: Obj) -> Reservation:
                        source=source, field="spec.existingPods")
     expires_text = _field(spec, "expiresAt", str, "spec", source)
     try:
-        expires = datetime.fromisoformat(expires_text.replace("Z", "+00:00")).timestamp()
+        expires = parse_rfc3339(expires_text)
     except ValueError:
         raise BadInput(f"{expires_text!r} is not an RFC 3339 time, e.g. 2026-12-01T12:30:00Z",
                        source=source, field="spec.expiresAt") from None
