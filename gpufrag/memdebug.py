@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -82,9 +83,32 @@ def answer(path: str, tracer: AllocationTracer,
     return 404, TEXT, b"not found: try /debug/memory\n"
 
 
-def start_debug_listener(port: int, tracer: AllocationTracer,
-                         extra: Callable[[], Mapping[str, Any]], *,
-                         setting: str = "--debug-port") -> Server:
-    """Serve :func:`answer` on loopback ``port`` in a daemon thread; ``stop()`` the result."""
-    return start_http_server(port, lambda path: answer(path, tracer, extra), name="debug",
-                             host=LOOPBACK, setting=setting)
+@dataclass(frozen=True, slots=True)
+class DebugListener:
+    """A running debug listener and the tracer it reports; :meth:`stop` ends both."""
+
+    server: Server
+    tracer: AllocationTracer
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.tracer.close()
+
+
+def start_debug_listener(port: int, extra: Callable[[], Mapping[str, Any]], *,
+                         setting: str = "--debug-port") -> DebugListener:
+    """Start tracing and serve :func:`answer` on loopback ``port`` in a daemon thread;
+    :class:`~gpufrag.httpserve.ListenError` (tracing stopped again) when the port cannot be
+    had."""
+    tracer = AllocationTracer()
+    try:
+        server = start_http_server(port, lambda path: answer(path, tracer, extra), name="debug",
+                                   host=LOOPBACK, setting=setting)
+    except BaseException:
+        tracer.close()
+        raise
+    return DebugListener(server, tracer)

@@ -35,9 +35,9 @@ from typing import Any
 import structlog
 
 from gpufrag.errors import BadInput
-from gpufrag.httpserve import ListenError, Server
+from gpufrag.httpserve import ListenError
 from gpufrag.loops import running_loop_kind
-from gpufrag.memdebug import LOOPBACK, AllocationTracer, start_debug_listener
+from gpufrag.memdebug import LOOPBACK, DebugListener, start_debug_listener
 from gpufrag.nvml import MIB
 from serving.app import ServerState
 from serving.backends.base import Backend, zeros_like_spec
@@ -127,7 +127,6 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    debug = _start_debug(config, probe)
     server = front_end(state, limits)
     port = await server.start(config.host, config.port)
     log.info("listening", host=config.host, port=port, model=name,
@@ -137,7 +136,9 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
 
     batcher: DynamicBatcher | None = None
     backend: Backend | None = None
+    debug: DebugListener | None = None
     try:
+        debug = _start_debug(config, probe)
         loaded = await loop.run_in_executor(None, load or load_model, config, probe)
         backend = loaded.backend
         check_limits(backend, config)
@@ -172,8 +173,7 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
         if backend is not None:
             backend.close()
         if debug is not None:
-            debug[0].stop()
-            debug[1].close()
+            debug.stop()
         if probe is not None:
             probe.close()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -181,8 +181,7 @@ async def serve(config: ServerConfig, *, on_listening: Callable[[int], None] | N
         log.info("stopped")
 
 
-def _start_debug(config: ServerConfig, probe: NvmlProbe | None
-                 ) -> tuple[Server, AllocationTracer] | None:
+def _start_debug(config: ServerConfig, probe: NvmlProbe | None) -> DebugListener | None:
     """The opt-in debug listener (``--debug-port``), reporting each GPU's used memory beside
     the allocation growth; None when it is off."""
     if not config.debug_port:
@@ -194,14 +193,12 @@ def _start_debug(config: ServerConfig, probe: NvmlProbe | None
         return {"gpu_memory_used_mib": {str(gpu): round(used / MIB, 1) for gpu, used
                                         in probe.memory_used_bytes().items()}}
 
-    tracer = AllocationTracer()
     try:
-        listener = start_debug_listener(config.debug_port, tracer, gpus)
+        listener = start_debug_listener(config.debug_port, gpus)
     except ListenError as e:  # the port is taken: one line, exit 1, as for --port
-        tracer.close()
         raise OSError(str(e)) from e
     log.info("debug_listening", host=LOOPBACK, port=listener.port, path="/debug/memory")
-    return listener, tracer
+    return listener
 
 
 async def _drain(config: ServerConfig, state: ServerState, batcher: DynamicBatcher,

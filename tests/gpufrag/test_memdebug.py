@@ -46,17 +46,16 @@ def test_only_its_path_is_served() -> None:
 
 
 def test_the_listener_binds_loopback_and_answers_json() -> None:
-    tracer = AllocationTracer()
-    server = start_debug_listener(0, tracer, lambda: {"extra": 1})
+    listener = start_debug_listener(0, lambda: {"extra": 1})
     try:
-        assert server.host == LOOPBACK
-        reply = requests.get(f"http://{LOOPBACK}:{server.port}/debug/memory", timeout=10)
+        assert listener.server.host == LOOPBACK
+        reply = requests.get(f"http://{LOOPBACK}:{listener.port}/debug/memory", timeout=10)
         assert reply.status_code == 200
         assert reply.headers["Content-Type"] == "application/json"
         data = reply.json()
         assert data["extra"] == 1 and isinstance(data["top_growth"], list)
-        assert requests.post(f"http://{LOOPBACK}:{server.port}/debug/memory",
+        assert requests.post(f"http://{LOOPBACK}:{listener.port}/debug/memory",
                              timeout=10).status_code == 405
     finally:
-        server.stop()
-        tracer.close()
+        listener.stop()
+    assert not tracemalloc.is_tracing()

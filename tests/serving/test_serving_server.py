@@ -11,9 +11,11 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import tracemalloc
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -371,3 +373,17 @@ def test_a_bad_debug_port_is_one_line_and_exit_2(flags: list[str],
     assert serve_main(["--model", "builtin:resnet-small", *flags]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--debug-port" in err, err
+
+
+def test_a_taken_debug_port_is_one_line_and_exit_1_and_nothing_is_left_tracing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = serve_main(["--model", "builtin:resnet-small", "--host", "127.0.0.1",
+                           "--port", "0", "--debug-port", str(port)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert [line for line in err if "--debug-port" in line] == err[-1:], err
+    assert not tracemalloc.is_tracing()
