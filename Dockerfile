@@ -1,4 +1,7 @@
-# One image for every gpufrag component (extender, defrag, agent, device plugin, serve, whatif).
+# One image for every gpufrag component (extender, defrag, agent, device plugin, serve, whatif),
+# in two variants from this one recipe: the cluster image (default) and the GPU image
+# (--build-arg VARIANT=gpu LOCK=requirements/image-gpu.lock ONNXRUNTIME_IN=requirements/gpu.in;
+# python -m devkit.image --gpu), whose ONNX Runtime is onnxruntime-gpu with NVIDIA's CUDA wheels.
 # Multi-stage: install the locked dependencies, then gpufrag itself without resolving anything,
 # and copy only the installed environment into a slim runtime that runs as a non-root user.
 # BASE is any image with Python 3.11 as `python3` (and its venv module). The default is fully
@@ -7,17 +10,26 @@
 # (--build-arg BASE=oci-archive:..., devkit/image.py; docs/node.md): no registry needed.
 ARG BASE=docker.io/library/python:3.11-slim
 FROM ${BASE} AS build
+ARG LOCK=requirements/image.lock
+ARG ONNXRUNTIME_IN=requirements/onnxruntime-cpu.in
 WORKDIR /src
 RUN python3 -m venv /opt/gpufrag
 ENV PATH=/opt/gpufrag/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 # Dependencies first, in a layer that changes only with the lock: every version pinned, every
-# file's hash checked, wheels only. The lock is generated from pyproject.toml (its header says
-# how); tests/packaging checks that it covers every runtime dependency.
-COPY requirements/image.lock requirements/image.lock
+# file's hash checked, wheels only. The locks are generated from requirements/*.in (their
+# headers say how); tests/packaging checks that they cover every runtime dependency.
+COPY ${LOCK} requirements/image.lock
 RUN pip install --require-hashes --only-binary=:all: -r requirements/image.lock
 COPY pyproject.toml README.md ./
+# gpufrag's requirements as this image holds them (pyproject.toml reads these three files):
+# every component's, this variant's ONNX Runtime in onnxruntime-cpu.in's place, and an empty
+# plot.in: the what-if's plotting (matplotlib, ~90 MB) stays out of the images, where
+# `gpufrag whatif` writes its tables and says the plots were skipped (gpufrag/plotting.py).
+COPY requirements/runtime.in requirements/runtime.in
+COPY ${ONNXRUNTIME_IN} requirements/onnxruntime-cpu.in
+RUN : > requirements/plot.in
 COPY gpufrag ./gpufrag
 COPY scheduler ./scheduler
 COPY defrag ./defrag
@@ -32,12 +44,32 @@ RUN pip install --no-deps --no-build-isolation . \
     && pip check
 
 FROM ${BASE}
+ARG VARIANT=cluster
+ARG VERSION=0.1.0
+# OCI annotations (the image spec's pre-defined keys). Release builds add the commit and time
+# with --label org.opencontainers.image.revision=... / .created=...; the dev kit builds with
+# --timestamp=0 and leaves them out, so equal inputs give an equal image.
+LABEL org.opencontainers.image.title="gpufrag" \
+      org.opencontainers.image.description="GPU-fragmentation-aware scheduling for Kubernetes inference clusters: FGD scheduler extender, defrag controller, node agent, device plugin, batching runtime (${VARIANT} image)" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="gpufrag" \
+      io.gpufrag.image.variant="${VARIANT}"
 RUN useradd --system --uid 65532 --home-dir /nonexistent --shell /usr/sbin/nologin gpufrag
 COPY --from=build /opt/gpufrag /opt/gpufrag
+# The GPU image's CUDA libraries come as NVIDIA's wheels (site-packages/nvidia/*/lib), which
+# ONNX Runtime's CUDA provider loads by name: the dynamic loader is told where they are. The
+# driver's own libraries (libcuda, libnvidia-ml) come from the node through the NVIDIA
+# container runtime. The cluster image has no such directory, and this step does nothing.
+RUN set -e; for nvidia in /opt/gpufrag/lib/python3*/site-packages/nvidia; do \
+      [ -d "$nvidia" ] || continue; \
+      find "$nvidia" -mindepth 2 -maxdepth 2 -type d -name lib | sort \
+        > /etc/ld.so.conf.d/gpufrag-nvidia.conf; \
+      ldconfig; \
+    done
 ENV PATH=/opt/gpufrag/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    MPLCONFIGDIR=/tmp \
     GPUFRAG_LOG_FORMAT=json
 USER 65532:65532
 ENTRYPOINT ["gpufrag"]

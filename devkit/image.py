@@ -12,8 +12,14 @@ Two steps, each cached outside the repository under ``$GPUFRAG_CACHE_DIR/image``
    so the Dockerfile's ``FROM`` stays a normal image reference for everyone else. Python
    dependencies come from the package index through pip, exactly as the lock says. The result is
    pushed to an OCI archive that ``ctr images import`` (``devkit.node.Node.import_image``)
-   reads. Key: the base key, the Dockerfile, ``.dockerignore``, the lock, ``pyproject.toml``,
-   ``README.md`` and every file of the packages the Dockerfile copies.
+   reads. Key: the base key, the variant's build arguments, the Dockerfile, ``.dockerignore``,
+   the variant's lock and ONNX Runtime requirement, ``pyproject.toml``, ``README.md``,
+   ``requirements/runtime.in`` and every file of the packages the Dockerfile copies.
+
+Two variants of the one Dockerfile (:data:`VARIANTS`): the cluster image (default) and, with
+``--gpu``, the GPU image: the same base and code with ``requirements/image-gpu.lock``
+(onnxruntime-gpu and NVIDIA's CUDA and cuDNN wheels, GBs: CI does not build it) in place of
+the cluster lock; no CUDA base image from a registry either way.
 
 buildah's storage is private to one build (a temporary directory, removed after): vfs copies
 the whole root file system per layer, and the cached archive is what later runs reuse. A warm
@@ -43,6 +49,7 @@ from devkit.procs import ControlPlaneError
 
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 IMAGE_NAME: Final = "gpufrag.local/gpufrag"
+GPU_IMAGE_NAME: Final = "gpufrag.local/gpufrag-gpu"
 BASE_NAME: Final = "gpufrag.local/debian-base"
 BASE_SUITE: Final = "bookworm"
 # python3-venv: ensurepip, which the Dockerfile's `python3 -m venv` needs on Debian.
@@ -54,10 +61,11 @@ BASE_DPKG_OPTIONS: Final = ("path-exclude=/usr/share/doc/*",
                              "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/info/*",
                              "path-exclude=/usr/share/locale/*")
 APT_SOURCES: Final = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
-# What the Dockerfile copies from the repository (its COPY lines), for the cache key.
-IMAGE_INPUTS: Final = ("Dockerfile", ".dockerignore", "requirements/image.lock", "pyproject.toml",
-                       "README.md", "gpufrag", "scheduler", "defrag", "node", "simulations",
-                       "serving")
+# What the Dockerfile copies from the repository (its COPY lines) for every variant, for the
+# cache key; each variant adds its lock and its ONNX Runtime requirement (Variant.inputs).
+COMMON_INPUTS: Final = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md",
+                        "requirements/runtime.in", "gpufrag", "scheduler", "defrag", "node",
+                        "simulations", "serving")
 HOST_CA_BUNDLE: Final = Path("/etc/ssl/certs/ca-certificates.crt")
 BUILD_TIMEOUT_S: Final = 1800.0
 KEEP_ARCHIVES: Final = 2  # per kind, newest first: the one in use and the one before it
@@ -65,6 +73,36 @@ KEEP_ARCHIVES: Final = 2  # per kind, newest first: the one in use and the one b
 
 class ImageBuildError(ControlPlaneError):
     """The base or the image could not be built; the message says which step and its output."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One image of the Dockerfile: the build arguments that choose its lock and its ONNX
+    Runtime (the Dockerfile's ``ARG`` lines), and where its archives go in the cache."""
+
+    name: str  # the Dockerfile's VARIANT, also its io.gpufrag.image.variant label
+    image_name: str
+    archive_prefix: str  # cache files: <prefix>-<key>.oci.tar
+    lock: str
+    onnxruntime_in: str
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return (*COMMON_INPUTS, self.lock, self.onnxruntime_in)
+
+    @property
+    def build_args(self) -> tuple[str, ...]:
+        return (f"VARIANT={self.name}", f"LOCK={self.lock}",
+                f"ONNXRUNTIME_IN={self.onnxruntime_in}")
+
+
+CLUSTER: Final = Variant("cluster", IMAGE_NAME, "gpufrag", "requirements/image.lock",
+                         "requirements/onnxruntime-cpu.in")
+GPU: Final = Variant("gpu", GPU_IMAGE_NAME, "gpu", "requirements/image-gpu.lock",
+                     "requirements/gpu.in")
+VARIANTS: Final = (CLUSTER, GPU)
+# The cluster image's inputs, as the node tests and the key's test read them.
+IMAGE_INPUTS: Final = CLUSTER.inputs
 
 
 @dataclass(frozen=True)
@@ -191,10 +229,11 @@ def base_key() -> str:
     return h.hexdigest()[:16]
 
 
-def image_key(base: str, repo: Path = REPO_ROOT) -> str:
+def image_key(base: str, repo: Path = REPO_ROOT, variant: Variant = CLUSTER) -> str:
     h = hashlib.sha256(base.encode())
     h.update(_tool_version(["buildah", "--version"]).encode())
-    _hash_files(h, repo, IMAGE_INPUTS)
+    h.update(json.dumps(variant.build_args).encode())
+    _hash_files(h, repo, variant.inputs)
     return h.hexdigest()[:16]
 
 
@@ -257,19 +296,21 @@ def build_base() -> BuiltImage:
                       archive.stat().st_size)
 
 
-def build_image(repo: Path = REPO_ROOT) -> BuiltImage:
-    """The project's image as an OCI archive (cached by :func:`image_key`); builds the base
-    first when its cache is cold. ``seconds`` covers both."""
+def build_image(repo: Path = REPO_ROOT, variant: Variant = CLUSTER) -> BuiltImage:
+    """The project's image (``variant``, default the cluster image) as an OCI archive (cached
+    by :func:`image_key`); builds the base first when its cache is cold. ``seconds`` covers
+    both."""
     started = time.monotonic()
     base = build_base()
-    key = image_key(base.key, repo)
+    key = image_key(base.key, repo, variant)
     root = cache_root()
-    archive, ref = root / f"gpufrag-{key}.oci.tar", f"{IMAGE_NAME}:{key}"
+    archive = root / f"{variant.archive_prefix}-{key}.oci.tar"
+    ref = f"{variant.image_name}:{key}"
     found = _found(archive, ref, key, started)
     if found is not None:
         return found
     with tempfile.TemporaryDirectory(prefix="gpufrag-buildah-", dir=root) as tmp, \
-            (root / f"gpufrag-{key}.log").open("w") as out:
+            (root / f"{variant.archive_prefix}-{key}.log").open("w") as out:
         storage = ["--storage-driver=vfs", f"--root={Path(tmp) / 'root'}",
                    f"--runroot={Path(tmp) / 'run'}"]
         env = {**os.environ, "BUILDAH_ISOLATION": "chroot", "TMPDIR": tmp}
@@ -277,6 +318,7 @@ def build_image(repo: Path = REPO_ROOT) -> BuiltImage:
             _run("buildah bud", ["buildah", *storage, "bud", "--isolation=chroot",
                                  "--layers=false", "--pull-never", "--format=oci",
                                  f"--build-arg=BASE=oci-archive:{base.archive}",
+                                 *(f"--build-arg={arg}" for arg in variant.build_args),
                                  *_trust_volume(),
                                  "--timestamp=0", f"--tag={ref}", "--file=Dockerfile", "."],
                  log=out, cwd=repo, env=env)
@@ -287,7 +329,7 @@ def build_image(repo: Path = REPO_ROOT) -> BuiltImage:
             subprocess.run(["buildah", *storage, "rmi", "--all", "--force"], env=env,
                            capture_output=True, check=False)
         Path(f"{archive}.tmp").replace(archive)
-    _prune(root, "gpufrag-*.oci.tar", archive)
+    _prune(root, f"{variant.archive_prefix}-*.oci.tar", archive)
     return BuiltImage(archive, ref, key, True, time.monotonic() - started,
                       archive.stat().st_size)
 
@@ -305,9 +347,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Build (or find in the cache) gpufrag's image as an OCI archive, without a "
                     "registry or a daemon: mmdebstrap base + buildah (see docs/node.md).")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--gpu", action="store_true",
+                        help="the GPU image: onnxruntime-gpu with NVIDIA's CUDA and cuDNN wheels "
+                             "(requirements/image-gpu.lock; several GB to download and build)")
     args = parser.parse_args(argv)
     try:
-        built = build_image()
+        built = build_image(variant=GPU if args.gpu else CLUSTER)
     except ImageBuildError as exc:
         print(f"image: {exc}", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, BadInputArgumentParser
+from gpufrag.plotting import plots_wanted
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.policies import POLICY_NAMES
@@ -157,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except SystemExit as exc:  # --help: argparse printed it and exits 0
         return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT
+    args.no_plots = not plots_wanted(args.no_plots, "gpufrag whatif")
     try:
         _validate(args)
         workload, nodes, pods = _load(args)
@@ -328,6 +330,7 @@ def sweep_main(argv: Sequence[str]) -> int:
         return EXIT_BAD_INPUT
     except SystemExit as exc:
         return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT
+    args.no_plots = not plots_wanted(args.no_plots, prog)
     try:
         if args.jobs < 1:
             raise BadInput(f"{args.jobs} must be >= 1", field="--jobs")
@@ -389,6 +392,7 @@ def merge_main(argv: Sequence[str]) -> int:
         return EXIT_BAD_INPUT
     except SystemExit as exc:
         return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT
+    args.no_plots = not plots_wanted(args.no_plots, prog)
     out = args.out or args.dirs[0]
     try:
         records = sweep.collect(args.dirs)

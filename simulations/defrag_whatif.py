@@ -57,6 +57,7 @@ from defrag.controller.planner import Move, plan
 from defrag.controller.trigger import find_triggers
 from defrag.rightsizing.recommender import Mode, RightsizingConfig
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
+from gpufrag.plotting import plots_wanted, pyplot
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.placement import ScoreCache, choose
 from scheduler.core.policy import Policy
@@ -609,10 +610,7 @@ class FrontierPoint:
 
 def plot_frontier(points: Sequence[FrontierPoint], out: Path) -> Path:
     """idle ratio and free whole GPUs against the out-of-memory risk, one point per setting."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     risk = [100 * p.over_share_ratio for p in points]
@@ -637,10 +635,7 @@ def plot_frontier(points: Sequence[FrontierPoint], out: Path) -> Path:
 
 
 def plot(result: WhatIfResult, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     xs = list(range(len(result.cycles) + 1))
     series = [result.before, *(c.summary for c in result.cycles)]
@@ -812,7 +807,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         (args.out / "defrag_summary.json").write_text(json.dumps(result.as_dict(), indent=2)
                                                       + "\n")
         written = ["defrag_summary.json"]
-        if not args.no_plots:
+        if plots_wanted(args.no_plots, "gpufrag whatif --defrag"):
             plot(result, args.out)
             written.append("defrag.png")
         print(f"\nwrote {', '.join(str(args.out / w) for w in written)}")

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufrag.plotting import pyplot
 from simulations.replay import FloatArray, ReplayResult, bucket_by_arrival
 
 METRICS = {
@@ -106,10 +107,7 @@ def write_summary(summaries: list[PolicySummary], out: Path, meta: dict[str, obj
 
 def plot(records: list[RunRecord], out: Path, columns: int, title: str) -> list[Path]:
     """One PNG per metric: mean over seeds vs arrived demand, one line per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     by_policy: dict[str, list[RunRecord]] = defaultdict(list)
     for rec in records:

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from gpufrag.plotting import pyplot
+
 # (column, title, format) of the comparison table, from the totals of each run.
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("gpu_hours_allocated", "GPU-h alloc", ".0f"),
@@ -120,10 +122,7 @@ def write_comparison(records: Sequence[dict[str, Any]], out: Path) -> Path:
 
 def plot(records: Sequence[dict[str, Any]], out: Path, title: str) -> Path:
     """One PNG: each series over time (hours), one line per run (the first ``MAX_LINES``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     knobs = varying(records)
     fig, axes = plt.subplots(2, 4, figsize=(17, 7.5), sharex=True)

@@ -12,6 +12,7 @@ import numpy as np
 from devkit.demo.load import STANDIN_MODEL, LoadResult
 from devkit.demo.scenario import MILLI_PER_GPU
 from gpufrag.errors import BadInput
+from gpufrag.plotting import pyplot
 
 MIN_NODES, MAX_NODES = 4, 64
 
@@ -110,10 +111,7 @@ def summary_table(summary: DemoSummary) -> str:
 
 def write_plot(summary: DemoSummary, path: Path) -> None:
     """Per-GPU allocation before/after (the fragmentation you can see) and the headline bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     nodes = list(summary.before.layout)
     width = max(len(v) for v in summary.before.layout.values())

@@ -1,15 +1,20 @@
 """requirements/image.lock: the image's Python dependencies, exact and hash-checked.
 
 The Dockerfile installs the lock with ``--require-hashes`` and then gpufrag itself with
-``--no-deps``, so whatever the lock misses is missing from the image: every runtime dependency
-of pyproject.toml (and the build backend, used with ``--no-build-isolation``) must be locked at
-a version its specifier allows, every dependency of a locked package must be locked too, and the
-lock must have been compiled for the image's Python.
+``--no-deps``, so whatever the lock misses is missing from the image: every dependency the
+image's gpufrag declares (requirements/runtime.in and onnxruntime-cpu.in; pyproject.toml reads
+them with plot.in, which the image empties) and the build backend (used with
+``--no-build-isolation``) must be locked at a version its specifier allows, every dependency of
+a locked package must be locked too, and the lock must have been compiled for the image's
+Python. The what-if's plotting is not in it (the lean image, #30).
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -55,6 +60,20 @@ def read_lock(text: str, name: str = LOCK.name) -> dict[str, Pin]:
 
 
 PINS: Final = read_lock(LOCK.read_text())
+REQUIREMENTS: Final = REPO / "requirements"
+
+
+def requirement_lines(name: str) -> list[str]:
+    """The requirements of one ``requirements/*.in`` file (what setuptools reads from it:
+    whole-line comments and blank lines left out)."""
+    lines = [line.strip() for line in (REQUIREMENTS / name).read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+# What the cluster image's gpufrag requires (Dockerfile: plot.in emptied) and builds with.
+IMAGE_REQUIREMENTS: Final = [*requirement_lines("runtime.in"),
+                             *requirement_lines("onnxruntime-cpu.in"),
+                             *PYPROJECT["build-system"]["requires"]]
 
 
 def image_python() -> str:
@@ -71,15 +90,14 @@ def test_every_pin_is_exact_and_hashed() -> None:
     assert [name for name, pin in PINS.items() if not pin.hashes] == []
 
 
-@pytest.mark.parametrize("spec", [*PYPROJECT["project"]["dependencies"],
-                                  *PYPROJECT["build-system"]["requires"]])
+@pytest.mark.parametrize("spec", IMAGE_REQUIREMENTS)
 def test_every_runtime_dependency_is_locked_at_a_version_it_allows(spec: str) -> None:
     req = Requirement(spec)
     if req.marker is not None and not req.marker.evaluate(
             {"python_version": image_python(), "sys_platform": "linux"}):
         return
     name = canonicalize_name(req.name)
-    assert name in PINS, f"{req.name} (pyproject.toml) is not in {LOCK.name}; regenerate it " \
+    assert name in PINS, f"{req.name} (requirements/*.in) is not in {LOCK.name}; regenerate it " \
                          f"with the command in its header"
     assert req.specifier.contains(PINS[name].version, prereleases=True), (
         f"{LOCK.name} pins {req.name}=={PINS[name].version}, outside {req.specifier}")
@@ -122,9 +140,36 @@ def run_lines() -> list[str]:
             if line.startswith("RUN ")]
 
 
+def test_pyproject_reads_its_dependencies_from_the_requirement_files() -> None:
+    # The images rebuild gpufrag's metadata from these files with two of them replaced, so a
+    # dependency listed in pyproject.toml itself would escape both the locks and the images.
+    assert "dependencies" not in PYPROJECT["project"]
+    assert PYPROJECT["project"]["dynamic"] == ["dependencies"]
+    files = PYPROJECT["tool"]["setuptools"]["dynamic"]["dependencies"]["file"]
+    assert files == ["requirements/runtime.in", "requirements/onnxruntime-cpu.in",
+                     "requirements/plot.in"]
+    assert PYPROJECT["project"]["optional-dependencies"]["plot"] == requirement_lines("plot.in")
+    assert requirement_lines("build.in") == PYPROJECT["build-system"]["requires"]
+
+
+def test_the_image_leaves_the_what_if_s_plotting_out() -> None:
+    plotting = {canonicalize_name(Requirement(spec).name) for spec in requirement_lines("plot.in")}
+    assert plotting == {"matplotlib"}
+    assert plotting & set(PINS) == set()
+    # nor what only matplotlib brings (fonts, images, contours)
+    assert {"fonttools", "pillow", "contourpy", "kiwisolver", "cycler"} & set(PINS) == set()
+
+
+def dockerfile_args() -> dict[str, str]:
+    """The Dockerfile's ``ARG NAME=default`` lines."""
+    return dict(re.findall(r"^ARG\s+(\w+)=(\S+)", DOCKERFILE.read_text(), re.M))
+
+
 def test_the_image_installs_the_lock_with_hashes_then_gpufrag_without_dependencies() -> None:
     text = DOCKERFILE.read_text()
-    assert re.search(r"^COPY requirements/image\.lock ", text, re.M)
+    # The lock is a build argument (the GPU image names its own); the default is this one.
+    assert re.search(r"^COPY \$\{LOCK\} requirements/image\.lock$", text, re.M)
+    assert dockerfile_args()["LOCK"] == "requirements/image.lock"
     installs = [part.strip() for line in run_lines() for part in line.split("&&")
                 if re.match(r"(python -m )?pip install", part.strip())]
     assert len(installs) == 2, installs
@@ -132,3 +177,46 @@ def test_the_image_installs_the_lock_with_hashes_then_gpufrag_without_dependenci
     assert "--require-hashes" in locked.split() and "requirements/image.lock" in locked.split()
     assert "--no-deps" in package.split() and "--no-build-isolation" in package.split()
     assert package.split()[-1] == "."
+
+
+def image_requires(tmp: Path, onnxruntime_in: str) -> list[Requirement]:
+    """The Requires-Dist of gpufrag as an image builds it (Dockerfile): ``onnxruntime_in`` in
+    onnxruntime-cpu.in's place and plot.in empty, read from setuptools' own metadata build
+    (``tmp``: a scratch directory holding the copied project files)."""
+    for name in ("pyproject.toml", "README.md", "requirements/runtime.in"):
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / name, tmp / name)
+    shutil.copyfile(REPO / onnxruntime_in, tmp / "requirements/onnxruntime-cpu.in")
+    (tmp / "requirements/plot.in").write_text("")
+    out = tmp / "metadata"
+    out.mkdir()
+    subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
+                    "build_meta.prepare_metadata_for_build_wheel(sys.argv[1])", str(out)],
+                   cwd=tmp, check=True, capture_output=True, timeout=120)
+    (metadata,) = out.glob("*.dist-info/METADATA")
+    return [Requirement(line.split(":", 1)[1].strip())
+            for line in metadata.read_text().splitlines() if line.startswith("Requires-Dist:")]
+
+
+def unmet(requires: list[Requirement], pins: dict[str, Pin]) -> list[str]:
+    """What ``pip check`` would report for the image's gpufrag over ``pins``: each requirement
+    (extras' own left out; markers for the image's Linux) not pinned at an allowed version."""
+    missing = []
+    for req in requires:
+        if req.marker is not None and not req.marker.evaluate({"extra": "",
+                                                               "sys_platform": "linux"}):
+            continue
+        pin = pins.get(canonicalize_name(req.name))
+        if pin is None or not req.specifier.contains(pin.version, prereleases=True):
+            missing.append(str(req))
+    return missing
+
+
+def test_the_image_s_gpufrag_declares_exactly_what_its_lock_holds(tmp_path: Path) -> None:
+    # pip check in the image build passes only if this holds; and the plotting left out of the
+    # lock is left out of the metadata too, not merely missing.
+    requires = image_requires(tmp_path, "requirements/onnxruntime-cpu.in")
+    names = {canonicalize_name(r.name) for r in requires if r.marker is None
+             or r.marker.evaluate({"extra": "", "sys_platform": "linux"})}
+    assert "matplotlib" not in names and "onnxruntime" in names
+    assert unmet(requires, PINS) == []

@@ -1,0 +1,58 @@
+"""gpufrag/plotting.py: where matplotlib cannot be imported (the images leave it out), the
+what-if still writes its tables and says in one line that the plots were skipped and how to get
+them; a plot asked for directly fails naming the extra. Run in a child process whose path puts
+an unimportable ``matplotlib`` first: the real CLI, with matplotlib really not importable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpufrag.plotting import PLOT_EXTRA, missing_reason, plots_wanted
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def hide_matplotlib(tmp_path: Path) -> dict[str, str]:
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'matplotlib'\")\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow.parent), str(REPO)])}
+
+
+def test_whatif_without_matplotlib_writes_its_tables_and_says_the_plots_were_skipped(
+        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, "-m", "gpufrag.cli", "whatif", "--synthetic-nodes", "20", "--seeds",
+         "1", "--jobs", "1", "--policies", "fgd", "--out", str(out)],
+        env=hide_matplotlib(tmp_path), capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    skipped = [line for line in result.stderr.splitlines() if "plots skipped" in line]
+    assert len(skipped) == 1, result.stderr
+    assert skipped[0].startswith("gpufrag whatif: plots skipped: matplotlib cannot be imported")
+    assert f"pip install 'gpufrag[{PLOT_EXTRA}]'" in skipped[0]
+    assert (out / "allocation.csv").stat().st_size > 0 and (out / "summary.json").is_file()
+    assert list(out.glob("*.png")) == []
+    assert ".png" not in result.stdout  # the closing line names only what was written
+
+
+def test_a_plot_asked_for_without_matplotlib_fails_naming_the_extra(tmp_path: Path) -> None:
+    code = ("from gpufrag.plotting import PlottingUnavailable, pyplot\n"
+            "try:\n    pyplot()\nexcept PlottingUnavailable as exc:\n    print(exc)\n")
+    result = subprocess.run([sys.executable, "-c", code], env=hide_matplotlib(tmp_path),
+                            capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.startswith("cannot plot: matplotlib cannot be imported")
+    assert f"gpufrag[{PLOT_EXTRA}]" in result.stdout
+
+
+def test_with_matplotlib_plots_are_drawn_unless_turned_off(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert missing_reason() is None  # a pip install has it (requirements/plot.in)
+    assert plots_wanted(False, "x") is True
+    assert plots_wanted(True, "x") is False
+    assert capsys.readouterr().err == ""
