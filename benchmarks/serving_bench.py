@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -61,6 +61,7 @@ from benchmarks.procstat import cpu_seconds, thread_cpu_seconds
 from benchmarks.serving_ipc import handoff_cost
 from benchmarks.serving_load import LoadGenerator, Outcome, raw_request
 from gpufrag.loops import new_event_loop
+from serving.backends.base import Backend
 from serving.backends.onnx_runtime import OnnxRuntimeBackend
 from serving.client import EncodedRequest, encode_inputs
 from serving.models import materialize, model_name
@@ -86,9 +87,13 @@ class Server:
 
 
 def start_server(model: str, cache: Path, *, max_batch: int, delay_ms: float,
-                 queue_size: int, timeout_ms: float, event_loop: str = "uvloop") -> Server:
+                 queue_size: int, timeout_ms: float, event_loop: str = "uvloop",
+                 backend: str = "auto") -> Server:
+    """``gpufrag serve`` on a free loopback port, its caches (models, TensorRT engines) under
+    ``cache``; returns once it logs ``ready``."""
     env = {**os.environ, "GPUFRAG_CACHE_DIR": str(cache), "GPUFRAG_LOG_FORMAT": "json"}
     command = [sys.executable, "-m", "gpufrag.cli", "serve", "--model", model,
+               "--backend", backend,
                "--host", "127.0.0.1", "--port", "0", "--max-batch-size", str(max_batch),
                "--max-queue-delay-ms", str(delay_ms), "--max-queue-size", str(queue_size),
                "--default-timeout-ms", str(timeout_ms), "--event-loop", event_loop,
@@ -132,11 +137,11 @@ SCRAPED = ("gpufrag_serving_batch_size_sum", "gpufrag_serving_batch_size_count",
            "gpufrag_serving_compute_duration_seconds_sum")
 
 
-def scrape(url: str) -> dict[str, float]:
-    """The server's own counters named in SCRAPED (summed over labels)."""
+def scrape(url: str, names: Sequence[str] = SCRAPED) -> dict[str, float]:
+    """The server's own samples named in ``names`` (summed over labels; 0 when absent)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
         text = response.read().decode()
-    totals = dict.fromkeys(SCRAPED, 0.0)
+    totals = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in totals:
@@ -259,11 +264,12 @@ def percentile_ms(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1000 if values else math.nan
 
 
-def direct_throughput(path: Path, image_size: int, batch: int,
-                      seconds: float) -> tuple[float, float]:
-    """Images per second through the backend in-process, no HTTP, no batcher (same ORT
-    settings as the server: all cores but one), and the CPU milliseconds per image."""
-    backend = OnnxRuntimeBackend(path)
+def direct_throughput(path: Path, image_size: int, batch: int, seconds: float,
+                      open_backend: Callable[[], Backend] | None = None) -> tuple[float, float]:
+    """Images per second through the backend in-process, no HTTP, no batcher (by default ONNX
+    Runtime with the server's settings: all cores but one; ``open_backend`` loads another, as
+    the server would), and the CPU milliseconds per image."""
+    backend = open_backend() if open_backend is not None else OnnxRuntimeBackend(path)
     x = np.random.default_rng(0).random((batch, 3, image_size, image_size), dtype=np.float32)
     for _ in range(2):
         backend.infer({"input": x})

@@ -110,16 +110,19 @@ def tensorrt_unavailable_reason() -> str | None:
     return None
 
 
+def import_cudart() -> Any:
+    """cuda-python's CUDA runtime module (raises ImportError where it is not installed)."""
+    try:
+        return importlib.import_module("cuda.bindings.runtime")  # cuda-python >= 12.6
+    except ImportError:
+        return importlib.import_module("cuda.cudart")
+
+
 def _import_tensorrt() -> tuple[Any, Any]:
     reason = tensorrt_unavailable_reason()
     if reason is not None:
         raise BackendUnavailable(reason)
-    trt = importlib.import_module("tensorrt")
-    try:
-        cudart = importlib.import_module("cuda.bindings.runtime")  # cuda-python >= 12.6
-    except ImportError:
-        cudart = importlib.import_module("cuda.cudart")
-    return trt, cudart
+    return importlib.import_module("tensorrt"), import_cudart()
 
 
 def build_engine(trt: Any, onnx_bytes: bytes, profile: Sequence[ProfileShapes], *,
