@@ -2,10 +2,17 @@
 
 The base (``manifests/base``) stays the one source of truth. This module renders it with
 kubectl's kustomize and writes each object as a Helm template in which a fixed list of fields
-(:data:`KNOBS`, plus the namespace and every container image) reads ``.Values``; the defaults in
-``values.yaml`` are the values the base has, so ``helm template`` with default values gives back
-exactly the objects ``kubectl kustomize manifests/base`` gives (``tests/e2e/test_helm.py``
-checks both that and that the committed chart is what this module writes today).
+(:data:`KNOBS`, each component's pod scheduling fields (:data:`COMPONENTS`), the namespace, every
+container image and its pull settings) reads ``.Values``; the defaults in ``values.yaml`` are the
+values the base has, and a field the base leaves out is written only when its value is set, so
+``helm template`` with default values and the release named ``gpufrag`` gives back exactly the
+objects ``kubectl kustomize manifests/base`` gives, plus the chart's standard labels
+(:data:`STANDARD_LABELS`) and the Namespace's keep policy (``tests/e2e/test_helm.py`` checks both
+that and that the committed chart is what this module writes today). Names that are one per
+cluster (ClusterRoles, their bindings, the RoleBinding in kube-system) start with the release's
+full name, which is ``gpufrag`` for that release, so another release installs beside it. The
+``helm test`` hooks (:func:`test_hooks`) are built here too, from what the base says about the
+extender.
 
     python -m devkit.chart            # rewrite charts/gpufrag from manifests/base
     python -m devkit.chart --check    # exit 1 naming each file that is out of date
@@ -43,6 +50,14 @@ BASE_DIR: Final = REPO_ROOT / "manifests" / "base"
 CHART_DIR: Final = REPO_ROOT / "charts" / "gpufrag"
 # The namespace the base installs into; every occurrence becomes `namespace.name`.
 BASE_NAMESPACE: Final = "gpufrag-system"
+# What every base name starts with; in a release-scoped name it stands for the release's full
+# name (`gpufrag.fullname`), which is "gpufrag" for the release named gpufrag.
+NAME_PREFIX: Final = "gpufrag"
+NAME_LABEL: Final = "app.kubernetes.io/name"
+# The labels the chart puts on every object beside the base's (and NAME_LABEL where the base
+# has none); tests/e2e/test_helm.py takes exactly these off to compare with the base.
+STANDARD_LABELS: Final = ("helm.sh/chart", "app.kubernetes.io/instance",
+                          "app.kubernetes.io/managed-by", "app.kubernetes.io/version")
 REGENERATE: Final = "python -m devkit.chart"
 
 Doc: TypeAlias = dict[str, object]
@@ -95,6 +110,7 @@ _DEFRAG = ("CronJob", "gpufrag-defrag")
 _DEFRAG_C = "spec/jobTemplate/spec/template/spec/containers[name=defrag]"
 _AGENT = ("DaemonSet", "gpufrag-agent")
 _AGENT_C = "spec/template/spec/containers[name=agent]"
+_PLUGIN = ("DaemonSet", "gpufrag-device-plugin")
 
 KNOBS: Final[tuple[Knob, ...]] = (
     Knob("scheduler.replicas", *_SCHED, "spec/replicas",
@@ -134,13 +150,45 @@ KNOBS: Final[tuple[Knob, ...]] = (
          pattern=r"^--interval-s=(\d+)$"),
     Knob("agent.runtimeClassName", *_AGENT, "spec/template/spec/runtimeClassName",
          "RuntimeClass that exposes the GPUs to the agent (the NVIDIA container runtime)."),
-    Knob("agent.nodeSelector", *_AGENT, "spec/template/spec/nodeSelector",
-         "Nodes the agent runs on (GPU nodes); maps merge with this default, a key set to null "
-         "removes it."),
-    Knob("agent.tolerations", *_AGENT, "spec/template/spec/tolerations",
-         "Taints of GPU nodes the agent tolerates."),
     Knob("agent.resources", *_AGENT, f"{_AGENT_C}/resources", "Resources of the agent container."),
+    Knob("devicePlugin.runtimeClassName", *_PLUGIN, "spec/template/spec/runtimeClassName",
+         "RuntimeClass that exposes the GPUs to the device plugin (the NVIDIA container "
+         "runtime)."),
+    Knob("devicePlugin.resources", *_PLUGIN,
+         "spec/template/spec/containers[name=device-plugin]/resources",
+         "Resources of the device plugin container."),
 )
+
+
+@dataclass(frozen=True)
+class Component:
+    """A workload whose pods take the scheduling fields of :data:`POD_FIELDS` from
+    ``.Values.<value>.<field>``: a field the base sets is a knob with the base's value as its
+    default; one it leaves out is written only when the value is set."""
+
+    value: str
+    kind: str
+    name: str
+    pod_path: str
+
+
+COMPONENTS: Final[tuple[Component, ...]] = (
+    Component("scheduler", *_SCHED, "spec/template/spec"),
+    Component("defrag", *_DEFRAG, "spec/jobTemplate/spec/template/spec"),
+    Component("agent", *_AGENT, "spec/template/spec"),
+    Component("devicePlugin", *_PLUGIN, "spec/template/spec"),
+    Component("servingExample", "Deployment", "resnet-serving", "spec/template/spec"),
+)
+
+# Pod fields every component takes, with the empty value that stands for "not set" and what
+# the help says.
+POD_FIELDS: Final[dict[str, tuple[object, str]]] = {
+    "nodeSelector": ({}, "nodeSelector of the {c} pods; a map merges with its default, a key "
+                         "set to null removes it."),
+    "tolerations": ([], "Tolerations of the {c} pods."),
+    "affinity": ({}, "Affinity of the {c} pods (node, pod and anti-affinity)."),
+    "priorityClassName": ("", "PriorityClass of the {c} pods."),
+}
 
 TOGGLES: Final[tuple[Toggle, ...]] = (
     Toggle("defrag.enabled", "gpufrag-defrag", "The defrag CronJob and its RBAC."),
@@ -152,6 +200,7 @@ TOGGLES: Final[tuple[Toggle, ...]] = (
 )
 
 GROUP_HELP: Final = {
+    "global": "Pull settings for every image.",
     "namespace": "Where the objects go.",
     "images": "Container images, fully qualified (registry host first). digest, when set, "
               "pins the image (repository:tag@digest).",
@@ -181,6 +230,7 @@ class Expr:
 
 
 NAMESPACE_EXPR: Final = Expr('include "gpufrag.namespace" .')
+FULLNAME_EXPR: Final = Expr('include "gpufrag.fullname" .')
 
 
 @dataclass
@@ -196,6 +246,25 @@ class Spliced:
     """A string built from literal parts and template expressions."""
 
     parts: list[str | Expr]
+
+
+@dataclass(frozen=True)
+class IfSet:
+    """A field the base leaves out, written as ``key: <value>`` only where ``expr`` is set
+    (not empty): it stands as a key of its map, so the base's own fields stay as they are.
+    ``block``: a map or a list (``toYaml``), else a string."""
+
+    key: str
+    expr: Expr
+    block: bool
+
+
+@dataclass
+class Labels:
+    """An object's ``metadata.labels``: the chart's standard labels (``gpufrag.labels``) and
+    the base's own, which are written as they are."""
+
+    own: dict[str, str]
 
 
 @dataclass
@@ -368,11 +437,20 @@ def split_image(ref: str) -> tuple[str, str, str]:
     return repository, tag, digest
 
 
+PULL_POLICY: Final = IfSet("imagePullPolicy", Expr(".Values.global.imagePullPolicy"), block=False)
+PULL_SECRETS: Final = IfSet("imagePullSecrets", Expr(".Values.global.imagePullSecrets"), block=True)
+
+
 def _apply_images(doc: Doc, images: dict[str, dict[str, str]], where: str) -> None:
-    """Every container image reads ``images.<key>`` (key from the repository's last segment)."""
-    for _, key, value in _walk(doc):
+    """Every container image reads ``images.<key>`` (key from the repository's last segment),
+    with ``global.imageRegistry`` in place of its registry host where set; every container
+    takes ``global.imagePullPolicy`` and every pod ``global.imagePullSecrets`` where set."""
+    for holder, key, value in _walk(doc):
         if key not in _CONTAINER_LISTS or not isinstance(value, list):
             continue
+        assert isinstance(holder, dict)
+        if any(isinstance(c, dict) and "image" in c for c in value):
+            holder[PULL_SECRETS] = None
         for container in value:
             ref = container.get("image") if isinstance(container, dict) else None
             if not isinstance(ref, str):
@@ -383,8 +461,81 @@ def _apply_images(doc: Doc, images: dict[str, dict[str, str]], where: str) -> No
             if images.setdefault(image_key, spec) != spec:
                 raise ChartError(f"{where}: image {ref} and {images[image_key]} share the values "
                                  f"key images.{image_key}; give them one reference")
-            container["image"] = Whole(Expr(f'include "gpufrag.image" .Values.images.{image_key}'),
-                                       ref)
+            fields = list(container.items())
+            container.clear()
+            for name, field_value in fields:
+                container[name] = field_value
+                if name == "image":
+                    container[name] = Whole(Expr(
+                        f'include "gpufrag.image" (dict "image" .Values.images.{image_key} '
+                        f'"registry" .Values.global.imageRegistry)'), ref)
+                    if "imagePullPolicy" not in container:
+                        container[PULL_POLICY] = None
+
+
+def _apply_pod_fields(doc: Doc, component: Component) -> dict[str, tuple[object, str]]:
+    """The scheduling fields of ``component``'s pods read ``.Values``; return each value's
+    default and help, by its dotted name."""
+    where = f"component {component.value} ({component.kind}/{component.name})"
+    holder, key = _resolve(doc, component.pod_path, where)
+    pod = _get(holder, key)
+    if not isinstance(pod, dict):
+        raise ChartError(f"{where}: {component.pod_path} is not a pod spec")
+    out: dict[str, tuple[object, str]] = {}
+    for name, (empty, help_text) in POD_FIELDS.items():
+        value = f"{component.value}.{name}"
+        note = help_text.format(c=component.name)
+        if name in pod:
+            out[value] = (_apply_knob(doc, Knob(value, component.kind, component.name,
+                                                f"{component.pod_path}/{name}", note)), note)
+        else:
+            pod[IfSet(name, Expr(f".Values.{value}"), block=not isinstance(empty, str))] = None
+            out[value] = (copy.deepcopy(empty), note)
+    return out
+
+
+def _scoped(doc: Doc) -> bool:
+    """Whether ``doc``'s name is one per cluster rather than per namespace: a cluster-scoped
+    object (but the Namespace, whose name is a value, and the CRD, shared by every release) or
+    one in a namespace of its own choosing (kube-system); these names are release-scoped."""
+    kind = doc.get("kind")
+    meta = doc.get("metadata")
+    namespace = meta.get("namespace") if isinstance(meta, dict) else None
+    if kind in ("Namespace", "CustomResourceDefinition"):
+        return False
+    return namespace is None or namespace != BASE_NAMESPACE
+
+
+def _release_scoped(name: str, where: str) -> Spliced:
+    """``gpufrag-x`` as ``<fullname>-x``: the base's names with the release named gpufrag."""
+    if not name.startswith(NAME_PREFIX):
+        raise ChartError(f"{where}: its name is one per cluster, so it is release-scoped, and "
+                         f"must start with {NAME_PREFIX!r}")
+    return Spliced([FULLNAME_EXPR, name[len(NAME_PREFIX):]])
+
+
+def _apply_release_names(doc: Doc, scoped_roles: set[str], where: str) -> None:
+    """Release-scoped names for ``doc`` (where :func:`_scoped`) and for its references to the
+    ClusterRoles it does not own (``roleRef``), so a second release installs beside the
+    first."""
+    meta = doc["metadata"]
+    assert isinstance(meta, dict)
+    if _scoped(doc):
+        meta["name"] = _release_scoped(str(meta["name"]), where)
+    ref = doc.get("roleRef")
+    if (isinstance(ref, dict) and ref.get("kind") == "ClusterRole"
+            and ref.get("name") in scoped_roles):
+        ref["name"] = _release_scoped(str(ref["name"]), where)
+
+
+def _apply_labels(doc: Doc) -> None:
+    """The chart's standard labels beside the base's, and ``app.kubernetes.io/name`` where
+    the base has none."""
+    meta = doc["metadata"]
+    assert isinstance(meta, dict)
+    own = meta.get("labels") or {}
+    assert isinstance(own, dict)
+    meta["labels"] = Labels({NAME_LABEL: NAME_PREFIX} | own)
 
 
 # --------------------------------------------------------------------------------------------
@@ -441,19 +592,39 @@ def _render_piece(piece: Whole | Spliced, prefix: str, where: str) -> str:
     return f"|{chomp}\n" + "\n".join(lines) + "\n" * (trailing - 1 if trailing > 1 else 0)
 
 
+def _render_if_set(piece: IfSet, indent: str) -> str:
+    """The lines that write ``piece.key`` at ``indent`` only where its value is set."""
+    field = (f"{piece.key}: {{{{- toYaml . | nindent {len(indent) + 2} }}}}" if piece.block
+             else f"{piece.key}: {{{{ . | quote }}}}")
+    return (f"{indent}{{{{- with {piece.expr.text} }}}}\n{indent}{field}\n"
+            f"{indent}{{{{- end }}}}")
+
+
+def _render_labels(piece: Labels, prefix: str) -> str:
+    """``labels:`` content after ``prefix``: the standard labels, then the object's own."""
+    column = _key_column(prefix)
+    own = yaml.safe_dump(piece.own, sort_keys=False, width=10**9, allow_unicode=True)
+    return (f'{{{{- include "gpufrag.labels" . | nindent {column} }}}}'
+            + "".join(f"\n{' ' * column}{line}" for line in own.rstrip("\n").split("\n")))
+
+
 def _dump(doc: Doc, where: str) -> str:
-    """``doc`` as YAML with every Whole/Spliced piece written as its template."""
-    pieces: dict[str, Whole | Spliced] = {}
+    """``doc`` as YAML with every Whole/Spliced/IfSet/Labels piece written as its template."""
+    pieces: dict[str, Whole | Spliced | IfSet | Labels] = {}
+
+    def token(piece: Whole | Spliced | IfSet | Labels) -> _Token:
+        name = f"gpufragtemplatepiece{len(pieces):04d}"
+        pieces[name] = piece
+        return _Token(name)
 
     def tokenize(node: object) -> object:
-        if isinstance(node, (Whole, Spliced)):
-            token = f"gpufragtemplatepiece{len(pieces):04d}"
-            pieces[token] = node
-            return _Token(token)
+        if isinstance(node, (Whole, Spliced, Labels)):
+            return token(node)
         if isinstance(node, str) and "{{" in node:  # a literal "{{": emit through a template
             return tokenize(Spliced([node]))
         if isinstance(node, dict):
-            return {k: tokenize(v) for k, v in node.items()}
+            return {token(k) if isinstance(k, IfSet) else k: tokenize(v)
+                    for k, v in node.items()}
         if isinstance(node, list):
             return [tokenize(v) for v in node]
         return node
@@ -463,10 +634,18 @@ def _dump(doc: Doc, where: str) -> str:
     lines = text.split("\n")
     for i, line in enumerate(lines):
         for m in re.finditer(r"gpufragtemplatepiece\d{4}", line):
+            piece = pieces[m.group(0)]
+            prefix = line[:m.start()]
+            if isinstance(piece, IfSet):
+                if prefix.strip() or line[m.end():] != ": null":
+                    raise ChartError(f"{where}: {piece.key} cannot be the first field of a list "
+                                     f"item: {line!r}")
+                lines[i] = _render_if_set(piece, prefix)
+                continue
             if line[m.end():].strip():
                 raise ChartError(f"{where}: placeholder not alone at the end of its line: {line!r}")
-            prefix = line[:m.start()]
-            lines[i] = prefix + _render_piece(pieces[m.group(0)], prefix, where)
+            lines[i] = prefix + (_render_labels(piece, prefix) if isinstance(piece, Labels)
+                                 else _render_piece(piece, prefix, where))
     return "\n".join(lines)
 
 
@@ -521,10 +700,15 @@ def _set_default(values: dict[str, object], dotted: str, value: object) -> None:
 
 
 def build_chart(docs: Sequence[Doc], version: str, *, knobs: Sequence[Knob] = KNOBS,
-                toggles: Sequence[Toggle] = TOGGLES) -> dict[str, str]:
-    """The chart's files (relative path -> text) for the rendered base ``docs``."""
+                toggles: Sequence[Toggle] = TOGGLES,
+                components: Sequence[Component] = COMPONENTS, tests: bool = True
+                ) -> dict[str, str]:
+    """The chart's files (relative path -> text) for the rendered base ``docs``; ``tests``:
+    with the ``helm test`` hooks (:func:`test_hooks`)."""
     docs = [copy.deepcopy(d) for d in docs]
-    values: dict[str, object] = {group: {} for group in GROUP_HELP}  # the order of values.yaml
+    # The order of values.yaml.
+    values: dict[str, object] = {"fullnameOverride": ""} | {group: {} for group in GROUP_HELP}
+    values["global"] = {"imageRegistry": "", "imagePullPolicy": "", "imagePullSecrets": []}
     values["namespace"] = {"name": BASE_NAMESPACE, "create": True}
     images: dict[str, dict[str, str]] = {}
 
@@ -539,10 +723,20 @@ def build_chart(docs: Sequence[Doc], version: str, *, knobs: Sequence[Knob] = KN
         where = f"knob {knob.value}"
         _set_default(values, knob.value, _apply_knob(_find(docs, knob.kind, knob.name, where),
                                                      knob))
+    notes = {k.value: k.help for k in knobs} | {t.value: t.help for t in toggles}
+    for component in components:
+        where = f"component {component.value}"
+        doc = _find(docs, component.kind, component.name, where)
+        for value, (default, note) in _apply_pod_fields(doc, component).items():
+            _set_default(values, value, default)
+            notes[value] = note
 
+    hooks = test_hooks(docs) if tests else []
+    scoped_roles = {name for doc, name in zip(docs, names, strict=True)
+                    if doc.get("kind") == "ClusterRole" and _scoped(doc)}
     files: dict[str, str] = {}
     taken: set[str] = set()
-    for doc, name in zip(docs, names, strict=True):
+    for doc, name in [*zip(docs, names, strict=True), *((h, _name(h)) for h in hooks)]:
         where = f"{doc.get('kind')}/{name}"
         if doc.get("kind") == "CustomResourceDefinition":
             # In crds/, which Helm installs before the templates and never upgrades or deletes:
@@ -557,8 +751,12 @@ def build_chart(docs: Sequence[Doc], version: str, *, knobs: Sequence[Knob] = KN
             assert isinstance(meta, dict)
             meta.setdefault("annotations", {})[KEEP_ANNOTATION] = "keep"
         path = _file_name(doc, taken)
+        if any(doc is hook for hook in hooks):
+            path = path.replace("templates/", "templates/tests/", 1)
+        _apply_release_names(doc, scoped_roles, where)
         _apply_namespace(doc)
         _apply_images(doc, images, where)
+        _apply_labels(doc)
         conditions = [f".Values.{t.value}" for t in toggles if name.startswith(t.name_prefix)]
         if doc.get("kind") == "Namespace":
             conditions.append(".Values.namespace.create")
@@ -571,7 +769,6 @@ def build_chart(docs: Sequence[Doc], version: str, *, knobs: Sequence[Knob] = KN
     values["images"] = dict(sorted(images.items()))
     files["templates/_helpers.tpl"] = HELPERS
     files["Chart.yaml"] = _chart_yaml(version)
-    notes = {k.value: k.help for k in knobs} | {t.value: t.help for t in toggles}
     enums = {k.value: k.enum for k in knobs if k.enum}
     files["values.yaml"] = _values_yaml(values, notes)
     files["values.schema.json"] = json.dumps(_schema(values, enums), indent=2) + "\n"
@@ -583,6 +780,79 @@ def build_chart(docs: Sequence[Doc], version: str, *, knobs: Sequence[Knob] = KN
 # Helm leaves an object with this annotation in place on uninstall (and on an upgrade that
 # drops it).
 KEEP_ANNOTATION: Final = "helm.sh/resource-policy"
+HOOK_ANNOTATION: Final = "helm.sh/hook"
+
+# `helm test`: a Service in front of the extender's probe listener and a pod that asks it.
+TEST_SERVICE: Final = "gpufrag-extender-test"
+TEST_POD: Final = "gpufrag-test-extender-answers"
+TEST_DEADLINE_S: Final = 120
+TEST_PATHS: Final = ("/healthz", "/readyz")
+# Run by the gpufrag image's python: GET each path until it answers 200, within one deadline
+# (the Service's endpoints, and the extender's first sync for /readyz, may lag the hook); exit
+# non-zero naming the path and the last error otherwise.
+_TEST_SCRIPT: Final = """\
+import sys, time, urllib.request
+base, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
+for path in sys.argv[3:]:
+    while True:
+        try:
+            with urllib.request.urlopen(base + path, timeout=5) as reply:
+                print(base + path, reply.status, reply.read().decode().strip(), flush=True)
+                break
+        except OSError as e:
+            if time.monotonic() > deadline:
+                sys.exit(f"{base}{path}: no 200 within the deadline: {e}")
+        time.sleep(1)
+"""
+
+
+def test_hooks(docs: Sequence[Doc]) -> list[Doc]:
+    """The ``helm test`` objects, built from what the base says about the extender: its pod's
+    labels, its probe port (``ext-health``) and its image. The verbs listen on the pod's
+    loopback only (nothing outside the pod may bind), so the test asks the probe listener:
+    ``/healthz`` (the process answers) and ``/readyz`` (its state has synced)."""
+    where = "helm test"
+    scheduler = _find(docs, *_SCHED, where)
+    holder, key = _resolve(scheduler, "spec/template/spec/containers[name=extender]", where)
+    extender = _get(holder, key)
+    assert isinstance(extender, dict)
+    ports = [p for p in extender.get("ports", []) if p.get("name") == "ext-health"]
+    if len(ports) != 1 or not isinstance(extender.get("image"), str):
+        raise ChartError(f"{where}: the extender container has no ext-health port or no image")
+    port = ports[0]["containerPort"]
+    holder, key = _resolve(scheduler, "spec/selector/matchLabels", where)
+    selector = copy.deepcopy(_get(holder, key))
+
+    def meta(name: str, weight: int) -> Doc:
+        return {"name": name, "namespace": BASE_NAMESPACE,
+                "labels": {NAME_LABEL: name, "app.kubernetes.io/part-of": NAME_PREFIX},
+                "annotations": {HOOK_ANNOTATION: "test", "helm.sh/hook-weight": str(weight),
+                                "helm.sh/hook-delete-policy":
+                                    "before-hook-creation,hook-succeeded"}}
+
+    service: Doc = {
+        "apiVersion": "v1", "kind": "Service", "metadata": meta(TEST_SERVICE, -1),
+        "spec": {"selector": selector,
+                 "ports": [{"name": "ext-health", "port": port, "targetPort": "ext-health"}]}}
+    pod: Doc = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta(TEST_POD, 0),
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "extender-answers",
+                "image": extender["image"],
+                "command": ["python", "-c", _TEST_SCRIPT, f"http://{TEST_SERVICE}:{port}",
+                            str(TEST_DEADLINE_S), *TEST_PATHS],
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                              "limits": {"cpu": "500m", "memory": "128Mi"}},
+                "securityContext": {"allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}},
+            }]}}
+    return [service, pod]
 
 HELPERS: Final = """\
 {{/* Generated by devkit/chart.py; do not edit. */}}
@@ -592,9 +862,37 @@ HELPERS: Final = """\
 {{- .Values.namespace.name | default .Release.Namespace -}}
 {{- end -}}
 
-{{/* An image reference from {repository, tag, digest}: repository[:tag][@digest]. */}}
+{{/* What every release-scoped name starts with (a ClusterRole's, a ClusterRoleBinding's, an
+object's in kube-system): fullnameOverride, else the release name where it holds "gpufrag",
+else <release>-gpufrag. The release named gpufrag gets the kustomize base's names. */}}
+{{- define "gpufrag.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride -}}
+{{- else if contains "gpufrag" .Release.Name -}}
+{{- .Release.Name -}}
+{{- else -}}
+{{- printf "%s-gpufrag" .Release.Name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The labels the chart puts on every object beside the base's. */}}
+{{- define "gpufrag.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end -}}
+
+{{/* An image reference from {image: {repository, tag, digest}, registry}:
+repository[:tag][@digest], with registry (global.imageRegistry) in place of the repository's
+registry host where set. */}}
 {{- define "gpufrag.image" -}}
-{{- .repository -}}{{- with .tag -}}:{{ . }}{{- end -}}{{- with .digest -}}@{{ . }}{{- end -}}
+{{- $repository := .image.repository -}}
+{{- with .registry -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) (regexReplaceAll "^[^/]+/" $repository "") -}}
+{{- end -}}
+{{- $repository -}}
+{{- with .image.tag -}}:{{ . }}{{- end -}}{{- with .image.digest -}}@{{ . }}{{- end -}}
 {{- end -}}
 """
 
@@ -608,6 +906,7 @@ for real: it evicts through the Eviction API, within the PDBs.
 {{- end }}
 {{- end }}
 Opt workloads in with spec.schedulerName: gpufrag-scheduler (docs/operations.md).
+Check that the extender answers: helm test {{ .Release.Name }} -n {{ .Release.Namespace }}
 """
 
 
@@ -625,6 +924,14 @@ def _chart_yaml(version: str) -> str:
 
 def _help(path: str, notes: dict[str, str]) -> str:
     fixed = {
+        "fullnameOverride": "What the release-scoped names (ClusterRoles, ClusterRoleBindings, "
+                            "the RoleBinding in kube-system) start with; empty: the release "
+                            "name where it holds \"gpufrag\", else <release>-gpufrag.",
+        "global.imageRegistry": "Registry host (and path) in place of every image's own, e.g. "
+                                "a mirror; empty: each image's as set under images.",
+        "global.imagePullPolicy": "imagePullPolicy of every container (Always, IfNotPresent, "
+                                  "Never); empty: Kubernetes' default.",
+        "global.imagePullSecrets": "imagePullSecrets of every pod, as [{name: secret}].",
         "namespace.name": "Namespace of every namespaced object; empty: the release namespace.",
         "namespace.create": "Create the Namespace (with its Pod Security labels). false: install "
                             "into an existing one (helm install -n NS, namespace.name empty).",
@@ -676,8 +983,23 @@ RATIOS: Final = frozenset({"defrag.threshold"})
 _RATIO_TEXT = r"^0*(\.[0-9]+|0(\.[0-9]*)?)$"
 
 
+# Values whose schema is more than their default's type says.
+SCHEMAS: Final[dict[str, dict[str, object]]] = {
+    "fullnameOverride": {"type": "string", "maxLength": 200,
+                         "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$"},
+    "global.imagePullPolicy": {"type": "string", "enum": ["", "Always", "IfNotPresent", "Never"]},
+    "global.imagePullSecrets": {
+        "type": "array", "items": {"type": "object", "additionalProperties": False,
+                                   "required": ["name"],
+                                   "properties": {"name": {"type": "string", "minLength": 1}}}},
+    "global.imageRegistry": {"type": "string", "pattern": r"^([^/\s]+(/[^/\s]+)*/?)?$"},
+}
+
+
 def _schema_of(value: object, path: str, enums: dict[str, tuple[str, ...]]
                ) -> dict[str, object]:
+    if path in SCHEMAS:
+        return SCHEMAS[path]
     if isinstance(value, bool):
         return {"type": "boolean"}
     if isinstance(value, int):
@@ -735,9 +1057,17 @@ def _readme(values: dict[str, object], notes: dict[str, str]) -> str:
     leaves(values, "")
     return (f"<!-- Generated by devkit/chart.py; do not edit: run `{REGENERATE}`. -->\n"
             "# gpufrag Helm chart\n\n"
-            "Generated from the kustomize base (`manifests/base`): with default values, `helm "
-            "template` renders exactly the objects `kubectl kustomize manifests/base` renders "
-            "(checked by `tests/e2e/test_helm.py`). Install and upgrade: the operations guide, "
+            "Generated from the kustomize base (`manifests/base`): with default values and the "
+            "release named `gpufrag`, `helm template` renders exactly the objects `kubectl "
+            "kustomize manifests/base` renders, plus the chart's standard labels (`helm.sh/chart`, "
+            "`app.kubernetes.io/instance`, `-managed-by`, `-version`, and `-name` where the base "
+            "has none) and the Namespace's keep policy (checked by `tests/e2e/test_helm.py`). "
+            "Another release name gives the cluster-wide objects (ClusterRoles, "
+            "ClusterRoleBindings, the RoleBinding in kube-system) names of their own "
+            "(`<release>-gpufrag-...`, or `fullnameOverride`), so a second release installs "
+            "beside the first. `helm test <release>` runs the hooks in `templates/tests/`: a pod "
+            "that asks the extender's probe listener for `/healthz` and `/readyz`. Install and "
+            "upgrade: the operations guide, "
             "[Install with Helm](../../docs/operations.md#install-with-helm).\n\n"
             "| value | default | what it sets |\n|---|---|---|\n" + "\n".join(rows) + "\n")
 

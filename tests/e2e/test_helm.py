@@ -11,10 +11,12 @@ accepted by a server-side dry run. helm is built from its Go module (``devkit/to
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import pytest
@@ -23,6 +25,8 @@ import yaml
 from devkit import chart
 from devkit.build import BuildError
 from devkit.controlplane import ControlPlane
+from devkit.extender import ExtenderProcess
+from devkit.procs import free_port
 from devkit.toolbuild import build_tool
 from scheduler.kube import reservations as rsv
 from scheduler.kube.reservations import Reservation
@@ -55,22 +59,47 @@ def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.Completed
     return result
 
 
-def helm_template(helm: Path, *args: str) -> list[Doc]:
-    """What an install applies: the templates and crds/ (which Helm installs first)."""
-    out = run_helm(helm, "template", "gpufrag", str(CHART), "--include-crds", *args).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+def helm_template(helm: Path, *args: str, release: str = "gpufrag",
+                  tests: bool = False) -> list[Doc]:
+    """What an install applies: the templates and crds/ (which Helm installs first); with
+    ``tests``, the ``helm test`` hooks too."""
+    out = run_helm(helm, "template", release, str(CHART), "--include-crds", *args).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    return docs if tests else [d for d in docs if not is_hook(d)]
 
 
-def without_keep(doc: Doc) -> Doc:
-    """``doc`` without Helm's keep policy, the one thing the chart adds to the base (on the
-    Namespace, which uninstall must not delete)."""
+def annotations_of(doc: Doc) -> dict[str, str]:
     meta = doc.get("metadata")
-    annotations = meta.get("annotations") if isinstance(meta, dict) else None
-    if not isinstance(annotations, dict) or chart.KEEP_ANNOTATION not in annotations:
-        return doc
-    rest = {k: v for k, v in annotations.items() if k != chart.KEEP_ANNOTATION}
-    meta = {k: v for k, v in meta.items() if k != "annotations"} | (  # type: ignore[union-attr]
-        {"annotations": rest} if rest else {})
+    found = meta.get("annotations") if isinstance(meta, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def labels_of(doc: Doc) -> dict[str, str]:
+    meta = doc.get("metadata")
+    found = meta.get("labels") if isinstance(meta, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def tree(doc: Doc) -> Any:
+    """``doc`` for reading nested fields (what a test reads is checked by its assertions)."""
+    return doc
+
+
+def is_hook(doc: Doc) -> bool:
+    return chart.HOOK_ANNOTATION in annotations_of(doc)
+
+
+def without_chart_metadata(doc: Doc, base: Doc) -> Doc:
+    """``doc`` without what the chart adds to every base object: its standard labels, the
+    name label where ``base`` has none, and Helm's keep policy (on the Namespace, which
+    uninstall must not delete)."""
+    added = set(chart.STANDARD_LABELS) | ({chart.NAME_LABEL} - set(labels_of(base)))
+    meta = {k: v for k, v in tree(doc)["metadata"].items()
+            if k not in ("labels", "annotations")}
+    kept_labels = {k: v for k, v in labels_of(doc).items() if k not in added}
+    kept_annotations = {k: v for k, v in annotations_of(doc).items() if k != chart.KEEP_ANNOTATION}
+    meta |= ({"labels": kept_labels} if kept_labels else {}) | (
+        {"annotations": kept_annotations} if kept_annotations else {})
     return {**doc, "metadata": meta}
 
 
@@ -137,13 +166,23 @@ def test_chart_is_generated_from_the_current_base(control_plane_binary: Path) ->
 
 def test_default_values_render_exactly_the_kustomize_base(helm: Path,
                                                           control_plane_binary: Path) -> None:
+    """The release named gpufrag renders the base's objects with the base's names; the chart
+    adds only its standard labels (not to the CRD, which Helm does not template) and the keep
+    policy on the Namespace."""
     rendered = by_identity(helm_template(helm))
     base = by_identity(kustomize(control_plane_binary, "base"))
     assert sorted(rendered) == sorted(base)
-    differ = [key for key in base if without_keep(rendered[key]) != base[key]]
+    differ = [key for key in base if without_chart_metadata(rendered[key], base[key]) != base[key]]
     assert not differ, f"objects that differ from the base: {differ}"
-    kept = [key[1] for key, doc in rendered.items() if doc != without_keep(doc)]
+    kept = [key[1] for key, doc in rendered.items()
+            if annotations_of(doc).get(chart.KEEP_ANNOTATION) == "keep"]
     assert kept == ["Namespace"]
+    version = chart.project_version()
+    standard = {"helm.sh/chart": f"gpufrag-{version}", "app.kubernetes.io/instance": "gpufrag",
+                "app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/version": version}
+    unlabelled = [key for key, doc in rendered.items() if key[1] != "CustomResourceDefinition"
+                  and {k: labels_of(doc).get(k) for k in standard} != standard]
+    assert not unlabelled, f"objects without the standard labels: {unlabelled}"
 
 
 def test_helm_lint_strict_passes(helm: Path) -> None:
@@ -196,9 +235,12 @@ def test_generated_templates_render_back_to_their_base_through_helm(helm: Path,
         chart.Knob("t.weight", "ConfigMap", "knobs", "data/file", "", pattern=r"weight: (\d+)"),
         chart.Knob("t.flag", "ConfigMap", "knobs", "data/file", "", pattern=r"flag: (\w+)"),
     )
-    chart.write_chart(chart.build_chart(docs, "0.1.0", knobs=knobs, toggles=()), tmp_path)
+    chart.write_chart(chart.build_chart(docs, "0.1.0", knobs=knobs, toggles=(), components=(),
+                                        tests=False), tmp_path)
     out = run_helm(helm, "template", "t", str(tmp_path)).stdout
-    assert by_identity([d for d in yaml.safe_load_all(out) if d]) == by_identity(docs)
+    back = by_identity([d for d in yaml.safe_load_all(out) if d])
+    assert {key: without_chart_metadata(doc, by_identity(docs)[key])
+            for key, doc in back.items()} == by_identity(docs)
     out = run_helm(helm, "template", "t", str(tmp_path), "--set", "t.threshold=0.5",
                    "--set", "t.weight=7", "--set", "namespace.name=elsewhere").stdout
     rendered = {identity(d)[3]: d for d in yaml.safe_load_all(out) if d}
@@ -212,8 +254,12 @@ def test_generated_templates_render_back_to_their_base_through_helm(helm: Path,
 
 def test_default_chart_is_accepted_by_the_api_server(helm: Path,
                                                      control_plane: ControlPlane) -> None:
+    """Every object an install applies, and the ``helm test`` hooks (a Pod: admission looks
+    its ServiceAccount up, so the namespace's default one must exist first)."""
     ensure_namespace(control_plane, chart.BASE_NAMESPACE)
-    dry_run(control_plane, helm_template(helm))
+    control_plane.kubectl("wait", "--for=create", "serviceaccount/default", "-n",
+                          chart.BASE_NAMESPACE, "--timeout=60s")
+    dry_run(control_plane, helm_template(helm, tests=True))
 
 
 OVERRIDES = {
@@ -287,6 +333,146 @@ def test_values_reach_the_objects_and_the_api_server_accepts_them(
         control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
+PULL_AND_PLACEMENT = {
+    "global": {"imageRegistry": "mirror.example.com/cache", "imagePullPolicy": "Always",
+               "imagePullSecrets": [{"name": "mirror-pull"}]},
+    **{component.value: {
+        "nodeSelector": {"pool": component.value},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": component.value,
+                         "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "zone", "operator": "In", "values": [component.value]}]}]}}},
+        "priorityClassName": f"{component.value.lower()}-priority"}
+       for component in chart.COMPONENTS},
+}
+PULL_AND_PLACEMENT["devicePlugin"]["resources"] = {  # type: ignore[index]
+    "requests": {"cpu": "20m", "memory": "32Mi"}}
+
+
+def test_pull_settings_and_scheduling_knobs_reach_every_pod(
+        helm: Path, control_plane: ControlPlane, tmp_path: Path) -> None:
+    """global.* reach every container and pod, the hooks' included; each component's pods
+    take their own nodeSelector, tolerations, affinity and priorityClassName (a map merges
+    with the default, so the agent keeps its GPU-node selector); the API server accepts it."""
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(PULL_AND_PLACEMENT))
+    docs = helm_template(helm, "--values", str(values), tests=True)
+    pods = list(pod_specs(docs)) + [(d, tree(d)["spec"]) for d in docs if d["kind"] == "Pod"]
+    assert len(pods) >= len(chart.COMPONENTS) + 1
+    for doc, pod in pods:
+        where = identity(doc)
+        assert pod["imagePullSecrets"] == [{"name": "mirror-pull"}], where
+        for container in [*tree(pod).get("initContainers", []), *tree(pod)["containers"]]:
+            assert container["imagePullPolicy"] == "Always", where
+            assert container["image"].startswith("mirror.example.com/cache/"), where
+    refs = images(docs)
+    assert "mirror.example.com/cache/gpufrag/gpufrag:0.1.0" in refs
+    assert "mirror.example.com/cache/kube-scheduler:v1.36.3" in refs
+
+    for component in chart.COMPONENTS:
+        doc = find(docs, component.kind, component.name)
+        pod = next(spec for _, spec in pod_specs([doc]))
+        wanted = tree(PULL_AND_PLACEMENT)[component.value]
+        expected_selector = dict(wanted["nodeSelector"])
+        if component.value in ("agent", "devicePlugin"):
+            expected_selector["nvidia.com/gpu.present"] = "true"
+        assert pod["nodeSelector"] == expected_selector, component.value
+        for name in ("tolerations", "affinity", "priorityClassName"):
+            assert pod[name] == wanted[name], (component.value, name)
+    plugin = find(docs, "DaemonSet", "gpufrag-device-plugin")
+    resources = tree(next(spec for _, spec in pod_specs([plugin])))["containers"][0]["resources"]
+    # Merged with the default, as every map value is: the requests set, the default limits kept.
+    assert resources["requests"] == {"cpu": "20m", "memory": "32Mi"} and resources["limits"]
+
+    ensure_namespace(control_plane, chart.BASE_NAMESPACE)
+    control_plane.kubectl("wait", "--for=create", "serviceaccount/default", "-n",
+                          chart.BASE_NAMESPACE, "--timeout=60s")
+    dry_run(control_plane, docs)
+
+
+def test_default_values_set_no_pull_or_placement_field_the_base_leaves_out(helm: Path) -> None:
+    docs = helm_template(helm, tests=True)
+    assert "imagePullPolicy" not in yaml.safe_dump_all(docs)
+    assert "imagePullSecrets" not in yaml.safe_dump_all(docs)
+    assert "affinity" not in yaml.safe_dump_all(docs)
+
+
+def cluster_wide_names(docs: Sequence[Doc]) -> set[tuple[str, str, str]]:
+    """(kind, namespace, name) of the objects two releases could collide on: everything but
+    what lives in the release's own namespace, the Namespace (a value) and the shared CRD."""
+    return {(identity(d)[1], identity(d)[2], identity(d)[3]) for d in docs
+            if identity(d)[2] in ("", "kube-system")
+            and identity(d)[1] not in ("Namespace", "CustomResourceDefinition")}
+
+
+def test_a_second_release_shares_no_cluster_wide_name_with_the_first(helm: Path) -> None:
+    first = helm_template(helm)
+    second = helm_template(helm, "--set", "namespace.name=team-b", release="team-b")
+    first_names, second_names = cluster_wide_names(first), cluster_wide_names(second)
+    assert len(first_names) == len(second_names) > 5
+    assert not first_names & second_names
+    assert {name for _, _, name in second_names} == {
+        name.replace("gpufrag", "team-b-gpufrag", 1) for _, _, name in first_names}
+    # Each binding points at its own release's ClusterRole, never the other release's.
+    roles = {identity(d)[3] for d in second if identity(d)[1] == "ClusterRole"}
+    refs = [tree(d)["roleRef"]["name"] for d in second
+            if "roleRef" in d and tree(d)["roleRef"]["kind"] == "ClusterRole"]
+    own = [ref for ref in refs if not ref.startswith("system:")]
+    assert own and set(own) <= roles
+    assert {labels_of(d).get("app.kubernetes.io/instance") for d in second
+            if identity(d)[1] != "CustomResourceDefinition"} == {"team-b"}
+    override = helm_template(helm, "--set", "fullnameOverride=gpu-sched", release="team-b")
+    assert all(name.startswith("gpu-sched-") for _, _, name in cluster_wide_names(override))
+
+
+def test_helm_test_hooks_ask_the_extenders_probe_listener(helm: Path) -> None:
+    """The hooks are a Service in front of the scheduler pods' ext-health port and a Pod, in
+    the gpufrag image, that GETs /healthz and /readyz through it."""
+    docs = helm_template(helm, tests=True)
+    hooks = {identity(d)[1]: tree(d) for d in docs if is_hook(d)}
+    assert sorted(hooks) == ["Pod", "Service"]
+    assert {annotations_of(d)[chart.HOOK_ANNOTATION] for d in hooks.values()} == {"test"}
+    service, pod = hooks["Service"], hooks["Pod"]
+    template = tree(find(docs, "Deployment", "gpufrag-scheduler"))["spec"]["template"]
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    extender = next(c for c in template["spec"]["containers"] if c["name"] == "extender")
+    (port,) = service["spec"]["ports"]
+    assert {"name": port["targetPort"], "containerPort": port["port"]} in extender["ports"]
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == extender["image"]
+    assert container["command"][3] == f"http://{identity(service)[3]}:{port['port']}"
+    assert identity(pod)[2] == identity(service)[2] == chart.BASE_NAMESPACE
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_the_test_pods_check_passes_on_a_ready_extender_and_fails_without_one(
+        helm: Path, control_plane: ControlPlane, tmp_path: Path) -> None:
+    """The hook Pod's own command, run here against a real extender's probe listener (the
+    listener the Service fronts): exit 0 and both answers; with nothing listening, non-zero
+    within its deadline, naming the path."""
+    (pod,) = [d for d in helm_template(helm, tests=True) if identity(d)[1] == "Pod"]
+    command = tree(pod)["spec"]["containers"][0]["command"]
+    assert command[:2] == ["python", "-c"]
+    health_port = free_port()
+    extender = ExtenderProcess(control_plane, tmp_path / "extender.log", extra_args=(
+        "--set", "server.health_host=127.0.0.1", "--set", f"server.health_port={health_port}"))
+    extender.start()
+    try:
+        passed = subprocess.run([sys.executable, "-c", command[2],
+                                 f"http://127.0.0.1:{health_port}", "30", *command[5:]],
+                                capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        extender.stop()
+    assert passed.returncode == 0, passed.stderr
+    assert passed.stdout.count(" 200 ok") == len(chart.TEST_PATHS) == len(command[5:])
+    failed = subprocess.run([sys.executable, "-c", command[2],
+                             f"http://127.0.0.1:{health_port}", "1", *command[5:]],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert failed.returncode != 0
+    assert f":{health_port}/healthz: no 200 within the deadline" in failed.stderr
+
+
 def test_chart_installs_into_an_existing_release_namespace(helm: Path) -> None:
     docs = helm_template(helm, "--namespace", "ml-platform", "--set", "namespace.create=false",
                          "--set", "namespace.name=")
@@ -308,6 +494,12 @@ def test_chart_installs_into_an_existing_release_namespace(helm: Path) -> None:
     ("extender.weight=0", "weight"),
     # Two kube-schedulers without leader election would both bind.
     ("scheduler.replicas=2", "leaderElect"),
+    # Pull settings and names.
+    ("global.imagePullPolicy=Sometimes", "imagePullPolicy"),
+    ("global.imagePullSecrets[0]=mirror-pull", "imagePullSecrets"),
+    ("global.imageRegistry=a registry", "imageRegistry"),
+    ("fullnameOverride=Not_A_Name", "fullnameOverride"),
+    ("agent.affinity=near", "affinity"),
 ])
 def test_bad_values_are_refused_naming_the_field(helm: Path, flag: str, field: str) -> None:
     result = run_helm(helm, "template", "gpufrag", str(CHART), "--set", flag, check=False)
@@ -328,7 +520,9 @@ def test_uninstall_keeps_the_crd_the_reservations_and_the_namespace(
     """``helm install`` then ``helm uninstall`` on a real API server of its own (the chart's
     cluster-wide names would collide with objects other tests applied): the GPUReservation CRD
     (in crds/), a live reservation and the gpufrag-system Namespace (kept by policy) are all
-    still there, so no reservation is lost; the release's other objects are gone."""
+    still there, so no reservation is lost; the release's other objects are gone. A second
+    release, in a namespace of its own, installs beside the first (release-scoped
+    ClusterRoles and bindings) and leaves with its own uninstall."""
     with ControlPlane(control_plane_binary) as plane:
         _install_and_uninstall(helm, plane)
 
@@ -338,6 +532,15 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane) -> None:
     release = "keep-test"
     run_helm(helm, "install", release, str(CHART), "--kubeconfig", kubeconfig,
              "--namespace", "default")
+    second = "team-b"
+    run_helm(helm, "install", second, str(CHART), "--kubeconfig", kubeconfig, "--namespace",
+             "default", "--set", f"namespace.name=gpufrag-{second}")
+    bindings = control_plane.kubectl("get", "clusterrolebindings", "-o", "name").stdout
+    assert f"clusterrolebinding.rbac.authorization.k8s.io/{second}-gpufrag-agent" in bindings
+    assert f"clusterrolebinding.rbac.authorization.k8s.io/{release}-gpufrag-agent" in bindings
+    run_helm(helm, "uninstall", second, "--kubeconfig", kubeconfig, "--namespace", "default")
+    bindings = control_plane.kubectl("get", "clusterrolebindings", "-o", "name").stdout
+    assert f"/{second}-gpufrag-agent" not in bindings and f"/{release}-gpufrag-agent" in bindings
     custom = kubernetes.client.CustomObjectsApi(control_plane.api_client())
     try:
         custom.create_namespaced_custom_object(

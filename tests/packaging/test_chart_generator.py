@@ -29,9 +29,25 @@ def deployment(name: str = "web", image: str = "registry.k8s.io/pause:3.10") -> 
             "spec": {"replicas": 1, "template": {"spec": {"containers": [container]}}}}
 
 
-def build(docs: list[Doc], knobs: tuple[Knob, ...] = (), toggles: tuple[Toggle, ...] = ()
-          ) -> dict[str, str]:
-    return chart.build_chart(docs, "0.1.0", knobs=knobs, toggles=toggles)
+def build(docs: list[Doc], knobs: tuple[Knob, ...] = (), toggles: tuple[Toggle, ...] = (),
+          components: tuple[chart.Component, ...] = ()) -> dict[str, str]:
+    return chart.build_chart(docs, "0.1.0", knobs=knobs, toggles=toggles,
+                             components=components, tests=False)
+
+
+def cluster_role(name: str) -> Doc:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": name}, "rules": []}
+
+
+def binding(kind: str, name: str, role_kind: str, role: str, namespace: str | None = None
+            ) -> Doc:
+    meta: dict[str, str] = {"name": name} | ({"namespace": namespace} if namespace else {})
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind,
+                        "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": "gpufrag-agent",
+                          "namespace": "gpufrag-system"}]}
 
 
 CONFIG = "policy: fgd\nweight: 200\n"
@@ -62,7 +78,8 @@ def test_whole_fields_keep_their_type() -> None:
     assert "  replicas: {{ .Values.web.replicas }}\n" in template
     assert "\n        resources: {{- toYaml .Values.web.resources | nindent 10 }}\n" in template
     assert '\n        - {{ print "--port=" .Values.web.port | quote }}\n' in template
-    assert "image: {{ include \"gpufrag.image\" .Values.images.pause | quote }}" in template
+    assert ('image: {{ include "gpufrag.image" (dict "image" .Values.images.pause "registry" '
+            '.Values.global.imageRegistry) | quote }}') in template
     assert "namespace: {{ include \"gpufrag.namespace\" . | quote }}" in template
 
 
@@ -121,3 +138,65 @@ def test_the_shipped_knobs_are_distinct_and_grouped() -> None:
     names = [k.value for k in chart.KNOBS] + [t.value for t in chart.TOGGLES]
     assert len(names) == len(set(names))
     assert {n.split(".")[0] for n in names} <= set(chart.GROUP_HELP)
+
+
+def test_names_one_per_cluster_are_release_scoped_and_so_are_their_references() -> None:
+    files = build([
+        cluster_role("gpufrag-agent"),
+        binding("ClusterRoleBinding", "gpufrag-agent", "ClusterRole", "gpufrag-agent"),
+        binding("ClusterRoleBinding", "gpufrag-as-scheduler", "ClusterRole",
+                "system:kube-scheduler"),
+        binding("RoleBinding", "gpufrag-auth-reader", "Role", "auth-reader", "kube-system"),
+        binding("RoleBinding", "gpufrag-view", "ClusterRole", "gpufrag-agent", "gpufrag-system"),
+    ])
+    scoped = 'name: {{ print (include "gpufrag.fullname" .) "-agent" | quote }}'
+    assert scoped in files["templates/clusterrole-gpufrag-agent.yaml"]
+    # The binding's own name and its reference to the ClusterRole above.
+    assert files["templates/clusterrolebinding-gpufrag-agent.yaml"].count(scoped) == 2
+    upstream = files["templates/clusterrolebinding-gpufrag-as-scheduler.yaml"]
+    assert '"-as-scheduler"' in upstream and "  name: system:kube-scheduler\n" in upstream
+    # In kube-system: one per cluster too; its Role there is not the chart's.
+    in_kube_system = files["templates/rolebinding-gpufrag-auth-reader.yaml"]
+    assert '"-auth-reader"' in in_kube_system and "  name: auth-reader\n" in in_kube_system
+    # In the release's namespace: the base's name, but the ClusterRole it binds is scoped.
+    view = files["templates/rolebinding-gpufrag-view.yaml"]
+    assert "  name: gpufrag-view\n" in view and scoped in view
+
+
+def test_a_cluster_wide_name_outside_the_prefix_is_refused() -> None:
+    with pytest.raises(ChartError, match=r"ClusterRole/viewer: .* must start with 'gpufrag'"):
+        build([cluster_role("viewer")])
+
+
+def test_every_object_gets_the_standard_labels_beside_its_own() -> None:
+    files = build([configmap("cfg", {}), cluster_role("gpufrag-agent")])
+    for name in ("templates/configmap-cfg.yaml", "templates/clusterrole-gpufrag-agent.yaml"):
+        assert ('  labels: {{- include "gpufrag.labels" . | nindent 4 }}\n'
+                "    app.kubernetes.io/name: gpufrag\n") in files[name]
+    helpers = files["templates/_helpers.tpl"]
+    assert all(f"{label}:" in helpers for label in chart.STANDARD_LABELS)
+
+
+def test_pod_fields_the_base_leaves_out_are_written_only_when_set() -> None:
+    web = deployment()
+    web["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "web"}  # type: ignore[index]
+    component = chart.Component("web", "Deployment", "web", "spec/template/spec")
+    files = build([web], components=(component,))
+    template = files["templates/deployment-web.yaml"]
+    assert "      nodeSelector: {{- toYaml .Values.web.nodeSelector | nindent 8 }}\n" in template
+    assert ("      {{- with .Values.web.affinity }}\n"
+            "      affinity: {{- toYaml . | nindent 8 }}\n      {{- end }}\n") in template
+    assert ("      {{- with .Values.web.priorityClassName }}\n"
+            "      priorityClassName: {{ . | quote }}\n      {{- end }}\n") in template
+    assert ("        {{- with .Values.global.imagePullPolicy }}\n"
+            "        imagePullPolicy: {{ . | quote }}\n") in template
+    values = yaml.safe_load(files["values.yaml"])
+    assert values["web"] == {"nodeSelector": {"pool": "web"}, "tolerations": [], "affinity": {},
+                             "priorityClassName": ""}
+    assert values["global"] == {"imageRegistry": "", "imagePullPolicy": "",
+                                "imagePullSecrets": []}
+
+
+def test_the_shipped_components_are_the_charts_workloads() -> None:
+    assert {c.value for c in chart.COMPONENTS} <= set(chart.GROUP_HELP)
+    assert len({c.value for c in chart.COMPONENTS}) == len(chart.COMPONENTS)
