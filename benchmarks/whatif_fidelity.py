@@ -3,8 +3,9 @@
 Prints, per policy, the mean allocation at 100% and 130% arrived demand over N seeds next to the
 FGD paper's published means, the difference, and whether the ranking matches; before that, one
 FGD replay on one core with the compiled fragmentation kernel and with the numpy form side by
-side (each in a fresh process, twice: the first run includes loading the kernel from numba's
-disk cache), and the peak RSS of the whole ``gpufrag whatif`` command for that replay.
+side (each in a fresh process, twice: the first run includes loading the kernel; each engine
+by the real command in new processes: ``benchmarks.whatif_first_run``), and the peak RSS of
+the whole ``gpufrag whatif`` command for that replay.
 
     python -m benchmarks.whatif_fidelity [--data ../shared/data/openb] [--seeds 10] [--jobs 2]
                                          [--kss-compat]
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.core import TargetWorkload
+from scheduler.core import TargetWorkload, fragkernel
 from scheduler.policies import POLICY_NAMES
 from simulations.cli import run_one
 from simulations.kss import kss_target
@@ -50,13 +51,14 @@ def _one_fgd_replay(nodes_csv: str, pods_csv: str, kss_compat: bool) -> list[flo
 
 def _timed_in_fresh_process(nodes_csv: Path, pods_csv: Path, kss_compat: bool,
                             jit: bool) -> list[float]:
-    os.environ["GPUFRAG_NO_JIT"] = "0" if jit else "1"  # read by the worker at first use
+    # Read by the worker at first use: the preferred compiled engine, or the numpy form.
+    os.environ["GPUFRAG_KERNEL"] = fragkernel.engine() if jit else "numpy"
     try:
         with ProcessPoolExecutor(max_workers=1) as pool:
             return pool.submit(_one_fgd_replay, str(nodes_csv), str(pods_csv),
                                kss_compat).result()
     finally:
-        os.environ.pop("GPUFRAG_NO_JIT", None)
+        os.environ.pop("GPUFRAG_KERNEL", None)
 
 
 def _command_peak_rss_mib(nodes_csv: Path, pods_csv: Path,
@@ -93,7 +95,8 @@ def main() -> int:
     plain = _timed_in_fresh_process(nodes_csv, pods_csv, args.kss_compat, jit=False)
     print(f"one FGD replay{mode}, default trace, tune 1.3, CPU seconds on one core "
           "(first run in a fresh process, second run):")
-    print(f"  compiled kernel: {jit[0]:.2f} s, {jit[1]:.2f} s (peak RSS {jit[2]:.0f} MiB)")
+    print(f"  compiled kernel ({fragkernel.engine()}): {jit[0]:.2f} s, {jit[1]:.2f} s "
+          f"(peak RSS {jit[2]:.0f} MiB)")
     print(f"  numpy form:      {plain[0]:.2f} s, {plain[1]:.2f} s (peak RSS {plain[2]:.0f} MiB)")
     print(f"  ratio numpy / compiled (second runs): {plain[1] / jit[1]:.2f}x (target: <= 1 s)")
     wall, rss = _command_peak_rss_mib(nodes_csv, pods_csv, args.kss_compat)

@@ -1,16 +1,24 @@
-"""The compiled form of FGD's fragmentation, for the hot path of replays and scoring.
+"""The compiled forms of FGD's fragmentation, for the hot path of replays and scoring.
 
 FGD evaluates F for every candidate (node, GPU) of every pod; in numpy each call costs tens of
-microseconds of array set-up for a handful of rows, which is most of a replay's time. This
-kernel computes the same thing row by row in one compiled loop, in exactly the floating-point
-order of :func:`scheduler.core.fragmentation.fragmentation_in_spec_order` (spec by spec into
-seven categories, then the categories in order; no fast-math), so both give bit-equal results
-and the choice of engine never changes a decision (``tests/scheduler/core/test_fragkernel.py``).
+microseconds of array set-up for a handful of rows, which is most of a replay's time. A kernel
+computes the same thing row by row in one compiled loop, in exactly the floating-point order of
+:func:`scheduler.core.fragmentation.fragmentation_in_spec_order` (spec by spec into seven
+categories, then the categories in order; no fast-math, no fused multiply-add), so every engine
+gives bit-equal results and the choice of engine never changes a decision
+(``tests/scheduler/core/test_fragkernel.py``).
 
-numba is imported, and the kernel compiled (cached on disk after the first time), on first
-use, so commands that never score pay nothing; without numba, or with ``GPUFRAG_NO_JIT=1`` in
-the environment (read once, at first use: benchmarks time both engines side by side),
-:func:`compiled` returns None and callers use the numpy form.
+Two engines, the first one available wins:
+
+- ``c``: ``_fragkernel.c``, compiled when gpufrag is installed (``setup.py``; optional, so an
+  install without a C compiler still succeeds). It imports in well under a millisecond.
+- ``numba``: :func:`_frag_rows` below, compiled on first use and cached on disk. Importing numba
+  and loading the cached kernel costs ~0.45 s of a fresh process (and ~120 MiB), which is why
+  the C engine exists (``benchmarks/whatif_first_run.py`` measures both).
+
+``GPUFRAG_KERNEL=c|numba|numpy`` in the environment (read once, at first use) pins one engine;
+``numpy`` (or the older ``GPUFRAG_NO_JIT=1``) turns the kernels off and callers use the numpy
+form. :func:`compiled` returns None when no kernel is available or allowed.
 """
 
 from __future__ import annotations
@@ -23,7 +31,13 @@ import numpy as np
 
 Kernel = Callable[..., None]
 
+try:  # built at install (setup.py); absent where no C compiler was there. Imports in microseconds.
+    from scheduler.core._fragkernel import frag_rows as _c_frag_rows
+except ImportError:
+    _c_frag_rows = None  # type: ignore[assignment]  # the absent engine
+
 _state: dict[str, Kernel | None] = {}
+_state_names: dict[str, str] = {}
 
 
 def _frag_rows(free: Any, cpu_left: Any, product: Any, thresholds: Any, threshold_of: Any,
@@ -83,19 +97,60 @@ def _frag_rows(free: Any, cpu_left: Any, product: Any, thresholds: Any, threshol
         out[r] = lack_both + lack_gpu + lack_cpu + cpu_fits + cpu_lacks + no_access
 
 
+ENGINES = ("c", "numba")
+
+
+def _load(engine: str) -> Kernel | None:
+    if engine == "c":
+        return _c_frag_rows
+    try:
+        import numba  # third-party, imported on first use only (see the module docstring)
+    except ImportError:
+        return None
+    try:
+        compiled_rows: Kernel = numba.njit(cache=True, nogil=True)(_frag_rows)
+    except RuntimeError:  # no writable cache location anywhere: compile each start
+        compiled_rows = numba.njit(nogil=True)(_frag_rows)
+    return compiled_rows
+
+
+def kernel(engine: str) -> Kernel | None:
+    """One engine's kernel (``"c"`` or ``"numba"``), or None when it is not installed."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown fragmentation engine {engine!r}; one of {', '.join(ENGINES)}")
+    key = f"engine:{engine}"
+    if key not in _state:
+        _state[key] = _load(engine)
+    return _state[key]
+
+
+def engine() -> str:
+    """The engine :func:`compiled` uses: ``c``, ``numba`` or ``numpy`` (no kernel)."""
+    if "engine" not in _state_names:
+        _state_names["engine"] = _choose()
+    return _state_names["engine"]
+
+
+def _choose() -> str:
+    wanted = os.environ.get("GPUFRAG_KERNEL", "").strip().lower()
+    if wanted == "numpy" or os.environ.get("GPUFRAG_NO_JIT", "") not in ("", "0"):
+        return "numpy"
+    if wanted:
+        if wanted not in ENGINES:
+            raise ValueError(f"GPUFRAG_KERNEL={wanted!r}: choose c, numba or numpy")
+        return wanted if kernel(wanted) is not None else "numpy"
+    return next((name for name in ENGINES if kernel(name) is not None), "numpy")
+
+
+def use(name: str) -> None:
+    """Pin the engine :func:`compiled` uses from now on (``c``, ``numba`` or ``numpy``), as
+    ``GPUFRAG_KERNEL`` does at start; for tests and benchmarks that compare engines."""
+    if name != "numpy" and kernel(name) is None:
+        raise ValueError(f"fragmentation engine {name!r} is not installed here")
+    _state_names["engine"] = name
+
+
 def compiled() -> Kernel | None:
-    """The compiled row kernel, or None when numba is not installed."""
-    if "kernel" not in _state:
-        if os.environ.get("GPUFRAG_NO_JIT", "") not in ("", "0"):
-            _state["kernel"] = None
-            return None
-        try:
-            import numba  # third-party, imported on first use only (see the module docstring)
-        except ImportError:
-            _state["kernel"] = None
-        else:
-            try:
-                _state["kernel"] = numba.njit(cache=True, nogil=True)(_frag_rows)
-            except RuntimeError:  # no writable cache location anywhere: compile each start
-                _state["kernel"] = numba.njit(nogil=True)(_frag_rows)
-    return _state["kernel"]
+    """The preferred kernel (see the module docstring), or None: use the numpy form."""
+    name = engine()
+    return None if name == "numpy" else kernel(name)

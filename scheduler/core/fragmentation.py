@@ -44,6 +44,9 @@ class TargetWorkload:
     _threshold_of: IntArray = field(init=False, repr=False)
     _needed_gpus: IntArray = field(init=False, repr=False)
     _constrained: bool = field(init=False, repr=False)
+    # The kernel's spec arguments in its order, packed once (read on every call).
+    _kernel_specs: tuple[IntArray, IntArray, IntArray, IntArray, IntArray, FloatArray] = field(
+        init=False, repr=False, compare=False)
     _allowed_cache: dict[tuple[str, ...], BoolArray] = field(
         init=False, repr=False, default_factory=dict, compare=False
     )
@@ -64,6 +67,9 @@ class TargetWorkload:
         needed = np.where(self.num_gpu > 0, self.num_gpu, np.iinfo(np.int64).max)
         object.__setattr__(self, "_needed_gpus", needed.astype(np.int64))
         object.__setattr__(self, "_constrained", any(self.gpu_spec))
+        object.__setattr__(self, "_kernel_specs", (
+            self._thresholds, self._threshold_of, self.cpu_milli, self.num_gpu, self.gpu_milli,
+            self.popularity))
 
     @classmethod
     def from_specs(cls, counts: Iterable[tuple[SpecKey, float]]) -> TargetWorkload:
@@ -133,9 +139,8 @@ def fragmentation_of(free: IntArray, cpu_left: IntArray, product: IntArray,
         return fragmentation_in_spec_order(free, cpu_left, product, workload, allowed)
     out = np.empty(free.shape[0], np.float64)
     kernel(np.ascontiguousarray(free, np.int64), np.ascontiguousarray(cpu_left, np.int64),
-           np.ascontiguousarray(product, np.int64), workload._thresholds,
-           workload._threshold_of, workload.cpu_milli, workload.num_gpu, workload.gpu_milli,
-           workload.popularity, allowed, workload._constrained, out)
+           np.ascontiguousarray(product, np.int64), *workload._kernel_specs, allowed,
+           workload._constrained, out)
     return out
 
 

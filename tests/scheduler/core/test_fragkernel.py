@@ -1,7 +1,17 @@
-"""The compiled fragmentation kernel gives the numpy form's bits, so the engine never changes a
-decision (skipped, with the reason, where numba is not installed)."""
+"""Every compiled fragmentation kernel gives the numpy form's bits, so the engine never changes a
+decision (an engine that is not installed is skipped, with the reason); the C kernel refuses
+bad buffers with a message instead of reading out of bounds."""
 
 from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,11 +20,30 @@ from scheduler.core import fragkernel
 from scheduler.core.fragmentation import fragmentation_in_spec_order, fragmentation_of
 from tests.builders import workload
 
+REPO = Path(__file__).resolve().parents[3]
 
-@pytest.mark.skipif(fragkernel.compiled() is None,
-                    reason="the compiled kernel is off: no numba, or GPUFRAG_NO_JIT is set")
+
+@pytest.fixture
+def pin_engine() -> Iterator[Callable[[str], None]]:
+    """``fragkernel.use``, with the engine in use before the test put back after it."""
+    previous = fragkernel.engine()
+    yield fragkernel.use
+    fragkernel.use(previous)
+
+
+def _installed(engine: str) -> fragkernel.Kernel:
+    kernel = fragkernel.kernel(engine)
+    if kernel is None:
+        pytest.skip(f"the {engine} engine is not installed here")
+    return kernel
+
+
+@pytest.mark.parametrize("engine", fragkernel.ENGINES)
 @pytest.mark.parametrize("seed", range(5))
-def test_kernel_is_bit_equal_to_the_numpy_form(seed: int) -> None:
+def test_every_kernel_is_bit_equal_to_the_numpy_form(engine: str, seed: int,
+                                                    pin_engine: Callable[[str], None]) -> None:
+    _installed(engine)
+    pin_engine(engine)
     rng = np.random.default_rng(seed)
     rows = 60
     free = rng.integers(0, 1001, size=(rows, 8)).astype(np.int64)
@@ -32,3 +61,67 @@ def test_kernel_is_bit_equal_to_the_numpy_form(seed: int) -> None:
     slow = fragmentation_in_spec_order(free, cpu, product, target, allowed)
     assert np.array_equal(fast, slow)
     assert fragmentation_of(free[:0], cpu[:0], product[:0], target, allowed).shape == (0,)
+
+
+def test_the_c_kernel_is_built_where_a_compiler_and_the_headers_exist() -> None:
+    """The C engine is optional at install, so nothing else would notice it missing: where this
+    machine could build it, the test command's install must have."""
+    headers = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if shutil.which("cc") is None or not headers.exists():
+        pytest.skip("no C compiler or no Python headers here: the numba engine is used")
+    assert fragkernel.kernel("c") is not None, "pip install -e . did not build _fragkernel"
+
+
+def test_the_c_kernel_is_the_default_and_numba_is_not_imported() -> None:
+    """What makes a first replay fast: the C engine wins, and numba is never imported."""
+    _installed("c")
+    probe = ("import sys; from scheduler.core import fragkernel; "
+             "print(fragkernel.engine(), 'numba' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUFRAG_KERNEL", "GPUFRAG_NO_JIT")}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=120, check=True)
+    assert done.stdout.split() == ["c", "False"], done.stdout + done.stderr
+
+
+def _arguments(rows: int = 4) -> dict[str, object]:
+    target = workload((4000, 1, 500, 0.5), (8000, 1, 1000, 0.5),
+                      gpu_spec=(frozenset({"A"}), frozenset()))
+    thresholds, threshold_of, cpu_milli, num_gpu, gpu_milli, popularity = target._kernel_specs
+    return {"free": np.full((rows, 8), 1000, np.int64), "cpu_left": np.zeros(rows, np.int64),
+            "product": np.zeros(rows, np.int64), "thresholds": thresholds,
+            "threshold_of": threshold_of, "cpu_milli": cpu_milli, "num_gpu": num_gpu,
+            "gpu_milli": gpu_milli, "popularity": popularity,
+            "allowed": np.ones((2, 1), np.bool_), "constrained": True,
+            "out": np.empty(rows)}
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("free", np.full((4, 8), 1000, np.int32), "free: items must be int64"),
+    ("free", np.full((4, 16), 1000, np.int64)[:, ::2], "free: not a C-contiguous array"),
+    ("free", np.full(32, 1000, np.int64), "free: 2 dimensions expected, got 1"),
+    ("cpu_left", np.zeros(3, np.int64), "cpu_left has 3 entries, free has 4"),
+    ("product", np.array([0, 0, 1, 0], np.int64), "product[2] = 1 outside 0..0"),
+    ("product", np.array([0, -1, 0, 0], np.int64), "product[1] = -1 outside 0..0"),
+    ("threshold_of", np.array([0, 7], np.int64), "threshold_of[1] = 7 outside 0..1"),
+    ("popularity", np.ones(2, np.float32), "popularity: items must be float64"),
+    ("allowed", np.ones((3, 1), np.bool_), "allowed has 3 entries, cpu_milli has 2"),
+    ("out", np.empty(4)[::-1], "out: not a C-contiguous writable array"),
+    ("out", np.empty(3), "out has 3 entries, free has 4"),
+])
+def test_the_c_kernel_refuses_bad_buffers_naming_them(field: str, value: object,
+                                                       message: str) -> None:
+    kernel = _installed("c")
+    arguments = _arguments()
+    arguments[field] = value
+    with pytest.raises(ValueError, match=re.escape(message)):
+        kernel(*arguments.values())
+
+
+def test_the_c_kernel_answers_valid_buffers() -> None:
+    kernel = _installed("c")
+    arguments = _arguments()
+    kernel(*arguments.values())
+    out = arguments["out"]
+    assert isinstance(out, np.ndarray)
+    # All eight GPUs free, no CPU left: every spec lacks CPU, so all 8000 milli is fragment.
+    assert out.tolist() == [8000.0] * 4

@@ -7,6 +7,7 @@ import gc
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,19 @@ def test_a_snapshot_is_ready_at_once_and_on_ready_ran(clock: FakeClock) -> None:
     assert extender.ready and calls == [1]
 
 
-@pytest.mark.skipif(fragkernel.compiled() is None, reason="numba not installed, or "
-                    "GPUFRAG_NO_JIT set: there is no kernel to compile")
+@pytest.fixture
+def numba_engine() -> Iterator[None]:
+    """The numba engine in use for the test (the one that compiles on first use), whichever
+    engine this machine prefers; the previous one put back after it."""
+    if fragkernel.kernel("numba") is None:
+        pytest.skip("numba is not installed: there is no kernel to compile")
+    previous = fragkernel.engine()
+    fragkernel.use("numba")
+    yield
+    fragkernel.use(previous)
+
+
+@pytest.mark.usefixtures("numba_engine")
 def test_warming_up_compiles_what_the_verbs_call(clock: FakeClock) -> None:
     kernel = fragkernel.compiled()
     assert kernel is not None
@@ -89,13 +101,14 @@ assert set(kernel.signatures) == warmed, "the first filter compiled the kernel"
 """
 
 
-@pytest.mark.skipif(fragkernel.compiled() is None, reason="numba not installed, or "
-                    "GPUFRAG_NO_JIT set: there is no kernel to compile")
+@pytest.mark.skipif(fragkernel.kernel("numba") is None,
+                    reason="numba is not installed: there is no kernel to compile")
 def test_the_kernel_is_compiled_at_ready_even_when_no_gpu_is_registered_yet() -> None:
     """What the base layout's first filter once paid (1-2.5 s, past the 2 s httpTimeout): a
     state with no free GPU share is scored without the kernel, so warming up on the state
     compiled nothing."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": "/nonexistent/numba"}  # compile, do not load
+    env = {**os.environ, "NUMBA_CACHE_DIR": "/nonexistent/numba",  # compile, do not load
+           "GPUFRAG_KERNEL": "numba"}
     result = subprocess.run([sys.executable, "-c", _GPUS_AFTER_READY], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr[-3000:]

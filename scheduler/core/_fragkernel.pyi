@@ -1,0 +1,6 @@
+# The C engine of scheduler/core/fragkernel.py (_fragkernel.c); present where it was compiled.
+from typing import Any
+
+def frag_rows(free: Any, cpu_left: Any, product: Any, thresholds: Any, threshold_of: Any,
+              cpu_milli: Any, num_gpu: Any, gpu_milli: Any, popularity: Any, allowed: Any,
+              constrained: bool, out: Any, /) -> None: ...
