@@ -334,6 +334,33 @@ def build_image(repo: Path = REPO_ROOT, variant: Variant = CLUSTER) -> BuiltImag
                       archive.stat().st_size)
 
 
+def unpacked_bytes(archive: Path) -> int:
+    """What the image's files take once unpacked (a node's store, ``du`` of the root file
+    system): the sizes of the regular files in every layer, read from the archive's layers
+    (buildah pushes them gzip-compressed, so the archive's own size is the download, not this).
+    A file a later layer replaces is counted in both, as a store keeps both layers."""
+    total = 0
+    with tarfile.open(archive) as outer:
+        index = json.load(_member(outer, "index.json"))
+        manifest = json.load(_member(outer, _blob_name(index["manifests"][0]["digest"])))
+        for layer in manifest["layers"]:
+            with tarfile.open(fileobj=_member(outer, _blob_name(layer["digest"])),
+                              mode="r|*") as inner:
+                total += sum(m.size for m in inner if m.isfile())
+    return total
+
+
+def _member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
+    f = tar.extractfile(name)
+    if f is None:
+        raise ImageBuildError(f"{name} is not a file in the image archive")
+    return f
+
+
+def _blob_name(digest: str) -> str:
+    return f"blobs/sha256/{digest.split(':', 1)[1]}"
+
+
 def _trust_volume() -> list[str]:
     """This machine's CA bundle over the base's, for the build's RUN steps only (never in the
     image): where TLS to the package index is intercepted by a local CA, pip (Debian's, which
@@ -357,8 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"image: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({k: str(v) if isinstance(v, Path) else v
-                          for k, v in asdict(built).items()}))
+        print(json.dumps({**{k: str(v) if isinstance(v, Path) else v
+                             for k, v in asdict(built).items()},
+                          "unpacked_bytes": unpacked_bytes(built.archive)}))
     else:
         print(f"{'built' if built.cold else 'cached'} {built.ref} in {built.seconds:.1f}s, "
               f"{built.size_bytes / 2**20:.0f} MiB", file=sys.stderr)

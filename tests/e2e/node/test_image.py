@@ -10,12 +10,21 @@ import json
 import os
 import shutil
 import tarfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devkit.image import HOST_CA_BUNDLE, IMAGE_INPUTS, build_image, image_key, write_oci_archive
+from devkit.image import (
+    HOST_CA_BUNDLE,
+    IMAGE_INPUTS,
+    REPO_ROOT,
+    build_image,
+    image_key,
+    unpacked_bytes,
+    write_oci_archive,
+)
 
 
 def _layer(files: dict[str, bytes]) -> bytes:
@@ -54,6 +63,7 @@ def test_the_archive_is_a_deterministic_oci_layout(tmp_path: Path) -> None:
     assert config["rootfs"]["diff_ids"] == [
         "sha256:" + hashlib.sha256(b).hexdigest() for b in blobs]
     assert [layer["size"] for layer in manifest["layers"]] == [len(b) for b in blobs]
+    assert unpacked_bytes(first) == 2  # one byte in each layer's one file
 
 
 @pytest.mark.skipif(shutil.which("buildah") is None,
@@ -83,6 +93,19 @@ def test_the_built_image_is_what_the_dockerfile_says() -> None:
     assert config["config"]["User"] == "65532:65532"
     assert config["config"]["Entrypoint"] == ["gpufrag"]
     assert "GPUFRAG_LOG_FORMAT=json" in config["config"]["Env"]
+    labels = config["config"]["Labels"]
+    version = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert labels["org.opencontainers.image.version"] == version
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    assert labels["io.gpufrag.image.variant"] == "cluster"
+    # The lean image: the what-if's plotting is left out (requirements/plot.in, #30).
+    installed: set[str] = set()
+    for layer in layers:
+        with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+            installed |= {m.name.split("site-packages/", 1)[1].split("/", 1)[0]
+                          for m in tar.getmembers() if "/site-packages/" in m.name}
+    assert {"numpy", "onnxruntime", "gpufrag"} <= installed
+    assert installed & {"matplotlib", "PIL", "fontTools"} == set()
     # The build machine's CA bundle was mounted over the base's for pip only: the image has
     # Debian's own (the last layer that carries the file wins).
     bundle = None
