@@ -12,7 +12,10 @@ that and that the committed chart is what this module writes today). Names that 
 cluster (ClusterRoles, their bindings, the RoleBinding in kube-system) start with the release's
 full name, which is ``gpufrag`` for that release, so another release installs beside it. The
 ``helm test`` hooks (:func:`test_hooks`) are built here too, from what the base says about the
-extender.
+extender. The optional pieces of the layout (:data:`PARTS`: kustomize Components under
+``manifests/components``) are rendered by kustomize too and written behind a value that is false
+by default, and :data:`LINES` adds the lines an overlay's embedded file has beyond the base's
+(``bindVerb``), so the production overlay is a set of values.
 
     python -m devkit.chart            # rewrite charts/gpufrag from manifests/base
     python -m devkit.chart --check    # exit 1 naming each file that is out of date
@@ -36,7 +39,7 @@ import subprocess
 import sys
 import textwrap
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, TypeAlias
@@ -157,6 +160,9 @@ KNOBS: Final[tuple[Knob, ...]] = (
     Knob("devicePlugin.resources", *_PLUGIN,
          "spec/template/spec/containers[name=device-plugin]/resources",
          "Resources of the device plugin container."),
+    Knob("rightsizing.resources", "Deployment", "gpufrag-admission",
+         "spec/template/spec/containers[name=admission]/resources",
+         "Resources of the webhook container."),
 )
 
 
@@ -178,6 +184,7 @@ COMPONENTS: Final[tuple[Component, ...]] = (
     Component("agent", *_AGENT, "spec/template/spec"),
     Component("devicePlugin", *_PLUGIN, "spec/template/spec"),
     Component("servingExample", "Deployment", "resnet-serving", "spec/template/spec"),
+    Component("rightsizing", "Deployment", "gpufrag-admission", "spec/template/spec"),
 )
 
 # Pod fields every component takes, with the empty value that stands for "not set" and what
@@ -199,6 +206,73 @@ TOGGLES: Final[tuple[Toggle, ...]] = (
            "The example model service (Deployment, Service, PDB, HPA)."),
 )
 
+@dataclass(frozen=True)
+class Part:
+    """An optional piece of the kustomize layout: a kustomize Component under ``manifests/``
+    (``path``), rendered by kustomize as the base is and installed only where
+    ``.Values.<value>`` is true (default false). ``labels``: a map value whose labels join those
+    of each of its objects (what a Prometheus selects monitors by)."""
+
+    value: str
+    path: str
+    help: str
+    labels: str = ""
+
+
+PARTS: Final[tuple[Part, ...]] = (
+    Part("monitoring.enabled", "components/prometheus-operator",
+         "The Prometheus Operator's PodMonitors and ServiceMonitor and the PrometheusRule: "
+         "gpufrag's alerts and the recording rules the example HPA reads through "
+         "prometheus-adapter. Needs the Prometheus Operator's CRDs.",
+         labels="monitoring.labels"),
+    Part("dashboards.enabled", "components/grafana-dashboards",
+         "Grafana dashboards as a ConfigMap labelled grafana_dashboard=1, for the Grafana "
+         "sidecar's discovery."),
+    Part("rightsizing.enabled", "components/rightsizing",
+         "The GPU right-sizing admission webhook (docs/rightsizing.md): its Deployment, Service, "
+         "RBAC and MutatingWebhookConfiguration."),
+    Part("scheduler.disruptionBudget", "components/scheduler-pdb",
+         "A PodDisruptionBudget (minAvailable 1) for gpufrag-scheduler; with "
+         "scheduler.replicas >= 2, so a drain never takes the last replica."),
+)
+
+
+@dataclass(frozen=True)
+class Line:
+    """A line of an embedded file that is there only where ``.Values.<value>`` is true
+    (default false): written after the line that ``after`` matches, indented as that line is
+    (the production overlay's ``bindVerb: bind``)."""
+
+    value: str
+    kind: str
+    name: str
+    path: str
+    after: str
+    line: str
+    help: str
+
+
+LINES: Final[tuple[Line, ...]] = (
+    Line("extender.bind", *_SCHED_CFG, "data/config.yaml", r"(?m)^( *)preemptVerb: \S+$",
+         "bindVerb: bind",
+         "The extender binds pods (bindVerb), recording the GPUs it chose on the pod: needed "
+         "for GPU shares and exact GPUs (stage 3 of the roll-out, docs/operations.md)."),
+)
+
+# Objects of this API group are installed only where the value is true (default true).
+GROUP_TOGGLES: Final[dict[str, tuple[str, str]]] = {
+    "cert-manager.io": ("rightsizing.certManager",
+                        "cert-manager makes the webhook's serving certificate (Issuer, "
+                        "Certificate) and fills the webhook's caBundle. false: make the Secret "
+                        "gpufrag-admission-tls yourself (docs/rightsizing.md) and set "
+                        "rightsizing.caBundle."),
+}
+# The caBundle of every webhook configuration, where set (no cert-manager).
+CA_BUNDLE: Final = ("rightsizing.caBundle",
+                    "Base64 PEM CA of the webhook's serving certificate, where cert-manager does "
+                    "not inject it (rightsizing.certManager: false).")
+
+
 GROUP_HELP: Final = {
     "global": "Pull settings for every image.",
     "namespace": "Where the objects go.",
@@ -211,6 +285,10 @@ GROUP_HELP: Final = {
     "devicePlugin": "The kubelet device plugin: whole GPUs and GPU shares on GPU nodes "
                     "(docs/deviceplugin.md).",
     "servingExample": "An example model service on gpufrag (manifests/base/serving-example.yaml).",
+    "monitoring": "Scraping, alerts and recording rules for the Prometheus Operator "
+                  "(manifests/components/prometheus-operator).",
+    "dashboards": "Grafana dashboards (manifests/components/grafana-dashboards).",
+    "rightsizing": "The GPU right-sizing webhook (manifests/components/rightsizing).",
 }
 
 
@@ -261,10 +339,11 @@ class IfSet:
 
 @dataclass
 class Labels:
-    """An object's ``metadata.labels``: the chart's standard labels (``gpufrag.labels``) and
-    the base's own, which are written as they are."""
+    """An object's ``metadata.labels``: the chart's standard labels (``gpufrag.labels``), the
+    base's own, which are written as they are, and those of the map value ``extra`` if any."""
 
     own: dict[str, str]
+    extra: str = ""
 
 
 @dataclass
@@ -528,14 +607,47 @@ def _apply_release_names(doc: Doc, scoped_roles: set[str], where: str) -> None:
         ref["name"] = _release_scoped(str(ref["name"]), where)
 
 
-def _apply_labels(doc: Doc) -> None:
-    """The chart's standard labels beside the base's, and ``app.kubernetes.io/name`` where
-    the base has none."""
+def _apply_labels(doc: Doc, extra: str = "") -> None:
+    """The chart's standard labels beside the base's, ``app.kubernetes.io/name`` where the
+    base has none, and those of the map value ``extra`` if any."""
     meta = doc["metadata"]
     assert isinstance(meta, dict)
     own = meta.get("labels") or {}
     assert isinstance(own, dict)
-    meta["labels"] = Labels({NAME_LABEL: NAME_PREFIX} | own)
+    meta["labels"] = Labels({NAME_LABEL: NAME_PREFIX} | own, extra)
+
+
+def _apply_line(doc: Doc, line: Line) -> None:
+    """Put ``line`` into the embedded file at ``line.path``, present where its value is true.
+
+    The piece is an :class:`Expr` whose text opens an ``if`` and closes it around the line: in
+    the literal block that a multi-line string becomes, every line after a newline is indented
+    by the block's column, so the line sits under the one it follows whatever that column is.
+    """
+    where = f"line {line.value} ({line.kind}/{line.name} {line.path})"
+    holder, key = _resolve(doc, line.path, where)
+    current = _get(holder, key)
+    parts = current.parts if isinstance(current, Spliced) else [current]
+    hits = [(i, m) for i, part in enumerate(parts) if isinstance(part, str)
+            for m in re.finditer(line.after, part)]
+    if len(hits) != 1 or "\n" not in "".join(p for p in parts if isinstance(p, str)):
+        raise ChartError(f"{where}: {line.after!r} matches {len(hits)} times in the base's "
+                         f"multi-line string (expected once)")
+    i, m = hits[0]
+    text = parts[i]
+    assert isinstance(text, str)
+    piece = Expr(f"if .Values.{line.value} }}}}\n{m.group(1)}{line.line}{{{{ end")
+    _set(holder, key, Spliced([*parts[:i], text[:m.end()], piece, text[m.end():],
+                               *parts[i + 1:]]))
+
+
+def _apply_ca_bundle(doc: Doc) -> None:
+    """Every webhook's ``clientConfig.caBundle`` reads :data:`CA_BUNDLE` where it is set."""
+    webhooks = doc.get("webhooks")
+    for webhook in webhooks if isinstance(webhooks, list) else []:
+        client = webhook.get("clientConfig") if isinstance(webhook, dict) else None
+        if isinstance(client, dict):
+            client[IfSet("caBundle", Expr(f".Values.{CA_BUNDLE[0]}"), block=False)] = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -604,8 +716,11 @@ def _render_labels(piece: Labels, prefix: str) -> str:
     """``labels:`` content after ``prefix``: the standard labels, then the object's own."""
     column = _key_column(prefix)
     own = yaml.safe_dump(piece.own, sort_keys=False, width=10**9, allow_unicode=True)
+    extra = (f"\n{' ' * column}{{{{- with .Values.{piece.extra} }}}}{{{{- toYaml . | nindent "
+             f"{column} }}}}{{{{- end }}}}") if piece.extra else ""
     return (f'{{{{- include "gpufrag.labels" . | nindent {column} }}}}'
-            + "".join(f"\n{' ' * column}{line}" for line in own.rstrip("\n").split("\n")))
+            + "".join(f"\n{' ' * column}{line}" for line in own.rstrip("\n").split("\n"))
+            + extra)
 
 
 def _dump(doc: Doc, where: str) -> str:
@@ -653,11 +768,12 @@ def _dump(doc: Doc, where: str) -> str:
 # The chart
 
 
-_HEADER: Final = ("# Generated by devkit/chart.py from manifests/base; do not edit: change the "
-                  f"base, then run\n# `{REGENERATE}`.\n")
+_HEADER: Final = ("# Generated by devkit/chart.py from manifests/ (the base and its components); "
+                  f"do not edit: change\n# them, then run `{REGENERATE}`.\n")
 # Templates carry it as a template comment, so the rendered objects do not.
-_TEMPLATE_HEADER: Final = ("{{- /* Generated by devkit/chart.py from manifests/base; do not edit: "
-                           f"change the base, then run `{REGENERATE}`. */}}}}\n")
+_TEMPLATE_HEADER: Final = ("{{- /* Generated by devkit/chart.py from manifests/ (the base and its "
+                           f"components); do not edit: change them, then run `{REGENERATE}`. "
+                           "*/}}\n")
 
 
 def _name(doc: Doc) -> str:
@@ -699,31 +815,54 @@ def _set_default(values: dict[str, object], dotted: str, value: object) -> None:
     node[leaf] = value
 
 
-def build_chart(docs: Sequence[Doc], version: str, *, knobs: Sequence[Knob] = KNOBS,
-                toggles: Sequence[Toggle] = TOGGLES,
-                components: Sequence[Component] = COMPONENTS, tests: bool = True
-                ) -> dict[str, str]:
-    """The chart's files (relative path -> text) for the rendered base ``docs``; ``tests``:
-    with the ``helm test`` hooks (:func:`test_hooks`)."""
-    docs = [copy.deepcopy(d) for d in docs]
+def build_chart(docs: Sequence[Doc], version: str, *,
+                parts: Mapping[Part, Sequence[Doc]] | None = None,
+                knobs: Sequence[Knob] = KNOBS, toggles: Sequence[Toggle] = TOGGLES,
+                components: Sequence[Component] = COMPONENTS, lines: Sequence[Line] = LINES,
+                tests: bool = True) -> dict[str, str]:
+    """The chart's files (relative path -> text) for the rendered base ``docs`` and the
+    rendered optional ``parts``; ``tests``: with the ``helm test`` hooks (:func:`test_hooks`)."""
+    base = [copy.deepcopy(d) for d in docs]
+    sources: list[tuple[Doc, Part | None]] = [(d, None) for d in base] + [
+        (copy.deepcopy(d), part) for part, part_docs in (parts or {}).items() for d in part_docs]
+    docs = [doc for doc, _ in sources]
     # The order of values.yaml.
     values: dict[str, object] = {"fullnameOverride": ""} | {group: {} for group in GROUP_HELP}
     values["global"] = {"imageRegistry": "", "imagePullPolicy": "", "imagePullSecrets": []}
     values["namespace"] = {"name": BASE_NAMESPACE, "create": True}
     images: dict[str, dict[str, str]] = {}
+    notes = {k.value: k.help for k in knobs} | {t.value: t.help for t in toggles}
 
     names = [_name(d) for d in docs]
     for toggle in toggles:
-        if not any(name.startswith(toggle.name_prefix) for name in names):
+        if not any(name.startswith(toggle.name_prefix) for name in names[:len(base)]):
             raise ChartError(f"toggle {toggle.value}: no object named {toggle.name_prefix}* in "
                              f"the base")
         _set_default(values, toggle.value, True)
+    for part in parts or {}:
+        _set_default(values, part.value, False)
+        notes[part.value] = part.help
+        if part.labels:
+            _set_default(values, part.labels, {})
+            notes[part.labels] = ("Labels added to each of its objects, e.g. the label your "
+                                  "Prometheus selects monitors and rules by (release: NAME).")
+    present_groups = {str(d.get("apiVersion", "")).split("/")[0] for d in docs}
+    for group, (value, note) in GROUP_TOGGLES.items():
+        if group in present_groups:
+            _set_default(values, value, True)
+            notes[value] = note
+    if any(str(d.get("kind")).endswith("WebhookConfiguration") for d in docs):
+        _set_default(values, CA_BUNDLE[0], "")
+        notes[CA_BUNDLE[0]] = CA_BUNDLE[1]
 
     for knob in knobs:
         where = f"knob {knob.value}"
         _set_default(values, knob.value, _apply_knob(_find(docs, knob.kind, knob.name, where),
                                                      knob))
-    notes = {k.value: k.help for k in knobs} | {t.value: t.help for t in toggles}
+    for line in lines:
+        _apply_line(_find(docs, line.kind, line.name, f"line {line.value}"), line)
+        _set_default(values, line.value, False)
+        notes[line.value] = line.help
     for component in components:
         where = f"component {component.value}"
         doc = _find(docs, component.kind, component.name, where)
@@ -731,12 +870,13 @@ def build_chart(docs: Sequence[Doc], version: str, *, knobs: Sequence[Knob] = KN
             _set_default(values, value, default)
             notes[value] = note
 
-    hooks = test_hooks(docs) if tests else []
+    hooks = test_hooks(base) if tests else []
     scoped_roles = {name for doc, name in zip(docs, names, strict=True)
                     if doc.get("kind") == "ClusterRole" and _scoped(doc)}
     files: dict[str, str] = {}
     taken: set[str] = set()
-    for doc, name in [*zip(docs, names, strict=True), *((h, _name(h)) for h in hooks)]:
+    for doc, name, source in [*((d, n, src) for (d, src), n in zip(sources, names, strict=True)),
+                              *((h, _name(h), None) for h in hooks)]:
         where = f"{doc.get('kind')}/{name}"
         if doc.get("kind") == "CustomResourceDefinition":
             # In crds/, which Helm installs before the templates and never upgrades or deletes:
@@ -756,15 +896,23 @@ def build_chart(docs: Sequence[Doc], version: str, *, knobs: Sequence[Knob] = KN
         _apply_release_names(doc, scoped_roles, where)
         _apply_namespace(doc)
         _apply_images(doc, images, where)
-        _apply_labels(doc)
+        _apply_labels(doc, source.labels if source else "")
+        if str(doc.get("kind", "")).endswith("WebhookConfiguration"):
+            _apply_ca_bundle(doc)
         conditions = [f".Values.{t.value}" for t in toggles if name.startswith(t.name_prefix)]
-        if doc.get("kind") == "Namespace":
-            conditions.append(".Values.namespace.create")
         if len(conditions) > 1:
             raise ChartError(f"{where}: more than one toggle applies ({', '.join(conditions)})")
+        if source is not None:
+            conditions.insert(0, f".Values.{source.value}")
+        group_toggle = GROUP_TOGGLES.get(str(doc.get("apiVersion", "")).split("/")[0])
+        if group_toggle is not None:
+            conditions.append(f".Values.{group_toggle[0]}")
+        if doc.get("kind") == "Namespace":
+            conditions.append(".Values.namespace.create")
         body = _dump(doc, where)
         if conditions:
-            body = f"{{{{- if {conditions[0]} }}}}\n{body}{{{{- end }}}}\n"
+            test = conditions[0] if len(conditions) == 1 else f"and {' '.join(conditions)}"
+            body = f"{{{{- if {test} }}}}\n{body}{{{{- end }}}}\n"
         files[path] = _TEMPLATE_HEADER + body
     values["images"] = dict(sorted(images.items()))
     files["templates/_helpers.tpl"] = HELPERS
@@ -1065,7 +1213,13 @@ def _readme(values: dict[str, object], notes: dict[str, str]) -> str:
             "Another release name gives the cluster-wide objects (ClusterRoles, "
             "ClusterRoleBindings, the RoleBinding in kube-system) names of their own "
             "(`<release>-gpufrag-...`, or `fullnameOverride`), so a second release installs "
-            "beside the first. `helm test <release>` runs the hooks in `templates/tests/`: a pod "
+            "beside the first. The optional pieces of the kustomize layout (monitoring, "
+            "dashboards, the right-sizing webhook, the scheduler's PodDisruptionBudget) are "
+            "rendered from their components under `manifests/components` and are off by "
+            "default; with `scheduler.replicas=2,scheduler.leaderElect=true,"
+            "extender.ignorable=false,extender.bind=true,defrag.dryRun=false,"
+            "scheduler.disruptionBudget=true` the chart renders the production overlay's objects. "
+            "`helm test <release>` runs the hooks in `templates/tests/`: a pod "
             "that asks the extender's probe listener for `/healthz` and `/readyz`. Install and "
             "upgrade: the operations guide, "
             "[Install with Helm](../../docs/operations.md#install-with-helm).\n\n"
@@ -1074,6 +1228,20 @@ def _readme(values: dict[str, object], notes: dict[str, str]) -> str:
 
 # --------------------------------------------------------------------------------------------
 # Rendering the base, writing and checking
+
+
+def render_sources(kubectl: Sequence[str], parts: Sequence[Part] = PARTS
+                   ) -> tuple[list[Doc], dict[Part, list[Doc]]]:
+    """The base and each optional part, rendered by kustomize: what :func:`build_chart`
+    takes."""
+    return render_base(kubectl), {part: render_base(kubectl, BASE_DIR.parent / part.path)
+                                  for part in parts}
+
+
+def generate(kubectl: Sequence[str]) -> dict[str, str]:
+    """The chart's files, from the current base and parts."""
+    docs, parts = render_sources(kubectl)
+    return build_chart(docs, project_version(), parts=parts)
 
 
 def render_base(kubectl: Sequence[str], base: Path = BASE_DIR) -> list[Doc]:
@@ -1122,7 +1290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         kubectl = (args.kubectl.split() if args.kubectl
                    else [str(build_control_plane(progress=sys.stderr)), "kubectl"])
-        files = build_chart(render_base(kubectl), project_version())
+        files = generate(kubectl)
     except (ChartError, BuildError) as e:
         print(f"devkit.chart: {e}", file=sys.stderr)
         return 2

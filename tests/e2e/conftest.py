@@ -11,6 +11,7 @@ Fixtures:
 - ``control_plane`` (session): a started :class:`devkit.controlplane.ControlPlane`.
 - ``api_client`` (session): its shared ``kubernetes.client.ApiClient``.
 - ``namespace`` (function): a fresh namespace (with its default service account), deleted after.
+- ``helm`` (session): the helm binary built from its Go module (``devkit/tools/helm``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import pytest
 from devkit.build import BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
 from devkit.procs import ControlPlaneError
+from devkit.toolbuild import build_tool
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -59,6 +61,15 @@ class _ReporterStream:
 
     def flush(self) -> None:
         pass
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    try:
+        return build_tool("helm")
+    except BuildError as e:
+        failure = str(e)
+    pytest.fail(f"helm build failed:\n{failure}", pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -23,11 +23,9 @@ import pytest
 import yaml
 
 from devkit import chart
-from devkit.build import BuildError
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess
 from devkit.procs import free_port
-from devkit.toolbuild import build_tool
 from scheduler.kube import reservations as rsv
 from scheduler.kube.reservations import Reservation
 
@@ -40,15 +38,6 @@ KUSTOMIZATIONS = ["base", "overlays/dev", "overlays/production",
                           for p in (MANIFESTS / "components").glob("*/kustomization.yaml"))]
 
 Doc = dict[str, object]
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        return build_tool("helm")
-    except BuildError as e:
-        failure = str(e)
-    pytest.fail(f"helm build failed:\n{failure}", pytrace=False)
 
 
 def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -158,7 +147,7 @@ def ensure_namespace(plane: ControlPlane, name: str) -> None:
 
 
 def test_chart_is_generated_from_the_current_base(control_plane_binary: Path) -> None:
-    files = chart.build_chart(kustomize(control_plane_binary, "base"), chart.project_version())
+    files = chart.generate([str(control_plane_binary), "kubectl"])
     stale = chart.stale_files(files)
     assert not stale, (f"charts/gpufrag is not what manifests/base gives: {', '.join(stale)}; "
                        f"run `{chart.REGENERATE}`")
@@ -183,6 +172,62 @@ def test_default_values_render_exactly_the_kustomize_base(helm: Path,
     unlabelled = [key for key, doc in rendered.items() if key[1] != "CustomResourceDefinition"
                   and {k: labels_of(doc).get(k) for k in standard} != standard]
     assert not unlabelled, f"objects without the standard labels: {unlabelled}"
+
+
+def without_final_newlines(docs: Sequence[Doc]) -> list[Doc]:
+    """``docs`` with each ConfigMap's data strings without their final newlines."""
+    return [{**d, "data": {k: v.rstrip("\n") for k, v in tree(d)["data"].items()}}
+            if d["kind"] == "ConfigMap" and "data" in d else d for d in docs]
+
+
+def same_objects(rendered: Sequence[Doc], kustomized: Sequence[Doc]) -> None:
+    """``rendered`` (by helm) holds exactly the objects of ``kustomized``, but for what the
+    chart adds to every object."""
+    by_key, base = by_identity(rendered), by_identity(kustomized)
+    assert sorted(by_key) == sorted(base)
+    differ = [key for key in base if without_chart_metadata(by_key[key], base[key]) != base[key]]
+    assert not differ, f"objects that differ from kustomize's: {differ}"
+
+
+# The production overlay's layout as values (docs/operations.md, "Roll out safely").
+PRODUCTION = ["--set", "scheduler.replicas=2", "--set", "scheduler.leaderElect=true",
+              "--set", "extender.ignorable=false", "--set", "extender.bind=true",
+              "--set", "defrag.dryRun=false", "--set", "scheduler.disruptionBudget=true"]
+
+
+def test_production_values_render_exactly_the_production_overlay(
+        helm: Path, control_plane_binary: Path) -> None:
+    # The overlay replaces the scheduler's config by a JSON patch, whose value kustomize
+    # writes without the base's final newline; nothing else may differ.
+    same_objects(without_final_newlines(helm_template(helm, *PRODUCTION)),
+                 without_final_newlines(kustomize(control_plane_binary, "overlays/production")))
+
+
+def test_each_optional_part_renders_exactly_its_kustomize_component(
+        helm: Path, control_plane_binary: Path) -> None:
+    """Off by default (the default render is the base); on, each adds exactly the objects of
+    its component under manifests/components, all rendered from there."""
+    base = by_identity(kustomize(control_plane_binary, "base"))
+    for part in chart.PARTS:
+        rendered = [d for d in helm_template(helm, "--set", f"{part.value}=true")
+                    if identity(d) not in base]
+        same_objects(rendered, kustomize(control_plane_binary, part.path))
+
+
+def test_the_monitoring_labels_and_the_no_cert_manager_path(helm: Path) -> None:
+    docs = helm_template(helm, "--set", "monitoring.enabled=true", "--set",
+                         "monitoring.labels.release=kube-prometheus-stack", "--set",
+                         "rightsizing.enabled=true", "--set", "rightsizing.certManager=false",
+                         "--set", "rightsizing.caBundle=Q0EK")
+    monitors = [d for d in docs if str(d["apiVersion"]).startswith("monitoring.coreos.com/")]
+    assert len(monitors) == 4
+    assert {labels_of(d).get("release") for d in monitors} == {"kube-prometheus-stack"}
+    assert "cert-manager.io/v1" not in {d["apiVersion"] for d in docs}
+    webhook = tree(find(docs, "MutatingWebhookConfiguration", "gpufrag-rightsizing"))
+    assert [w["clientConfig"]["caBundle"] for w in webhook["webhooks"]] == ["Q0EK"]
+    # Release-scoped like every cluster-wide name.
+    other = helm_template(helm, "--set", "rightsizing.enabled=true", release="team-b")
+    assert find(other, "MutatingWebhookConfiguration", "team-b-gpufrag-rightsizing")
 
 
 def test_helm_lint_strict_passes(helm: Path) -> None:
@@ -236,7 +281,7 @@ def test_generated_templates_render_back_to_their_base_through_helm(helm: Path,
         chart.Knob("t.flag", "ConfigMap", "knobs", "data/file", "", pattern=r"flag: (\w+)"),
     )
     chart.write_chart(chart.build_chart(docs, "0.1.0", knobs=knobs, toggles=(), components=(),
-                                        tests=False), tmp_path)
+                                        lines=(), tests=False), tmp_path)
     out = run_helm(helm, "template", "t", str(tmp_path)).stdout
     back = by_identity([d for d in yaml.safe_load_all(out) if d])
     assert {key: without_chart_metadata(doc, by_identity(docs)[key])
@@ -348,6 +393,9 @@ PULL_AND_PLACEMENT = {
 }
 PULL_AND_PLACEMENT["devicePlugin"]["resources"] = {  # type: ignore[index]
     "requests": {"cpu": "20m", "memory": "32Mi"}}
+# The webhook's Deployment too (without cert-manager, whose CRDs this API server lacks).
+PULL_AND_PLACEMENT["rightsizing"] |= {  # type: ignore[operator]
+    "enabled": True, "certManager": False, "caBundle": "Q0EK"}
 
 
 def test_pull_settings_and_scheduling_knobs_reach_every_pod(
@@ -527,11 +575,26 @@ def test_uninstall_keeps_the_crd_the_reservations_and_the_namespace(
         _install_and_uninstall(helm, plane)
 
 
+MONITORING_CRDS = REPO / "tests" / "manifests" / "monitoring-crds.yaml"
+# Monitoring, dashboards, the webhook (without cert-manager, whose CRDs this API server lacks:
+# a CA given as the value) and the production layout.
+EVERYTHING = ["--set", "monitoring.enabled=true", "--set", "dashboards.enabled=true",
+              "--set", "rightsizing.enabled=true", "--set", "rightsizing.certManager=false",
+              "--set", "rightsizing.caBundle=Q0EK", *PRODUCTION]
+
+
 def _install_and_uninstall(helm: Path, control_plane: ControlPlane) -> None:
     kubeconfig = str(control_plane.kubeconfig_path)
     release = "keep-test"
+    control_plane.kubectl("apply", "--server-side", "-f", str(MONITORING_CRDS))
+    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f",
+                          str(MONITORING_CRDS))
     run_helm(helm, "install", release, str(CHART), "--kubeconfig", kubeconfig,
-             "--namespace", "default")
+             "--namespace", "default", *EVERYTHING)
+    for kind in ("prometheusrule", "podmonitor", "servicemonitor", "poddisruptionbudget",
+                 "mutatingwebhookconfiguration"):
+        listed = control_plane.kubectl("get", kind, "-n", chart.BASE_NAMESPACE, "-o", "name")
+        assert listed.stdout.strip(), f"no {kind} installed"
     second = "team-b"
     run_helm(helm, "install", second, str(CHART), "--kubeconfig", kubeconfig, "--namespace",
              "default", "--set", f"namespace.name=gpufrag-{second}")
@@ -547,6 +610,13 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane) -> None:
             rsv.GROUP, rsv.VERSION, chart.BASE_NAMESPACE, rsv.PLURAL, rsv.body(Reservation(
                 name="held", node="n0", gpus=(0,), gpu_milli=300, owner_uid="rs-1",
                 namespace="default", expires=time.time() + 300)))
+        # An upgrade that changes the release keeps the live reservation (the CRD is in
+        # crds/, which Helm never upgrades or deletes).
+        run_helm(helm, "upgrade", release, str(CHART), "--kubeconfig", kubeconfig,
+                 "--namespace", "default", *EVERYTHING, "--set", "defrag.schedule=0 * * * *")
+        assert custom.get_namespaced_custom_object(
+            rsv.GROUP, rsv.VERSION, chart.BASE_NAMESPACE, rsv.PLURAL,
+            "held")["spec"]["node"] == "n0"
     finally:
         run_helm(helm, "uninstall", release, "--kubeconfig", kubeconfig, "--namespace",
                  "default")
