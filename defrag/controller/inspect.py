@@ -14,8 +14,11 @@ at its peak (with a fresh agent reading), and each holder: a pod with its share 
 asked (``whole``, ``milli``, ``memory``), or a reservation with its expiry. Reservations that
 hold capacity for nothing (expired, owner or node gone: :mod:`defrag.controller.ledger`) are
 marked where they sit and listed at the end with why; the next ``gpufrag defrag`` cycle
-releases the ones it made. ``-o json|yaml`` print the same as data; ``-o wide`` adds each pod's
-own use and peak.
+releases the ones it made. GPU processes that belong to no live pod (the node agent's
+``strays``: a pod deleted and its process left behind, or a process in no pod at all) are shown
+under their GPU from a fresh agent reading and listed at the end the same way: their memory
+counts as used and nothing gives it back until they exit. ``-o json|yaml`` print the same as
+data; ``-o wide`` adds each pod's own use and peak.
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
         expiry[r.key] = r.expires
     why_stale = {f"{PLACEMENT_NAMESPACE}/{s.name}": s.reason for s in stale}
     nodes: list[dict[str, Any]] = []
+    strays: list[dict[str, Any]] = []  # of the nodes shown, in node and GPU order
     for row, name in enumerate(state.names):
         if not state.active[row] or (node is not None and name != node):
             continue
@@ -129,13 +133,24 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
             continue
         ratio = float(measured.idle_ratio[row])
         known = not np.isnan(ratio)
+        reading = snapshot.readings.get(name)
+        read_gpus = {g.index: g for g in reading.gpus} if reading is not None else {}
         gpus = []
         for gpu in range(int(state.gpu_count[row])):
             fresh = bool(usage.known[row, gpu])
+            read = read_gpus.get(gpu)
+            found = read.strays if read is not None else ()
             gpus.append({"index": gpu, "free_milli": int(state.gpu_free[row, gpu]),
                          "used_mib": _mib(usage.used_mib[row, gpu]) if fresh else None,
                          "peak_mib": _mib(usage.peak_mib[row, gpu]) if fresh else None,
-                         "holders": holders.get(gpu, [])})
+                         "holders": holders.get(gpu, []),
+                         "strays": [{"pid": s.pid, "used_mib": s.memory_used_mib,
+                                     "reason": s.reason} for s in found]})
+            strays.extend(
+                {"node": name, "gpu": gpu, "pid": s.pid, "used_mib": s.memory_used_mib,
+                 "reason": s.reason,
+                 "detail": s.message(gpu, read.uuid)}
+                for s in found if read is not None)
         nodes.append({
             "node": name, "product": (state.products[int(state.product[row])]
                                           if state.product[row] >= 0 else ""),
@@ -157,7 +172,8 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
                 {"reservation": s.name, "reason": s.reason, "detail": s.detail,
                  "node": s.node, "released_by_defrag": s.managed}
                 for s in stale if (node is None or s.node == node)
-                and (namespace is None or s.namespace == namespace)]}
+                and (namespace is None or s.namespace == namespace)],
+            "strays": strays}
 
 
 def _round_or_none(value: float | None) -> int | None:
@@ -195,8 +211,13 @@ def table(data: Mapping[str, Any], *, wide: bool) -> str:
                 extra = (f", used {_figure(h['used_mib'])}, peak {_figure(h['peak_mib'])}"
                          if wide else "")
                 lines.append(f"    {h['pod']}: {share}, asked {h['asked']}{extra}")
+            for s in g["strays"]:
+                lines.append(f"    process {s['pid']} (no live pod): {_figure(s['used_mib'])}, "
+                             f"STRAY ({s['reason']})")
     for r in data["stale_reservations"]:
         lines.append(f"stale reservation {r['reservation']} ({r['reason']}): {r['detail']}")
+    for s in data["strays"]:
+        lines.append(f"stray process {s['pid']} on {s['node']} ({s['reason']}): {s['detail']}")
     c = data["cluster"]
     lines.append(f"{len(data['nodes'])} node(s); cluster idle {c['idle_ratio']:.1%} "
                  f"(trigger over {data['threshold']:.0%}), fragmentation {c['frag_ratio']:.1%}, "

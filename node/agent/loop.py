@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,7 +35,13 @@ from node.agent.publish import (
     Publisher,
     PublishError,
 )
-from node.agent.usage import REFRESH_INTERVALS, GpuUsage, NodeGpuUsage, PodGpuUsage
+from node.agent.usage import (
+    REFRESH_INTERVALS,
+    GpuUsage,
+    NodeGpuUsage,
+    PodGpuUsage,
+    StrayProcess,
+)
 
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_TOLERANCE_MIB = 64
@@ -106,48 +112,16 @@ class PidToPod(Protocol):
     def stray_reason(self, pid: int) -> str: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Stray:
-    """A process holding GPU memory that belongs to no live pod on this node: the memory is
-    counted on its GPU (so no share looks free) but nobody asked for it, and nothing will give
-    it back (``pod_gone``: its pod was deleted and the process left behind; ``no_pod``: it runs
-    outside any pod, e.g. on the host, or an MPS server)."""
-
-    pid: int
-    gpu_index: int
-    gpu_uuid: str
-    memory_mib: int
-    reason: str
-
-    def message(self) -> str:
-        why = ("its pod is gone from this node" if self.reason == "pod_gone"
-               else "it runs in no pod")
-        return (f"process {self.pid} holds {self.memory_mib} MiB on GPU {self.gpu_index} "
-                f"({self.gpu_uuid}) and {why}: the memory stays taken until it exits")
-
-
 def owners_of(readings: Iterable[GpuReading],
               pod_for_pid: Callable[[int], PodRef | None]) -> dict[int, PodRef | None]:
     """Each GPU process's pod (None: no live pod), looked up once per reading: the usage
-    annotation and the stray report both read this one map."""
+    annotation and its strays both read this one map."""
     owners: dict[int, PodRef | None] = {}
     for reading in readings:
         for process in reading.processes:
             if process.pid not in owners:
                 owners[process.pid] = pod_for_pid(process.pid)
     return owners
-
-
-def find_strays(readings: Iterable[GpuReading], owners: Mapping[int, PodRef | None],
-                stray_reason: Callable[[int], str]) -> list[Stray]:
-    """Every process on a GPU that ``owners`` (:func:`owners_of`) maps to no pod."""
-    found = []
-    for reading in sorted(readings, key=lambda r: r.index):
-        for process in reading.processes:
-            if owners[process.pid] is None:
-                found.append(Stray(process.pid, reading.index, reading.uuid,
-                                   process.memory_used_mib, stray_reason(process.pid)))
-    return found
 
 
 def no_shares(uid: str) -> PodShare | None:
@@ -157,22 +131,31 @@ def no_shares(uid: str) -> PodShare | None:
 
 def build_usage(node: str, timestamp: float, interval_s: float,
                 readings: Iterable[GpuReading],
-                pod_for_pid: Callable[[int], PodRef | None]) -> NodeGpuUsage:
+                pod_for_pid: Callable[[int], PodRef | None],
+                stray_reason: Callable[[int], str] | None = None) -> NodeGpuUsage:
     """Turn NVML readings into the annotation value: processes summed per pod, per GPU.
 
     Processes outside any known pod are left out of ``pods``; their memory still counts in the
-    GPU's ``memory_used_mib``.
+    GPU's ``memory_used_mib``, and with ``stray_reason`` each is listed in the GPU's ``strays``
+    with why it has no pod.
     """
     pods_by_pid: dict[int, PodRef | None] = {}
+    reasons: dict[int, str] = {}
     gpus = []
     for reading in sorted(readings, key=lambda r: r.index):
         memory_by_pod: dict[PodRef, int] = defaultdict(int)
+        strays: list[StrayProcess] = []
         for process in reading.processes:
             if process.pid not in pods_by_pid:
                 pods_by_pid[process.pid] = pod_for_pid(process.pid)
             pod = pods_by_pid[process.pid]
             if pod is not None:
                 memory_by_pod[pod] += process.memory_used_mib
+            elif stray_reason is not None:
+                if process.pid not in reasons:
+                    reasons[process.pid] = stray_reason(process.pid)
+                strays.append(StrayProcess(process.pid, process.memory_used_mib,
+                                           reasons[process.pid]))
         pods = tuple(
             PodGpuUsage(pod.namespace, pod.name, pod.uid, mib)
             for pod, mib in sorted(memory_by_pod.items(),
@@ -186,6 +169,7 @@ def build_usage(node: str, timestamp: float, interval_s: float,
             memory_total_mib=reading.memory_total_mib,
             utilization_pct=reading.utilization_pct,
             pods=pods,
+            strays=tuple(sorted(strays, key=lambda stray: stray.pid)),
         ))
     return NodeGpuUsage(node=node, timestamp=round(timestamp, 3), interval_s=interval_s,
                         gpus=tuple(gpus))
@@ -238,11 +222,11 @@ class Agent:
         owners = owners_of(readings, self._pods.pod_for_pid)
         usage = self._peaks.observe(build_usage(self.config.node_name, now,
                                                 self.config.interval_s, readings,
-                                                owners.__getitem__))
+                                                owners.__getitem__, self._pods.stray_reason))
         self._metrics.observe_usage(usage)
         self._watch_leaks(usage, now)
         self._check_shares(usage, now)
-        self._report_strays(readings, owners, now)
+        self._report_strays(usage, now)
         try:
             reason = self._publisher.publish(usage)
         except PublishError as exc:
@@ -292,21 +276,21 @@ class Agent:
                 self._metrics.events.labels(EVENT_REASON_GPU_MEMORY_OVER_SHARE).inc()
         self._metrics.observe_shares(checked, self.config.share_intervals)
 
-    def _report_strays(self, readings: Iterable[GpuReading],
-                       owners: Mapping[int, PodRef | None], now: float) -> None:
-        strays = find_strays(readings, owners, self._pods.stray_reason)
-        self._metrics.observe_strays((s.reason, s.memory_mib) for s in strays)
-        seen = {(s.pid, s.gpu_uuid) for s in strays}
-        self._strays_reported &= seen  # a process that left is reported again if it returns
-        for stray in strays:
-            key = (stray.pid, stray.gpu_uuid)
+    def _report_strays(self, usage: NodeGpuUsage, now: float) -> None:
+        """One Node Event per stray process (a GPU's ``strays``, :func:`build_usage`) while it
+        stays; the metric every interval."""
+        strays = [(gpu, stray) for gpu in usage.gpus for stray in gpu.strays]
+        self._metrics.observe_strays((s.reason, s.memory_used_mib) for _, s in strays)
+        self._strays_reported &= {(s.pid, gpu.uuid) for gpu, s in strays}  # left: new again
+        for gpu, stray in strays:
+            key = (stray.pid, gpu.uuid)
             if key in self._strays_reported:
                 continue
-            self._log.warning("gpu_process_without_pod", pid=stray.pid, gpu=stray.gpu_index,
-                              uuid=stray.gpu_uuid, memory_mib=stray.memory_mib,
+            self._log.warning("gpu_process_without_pod", pid=stray.pid, gpu=gpu.index,
+                              uuid=gpu.uuid, memory_mib=stray.memory_used_mib,
                               reason=stray.reason)
             try:
-                self._publisher.report_stray(stray.message(), now)
+                self._publisher.report_stray(stray.message(gpu.index, gpu.uuid), now)
             except PublishError as exc:
                 self._log.warning("event_failed", error=str(exc), pid=stray.pid)
                 continue  # asked again next interval

@@ -30,15 +30,12 @@ from gpufrag.nvml import MIB
 from gpufrag.probes import Liveness
 from node.agent.cgroup import PodRef
 from node.agent.isolation import Overrun
-from node.agent.usage import NodeGpuUsage
+from node.agent.usage import STRAY_REASONS, NodeGpuUsage
 
 # dcgm-exporter's label names, modelName included (see the module docstring).
 _GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")
 _POD_GPU_LABELS = ("namespace", "pod", "node", "gpu")
 
-
-# Why a GPU process belongs to no live pod (node.agent.cgroup.PodResolver.stray_reason).
-STRAY_REASONS = ("pod_gone", "no_pod")
 
 class AgentMetrics:
     """The agent's Prometheus series; label sets of GPUs and pods that went away are removed."""

@@ -35,7 +35,7 @@ from scheduler.kube.errors import ApiError, api_errors
 
 COMPONENT = "gpufrag-agent"
 EVENT_REASON_GPU_MEMORY_GROWTH = "GPUMemoryGrowth"
-# A GPU process that belongs to no live pod (node.agent.loop.find_strays), on the Node.
+# A GPU process that belongs to no live pod (a GPU's strays: node.agent.usage), on the Node.
 EVENT_REASON_GPU_PROCESS_WITHOUT_POD = "GPUProcessWithoutPod"
 # Events about a cluster-scoped Node go to this namespace, as the kubelet's do.
 NODE_EVENT_NAMESPACE = "default"

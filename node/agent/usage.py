@@ -11,12 +11,18 @@ Example (``version`` lets the schema grow without breaking readers)::
                "memory_used_mib": 30512, "memory_total_mib": 81920, "utilization_pct": 63,
                "pods": [{"namespace": "serving", "name": "llama-7b-0", "uid": "0b8f...",
                          "memory_used_mib": 30000, "peak_mib": 31200,
-                         "peak_since": 1732300000.0}]}]}
+                         "peak_since": 1732300000.0}],
+               "strays": [{"pid": 7070, "memory_used_mib": 256, "reason": "no_pod"}]}]}
 
 Memory is in MiB (as ``nvidia-smi`` and DCGM report it), utilisation in whole percent over the
 driver's last sample period. ``timestamp`` is the wall-clock time of the NVML reading. A GPU's
 ``memory_used_mib`` minus the sum of its pods' is memory held by processes that are not in a pod
 (or whose pod could not be resolved) plus the driver's own reservations.
+
+A GPU's ``strays`` are its processes that belong to no live pod on the node (:data:`STRAY_REASONS`
+says why each can be), so ``gpufrag inspect`` can show who holds memory nobody asked for. The key
+is written only when there is one (an annotation without it, as an older agent wrote, reads as
+none), and readers that predate it ignore it: the schema version stays 1.
 
 A pod's ``peak_mib`` is the most it used on that GPU over the agent's window
 (``--peak-window-s``, the recommender's 7 days by default) as far back as ``peak_since`` (the
@@ -46,6 +52,13 @@ REFRESH_INTERVALS = 4
 # ... so a reading older than this many intervals means the agent stopped publishing.
 STALE_AFTER_INTERVALS = 2 * REFRESH_INTERVALS
 
+# Why a GPU process belongs to no live pod (node.agent.cgroup.PodResolver.stray_reason), and
+# what that means, in words for people.
+STRAY_REASONS: Mapping[str, str] = {
+    "pod_gone": "its pod is gone from this node",
+    "no_pod": "it runs in no pod",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class PodGpuUsage:
@@ -67,8 +80,29 @@ class PodGpuUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class StrayProcess:
+    """A process holding memory on one GPU that belongs to no live pod on the node: the memory
+    counts as used on its GPU (no share looks free) but nobody asked for it, and nothing gives
+    it back until the process exits. ``reason`` is a key of :data:`STRAY_REASONS`."""
+
+    pid: int
+    memory_used_mib: int
+    reason: str
+
+    @property
+    def why(self) -> str:
+        return STRAY_REASONS.get(self.reason, self.reason)
+
+    def message(self, gpu_index: int, gpu_uuid: str) -> str:
+        """The one sentence for people (the agent's Node Event, ``gpufrag inspect``)."""
+        return (f"process {self.pid} holds {self.memory_used_mib} MiB on GPU {gpu_index} "
+                f"({gpu_uuid}) and {self.why}: the memory stays taken until it exits")
+
+
+@dataclass(frozen=True, slots=True)
 class GpuUsage:
-    """One GPU as NVML saw it, and the pods using it (sorted by namespace, name)."""
+    """One GPU as NVML saw it, the pods using it (sorted by namespace, name) and the processes
+    on it that belong to no live pod (sorted by pid)."""
 
     index: int
     uuid: str
@@ -77,6 +111,7 @@ class GpuUsage:
     memory_total_mib: int
     utilization_pct: int
     pods: tuple[PodGpuUsage, ...] = ()
+    strays: tuple[StrayProcess, ...] = ()
 
     @property
     def memory_free_mib(self) -> int:
@@ -116,9 +151,9 @@ class NodeGpuUsage:
         """True when ``other`` differs from this reading by more than noise.
 
         Any change of shape counts (node, interval, the set of GPUs, a GPU's product or total
-        memory, which pods are on a GPU). Numbers count when they move by more than the
-        tolerance: memory (per GPU and per pod) by ``tolerance_mib``, utilisation by
-        ``tolerance_pct`` points. Timestamps never count.
+        memory, which pods or stray processes are on a GPU, and why a stray is one). Numbers
+        count when they move by more than the tolerance: memory (per GPU, per pod and per stray)
+        by ``tolerance_mib``, utilisation by ``tolerance_pct`` points. Timestamps never count.
         """
         if self.node != other.node or self.interval_s != other.interval_s:
             return True
@@ -141,6 +176,12 @@ def _gpu_changed(mine: GpuUsage, theirs: GpuUsage, tolerance_mib: int, tolerance
         return True
     if abs(mine.utilization_pct - theirs.utilization_pct) > tolerance_pct:
         return True
+    theirs_strays = {stray.pid: stray for stray in theirs.strays}
+    if {(s.pid, s.reason) for s in mine.strays} != {(s.pid, s.reason) for s in theirs.strays}:
+        return True
+    if any(abs(stray.memory_used_mib - theirs_strays[stray.pid].memory_used_mib) > tolerance_mib
+           for stray in mine.strays):
+        return True
     theirs_pods = {pod.uid: pod for pod in theirs.pods}
     if theirs_pods.keys() != {pod.uid for pod in mine.pods}:
         return True
@@ -160,24 +201,29 @@ def _pod_dict(pod: PodGpuUsage) -> dict[str, Any]:
     return out
 
 
+def _gpu_dict(gpu: GpuUsage) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "product": gpu.product,
+        "memory_used_mib": gpu.memory_used_mib,
+        "memory_total_mib": gpu.memory_total_mib,
+        "utilization_pct": gpu.utilization_pct,
+        "pods": [_pod_dict(pod) for pod in gpu.pods],
+    }
+    if gpu.strays:  # absent when none: an annotation as small as before, and as old agents wrote
+        out["strays"] = [{"pid": s.pid, "memory_used_mib": s.memory_used_mib, "reason": s.reason}
+                         for s in gpu.strays]
+    return out
+
+
 def _to_dict(usage: NodeGpuUsage) -> dict[str, Any]:
     return {
         "version": SCHEMA_VERSION,
         "node": usage.node,
         "timestamp": usage.timestamp,
         "interval_s": usage.interval_s,
-        "gpus": [
-            {
-                "index": gpu.index,
-                "uuid": gpu.uuid,
-                "product": gpu.product,
-                "memory_used_mib": gpu.memory_used_mib,
-                "memory_total_mib": gpu.memory_total_mib,
-                "utilization_pct": gpu.utilization_pct,
-                "pods": [_pod_dict(pod) for pod in gpu.pods],
-            }
-            for gpu in usage.gpus
-        ],
+        "gpus": [_gpu_dict(gpu) for gpu in usage.gpus],
     }
 
 
@@ -235,9 +281,24 @@ def _parse_gpu(reader: _Reader, item: object, path: str) -> GpuUsage:
         for j, pod in enumerate(reader.array(obj, "pods", path))
     )
     _unique(reader, [p.uid for p in pods], f"{path}.pods", "uid")
+    strays = tuple(
+        _parse_stray(reader, stray, f"{path}.strays[{j}]")
+        for j, stray in enumerate(reader.array(obj, "strays", path) if "strays" in obj else ())
+    )
+    _unique(reader, [s.pid for s in strays], f"{path}.strays", "pid")
     return GpuUsage(
         index=index, uuid=uuid, product=product, memory_used_mib=used, memory_total_mib=total,
-        utilization_pct=utilization_pct, pods=pods,
+        utilization_pct=utilization_pct, pods=pods, strays=strays,
+    )
+
+
+def _parse_stray(reader: _Reader, item: object, path: str) -> StrayProcess:
+    obj = reader.obj(item, path)
+    # Any non-empty reason reads: a newer agent may know a reason this reader does not.
+    return StrayProcess(
+        pid=reader.integer(obj, "pid", path, minimum=1),
+        memory_used_mib=reader.integer(obj, "memory_used_mib", path, minimum=0),
+        reason=reader.string(obj, "reason", path),
     )
 
 

@@ -10,18 +10,21 @@ import yaml
 
 from defrag.controller.inspect import main as inspect_main
 from gpufrag import conventions as cv
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage, StrayProcess
 from scheduler.kube.snapshot import write_snapshot
 from tests.defrag.controller.builders import k8s_node, k8s_pod
 
 NOW = 1_767_225_600.0
 
 
-def _usage(node: str, gpus: list[tuple[int, int, list[tuple[str, str, int]]]]) -> dict[str, str]:
-    reading = NodeGpuUsage(node=node, timestamp=NOW, interval_s=15.0, gpus=tuple(
+def _usage(node: str, gpus: list[tuple[int, int, list[tuple[str, str, int]]]],
+           strays: dict[int, tuple[StrayProcess, ...]] | None = None,
+           timestamp: float = NOW) -> dict[str, str]:
+    reading = NodeGpuUsage(node=node, timestamp=timestamp, interval_s=15.0, gpus=tuple(
         GpuUsage(index=i, uuid=f"GPU-{node}-{i}", product="Tesla-T4", memory_used_mib=used,
                  memory_total_mib=16_384, utilization_pct=10,
-                 pods=tuple(PodGpuUsage(ns, name, f"uid-{name}", mib) for ns, name, mib in pods))
+                 pods=tuple(PodGpuUsage(ns, name, f"uid-{name}", mib) for ns, name, mib in pods),
+                 strays=(strays or {}).get(i, ()))
         for i, used, pods in gpus))
     return {cv.ANNOTATION_GPU_USAGE: reading.to_json()}
 
@@ -103,3 +106,53 @@ def test_a_missing_snapshot_file_is_exit_2(tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     assert inspect_main(["--snapshot", str(tmp_path / "none.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.fixture
+def with_strays(tmp_path: Path) -> Path:
+    """n0's GPU 1 holds two processes of no live pod beside its pod (one whose pod was deleted,
+    one in no pod); n1's reading names one too but is stale, so it is not believed."""
+    nodes = [k8s_node("n0", annotations=_usage("n0", [
+                 (0, 1000, [("ns", "web", 1000)]),
+                 (1, 14_000, [("ns", "big", 10_000)])],
+                 strays={1: (StrayProcess(4242, 3_000, "pod_gone"),
+                             StrayProcess(7070, 1_000, "no_pod"))})),
+             k8s_node("n1", annotations=_usage("n1", [(0, 2000, [])],
+                                               strays={0: (StrayProcess(99, 2000, "no_pod"),)},
+                                               timestamp=NOW - 3600))]
+    pods = [k8s_pod("web", node="n0", milli=500, indices="0"),
+            k8s_pod("big", node="n0", gpus=1, indices="1")]
+    path = tmp_path / "strays.json"
+    write_snapshot(path, nodes, pods)
+    return path
+
+
+def test_a_process_of_no_live_pod_shows_under_its_gpu_and_at_the_end(
+        with_strays: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, "--snapshot", str(with_strays))
+    n0, n1 = data["nodes"]  # type: ignore[misc]
+    assert n0["gpus"][0]["strays"] == []
+    assert n0["gpus"][1]["strays"] == [{"pid": 4242, "used_mib": 3000, "reason": "pod_gone"},
+                                       {"pid": 7070, "used_mib": 1000, "reason": "no_pod"}]
+    assert [g["strays"] for g in n1["gpus"]] == [[], []]  # a stale reading is not believed
+    assert [(s["node"], s["gpu"], s["pid"], s["reason"]) for s in data["strays"]] == [
+        ("n0", 1, 4242, "pod_gone"), ("n0", 1, 7070, "no_pod")]
+    assert data["strays"][0]["detail"] == (  # type: ignore[index]
+        "process 4242 holds 3000 MiB on GPU 1 (GPU-n0-1) and its pod is gone from this node: "
+        "the memory stays taken until it exits")
+    assert _json(capsys, "--snapshot", str(with_strays), "--node", "n1")["strays"] == []
+
+
+def test_the_table_marks_each_stray_and_lists_it(
+        with_strays: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert inspect_main(["--snapshot", str(with_strays)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    gpu1 = lines.index(next(line for line in lines if line.startswith("  gpu 1:")))
+    assert lines[gpu1 + 1].startswith("    ns/big: 1000 milli, asked whole")
+    assert lines[gpu1 + 2:gpu1 + 4] == [
+        "    process 4242 (no live pod): 3,000 MiB, STRAY (pod_gone)",
+        "    process 7070 (no live pod): 1,000 MiB, STRAY (no_pod)"]
+    assert "stray process 7070 on n0 (no_pod): process 7070 holds 1000 MiB on GPU 1 " \
+           "(GPU-n0-1) and it runs in no pod: the memory stays taken until it exits" in lines
+    assert inspect_main(["--snapshot", str(with_strays), "-o", "yaml"]) == 0
+    assert [s["pid"] for s in yaml.safe_load(capsys.readouterr().out)["strays"]] == [4242, 7070]

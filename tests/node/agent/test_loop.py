@@ -12,7 +12,7 @@ from gpufrag.nvml_recorded import RecordedNvml
 from node.agent.loop import Agent, AgentConfig, build_usage, memory_by_pod
 from node.agent.metrics import AgentMetrics, Health
 from node.agent.publish import Publisher, PublishError, PublishPolicy
-from node.agent.usage import PodGpuUsage, parse
+from node.agent.usage import PodGpuUsage, StrayProcess, parse
 from tests.node.agent.fakes import (
     MIB,
     POD_A,
@@ -79,9 +79,10 @@ def test_first_tick_reads_attributes_publishes_and_becomes_ready() -> None:
     at = usage.timestamp
     assert gpu0.pods == (PodGpuUsage("serving", "llama-7b-0", POD_A.uid, 20_000, 20_000, at),
                          PodGpuUsage("serving", "mistral-7b-0", POD_B.uid, 10_000, 10_000, at))
-    # pid 7070 (a host process) is in no pod: its 256 MiB stay unattributed.
+    # pid 7070 (a host process) is in no pod: its 256 MiB stay unattributed, listed as a stray.
     assert gpu1.pods == (PodGpuUsage("batch", "embed-0", POD_C.uid, 12_000, 12_000, at),)
     assert gpu1.memory_unattributed_mib == 800
+    assert (gpu0.strays, gpu1.strays) == ((), (StrayProcess(7070, 256, "no_pod"),))
     assert rig.log.events("info") == ["ready"]
     assert rig.sample("gpufrag_agent_annotation_publishes_total", reason="first") == 1
     assert rig.sample("gpufrag_pod_gpu_memory_used_bytes", namespace="batch", pod="embed-0",
@@ -213,6 +214,13 @@ def test_build_usage_resolves_each_pid_once_and_sums_per_pod() -> None:
     assert sorted(pods.lookups) == [1, 2, 3, 6060, 7070]
     assert usage.timestamp == 1.235
     assert memory_by_pod(usage) == {POD_A: 150}
+    assert usage.gpus[0].strays == ()  # strays only when asked why
+    pods.gone.add(3)
+    with_strays = build_usage("node1", 1.0, 15.0, [readings[1], shared], pods.pod_for_pid,
+                              pods.stray_reason)
+    assert with_strays.gpus[0].strays == (StrayProcess(3, 7, "pod_gone"),)
+    assert with_strays.gpus[1].strays == (StrayProcess(6060, 12_000, "no_pod"),
+                                          StrayProcess(7070, 256, "no_pod"))
 
 
 @pytest.mark.parametrize(("overrides", "field_name"), [
@@ -257,10 +265,16 @@ def test_a_gpu_process_of_no_live_pod_gets_one_node_event_while_it_stays() -> No
     assert rig.sample("gpufrag_agent_stray_gpu_memory_bytes", reason="pod_gone") == 12_000 * MIB
     assert rig.sample("gpufrag_agent_events_total", reason="GPUProcessWithoutPod") == 2
     # the pod is listed again (the directory caught up): no stray left, the gauge says so
+    # ... and the usage annotation carries both under their GPU, with why
+    assert parse(rig.writer.patches[-1][2]).gpus[1].strays == (
+        StrayProcess(6060, 12_000, "pod_gone"), StrayProcess(7070, 256, "no_pod"))
     rig.pods.by_pid[6060] = POD_C
     rig.pods.gone.clear()
     rig.tick()
     assert rig.sample("gpufrag_agent_stray_gpu_processes", reason="pod_gone") == 0
+    # a stray that left is a change: published at once, not at the next refresh
+    assert parse(rig.writer.patches[-1][2]).gpus[1].strays == (
+        StrayProcess(7070, 256, "no_pod"),)
     # a stray that comes back after it left is reported again
     del rig.pods.by_pid[6060]
     rig.tick()

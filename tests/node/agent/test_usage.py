@@ -17,6 +17,7 @@ from node.agent.usage import (
     GpuUsage,
     NodeGpuUsage,
     PodGpuUsage,
+    StrayProcess,
     parse,
 )
 
@@ -33,7 +34,9 @@ EXAMPLE = {
                   {"namespace": "serving", "name": "mistral-7b-0", "uid": "uid-b",
                    "memory_used_mib": 10000}]},
         {"index": 1, "uuid": "GPU-bbbb", "product": "NVIDIA A100-SXM4-80GB",
-         "memory_used_mib": 0, "memory_total_mib": 81920, "utilization_pct": 0, "pods": []},
+         "memory_used_mib": 300, "memory_total_mib": 81920, "utilization_pct": 0, "pods": [],
+         "strays": [{"pid": 4242, "memory_used_mib": 256, "reason": "pod_gone"},
+                    {"pid": 7070, "memory_used_mib": 44, "reason": "no_pod"}]},
     ],
 }
 
@@ -58,6 +61,23 @@ def test_example_parses_into_the_dataclasses() -> None:
     assert usage.gpus[0].memory_free_mib == 81920 - 30512
     assert usage.gpus[0].memory_unattributed_mib == 512
     assert usage.gpus[1].pods == ()
+    assert usage.gpus[0].strays == ()
+    assert usage.gpus[1].strays == (StrayProcess(4242, 256, "pod_gone"),
+                                    StrayProcess(7070, 44, "no_pod"))
+    assert usage.gpus[1].strays[0].why == "its pod is gone from this node"
+
+
+def test_an_annotation_from_an_agent_before_strays_reads_as_none() -> None:
+    doc = copy.deepcopy(EXAMPLE)
+    del doc["gpus"][1]["strays"]  # type: ignore[index]
+    usage = parse(json.dumps(doc))
+    assert usage.gpus[1].strays == ()
+    assert "strays" not in json.loads(usage.to_json())["gpus"][1]  # written only when some
+
+
+def test_a_reason_this_reader_does_not_know_still_reads() -> None:
+    usage = parse(_mutated("gpus.1.strays.0.reason", "mps_server"))
+    assert usage.gpus[1].strays[0].why == "mps_server"
 
 
 def test_round_trip_is_exact_and_keys_keep_their_order() -> None:
@@ -84,6 +104,13 @@ _pods = st.lists(
 )
 
 
+_strays = st.lists(
+    st.builds(StrayProcess, st.integers(1, 2**22), st.integers(0, 10**6),
+              st.sampled_from(["pod_gone", "no_pod"])),
+    max_size=2, unique_by=lambda s: s.pid,
+)
+
+
 @st.composite
 def _usages(draw: st.DrawFn) -> NodeGpuUsage:
     count = draw(st.integers(0, 4))
@@ -93,7 +120,7 @@ def _usages(draw: st.DrawFn) -> NodeGpuUsage:
         gpus.append(GpuUsage(index=index, uuid=f"GPU-{index}", product=draw(st.text(min_size=1)),
                              memory_used_mib=draw(st.integers(0, total)), memory_total_mib=total,
                              utilization_pct=draw(st.integers(0, 100)),
-                             pods=tuple(draw(_pods))))
+                             pods=tuple(draw(_pods)), strays=tuple(draw(_strays))))
     return NodeGpuUsage(node=draw(st.text(min_size=1, max_size=20)),
                         timestamp=draw(st.floats(0, 4e9)),
                         interval_s=draw(st.floats(0.001, 3600)), gpus=tuple(gpus))
@@ -153,6 +180,11 @@ _DELETE = object()
     ("gpus.0.pods.1.uid", "uid-a", "gpus[0].pods[1].uid", "repeats gpus[0].pods[0].uid"),
     ("gpus.0.pods.0.memory_used_mib", -1, "gpus[0].pods[0].memory_used_mib", ">= 0"),
     ("gpus.0.pods.0.memory_used_mib", "1 GiB", "gpus[0].pods[0].memory_used_mib", "integer"),
+    ("gpus.1.strays", {}, "gpus[1].strays", "array"),
+    ("gpus.1.strays.0.pid", 0, "gpus[1].strays[0].pid", ">= 1"),
+    ("gpus.1.strays.1.pid", 4242, "gpus[1].strays[1].pid", "repeats gpus[1].strays[0].pid"),
+    ("gpus.1.strays.0.memory_used_mib", -1, "gpus[1].strays[0].memory_used_mib", ">= 0"),
+    ("gpus.1.strays.0.reason", "", "gpus[1].strays[0].reason", "non-empty string"),
 ])
 def test_every_malformed_field_is_named(path: str, value: Any, field: str, says: str) -> None:
     with pytest.raises(BadInput) as caught:
@@ -203,6 +235,7 @@ def test_default_staleness_leaves_room_for_the_refresh() -> None:
 
 
 _POD_A = PodGpuUsage("serving", "llama-7b-0", "uid-a", 20000)
+_STRAY = StrayProcess(4242, 100, "pod_gone")
 
 
 @pytest.mark.parametrize(("other", "changed"), [
@@ -224,9 +257,23 @@ _POD_A = PodGpuUsage("serving", "llama-7b-0", "uid-a", 20000)
     (build_usage(build_gpu(index=1)), True),  # same GPU, other index
     (build_usage(node="gpu-node-8"), True),
     (build_usage(interval_s=30.0), True),
+    (build_usage(build_gpu(strays=(_STRAY,))), True),  # a stray appeared (or left)
 ])
 def test_changed_beyond_tolerance(other: NodeGpuUsage, changed: bool) -> None:
     base = build_usage()
+    assert base.changed_beyond(other, tolerance_mib=64, tolerance_pct=10) is changed
+    assert other.changed_beyond(base, tolerance_mib=64, tolerance_pct=10) is changed
+
+
+@pytest.mark.parametrize(("stray", "changed"), [
+    (_STRAY, False),
+    (replace(_STRAY, reason="no_pod"), True),  # why changed
+    (replace(_STRAY, memory_used_mib=100 + 64), False),  # at the tolerance
+    (replace(_STRAY, memory_used_mib=100 - 65), True),
+    (replace(_STRAY, pid=1), True),  # another process
+])
+def test_a_stray_changes_the_reading_as_a_pod_does(stray: StrayProcess, changed: bool) -> None:
+    base, other = build_usage(build_gpu(strays=(_STRAY,))), build_usage(build_gpu(strays=(stray,)))
     assert base.changed_beyond(other, tolerance_mib=64, tolerance_pct=10) is changed
     assert other.changed_beyond(base, tolerance_mib=64, tolerance_pct=10) is changed
 
