@@ -1,7 +1,8 @@
 # One image for every gpufrag component (extender, defrag, agent, device plugin, serve, whatif),
-# in two variants from this one recipe: the cluster image (default) and the GPU image
-# (--build-arg VARIANT=gpu LOCK=requirements/image-gpu.lock ONNXRUNTIME_IN=requirements/gpu.in;
-# python -m devkit.image --gpu), whose ONNX Runtime is onnxruntime-gpu with NVIDIA's CUDA wheels.
+# in two variants from this one recipe: the cluster image (default) and the GPU image, whose ONNX
+# Runtime is onnxruntime-gpu with NVIDIA's CUDA wheels (python -m devkit.image --gpu, or
+# --build-arg VARIANT=gpu --build-arg LOCK=requirements/image-gpu.lock
+# --build-arg ONNXRUNTIME_IN=requirements/gpu.in).
 # Multi-stage: install the locked dependencies, then gpufrag itself without resolving anything,
 # and copy only the installed environment into a slim runtime that runs as a non-root user.
 # BASE is any image with Python 3.11 as `python3` (and its venv module). The default is fully

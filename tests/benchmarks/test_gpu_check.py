@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_check import compare_inventories, main, nvidia_smi_inventory
+from benchmarks.gpu_check import compare_inventories, main, nvidia_smi_inventory, targets
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlReader
 from node.deviceplugin.inventory import Gpu
 
@@ -57,6 +57,13 @@ def test_the_cpu_half_runs_and_says_what_it_skipped(tmp_path: Path,
     assert "| NVML inventory: agent, device plugin, nvidia-smi -q | skipped | no usable" in markdown
     assert "| 1 |" in markdown and "120 / 45 / 18" in markdown
     assert "skipped: inventory, mps, tensorrt" in stdout
+    verdicts = {t["target"].split(" ", 1)[0]: t for t in figures["targets"]}
+    ratio = verdicts["server/direct"]
+    assert ratio["measured"] == min(r["server_over_direct"] for r in rows)
+    assert ratio["met"] is (ratio["measured"] >= 0.9)
+    assert verdicts["p99"]["met"] is None and verdicts["batch"]["met"] is None  # no 8, no 32
+    assert verdicts["GPU"]["met"] is None  # no GPU: no memory readings
+    assert "| GPU memory growth alarm silent over 10,000 batches | 0 alarms over" in markdown
 
 
 SMI = """<?xml version="1.0" ?>
@@ -96,3 +103,20 @@ def test_the_three_inventories_are_compared_by_uuid() -> None:
         "GPU-aaaa: product 'NVIDIA H100' vs nvidia-smi 'NVIDIA H200'",
         "GPU-bbbb: 80000 MiB vs nvidia-smi 143771 MiB"]
     assert compare_inventories(agent[:1], plugin, smi)[0].startswith("GPU sets differ")
+
+
+def _row(size: int, *, ratio: float, p99: float, direct: float, batches: int,
+         alarms: int) -> dict[str, object]:
+    return {"max_batch": size, "server_over_direct": ratio, "p99_ms": p99,
+            "direct_img_s": direct, "batches": batches, "growth_alarms": alarms,
+            "memory_growth_mib_per_batch": 0.0}
+
+
+def test_the_targets_are_judged_from_a_gpu_run_s_rows() -> None:
+    rows = [_row(8, ratio=0.95, p99=12.0, direct=4000, batches=6000, alarms=0),
+            _row(32, ratio=0.91, p99=40.0, direct=9000, batches=5000, alarms=0)]
+    assert [(t["measured"], t["met"]) for t in targets(rows)] == [
+        (0.91, True), (12.0, True), (9000, True), ("0 alarms over 11000 batches", True)]
+    rows[1].update(server_over_direct=0.85, direct_img_s=8000, growth_alarms=1)
+    rows[0]["p99_ms"] = 25.0
+    assert [t["met"] for t in targets(rows)] == [False, False, False, False]
