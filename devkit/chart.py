@@ -289,6 +289,7 @@ GROUP_HELP: Final = {
                   "(manifests/components/prometheus-operator).",
     "dashboards": "Grafana dashboards (manifests/components/grafana-dashboards).",
     "rightsizing": "The GPU right-sizing webhook (manifests/components/rightsizing).",
+    "crds": "The CustomResourceDefinitions in crds/ (GPUReservation).",
 }
 
 
@@ -819,9 +820,10 @@ def build_chart(docs: Sequence[Doc], version: str, *,
                 parts: Mapping[Part, Sequence[Doc]] | None = None,
                 knobs: Sequence[Knob] = KNOBS, toggles: Sequence[Toggle] = TOGGLES,
                 components: Sequence[Component] = COMPONENTS, lines: Sequence[Line] = LINES,
-                tests: bool = True) -> dict[str, str]:
+                hooks: bool = True) -> dict[str, str]:
     """The chart's files (relative path -> text) for the rendered base ``docs`` and the
-    rendered optional ``parts``; ``tests``: with the ``helm test`` hooks (:func:`test_hooks`)."""
+    rendered optional ``parts``; ``hooks``: with the ``helm test`` hooks (:func:`test_hooks`)
+    and the CRD upgrade hook (:func:`crd_upgrade_hooks`)."""
     base = [copy.deepcopy(d) for d in docs]
     sources: list[tuple[Doc, Part | None]] = [(d, None) for d in base] + [
         (copy.deepcopy(d), part) for part, part_docs in (parts or {}).items() for d in part_docs]
@@ -870,13 +872,24 @@ def build_chart(docs: Sequence[Doc], version: str, *,
             _set_default(values, value, default)
             notes[value] = note
 
-    hooks = test_hooks(base) if tests else []
-    scoped_roles = {name for doc, name in zip(docs, names, strict=True)
+    # Each hook with the folder of its template and the value it needs, if any.
+    extra: list[tuple[Doc, str, str]] = []
+    if hooks:
+        extra += [(hook, "templates/tests/", "") for hook in test_hooks(base)]
+        extra += [(hook, "templates/crd-upgrade/", CRD_UPGRADE_VALUE)
+                  for hook in crd_upgrade_hooks(base)]
+        _set_default(values, CRD_UPGRADE_VALUE, True)
+        notes[CRD_UPGRADE_VALUE] = (
+            "helm upgrade applies crds/ (Helm itself installs them once and never upgrades "
+            "them) with a pre-upgrade hook Job running kubectl; false: apply "
+            "charts/gpufrag/crds/ yourself before an upgrade.")
+    scoped_roles = {_name(doc) for doc in [*docs, *(hook for hook, _, _ in extra)]
                     if doc.get("kind") == "ClusterRole" and _scoped(doc)}
     files: dict[str, str] = {}
     taken: set[str] = set()
+    hook_of = {id(hook): (folder, value) for hook, folder, value in extra}
     for doc, name, source in [*((d, n, src) for (d, src), n in zip(sources, names, strict=True)),
-                              *((h, _name(h), None) for h in hooks)]:
+                              *((h, _name(h), None) for h, _, _ in extra)]:
         where = f"{doc.get('kind')}/{name}"
         if doc.get("kind") == "CustomResourceDefinition":
             # In crds/, which Helm installs before the templates and never upgrades or deletes:
@@ -891,8 +904,8 @@ def build_chart(docs: Sequence[Doc], version: str, *,
             assert isinstance(meta, dict)
             meta.setdefault("annotations", {})[KEEP_ANNOTATION] = "keep"
         path = _file_name(doc, taken)
-        if any(doc is hook for hook in hooks):
-            path = path.replace("templates/", "templates/tests/", 1)
+        folder, hook_value = hook_of.get(id(doc), ("templates/", ""))
+        path = path.replace("templates/", folder, 1)
         _apply_release_names(doc, scoped_roles, where)
         _apply_namespace(doc)
         _apply_images(doc, images, where)
@@ -904,6 +917,8 @@ def build_chart(docs: Sequence[Doc], version: str, *,
             raise ChartError(f"{where}: more than one toggle applies ({', '.join(conditions)})")
         if source is not None:
             conditions.insert(0, f".Values.{source.value}")
+        if hook_value:
+            conditions.insert(0, f".Values.{hook_value}")
         group_toggle = GROUP_TOGGLES.get(str(doc.get("apiVersion", "")).split("/")[0])
         if group_toggle is not None:
             conditions.append(f".Values.{group_toggle[0]}")
@@ -952,6 +967,90 @@ for path in sys.argv[3:]:
                 sys.exit(f"{base}{path}: no 200 within the deadline: {e}")
         time.sleep(1)
 """
+
+
+# `helm upgrade` never touches crds/: this pre-upgrade hook applies them (as KAI's chart does).
+CRD_HOOK: Final = "gpufrag-crd-upgrade"
+CRD_UPGRADE_VALUE: Final = "crds.upgrade"
+
+
+def crd_upgrade_hooks(docs: Sequence[Doc]) -> list[Doc]:
+    """The pre-upgrade hook that applies the chart's ``crds/`` (server-side, taking ownership
+    of the fields), since ``helm upgrade`` never does: a ServiceAccount bound to a ClusterRole
+    that may change only those CRDs (and create one that a new chart version adds: create
+    cannot be limited by name; the account lives as long as the hook), the ``crds/`` files as a
+    ConfigMap (read from the chart with ``.Files``, so one copy), and a Job running kubectl,
+    whose image is the base's (the example's pre-warm CronJob)."""
+    where = "CRD upgrade hook"
+    crds = [_name(d) for d in docs if d.get("kind") == "CustomResourceDefinition"]
+    kubectl = sorted({ref for ref in _image_refs(docs) if
+                      split_image(ref)[0].rsplit("/", 1)[-1] == "kubectl"})
+    if not crds or len(kubectl) != 1:
+        raise ChartError(f"{where}: needs the base's CRDs ({len(crds)}) and one kubectl image "
+                         f"({', '.join(kubectl) or 'none'})")
+
+    def meta(name: str, weight: int, namespaced: bool = True) -> Doc:
+        return {"name": name, **({"namespace": BASE_NAMESPACE} if namespaced else {}),
+                "labels": {NAME_LABEL: CRD_HOOK, "app.kubernetes.io/part-of": NAME_PREFIX},
+                "annotations": {HOOK_ANNOTATION: "pre-upgrade",
+                                "helm.sh/hook-weight": str(weight),
+                                "helm.sh/hook-delete-policy":
+                                    "before-hook-creation,hook-succeeded"}}
+
+    rbac = "rbac.authorization.k8s.io/v1"
+    subject = {"kind": "ServiceAccount", "name": CRD_HOOK, "namespace": BASE_NAMESPACE}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(CRD_HOOK, -10)},
+        {"apiVersion": rbac, "kind": "ClusterRole", "metadata": meta(CRD_HOOK, -10, False),
+         "rules": [{"apiGroups": ["apiextensions.k8s.io"],
+                    "resources": ["customresourcedefinitions"],
+                    "resourceNames": crds, "verbs": ["get", "patch"]},
+                   {"apiGroups": ["apiextensions.k8s.io"],
+                    "resources": ["customresourcedefinitions"], "verbs": ["create"]}]},
+        {"apiVersion": rbac, "kind": "ClusterRoleBinding",
+         "metadata": meta(CRD_HOOK, -10, False),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": CRD_HOOK},
+         "subjects": [subject]},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(CRD_HOOK, -10),
+         "data": Whole(Expr('((.Files.Glob "crds/*.yaml").AsConfig | fromYaml)'), {})},
+        {"apiVersion": "batch/v1", "kind": "Job", "metadata": meta(CRD_HOOK, 0),
+         "spec": {"backoffLimit": 2, "activeDeadlineSeconds": 300, "template": {"spec": {
+             "serviceAccountName": CRD_HOOK,
+             "restartPolicy": "Never",
+             "securityContext": {"runAsNonRoot": True, "runAsUser": 65532,
+                                 "runAsGroup": 65532,
+                                 "seccompProfile": {"type": "RuntimeDefault"}},
+             "containers": [{
+                 "name": "kubectl",
+                 "image": kubectl[0],
+                 "command": ["/bin/kubectl"],
+                 "args": list(CRD_APPLY_ARGS),
+                 "env": [{"name": "HOME", "value": "/tmp"}],  # kubectl's discovery cache
+                 "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
+                               "limits": {"cpu": "500m", "memory": "128Mi"}},
+                 "securityContext": {"allowPrivilegeEscalation": False,
+                                     "readOnlyRootFilesystem": True,
+                                     "capabilities": {"drop": ["ALL"]}},
+                 "volumeMounts": [{"name": "crds", "mountPath": "/crds", "readOnly": True},
+                                  {"name": "tmp", "mountPath": "/tmp"}],
+             }],
+             "volumes": [{"name": "crds", "configMap": {"name": CRD_HOOK}},
+                         {"name": "tmp", "emptyDir": {}}],
+         }}}},
+    ]
+
+
+# What the hook's kubectl runs: a server-side apply of every file in crds/ that takes over the
+# fields `helm install` set (--force-conflicts), under a field manager of its own.
+CRD_APPLY_ARGS: Final = ("apply", "--server-side", "--force-conflicts",
+                         "--field-manager=gpufrag-crd-upgrade", "-f", "/crds/")
+
+
+def _image_refs(docs: Sequence[Doc]) -> set[str]:
+    return {str(c["image"]) for doc in docs for holder, key, value in _walk(doc)
+            if key in _CONTAINER_LISTS and isinstance(value, list)
+            for c in value if isinstance(c, dict) and isinstance(c.get("image"), str)}
 
 
 def test_hooks(docs: Sequence[Doc]) -> list[Doc]:

@@ -281,7 +281,7 @@ def test_generated_templates_render_back_to_their_base_through_helm(helm: Path,
         chart.Knob("t.flag", "ConfigMap", "knobs", "data/file", "", pattern=r"flag: (\w+)"),
     )
     chart.write_chart(chart.build_chart(docs, "0.1.0", knobs=knobs, toggles=(), components=(),
-                                        lines=(), tests=False), tmp_path)
+                                        lines=(), hooks=False), tmp_path)
     out = run_helm(helm, "template", "t", str(tmp_path)).stdout
     back = by_identity([d for d in yaml.safe_load_all(out) if d])
     assert {key: without_chart_metadata(doc, by_identity(docs)[key])
@@ -478,7 +478,8 @@ def test_helm_test_hooks_ask_the_extenders_probe_listener(helm: Path) -> None:
     """The hooks are a Service in front of the scheduler pods' ext-health port and a Pod, in
     the gpufrag image, that GETs /healthz and /readyz through it."""
     docs = helm_template(helm, tests=True)
-    hooks = {identity(d)[1]: tree(d) for d in docs if is_hook(d)}
+    hooks = {identity(d)[1]: tree(d) for d in docs
+             if annotations_of(d).get(chart.HOOK_ANNOTATION) == "test"}
     assert sorted(hooks) == ["Pod", "Service"]
     assert {annotations_of(d)[chart.HOOK_ANNOTATION] for d in hooks.values()} == {"test"}
     service, pod = hooks["Service"], hooks["Pod"]
@@ -564,7 +565,7 @@ def test_two_scheduler_replicas_render_with_leader_election(helm: Path) -> None:
 
 
 def test_uninstall_keeps_the_crd_the_reservations_and_the_namespace(
-        helm: Path, control_plane_binary: Path) -> None:
+        helm: Path, control_plane_binary: Path, tmp_path: Path) -> None:
     """``helm install`` then ``helm uninstall`` on a real API server of its own (the chart's
     cluster-wide names would collide with objects other tests applied): the GPUReservation CRD
     (in crds/), a live reservation and the gpufrag-system Namespace (kept by policy) are all
@@ -573,6 +574,7 @@ def test_uninstall_keeps_the_crd_the_reservations_and_the_namespace(
     ClusterRoles and bindings) and leaves with its own uninstall."""
     with ControlPlane(control_plane_binary) as plane:
         _install_and_uninstall(helm, plane)
+        _the_crd_hook_brings_back_the_charts_crd(helm, plane, tmp_path)
 
 
 MONITORING_CRDS = REPO / "tests" / "manifests" / "monitoring-crds.yaml"
@@ -610,10 +612,12 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane) -> None:
             rsv.GROUP, rsv.VERSION, chart.BASE_NAMESPACE, rsv.PLURAL, rsv.body(Reservation(
                 name="held", node="n0", gpus=(0,), gpu_milli=300, owner_uid="rs-1",
                 namespace="default", expires=time.time() + 300)))
-        # An upgrade that changes the release keeps the live reservation (the CRD is in
-        # crds/, which Helm never upgrades or deletes).
+        # An upgrade that changes the release keeps the live reservation. Without the CRD
+        # hook here: its Job's pod would never run on this API server without a node (what
+        # its container does is checked below, by running it).
         run_helm(helm, "upgrade", release, str(CHART), "--kubeconfig", kubeconfig,
-                 "--namespace", "default", *EVERYTHING, "--set", "defrag.schedule=0 * * * *")
+                 "--namespace", "default", *EVERYTHING, "--set", "defrag.schedule=0 * * * *",
+                 "--set", "crds.upgrade=false")
         assert custom.get_namespaced_custom_object(
             rsv.GROUP, rsv.VERSION, chart.BASE_NAMESPACE, rsv.PLURAL,
             "held")["spec"]["node"] == "n0"
@@ -630,3 +634,41 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane) -> None:
     gone = control_plane.kubectl("get", "deployment", "gpufrag-scheduler", "-n",
                                  chart.BASE_NAMESPACE, check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr
+
+
+def _the_crd_hook_brings_back_the_charts_crd(helm: Path, plane: ControlPlane,
+                                             tmp_path: Path) -> None:
+    """The pre-upgrade hook's own command, as its own ServiceAccount with its own RBAC, against
+    a real API server: a GPUReservation CRD that differs from the chart's (what an older chart
+    installed) is the chart's again. (In the install above the Job's pod is completed by the
+    harness, not run: this is what its container does.)"""
+    crd = f"{rsv.PLURAL}.{rsv.GROUP}"
+    plane.kubectl("patch", "crd", crd, "--type=merge", "-p",
+                  '{"spec": {"names": {"shortNames": ["oldrsv"]}}}')
+    hooks = [d for d in helm_template(helm, tests=True)
+             if annotations_of(d).get(chart.HOOK_ANNOTATION) == "pre-upgrade"]
+    assert sorted(identity(d)[1] for d in hooks) == [
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Job", "ServiceAccount"]
+    job = tree(find(hooks, "Job", chart.CRD_HOOK))
+    needs = [d for d in hooks if d["kind"] != "Job"]
+    plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(needs))
+    try:
+        # What the Job's volume holds: the ConfigMap's files.
+        crds = tmp_path / "crds"
+        crds.mkdir()
+        for name, text in tree(find(hooks, "ConfigMap", chart.CRD_HOOK))["data"].items():
+            (crds / name).write_text(text)
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+        assert container["command"] == ["/bin/kubectl"] and container["args"][-1] == "/crds/"
+        token = plane.kubectl("create", "token", chart.CRD_HOOK, "-n",
+                              chart.BASE_NAMESPACE).stdout.strip()
+        applied = plane.kubectl(f"--token={token}", *container["args"][:-1], f"{crds}/",
+                                check=False)
+        assert applied.returncode == 0, applied.stderr
+        names = plane.kubectl("get", "crd", crd, "-o", "jsonpath={.spec.names.shortNames}")
+        assert names.stdout == '["gpursv"]'
+        # The hook's account may change the chart's CRDs and no other.
+        other = plane.kubectl(f"--token={token}", "delete", "crd", crd, check=False)
+        assert other.returncode != 0 and "forbidden" in other.stderr
+    finally:
+        plane.kubectl("delete", "-f", "-", input_text=yaml.safe_dump_all(needs), check=False)

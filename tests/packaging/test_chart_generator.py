@@ -32,7 +32,7 @@ def deployment(name: str = "web", image: str = "registry.k8s.io/pause:3.10") -> 
 def build(docs: list[Doc], knobs: tuple[Knob, ...] = (), toggles: tuple[Toggle, ...] = (),
           components: tuple[chart.Component, ...] = ()) -> dict[str, str]:
     return chart.build_chart(docs, "0.1.0", knobs=knobs, toggles=toggles,
-                             components=components, lines=(), tests=False)
+                             components=components, lines=(), hooks=False)
 
 
 def cluster_role(name: str) -> Doc:
