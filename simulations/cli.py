@@ -330,7 +330,6 @@ def sweep_main(argv: Sequence[str]) -> int:
         return EXIT_BAD_INPUT
     except SystemExit as exc:
         return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT
-    args.no_plots = not plots_wanted(args.no_plots, prog)
     try:
         if args.jobs < 1:
             raise BadInput(f"{args.jobs} must be >= 1", field="--jobs")
@@ -361,7 +360,8 @@ def sweep_main(argv: Sequence[str]) -> int:
     try:
         outcome = sweep.sweep(inputs, configs, args.out, jobs=args.jobs, ray_address=args.ray,
                               shard=shard)
-        if shard is None:
+        if shard is None:  # a shard writes runs only: whether plots can be drawn is moot
+            args.no_plots = not plots_wanted(args.no_plots, prog)
             sweep.write_outputs(outcome.records, args.out, f"{inputs.workload} over time",
                                 plots=not args.no_plots)
     except BadInput as exc:

@@ -41,6 +41,27 @@ def test_whatif_without_matplotlib_writes_its_tables_and_says_the_plots_were_ski
     assert ".png" not in result.stdout  # the closing line names only what was written
 
 
+def test_the_sweep_job_without_matplotlib_says_so_once_at_the_merge(tmp_path: Path) -> None:
+    # The cluster image's Indexed Job: shards write runs only (no word about plots), the merge
+    # writes comparison.csv and says the plot was skipped.
+    env, out = hide_matplotlib(tmp_path), tmp_path / "sweep"
+    small = ["--synthetic-nodes", "12", "--genai", "synthetic", "--set", "hours=2", "--set",
+             "serving_models=2", "--set", "serving_peak_rps=600", "--policies", "fgd,bestfit",
+             "--jobs", "1", "--out", str(out)]
+    for shard in ("0/2", "1/2"):
+        result = subprocess.run([sys.executable, "-m", "gpufrag.cli", "whatif", "sweep", *small,
+                                 "--shard", shard], env=env, capture_output=True, text=True,
+                                timeout=300, check=False)
+        assert result.returncode == 0, result.stderr
+        assert "plot" not in result.stderr
+    merged = subprocess.run([sys.executable, "-m", "gpufrag.cli", "whatif", "merge", str(out)],
+                            env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert merged.returncode == 0, merged.stderr
+    assert merged.stderr.count("gpufrag whatif merge: plots skipped: ") == 1
+    assert (out / "comparison.csv").stat().st_size > 0 and not (out / "timeline.png").exists()
+    assert "timeline.png" not in merged.stdout
+
+
 def test_a_plot_asked_for_without_matplotlib_fails_naming_the_extra(tmp_path: Path) -> None:
     code = ("from gpufrag.plotting import PlottingUnavailable, pyplot\n"
             "try:\n    pyplot()\nexcept PlottingUnavailable as exc:\n    print(exc)\n")
