@@ -32,6 +32,7 @@ from devkit.controlplane import ControlPlane
 from devkit.procs import wait_until
 from gpufrag import logs
 from gpufrag.conventions import (
+    ANNOTATION_GPU_ALLOCATED,
     ANNOTATION_GPU_INDICES,
     ANNOTATION_GPU_RECORD,
     DEFAULT_NAMES,
@@ -41,7 +42,7 @@ from gpufrag.conventions import (
 from gpufrag.records import RecordSigner
 from node.deviceplugin.allocator import Allocator, DeviceNodes, PodSource
 from node.deviceplugin.api import DevicePluginClient, pb
-from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED, DevicePluginConfig, Kind
+from node.deviceplugin.config import DevicePluginConfig, Kind
 from node.deviceplugin.devices import device_ids
 from node.deviceplugin.inventory import Gpu, HealthBoard
 from node.deviceplugin.matching import PodAsk

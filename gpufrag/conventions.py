@@ -77,6 +77,9 @@ ANNOTATION_GPU_INDICES = "gpufrag.io/gpu-indices"
 ANNOTATION_GPU_RECORD = "gpufrag.io/gpu-record"
 RECORD_KEY_SECRET = "gpufrag-record-key"
 RECORD_KEYS_CONFIGMAP = "gpufrag-record-keys"
+# The GPUs the device plugin gave each container (JSON, gpufrag.records.allocated_text): written
+# by the device plugin at Allocate, read by the node agent and gpufrag inspect against gpu-indices.
+ANNOTATION_GPU_ALLOCATED = "gpufrag.io/gpu-allocated"
 # Per-GPU usage published by the node agent on its Node (JSON, see node.agent).
 ANNOTATION_GPU_USAGE = "gpufrag.io/gpu-usage"
 # Opt a pod out of defragmentation moves ("false").

@@ -1,4 +1,5 @@
-"""Signed GPU records: the one home of what the extender signs and the device plugin checks.
+"""GPU records on a pod: the one home of what the extender signs and the device plugin checks,
+of the device plugin's own mark of what it gave, and of the check that the two agree.
 
 The extender records the GPUs it chose for a pod in the ``gpu-indices`` annotation at bind,
 and the device plugin hands a container exactly those GPUs. An annotation is no proof of who
@@ -19,6 +20,14 @@ writes them (``"0,3"``), each separated by a NUL byte, which none of them can co
 Keys rotate without a gap: the public ConfigMap holds any number of keys (``<key id>.pem``,
 SubjectPublicKeyInfo PEM); the extender signs with the one private key of its Secret. See
 docs/security.md for the procedure.
+
+**What the device plugin gave** (``gpufrag.io/gpu-allocated``, written at Allocate): a JSON
+object of container name -> the UUIDs of the GPUs that container got, keys sorted
+(:func:`allocated_text`, read back by :func:`parse_allocated`). It can differ from the record:
+two identical pods admitted in the other order swap GPUs (node.deviceplugin.matching), and a
+node whose NVML indices moved (a GPU lost or replaced, a driver reload) maps the recorded
+indices to other devices. :func:`allocation_mismatch` says whether, and why, for the node
+agent (a metric and an Event on the pod) and ``gpufrag inspect`` (a line).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import orjson
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -168,5 +178,78 @@ def _parts(record: str | None) -> list[str] | None:
     return parts
 
 
-__all__ = ["DOMAIN", "PRIVATE_KEY_FIELD", "PUBLIC_KEY_SUFFIX", "RecordSigner", "RecordVerifier",
-           "gpu_indices_text", "key_id"]
+# --- what the device plugin gave --------------------------------------------------------------
+
+Given = Mapping[str, tuple[str, ...]]  # container name -> GPU UUIDs
+
+# Why the device plugin's allocation differs from the extender's record, in words for people.
+ALLOCATION_MISMATCH_REASONS: Final[Mapping[str, str]] = {
+    "other_gpus": "the device plugin gave GPUs the extender's record does not name",
+    "unknown_gpu": "the device plugin gave a GPU this node's agent does not read",
+}
+
+
+def allocated_text(given: Given) -> str:
+    """The ``gpu-allocated`` annotation's value: ``{"<container>": ["GPU-...", ...]}``, keys
+    sorted, so equal allocations give equal text."""
+    return orjson.dumps({name: list(uuids) for name, uuids in sorted(given.items())}).decode()
+
+
+def parse_allocated(text: str) -> dict[str, tuple[str, ...]]:
+    """Read a ``gpu-allocated`` value; :class:`BadInput` when it is not an object of container
+    name -> list of UUID strings."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        value = None
+    if not (isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(u, str) for u in v)
+            for k, v in value.items())):
+        raise BadInput(f"{text[:200]!r} is not a JSON object of container name -> GPU UUIDs")
+    return {k: tuple(v) for k, v in value.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class AllocationMismatch:
+    """A pod whose containers got GPUs other than the ones recorded for it: ``reason`` is a
+    key of :data:`ALLOCATION_MISMATCH_REASONS`; ``given`` the GPUs it got, by index where this
+    node has the UUID, else the UUID."""
+
+    reason: str
+    recorded: tuple[int, ...]
+    given: tuple[int | str, ...]
+
+    def message(self) -> str:
+        """The one sentence for people (the agent's Event on the pod, ``gpufrag inspect``)."""
+        given = ", ".join(str(g) for g in self.given)
+        return (f"its containers got GPU(s) {given} but gpu-indices records "
+                f"{gpu_indices_text(self.recorded) or 'none'}: "
+                f"{ALLOCATION_MISMATCH_REASONS[self.reason]}, so the extender counts its share "
+                f"on GPUs it does not use (recreate the pod to realign them)")
+
+
+def allocation_mismatch(recorded: Sequence[int], given: Given,
+                        uuid_by_index: Mapping[int, str]) -> AllocationMismatch | None:
+    """Whether the GPUs the device plugin gave (``given``, from :func:`parse_allocated`) are
+    the recorded ones, this node's NVML index -> UUID (``uuid_by_index``) telling which is
+    which; None when they are (or when nothing was given yet).
+
+    Only "given but not recorded" counts: the kubelet allocates a pod's containers one at a
+    time, so a recorded GPU not given yet is a pod still starting, not a mismatch."""
+    index_by_uuid = {uuid: index for index, uuid in uuid_by_index.items()}
+    uuids = sorted({uuid for uuids in given.values() for uuid in uuids})
+    if not uuids:
+        return None
+    unknown = tuple(uuid for uuid in uuids if uuid not in index_by_uuid)
+    indices = tuple(sorted(index_by_uuid[uuid] for uuid in uuids if uuid in index_by_uuid))
+    ordered = tuple(sorted(set(recorded)))
+    if unknown:
+        return AllocationMismatch("unknown_gpu", ordered, indices + unknown)
+    if not set(indices) <= set(ordered):
+        return AllocationMismatch("other_gpus", ordered, indices)
+    return None
+
+
+__all__ = ["ALLOCATION_MISMATCH_REASONS", "DOMAIN", "PRIVATE_KEY_FIELD", "PUBLIC_KEY_SUFFIX",
+           "AllocationMismatch", "Given", "RecordSigner", "RecordVerifier", "allocated_text",
+           "allocation_mismatch", "gpu_indices_text", "key_id", "parse_allocated"]

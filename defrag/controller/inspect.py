@@ -17,8 +17,10 @@ marked where they sit and listed at the end with why; the next ``gpufrag defrag`
 releases the ones it made. GPU processes that belong to no live pod (the node agent's
 ``strays``: a pod deleted and its process left behind, or a process in no pod at all) are shown
 under their GPU from a fresh agent reading and listed at the end the same way: their memory
-counts as used and nothing gives it back until they exit. ``-o json|yaml`` print the same as
-data; ``-o wide`` adds each pod's own use and peak.
+counts as used and nothing gives it back until they exit. A pod the device plugin gave GPUs
+its ``gpu-indices`` record does not name (:func:`defrag.controller.ledger.misallocated_pods`)
+is marked ``MISALLOCATED (reason)`` under the GPUs the extender counts it on and listed at the
+end. ``-o json|yaml`` print the same as data; ``-o wide`` adds each pod's own use and peak.
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ import yaml
 
 from defrag.controller.cluster import read_nodes_and_pods, read_reservations
 from defrag.controller.config import DefragConfig
-from defrag.controller.ledger import StaleReservation, stale_reservations
+from defrag.controller.ledger import (
+    MisallocatedPod,
+    StaleReservation,
+    misallocated_pods,
+    stale_reservations,
+)
 from defrag.controller.measure import measure
 from defrag.controller.model import Snapshot
 from defrag.controller.snapshot import UsageSource, build_snapshot, hold_reservations
@@ -87,7 +94,8 @@ def _mib(value: float) -> int:
 
 def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node: str | None,
          namespace: str | None, threshold: float,
-         stale: Sequence[StaleReservation] = ()) -> dict[str, Any]:
+         stale: Sequence[StaleReservation] = (),
+         misallocated: Sequence[MisallocatedPod] = ()) -> dict[str, Any]:
     """The inspection as data (what ``-o json`` prints). ``node``/``namespace`` filter; a node
     is listed under a namespace filter when it holds a pod of that namespace."""
     state, usage = snapshot.state, snapshot.usage
@@ -100,6 +108,7 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
             continue  # build_snapshot's caller reports it
         expiry[r.key] = r.expires
     why_stale = {f"{PLACEMENT_NAMESPACE}/{s.name}": s.reason for s in stale}
+    why_misallocated = {m.key: m.mismatch.reason for m in misallocated}
     nodes: list[dict[str, Any]] = []
     strays: list[dict[str, Any]] = []  # of the nodes shown, in node and GPU order
     for row, name in enumerate(state.names):
@@ -127,6 +136,8 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
                          "peak_mib": _round_or_none(usage.pod_peak_mib.get(key))}
                 if placed.pod.gpu_memory_mib:
                     entry["memory_mib"] = placed.pod.gpu_memory_mib
+                if key in why_misallocated:
+                    entry["misallocated"] = why_misallocated[key]
             for gpu in placed.gpus:
                 holders.setdefault(gpu, []).append(entry)
         if not seen_namespace:
@@ -173,7 +184,13 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
                  "node": s.node, "released_by_defrag": s.managed}
                 for s in stale if (node is None or s.node == node)
                 and (namespace is None or s.namespace == namespace)],
-            "strays": strays}
+            "strays": strays,
+            "misallocated_pods": [
+                {"pod": m.key, "node": m.node, "reason": m.mismatch.reason,
+                 "recorded": list(m.mismatch.recorded), "given": list(m.mismatch.given),
+                 "detail": m.mismatch.message()}
+                for m in misallocated if (node is None or m.node == node)
+                and (namespace is None or m.namespace == namespace)]}
 
 
 def _round_or_none(value: float | None) -> int | None:
@@ -210,7 +227,9 @@ def table(data: Mapping[str, Any], *, wide: bool) -> str:
                          else f"{h['milli']} milli")
                 extra = (f", used {_figure(h['used_mib'])}, peak {_figure(h['peak_mib'])}"
                          if wide else "")
-                lines.append(f"    {h['pod']}: {share}, asked {h['asked']}{extra}")
+                wrong = (f", MISALLOCATED ({h['misallocated']})" if "misallocated" in h
+                         else "")
+                lines.append(f"    {h['pod']}: {share}, asked {h['asked']}{extra}{wrong}")
             for s in g["strays"]:
                 lines.append(f"    process {s['pid']} (no live pod): {_figure(s['used_mib'])}, "
                              f"STRAY ({s['reason']})")
@@ -218,6 +237,9 @@ def table(data: Mapping[str, Any], *, wide: bool) -> str:
         lines.append(f"stale reservation {r['reservation']} ({r['reason']}): {r['detail']}")
     for s in data["strays"]:
         lines.append(f"stray process {s['pid']} on {s['node']} ({s['reason']}): {s['detail']}")
+    for m in data["misallocated_pods"]:
+        lines.append(f"misallocated pod {m['pod']} on {m['node']} ({m['reason']}): "
+                     f"{m['detail']}")
     c = data["cluster"]
     lines.append(f"{len(data['nodes'])} node(s); cluster idle {c['idle_ratio']:.1%} "
                  f"(trigger over {data['threshold']:.0%}), fragmentation {c['frag_ratio']:.1%}, "
@@ -300,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise BadInput(f"no node {args.node!r} in the cluster "
                            f"({len(snapshot.state.index)} nodes read)", field="--node")
         data = view(snapshot, source.reservations, node=args.node, namespace=args.namespace,
-                    threshold=args.threshold, stale=stale)
+                    threshold=args.threshold, stale=stale,
+                    misallocated=misallocated_pods(source.pods, snapshot.readings, names))
     except BadInput as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

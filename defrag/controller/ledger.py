@@ -18,6 +18,12 @@ other pods have the capacity:
   the owner's controller creating the replacement (both pods are normally seen at once: the
   evicted one lingers while it terminates).
 - ``unreadable``: the object cannot be read as a reservation (the extender skips it too).
+
+A pod's own record can disagree with what it runs on, too: the device plugin's mark of the GPUs
+each container got (``gpu-allocated``) naming GPUs its ``gpu-indices`` record does not
+(:func:`misallocated_pods`, the rule in :func:`gpufrag.records.allocation_mismatch`). That one
+has no safe repair here (the pod runs on the GPUs it got; only recreating it realigns them):
+it is reported, by the node agent (metric, Event) and ``gpufrag inspect``.
 """
 
 from __future__ import annotations
@@ -28,9 +34,12 @@ from typing import Any, Final
 
 from defrag.controller.config import DefragConfig
 from defrag.controller.model import PodInfo
+from gpufrag.conventions import ANNOTATION_GPU_ALLOCATED, KubeNames
 from gpufrag.errors import BadInput
+from gpufrag.records import AllocationMismatch, allocation_mismatch, parse_allocated
+from node.agent.usage import NodeGpuUsage
 from scheduler.kube import reservations as rsv
-from scheduler.kube.convert import labels_of
+from scheduler.kube.convert import annotations_of, bound_gpus, is_terminal, labels_of
 
 # How long a reservation with no pod of its owner is given before it counts as orphaned.
 OWNER_GRACE_S: Final = DefragConfig().orphan_grace_s
@@ -105,3 +114,45 @@ def _why(r: rsv.Reservation, obj: Obj, owners: Collection[tuple[str, str]],
         return "", ""
     owner = f"{r.owner_kind or 'owner'} {r.namespace}/{r.owner_name or r.owner_uid}"
     return "owner_gone", f"{owner} has no pod {int(now - created)} s after the reservation was made"
+
+
+@dataclass(frozen=True, slots=True)
+class MisallocatedPod:
+    """A pod the device plugin gave GPUs its record does not name, on ``node``."""
+
+    namespace: str
+    name: str
+    node: str
+    mismatch: AllocationMismatch
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def misallocated_pods(pods: Iterable[Obj], readings: Mapping[str, NodeGpuUsage],
+                      names: KubeNames) -> list[MisallocatedPod]:
+    """Each live pod with a ``gpu-indices`` record and a readable device-plugin mark whose GPUs
+    differ (:func:`gpufrag.records.allocation_mismatch`), on a node with a fresh agent reading
+    (``readings``: what tells which UUID is which index there; without one nothing is said)."""
+    found = []
+    for obj in pods:
+        node = str((obj.get("spec") or {}).get("nodeName") or "")
+        reading = readings.get(node)
+        mark = annotations_of(obj).get(ANNOTATION_GPU_ALLOCATED)
+        if reading is None or not isinstance(mark, str) or is_terminal(obj):
+            continue
+        recorded = bound_gpus(obj, names)
+        try:
+            given = parse_allocated(mark)
+        except BadInput:
+            continue  # the device plugin reports its own unreadable mark
+        if recorded is None:
+            continue
+        mismatch = allocation_mismatch(recorded, given,
+                                       {gpu.index: gpu.uuid for gpu in reading.gpus})
+        if mismatch is not None:
+            meta = obj.get("metadata") or {}
+            found.append(MisallocatedPod(str(meta.get("namespace") or ""),
+                                         str(meta.get("name") or ""), node, mismatch))
+    return sorted(found, key=lambda m: (m.node, m.namespace, m.name))

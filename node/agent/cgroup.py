@@ -34,8 +34,9 @@ import structlog
 from kubernetes.client import ApiClient, CoreV1Api
 from structlog.typing import FilteringBoundLogger
 
-from gpufrag.conventions import DEFAULT_NAMES, KubeNames
+from gpufrag.conventions import ANNOTATION_GPU_ALLOCATED, DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
+from gpufrag.records import Given, parse_allocated
 from scheduler.core.types import PodRequest
 from scheduler.kube.convert import bound_gpus, pod_from_k8s
 from scheduler.kube.errors import ApiError, api_errors
@@ -111,6 +112,9 @@ class PodShare:
     request: PodRequest
     gpus: tuple[int, ...] | None = None
     gpus_text: str = ""  # the annotation as written, for messages
+    # What the device plugin says it gave each container (gpu-allocated; gpufrag.records);
+    # None when it has not marked the pod, or the mark cannot be read (the plugin says so).
+    given: Given | None = None
 
 
 def share_from_pod(obj: Mapping[str, Any], names: KubeNames = DEFAULT_NAMES) -> PodShare | None:
@@ -123,8 +127,13 @@ def share_from_pod(obj: Mapping[str, Any], names: KubeNames = DEFAULT_NAMES) -> 
     if not request.wants_gpu:
         return None
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    mark = annotations.get(ANNOTATION_GPU_ALLOCATED)
+    try:
+        given = parse_allocated(mark) if isinstance(mark, str) else None
+    except BadInput:
+        given = None
     return PodShare(request, bound_gpus(obj, names),
-                    str(annotations.get(names.annotation_gpu_indices, "")))
+                    str(annotations.get(names.annotation_gpu_indices, "")), given)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +189,15 @@ class PodDirectory:
     def share_of(self, uid: str) -> PodShare | None:
         """The GPU share of a pod :meth:`lookup` has found (from the same list; no API call)."""
         return self._shares.get(uid)
+
+    def shares(self) -> list[tuple[PodRef, PodShare]]:
+        """Every GPU pod on this node with its share, from a list no older than ``max_age_s``
+        (what the allocation check reads, GPU processes or not)."""
+        now = self._clock()
+        if self._refreshed_at is None or now - self._refreshed_at > self._max_age_s:
+            self._refresh(now)
+        return [(self._by_uid[uid], share) for uid, share in self._shares.items()
+                if uid in self._by_uid]
 
     def _refresh(self, now: float) -> None:
         # Stamp first: a failing API server is asked again after min_refresh_s, not per lookup.

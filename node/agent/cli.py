@@ -204,7 +204,7 @@ def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_
                           annotation_key=config.names.annotation_gpu_usage)
     agent = Agent(config, reader=reader, pods=PodResolver(directory, args.proc_root),
                   publisher=publisher, metrics=metrics, health=health, log=log,
-                  shares=directory.share_of)
+                  shares=directory.share_of, pod_shares=directory.shares)
     log.info("starting", gpus=gpu_count, interval_s=config.interval_s, once=args.once,
              dry_run=args.dry_run,
              nvml="recorded" if args.nvml_recording is not None else "live")

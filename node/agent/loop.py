@@ -23,12 +23,14 @@ from structlog.typing import FilteringBoundLogger
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
 from gpufrag.nvml import GpuReadError, GpuReading
+from gpufrag.records import AllocationMismatch, allocation_mismatch
 from node.agent import isolation, peaks
 from node.agent.cgroup import PodRef, PodShare
 from node.agent.isolation import ShareWatch
 from node.agent.leakwatch import DEFAULT_INTERVALS, DEFAULT_THRESHOLD_MIB, LeakWatch
 from node.agent.metrics import AgentMetrics, Health
 from node.agent.publish import (
+    EVENT_REASON_GPU_ALLOCATION_MISMATCH,
     EVENT_REASON_GPU_MEMORY_GROWTH,
     EVENT_REASON_GPU_MEMORY_OVER_SHARE,
     EVENT_REASON_GPU_PROCESS_WITHOUT_POD,
@@ -129,6 +131,28 @@ def no_shares(uid: str) -> PodShare | None:
     return None
 
 
+def no_pods() -> list[tuple[PodRef, PodShare]]:
+    """The pod list of an agent that knows no pod's share (the allocation check is off)."""
+    return []
+
+
+def allocation_mismatches(readings: Iterable[GpuReading],
+                          pods: Iterable[tuple[PodRef, PodShare]]
+                          ) -> list[tuple[PodRef, AllocationMismatch]]:
+    """Each pod whose device-plugin mark (``given``) names GPUs its gpu-indices record does not,
+    this reading's NVML index -> UUID telling which GPU is which. Pods without a record (placed
+    by another scheduler: the kubelet chose) or without a mark are not compared."""
+    uuid_by_index = {reading.index: reading.uuid for reading in readings}
+    found = []
+    for pod, share in sorted(pods, key=lambda p: (p[0].namespace, p[0].name, p[0].uid)):
+        if share.gpus is None or not share.given:
+            continue
+        mismatch = allocation_mismatch(share.gpus, share.given, uuid_by_index)
+        if mismatch is not None:
+            found.append((pod, mismatch))
+    return found
+
+
 def build_usage(node: str, timestamp: float, interval_s: float,
                 readings: Iterable[GpuReading],
                 pod_for_pid: Callable[[int], PodRef | None],
@@ -188,7 +212,8 @@ class Agent:
     def __init__(self, config: AgentConfig, *, reader: GpuReader, pods: PidToPod,
                  publisher: Publisher, metrics: AgentMetrics, health: Health,
                  log: FilteringBoundLogger, clock: Callable[[], float] = time.time,
-                 shares: Callable[[str], PodShare | None] = no_shares) -> None:
+                 shares: Callable[[str], PodShare | None] = no_shares,
+                 pod_shares: Callable[[], Iterable[tuple[PodRef, PodShare]]] = no_pods) -> None:
         self.config = config
         self._reader = reader
         self._pods = pods
@@ -207,6 +232,9 @@ class Agent:
                                        cooldown_s=config.share_cooldown_s)
         # (pid, GPU UUID) of the strays reported: one Event each while they stay
         self._strays_reported: set[tuple[int, str]] = set()
+        self._pod_shares = pod_shares
+        # (pod UID, reason) of the allocation mismatches reported: one Event each while it stays
+        self._mismatches_reported: set[tuple[str, str]] = set()
 
     def tick(self) -> NodeGpuUsage | None:
         """One interval. Returns the reading, or None when reading or publishing failed."""
@@ -227,6 +255,7 @@ class Agent:
         self._watch_leaks(usage, now)
         self._check_shares(usage, now)
         self._report_strays(usage, now)
+        self._check_allocations(readings, now)
         try:
             reason = self._publisher.publish(usage)
         except PublishError as exc:
@@ -296,6 +325,26 @@ class Agent:
                 continue  # asked again next interval
             self._strays_reported.add(key)
             self._metrics.events.labels(EVENT_REASON_GPU_PROCESS_WITHOUT_POD).inc()
+
+    def _check_allocations(self, readings: Iterable[GpuReading], now: float) -> None:
+        found = allocation_mismatches(readings, self._pod_shares())
+        self._metrics.observe_allocation_mismatches(m.reason for _, m in found)
+        self._mismatches_reported &= {(pod.uid, m.reason) for pod, m in found}
+        for pod, mismatch in found:
+            key = (pod.uid, mismatch.reason)
+            if key in self._mismatches_reported:
+                continue
+            self._log.warning("gpu_allocation_mismatch", namespace=pod.namespace, pod=pod.name,
+                              reason=mismatch.reason, recorded=list(mismatch.recorded),
+                              given=list(mismatch.given))
+            try:
+                self._publisher.report_allocation_mismatch(pod, mismatch.message(), now)
+            except PublishError as exc:
+                self._log.warning("event_failed", error=str(exc), namespace=pod.namespace,
+                                  pod=pod.name)
+                continue  # asked again next interval
+            self._mismatches_reported.add(key)
+            self._metrics.events.labels(EVENT_REASON_GPU_ALLOCATION_MISMATCH).inc()
 
     def run(self, wait: Callable[[float], bool]) -> None:
         """Tick every ``interval_s`` until ``wait(delay)`` returns True (stop requested).

@@ -28,6 +28,7 @@ from gpufrag.httpserve import Server
 from gpufrag.metrics import new_registry
 from gpufrag.nvml import MIB
 from gpufrag.probes import Liveness
+from gpufrag.records import ALLOCATION_MISMATCH_REASONS
 from node.agent.cgroup import PodRef
 from node.agent.isolation import Overrun
 from node.agent.usage import STRAY_REASONS, NodeGpuUsage
@@ -94,6 +95,14 @@ class AgentMetrics:
         for reason in STRAY_REASONS:
             self.strays.labels(reason)
             self.stray_bytes.labels(reason)
+        self.allocation_mismatches = Gauge(
+            "gpufrag_agent_gpu_allocation_mismatches",
+            "Pods on this node whose containers the device plugin gave GPUs other than the ones "
+            "gpu-indices records, by reason (other_gpus: GPUs of this node the record does not "
+            "name; unknown_gpu: a GPU the agent does not read here).",
+            ("reason",), registry=r)
+        for reason in ALLOCATION_MISMATCH_REASONS:
+            self.allocation_mismatches.labels(reason)
         self.last_publish_s = Gauge(
             "gpufrag_agent_last_publish_timestamp_seconds",
             "Unix time of the last successful usage annotation write.", registry=r,
@@ -162,6 +171,14 @@ class AgentMetrics:
         for reason in STRAY_REASONS:
             self.strays.labels(reason).set(count[reason])
             self.stray_bytes.labels(reason).set(mib[reason] * MIB)
+
+    def observe_allocation_mismatches(self, reasons: Iterable[str]) -> None:
+        """This interval's mismatched pods, one reason each: the count of each reason."""
+        count = dict.fromkeys(ALLOCATION_MISMATCH_REASONS, 0)
+        for reason in reasons:
+            count[reason] += 1
+        for reason, pods in count.items():
+            self.allocation_mismatches.labels(reason).set(pods)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

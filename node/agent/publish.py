@@ -40,6 +40,8 @@ EVENT_REASON_GPU_PROCESS_WITHOUT_POD = "GPUProcessWithoutPod"
 # Events about a cluster-scoped Node go to this namespace, as the kubelet's do.
 NODE_EVENT_NAMESPACE = "default"
 EVENT_REASON_GPU_MEMORY_OVER_SHARE = "GPUMemoryOverShare"
+# The device plugin gave a pod GPUs other than its gpu-indices record (gpufrag.records).
+EVENT_REASON_GPU_ALLOCATION_MISMATCH = "GPUAllocationMismatch"
 EVENT_TYPE_WARNING = "Warning"
 # Object names are at most 253 characters; the event name adds "." and up to 16 hex digits.
 _MAX_EVENT_PREFIX = 253 - 17
@@ -223,6 +225,10 @@ class Publisher:
 
     def report_over_share(self, pod: PodRef, message: str, now: float) -> None:
         self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_OVER_SHARE,
+                                      message=message, event_type=EVENT_TYPE_WARNING, now=now)
+
+    def report_allocation_mismatch(self, pod: PodRef, message: str, now: float) -> None:
+        self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_ALLOCATION_MISMATCH,
                                       message=message, event_type=EVENT_TYPE_WARNING, now=now)
 
     def report_stray(self, message: str, now: float) -> None:

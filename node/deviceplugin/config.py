@@ -12,7 +12,12 @@ import os
 from dataclasses import dataclass, field
 from enum import Enum
 
-from gpufrag.conventions import DEFAULT_NAMES, KubeNames, qualified_name_problem
+from gpufrag.conventions import (
+    ANNOTATION_GPU_ALLOCATED,
+    DEFAULT_NAMES,
+    KubeNames,
+    qualified_name_problem,
+)
 from gpufrag.errors import BadInput
 
 DEFAULT_SOCKET_DIR = "/var/lib/kubelet/device-plugins"
@@ -20,10 +25,6 @@ DEFAULT_KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_HEALTH_INTERVAL_S = 5.0
 DEFAULT_WATCH_INTERVAL_S = 1.0
 DEFAULT_METRICS_PORT = 9402  # beside the agent's 9401 and DCGM's 9400
-# The device plugin's own annotation on a pod: which GPUs (by UUID) each container was given.
-# Written and read only by the device plugin; it moves to gpufrag.conventions the day another
-# component reads it.
-ANNOTATION_GPU_ALLOCATED = "gpufrag.io/gpu-allocated"
 # The driver's control devices every CUDA container needs besides /dev/nvidiaN.
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
@@ -53,6 +54,7 @@ class DevicePluginConfig:
     # gpufrag-scheduler without bind) gets the devices the kubelet chose; off: it is refused.
     kubelet_fallback: bool = True
     control_devices: tuple[str, ...] = CONTROL_DEVICES
+    # The node agent and gpufrag inspect read the default key (gpufrag.conventions) only.
     annotation_allocated: str = ANNOTATION_GPU_ALLOCATED
     names: KubeNames = field(default_factory=lambda: DEFAULT_NAMES)
 

@@ -48,10 +48,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from gpufrag.conventions import KubeNames
 from gpufrag.errors import BadInput
+from gpufrag.records import Given, parse_allocated
 from node.deviceplugin.config import Kind
 from node.deviceplugin.inventory import Gpu, HealthBoard
 from scheduler.core.types import MILLI_PER_GPU
@@ -59,7 +58,6 @@ from scheduler.kube.convert import annotations_of, bound_gpus, container_gpus, p
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
 Obj = Mapping[str, Any]
-Given = Mapping[str, tuple[str, ...]]  # container name -> GPU UUIDs
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,16 +118,11 @@ def _allocated(text: str | None) -> tuple[Given, str]:
     if text is None:
         return {}, ""
     try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        value = None
-    if not (isinstance(value, dict) and all(
-            isinstance(k, str) and isinstance(v, list) and all(isinstance(u, str) for u in v)
-            for k, v in value.items())):
+        return parse_allocated(text), ""
+    except BadInput:
         return {}, (f"its allocation mark {text[:200]!r} is not a JSON object of container "
                     f"name -> GPU UUIDs; the plugin does not know what it was given, so it "
                     f"gives it nothing more")
-    return {k: tuple(v) for k, v in value.items()}, ""
 
 
 def pod_ask(obj: Obj, names: KubeNames, *, annotation_allocated: str) -> PodAsk | None:

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-import orjson
 from kubernetes import client
 from kubernetes.client import CoreV1Api
 
+from gpufrag.records import allocated_text
 from node.deviceplugin.matching import PodAsk
 from scheduler.kube.errors import ApiError, api_errors
 
@@ -44,11 +44,6 @@ class PodWriter(Protocol):
     def warn(self, pod: PodAsk, message: str, *, now: float) -> None: ...
 
 
-def mark_value(given: Mapping[str, tuple[str, ...]]) -> str:
-    """The annotation's value: ``{"<container>": ["GPU-...", ...]}``, keys sorted."""
-    return orjson.dumps({name: list(uuids) for name, uuids in sorted(given.items())}).decode()
-
-
 class KubePodWriter:
     """:class:`PodWriter` over a ``kubernetes.client.ApiClient``."""
 
@@ -58,7 +53,7 @@ class KubePodWriter:
         self._timeout_s = request_timeout_s
 
     def mark_allocated(self, pod: PodAsk, key: str, given: Mapping[str, tuple[str, ...]]) -> None:
-        body = {"metadata": {"uid": pod.uid, "annotations": {key: mark_value(given)}}}
+        body = {"metadata": {"uid": pod.uid, "annotations": {key: allocated_text(given)}}}
         self._call(f"marking pod {pod.key} allocated ({key})", "patch pods",
                    lambda: self._core.patch_namespaced_pod(
                        pod.name, pod.namespace, body,

@@ -29,6 +29,11 @@ def _usage(node: str, gpus: list[tuple[int, int, list[tuple[str, str, int]]]],
     return {cv.ANNOTATION_GPU_USAGE: reading.to_json()}
 
 
+def _written(path: Path, nodes: list[dict[str, object]], pods: list[dict[str, object]]) -> Path:
+    write_snapshot(path, nodes, pods)
+    return path
+
+
 @pytest.fixture
 def snapshot(tmp_path: Path) -> Path:
     """n0: GPU 0 held by two shares (web 500 milli using 1,000 MiB, api 300 using 4,000), GPU 1
@@ -41,9 +46,7 @@ def snapshot(tmp_path: Path) -> Path:
             k8s_pod("api", node="n0", milli=300, indices="0"),
             k8s_pod("big", namespace="other", node="n0", gpus=1, indices="1"),
             k8s_pod("waiting", milli=200, scheduler_name=cv.SCHEDULER_NAME)]
-    path = tmp_path / "cluster.json"
-    write_snapshot(path, nodes, pods)
-    return path
+    return _written(tmp_path / "cluster.json", nodes, pods)
 
 
 def _json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
@@ -122,9 +125,7 @@ def with_strays(tmp_path: Path) -> Path:
                                                timestamp=NOW - 3600))]
     pods = [k8s_pod("web", node="n0", milli=500, indices="0"),
             k8s_pod("big", node="n0", gpus=1, indices="1")]
-    path = tmp_path / "strays.json"
-    write_snapshot(path, nodes, pods)
-    return path
+    return _written(tmp_path / "strays.json", nodes, pods)
 
 
 def test_a_process_of_no_live_pod_shows_under_its_gpu_and_at_the_end(
@@ -156,3 +157,39 @@ def test_the_table_marks_each_stray_and_lists_it(
            "(GPU-n0-1) and it runs in no pod: the memory stays taken until it exits" in lines
     assert inspect_main(["--snapshot", str(with_strays), "-o", "yaml"]) == 0
     assert [s["pid"] for s in yaml.safe_load(capsys.readouterr().out)["strays"]] == [4242, 7070]
+
+
+@pytest.fixture
+def misallocated(tmp_path: Path) -> Path:
+    """Two whole-GPU twins on n0 that the kubelet admitted in the other order: the device plugin
+    gave each the other's GPU (its gpu-allocated mark); a third pod's mark names another GPU
+    than its record, but n1 has no fresh reading to tell which UUID is which index there."""
+    def given(uuid: str) -> dict[str, str]:
+        return {cv.ANNOTATION_GPU_ALLOCATED: json.dumps({"main": [uuid]})}
+
+    nodes = [k8s_node("n0", annotations=_usage("n0", [(0, 100, []), (1, 100, [])])),
+             k8s_node("n1")]
+    pods = [k8s_pod("twin-a", node="n0", gpus=1, indices="0", annotations=given("GPU-n0-1")),
+            k8s_pod("twin-b", namespace="other", node="n0", gpus=1, indices="1",
+                    annotations=given("GPU-n0-0")),
+            k8s_pod("unjudged", node="n1", gpus=1, indices="0",
+                    annotations=given("GPU-n1-1"))]
+    return _written(tmp_path / "misallocated.json", nodes, pods)
+
+
+def test_a_pod_given_other_gpus_than_recorded_is_marked_and_listed(
+        misallocated: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _json(capsys, "--snapshot", str(misallocated))
+    n0 = data["nodes"][0]  # type: ignore[index]
+    assert [(h["pod"], h.get("misallocated")) for g in n0["gpus"] for h in g["holders"]] == [
+        ("ns/twin-a", "other_gpus"), ("other/twin-b", "other_gpus")]
+    assert [(m["pod"], m["node"], m["recorded"], m["given"])
+            for m in data["misallocated_pods"]] == [  # type: ignore[attr-defined]
+        ("ns/twin-a", "n0", [0], [1]), ("other/twin-b", "n0", [1], [0])]
+    assert _json(capsys, "--snapshot", str(misallocated), "--namespace", "other")[
+        "misallocated_pods"][0]["pod"] == "other/twin-b"  # type: ignore[index]
+    assert inspect_main(["--snapshot", str(misallocated)]) == 0
+    out = capsys.readouterr().out
+    assert "    ns/twin-a: 1000 milli, asked whole, MISALLOCATED (other_gpus)" in out
+    assert ("misallocated pod ns/twin-a on n0 (other_gpus): its containers got GPU(s) 1 but "
+            "gpu-indices records 0: ") in out

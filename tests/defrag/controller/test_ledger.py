@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from defrag.controller.ledger import OWNER_GRACE_S, stale_reservations
+from defrag.controller.ledger import OWNER_GRACE_S, misallocated_pods, stale_reservations
 from defrag.controller.model import PodInfo
+from gpufrag import conventions as cv
+from gpufrag.records import AllocationMismatch
+from node.agent.usage import GpuUsage, NodeGpuUsage
 from scheduler.kube import reservations as rsv
 from scheduler.kube.reservations import Reservation
 from tests.builders import pod
+from tests.defrag.controller.builders import k8s_pod
 
 NOW = 1_800_000_000.0
 
@@ -73,3 +77,24 @@ def test_expired_node_gone_and_unreadable() -> None:
 def test_a_reservation_someone_else_made_is_reported_as_not_ours() -> None:
     (found,) = stale_reservations([obj("theirs", managed=False)], {}, {"gpu-1"}, NOW)
     assert found.reason == "owner_gone" and not found.managed
+
+
+READING = NodeGpuUsage("gpu-1", NOW, 15.0, tuple(
+    GpuUsage(i, f"GPU-{i}", "A100", 0, 81_920, 0) for i in range(2)))
+
+
+def marked(name: str, given: str, *, indices: str | None = "0", phase: str | None = None,
+           node: str = "gpu-1") -> dict[str, Any]:
+    return k8s_pod(name, node=node, gpus=1, indices=indices, phase=phase,
+                   annotations={cv.ANNOTATION_GPU_ALLOCATED: given})
+
+
+def test_only_live_recorded_pods_with_a_readable_mark_on_a_read_node_are_judged() -> None:
+    wrong = '{"main": ["GPU-1"]}'
+    pods = [marked("swapped", wrong), marked("right", '{"main": ["GPU-0"]}'),
+            marked("done", wrong, phase="Succeeded"), marked("kubelet-chose", wrong, indices=None),
+            marked("unreadable", "GPU-1"), marked("unread-node", wrong, node="gpu-2"),
+            k8s_pod("unmarked", node="gpu-1", gpus=1, indices="0")]
+    found = misallocated_pods(pods, {"gpu-1": READING}, cv.DEFAULT_NAMES)
+    assert [(m.key, m.node, m.mismatch) for m in found] == [
+        ("ns/swapped", "gpu-1", AllocationMismatch("other_gpus", (0,), (1,)))]

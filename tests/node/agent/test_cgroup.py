@@ -10,9 +10,11 @@ from node.agent.cgroup import (
     PodRecord,
     PodRef,
     PodResolver,
+    PodShare,
     pod_uid_for_pid,
     pod_uid_from_cgroup,
 )
+from scheduler.core.types import PodRequest
 from tests.node.agent.fakes import (
     FakeClock,
     FakeLister,
@@ -103,6 +105,19 @@ def test_directory_lists_once_and_serves_from_cache() -> None:
     assert directory.lookup(UID) == REF
     assert directory.lookup(OTHER.uid) == OTHER
     assert lister.calls == 1
+
+
+def test_the_directory_lists_every_gpu_pod_with_its_share_no_older_than_max_age() -> None:
+    clock = FakeClock(0.0)
+    request = PodRequest(namespace="serving", name="llama-7b-0", num_gpu=1, gpu_milli=1000)
+    lister = FakeLister([PodRecord(REF, share=PodShare(request, (0,), "0")), PodRecord(OTHER)])
+    directory = PodDirectory(lister, clock=clock, max_age_s=300.0)
+    assert directory.shares() == [(REF, PodShare(request, (0,), "0"))]  # CPU pods: none
+    lister.records = []
+    clock.advance(300.0)
+    assert len(directory.shares()) == 1 and lister.calls == 1  # served from the cache
+    clock.advance(1.0)
+    assert directory.shares() == [] and lister.calls == 2  # the pod left
 
 
 def test_a_miss_refreshes_but_no_more_often_than_min_refresh() -> None:

@@ -1,14 +1,21 @@
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
-from gpufrag.conventions import ANNOTATION_GPU_USAGE
+from gpufrag.conventions import (
+    ANNOTATION_GPU_ALLOCATED,
+    ANNOTATION_GPU_INDICES,
+    ANNOTATION_GPU_USAGE,
+    RESOURCE_GPU,
+)
 from gpufrag.errors import BadInput
 from gpufrag.nvml import NvmlReader, ProcessReading
 from gpufrag.nvml_recorded import RecordedNvml
+from node.agent.cgroup import PodRef, PodShare, share_from_pod
 from node.agent.loop import Agent, AgentConfig, build_usage, memory_by_pod
 from node.agent.metrics import AgentMetrics, Health
 from node.agent.publish import Publisher, PublishError, PublishPolicy
@@ -41,6 +48,8 @@ class Rig:
     writer: RecordingWriter = field(default_factory=RecordingWriter)
     clock: FakeClock = field(default_factory=FakeClock)
     log: RecordingLog = field(default_factory=RecordingLog)
+    # the node's GPU pods as the pod list reads them (the allocation check)
+    placed: dict[PodRef, PodShare] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.reader = NvmlReader(self.nvml)
@@ -53,6 +62,7 @@ class Rig:
                                                            self.config.tolerance_pct,
                                                            self.config.refresh_s)),
             metrics=self.metrics, health=self.health, log=self.log.as_logger(), clock=self.clock,
+            pod_shares=lambda: self.placed.items(),
         )
 
     def tick(self) -> Any:
@@ -279,3 +289,83 @@ def test_a_gpu_process_of_no_live_pod_gets_one_node_event_while_it_stays() -> No
     del rig.pods.by_pid[6060]
     rig.tick()
     assert len([e for e in rig.writer.events if e["reason"] == "GPUProcessWithoutPod"]) == 3
+
+
+# The recorded node's GPUs (tests.node.agent.fakes.recorded_devices), by NVML index.
+GPU_0 = "GPU-5a3c9f1e-7b2d-4c8e-9f01-23456789abcd"
+GPU_1 = "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
+
+
+def placed(pod: PodRef, recorded: str | None, given: dict[str, list[str]] | str | None
+           ) -> PodShare:
+    """A whole-GPU pod's share as the agent's pod list reads it: its gpu-indices record and the
+    device plugin's gpu-allocated mark (a dict, or raw text), each where given."""
+    annotations = {}
+    if recorded is not None:
+        annotations[ANNOTATION_GPU_INDICES] = recorded
+    if given is not None:
+        annotations[ANNOTATION_GPU_ALLOCATED] = given if isinstance(given, str) else \
+            json.dumps(given)
+    share = share_from_pod({
+        "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": pod.uid,
+                     "annotations": annotations},
+        "spec": {"containers": [{"name": "main",
+                                 "resources": {"limits": {RESOURCE_GPU: "1"}}}]}})
+    assert share is not None
+    return share
+
+
+def test_a_pod_the_device_plugin_gave_other_gpus_than_recorded_gets_one_event_while_it_stays(
+        ) -> None:
+    pod_d = PodRef("batch", "no-record-0", "uid-d")
+    rig = Rig(placed={
+        POD_A: placed(POD_A, "0", {"main": [GPU_0]}),  # as recorded
+        POD_B: placed(POD_B, "0", {"main": [GPU_1]}),  # swapped with a twin: got GPU 1
+        POD_C: placed(POD_C, "1", {"main": ["GPU-not-on-this-node"]}),
+        pod_d: placed(pod_d, None, {"main": [GPU_1]}),  # no record: the kubelet chose
+    })
+    rig.tick()
+    rig.tick()
+    events = [e for e in pod_events(rig.writer) if e["reason"] == "GPUAllocationMismatch"]
+    assert [(e["pod"], e["type"]) for e in events] == [(POD_C, "Warning"), (POD_B, "Warning")]
+    assert events[1]["message"] == (
+        "its containers got GPU(s) 1 but gpu-indices records 0: the device plugin gave GPUs "
+        "the extender's record does not name, so the extender counts its share on GPUs it does "
+        "not use (recreate the pod to realign them)")
+    assert "GPU(s) GPU-not-on-this-node but gpu-indices records 1" in events[0]["message"]
+    assert rig.sample("gpufrag_agent_gpu_allocation_mismatches", reason="other_gpus") == 1
+    assert rig.sample("gpufrag_agent_gpu_allocation_mismatches", reason="unknown_gpu") == 1
+    assert rig.sample("gpufrag_agent_events_total", reason="GPUAllocationMismatch") == 2
+    # B is recreated and lands as recorded: no mismatch left of that kind, the gauge says so
+    rig.placed[POD_B] = placed(POD_B, "1", {"main": [GPU_1]})
+    rig.tick()
+    assert rig.sample("gpufrag_agent_gpu_allocation_mismatches", reason="other_gpus") == 0
+    # ... and one that comes back after it cleared is reported again
+    rig.placed[POD_B] = placed(POD_B, "0", {"main": [GPU_1]})
+    rig.tick()
+    assert len([e for e in pod_events(rig.writer)
+                if e["reason"] == "GPUAllocationMismatch"]) == 3
+
+
+def test_a_failed_mismatch_event_is_asked_again_at_the_next_interval() -> None:
+    rig = Rig(placed={POD_B: placed(POD_B, "0", {"main": [GPU_1]})})
+    rig.writer.fail_with = PublishError("API server unreachable", retryable=True)
+    rig.tick()
+    rig.writer.fail_with = None
+    rig.tick()
+    rig.tick()
+    assert [e["pod"] for e in pod_events(rig.writer)
+            if e["reason"] == "GPUAllocationMismatch"] == [POD_B]
+
+
+@pytest.mark.parametrize(("recorded", "given"), [
+    ("0", None),  # not marked yet (or another device plugin serves the pod)
+    ("0", "{not json"),  # a mark the plugin cannot read either: it reports that itself
+    ("0", {"main": []}),
+])
+def test_pods_without_a_readable_mark_are_not_compared(
+        recorded: str, given: dict[str, list[str]] | str | None) -> None:
+    rig = Rig(placed={POD_B: placed(POD_B, recorded, given)})
+    rig.tick()
+    assert [e for e in pod_events(rig.writer) if e["reason"] == "GPUAllocationMismatch"] == []
+    assert rig.sample("gpufrag_agent_gpu_allocation_mismatches", reason="other_gpus") == 0

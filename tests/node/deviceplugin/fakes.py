@@ -8,9 +8,9 @@ from typing import Any
 
 import structlog
 
-from gpufrag.conventions import DEFAULT_NAMES
+from gpufrag.conventions import ANNOTATION_GPU_ALLOCATED, DEFAULT_NAMES
 from node.deviceplugin.allocator import Allocator, DeviceNodes
-from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED, DevicePluginConfig
+from node.deviceplugin.config import DevicePluginConfig
 from node.deviceplugin.inventory import HealthBoard
 from node.deviceplugin.matching import PodAsk
 from node.deviceplugin.metrics import PluginMetrics

@@ -31,12 +31,13 @@ import pytest
 from devkit.controlplane import ControlPlane
 from devkit.procs import wait_until
 from gpufrag.conventions import (
+    ANNOTATION_GPU_ALLOCATED,
     ANNOTATION_GPU_INDICES,
     DEFAULT_NAMES,
     RESOURCE_GPU,
     RESOURCE_GPU_MILLI,
 )
-from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED, Kind
+from node.deviceplugin.config import Kind
 from node.deviceplugin.devices import gpu_of
 from node.deviceplugin.matching import PodAsk
 from node.deviceplugin.pods import KubeNodePods, NodePods

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from gpufrag.conventions import DEFAULT_NAMES
-from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
+from gpufrag.conventions import ANNOTATION_GPU_ALLOCATED, DEFAULT_NAMES
 from node.deviceplugin.pods import NodePods
 from tests.node.deviceplugin.builders import build_pod
 
