@@ -94,6 +94,9 @@ class Knob:
     help: str
     pattern: str | None = None
     enum: tuple[str, ...] = ()
+    # Another field that reads a value an earlier knob declared (one name in several places);
+    # the base must have the same default there.
+    again: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,14 @@ _AGENT_C = "spec/template/spec/containers[name=agent]"
 _PLUGIN = ("DaemonSet", "gpufrag-device-plugin")
 
 KNOBS: Final[tuple[Knob, ...]] = (
+    Knob("scheduler.name", *_SCHED_CFG, "data/config.yaml",
+         "The scheduler's name (its profile's schedulerName), which pods name in "
+         "spec.schedulerName; give a second release a name of its own.",
+         pattern=r"schedulerName: (\S+)"),
+    Knob("scheduler.name", "ConfigMap", "gpufrag-names", "data/GPUFRAG_NAMES__SCHEDULER_NAME",
+         "", again=True),
+    Knob("scheduler.name", "Deployment", "resnet-serving", "spec/template/spec/schedulerName",
+         "", again=True),
     Knob("scheduler.replicas", *_SCHED, "spec/replicas",
          "gpufrag-scheduler replicas; more than one needs scheduler.leaderElect: true."),
     Knob("scheduler.leaderElect", *_SCHED_CFG, "data/config.yaml",
@@ -804,6 +815,15 @@ def _file_name(doc: Doc, taken: set[str]) -> str:
     return f"templates/{stem}.yaml"
 
 
+def _get_default(values: dict[str, object], dotted: str, where: str) -> object:
+    node: object = values
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            raise ChartError(f"{where}: reads a value no earlier knob declares")
+        node = node[key]
+    return node
+
+
 def _set_default(values: dict[str, object], dotted: str, value: object) -> None:
     node = values
     *parents, leaf = dotted.split(".")
@@ -833,7 +853,8 @@ def build_chart(docs: Sequence[Doc], version: str, *,
     values["global"] = {"imageRegistry": "", "imagePullPolicy": "", "imagePullSecrets": []}
     values["namespace"] = {"name": BASE_NAMESPACE, "create": True}
     images: dict[str, dict[str, str]] = {}
-    notes = {k.value: k.help for k in knobs} | {t.value: t.help for t in toggles}
+    notes = {k.value: k.help for k in knobs if not k.again} | {
+        t.value: t.help for t in toggles}
 
     names = [_name(d) for d in docs]
     for toggle in toggles:
@@ -859,8 +880,12 @@ def build_chart(docs: Sequence[Doc], version: str, *,
 
     for knob in knobs:
         where = f"knob {knob.value}"
-        _set_default(values, knob.value, _apply_knob(_find(docs, knob.kind, knob.name, where),
-                                                     knob))
+        default = _apply_knob(_find(docs, knob.kind, knob.name, where), knob)
+        if not knob.again:
+            _set_default(values, knob.value, default)
+        elif _get_default(values, knob.value, where) != default:
+            raise ChartError(f"{where} ({knob.kind}/{knob.name} {knob.path}): the base has "
+                             f"{default!r} there, not the value's default")
     for line in lines:
         _apply_line(_find(docs, line.kind, line.name, f"line {line.value}"), line)
         _set_default(values, line.value, False)
@@ -1152,7 +1177,7 @@ in dry-run: it prints plans and evicts nothing (set defrag.dryRun=false once the
 for real: it evicts through the Eviction API, within the PDBs.
 {{- end }}
 {{- end }}
-Opt workloads in with spec.schedulerName: gpufrag-scheduler (docs/operations.md).
+Opt workloads in with spec.schedulerName: {{ .Values.scheduler.name }} (docs/operations.md).
 Check that the extender answers: helm test {{ .Release.Name }} -n {{ .Release.Namespace }}
 """
 
@@ -1230,8 +1255,12 @@ RATIOS: Final = frozenset({"defrag.threshold"})
 _RATIO_TEXT = r"^0*(\.[0-9]+|0(\.[0-9]*)?)$"
 
 
+_LABEL: Final = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"  # one DNS label
 # Values whose schema is more than their default's type says.
 SCHEMAS: Final[dict[str, dict[str, object]]] = {
+    # A DNS subdomain, as kube-scheduler and gpufrag's names (names.scheduler_name) require.
+    "scheduler.name": {"type": "string", "maxLength": 253,
+                       "pattern": rf"^{_LABEL}(\.{_LABEL})*$"},
     "fullnameOverride": {"type": "string", "maxLength": 200,
                          "pattern": r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?$"},
     "global.imagePullPolicy": {"type": "string", "enum": ["", "Always", "IfNotPresent", "Never"]},

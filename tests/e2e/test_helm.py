@@ -474,6 +474,21 @@ def test_a_second_release_shares_no_cluster_wide_name_with_the_first(helm: Path)
     assert all(name.startswith("gpu-sched-") for _, _, name in cluster_wide_names(override))
 
 
+def test_the_scheduler_name_is_one_value_everywhere_it_is_read(helm: Path) -> None:
+    """scheduler.name is the profile kube-scheduler answers to, the name the extender and the
+    device plugin read (names.scheduler_name), and the example's spec.schedulerName: a second
+    release answers to a name of its own."""
+    docs = helm_template(helm, "--set", "scheduler.name=gpufrag-team-b")
+    config = yaml.safe_load(tree(find(docs, "ConfigMap", "gpufrag-scheduler-config"))["data"][
+        "config.yaml"])
+    assert [p["schedulerName"] for p in config["profiles"]] == ["gpufrag-team-b"]
+    names = tree(find(docs, "ConfigMap", "gpufrag-names"))["data"]
+    assert names["GPUFRAG_NAMES__SCHEDULER_NAME"] == "gpufrag-team-b"
+    serving = tree(find(docs, "Deployment", "resnet-serving"))
+    assert serving["spec"]["template"]["spec"]["schedulerName"] == "gpufrag-team-b"
+    assert "schedulerName: gpufrag-scheduler" not in yaml.safe_dump_all(docs)
+
+
 def test_helm_test_hooks_ask_the_extenders_probe_listener(helm: Path) -> None:
     """The hooks are a Service in front of the scheduler pods' ext-health port and a Pod, in
     the gpufrag image, that GETs /healthz and /readyz through it."""
@@ -549,6 +564,7 @@ def test_chart_installs_into_an_existing_release_namespace(helm: Path) -> None:
     ("global.imageRegistry=a registry", "imageRegistry"),
     ("fullnameOverride=Not_A_Name", "fullnameOverride"),
     ("agent.affinity=near", "affinity"),
+    ("scheduler.name=Gpufrag_Scheduler", "name"),
 ])
 def test_bad_values_are_refused_naming_the_field(helm: Path, flag: str, field: str) -> None:
     result = run_helm(helm, "template", "gpufrag", str(CHART), "--set", flag, check=False)
@@ -599,7 +615,8 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane) -> None:
         assert listed.stdout.strip(), f"no {kind} installed"
     second = "team-b"
     run_helm(helm, "install", second, str(CHART), "--kubeconfig", kubeconfig, "--namespace",
-             "default", "--set", f"namespace.name=gpufrag-{second}")
+             "default", "--set", f"namespace.name=gpufrag-{second}", "--set",
+             f"scheduler.name=gpufrag-{second}")
     bindings = control_plane.kubectl("get", "clusterrolebindings", "-o", "name").stdout
     assert f"clusterrolebinding.rbac.authorization.k8s.io/{second}-gpufrag-agent" in bindings
     assert f"clusterrolebinding.rbac.authorization.k8s.io/{release}-gpufrag-agent" in bindings
