@@ -135,8 +135,12 @@ def test_a_changed_base_leaves_the_written_chart_stale(tmp_path: Path) -> None:
 
 
 def test_the_shipped_knobs_are_distinct_and_grouped() -> None:
-    names = [k.value for k in chart.KNOBS] + [t.value for t in chart.TOGGLES]
+    names = [k.value for k in chart.KNOBS if not k.again] + [t.value for t in chart.TOGGLES]
     assert len(names) == len(set(names))
+    # A value read again is declared by an earlier knob.
+    for i, knob in enumerate(chart.KNOBS):
+        if knob.again:
+            assert knob.value in {k.value for k in chart.KNOBS[:i] if not k.again}
     assert {n.split(".")[0] for n in names} <= set(chart.GROUP_HELP)
 
 
@@ -200,3 +204,13 @@ def test_pod_fields_the_base_leaves_out_are_written_only_when_set() -> None:
 def test_the_shipped_components_are_the_charts_workloads() -> None:
     assert {c.value for c in chart.COMPONENTS} <= set(chart.GROUP_HELP)
     assert len({c.value for c in chart.COMPONENTS}) == len(chart.COMPONENTS)
+
+
+def test_a_value_read_in_two_places_must_have_one_default() -> None:
+    knobs = (Knob("app.name", "ConfigMap", "a", "data/name", "n"),
+             Knob("app.name", "ConfigMap", "b", "data/name", "", again=True))
+    files = build([configmap("a", {"name": "x"}), configmap("b", {"name": "x"})], knobs)
+    assert "name: {{ .Values.app.name | quote }}" in files["templates/configmap-b.yaml"]
+    with pytest.raises(ChartError, match=r"knob app\.name \(ConfigMap/b data/name\): the base "
+                                         r"has 'y' there"):
+        build([configmap("a", {"name": "x"}), configmap("b", {"name": "y"})], knobs)
