@@ -233,6 +233,12 @@ def test_the_monitoring_labels_and_the_no_cert_manager_path(helm: Path) -> None:
 def test_helm_lint_strict_passes(helm: Path) -> None:
     result = run_helm(helm, "lint", "--strict", str(CHART))
     assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+    # With every optional part, the production layout and the pull settings on.
+    result = run_helm(helm, "lint", "--strict", str(CHART), *EVERYTHING, "--set",
+                      "rightsizing.certManager=true", "--set", "global.imagePullPolicy=Always",
+                      "--set", "global.imagePullSecrets[0].name=pull", "--set",
+                      "global.imageRegistry=mirror.example.com")
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
 
 
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
@@ -565,6 +571,9 @@ def test_chart_installs_into_an_existing_release_namespace(helm: Path) -> None:
     ("fullnameOverride=Not_A_Name", "fullnameOverride"),
     ("agent.affinity=near", "affinity"),
     ("scheduler.name=Gpufrag_Scheduler", "name"),
+    ("monitoring.enabled=maybe", "enabled"),
+    ("monitoring.labels=release", "labels"),
+    ("crds.upgrade=sometimes", "upgrade"),
 ])
 def test_bad_values_are_refused_naming_the_field(helm: Path, flag: str, field: str) -> None:
     result = run_helm(helm, "template", "gpufrag", str(CHART), "--set", flag, check=False)
