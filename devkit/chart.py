@@ -1306,10 +1306,19 @@ def _schema_of(value: object, path: str, enums: dict[str, tuple[str, ...]]
         "properties": {k: _schema_of(v, f"{path}.{k}" if path else k, enums)
                        for k, v in value.items()}}
     if path == "scheduler":
-        # Two kube-scheduler replicas without leader election both schedule: double binds.
-        schema["if"] = {"properties": {"replicas": {"minimum": 2}}, "required": ["replicas"]}
-        schema["then"] = {"properties": {"leaderElect": {"const": True}},
-                          "required": ["leaderElect"]}
+        rules = [
+            # Two kube-scheduler replicas without leader election both schedule: double binds.
+            {"if": {"properties": {"replicas": {"minimum": 2}}, "required": ["replicas"]},
+             "then": {"properties": {"leaderElect": {"const": True}},
+                      "required": ["leaderElect"]}},
+        ]
+        if "disruptionBudget" in value:
+            # minAvailable 1 of one replica: no drain could ever evict it.
+            rules.append({
+                "if": {"properties": {"disruptionBudget": {"const": True}},
+                       "required": ["disruptionBudget"]},
+                "then": {"properties": {"replicas": {"minimum": 2}}, "required": ["replicas"]}})
+        schema["allOf"] = rules
     return schema
 
 

@@ -208,8 +208,12 @@ def test_each_optional_part_renders_exactly_its_kustomize_component(
     """Off by default (the default render is the base); on, each adds exactly the objects of
     its component under manifests/components, all rendered from there."""
     base = by_identity(kustomize(control_plane_binary, "base"))
+    # The schema takes the scheduler's PodDisruptionBudget only with two replicas.
+    needs = {"scheduler.disruptionBudget": ["--set", "scheduler.replicas=2", "--set",
+                                            "scheduler.leaderElect=true"]}
     for part in chart.PARTS:
-        rendered = [d for d in helm_template(helm, "--set", f"{part.value}=true")
+        rendered = [d for d in helm_template(helm, "--set", f"{part.value}=true",
+                                             *needs.get(part.value, []))
                     if identity(d) not in base]
         same_objects(rendered, kustomize(control_plane_binary, part.path))
 
@@ -574,6 +578,8 @@ def test_chart_installs_into_an_existing_release_namespace(helm: Path) -> None:
     ("monitoring.enabled=maybe", "enabled"),
     ("monitoring.labels=release", "labels"),
     ("crds.upgrade=sometimes", "upgrade"),
+    # A PodDisruptionBudget of minAvailable 1 over one replica blocks every drain.
+    ("scheduler.disruptionBudget=true", "replicas"),
 ])
 def test_bad_values_are_refused_naming_the_field(helm: Path, flag: str, field: str) -> None:
     result = run_helm(helm, "template", "gpufrag", str(CHART), "--set", flag, check=False)
