@@ -15,12 +15,14 @@ the controller.
 
 from __future__ import annotations
 
-import datetime
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kubernetes
+
+from scheduler.kube.events import Involved, create_event, warning_event
 
 SUPPORTED_KINDS = ("Deployment", "ReplicaSet", "StatefulSet", "DaemonSet", "Job")
 
@@ -108,17 +110,12 @@ class WorkloadClient:
             _request_timeout=self._timeout_s)
 
     def event(self, workload: Workload, reason: str, message: str) -> None:
-        """A Warning Event on the workload's controller (``kubectl describe`` shows it)."""
-        at = datetime.datetime.now(datetime.UTC)
-        models = kubernetes.client
-        self._core.create_namespaced_event(workload.namespace, models.CoreV1Event(
-            metadata=models.V1ObjectMeta(generate_name=f"{workload.name}.",
-                                         namespace=workload.namespace),
-            involved_object=models.V1ObjectReference(
-                api_version="batch/v1" if workload.kind == "Job" else "apps/v1",
-                kind=workload.kind, namespace=workload.namespace, name=workload.name,
-                uid=workload.uid),
-            reason=reason, message=message, type="Warning", count=1, first_timestamp=at,
-            last_timestamp=at, source=models.V1EventSource(component=self._component),
-            reporting_component=self._component, reporting_instance=self._component),
-            _request_timeout=self._timeout_s)
+        """A Warning Event on the workload's controller (``kubectl describe`` shows it), at
+        most one per workload and reason an hour (:mod:`scheduler.kube.events`): every cycle
+        is a new process, so the API server's 409 is what remembers the last one."""
+        namespace, body = warning_event(
+            Involved(workload.kind, workload.name, workload.namespace, workload.uid,
+                     api_version="batch/v1" if workload.kind == "Job" else "apps/v1"),
+            reason=reason, message=message, component=self._component,
+            instance=self._component, now_s=time.time())
+        create_event(self._core, namespace, body, timeout_s=self._timeout_s)

@@ -319,7 +319,8 @@ class Agent:
                               uuid=gpu.uuid, memory_mib=stray.memory_used_mib,
                               reason=stray.reason)
             try:
-                self._publisher.report_stray(stray.message(gpu.index, gpu.uuid), now)
+                self._publisher.report_stray(stray.message(gpu.index, gpu.uuid), now,
+                                             about=f"{stray.pid}/{gpu.uuid}")
             except PublishError as exc:
                 self._log.warning("event_failed", error=str(exc), pid=stray.pid)
                 continue  # asked again next interval

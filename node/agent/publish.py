@@ -4,8 +4,11 @@ Two writes, so the agent's RBAC is short and obvious:
 
 - ``patch`` on ``nodes`` (its own Node): the ``gpufrag.io/gpu-usage`` annotation, as a JSON
   merge patch that touches only that key;
-- ``create`` on ``events`` (core/v1, in the pod's namespace): ``GPUMemoryGrowth`` and
-  ``GPUMemoryOverShare`` warnings.
+- ``create`` on ``events`` (core/v1, in the pod's namespace, or ``default`` for the Node's):
+  ``GPUMemoryGrowth``, ``GPUMemoryOverShare``, ``GPUAllocationMismatch`` and
+  ``GPUProcessWithoutPod`` warnings, built and deduplicated (one per object and reason within
+  :data:`EVENT_WINDOW_S`: a second one is refused as already there, which also covers a
+  restarted agent) by :mod:`scheduler.kube.events`.
 
 (Its one read, ``list`` on ``pods`` with ``fieldSelector=spec.nodeName``, lives with the pid ->
 pod lookup in :mod:`node.agent.cgroup`.)
@@ -21,10 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Protocol
 
-from kubernetes import client
 from kubernetes.client import ApiClient, CoreV1Api
 from structlog.typing import FilteringBoundLogger
 
@@ -32,19 +33,25 @@ from gpufrag.conventions import ANNOTATION_GPU_USAGE
 from node.agent.cgroup import PodRef
 from node.agent.usage import NodeGpuUsage
 from scheduler.kube.errors import ApiError, api_errors
+from scheduler.kube.events import (
+    CLUSTER_EVENT_NAMESPACE,
+    WARNING,
+    Involved,
+    create_event,
+    warning_event,
+)
 
 COMPONENT = "gpufrag-agent"
+# The agent's Event window: the isolation check's cooldown (node.agent.isolation), so a pod that
+# flaps across its share still gets the one Event per cooldown that check decides on.
+EVENT_WINDOW_S = 600.0
 EVENT_REASON_GPU_MEMORY_GROWTH = "GPUMemoryGrowth"
 # A GPU process that belongs to no live pod (a GPU's strays: node.agent.usage), on the Node.
 EVENT_REASON_GPU_PROCESS_WITHOUT_POD = "GPUProcessWithoutPod"
-# Events about a cluster-scoped Node go to this namespace, as the kubelet's do.
-NODE_EVENT_NAMESPACE = "default"
 EVENT_REASON_GPU_MEMORY_OVER_SHARE = "GPUMemoryOverShare"
 # The device plugin gave a pod GPUs other than its gpu-indices record (gpufrag.records).
 EVENT_REASON_GPU_ALLOCATION_MISMATCH = "GPUAllocationMismatch"
-EVENT_TYPE_WARNING = "Warning"
-# Object names are at most 253 characters; the event name adds "." and up to 16 hex digits.
-_MAX_EVENT_PREFIX = 253 - 17
+EVENT_TYPE_WARNING = WARNING
 
 
 class PublishError(RuntimeError):
@@ -63,15 +70,16 @@ class ClusterWriter(Protocol):
                          now: float) -> None: ...
 
     def create_node_event(self, *, reason: str, message: str, event_type: str,
-                          now: float) -> None: ...
+                          now: float, about: str = "") -> None: ...
 
 
 class KubeClusterWriter:
     """:class:`ClusterWriter` over a ``kubernetes.client.ApiClient`` (in-cluster or kubeconfig)."""
 
     def __init__(self, api_client: ApiClient, *, node_name: str, component: str = COMPONENT,
-                 request_timeout_s: float = 10.0) -> None:
+                 request_timeout_s: float = 10.0, event_window_s: float = EVENT_WINDOW_S) -> None:
         self._core = CoreV1Api(api_client)
+        self._event_window_s = event_window_s
         self._node_name = node_name
         self._component = component
         self._request_timeout_s = request_timeout_s
@@ -87,49 +95,30 @@ class KubeClusterWriter:
     def create_pod_event(self, pod: PodRef, *, reason: str, message: str, event_type: str,
                          now: float) -> None:
         self._create_event(
-            client.V1ObjectReference(api_version="v1", kind="Pod", namespace=pod.namespace,
-                                     name=pod.name, uid=pod.uid),
-            pod.namespace, reason=reason, message=message, event_type=event_type, now=now,
-            what=f"pod {pod.namespace}/{pod.name}",
+            Involved("Pod", pod.name, pod.namespace, pod.uid), reason=reason, message=message,
+            event_type=event_type, now=now, what=f"pod {pod.namespace}/{pod.name}",
             not_found=f"namespace {pod.namespace!r} is gone")
 
     def create_node_event(self, *, reason: str, message: str, event_type: str,
-                          now: float) -> None:
+                          now: float, about: str = "") -> None:
         self._create_event(
             # uid = the node's name, as the kubelet's node reference has it (kubectl describe
             # node finds the Event by it)
-            client.V1ObjectReference(api_version="v1", kind="Node", name=self._node_name,
-                                     uid=self._node_name),
-            NODE_EVENT_NAMESPACE, reason=reason, message=message, event_type=event_type,
-            now=now, what=f"node {self._node_name}",
-            not_found=f"namespace {NODE_EVENT_NAMESPACE!r} is gone")
+            Involved("Node", self._node_name, uid=self._node_name), reason=reason,
+            message=message, event_type=event_type, now=now, about=about,
+            what=f"node {self._node_name}",
+            not_found=f"namespace {CLUSTER_EVENT_NAMESPACE!r} is gone")
 
-    def _create_event(self, involved: client.V1ObjectReference, namespace: str, *, reason: str,
-                      message: str, event_type: str, now: float, what: str,
-                      not_found: str) -> None:
-        name = str(involved.name)
-        at = datetime.fromtimestamp(now, tz=UTC)
-        event = client.CoreV1Event(
-            # client-go's recorder names events "<object>.<unix nanos in hex>"; so do we.
-            metadata=client.V1ObjectMeta(
-                name=f"{name[:_MAX_EVENT_PREFIX]}.{int(now * 1e9):x}",
-                namespace=namespace,
-            ),
-            involved_object=involved,
-            reason=reason,
-            message=message,
-            type=event_type,
-            count=1,
-            first_timestamp=at,
-            last_timestamp=at,
-            source=client.V1EventSource(component=self._component, host=self._node_name),
-            reporting_component=self._component,
-            reporting_instance=f"{self._component}-{self._node_name}",
-        )
+    def _create_event(self, involved: Involved, *, reason: str, message: str,
+                      event_type: str, now: float, what: str, not_found: str,
+                      about: str = "") -> None:
+        namespace, body = warning_event(
+            involved, reason=reason, message=message, component=self._component,
+            instance=f"{self._component}-{self._node_name}", host=self._node_name, now_s=now,
+            about=about, event_type=event_type, window_s=self._event_window_s)
         with _api_errors(f"creating event {reason} on {what}", verb="create events",
                          not_found=not_found):
-            self._core.create_namespaced_event(namespace, event,
-                                               _request_timeout=self._request_timeout_s)
+            create_event(self._core, namespace, body, timeout_s=self._request_timeout_s)
 
 
 @contextmanager
@@ -166,7 +155,7 @@ class LogOnlyWriter:
                        reason=reason, type=event_type, message=message)
 
     def create_node_event(self, *, reason: str, message: str, event_type: str,
-                          now: float) -> None:
+                          now: float, about: str = "") -> None:
         self._log.info("dry_run_create_event", kind="Node", reason=reason, type=event_type,
                        message=message)
 
@@ -231,6 +220,8 @@ class Publisher:
         self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_ALLOCATION_MISMATCH,
                                       message=message, event_type=EVENT_TYPE_WARNING, now=now)
 
-    def report_stray(self, message: str, now: float) -> None:
+    def report_stray(self, message: str, now: float, *, about: str = "") -> None:
+        """On the Node; ``about`` (the process and GPU) makes each stray its own Event."""
         self._writer.create_node_event(reason=EVENT_REASON_GPU_PROCESS_WITHOUT_POD,
-                                       message=message, event_type=EVENT_TYPE_WARNING, now=now)
+                                       message=message, event_type=EVENT_TYPE_WARNING, now=now,
+                                       about=about)

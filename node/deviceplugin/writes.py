@@ -5,7 +5,8 @@ Two writes, so its RBAC is short (``manifests/base/rbac-deviceplugin.yaml``):
 - ``patch`` on ``pods``: the ``gpufrag.io/gpu-allocated`` annotation (a JSON merge patch that
   touches only that key, carrying the pod's UID so a pod re-created under the same name is never
   marked for its predecessor);
-- ``create`` on ``events``: a Warning on a pod whose GPU annotation the plugin cannot honour.
+- ``create`` on ``events``: a Warning on a pod whose GPU annotation the plugin cannot honour
+  (built and deduplicated by :mod:`scheduler.kube.events`).
 
 (Its one read, list + watch of the pods on its node, is :mod:`node.deviceplugin.pods`.)
 :class:`PodWriter` is the seam; tests record calls.
@@ -13,20 +14,18 @@ Two writes, so its RBAC is short (``manifests/base/rbac-deviceplugin.yaml``):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from datetime import UTC, datetime
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from kubernetes import client
 from kubernetes.client import CoreV1Api
 
 from gpufrag.records import allocated_text
 from node.deviceplugin.matching import PodAsk
 from scheduler.kube.errors import ApiError, api_errors
+from scheduler.kube.events import Involved, create_event, warning_event
 
 COMPONENT = "gpufrag-device-plugin"
 REASON_REFUSED = "GPUAllocationRefused"
-_MAX_EVENT_PREFIX = 253 - 17  # "<pod>.<unix nanos in hex>", as client-go names events
 
 
 class PodWriteError(RuntimeError):
@@ -54,39 +53,34 @@ class KubePodWriter:
 
     def mark_allocated(self, pod: PodAsk, key: str, given: Mapping[str, tuple[str, ...]]) -> None:
         body = {"metadata": {"uid": pod.uid, "annotations": {key: allocated_text(given)}}}
-        self._call(f"marking pod {pod.key} allocated ({key})", "patch pods",
-                   lambda: self._core.patch_namespaced_pod(
-                       pod.name, pod.namespace, body,
-                       _content_type="application/merge-patch+json",
-                       _request_timeout=self._timeout_s, _preload_content=False))
+
+        def patch() -> None:
+            # Any: with _preload_content=False the call returns the raw response.
+            resp: Any = self._core.patch_namespaced_pod(
+                pod.name, pod.namespace, body, _content_type="application/merge-patch+json",
+                _request_timeout=self._timeout_s, _preload_content=False)
+            try:
+                resp.data  # noqa: B018  read to the end before the connection goes back
+            finally:
+                resp.release_conn()
+
+        self._call(f"marking pod {pod.key} allocated ({key})", "patch pods", patch)
 
     def warn(self, pod: PodAsk, message: str, *, now: float) -> None:
-        at = datetime.fromtimestamp(now, tz=UTC)
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{pod.name[:_MAX_EVENT_PREFIX]}.{int(now * 1e9):x}",
-                                         namespace=pod.namespace),
-            involved_object=client.V1ObjectReference(api_version="v1", kind="Pod",
-                                                     namespace=pod.namespace, name=pod.name,
-                                                     uid=pod.uid),
-            reason=REASON_REFUSED, message=message[:1024], type="Warning", count=1,
-            first_timestamp=at, last_timestamp=at,
-            source=client.V1EventSource(component=COMPONENT, host=self._node_name),
-            reporting_component=COMPONENT, reporting_instance=f"{COMPONENT}-{self._node_name}",
-        )
+        """A Warning on the pod, at most one per pod an hour (:mod:`scheduler.kube.events`:
+        the kubelet may ask again for a pod it keeps admitting)."""
+        namespace, body = warning_event(
+            Involved("Pod", pod.name, pod.namespace, pod.uid), reason=REASON_REFUSED,
+            message=message, component=COMPONENT, instance=f"{COMPONENT}-{self._node_name}",
+            host=self._node_name, now_s=now)
         self._call(f"creating event {REASON_REFUSED} on pod {pod.key}", "create events",
-                   lambda: self._core.create_namespaced_event(
-                       pod.namespace, event, _request_timeout=self._timeout_s,
-                       _preload_content=False))
+                   lambda: create_event(self._core, namespace, body, timeout_s=self._timeout_s))
 
     @staticmethod
-    def _call(what: str, verb: str, fn: Any) -> None:
+    def _call(what: str, verb: str, fn: Callable[[], object]) -> None:
         try:
             with api_errors(what):
-                resp = fn()
-                try:
-                    resp.data  # noqa: B018  read to the end before the connection goes back
-                finally:
-                    resp.release_conn()
+                fn()
         except ApiError as exc:
             if exc.status in (401, 403):
                 raise PodWriteError(f"{what}: HTTP {exc.status}; the device plugin's "

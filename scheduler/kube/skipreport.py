@@ -13,9 +13,7 @@ extender's other writes); a full queue drops the report and counts it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import queue
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -26,6 +24,7 @@ import structlog
 
 from scheduler.kube.cache import SkippedObject
 from scheduler.kube.errors import api_error
+from scheduler.kube.events import Involved, is_duplicate, warning_event
 from scheduler.kube.podwarning import (
     EVENT_REASON_BYPASSED,
     EVENT_REASON_RESERVATION_REFUSED,
@@ -40,20 +39,14 @@ REPORTING_COMPONENT: Final = "gpufrag-extender"
 # Reports waiting for the writer; one burst of bad objects past this is dropped (and counted).
 EVENT_QUEUE_SIZE: Final = 256
 # Objects (UIDs) already reported; past this the oldest may be reported again, which the
-# deterministic Event name turns into a harmless 409 while the first Event lives (1 h default).
+# deterministic Event name turns into a harmless 409 within its hour (scheduler.kube.events).
 REMEMBERED_REPORTS: Final = 10_000
-EVENT_MESSAGE_CHARS: Final = 1024        # the events.k8s.io limit on a note
-EVENT_INSTANCE_CHARS: Final = 128        # the limit on reportingInstance
-HTTP_CONFLICT = 409
 SKIP_EVENT_OUTCOMES: Final = ("written", "failed", "dropped")
 
 
 # -------------------------------------------------------------------------------- skip reports
 EventWrite = Callable[[str, dict[str, Any]], None]
 """Create one Event (namespace, body); raises what the API client raises."""
-
-_NOT_IN_A_NAME = re.compile(r"[^a-z0-9.-]+")
-
 
 Report = SkippedObject | PodWarning
 """What a Warning Event is written about."""
@@ -68,16 +61,6 @@ def _event_reason(report: Report) -> str:
     return report.event_reason if isinstance(report, PodWarning) else EVENT_REASON_UNREADABLE
 
 
-def _event_name(report: Report) -> str:
-    """``<object>.<16 hex digits of cause, kind and UID>``: one name per object and cause, so
-    a restarted extender re-reporting it gets 409 AlreadyExists instead of a duplicate."""
-    prefix = _NOT_IN_A_NAME.sub("-", report.name.lower())[:200].strip(".-") or "object"
-    identity = (f"{report.kind}/{report.uid or report.key}" if isinstance(report, SkippedObject)
-                else _identity(report))
-    digest = hashlib.sha256(identity.encode()).hexdigest()
-    return f"{prefix}.{digest[:16]}"
-
-
 def _message(report: Report) -> str:
     if isinstance(report, PodWarning):
         return report.message
@@ -87,29 +70,16 @@ def _message(report: Report) -> str:
 
 def skip_event(skipped: Report, *, instance: str, now_s: float
                ) -> tuple[str, dict[str, Any]]:
-    """The namespace and body of the core/v1 Warning Event about one report. A node's Event
-    goes to ``default``, as the kubelet's do; the message is the reason (for an unreadable
-    object the converter's, naming field and value), which is what the owner of the object
-    needs to act on."""
-    namespace = skipped.namespace or "default"
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_s))
-    involved: dict[str, Any] = {"apiVersion": "v1", "kind": skipped.kind, "name": skipped.name}
-    if skipped.namespace:
-        involved["namespace"] = skipped.namespace
-    if skipped.uid:
-        involved["uid"] = skipped.uid
-    message = _message(skipped)
-    return namespace, {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": _event_name(skipped), "namespace": namespace},
-        "involvedObject": involved,
-        "type": "Warning", "reason": _event_reason(skipped),
-        "message": message[:EVENT_MESSAGE_CHARS],
-        "source": {"component": REPORTING_COMPONENT},
-        "reportingComponent": REPORTING_COMPONENT,
-        "reportingInstance": instance[:EVENT_INSTANCE_CHARS],
-        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-    }
+    """The namespace and body of the core/v1 Warning Event about one report
+    (:func:`scheduler.kube.events.warning_event`: one name per object, cause and hour, so a
+    restarted extender re-reporting it gets 409 AlreadyExists instead of a duplicate). A node's
+    Event goes to ``default``, as the kubelet's do; the message is the reason (for an
+    unreadable object the converter's, naming field and value), which is what the owner of the
+    object needs to act on."""
+    return warning_event(
+        Involved(skipped.kind, skipped.name, skipped.namespace, skipped.uid),
+        reason=_event_reason(skipped), message=_message(skipped),
+        component=REPORTING_COMPONENT, instance=instance, now_s=now_s)
 
 
 class SkipReporter:
@@ -170,7 +140,7 @@ class SkipReporter:
             self.write(namespace, body)
         except Exception as e:
             error = api_error(f"writing an Event on {what}", e)
-            if error is not None and error.status == HTTP_CONFLICT:
+            if is_duplicate(error):
                 self._count("written")  # reported before (a restart): the Event is there
                 return
             self._count("failed")

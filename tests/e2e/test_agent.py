@@ -33,6 +33,7 @@ from node.agent.cgroup import KubePodLister, PodListError, PodRecord, PodRef
 from node.agent.publish import (
     EVENT_REASON_GPU_MEMORY_GROWTH,
     EVENT_REASON_GPU_MEMORY_OVER_SHARE,
+    EVENT_WINDOW_S,
     KubeClusterWriter,
     PublishError,
 )
@@ -92,6 +93,19 @@ def test_leak_event_lands_on_the_pod(control_plane: ControlPlane, node: str,
     assert (event.reason, event.type, event.message) == (
         "GPUMemoryGrowth", "Warning", "GPU memory grew by 600 MiB")
     assert event.source.component == "gpufrag-agent" and event.source.host == node
+    # The same pod and reason again within the window: the API server refuses the second Event
+    # as already there (scheduler.kube.events), the writer takes that as reported, and the
+    # pod keeps one Event. Another reason, or the next window, is a new one.
+    writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_GROWTH,
+                            message="GPU memory grew by 900 MiB", event_type="Warning",
+                            now=1_732_900_000.5 + 60)
+    assert len(core.list_namespaced_event(namespace).items) == 1
+    writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_OVER_SHARE, message="over",
+                            event_type="Warning", now=1_732_900_000.5 + 60)
+    writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_GROWTH, message="later",
+                            event_type="Warning", now=1_732_900_000.5 + EVENT_WINDOW_S)
+    assert sorted(e.message for e in core.list_namespaced_event(namespace).items) == [
+        "GPU memory grew by 600 MiB", "later", "over"]
 
 
 def test_pod_lister_sees_only_this_nodes_pods(control_plane: ControlPlane, node: str,

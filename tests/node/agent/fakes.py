@@ -181,8 +181,8 @@ class RecordingWriter:
                             "type": event_type, "now": now})
 
     def create_node_event(self, *, reason: str, message: str, event_type: str,
-                          now: float) -> None:
+                          now: float, about: str = "") -> None:
         if self.fail_with is not None:
             raise self.fail_with
         self.events.append({"pod": None, "reason": reason, "message": message,
-                            "type": event_type, "now": now})
+                            "type": event_type, "now": now, "about": about})
