@@ -970,27 +970,47 @@ def build_chart(docs: Sequence[Doc], version: str, *,
 KEEP_ANNOTATION: Final = "helm.sh/resource-policy"
 HOOK_ANNOTATION: Final = "helm.sh/hook"
 
-# `helm test`: a Service in front of the extender's probe listener and a pod that asks it.
-TEST_SERVICE: Final = "gpufrag-extender-test"
+# `helm test`: a pod that asks every extender replica's probe listener, found through the API.
 TEST_POD: Final = "gpufrag-test-extender-answers"
 TEST_DEADLINE_S: Final = 120
 TEST_PATHS: Final = ("/healthz", "/readyz")
-# Run by the gpufrag image's python: GET each path until it answers 200, within one deadline
-# (the Service's endpoints, and the extender's first sync for /readyz, may lag the hook); exit
-# non-zero naming the path and the last error otherwise.
+# Run by the gpufrag image's python, as the hook's ServiceAccount (list pods, its namespace
+# only): find the extender's pods by their labels, then GET each path on each pod's IP until it
+# answers 200, within one deadline (a replica may still be starting, /readyz waits for the
+# first sync); exit non-zero naming the pod, the path and the last error otherwise. Pod IPs, not
+# a Service: nothing in the cluster's DNS or Service routing stands between the test and the
+# extender, and every replica is asked. Outside a pod (a test of this script) it reads
+# $KUBECONFIG instead.
 _TEST_SCRIPT: Final = """\
-import sys, time, urllib.request
-base, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
-for path in sys.argv[3:]:
-    while True:
-        try:
-            with urllib.request.urlopen(base + path, timeout=5) as reply:
-                print(base + path, reply.status, reply.read().decode().strip(), flush=True)
-                break
-        except OSError as e:
-            if time.monotonic() > deadline:
-                sys.exit(f"{base}{path}: no 200 within the deadline: {e}")
-        time.sleep(1)
+import os, sys, time, urllib.request
+from kubernetes import client, config
+selector, port, deadline = sys.argv[1], sys.argv[2], time.monotonic() + float(sys.argv[3])
+if "KUBERNETES_SERVICE_HOST" in os.environ:
+    config.load_incluster_config()
+else:
+    config.load_kube_config()
+namespace, core = os.environ["POD_NAMESPACE"], client.CoreV1Api()
+while True:
+    pods = [p for p in core.list_namespaced_pod(namespace, label_selector=selector).items
+            if p.status.pod_ip and p.metadata.deletion_timestamp is None]
+    if pods:
+        break
+    if time.monotonic() > deadline:
+        sys.exit(f"no pod {selector} in {namespace} has an IP within the deadline")
+    time.sleep(1)
+for pod in pods:
+    for path in sys.argv[4:]:
+        url = f"http://{pod.status.pod_ip}:{port}{path}"
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as reply:
+                    print(pod.metadata.name, url, reply.status, reply.read().decode().strip(),
+                          flush=True)
+                    break
+            except OSError as e:
+                if time.monotonic() > deadline:
+                    sys.exit(f"{pod.metadata.name} {url}: no 200 within the deadline: {e}")
+            time.sleep(1)
 """
 
 
@@ -1082,7 +1102,8 @@ def test_hooks(docs: Sequence[Doc]) -> list[Doc]:
     """The ``helm test`` objects, built from what the base says about the extender: its pod's
     labels, its probe port (``ext-health``) and its image. The verbs listen on the pod's
     loopback only (nothing outside the pod may bind), so the test asks the probe listener:
-    ``/healthz`` (the process answers) and ``/readyz`` (its state has synced)."""
+    ``/healthz`` (the process answers) and ``/readyz`` (its state has synced), on every
+    replica; a ServiceAccount that may list pods in the namespace finds them."""
     where = "helm test"
     scheduler = _find(docs, *_SCHED, where)
     holder, key = _resolve(scheduler, "spec/template/spec/containers[name=extender]", where)
@@ -1093,38 +1114,48 @@ def test_hooks(docs: Sequence[Doc]) -> list[Doc]:
         raise ChartError(f"{where}: the extender container has no ext-health port or no image")
     port = ports[0]["containerPort"]
     holder, key = _resolve(scheduler, "spec/selector/matchLabels", where)
-    selector = copy.deepcopy(_get(holder, key))
+    selector = _get(holder, key)
+    assert isinstance(selector, dict)
 
-    def meta(name: str, weight: int) -> Doc:
-        return {"name": name, "namespace": BASE_NAMESPACE,
-                "labels": {NAME_LABEL: name, "app.kubernetes.io/part-of": NAME_PREFIX},
+    def meta(weight: int) -> Doc:
+        return {"name": TEST_POD, "namespace": BASE_NAMESPACE,
+                "labels": {NAME_LABEL: TEST_POD, "app.kubernetes.io/part-of": NAME_PREFIX},
                 "annotations": {HOOK_ANNOTATION: "test", "helm.sh/hook-weight": str(weight),
                                 "helm.sh/hook-delete-policy":
                                     "before-hook-creation,hook-succeeded"}}
 
-    service: Doc = {
-        "apiVersion": "v1", "kind": "Service", "metadata": meta(TEST_SERVICE, -1),
-        "spec": {"selector": selector,
-                 "ports": [{"name": "ext-health", "port": port, "targetPort": "ext-health"}]}}
+    rbac = "rbac.authorization.k8s.io/v1"
     pod: Doc = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": meta(TEST_POD, 0),
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta(0),
         "spec": {
+            "serviceAccountName": TEST_POD,
             "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
             "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532,
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
                 "name": "extender-answers",
                 "image": extender["image"],
-                "command": ["python", "-c", _TEST_SCRIPT, f"http://{TEST_SERVICE}:{port}",
-                            str(TEST_DEADLINE_S), *TEST_PATHS],
-                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"},
-                              "limits": {"cpu": "500m", "memory": "128Mi"}},
+                "command": ["python", "-c", _TEST_SCRIPT,
+                            ",".join(f"{k}={v}" for k, v in sorted(selector.items())),
+                            str(port), str(TEST_DEADLINE_S), *TEST_PATHS],
+                "env": [{"name": "POD_NAMESPACE",
+                         "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"},
+                              "limits": {"cpu": "1", "memory": "256Mi"}},
                 "securityContext": {"allowPrivilegeEscalation": False,
                                     "readOnlyRootFilesystem": True,
                                     "capabilities": {"drop": ["ALL"]}},
             }]}}
-    return [service, pod]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(-1)},
+        {"apiVersion": rbac, "kind": "Role", "metadata": meta(-1),
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]},
+        {"apiVersion": rbac, "kind": "RoleBinding", "metadata": meta(-1),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TEST_POD},
+         "subjects": [{"kind": "ServiceAccount", "name": TEST_POD,
+                       "namespace": BASE_NAMESPACE}]},
+        pod,
+    ]
 
 HELPERS: Final = """\
 {{/* Generated by devkit/chart.py; do not edit. */}}
@@ -1357,7 +1388,9 @@ def _readme(values: dict[str, object], notes: dict[str, str]) -> str:
             "extender.ignorable=false,extender.bind=true,defrag.dryRun=false,"
             "scheduler.disruptionBudget=true` the chart renders the production overlay's objects. "
             "`helm test <release>` runs the hooks in `templates/tests/`: a pod "
-            "that asks the extender's probe listener for `/healthz` and `/readyz`. Install and "
+            "that asks every extender replica's probe listener for `/healthz` and `/readyz`. "
+            "`helm upgrade` applies `crds/` through a pre-upgrade hook (`crds.upgrade`). "
+            "Install and "
             "upgrade: the operations guide, "
             "[Install with Helm](../../docs/operations.md#install-with-helm).\n\n"
             "| value | default | what it sets |\n|---|---|---|\n" + "\n".join(rows) + "\n")

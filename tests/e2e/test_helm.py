@@ -10,6 +10,7 @@ accepted by a server-side dry run. helm is built from its Go module (``devkit/to
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -131,8 +132,20 @@ def images(docs: Sequence[Doc]) -> list[str]:
 
 
 def dry_run(plane: ControlPlane, docs: Sequence[Doc]) -> None:
-    result = plane.kubectl("apply", "--dry-run=server", "-f", "-",
-                           input_text=yaml.safe_dump_all(docs), check=False)
+    """A server-side dry run of ``docs``. A Pod's admission looks its ServiceAccount up, which
+    a dry run does not create: the ServiceAccounts that bare Pods (the test hook) name are
+    created for the dry run and deleted after it."""
+    accounts = [d for d in docs if d["kind"] == "ServiceAccount" and identity(d)[3] in {
+        tree(p)["spec"].get("serviceAccountName") for p in docs if p["kind"] == "Pod"}]
+    if accounts:
+        plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(accounts))
+    try:
+        result = plane.kubectl("apply", "--dry-run=server", "-f", "-",
+                               input_text=yaml.safe_dump_all(docs), check=False)
+    finally:
+        if accounts:
+            plane.kubectl("delete", "-f", "-", input_text=yaml.safe_dump_all(accounts),
+                          check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("(server dry run)") == len(docs)
 
@@ -309,11 +322,8 @@ def test_generated_templates_render_back_to_their_base_through_helm(helm: Path,
 
 def test_default_chart_is_accepted_by_the_api_server(helm: Path,
                                                      control_plane: ControlPlane) -> None:
-    """Every object an install applies, and the ``helm test`` hooks (a Pod: admission looks
-    its ServiceAccount up, so the namespace's default one must exist first)."""
+    """Every object an install applies, and the hooks (``helm test``'s, the CRD upgrade's)."""
     ensure_namespace(control_plane, chart.BASE_NAMESPACE)
-    control_plane.kubectl("wait", "--for=create", "serviceaccount/default", "-n",
-                          chart.BASE_NAMESPACE, "--timeout=60s")
     dry_run(control_plane, helm_template(helm, tests=True))
 
 
@@ -444,8 +454,6 @@ def test_pull_settings_and_scheduling_knobs_reach_every_pod(
     assert resources["requests"] == {"cpu": "20m", "memory": "32Mi"} and resources["limits"]
 
     ensure_namespace(control_plane, chart.BASE_NAMESPACE)
-    control_plane.kubectl("wait", "--for=create", "serviceaccount/default", "-n",
-                          chart.BASE_NAMESPACE, "--timeout=60s")
     dry_run(control_plane, docs)
 
 
@@ -499,52 +507,80 @@ def test_the_scheduler_name_is_one_value_everywhere_it_is_read(helm: Path) -> No
     assert "schedulerName: gpufrag-scheduler" not in yaml.safe_dump_all(docs)
 
 
-def test_helm_test_hooks_ask_the_extenders_probe_listener(helm: Path) -> None:
-    """The hooks are a Service in front of the scheduler pods' ext-health port and a Pod, in
-    the gpufrag image, that GETs /healthz and /readyz through it."""
+def test_helm_test_hooks_ask_every_extender_replicas_probe_listener(helm: Path) -> None:
+    """The hooks are a Pod in the gpufrag image that lists the scheduler's pods by the
+    Deployment's own selector and GETs /healthz and /readyz on each one's ext-health port, and
+    the ServiceAccount, Role (list pods, nothing else) and RoleBinding it runs as."""
     docs = helm_template(helm, tests=True)
     hooks = {identity(d)[1]: tree(d) for d in docs
              if annotations_of(d).get(chart.HOOK_ANNOTATION) == "test"}
-    assert sorted(hooks) == ["Pod", "Service"]
-    assert {annotations_of(d)[chart.HOOK_ANNOTATION] for d in hooks.values()} == {"test"}
-    service, pod = hooks["Service"], hooks["Pod"]
-    template = tree(find(docs, "Deployment", "gpufrag-scheduler"))["spec"]["template"]
-    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
-    extender = next(c for c in template["spec"]["containers"] if c["name"] == "extender")
-    (port,) = service["spec"]["ports"]
-    assert {"name": port["targetPort"], "containerPort": port["port"]} in extender["ports"]
+    assert sorted(hooks) == ["Pod", "Role", "RoleBinding", "ServiceAccount"]
+    pod, role = hooks["Pod"], hooks["Role"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    assert hooks["RoleBinding"]["subjects"][0]["name"] == pod["spec"]["serviceAccountName"]
+    # Created before the pod, deleted with it when it passes.
+    weights = {kind: int(annotations_of(d)["helm.sh/hook-weight"]) for kind, d in hooks.items()}
+    assert weights["Pod"] > max(w for kind, w in weights.items() if kind != "Pod")
+    scheduler = tree(find(docs, "Deployment", "gpufrag-scheduler"))["spec"]
+    extender = next(c for c in scheduler["template"]["spec"]["containers"]
+                    if c["name"] == "extender")
     (container,) = pod["spec"]["containers"]
     assert container["image"] == extender["image"]
-    assert container["command"][3] == f"http://{identity(service)[3]}:{port['port']}"
-    assert identity(pod)[2] == identity(service)[2] == chart.BASE_NAMESPACE
+    selector, port = container["command"][3:5]
+    assert dict(kv.split("=") for kv in selector.split(",")) == scheduler["selector"][
+        "matchLabels"]
+    assert {"name": "ext-health", "containerPort": int(port)} in extender["ports"]
+    assert container["command"][6:] == list(chart.TEST_PATHS)
+    assert {identity(d)[2] for d in hooks.values()} == {chart.BASE_NAMESPACE}
     assert pod["spec"]["restartPolicy"] == "Never"
 
 
 def test_the_test_pods_check_passes_on_a_ready_extender_and_fails_without_one(
-        helm: Path, control_plane: ControlPlane, tmp_path: Path) -> None:
-    """The hook Pod's own command, run here against a real extender's probe listener (the
-    listener the Service fronts): exit 0 and both answers; with nothing listening, non-zero
-    within its deadline, naming the path."""
+        helm: Path, control_plane: ControlPlane, namespace: str, tmp_path: Path) -> None:
+    """The hook Pod's own command, run here against a real API server and a real extender's
+    probe listener: it finds the pod that carries the scheduler's labels (here a Pod object
+    whose status gives the loopback as its IP, where the extender listens), and exits 0 with
+    both answers; with nothing listening, non-zero within its deadline, naming the pod and the
+    path; with no such pod, non-zero naming the selector."""
     (pod,) = [d for d in helm_template(helm, tests=True) if identity(d)[1] == "Pod"]
     command = tree(pod)["spec"]["containers"][0]["command"]
     assert command[:2] == ["python", "-c"]
+    script, selector, _, _, *paths = command[2:]
+    labels = dict(kv.split("=") for kv in selector.split(","))
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    env = {**os.environ, "KUBECONFIG": str(control_plane.kubeconfig_path),
+           "POD_NAMESPACE": namespace}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+
+    def check(port: int, deadline_s: int) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", script, selector, str(port),
+                               str(deadline_s), *paths], capture_output=True, text=True,
+                              timeout=90, env=env, check=False)
+
+    nobody = check(free_port(), 1)
+    assert nobody.returncode != 0 and f"no pod {selector} in {namespace}" in nobody.stderr
+
+    core.create_namespaced_pod(namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "replica-0", "labels": labels},
+        # Never scheduled (no such scheduler): only its status, set below, matters here.
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "x"}]}})
+    core.patch_namespaced_pod_status("replica-0", namespace, {"status": {
+        "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})
     health_port = free_port()
     extender = ExtenderProcess(control_plane, tmp_path / "extender.log", extra_args=(
         "--set", "server.health_host=127.0.0.1", "--set", f"server.health_port={health_port}"))
     extender.start()
     try:
-        passed = subprocess.run([sys.executable, "-c", command[2],
-                                 f"http://127.0.0.1:{health_port}", "30", *command[5:]],
-                                capture_output=True, text=True, timeout=60, check=False)
+        passed = check(health_port, 30)
     finally:
         extender.stop()
     assert passed.returncode == 0, passed.stderr
-    assert passed.stdout.count(" 200 ok") == len(chart.TEST_PATHS) == len(command[5:])
-    failed = subprocess.run([sys.executable, "-c", command[2],
-                             f"http://127.0.0.1:{health_port}", "1", *command[5:]],
-                            capture_output=True, text=True, timeout=60, check=False)
+    assert passed.stdout.count("replica-0 http://127.0.0.1:") == len(paths) == 2
+    assert passed.stdout.count(" 200 ok") == len(paths)
+    failed = check(health_port, 1)
     assert failed.returncode != 0
-    assert f":{health_port}/healthz: no 200 within the deadline" in failed.stderr
+    assert (f"replica-0 http://127.0.0.1:{health_port}/healthz: no 200 within the deadline"
+            in failed.stderr)
 
 
 def test_chart_installs_into_an_existing_release_namespace(helm: Path) -> None:
