@@ -18,12 +18,15 @@ import kubernetes
 import pytest
 import structlog
 
+from defrag.controller.inspect import main as inspect_main
 from devkit.controlplane import ControlPlane
 from devkit.procs import free_port, wait_until
 from devkit.stack import delete_nodes
 from gpufrag.conventions import (
+    ANNOTATION_GPU_ALLOCATED,
     ANNOTATION_GPU_INDICES,
     ANNOTATION_GPU_USAGE,
+    RESOURCE_GPU,
     RESOURCE_GPU_MEMORY_MIB,
     RESOURCE_GPU_MILLI,
 )
@@ -31,6 +34,7 @@ from gpufrag.nvml import MIB
 from node.agent import cli as agent_cli
 from node.agent.cgroup import KubePodLister, PodListError, PodRecord, PodRef
 from node.agent.publish import (
+    EVENT_REASON_GPU_ALLOCATION_MISMATCH,
     EVENT_REASON_GPU_MEMORY_GROWTH,
     EVENT_REASON_GPU_MEMORY_OVER_SHARE,
     EVENT_WINDOW_S,
@@ -215,3 +219,56 @@ def test_a_pod_over_its_share_gets_one_event(control_plane: ControlPlane, node: 
     assert "hold 9000 MiB, more than its share of 8192 MiB (100 milli-GPU of 81920 MiB)" in \
         event.message, event.message
     assert [e.involved_object.name for e in over_share_events()] == ["over"]
+
+
+# -- the ledger against reality: strays and allocations, agent and inspect ------------------------
+
+GPU_UUIDS = ("GPU-e2e00000-0000-4000-8000-00000000000a", "GPU-e2e00000-0000-4000-8000-00000000000b")
+
+
+def test_a_swapped_allocation_and_a_stray_reach_events_and_inspect(
+        control_plane: ControlPlane, node: str, namespace: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``gpufrag agent --once`` twice (two processes, as after a restart) on recorded NVML: a
+    pod whose device-plugin mark names GPU 1 while gpu-indices records GPU 0 (what a swap of
+    two identical pods leaves) gets one GPUAllocationMismatch Event, the restart's repeat
+    refused by the API server; its neighbour, given what was recorded, none; a process in no
+    pod on GPU 1 is carried in the usage annotation; ``gpufrag inspect`` against the same API
+    server marks the pod MISALLOCATED and the process STRAY."""
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    for name, recorded, given in (("swapped", "0", GPU_UUIDS[1]), ("aligned", "1", GPU_UUIDS[1])):
+        core.create_namespaced_pod(namespace, {
+            "metadata": {"name": name, "annotations": {
+                ANNOTATION_GPU_INDICES: recorded,
+                ANNOTATION_GPU_ALLOCATED: json.dumps({"c": [given]})}},
+            "spec": {"nodeName": node, "containers": [
+                {"name": "c", "image": "x", "resources": {"limits": {RESOURCE_GPU: "1"}}}]}})
+    (tmp_path / "proc").mkdir()  # pid 7070 has no cgroup file here: a process in no pod
+    recording = tmp_path / "nvml.json"
+    recording.write_text(json.dumps({"devices": [
+        {"name": "NVIDIA A10", "uuid": uuid, "memory_total": 23_028 * MIB,
+         "samples": [{"gpu": 0, "memory_used": 512 * MIB * i}],
+         "processes": [{"pid": 7070, "used_bytes": 512 * MIB}] if i else []}
+        for i, uuid in enumerate(GPU_UUIDS)]}))
+    argv = [f"--node-name={node}", f"--kubeconfig={control_plane.kubeconfig_path}",
+            f"--nvml-recording={recording}", f"--proc-root={tmp_path / 'proc'}", "--once",
+            "--metrics-port=0", "--log-level=error"]
+    try:
+        assert agent_cli.main(argv) == 0
+        assert agent_cli.main(argv) == 0  # a restarted agent says it again: refused as there
+    finally:
+        structlog.reset_defaults()
+    events = [e for e in core.list_namespaced_event(namespace).items
+              if e.reason == EVENT_REASON_GPU_ALLOCATION_MISMATCH]
+    assert [(e.involved_object.name, e.type) for e in events] == [("swapped", "Warning")]
+    assert events[0].message.startswith("its containers got GPU(s) 1 but gpu-indices records 0")
+    assert inspect_main(["--kubeconfig", str(control_plane.kubeconfig_path), "--node", node,
+                         "-o", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [(m["pod"], m["reason"], m["recorded"], m["given"])
+            for m in data["misallocated_pods"]] == [(f"{namespace}/swapped", "other_gpus", [0],
+                                                     [1])]
+    (shown,) = data["nodes"]
+    assert shown["gpus"][1]["strays"] == [{"pid": 7070, "used_mib": 512, "reason": "no_pod"}]
+    assert [h.get("misallocated") for h in shown["gpus"][0]["holders"]
+            if h.get("pod") == f"{namespace}/swapped"] == ["other_gpus"]
