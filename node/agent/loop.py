@@ -114,18 +114,6 @@ class PidToPod(Protocol):
     def stray_reason(self, pid: int) -> str: ...
 
 
-def owners_of(readings: Iterable[GpuReading],
-              pod_for_pid: Callable[[int], PodRef | None]) -> dict[int, PodRef | None]:
-    """Each GPU process's pod (None: no live pod), looked up once per reading: the usage
-    annotation and its strays both read this one map."""
-    owners: dict[int, PodRef | None] = {}
-    for reading in readings:
-        for process in reading.processes:
-            if process.pid not in owners:
-                owners[process.pid] = pod_for_pid(process.pid)
-    return owners
-
-
 def no_shares(uid: str) -> PodShare | None:
     """The share lookup of an agent that knows no pod's share (the isolation check is off)."""
     return None
@@ -247,10 +235,10 @@ class Agent:
             self._log.error("gpu_read_failed", error=str(exc))
             return None
         self._metrics.reads.labels("ok").inc()
-        owners = owners_of(readings, self._pods.pod_for_pid)
+        # build_usage looks each process's pod up once; its strays come from the same lookups.
         usage = self._peaks.observe(build_usage(self.config.node_name, now,
                                                 self.config.interval_s, readings,
-                                                owners.__getitem__, self._pods.stray_reason))
+                                                self._pods.pod_for_pid, self._pods.stray_reason))
         self._metrics.observe_usage(usage)
         self._watch_leaks(usage, now)
         self._check_shares(usage, now)
