@@ -384,6 +384,17 @@ def test_the_agent_reports_a_real_pod_over_its_share(
         ("Node", node.name)], agent.stdout + agent.stderr
     assert "holds 2000 MiB on GPU 0" in strays[0].message and "runs in no pod" in \
         strays[0].message
+    # ... and carried in the usage annotation, so gpufrag inspect shows it under GPU 0.
+    shown = subprocess.run(
+        [*GPUFRAG, "inspect", f"--kubeconfig={node_plane.kubeconfig_path}",
+         f"--node={node.name}", "-o", "json"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=ROOT)
+    assert shown.returncode == 0, shown.stderr
+    inspected = json.loads(shown.stdout)
+    assert inspected["nodes"][0]["gpus"][0]["strays"] == [
+        {"pid": os.getpid(), "used_mib": 2000, "reason": "no_pod"}], shown.stdout
+    assert [(s["node"], s["gpu"], s["pid"]) for s in inspected["strays"]] == [
+        (node.name, 0, os.getpid())]
 
 
 def test_a_pod_of_the_default_scheduler_gets_the_gpu_the_kubelet_chose(
