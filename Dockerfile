@@ -10,7 +10,11 @@
 # reproducible. The dev kit builds with a Debian base made on the machine instead
 # (--build-arg BASE=oci-archive:..., devkit/image.py; docs/node.md): no registry needed.
 ARG BASE=docker.io/library/python:3.11-slim
-FROM ${BASE} AS build
+# The build stage also compiles the C fragmentation kernel (setup.py), so it needs a C compiler
+# and Python's headers: the full image of the same Python (the dev kit: the Debian base with
+# gcc and python3-dev). Only the installed environment reaches the final image.
+ARG BUILD_BASE=docker.io/library/python:3.11
+FROM ${BUILD_BASE} AS build
 ARG LOCK=requirements/image.lock
 ARG ONNXRUNTIME_IN=requirements/onnxruntime-cpu.in
 WORKDIR /src
@@ -23,14 +27,15 @@ ENV PATH=/opt/gpufrag/bin:$PATH \
 # headers say how); tests/packaging checks that they cover every runtime dependency.
 COPY ${LOCK} requirements/image.lock
 RUN pip install --require-hashes --only-binary=:all: -r requirements/image.lock
-COPY pyproject.toml README.md ./
-# gpufrag's requirements as this image holds them (pyproject.toml reads these three files):
-# every component's, this variant's ONNX Runtime in onnxruntime-cpu.in's place, and an empty
+COPY pyproject.toml setup.py README.md ./
+# gpufrag's requirements as this image holds them (pyproject.toml reads these four files):
+# every component's, this variant's ONNX Runtime in onnxruntime-cpu.in's place, an empty
 # plot.in: the what-if's plotting (matplotlib, ~90 MB) stays out of the images, where
-# `gpufrag whatif` writes its tables and says the plots were skipped (gpufrag/plotting.py).
+# `gpufrag whatif` writes its tables and says the plots were skipped (gpufrag/plotting.py),
+# and an empty jit.in: the image has the C fragmentation kernel, so no numba (~200 MB).
 COPY requirements/runtime.in requirements/runtime.in
 COPY ${ONNXRUNTIME_IN} requirements/onnxruntime-cpu.in
-RUN : > requirements/plot.in
+RUN : > requirements/plot.in && : > requirements/jit.in
 COPY gpufrag ./gpufrag
 COPY scheduler ./scheduler
 COPY defrag ./defrag
@@ -39,10 +44,14 @@ COPY simulations ./simulations
 COPY serving ./serving
 # gpufrag itself: no dependency resolution (--no-deps) and the locked setuptools as its build
 # backend (--no-build-isolation), so nothing outside the lock is fetched. setuptools is needed
-# only to build; pip check then proves the lock satisfies every installed requirement.
+# only to build; pip check then proves the lock satisfies every installed requirement. The C
+# kernel is optional to setuptools (an install without a compiler succeeds) but not to the
+# image, which has no numba to fall back on: the build fails unless it is the engine in use.
 RUN pip install --no-deps --no-build-isolation . \
     && pip uninstall --yes setuptools \
-    && pip check
+    && pip check \
+    && cd / && python3 -c "from scheduler.core import fragkernel; e = fragkernel.engine(); \
+assert e == 'c', f'the C fragmentation kernel was not built (engine {e})'"
 
 FROM ${BASE}
 ARG VARIANT=cluster

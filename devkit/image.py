@@ -6,14 +6,17 @@ Two steps, each cached outside the repository under ``$GPUFRAG_CACHE_DIR/image``
 1. **The base**: a Debian root file system made by ``mmdebstrap`` from the machine's own apt
    sources (minbase + Python 3 + venv + CA certificates, documentation left out), wrapped as a
    one-layer OCI archive by :func:`write_oci_archive`. Key: suite, packages, dpkg options,
-   mmdebstrap's version and the apt sources' text (which names the mirror snapshot).
+   mmdebstrap's version and the apt sources' text (which names the mirror snapshot). The
+   Dockerfile's build stage gets a second base, the same plus gcc and Python's headers, to
+   compile the C fragmentation kernel (``BUILD_BASE``); only the runtime base ships.
 2. **The image**: the repository's ``Dockerfile``, built by ``buildah bud`` with chroot isolation
    and vfs storage (no daemon, no overlay-on-overlay), with ``--build-arg BASE=oci-archive:...``
    so the Dockerfile's ``FROM`` stays a normal image reference for everyone else. Python
    dependencies come from the package index through pip, exactly as the lock says. The result is
    pushed to an OCI archive that ``ctr images import`` (``devkit.node.Node.import_image``)
-   reads. Key: the base key, the variant's build arguments, the Dockerfile, ``.dockerignore``,
-   the variant's lock and ONNX Runtime requirement, ``pyproject.toml``, ``README.md``,
+   reads. Key: both bases' keys, the variant's build arguments, the Dockerfile,
+   ``.dockerignore``, the variant's lock and ONNX Runtime requirement, ``pyproject.toml``,
+   ``setup.py``, ``README.md``,
    ``requirements/runtime.in`` and every file of the packages the Dockerfile copies.
 
 Two variants of the one Dockerfile (:data:`VARIANTS`): the cluster image (default) and, with
@@ -54,6 +57,9 @@ BASE_NAME: Final = "gpufrag.local/debian-base"
 BASE_SUITE: Final = "bookworm"
 # python3-venv: ensurepip, which the Dockerfile's `python3 -m venv` needs on Debian.
 BASE_PACKAGES: Final = ("python3", "python3-venv", "ca-certificates")
+# The Dockerfile's build stage (BUILD_BASE) also compiles the C fragmentation kernel
+# (setup.py): the same base with a C compiler and Python's headers. Never in the final image.
+BUILD_BASE_PACKAGES: Final = (*BASE_PACKAGES, "gcc", "libc6-dev", "python3-dev")
 # Documentation and translations are dead weight in an image (Debian's own slim images drop
 # them the same way); copyright files stay.
 BASE_DPKG_OPTIONS: Final = ("path-exclude=/usr/share/doc/*",
@@ -63,7 +69,7 @@ BASE_DPKG_OPTIONS: Final = ("path-exclude=/usr/share/doc/*",
 APT_SOURCES: Final = (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list"))
 # What the Dockerfile copies from the repository (its COPY lines) for every variant, for the
 # cache key; each variant adds its lock and its ONNX Runtime requirement (Variant.inputs).
-COMMON_INPUTS: Final = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md",
+COMMON_INPUTS: Final = ("Dockerfile", ".dockerignore", "pyproject.toml", "setup.py", "README.md",
                         "requirements/runtime.in", "gpufrag", "scheduler", "defrag", "node",
                         "simulations", "serving")
 HOST_CA_BUNDLE: Final = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -221,9 +227,9 @@ def _tool_version(argv: Sequence[str]) -> str:
     return (out.stdout or out.stderr).strip()
 
 
-def base_key() -> str:
+def base_key(packages: Sequence[str] = BASE_PACKAGES) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([BASE_SUITE, BASE_PACKAGES, BASE_DPKG_OPTIONS]).encode())
+    h.update(json.dumps([BASE_SUITE, list(packages), BASE_DPKG_OPTIONS]).encode())
     h.update(_tool_version(["mmdebstrap", "--version"]).encode())
     h.update(apt_sources().read_bytes())
     return h.hexdigest()[:16]
@@ -271,29 +277,37 @@ def _found(archive: Path, ref: str, key: str, started: float) -> BuiltImage | No
                       archive.stat().st_size)
 
 
-def build_base() -> BuiltImage:
-    """The Debian base as an OCI archive (cached by :func:`base_key`)."""
+def build_base(packages: Sequence[str] = BASE_PACKAGES, prefix: str = "base") -> BuiltImage:
+    """The Debian base with ``packages`` as an OCI archive (cached by :func:`base_key`, as
+    ``<prefix>-<key>.oci.tar``): the runtime base by default, the build stage's with
+    :func:`build_build_base`."""
     started = time.monotonic()
-    key = base_key()
+    key = base_key(packages)
     root = cache_root()
-    archive, ref = root / f"base-{key}.oci.tar", f"{BASE_NAME}:{key}"
+    archive, ref = root / f"{prefix}-{key}.oci.tar", f"{BASE_NAME}:{key}"
     found = _found(archive, ref, key, started)
     if found is not None:
         return found
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="gpufrag-base-", dir=root) as tmp, \
-            (root / f"base-{key}.log").open("w") as out:
+    with tempfile.TemporaryDirectory(prefix=f"gpufrag-{prefix}-", dir=root) as tmp, \
+            (root / f"{prefix}-{key}.log").open("w") as out:
         rootfs = Path(tmp) / "rootfs.tar"
         _run("mmdebstrap", ["mmdebstrap", "--variant=minbase", "--format=tar",
-                            f"--include={','.join(BASE_PACKAGES)}",
+                            f"--include={','.join(packages)}",
                             *(f"--dpkgopt={o}" for o in BASE_DPKG_OPTIONS),
                             BASE_SUITE, str(rootfs), str(apt_sources())], log=out)
         write_oci_archive(archive, ref, [rootfs], {
             "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
             "Cmd": ["/bin/sh"]})
-    _prune(root, "base-*.oci.tar", archive)
+    _prune(root, f"{prefix}-*.oci.tar", archive)
     return BuiltImage(archive, ref, key, True, time.monotonic() - started,
                       archive.stat().st_size)
+
+
+def build_build_base() -> BuiltImage:
+    """The Dockerfile's build stage base (``BUILD_BASE``): the Debian base with a C compiler
+    and Python's headers, for the C fragmentation kernel."""
+    return build_base(BUILD_BASE_PACKAGES, "build-base")
 
 
 def build_image(repo: Path = REPO_ROOT, variant: Variant = CLUSTER) -> BuiltImage:
@@ -302,7 +316,8 @@ def build_image(repo: Path = REPO_ROOT, variant: Variant = CLUSTER) -> BuiltImag
     both."""
     started = time.monotonic()
     base = build_base()
-    key = image_key(base.key, repo, variant)
+    build = build_build_base()
+    key = image_key(f"{base.key}:{build.key}", repo, variant)
     root = cache_root()
     archive = root / f"{variant.archive_prefix}-{key}.oci.tar"
     ref = f"{variant.image_name}:{key}"
@@ -318,6 +333,7 @@ def build_image(repo: Path = REPO_ROOT, variant: Variant = CLUSTER) -> BuiltImag
             _run("buildah bud", ["buildah", *storage, "bud", "--isolation=chroot",
                                  "--layers=false", "--pull-never", "--format=oci",
                                  f"--build-arg=BASE=oci-archive:{base.archive}",
+                                 f"--build-arg=BUILD_BASE=oci-archive:{build.archive}",
                                  *(f"--build-arg={arg}" for arg in variant.build_args),
                                  *_trust_volume(),
                                  "--timestamp=0", f"--tag={ref}", "--file=Dockerfile", "."],

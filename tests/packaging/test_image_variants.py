@@ -82,7 +82,7 @@ def test_the_gpu_image_s_gpufrag_declares_exactly_what_its_lock_holds(tmp_path: 
 def test_the_gpu_lock_has_one_onnx_runtime_and_the_cuda_libraries_it_loads() -> None:
     # onnxruntime and onnxruntime-gpu install the same module: never both.
     assert "onnxruntime" not in GPU_PINS and "onnxruntime-gpu" in GPU_PINS
-    assert {"matplotlib", "pillow", "fonttools"} & set(GPU_PINS) == set()
+    assert {"matplotlib", "pillow", "fonttools", "numba", "llvmlite"} & set(GPU_PINS) == set()
     # The cuda and cudnn extras: the CUDA runtime, cuBLAS, cuFFT, cuRAND and cuDNN as wheels.
     libraries = {name for name in GPU_PINS if name.startswith("nvidia-")} - {"nvidia-ml-py"}
     for kind in ("cuda-runtime", "cublas", "cufft", "curand", "cudnn"):

@@ -3,10 +3,11 @@
 The Dockerfile installs the lock with ``--require-hashes`` and then gpufrag itself with
 ``--no-deps``, so whatever the lock misses is missing from the image: every dependency the
 image's gpufrag declares (requirements/runtime.in and onnxruntime-cpu.in; pyproject.toml reads
-them with plot.in, which the image empties) and the build backend (used with
+them with plot.in and jit.in, which the image empties) and the build backend (used with
 ``--no-build-isolation``) must be locked at a version its specifier allows, every dependency of
 a locked package must be locked too, and the lock must have been compiled for the image's
-Python. The what-if's plotting is not in it (the lean image, #30).
+Python. The what-if's plotting is not in it, nor numba: the image builds the C fragmentation
+kernel instead (the lean image, #30).
 """
 
 from __future__ import annotations
@@ -147,8 +148,9 @@ def test_pyproject_reads_its_dependencies_from_the_requirement_files() -> None:
     assert PYPROJECT["project"]["dynamic"] == ["dependencies"]
     files = PYPROJECT["tool"]["setuptools"]["dynamic"]["dependencies"]["file"]
     assert files == ["requirements/runtime.in", "requirements/onnxruntime-cpu.in",
-                     "requirements/plot.in"]
+                     "requirements/plot.in", "requirements/jit.in"]
     assert PYPROJECT["project"]["optional-dependencies"]["plot"] == requirement_lines("plot.in")
+    assert PYPROJECT["project"]["optional-dependencies"]["jit"] == requirement_lines("jit.in")
     assert requirement_lines("build.in") == PYPROJECT["build-system"]["requires"]
 
 
@@ -158,6 +160,18 @@ def test_the_image_leaves_the_what_if_s_plotting_out() -> None:
     assert plotting & set(PINS) == set()
     # nor what only matplotlib brings (fonts, images, contours)
     assert {"fonttools", "pillow", "contourpy", "kiwisolver", "cycler"} & set(PINS) == set()
+
+
+def test_the_image_builds_the_c_kernel_and_leaves_numba_out() -> None:
+    jit = {canonicalize_name(Requirement(spec).name) for spec in requirement_lines("jit.in")}
+    assert jit == {"numba"}
+    assert {"numba", "llvmlite"} & set(PINS) == set()
+    text = DOCKERFILE.read_text()
+    # The build stage empties jit.in, copies setup.py (which builds the kernel), and refuses
+    # an image whose engine is not the C one: without numba it would fall to the numpy form.
+    assert re.search(r"^RUN .*: > requirements/jit\.in", text, re.M)
+    assert re.search(r"^COPY .*\bsetup\.py\b", text, re.M)
+    assert "assert e == 'c'" in text
 
 
 def dockerfile_args() -> dict[str, str]:
@@ -188,6 +202,7 @@ def image_requires(tmp: Path, onnxruntime_in: str) -> list[Requirement]:
         shutil.copyfile(REPO / name, tmp / name)
     shutil.copyfile(REPO / onnxruntime_in, tmp / "requirements/onnxruntime-cpu.in")
     (tmp / "requirements/plot.in").write_text("")
+    (tmp / "requirements/jit.in").write_text("")
     out = tmp / "metadata"
     out.mkdir()
     subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
@@ -218,5 +233,5 @@ def test_the_image_s_gpufrag_declares_exactly_what_its_lock_holds(tmp_path: Path
     requires = image_requires(tmp_path, "requirements/onnxruntime-cpu.in")
     names = {canonicalize_name(r.name) for r in requires if r.marker is None
              or r.marker.evaluate({"extra": "", "sys_platform": "linux"})}
-    assert "matplotlib" not in names and "onnxruntime" in names
+    assert "matplotlib" not in names and "numba" not in names and "onnxruntime" in names
     assert unmet(requires, PINS) == []

@@ -100,12 +100,21 @@ def test_the_built_image_is_what_the_dockerfile_says() -> None:
     assert labels["io.gpufrag.image.variant"] == "cluster"
     # The lean image: the what-if's plotting is left out (requirements/plot.in, #30).
     installed: set[str] = set()
+    files: set[str] = set()
     for layer in layers:
         with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
-            installed |= {m.name.split("site-packages/", 1)[1].split("/", 1)[0]
-                          for m in tar.getmembers() if "/site-packages/" in m.name}
+            names = [m.name.lstrip("./") for m in tar.getmembers()]
+            files |= set(names)
+            installed |= {name.split("site-packages/", 1)[1].split("/", 1)[0]
+                          for name in names if "/site-packages/" in name}
     assert {"numpy", "onnxruntime", "gpufrag"} <= installed
     assert installed & {"matplotlib", "PIL", "fontTools"} == set()
+    # The C fragmentation kernel, compiled in the build stage (the build itself refuses an
+    # image without it), in place of numba; the compiler stayed in the build stage.
+    assert [f for f in files if "/site-packages/scheduler/core/_fragkernel." in f
+            and f.endswith(".so")], "the image has no compiled fragmentation kernel"
+    assert installed & {"numba", "llvmlite"} == set()
+    assert not any(f in files for f in ("usr/bin/gcc", "usr/include/python3.11/Python.h"))
     # The build machine's CA bundle was mounted over the base's for pip only: the image has
     # Debian's own (the last layer that carries the file wins).
     bundle = None
