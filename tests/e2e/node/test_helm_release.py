@@ -1,0 +1,65 @@
+"""charts/gpufrag installed by helm on the real node, then ``helm test``: the chart's test hook pod
+runs in the project's image, finds the gpufrag-scheduler pod that helm installed through the API
+(as its own ServiceAccount) and gets 200 from the extender's /healthz and /readyz on its pod IP.
+
+The release has a name and a namespace of its own (so its ClusterRoles and bindings are
+release-scoped and nothing collides with what the other node tests apply), the node's images
+(``images.*``, ``global.imagePullPolicy=Never``: the node never pulls), and only the scheduler:
+the agent and the device plugin need GPUs and the NVIDIA runtime class, defrag and the example
+are tested on their own. ``helm test`` failing when nothing answers is checked without a node,
+by running the hook's own command (tests/e2e/test_helm.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from devkit import chart
+from devkit.controlplane import ControlPlane
+from devkit.node import Node
+
+CHART = Path(__file__).resolve().parents[3] / "charts" / "gpufrag"
+RELEASE = "helm-node"
+NAMESPACE = "gpufrag-helm-node"
+
+
+def _image(ref: str) -> dict[str, str]:
+    repository, tag, digest = chart.split_image(ref)
+    return {"repository": repository, "tag": tag, "digest": digest}
+
+
+def test_helm_test_passes_against_a_release_on_the_node(
+        node: Node, node_plane: ControlPlane, gpufrag_image: str, helm: Path,
+        tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "images": {"gpufrag": _image(gpufrag_image),
+                   "kubeScheduler": _image(node.import_kube_scheduler_image())},
+        "global": {"imagePullPolicy": "Never"},
+        "namespace": {"name": NAMESPACE},
+        **{part: {"enabled": False}
+           for part in ("agent", "devicePlugin", "defrag", "servingExample")},
+    }))
+    common = ["--kubeconfig", str(node_plane.kubeconfig_path), "--namespace", "default"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(helm), *args, *common], capture_output=True, text=True,
+                              timeout=400, check=False)
+
+    try:
+        installed = run("install", RELEASE, str(CHART), "--values", str(values), "--wait",
+                        "--timeout", "300s")
+        assert installed.returncode == 0, installed.stderr
+        tested = run("test", RELEASE, "--timeout", "300s")
+        assert tested.returncode == 0, f"{tested.stdout}\n{tested.stderr}"
+        # One suite per hook object (the pod, its ServiceAccount, Role and RoleBinding).
+        suites = tested.stdout.split("TEST SUITE:")[1:]
+        assert len(suites) == 4, tested.stdout
+        assert all(suite.split()[0] == chart.TEST_POD for suite in suites), tested.stdout
+        assert all("Phase:          Succeeded" in suite for suite in suites), tested.stdout
+    finally:
+        run("uninstall", RELEASE, "--wait", "--timeout", "120s")
+        node_plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
