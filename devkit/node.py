@@ -84,6 +84,7 @@ API_SERVER_RULE_COMMENT: Final = "gpufrag node "  # + the node's name
 PAUSE_IMAGE: Final = "gpufrag.local/pause:1"
 BUSYBOX_IMAGE: Final = "gpufrag.local/busybox:1"
 KUBE_SCHEDULER_IMAGE: Final = "gpufrag.local/kube-scheduler:1"
+KUBECTL_IMAGE: Final = "gpufrag.local/kubectl:1"
 BUSYBOX_BINARY: Final = Path("/usr/bin/busybox")  # Debian's busybox-static
 CNI_BIN_DIR: Final = Path("/usr/lib/cni")
 BUSYBOX_APPLETS: Final = ("sh", "echo", "sleep", "cat", "ls", "id", "hostname", "ip", "wget",
@@ -147,6 +148,15 @@ def kube_scheduler_oci_archive(path: Path, ref: str, binary: Path) -> Path:
     layer = _busybox_layer([("usr/local/bin/kube-scheduler", binary.resolve())])
     return write_oci_archive(path, ref, [layer], {
         "Cmd": ["kube-scheduler"], "Env": ["PATH=/usr/local/bin:/bin"], "WorkingDir": "/"})
+
+
+def kubectl_oci_archive(path: Path, ref: str, binary: Path) -> Path:
+    """busybox + the control plane's multi-call binary as ``/bin/kubectl``, where
+    registry.k8s.io/kubectl has it and the manifests' kubectl containers run it (the chart's
+    CRD upgrade hook, the example's pre-warm CronJob)."""
+    layer = _busybox_layer([("bin/kubectl", binary.resolve())])
+    return write_oci_archive(path, ref, [layer], {
+        "Entrypoint": ["/bin/kubectl"], "Env": ["PATH=/bin"], "WorkingDir": "/"})
 
 
 # -- what this machine allows --------------------------------------------------------------------
@@ -613,6 +623,12 @@ class Node:
             self.node_dir / "images" / "kube-scheduler.tar", KUBE_SCHEDULER_IMAGE,
             self.plane.binary))
         return KUBE_SCHEDULER_IMAGE
+
+    def import_kubectl_image(self) -> str:
+        """Import :data:`KUBECTL_IMAGE` (the plane's own kubectl) and return it."""
+        self.import_image(kubectl_oci_archive(
+            self.node_dir / "images" / "kubectl.tar", KUBECTL_IMAGE, self.plane.binary))
+        return KUBECTL_IMAGE
 
     def container_pid(self, container_id: str) -> int:
         """The host pid of a running container's first process (``containerd://<id>`` as the

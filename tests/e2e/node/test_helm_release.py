@@ -1,6 +1,8 @@
 """charts/gpufrag installed by helm on the real node, then ``helm test``: the chart's test hook pod
 runs in the project's image, finds the gpufrag-scheduler pod that helm installed through the API
 (as its own ServiceAccount) and gets 200 from the extender's /healthz and /readyz on its pod IP.
+Then ``helm upgrade``: the CRD upgrade hook's Job runs kubectl (the plane's own, as an image) on
+the node and brings an older GPUReservation CRD back to the chart's.
 
 The release has a name and a namespace of its own (so its ClusterRoles and bindings are
 release-scoped and nothing collides with what the other node tests apply), the node's images
@@ -20,6 +22,7 @@ import yaml
 from devkit import chart
 from devkit.controlplane import ControlPlane
 from devkit.node import Node
+from scheduler.kube import reservations as rsv
 
 CHART = Path(__file__).resolve().parents[3] / "charts" / "gpufrag"
 RELEASE = "helm-node"
@@ -37,7 +40,8 @@ def test_helm_test_passes_against_a_release_on_the_node(
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({
         "images": {"gpufrag": _image(gpufrag_image),
-                   "kubeScheduler": _image(node.import_kube_scheduler_image())},
+                   "kubeScheduler": _image(node.import_kube_scheduler_image()),
+                   "kubectl": _image(node.import_kubectl_image())},
         "global": {"imagePullPolicy": "Never"},
         "namespace": {"name": NAMESPACE},
         **{part: {"enabled": False}
@@ -60,6 +64,22 @@ def test_helm_test_passes_against_a_release_on_the_node(
         assert len(suites) == 4, tested.stdout
         assert all(suite.split()[0] == chart.TEST_POD for suite in suites), tested.stdout
         assert all("Phase:          Succeeded" in suite for suite in suites), tested.stdout
+
+        # helm upgrade: the pre-upgrade hook's Job runs kubectl in a pod on the node and makes a
+        # GPUReservation CRD that differs from the chart's (what an older chart installed) the
+        # chart's again.
+        crd = f"{rsv.PLURAL}.{rsv.GROUP}"
+        node_plane.kubectl("patch", "crd", crd, "--type=merge", "-p",
+                           '{"spec": {"names": {"shortNames": ["oldrsv"]}}}')
+        upgraded = run("upgrade", RELEASE, str(CHART), "--values", str(values), "--wait",
+                       "--timeout", "300s")
+        assert upgraded.returncode == 0, upgraded.stderr
+        names = node_plane.kubectl("get", "crd", crd, "-o", "jsonpath={.spec.names.shortNames}")
+        assert names.stdout == '["gpursv"]'
+        # The hook's objects are gone once it succeeded.
+        left = node_plane.kubectl("get", "job,configmap,serviceaccount", "-n", NAMESPACE, "-o",
+                                  "name").stdout
+        assert chart.CRD_HOOK not in left
     finally:
         run("uninstall", RELEASE, "--wait", "--timeout", "120s")
         node_plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
