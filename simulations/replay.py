@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from scheduler.core.fragmentation import TargetWorkload, node_fragmentation
+from scheduler.core.fragmentation import TargetWorkload, fragmentation_of, node_fragmentation
 from scheduler.core.placement import ScoreCache, choose
 from scheduler.core.state import ClusterState
 from scheduler.core.types import NodeSpec, PodRequest
@@ -66,6 +66,7 @@ def replay(nodes: list[NodeSpec], pods: list[PodRequest], policy_name: str, seed
     rows = state.active_rows()
     capacity = state.total_gpu_milli
     frag = node_fragmentation(state, target, rows)
+    allowed = target.allowed(state)
     frag_total = float(frag.sum())
     free_total = int(state.gpu_free_total(rows).sum())
     n = len(pods)
@@ -86,7 +87,10 @@ def replay(nodes: list[NodeSpec], pods: list[PodRequest], policy_name: str, seed
         else:
             state.place(pod, decision.row, decision.gpus, check=False)
             free_total -= pod.gpu_demand_milli
-            new = float(node_fragmentation(state, target, np.array([decision.row]))[0])
+            # F of the one changed row, read through slices (views, no gather): it is active.
+            at = slice(decision.row, decision.row + 1)
+            new = float(fragmentation_of(state.gpu_free[at], state.cpu_left[at],
+                                         state.product[at], target, allowed)[0])
             frag_total += new - frag[decision.row]
             frag[decision.row] = new
             placed += 1
