@@ -335,6 +335,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     for s in stale:
         log.warning("stale GPU reservation", reservation=s.name, reason=s.reason,
                     detail=s.detail, released=s.name in released)
+        actions.report_stale(s, released=s.name in released, now=now)
     for s in releasing:  # a reservation only: deleting it never touches a pod
         actions.release(s.name)
         metrics.reservation("pruned")

@@ -46,6 +46,7 @@ from kubernetes import client
 
 from defrag.controller.config import DefragConfig
 from defrag.controller.errors import ApiRefusal, CycleStopped, call_api, call_api_or_refusal
+from defrag.controller.ledger import StaleReservation
 from defrag.controller.measure import Summary, measure
 from defrag.controller.metrics import CycleMetrics
 from defrag.controller.model import PodInfo, Snapshot, place_gpus
@@ -61,6 +62,8 @@ from gpufrag.errors import BadInput
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.kube import reservations as rsv
 from scheduler.kube.convert import bound_gpus, owner_uid
+from scheduler.kube.errors import api_error
+from scheduler.kube.events import Involved, create_event, warning_event
 from scheduler.kube.reservations import Reservation as Reservation
 
 EvictionOutcome = Literal["evicted", "refused", "gone"]
@@ -109,6 +112,24 @@ class ClusterActions(Protocol):
 
     def release(self, name: str) -> None: ...
 
+    def report_stale(self, stale: StaleReservation, *, released: bool, now: float) -> None: ...
+
+
+# The Warning Event on a GPUReservation that holds capacity for nothing (ledger.REASONS).
+EVENT_REASON_STALE_RESERVATION = "GPUReservationStale"
+COMPONENT = "gpufrag-defrag"
+
+
+def stale_message(stale: StaleReservation, *, released: bool) -> str:
+    """What the Event on a stale reservation says: why, and what this cycle did about it."""
+    if released:
+        done = "released by this cycle"
+    elif not stale.managed:
+        done = "kept: gpufrag defrag releases only the reservations it made"
+    else:
+        done = "kept: its owner's namespace is not one this cycle may move pods in"
+    return f"holds GPU capacity for nothing ({stale.reason}): {stale.detail}; {done}"
+
 
 # ------------------------------------------------------------------------------ dry run
 class DryRunActions:
@@ -156,6 +177,11 @@ class DryRunActions:
 
     def release(self, name: str) -> None:
         self.log.info("dry run: would release the reservation", reservation=name)
+
+    def report_stale(self, stale: StaleReservation, *, released: bool, now: float) -> None:
+        self.log.info("dry run: would put an Event on the stale reservation",
+                      reservation=stale.name, reason=EVENT_REASON_STALE_RESERVATION,
+                      message=stale_message(stale, released=released))
 
 
 # ------------------------------------------------------------------------------ the real one
@@ -303,6 +329,20 @@ class KubeActions:
                                 rsv.GROUP, rsv.VERSION, self.hints_namespace, rsv.PLURAL,
                                 name), ok=(404,))
         self.log.info("reservation released", reservation=name)
+
+    def report_stale(self, stale: StaleReservation, *, released: bool, now: float) -> None:
+        """A Warning Event on the reservation, at most one an hour (:mod:`scheduler.kube.events`:
+        every cycle is a new process, so the API server's 409 remembers the last one). Advice:
+        a failure is logged and the cycle goes on."""
+        namespace, body = warning_event(
+            Involved(rsv.KIND, stale.name, self.hints_namespace, api_version=rsv.API_VERSION),
+            reason=EVENT_REASON_STALE_RESERVATION, message=stale_message(stale, released=released),
+            component=COMPONENT, instance=COMPONENT, now_s=now)
+        try:
+            create_event(self.core, namespace, body, timeout_s=10.0)
+        except Exception as e:
+            self.log.warning("stale reservation Event not written", reservation=stale.name,
+                             error=str(api_error("creating an Event", e) or e))
 
     # -- pods -----------------------------------------------------------------------------
     def _owner_pods(self, pod: PodInfo) -> list[Mapping[str, Any]]:

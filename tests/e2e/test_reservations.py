@@ -17,6 +17,7 @@ from typing import Any
 import kubernetes
 import pytest
 
+from defrag.controller.executor import EVENT_REASON_STALE_RESERVATION
 from devkit.controlplane import ControlPlane
 from devkit.procs import wait_until
 from devkit.stack import delete_nodes, gpu_pod, install_reservations_crd
@@ -183,10 +184,21 @@ def test_a_reservation_whose_owner_is_gone_is_reported_released_and_its_gpu_free
             rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE, rsv.PLURAL)["items"]
             if o["metadata"]["name"] == name] == [name]
         assert not passes(runtime, other, node)
+
+        def stale_events() -> list[Any]:
+            return [e for e in core.list_namespaced_event(cv.HINTS_NAMESPACE).items
+                    if e.reason == EVENT_REASON_STALE_RESERVATION
+                    and e.involved_object.name == name]
+
+        assert stale_events() == []  # a dry run writes no Event either
         assert gpufrag(cycle) == 0
         result = [json.loads(line) for line in capsys.readouterr().out.splitlines()
                   if line.startswith("{")][-1]
         assert result["counts"].get("reservations pruned", 0) >= 1, result
+        (event,) = stale_events()
+        assert (event.involved_object.kind, event.type) == (rsv.KIND, "Warning")
+        assert event.message.startswith("holds GPU capacity for nothing (owner_gone): ")
+        assert event.message.endswith("; released by this cycle"), event.message
         assert result["moves"] == [] and result["ok"], result
         assert name not in {o["metadata"]["name"] for o in custom.list_namespaced_custom_object(
             rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE, rsv.PLURAL)["items"]}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from defrag.controller.errors import CycleStopped
 from defrag.controller.executor import (
     ClusterActions,
@@ -13,7 +15,9 @@ from defrag.controller.executor import (
     EvictionOutcome,
     Executor,
     Landing,
+    stale_message,
 )
+from defrag.controller.ledger import StaleReservation
 from defrag.controller.measure import measure
 from defrag.controller.metrics import CycleMetrics
 from defrag.controller.model import PodInfo, Snapshot
@@ -67,6 +71,9 @@ class RecordingActions:
     def release(self, name: str) -> None:
         self.calls.append(("release", name))
         del self.reservations[name]
+
+    def report_stale(self, stale: StaleReservation, *, released: bool, now: float) -> None:
+        self.calls.append(("report_stale", stale.name))
 
     def prune_hints(self, now: float) -> int:
         self.calls.append(("prune",))
@@ -299,3 +306,17 @@ def test_a_share_held_on_a_triggered_node_is_not_counted_as_an_unknown_pod() -> 
     the_plan = make(snap)
     assert "s0" in the_plan.triggered  # its pods are candidates; the held share is not one
     assert "unknown pod" not in the_plan.skipped
+
+
+@pytest.mark.parametrize(("managed", "released", "ends"), [
+    (True, True, "; released by this cycle"),
+    (False, False, "; kept: gpufrag defrag releases only the reservations it made"),
+    (True, False, "; kept: its owner's namespace is not one this cycle may move pods in"),
+])
+def test_the_stale_reservation_event_says_why_and_what_the_cycle_did(
+        managed: bool, released: bool, ends: str) -> None:
+    stale = StaleReservation("n0-hold", "owner_gone", "ReplicaSet ns/web has no pod", "n0",
+                             "ns", managed)
+    message = stale_message(stale, released=released)
+    assert message == ("holds GPU capacity for nothing (owner_gone): ReplicaSet ns/web has no "
+                       "pod" + ends)
