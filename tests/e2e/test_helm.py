@@ -644,26 +644,31 @@ def test_uninstall_keeps_the_crd_the_reservations_and_the_namespace(
         _the_crd_hook_brings_back_the_charts_crd(helm, plane, tmp_path)
 
 
-MONITORING_CRDS = REPO / "tests" / "manifests" / "monitoring-crds.yaml"
-# Monitoring, dashboards, the webhook (without cert-manager, whose CRDs this API server lacks:
-# a CA given as the value) and the production layout.
+# Minimal CRDs of the Prometheus Operator's monitors and rules and of cert-manager's Issuer and
+# Certificate, with the upstream field names (their headers say where from).
+OPERATOR_CRDS = [REPO / "tests" / "manifests" / "monitoring-crds.yaml",
+                 REPO / "tests" / "manifests" / "cert-manager-crds.yaml"]
+# Monitoring, dashboards, the webhook with its cert-manager certificate, and the production
+# layout.
 EVERYTHING = ["--set", "monitoring.enabled=true", "--set", "dashboards.enabled=true",
-              "--set", "rightsizing.enabled=true", "--set", "rightsizing.certManager=false",
-              "--set", "rightsizing.caBundle=Q0EK", *PRODUCTION]
+              "--set", "rightsizing.enabled=true", *PRODUCTION]
 
 
 def _install_and_uninstall(helm: Path, control_plane: ControlPlane) -> None:
     kubeconfig = str(control_plane.kubeconfig_path)
     release = "keep-test"
-    control_plane.kubectl("apply", "--server-side", "-f", str(MONITORING_CRDS))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f",
-                          str(MONITORING_CRDS))
+    for crds in OPERATOR_CRDS:
+        control_plane.kubectl("apply", "--server-side", "-f", str(crds))
+        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f",
+                              str(crds))
     run_helm(helm, "install", release, str(CHART), "--kubeconfig", kubeconfig,
              "--namespace", "default", *EVERYTHING)
     for kind in ("prometheusrule", "podmonitor", "servicemonitor", "poddisruptionbudget",
-                 "mutatingwebhookconfiguration"):
+                 "mutatingwebhookconfiguration", "issuer", "certificate"):
         listed = control_plane.kubectl("get", kind, "-n", chart.BASE_NAMESPACE, "-o", "name")
         assert listed.stdout.strip(), f"no {kind} installed"
+    # Strict field validation too (an unknown or misspelt field is an error, not pruned).
+    dry_run(control_plane, helm_template(helm, *EVERYTHING))
     second = "team-b"
     run_helm(helm, "install", second, str(CHART), "--kubeconfig", kubeconfig, "--namespace",
              "default", "--set", f"namespace.name=gpufrag-{second}", "--set",
