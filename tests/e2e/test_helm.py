@@ -1,11 +1,17 @@
 """charts/gpufrag against the kustomize base, helm itself and the real API server.
 
-The chart is generated from ``manifests/base`` by ``devkit/chart.py``; these tests hold it to
-that: the committed chart is what the generator writes today (so a changed base fails here until
-the chart is regenerated), ``helm template`` with default values renders exactly the objects
-``kubectl kustomize manifests/base`` renders, ``helm lint --strict`` passes, the values reach the
-objects they name, bad values are refused naming the field, and every rendered object is
-accepted by a server-side dry run. helm is built from its Go module (``devkit/tools/helm``).
+The chart is generated from ``manifests/`` by ``devkit/chart.py``; these tests hold it to that:
+the committed chart is what the generator writes today (so a changed base or component fails
+here until the chart is regenerated), ``helm template`` with default values renders exactly the
+objects ``kubectl kustomize manifests/base`` renders (but for the chart's standard labels and
+keep policy), the production values exactly the production overlay's, each optional part exactly
+its component's; ``helm lint --strict`` passes, the values reach the objects they name, bad
+values are refused naming the field, a second release shares no cluster-wide name with the
+first, every rendered object is accepted by a server-side dry run, and the hooks' own commands
+do what they claim against a real API server (``helm test``'s against a real extender too).
+Install, upgrade, a second release and uninstall run on an API server of their own; ``helm
+test`` and the CRD upgrade hook on the real node: tests/e2e/node/test_helm_release.py. helm is
+built from its Go module (``devkit/tools/helm``).
 """
 
 from __future__ import annotations
