@@ -1,0 +1,234 @@
+"""MIG: which instances a GPU can hold where, and FGD's fragmentation over what stays free.
+
+A MIG-capable GPU is cut into eight memory slices. A GPU instance profile (``1g.10gb``,
+``3g.40gb``, ...) takes a fixed number of consecutive slices and may only *start* at certain
+slices (NVIDIA's placement rules: ``nvidia-smi mig -lgipp``, NVML's
+``nvmlDeviceGetGpuInstancePossiblePlacements``). Free slices that do not line up with a
+profile's allowed starts are lost to that profile: this is where fragmentation bites hardest,
+and why the measure here is FGD's (DESIGN.md, "Fragmentation, precisely") carried over from
+per-GPU shares to slice positions:
+
+- for one target profile m, the fragment of a GPU is every free slice no legal placement of m
+  inside the free slices covers (all free slices when m fits nowhere on it);
+- F(gpu) = sum over the target workload's profiles of popularity x fragment, in milli-GPU
+  (one slice = 1000 / 8 milli), so it adds up with the rest of the placement core;
+- a pod asking a profile goes where, among the legal (GPU, start) positions, F grows least.
+
+Pure stdlib: one GPU's state is an 8-bit mask of taken slices, so every question here is a
+few bit operations. The profile tables are the one home for MIG geometry; their source is
+NVIDIA's MIG user guide ("Supported MIG Profiles"), the same placements ``nvidia-smi mig
+-lgipp`` lists. Only the profiles with one GPU instance per compute instance are modelled (the
+``+me`` media variants share their base profile's placements and are left out).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from scheduler.core.types import MILLI_PER_GPU
+
+SLICES = 8  # memory slices of every MIG-capable GPU in the table
+MILLI_PER_SLICE = MILLI_PER_GPU // SLICES  # 125
+ALL_FREE = (1 << SLICES) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """One GPU instance profile: ``slices`` consecutive memory slices from one of ``starts``."""
+
+    name: str  # as the NVIDIA device plugin's resource has it: nvidia.com/mig-<name>
+    compute: int  # compute slices (the "Ng" of the name)
+    slices: int
+    starts: tuple[int, ...]
+    memory_mib: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.slices <= SLICES or not self.starts:
+            raise ValueError(f"MIG profile {self.name}: bad size {self.slices} or no start")
+        if any(s < 0 or s + self.slices > SLICES for s in self.starts):
+            raise ValueError(f"MIG profile {self.name}: a start puts it past slice {SLICES}")
+
+    def mask_at(self, start: int) -> int:
+        """The slices an instance of this profile started at ``start`` takes, as a bit mask."""
+        return ((1 << self.slices) - 1) << start
+
+    @property
+    def milli(self) -> int:
+        """The share of the GPU this profile takes, in milli-GPU."""
+        return self.slices * MILLI_PER_SLICE
+
+
+@dataclass(frozen=True, slots=True)
+class MigGpuModel:
+    """A MIG-capable GPU: its profiles, smallest first."""
+
+    family: str
+    memory_mib: int
+    profiles: tuple[MigProfile, ...]
+
+    def profile(self, name: str) -> MigProfile | None:
+        return next((p for p in self.profiles if p.name == name), None)
+
+    def smallest_fitting(self, memory_mib: int) -> MigProfile | None:
+        """The smallest profile with at least ``memory_mib`` of GPU memory (None: none has)."""
+        return next((p for p in self.profiles if p.memory_mib >= memory_mib), None)
+
+
+def _model(family: str, memory_gb: int, names: tuple[str, str, str, str, str, str]) -> MigGpuModel:
+    """One family's six profiles. Every MIG-capable GPU in the table shares one geometry
+    (NVIDIA's MIG user guide): 1g with one slice at any start 0-6; 1g with two slices and 2g at
+    even starts (1g: 0, 2, 4, 6; 2g: 0, 2, 4); 3g at 0 or 4; 4g at 0; 7g the whole GPU. Memory
+    is the profile's slices of the GPU's (the name's figure, rounded by NVIDIA)."""
+    per_slice = memory_gb * 1024 // SLICES
+    shapes = ((1, 1, (0, 1, 2, 3, 4, 5, 6)), (1, 2, (0, 2, 4, 6)), (2, 2, (0, 2, 4)),
+              (3, 4, (0, 4)), (4, 4, (0,)), (7, 8, (0,)))
+    profiles = tuple(MigProfile(name, compute, slices, starts, slices * per_slice)
+                     for name, (compute, slices, starts) in zip(names, shapes, strict=True))
+    return MigGpuModel(family, memory_gb * 1024, profiles)
+
+
+MIG_MODELS: Mapping[str, MigGpuModel] = {m.family: m for m in (
+    _model("A100-40GB", 40, ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")),
+    _model("A100-80GB", 80, ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")),
+    _model("H100-80GB", 80, ("1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb")),
+    _model("H200-141GB", 141, ("1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb",
+                               "7g.141gb")),
+)}
+
+_PROFILE_NAME = re.compile(r"^(\d)g\.(\d+)gb$")
+
+
+def mig_model(product: str, gpu_memory_mib: int = 0) -> MigGpuModel | None:
+    """The MIG model of a GPU product as GPU feature discovery names it
+    (``NVIDIA-A100-SXM4-40GB``, ``NVIDIA-H100-80GB-HBM3``, ``NVIDIA-H200``), told apart by
+    its memory where the name does not say; None for a product the table does not cover."""
+    text = product.upper()
+    if "A100" in text:
+        big = "80GB" in text or gpu_memory_mib > 48 * 1024
+        return MIG_MODELS["A100-80GB" if big else "A100-40GB"]
+    if "H100" in text and ("80GB" in text or 70 * 1024 < gpu_memory_mib <= 82 * 1024):
+        return MIG_MODELS["H100-80GB"]
+    if "H200" in text:
+        return MIG_MODELS["H200-141GB"]
+    return None
+
+
+def is_profile_name(name: str) -> bool:
+    """Whether ``name`` reads as a MIG profile (``3g.40gb``), whatever the GPU."""
+    return _PROFILE_NAME.match(name) is not None
+
+
+# ------------------------------------------------------------------------------ placement
+
+def placements(profile: MigProfile, taken: int) -> Iterator[int]:
+    """Every legal start of ``profile`` on a GPU whose taken slices are the mask ``taken``."""
+    for start in profile.starts:
+        if not profile.mask_at(start) & taken:
+            yield start
+
+
+def covered(profile: MigProfile, taken: int) -> int:
+    """The free slices some legal placement of ``profile`` would use, as a mask."""
+    mask = 0
+    for start in placements(profile, taken):
+        mask |= profile.mask_at(start)
+    return mask
+
+
+@dataclass(frozen=True, slots=True)
+class MigWorkload:
+    """Target profiles with their popularities (summing to 1): the MIG counterpart of
+    :class:`~scheduler.core.fragmentation.TargetWorkload`, by profile name so one workload
+    serves every GPU family that has the profile."""
+
+    popularity: Mapping[str, float]
+
+    def __post_init__(self) -> None:
+        if not self.popularity:
+            raise ValueError("MigWorkload needs at least one profile")
+        if any(p < 0 for p in self.popularity.values()):
+            raise ValueError("MigWorkload: popularities must be >= 0")
+        if abs(sum(self.popularity.values()) - 1.0) > 1e-9:
+            raise ValueError("MigWorkload: popularities must sum to 1")
+        unknown = [n for n in self.popularity if not is_profile_name(n)]
+        if unknown:
+            raise ValueError(f"MigWorkload: not MIG profile names: {', '.join(unknown)}")
+
+    @classmethod
+    def from_counts(cls, counts: Iterable[tuple[str, float]]) -> MigWorkload:
+        items = [(name, float(n)) for name, n in counts if n > 0]
+        total = sum(n for _, n in items)
+        if total <= 0:
+            raise ValueError("MigWorkload needs profiles with positive counts")
+        merged: dict[str, float] = {}
+        for name, n in items:
+            merged[name] = merged.get(name, 0.0) + n / total
+        return cls(merged)
+
+
+def fragment_slices(profile: MigProfile | None, taken: int) -> int:
+    """For one target profile, the free slices it can never use on this GPU as it is: those no
+    legal placement covers, or every free slice when it fits nowhere (or the GPU lacks it)."""
+    free = ALL_FREE & ~taken
+    if profile is None:
+        return free.bit_count()
+    return (free & ~covered(profile, taken)).bit_count()
+
+
+def gpu_fragmentation(model: MigGpuModel, taken: int, workload: MigWorkload) -> float:
+    """F of one MIG GPU in milli-GPU: the expected free share a task drawn from ``workload``
+    cannot use there (a profile this GPU does not have loses all of it)."""
+    total = 0.0
+    for name, popularity in workload.popularity.items():
+        total += popularity * fragment_slices(model.profile(name), taken) * MILLI_PER_SLICE
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class MigChoice:
+    """Where an instance goes on one node: the GPU, its start slice, and F's growth there."""
+
+    gpu: int
+    start: int
+    delta_milli: float
+
+
+def best_placement(model: MigGpuModel, taken_by_gpu: Iterable[int], profile: MigProfile,
+                   workload: MigWorkload) -> MigChoice | None:
+    """FGD over MIG on one node: the legal (GPU, start) where F grows least, ties to the lowest
+    GPU and then the lowest start (a fixed order, as the scheduler's ties are); None when the
+    profile fits on no GPU of the node."""
+    best: MigChoice | None = None
+    for gpu, taken in enumerate(taken_by_gpu):
+        before = gpu_fragmentation(model, taken, workload)
+        for start in placements(profile, taken):
+            after = gpu_fragmentation(model, taken | profile.mask_at(start), workload)
+            delta = after - before
+            if best is None or delta < best.delta_milli:
+                best = MigChoice(gpu, start, delta)
+    return best
+
+
+def taken_mask(model: MigGpuModel, instances: Iterable[tuple[str, int]]) -> int:
+    """The taken-slice mask of a GPU holding ``instances`` as (profile name, start) pairs;
+    ValueError naming the first one that is unknown, misplaced or overlapping."""
+    taken = 0
+    for name, start in instances:
+        profile = model.profile(name)
+        if profile is None:
+            raise ValueError(f"{model.family} has no MIG profile {name!r}")
+        if start not in profile.starts:
+            raise ValueError(f"MIG {name} cannot start at slice {start} on {model.family} "
+                             f"(starts: {', '.join(map(str, profile.starts))})")
+        mask = profile.mask_at(start)
+        if mask & taken:
+            raise ValueError(f"MIG {name} at slice {start} overlaps another instance")
+        taken |= mask
+    return taken
+
+
+def free_slices(taken: int) -> int:
+    """How many of the GPU's slices are free."""
+    return (ALL_FREE & ~taken).bit_count()
