@@ -836,6 +836,42 @@ def _set_default(values: dict[str, object], dotted: str, value: object) -> None:
     node[leaf] = value
 
 
+def _declare_optional(values: dict[str, object], notes: dict[str, str], parts: Sequence[Part],
+                      docs: Sequence[Doc]) -> None:
+    """The values of the optional parts (off by default), of the API groups' toggles and of
+    the webhooks' CA, where the objects they govern are in ``docs``."""
+    for part in parts:
+        _set_default(values, part.value, False)
+        notes[part.value] = part.help
+        if part.labels:
+            _set_default(values, part.labels, {})
+            notes[part.labels] = ("Labels added to each of its objects, e.g. the label your "
+                                  "Prometheus selects monitors and rules by (release: NAME).")
+    present_groups = {str(d.get("apiVersion", "")).split("/")[0] for d in docs}
+    for group, (value, note) in GROUP_TOGGLES.items():
+        if group in present_groups:
+            _set_default(values, value, True)
+            notes[value] = note
+    if any(str(d.get("kind")).endswith("WebhookConfiguration") for d in docs):
+        _set_default(values, CA_BUNDLE[0], "")
+        notes[CA_BUNDLE[0]] = CA_BUNDLE[1]
+
+
+def _conditions(doc: Doc, name: str, toggles: Sequence[Toggle], values: Sequence[str]
+                ) -> list[str]:
+    """What must be true for ``doc`` to be rendered: ``values`` (its part's, its hook's), the
+    one toggle its name falls under, its API group's toggle, ``namespace.create`` for the
+    Namespace."""
+    toggled = [f".Values.{t.value}" for t in toggles if name.startswith(t.name_prefix)]
+    if len(toggled) > 1:
+        raise ChartError(f"{doc.get('kind')}/{name}: more than one toggle applies "
+                         f"({', '.join(toggled)})")
+    group_toggle = GROUP_TOGGLES.get(str(doc.get("apiVersion", "")).split("/")[0])
+    return [*(f".Values.{v}" for v in values), *toggled,
+            *([f".Values.{group_toggle[0]}"] if group_toggle else []),
+            *([".Values.namespace.create"] if doc.get("kind") == "Namespace" else [])]
+
+
 def build_chart(docs: Sequence[Doc], version: str, *,
                 parts: Mapping[Part, Sequence[Doc]] | None = None,
                 knobs: Sequence[Knob] = KNOBS, toggles: Sequence[Toggle] = TOGGLES,
@@ -862,21 +898,7 @@ def build_chart(docs: Sequence[Doc], version: str, *,
             raise ChartError(f"toggle {toggle.value}: no object named {toggle.name_prefix}* in "
                              f"the base")
         _set_default(values, toggle.value, True)
-    for part in parts or {}:
-        _set_default(values, part.value, False)
-        notes[part.value] = part.help
-        if part.labels:
-            _set_default(values, part.labels, {})
-            notes[part.labels] = ("Labels added to each of its objects, e.g. the label your "
-                                  "Prometheus selects monitors and rules by (release: NAME).")
-    present_groups = {str(d.get("apiVersion", "")).split("/")[0] for d in docs}
-    for group, (value, note) in GROUP_TOGGLES.items():
-        if group in present_groups:
-            _set_default(values, value, True)
-            notes[value] = note
-    if any(str(d.get("kind")).endswith("WebhookConfiguration") for d in docs):
-        _set_default(values, CA_BUNDLE[0], "")
-        notes[CA_BUNDLE[0]] = CA_BUNDLE[1]
+    _declare_optional(values, notes, list(parts or {}), docs)
 
     for knob in knobs:
         where = f"knob {knob.value}"
@@ -937,18 +959,8 @@ def build_chart(docs: Sequence[Doc], version: str, *,
         _apply_labels(doc, source.labels if source else "")
         if str(doc.get("kind", "")).endswith("WebhookConfiguration"):
             _apply_ca_bundle(doc)
-        conditions = [f".Values.{t.value}" for t in toggles if name.startswith(t.name_prefix)]
-        if len(conditions) > 1:
-            raise ChartError(f"{where}: more than one toggle applies ({', '.join(conditions)})")
-        if source is not None:
-            conditions.insert(0, f".Values.{source.value}")
-        if hook_value:
-            conditions.insert(0, f".Values.{hook_value}")
-        group_toggle = GROUP_TOGGLES.get(str(doc.get("apiVersion", "")).split("/")[0])
-        if group_toggle is not None:
-            conditions.append(f".Values.{group_toggle[0]}")
-        if doc.get("kind") == "Namespace":
-            conditions.append(".Values.namespace.create")
+        conditions = _conditions(doc, name, toggles,
+                                 [v for v in (hook_value, source and source.value) if v])
         body = _dump(doc, where)
         if conditions:
             test = conditions[0] if len(conditions) == 1 else f"and {' '.join(conditions)}"
