@@ -282,6 +282,14 @@ GROUP_TOGGLES: Final[dict[str, tuple[str, str]]] = {
 CA_BUNDLE: Final = ("rightsizing.caBundle",
                     "Base64 PEM CA of the webhook's serving certificate, where cert-manager does "
                     "not inject it (rightsizing.certManager: false).")
+SELF_SIGNED: Final = ("rightsizing.selfSigned",
+                      "With rightsizing.certManager: false, the chart makes the webhook's CA and "
+                      "serving certificate itself (Sprig's genCA and genSignedCert, 10 years), "
+                      "writes the Secret cert-manager would and puts the CA in the caBundle; an "
+                      "upgrade keeps the Secret's (lookup) so the webhook is never left with a "
+                      "CA it does not serve.")
+# In the webhook configuration's template: the CA its caBundle carries.
+CA_BUNDLE_VAR: Final = "$caBundle"
 
 
 GROUP_HELP: Final = {
@@ -654,12 +662,66 @@ def _apply_line(doc: Doc, line: Line) -> None:
 
 
 def _apply_ca_bundle(doc: Doc) -> None:
-    """Every webhook's ``clientConfig.caBundle`` reads :data:`CA_BUNDLE` where it is set."""
+    """Every webhook's ``clientConfig.caBundle`` reads :data:`CA_BUNDLE_VAR` where it is set
+    (the template's prelude, :func:`self_signed_prelude`, sets it)."""
     webhooks = doc.get("webhooks")
     for webhook in webhooks if isinstance(webhooks, list) else []:
         client = webhook.get("clientConfig") if isinstance(webhook, dict) else None
         if isinstance(client, dict):
-            client[IfSet("caBundle", Expr(f".Values.{CA_BUNDLE[0]}"), block=False)] = None
+            client[IfSet("caBundle", Expr(CA_BUNDLE_VAR), block=False)] = None
+
+
+def self_signed_prelude(docs: Sequence[Doc]) -> str:
+    """The start of the webhook configuration's template: :data:`CA_BUNDLE_VAR` from the
+    value, or, with ``rightsizing.selfSigned`` (and no cert-manager), from the Secret this
+    writes: the one the base's Certificate names, for the DNS names it lists (a CA and a
+    serving certificate made by the chart, or the Secret's own on an upgrade, by ``lookup``).
+    One template, so the Secret and the caBundle carry the same CA."""
+    certificates = [d for d in docs if d.get("kind") == "Certificate"]
+    if len(certificates) != 1:
+        raise ChartError(f"webhook certificate: {len(certificates)} Certificates in the "
+                         f"components (expected the right-sizing webhook's one)")
+    spec = certificates[0]["spec"]
+    assert isinstance(spec, dict)
+    secret, dns_names = str(spec["secretName"]), [str(n) for n in spec["dnsNames"]]
+
+    def templated(name: str) -> str:
+        parts = [_go_literal(p) for p in name.split(BASE_NAMESPACE)]
+        return f"(print {' $ns '.join(parts)})"
+
+    names = " ".join(templated(n) for n in dns_names)
+    return f"""\
+{{{{- {CA_BUNDLE_VAR} := .Values.{CA_BUNDLE[0]} }}}}
+{{{{- if and .Values.{SELF_SIGNED[0]} (not .Values.{GROUP_TOGGLES["cert-manager.io"][0]}) }}}}
+{{{{- $ns := include "gpufrag.namespace" . }}}}
+{{{{- $tls := (lookup "v1" "Secret" $ns {_go_literal(secret)}).data | default dict }}}}
+{{{{- $crt := index $tls "tls.crt" }}}}
+{{{{- $key := index $tls "tls.key" }}}}
+{{{{- $ca := index $tls "ca.crt" }}}}
+{{{{- if not (and $crt $key $ca) }}}}
+{{{{- $made := genCA "gpufrag-admission-ca" 3650 }}}}
+{{{{- $cert := genSignedCert {templated(dns_names[0])} nil (list {names}) 3650 $made }}}}
+{{{{- $crt = $cert.Cert | b64enc }}}}
+{{{{- $key = $cert.Key | b64enc }}}}
+{{{{- $ca = $made.Cert | b64enc }}}}
+{{{{- end }}}}
+{{{{- {CA_BUNDLE_VAR} = $ca }}}}
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {_go_literal(secret)}
+  namespace: {{{{ $ns | quote }}}}
+  labels: {{{{- include "gpufrag.labels" . | nindent 4 }}}}
+    {NAME_LABEL}: {secret}
+    app.kubernetes.io/part-of: {NAME_PREFIX}
+type: kubernetes.io/tls
+data:
+  tls.crt: {{{{ $crt }}}}
+  tls.key: {{{{ $key }}}}
+  ca.crt: {{{{ $ca }}}}
+---
+{{{{- end }}}}
+"""
 
 
 # --------------------------------------------------------------------------------------------
@@ -855,6 +917,8 @@ def _declare_optional(values: dict[str, object], notes: dict[str, str], parts: S
     if any(str(d.get("kind")).endswith("WebhookConfiguration") for d in docs):
         _set_default(values, CA_BUNDLE[0], "")
         notes[CA_BUNDLE[0]] = CA_BUNDLE[1]
+        _set_default(values, SELF_SIGNED[0], False)
+        notes[SELF_SIGNED[0]] = SELF_SIGNED[1]
 
 
 def _conditions(doc: Doc, name: str, toggles: Sequence[Toggle], values: Sequence[str]
@@ -962,6 +1026,8 @@ def build_chart(docs: Sequence[Doc], version: str, *,
         conditions = _conditions(doc, name, toggles,
                                  [v for v in (hook_value, source and source.value) if v])
         body = _dump(doc, where)
+        if str(doc.get("kind", "")).endswith("WebhookConfiguration"):
+            body = self_signed_prelude(docs) + body
         if conditions:
             test = conditions[0] if len(conditions) == 1 else f"and {' '.join(conditions)}"
             body = f"{{{{- if {test} }}}}\n{body}{{{{- end }}}}\n"
@@ -1362,6 +1428,12 @@ def _schema_of(value: object, path: str, enums: dict[str, tuple[str, ...]]
                        "required": ["disruptionBudget"]},
                 "then": {"properties": {"replicas": {"minimum": 2}}, "required": ["replicas"]}})
         schema["allOf"] = rules
+    if path == "rightsizing" and "selfSigned" in value and "certManager" in value:
+        # Either cert-manager makes the certificate or the chart does, never both.
+        schema["allOf"] = [{
+            "if": {"properties": {"selfSigned": {"const": True}}, "required": ["selfSigned"]},
+            "then": {"properties": {"certManager": {"const": False}},
+                     "required": ["certManager"]}}]
     return schema
 
 

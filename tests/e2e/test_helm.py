@@ -16,6 +16,7 @@ built from its Go module (``devkit/tools/helm``).
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -28,6 +29,8 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from devkit import chart
 from devkit.controlplane import ControlPlane
@@ -251,6 +254,37 @@ def test_the_monitoring_labels_and_the_no_cert_manager_path(helm: Path) -> None:
     # Release-scoped like every cluster-wide name.
     other = helm_template(helm, "--set", "rightsizing.enabled=true", release="team-b")
     assert find(other, "MutatingWebhookConfiguration", "team-b-gpufrag-rightsizing")
+
+
+SELF_SIGNED = ["--set", "rightsizing.enabled=true", "--set", "rightsizing.certManager=false",
+               "--set", "rightsizing.selfSigned=true"]
+
+
+def self_signed(docs: Sequence[Doc], namespace: str) -> tuple[dict[str, str], list[str]]:
+    """The webhook's Secret's data (base64) and each webhook's caBundle."""
+    secret = tree(find(docs, "Secret", "gpufrag-admission-tls"))
+    assert secret["type"] == "kubernetes.io/tls" and identity(secret)[2] == namespace
+    webhook = tree(next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration"))
+    return secret["data"], [w["clientConfig"]["caBundle"] for w in webhook["webhooks"]]
+
+
+def test_the_chart_makes_the_webhooks_certificate_without_cert_manager(helm: Path) -> None:
+    """rightsizing.selfSigned: a CA and a serving certificate for the webhook Service's DNS
+    names in the release's namespace, signed by that CA, in the Secret the webhook mounts, and
+    that CA in every webhook's caBundle."""
+    docs = helm_template(helm, *SELF_SIGNED, "--set", "namespace.name=team-b")
+    data, bundles = self_signed(docs, "team-b")
+    assert bundles == [data["ca.crt"]]
+    ca = x509.load_pem_x509_certificate(base64.b64decode(data["ca.crt"]))
+    cert = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
+    cert.verify_directly_issued_by(ca)  # raises where the CA did not sign it
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert names.get_values_for_type(x509.DNSName) == [
+        "gpufrag-admission.team-b.svc", "gpufrag-admission.team-b.svc.cluster.local"]
+    assert "cert-manager.io/v1" not in {d["apiVersion"] for d in docs}
+    key = serialization.load_pem_private_key(base64.b64decode(data["tls.key"]), None)
+    spki = (serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    assert key.public_key().public_bytes(*spki) == cert.public_key().public_bytes(*spki)
 
 
 def test_helm_lint_strict_passes(helm: Path) -> None:
@@ -622,6 +656,8 @@ def test_chart_installs_into_an_existing_release_namespace(helm: Path) -> None:
     ("crds.upgrade=sometimes", "upgrade"),
     # A PodDisruptionBudget of minAvailable 1 over one replica blocks every drain.
     ("scheduler.disruptionBudget=true", "replicas"),
+    # The chart's certificate or cert-manager's, never both.
+    ("rightsizing.selfSigned=true", "certManager"),
 ])
 def test_bad_values_are_refused_naming_the_field(helm: Path, flag: str, field: str) -> None:
     result = run_helm(helm, "template", "gpufrag", str(CHART), "--set", flag, check=False)
@@ -676,9 +712,15 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane) -> None:
     # Strict field validation too (an unknown or misspelt field is an error, not pruned).
     dry_run(control_plane, helm_template(helm, *EVERYTHING))
     second = "team-b"
+    # The second release makes its webhook's certificate itself; an upgrade keeps it.
     run_helm(helm, "install", second, str(CHART), "--kubeconfig", kubeconfig, "--namespace",
              "default", "--set", f"namespace.name=gpufrag-{second}", "--set",
-             f"scheduler.name=gpufrag-{second}")
+             f"scheduler.name=gpufrag-{second}", *SELF_SIGNED)
+    installed = _webhook_certificate(control_plane, f"gpufrag-{second}", second)
+    run_helm(helm, "upgrade", second, str(CHART), "--kubeconfig", kubeconfig, "--namespace",
+             "default", "--set", f"namespace.name=gpufrag-{second}", "--set",
+             f"scheduler.name=gpufrag-{second}", *SELF_SIGNED, "--set", "crds.upgrade=false")
+    assert _webhook_certificate(control_plane, f"gpufrag-{second}", second) == installed
     bindings = control_plane.kubectl("get", "clusterrolebindings", "-o", "name").stdout
     assert f"clusterrolebinding.rbac.authorization.k8s.io/{second}-gpufrag-agent" in bindings
     assert f"clusterrolebinding.rbac.authorization.k8s.io/{release}-gpufrag-agent" in bindings
@@ -751,3 +793,17 @@ def _the_crd_hook_brings_back_the_charts_crd(helm: Path, plane: ControlPlane,
         assert other.returncode != 0 and "forbidden" in other.stderr
     finally:
         plane.kubectl("delete", "-f", "-", input_text=yaml.safe_dump_all(needs), check=False)
+
+
+def _webhook_certificate(plane: ControlPlane, namespace: str, release: str
+                         ) -> tuple[str, str, str]:
+    """The webhook Secret's tls.crt and ca.crt as installed, checked against the caBundle the
+    API server holds for the release's webhook."""
+    secret = yaml.safe_load(plane.kubectl("get", "secret", "gpufrag-admission-tls", "-n",
+                                          namespace, "-o", "yaml").stdout)
+    webhook = yaml.safe_load(plane.kubectl(
+        "get", "mutatingwebhookconfiguration", f"{release}-gpufrag-rightsizing", "-o",
+        "yaml").stdout)
+    bundles = {w["clientConfig"]["caBundle"] for w in webhook["webhooks"]}
+    assert bundles == {secret["data"]["ca.crt"]}
+    return secret["data"]["tls.crt"], secret["data"]["tls.key"], secret["data"]["ca.crt"]
