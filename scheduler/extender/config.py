@@ -386,6 +386,8 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
     wc = config.watch
     need(wc.timeout_s > 0, "watch.timeout_s", f"must be > 0 seconds, got {wc.timeout_s}")
     need(wc.page_size >= 1, "watch.page_size", f"must be >= 1, got {wc.page_size}")
+    need(wc.relist_s == 0 or wc.relist_s >= wc.timeout_s, "watch.relist_s",
+         f"must be 0 (never) or >= watch.timeout_s ({wc.timeout_s}), got {wc.relist_s}")
     need(wc.backoff_initial_s > 0, "watch.backoff_initial_s",
          f"must be > 0 seconds, got {wc.backoff_initial_s}")
     need(wc.backoff_max_s >= wc.backoff_initial_s, "watch.backoff_max_s",

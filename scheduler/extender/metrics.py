@@ -52,6 +52,16 @@ class _ClusterCollector(Collector):
         yield synced
         with cache.lock:
             current, total = cache.skipped_counts(), dict(cache.skips_total)
+            dropped = dict(cache.relist_dropped)
+        relist = CounterMetricFamily(
+            "gpufrag_extender_relist_dropped_objects",
+            "Cached objects a full list found gone although no watch event had said so: "
+            "expected after a watch gap (410, restart); from the periodic relist "
+            "(watch.relist_s), a deletion the watch missed, which held its GPUs until then.",
+            labels=["kind"])
+        for kind, count in sorted(dropped.items()):
+            relist.add_metric([kind], count)
+        yield relist
         skipped = GaugeMetricFamily(
             "gpufrag_extender_skipped_objects",
             "Objects left out of the state now because they could not be read (see the log "

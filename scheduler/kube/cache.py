@@ -120,6 +120,9 @@ class ClusterCache:
         # capped: each entry is smaller than the KnownPod a readable pod costs.
         self.skipped: dict[str, SkippedObject] = {}
         self.skips_total = dict.fromkeys(SKIPPED_KINDS, 0)  # objects newly skipped, by kind
+        # Objects a full list dropped although no watch event had said they were gone, by kind
+        # ("node", "pod"): what a missed DELETED would have left holding GPUs (drift).
+        self.relist_dropped = {"node": 0, "pod": 0}
         self.on_skip = on_skip
         self.hints: PlacementHints = NO_HINTS
         self.nodes_synced = False
@@ -234,13 +237,24 @@ class ClusterCache:
                     self.apply_node(obj)
                     listed.add(_name_or_unknown(obj))
         with self.lock:
-            for row in self.state.active_rows():
-                name = self.state.names[int(row)]
-                if name not in listed:
-                    self.delete_node(name)
+            gone = [self.state.names[int(row)] for row in self.state.active_rows()
+                    if self.state.names[int(row)] not in listed]
+            self._count_drift("node", gone)
+            for name in gone:
+                self.delete_node(name)
             self._unskip("node", [s.key for s in list(self.skipped.values())
                                   if s.kind == "Node" and s.key not in listed])
             self.nodes_synced = True
+
+    def _count_drift(self, kind: str, gone: list[str]) -> None:
+        """A full list found ``gone`` cached objects missing: after the first list, each is a
+        deletion no watch event delivered (a watch gap that ended in a relist, or the periodic
+        relist catching a missed event); counted and logged, then dropped by the caller."""
+        if not gone:
+            return
+        self.relist_dropped[kind] += len(gone)
+        log.warning("relist dropped objects the watch had not deleted", kind=kind,
+                    count=len(gone), first=sorted(gone)[:5])
 
     # ------------------------------------------------------------------ pods
     def apply_pod(self, obj: Obj) -> None:
@@ -393,7 +407,9 @@ class ClusterCache:
                     with contextlib.suppress(BadInput):
                         listed.add(key_of(obj))
         with self.lock:
-            for key in [k for k in self.pods if k not in listed]:
+            gone = [k for k in self.pods if k not in listed]
+            self._count_drift("pod", gone)
+            for key in gone:
                 self.delete_pod(key)
             self._unskip("pod", [s.key for s in list(self.skipped.values())
                                  if s.kind == "Pod" and s.key not in listed])

@@ -24,6 +24,7 @@ import contextlib
 import functools
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -59,6 +60,10 @@ class WatchConfig:
     page_size: int = 500
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+    # A full list again this long after the last one (0: never), when a watch ends: what the
+    # watch missed (a DELETED lost to a bug anywhere between etcd and here) is dropped then,
+    # instead of holding its GPUs until a restart, and counted (the cache's relist_dropped).
+    relist_s: float = 3600.0
 
 
 class EventSink(Protocol):
@@ -184,7 +189,8 @@ class Reflector:
     """List, then watch, one kind of object into an :class:`EventSink`, forever."""
 
     def __init__(self, kind: str, list_call: ListCall, sink: EventSink, config: WatchConfig,
-                 stop: threading.Event, *, rng: random.Random | None = None) -> None:
+                 stop: threading.Event, *, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.kind = kind
         self.list_call = list_call
         self.sink = sink
@@ -193,6 +199,8 @@ class Reflector:
         self.backoff = Backoff(config.backoff_initial_s, config.backoff_max_s, rng)
         self.lists = 0
         self.events = 0
+        self.clock = clock
+        self._listed_at = 0.0
         self.errors: list[str] = []  # the last few failures, newest last
         self._resp: Any = None
         self._log = log.bind(kind=kind)
@@ -250,11 +258,15 @@ class Reflector:
                     objs, version = self.list_all()
                     self.sink.replace(objs)
                     self.lists += 1
+                    self._listed_at = self.clock()
                     self._log.info("listed", objects=len(objs), resource_version=version)
                 version = self.watch_from(version)
                 self.backoff.reset()
                 if version is None:
                     self._log.info("watch too old; relisting")
+                elif self._relist_due():
+                    version = None
+                    self._log.info("periodic relist", relist_s=self.config.relist_s)
             except kubernetes.client.ApiException as e:
                 if e.status == HTTP_GONE:
                     version = None
@@ -262,6 +274,10 @@ class Reflector:
                 self._failed(f"HTTP {e.status} {e.reason}")
             except Exception as e:  # connection refused, reset, timeouts, bad JSON
                 self._failed(repr(e))
+
+    def _relist_due(self) -> bool:
+        relist_s = self.config.relist_s
+        return relist_s > 0 and self.clock() - self._listed_at >= relist_s
 
     @property
     def last_error(self) -> str:

@@ -71,6 +71,8 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
     ({"names": {"hints_configmap": ""}}, "names.hints_configmap", "must not be empty"),
     ({"watch": {"backoff_max_s": 0.1}}, "watch.backoff_max_s",
      "must be >= watch.backoff_initial_s (0.5)"),
+    ({"watch": {"relist_s": 10}}, "watch.relist_s",
+     "must be 0 (never) or >= watch.timeout_s (60.0), got 10"),
     ({"server": {"url_prefix": "gpufrag/"}}, "server.url_prefix",
      "must be empty or start with '/'"),
     ({"server": {"max_body_bytes": 10}}, "server.max_body_bytes", "must be >= 1024 bytes"),

@@ -49,6 +49,18 @@ def test_skipped_objects_are_a_gauge_and_a_counter_by_kind() -> None:
     assert found[("gpufrag_extender_object_skips_total", (("kind", "pod"),))] == 2
 
 
+def test_objects_a_relist_dropped_are_counted_by_kind() -> None:
+    runtime = serve(NODES, [pod_to_k8s(pod("kept"), node="gpu-a"),
+                            pod_to_k8s(pod("missed"), node="gpu-a")])
+    assert samples(runtime)[("gpufrag_extender_relist_dropped_objects_total",
+                             (("kind", "pod"),))] == 0
+    runtime.cache.replace_pods([pod_to_k8s(pod("kept"), node="gpu-a")])  # "missed" is gone
+    found = samples(runtime)
+    assert found[("gpufrag_extender_relist_dropped_objects_total", (("kind", "pod"),))] == 1
+    assert found[("gpufrag_extender_relist_dropped_objects_total", (("kind", "node"),))] == 0
+    assert found[("gpufrag_extender_pods", (("state", "placed"),))] == 1
+
+
 def test_snapshot_mode_writes_no_events() -> None:
     runtime = serve(NODES, [unreadable("huge")])
     assert runtime.reporter is None and runtime.cache.on_skip is None

@@ -132,6 +132,22 @@ def test_relist_drops_what_is_gone_but_keeps_assumptions(cache: ClusterCache) ->
     assert not cache.state.active[cache.state.index["n1"]]
 
 
+def test_a_relist_frees_the_gpus_of_a_pod_whose_delete_the_watch_missed(
+        cache: ClusterCache) -> None:
+    """The drift a lost DELETED leaves: the pod holds its GPU in the cache only; the next full
+    list (periodic: watch.relist_s) drops it, frees the GPU, and counts it."""
+    cache.apply_pod(gpu_pod("kept", "n0", (0,)))
+    cache.apply_pod(gpu_pod("deleted", "n0", (1,)))  # then deleted, its event never delivered
+    assert free(cache, "n0")[:2] == [0, 0]
+    assert cache.relist_dropped == {"node": 0, "pod": 0}
+    cache.replace_pods([gpu_pod("kept", "n0", (0,))])
+    assert free(cache, "n0")[:2] == [0, 1000]
+    assert cache.relist_dropped == {"node": 0, "pod": 1}
+    cache.replace_pods([gpu_pod("kept", "n0", (0,))])  # nothing missed since: nothing counted
+    cache.replace_nodes([node_to_k8s(node("n0", gpu_count=4))])
+    assert cache.relist_dropped == {"node": 1, "pod": 1}  # n1 was never said to be deleted
+
+
 def test_unreadable_objects_are_skipped_with_the_reason(cache: ClusterCache) -> None:
     bad = gpu_pod("bad", "n0")
     bad["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"

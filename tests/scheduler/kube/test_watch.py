@@ -131,6 +131,46 @@ def test_list_watch_resume_relist_and_backoff() -> None:
     assert reflector.last_error == "ConnectionError('script finished')"
 
 
+def test_a_periodic_relist_follows_a_watch_that_ends_after_relist_s() -> None:
+    stop = threading.Event()
+    now = [0.0]
+    script = Script([
+        listing(["n1", "n2"], version="10"),
+        FakeResponse(chunks=(event("ADDED", "n3", "11"),)),  # ends at 100 s: not due yet
+        FakeResponse(chunks=(event("MODIFIED", "n3", "12"),)),  # ends at 200 s: relist due
+        listing(["n1", "n3"], version="20"),  # n2's DELETED was never delivered
+        FakeResponse(chunks=()),
+    ], stop)
+    sink = RecordingSink()
+
+    def timed(**kwargs: Any) -> Any:
+        """The script, where each watch takes 100 s of the fake clock."""
+        if kwargs.get("watch"):
+            now[0] += 100.0
+        return script(**kwargs)
+
+    config = WatchConfig(timeout_s=60, relist_s=150, backoff_initial_s=0.001,
+                         backoff_max_s=0.001)
+    reflector = Reflector("nodes", timed, sink, config, stop, clock=lambda: now[0])
+    reflector.run()
+    assert sink.seen == [("replace", ["n1", "n2"]), ("upsert", "n3"), ("upsert", "n3"),
+                         ("replace", ["n1", "n3"])]
+    assert reflector.lists == 2
+    watches = [c["resource_version"] for c in script.calls if c.get("watch")]
+    assert watches[:3] == ["10", "11", "20"]  # then the call the finished script refuses
+
+
+def test_relist_s_zero_never_relists_on_its_own() -> None:
+    stop = threading.Event()
+    script = Script([listing(["n1"], version="10"), FakeResponse(chunks=()),
+                     FakeResponse(chunks=())], stop)
+    reflector = Reflector("nodes", script, RecordingSink(), WatchConfig(
+        relist_s=0, backoff_initial_s=0.001, backoff_max_s=0.001), stop,
+        clock=lambda: 1e12)
+    reflector.run()
+    assert reflector.lists == 1
+
+
 def test_a_list_without_resource_version_is_an_error() -> None:
     stop = threading.Event()
     script = Script([listing(["n1"], version="")], stop)
