@@ -62,6 +62,9 @@ DEVICE_PLUGINS = ("gpufrag", "hami", "gpushare")
 LABEL_GPU_PRODUCT = "nvidia.com/gpu.product"
 LABEL_GPU_MEMORY_MIB = "nvidia.com/gpu.memory"
 LABEL_GPU_COUNT = "nvidia.com/gpu.count"
+# NVIDIA's MIG manager: the node label naming the mig-parted config (a key of its
+# ``mig-configs:``) the node's GPUs are to carry; the manager applies it when the value changes.
+LABEL_MIG_CONFIG = "nvidia.com/mig.config"
 
 # Model identity on pods.
 LABEL_MODEL = "gpufrag.io/model"
