@@ -12,6 +12,10 @@ Fixtures:
 - ``api_client`` (session): its shared ``kubernetes.client.ApiClient``.
 - ``namespace`` (function): a fresh namespace (with its default service account), deleted after.
 - ``helm`` (session): the helm binary built from its Go module (``devkit/tools/helm``).
+- ``prometheus_operator_crds``, ``cert_manager_crds`` (session): the upstream CRD files of the
+  kinds gpufrag's manifests use, fetched from the pinned Go modules
+  (:func:`devkit.toolbuild.fetch_crds`; cached outside the repository). A failed fetch FAILS
+  the tests that need them, saying why.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ import pytest
 from devkit.build import BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
 from devkit.procs import ControlPlaneError
-from devkit.toolbuild import build_tool
+from devkit.toolbuild import (
+    CERT_MANAGER_CRDS,
+    PROMETHEUS_OPERATOR_CRDS,
+    UpstreamCrds,
+    build_tool,
+    fetch_crds,
+)
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -70,6 +80,24 @@ def helm() -> Path:
     except BuildError as e:
         failure = str(e)
     pytest.fail(f"helm build failed:\n{failure}", pytrace=False)
+
+
+def _upstream_crds(crds: UpstreamCrds) -> list[Path]:
+    try:
+        return fetch_crds(crds)
+    except BuildError as e:
+        failure = str(e)
+    pytest.fail(f"upstream CRDs unavailable:\n{failure}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def prometheus_operator_crds() -> list[Path]:
+    return _upstream_crds(PROMETHEUS_OPERATOR_CRDS)
+
+
+@pytest.fixture(scope="session")
+def cert_manager_crds() -> list[Path]:
+    return _upstream_crds(CERT_MANAGER_CRDS)
 
 
 @pytest.fixture(scope="session")

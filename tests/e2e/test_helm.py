@@ -9,7 +9,8 @@ its component's; ``helm lint --strict`` passes, the values reach the objects the
 values are refused naming the field, a second release shares no cluster-wide name with the
 first, every rendered object is accepted by a server-side dry run, and the hooks' own commands
 do what they claim against a real API server (``helm test``'s against a real extender too).
-Install, upgrade, a second release and uninstall run on an API server of their own; ``helm
+Install, upgrade, a second release and uninstall run on an API server of their own, with the
+Prometheus Operator's and cert-manager's own CRDs (fetched from their pinned Go modules); ``helm
 test`` and the CRD upgrade hook on the real node: tests/e2e/node/test_helm_release.py. helm is
 built from its Go module (``devkit/tools/helm``).
 """
@@ -674,7 +675,8 @@ def test_two_scheduler_replicas_render_with_leader_election(helm: Path) -> None:
 
 
 def test_uninstall_keeps_the_crd_the_reservations_and_the_namespace(
-        helm: Path, control_plane_binary: Path, tmp_path: Path) -> None:
+        helm: Path, control_plane_binary: Path, tmp_path: Path,
+        prometheus_operator_crds: list[Path], cert_manager_crds: list[Path]) -> None:
     """``helm install`` then ``helm uninstall`` on a real API server of its own (the chart's
     cluster-wide names would collide with objects other tests applied): the GPUReservation CRD
     (in crds/), a live reservation and the gpufrag-system Namespace (kept by policy) are all
@@ -682,27 +684,25 @@ def test_uninstall_keeps_the_crd_the_reservations_and_the_namespace(
     release, in a namespace of its own, installs beside the first (release-scoped
     ClusterRoles and bindings) and leaves with its own uninstall."""
     with ControlPlane(control_plane_binary) as plane:
-        _install_and_uninstall(helm, plane)
+        _install_and_uninstall(helm, plane, [*prometheus_operator_crds, *cert_manager_crds])
         _the_crd_hook_brings_back_the_charts_crd(helm, plane, tmp_path)
 
 
-# Minimal CRDs of the Prometheus Operator's monitors and rules and of cert-manager's Issuer and
-# Certificate, with the upstream field names (their headers say where from).
-OPERATOR_CRDS = [REPO / "tests" / "manifests" / "monitoring-crds.yaml",
-                 REPO / "tests" / "manifests" / "cert-manager-crds.yaml"]
 # Monitoring, dashboards, the webhook with its cert-manager certificate, and the production
 # layout.
 EVERYTHING = ["--set", "monitoring.enabled=true", "--set", "dashboards.enabled=true",
               "--set", "rightsizing.enabled=true", *PRODUCTION]
 
 
-def _install_and_uninstall(helm: Path, control_plane: ControlPlane) -> None:
+def _install_and_uninstall(helm: Path, control_plane: ControlPlane,
+                           operator_crds: Sequence[Path]) -> None:
+    """``operator_crds``: the Prometheus Operator's and cert-manager's own CRDs of the kinds
+    the chart renders, as upstream ships them (devkit.toolbuild.fetch_crds)."""
     kubeconfig = str(control_plane.kubeconfig_path)
     release = "keep-test"
-    for crds in OPERATOR_CRDS:
-        control_plane.kubectl("apply", "--server-side", "-f", str(crds))
-        control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f",
-                              str(crds))
+    files = [arg for path in operator_crds for arg in ("-f", str(path))]
+    control_plane.kubectl("apply", "--server-side", *files)
+    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *files)
     run_helm(helm, "install", release, str(CHART), "--kubeconfig", kubeconfig,
              "--namespace", "default", *EVERYTHING)
     for kind in ("prometheusrule", "podmonitor", "servicemonitor", "poddisruptionbudget",

@@ -2,8 +2,8 @@
 
 An overlay as an operator writes one (manifests/base plus the prometheus-operator and
 grafana-dashboards components) is applied for real, server-side and with strict field
-validation, after the Prometheus Operator's CRDs (tests/manifests/monitoring-crds.yaml: the
-fields gpufrag uses, with upstream names and types). The controllers then create the
+validation, after the Prometheus Operator's own CRDs (fetched from its pinned Go module:
+``devkit.toolbuild.PROMETHEUS_OPERATOR_CRDS``). The controllers then create the
 workloads' pods, and each monitor's selector is evaluated by the API server itself, with the
 label-selector list calls Prometheus's service discovery makes: the PodMonitors must select the
 extender's and the agent's pods on a port those pods declare, the ServiceMonitor the example
@@ -34,7 +34,6 @@ from devkit.stack import delete_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
-CRDS = ROOT / "tests" / "manifests" / "monitoring-crds.yaml"
 COMPONENTS = ("components/prometheus-operator", "components/grafana-dashboards")
 NS = "gpufrag-system"
 GPU_NODE = "monitoring-gpu-0"
@@ -102,13 +101,14 @@ def creation_failures(core: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def installation(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-                 ) -> Iterator[list[Obj]]:
+def installation(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory,
+                 prometheus_operator_crds: list[Path]) -> Iterator[list[Obj]]:
     """The overlay applied for real, with every workload's pods created; removed after (the
     namespace stays: other modules use it)."""
     plane = control_plane
-    plane.kubectl("apply", "--server-side", "-f", str(CRDS))
-    plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+    crds = [arg for path in prometheus_operator_crds for arg in ("-f", str(path))]
+    plane.kubectl("apply", "--server-side", *crds)
+    plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
     docs = render_installation(plane, tmp_path_factory.mktemp("overlay"))
     # A GPU node as the NVIDIA GPU Operator leaves it (GFD label, the "nvidia" RuntimeClass the
     # agent asks for), so the agent's DaemonSet has a node to run on.
@@ -145,7 +145,7 @@ def installation(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathF
         installed = [d for d in docs if d["kind"] != "Namespace"]
         plane.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-",
                       input_text=yaml.safe_dump_all(installed), check=False)
-        plane.kubectl("delete", "--ignore-not-found", "-f", str(CRDS), check=False)
+        plane.kubectl("delete", "--ignore-not-found", *crds, check=False)
         delete_nodes(plane, [GPU_NODE])
         if made_runtime_class:
             node_api.delete_runtime_class("nvidia")
