@@ -7,6 +7,8 @@ see which file, row and field to fix instead of a traceback.
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from typing import NoReturn
 
 EXIT_OK = 0
@@ -41,3 +43,14 @@ class BadInputArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise BadInput(message)
+
+    def parse_or_exit_code(self, argv: Sequence[str] | None) -> argparse.Namespace | int:
+        """The parsed flags, or the exit code once a bad flag has been reported in one line
+        on stderr (``<prog>: <what> (see <prog> --help)``) or ``--help`` has been printed."""
+        try:
+            return self.parse_args(None if argv is None else list(argv))
+        except BadInput as exc:
+            print(f"{self.prog}: {exc} (see {self.prog} --help)", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except SystemExit as exc:  # --help: argparse printed it and exits 0
+            return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT

@@ -25,7 +25,7 @@ from gpufrag.plotting import plots_wanted
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.policies import POLICY_NAMES
-from simulations import defrag_whatif, genai, report, sweep, timeline
+from simulations import defrag_whatif, genai, mig_whatif, report, sweep, timeline
 from simulations.events import EventConfig
 from simulations.kss import kss_target, kss_workload
 from simulations.openb import gpu_spec_texts, load_nodes, load_pods
@@ -67,7 +67,7 @@ def _seeds(text: str) -> list[int]:
     return seeds
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> BadInputArgumentParser:
     p = BadInputArgumentParser(
         prog="gpufrag whatif",
         description="Replay a cluster trace through each placement policy and compare them. "
@@ -97,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "scoring rules (docs/whatif.md)")
     p.add_argument("--defrag", action="store_true",
                    help="run the defrag what-if instead (gpufrag whatif --defrag --help)")
+    p.add_argument("--mig", action="store_true",
+                   help="run the MIG what-if instead: whole GPUs vs fixed MIG layouts vs the "
+                   "layout advisor's (gpufrag whatif --mig --help)")
     return p
 
 
@@ -151,13 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return merge_main(argv[1:])
     if "--defrag" in argv:
         return defrag_whatif.main([a for a in argv if a != "--defrag"])
-    try:
-        args = build_parser().parse_args(argv)
-    except BadInput as exc:
-        print(f"gpufrag whatif: {exc} (see gpufrag whatif --help)", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except SystemExit as exc:  # --help: argparse printed it and exits 0
-        return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT
+    if "--mig" in argv:
+        return mig_whatif.main([a for a in argv if a != "--mig"])
+    args = build_parser().parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
     args.no_plots = not plots_wanted(args.no_plots, "gpufrag whatif")
     try:
         _validate(args)
@@ -255,7 +256,7 @@ def _sweep_load(text: str) -> float:
     return value
 
 
-def build_sweep_parser() -> argparse.ArgumentParser:
+def build_sweep_parser() -> BadInputArgumentParser:
     knobs = ", ".join(EventConfig.knobs())
     p = BadInputArgumentParser(
         prog="gpufrag whatif sweep",
@@ -323,13 +324,9 @@ def _fail(prog: str, exc: BadInput | OSError, out: Path | None = None) -> int:
 
 def sweep_main(argv: Sequence[str]) -> int:
     prog = "gpufrag whatif sweep"
-    try:
-        args = build_sweep_parser().parse_args(list(argv))
-    except BadInput as exc:
-        print(f"{prog}: {exc} (see {prog} --help)", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except SystemExit as exc:
-        return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT
+    args = build_sweep_parser().parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
     try:
         if args.jobs < 1:
             raise BadInput(f"{args.jobs} must be >= 1", field="--jobs")
@@ -385,13 +382,9 @@ def merge_main(argv: Sequence[str]) -> int:
     p.add_argument("dirs", nargs="+", type=Path, help="sweep output directories")
     p.add_argument("--out", type=Path, help="where to write (default: the first directory)")
     p.add_argument("--no-plots", action="store_true")
-    try:
-        args = p.parse_args(list(argv))
-    except BadInput as exc:
-        print(f"{prog}: {exc} (see {prog} --help)", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except SystemExit as exc:
-        return EXIT_OK if exc.code in (None, 0) else EXIT_BAD_INPUT
+    args = p.parse_or_exit_code(argv)
+    if isinstance(args, int):
+        return args
     args.no_plots = not plots_wanted(args.no_plots, prog)
     out = args.out or args.dirs[0]
     try:

@@ -12,9 +12,9 @@ since NVIDIA's MIG manager takes counts, not positions.
 The rule (greedy, documented in docs/mig.md):
 
 1. Demand d_p per profile: the counts seen over a window plus the pending pods' profiles.
-2. Target t_p = d_p x max(1, capacity / demand), both in slices: a demand below capacity is
-   scaled up to it, so the spare GPUs are cut in the demand's mix rather than left whole; a
-   demand above capacity is kept as it is (serve as much as fits).
+2. Target t_p = d_p x capacity / demand (both in slices): the demand's mix scaled to the
+   capacity, so spare GPUs are cut in that mix rather than left whole, and a demand above
+   capacity is served in its mix rather than by whichever profile comes first.
 3. Nodes in order of GPU count (most first, then as given); each takes, for all its GPUs, the
    layout that serves the most not-yet-served target slices:
    gain = sum_p slices_p x (min(t_p, s_p + g x n_p) - min(t_p, s_p)), with s_p the instances
@@ -22,8 +22,8 @@ The rule (greedy, documented in docs/mig.md):
    idle slices, then to the family's layout order (largest instances first). A node is one
    layout (``devices: all``), as MIG manager configs usually are.
 
-What a layout strands is then its slices in no instance plus those in instances beyond the
-target: with one profile demanded, every node takes the layout with the most instances of it.
+What the layouts strand: their slices in no instance plus those in instances beyond the
+demand. With one profile demanded, every node takes the layout with the most instances of it.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class LayoutAdvice:
     by_node: Mapping[str, MigLayout]
     served: Mapping[str, float]  # demanded instances the layouts can hold, per profile
     unserved: Mapping[str, float]  # demanded instances they cannot
-    stranded_slices: int  # slices in no instance or in instances beyond the target
+    stranded_slices: int  # slices in no instance or in instances beyond the demand
     ignored: tuple[str, ...]  # demanded profiles the family does not have
 
     def labels(self) -> dict[str, str]:
@@ -153,7 +153,7 @@ def advise_layouts(model: MigGpuModel, nodes: Sequence[tuple[str, int]],
         raise ValueError(f"nodes without GPUs cannot carry a MIG layout: {', '.join(bad)}")
     capacity = SLICES * sum(g for _, g in nodes)
     asked = sum(d * slices[n] for n, d in demand.items())
-    scale = max(1.0, capacity / asked)
+    scale = capacity / asked
     target = {n: d * scale for n, d in demand.items()}
     supply = dict.fromkeys(slices, 0)
     layouts = full_layouts(model)
@@ -174,6 +174,6 @@ def advise_layouts(model: MigGpuModel, nodes: Sequence[tuple[str, int]],
             supply[profile] += g * n
     served = {n: min(d, float(supply[n])) for n, d in demand.items()}
     unserved = {n: d - served[n] for n, d in demand.items() if d > served[n]}
-    useful = sum(slices[n] * min(target.get(n, 0.0), supply[n]) for n in slices)
+    useful = sum(slices[n] * served[n] for n in served)
     return LayoutAdvice(model.family, {name: chosen[name] for name, _ in nodes}, served,
                         unserved, round(capacity - useful), ignored)
