@@ -24,6 +24,13 @@ Two variants of the one Dockerfile (:data:`VARIANTS`): the cluster image (defaul
 (onnxruntime-gpu and NVIDIA's CUDA and cuDNN wheels, GBs: CI does not build it) in place of
 the cluster lock; no CUDA base image from a registry either way.
 
+A third image, for diagnosis only (:func:`build_profiler_image`, ``--profiler``): the same
+Debian base with the sampling profiler py-spy, the one static binary of its wheel, downloaded
+by pip exactly as ``requirements/profiler.lock`` says (version and hashes) and added as a second
+layer by :func:`write_oci_archive`: no buildah, no Dockerfile, nothing compiled. It runs as an
+ephemeral container beside a gpufrag process (``kubectl debug --target``; docs/operations.md
+"Diagnose a live process") and is never part of a workload. Key: the base's key and the lock.
+
 buildah's storage is private to one build (a temporary directory, removed after): vfs copies
 the whole root file system per layer, and the cached archive is what later runs reuse. A warm
 call costs hashing the inputs. ``python -m devkit.image`` builds (or finds) it and prints the
@@ -43,6 +50,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,6 +61,11 @@ from devkit.procs import ControlPlaneError
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
 IMAGE_NAME: Final = "gpufrag.local/gpufrag"
 GPU_IMAGE_NAME: Final = "gpufrag.local/gpufrag-gpu"
+PROFILER_IMAGE_NAME: Final = "gpufrag.local/gpufrag-profiler"
+PROFILER_LOCK: Final = "requirements/profiler.lock"
+# py-spy's Linux x86-64 wheel (tagged manylinux_2_5): a static-pie binary, so any base runs it.
+PROFILER_PLATFORM: Final = "manylinux_2_5_x86_64"
+PROFILER_BINARY: Final = "usr/local/bin/py-spy"  # on the base's PATH
 BASE_NAME: Final = "gpufrag.local/debian-base"
 BASE_SUITE: Final = "bookworm"
 # python3-venv: ensurepip, which the Dockerfile's `python3 -m venv` needs on Debian.
@@ -350,6 +363,74 @@ def build_image(repo: Path = REPO_ROOT, variant: Variant = CLUSTER) -> BuiltImag
                       archive.stat().st_size)
 
 
+def profiler_key(base: str, repo: Path = REPO_ROOT) -> str:
+    h = hashlib.sha256(f"profiler:{base}:{PROFILER_PLATFORM}:{PROFILER_BINARY}".encode())
+    _hash_files(h, repo, [PROFILER_LOCK])
+    return h.hexdigest()[:16]
+
+
+def build_profiler_image(repo: Path = REPO_ROOT) -> BuiltImage:
+    """The profiler image (module docstring) as an OCI archive, cached by
+    :func:`profiler_key`: the base's layer as it is, and a layer with py-spy's binary taken
+    from the wheel pip downloaded with ``--require-hashes`` (a wheel whose hash is not in the
+    lock fails the build). The image's user is the base's (root); a pod's own ``runAsUser``
+    applies to an ephemeral container too, which suits py-spy: the same uid as its target."""
+    started = time.monotonic()
+    base = build_base()
+    key = profiler_key(base.key, repo)
+    root = cache_root()
+    archive, ref = root / f"profiler-{key}.oci.tar", f"{PROFILER_IMAGE_NAME}:{key}"
+    found = _found(archive, ref, key, started)
+    if found is not None:
+        return found
+    with tempfile.TemporaryDirectory(prefix="gpufrag-profiler-", dir=root) as tmp, \
+            (root / f"profiler-{key}.log").open("w") as out:
+        wheels = Path(tmp) / "wheels"
+        _run("pip download", [sys.executable, "-m", "pip", "download", "--require-hashes",
+                              "--no-deps", "--only-binary=:all:",
+                              f"--platform={PROFILER_PLATFORM}", f"--dest={wheels}",
+                              "--disable-pip-version-check", "-r", str(repo / PROFILER_LOCK)],
+             log=out)
+        base_layer = Path(tmp) / "base-layer.tar"
+        with tarfile.open(base.archive) as outer, base_layer.open("wb") as f:
+            (layer,) = _manifest(outer)["layers"]
+            shutil.copyfileobj(_member(outer, _blob_name(layer["digest"])), f)
+        with tarfile.open(base.archive) as outer:
+            config = json.load(_member(outer, _blob_name(_manifest(outer)["config"]["digest"])))
+        write_oci_archive(archive, ref, [base_layer, _py_spy_layer(wheels)], {
+            **config["config"],
+            "Labels": {"org.opencontainers.image.title": "gpufrag-profiler",
+                       "org.opencontainers.image.description":
+                           "py-spy beside a gpufrag process (kubectl debug --target)"}})
+    _prune(root, "profiler-*.oci.tar", archive)
+    return BuiltImage(archive, ref, key, True, time.monotonic() - started,
+                      archive.stat().st_size)
+
+
+def _py_spy_layer(wheels: Path) -> bytes:
+    """A layer with the py-spy binary of the one wheel in ``wheels`` at :data:`PROFILER_BINARY`."""
+    found = sorted(wheels.glob("py_spy-*.whl"))
+    if len(found) != 1:
+        raise ImageBuildError(f"expected one py-spy wheel from {PROFILER_LOCK}, found "
+                              f"{[p.name for p in found]}")
+    with zipfile.ZipFile(found[0]) as wheel:
+        names = [n for n in wheel.namelist() if n.endswith(".data/scripts/py-spy")]
+        if len(names) != 1:
+            raise ImageBuildError(f"{found[0].name} has no py-spy binary under *.data/scripts")
+        binary = wheel.read(names[0])
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _add_bytes(tar, PROFILER_BINARY, binary, 0o755)
+    return buffer.getvalue()
+
+
+def _manifest(tar: tarfile.TarFile) -> dict[str, Any]:
+    """The image manifest of a one-image OCI archive."""
+    index = json.load(_member(tar, "index.json"))
+    manifest: dict[str, Any] = json.load(_member(tar, _blob_name(index["manifests"][0]["digest"])))
+    return manifest
+
+
 def unpacked_bytes(archive: Path) -> int:
     """What the image's files take once unpacked (a node's store, ``du`` of the root file
     system): the sizes of the regular files in every layer, read from the archive's layers
@@ -357,9 +438,7 @@ def unpacked_bytes(archive: Path) -> int:
     A file a later layer replaces is counted in both, as a store keeps both layers."""
     total = 0
     with tarfile.open(archive) as outer:
-        index = json.load(_member(outer, "index.json"))
-        manifest = json.load(_member(outer, _blob_name(index["manifests"][0]["digest"])))
-        for layer in manifest["layers"]:
+        for layer in _manifest(outer)["layers"]:
             with tarfile.open(fileobj=_member(outer, _blob_name(layer["digest"])),
                               mode="r|*") as inner:
                 total += sum(m.size for m in inner if m.isfile())
@@ -393,9 +472,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gpu", action="store_true",
                         help="the GPU image: onnxruntime-gpu with NVIDIA's CUDA and cuDNN wheels "
                              "(requirements/image-gpu.lock; several GB to download and build)")
+    parser.add_argument("--profiler", action="store_true",
+                        help="the profiler image: the base with py-spy (requirements/"
+                             "profiler.lock), for kubectl debug (docs/operations.md)")
     args = parser.parse_args(argv)
+    if args.gpu and args.profiler:
+        parser.error("--gpu and --profiler name two images: choose one")
     try:
-        built = build_image(variant=GPU if args.gpu else CLUSTER)
+        built = (build_profiler_image() if args.profiler
+                 else build_image(variant=GPU if args.gpu else CLUSTER))
     except ImageBuildError as exc:
         print(f"image: {exc}", file=sys.stderr)
         return 1
