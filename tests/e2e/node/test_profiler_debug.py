@@ -1,8 +1,9 @@
 """docs/operations.md's "Diagnose a live process" on the real node: ``kubectl debug`` attaches an
 ephemeral container from the profiler image (``devkit.image.build_profiler_image``: the Debian
 base with py-spy) to a running ``gpufrag serve`` pod, sharing the server container's process
-namespace (``--target``), and ``py-spy dump --pid 1`` prints the server's Python stacks; the
-server keeps passing its probes and answering.
+namespace (``--target``), and ``py-spy dump --pid 1`` prints the server's Python stacks as the
+server's own user with no capability (as another user it is refused); the server keeps passing
+its probes and answering.
 
 The pod is manifests/base's serving example, fitted to this node as tests/e2e/node/
 test_serve_pod.py fits it: its pod-level ``runAsUser: 65532``, ``runAsNonRoot`` and
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import re
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -54,13 +56,15 @@ def _health_status(ip: str) -> int:
 
 
 def _debug(node_plane: ControlPlane, namespace: str, image: str, name: str, profile: str,
-           *command: str) -> kubernetes.client.V1ContainerStateTerminated:
+           *command: str, custom: Path | None = None
+           ) -> kubernetes.client.V1ContainerStateTerminated:
     """``kubectl debug`` as docs/operations.md gives it, without ``-it`` (attaching goes
     through the kubelet, which the dev kit's API server cannot reach: :func:`_logs`): the
     ephemeral container ``name`` runs ``command`` beside the server; its terminated state."""
     node_plane.kubectl("debug", POD, f"--namespace={namespace}", f"--image={image}",
                        "--image-pull-policy=Never", f"--target={TARGET}",
-                       f"--profile={profile}", f"--container={name}", "--", *command)
+                       f"--profile={profile}", f"--container={name}",
+                       *([f"--custom={custom}"] if custom else []), "--", *command)
     core = kubernetes.client.CoreV1Api(node_plane.api_client())
 
     def terminated() -> kubernetes.client.V1ContainerStateTerminated | None:
@@ -89,7 +93,7 @@ def _ready_since(pod: kubernetes.client.V1Pod) -> Any:
 
 def test_py_spy_in_an_ephemeral_container_dumps_and_records_a_live_server(
         node: Node, node_plane: ControlPlane, node_namespace: str, profiler_image: str,
-        base_manifests: list[dict[str, Any]]) -> None:
+        base_manifests: list[dict[str, Any]], tmp_path: Path) -> None:
     core = kubernetes.client.CoreV1Api(node_plane.api_client())
     core.create_namespaced_pod(node_namespace, serving_pod(base_manifests, node))
 
@@ -119,6 +123,14 @@ def test_py_spy_in_an_ephemeral_container_dumps_and_records_a_live_server(
     assert re.search(r"^Thread \d+ \(\w+\): \"MainThread\"$", dump, re.M), dump
     assert re.search(r"^ +main \((?:\S*/)?serving/cli\.py:\d+\)$", dump, re.M), dump
     assert re.search(r"^ +main \((?:\S*/)?gpufrag/cli\.py:\d+\)$", dump, re.M), dump
+
+    # The control: the same profile as another user (kubectl debug's --custom) is refused.
+    other_user = tmp_path / "other-user.yaml"
+    other_user.write_text("securityContext:\n  runAsUser: 1000\n")
+    state = _debug(node_plane, node_namespace, profiler_image, "py-spy-other-user",
+                   "restricted", "py-spy", "dump", "--pid", "1", custom=other_user)
+    refused = _logs(node, node_namespace, "py-spy-other-user")
+    assert state.exit_code != 0 and "Permission Denied" in refused, (state, refused)
 
     # kubectl's default profile (general) adds SYS_PTRACE; a record of two seconds (idle
     # threads included: the server is idle) written in the container and printed to its log.
