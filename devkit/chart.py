@@ -222,19 +222,24 @@ class Part:
     """An optional piece of the kustomize layout: a kustomize Component under ``manifests/``
     (``path``), rendered by kustomize as the base is and installed only where
     ``.Values.<value>`` is true (default false). ``labels``: a map value whose labels join those
-    of each of its objects (what a Prometheus selects monitors by)."""
+    of each of its objects (what a Prometheus selects monitors by). ``also``: further values
+    that must be true as well, for a piece that joins two parts (the webhook's monitor needs
+    the monitoring and the right-sizing parts); such a part declares no value of its own:
+    ``value``, ``also`` and ``labels`` are each declared by another part."""
 
     value: str
     path: str
     help: str
     labels: str = ""
+    also: tuple[str, ...] = ()
 
 
 PARTS: Final[tuple[Part, ...]] = (
     Part("monitoring.enabled", "components/prometheus-operator",
          "The Prometheus Operator's PodMonitors and ServiceMonitor and the PrometheusRule: "
          "gpufrag's alerts and the recording rules the example HPA reads through "
-         "prometheus-adapter. Needs the Prometheus Operator's CRDs.",
+         "prometheus-adapter; with rightsizing.enabled, the webhook's PodMonitor too. Needs "
+         "the Prometheus Operator's CRDs.",
          labels="monitoring.labels"),
     Part("dashboards.enabled", "components/grafana-dashboards",
          "Grafana dashboards as a ConfigMap labelled grafana_dashboard=1, for the Grafana "
@@ -242,6 +247,10 @@ PARTS: Final[tuple[Part, ...]] = (
     Part("rightsizing.enabled", "components/rightsizing",
          "The GPU right-sizing admission webhook (docs/rightsizing.md): its Deployment, Service, "
          "RBAC and MutatingWebhookConfiguration."),
+    # The webhook's PodMonitor: it needs the PodMonitor kind and the webhook both.
+    Part("monitoring.enabled", "components/rightsizing-monitoring",
+         "The right-sizing webhook's PodMonitor (HTTPS, verified with the webhook's CA).",
+         labels="monitoring.labels", also=("rightsizing.enabled",)),
     Part("scheduler.disruptionBudget", "components/scheduler-pdb",
          "A PodDisruptionBudget (minAvailable 1) for gpufrag-scheduler; with "
          "scheduler.replicas >= 2, so a drain never takes the last replica."),
@@ -496,7 +505,11 @@ def _walk(node: object) -> Iterator[tuple[object, str | int, object]]:
         yield from _walk(value)
 
 
-_NAMESPACE_RE: Final = re.compile(rf"(?<![\w.-])({re.escape(BASE_NAMESPACE)})(?![\w-])")
+# The namespace as a word of its own, or as the namespace label of a Service's DNS name
+# (`gpufrag-admission.gpufrag-system.svc`: a certificate's dnsNames, a scrape's serverName).
+_NAMESPACE_RE: Final = re.compile(
+    rf"(?:(?<![\w.-])|(?<=[\w-]\.)(?={re.escape(BASE_NAMESPACE)}\.svc\b))"
+    rf"({re.escape(BASE_NAMESPACE)})(?![\w-])")
 
 
 def _apply_namespace(doc: Doc) -> None:
@@ -902,7 +915,14 @@ def _declare_optional(values: dict[str, object], notes: dict[str, str], parts: S
                       docs: Sequence[Doc]) -> None:
     """The values of the optional parts (off by default), of the API groups' toggles and of
     the webhooks' CA, where the objects they govern are in ``docs``."""
+    declared = {part.value for part in parts if not part.also}
     for part in parts:
+        if part.also:
+            missing = [v for v in (part.value, *part.also) if v not in declared]
+            if missing:
+                raise ChartError(f"part {part.path}: needs {', '.join(missing)}, which no "
+                                 f"other part declares")
+            continue
         _set_default(values, part.value, False)
         notes[part.value] = part.help
         if part.labels:
@@ -996,6 +1016,9 @@ def build_chart(docs: Sequence[Doc], version: str, *,
             "charts/gpufrag/crds/ yourself before an upgrade.")
     scoped_roles = {_name(doc) for doc in [*docs, *(hook for hook, _, _ in extra)]
                     if doc.get("kind") == "ClusterRole" and _scoped(doc)}
+    # From the Certificate as the components have it: the loop below templates its namespace.
+    webhook_prelude = (self_signed_prelude(docs) if any(
+        str(d.get("kind", "")).endswith("WebhookConfiguration") for d in docs) else "")
     files: dict[str, str] = {}
     taken: set[str] = set()
     hook_of = {id(hook): (folder, value) for hook, folder, value in extra}
@@ -1023,11 +1046,11 @@ def build_chart(docs: Sequence[Doc], version: str, *,
         _apply_labels(doc, source.labels if source else "")
         if str(doc.get("kind", "")).endswith("WebhookConfiguration"):
             _apply_ca_bundle(doc)
-        conditions = _conditions(doc, name, toggles,
-                                 [v for v in (hook_value, source and source.value) if v])
+        conditions = _conditions(doc, name, toggles, [
+            v for v in (hook_value, *((source.value, *source.also) if source else ())) if v])
         body = _dump(doc, where)
         if str(doc.get("kind", "")).endswith("WebhookConfiguration"):
-            body = self_signed_prelude(docs) + body
+            body = webhook_prelude + body
         if conditions:
             test = conditions[0] if len(conditions) == 1 else f"and {' '.join(conditions)}"
             body = f"{{{{- if {test} }}}}\n{body}{{{{- end }}}}\n"

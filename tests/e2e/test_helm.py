@@ -229,15 +229,24 @@ def test_production_values_render_exactly_the_production_overlay(
 def test_each_optional_part_renders_exactly_its_kustomize_component(
         helm: Path, control_plane_binary: Path) -> None:
     """Off by default (the default render is the base); on, each adds exactly the objects of
-    its component under manifests/components, all rendered from there."""
+    its component under manifests/components, all rendered from there. A part that joins two
+    (the webhook's monitor) adds its objects only where both are on: each of the two alone
+    renders exactly its own component, and both together add exactly the joint one."""
     base = by_identity(kustomize(control_plane_binary, "base"))
     # The schema takes the scheduler's PodDisruptionBudget only with two replicas.
     needs = {"scheduler.disruptionBudget": ["--set", "scheduler.replicas=2", "--set",
                                             "scheduler.leaderElect=true"]}
+    joint = [part for part in chart.PARTS if part.also]
+    assert [part.path for part in joint] == ["components/rightsizing-monitoring"]
     for part in chart.PARTS:
-        rendered = [d for d in helm_template(helm, "--set", f"{part.value}=true",
+        values = (part.value, *part.also)
+        others = set(base)
+        for alone in values if part.also else ():
+            others |= set(by_identity(helm_template(helm, "--set", f"{alone}=true")))
+        rendered = [d for d in helm_template(helm, *(a for v in values for a in (
+                                                 "--set", f"{v}=true")),
                                              *needs.get(part.value, []))
-                    if identity(d) not in base]
+                    if identity(d) not in others]
         same_objects(rendered, kustomize(control_plane_binary, part.path))
 
 
@@ -247,7 +256,11 @@ def test_the_monitoring_labels_and_the_no_cert_manager_path(helm: Path) -> None:
                          "rightsizing.enabled=true", "--set", "rightsizing.certManager=false",
                          "--set", "rightsizing.caBundle=Q0EK")
     monitors = [d for d in docs if str(d["apiVersion"]).startswith("monitoring.coreos.com/")]
-    assert len(monitors) == 4
+    # The extender's, the agent's, the device plugin's and the webhook's PodMonitors, the
+    # example's ServiceMonitor and the rules.
+    assert sorted(identity(d)[3] for d in monitors) == [
+        "gpufrag", "gpufrag-admission", "gpufrag-agent", "gpufrag-device-plugin",
+        "gpufrag-extender", "resnet-serving"]
     assert {labels_of(d).get("release") for d in monitors} == {"kube-prometheus-stack"}
     assert "cert-manager.io/v1" not in {d["apiVersion"] for d in docs}
     webhook = tree(find(docs, "MutatingWebhookConfiguration", "gpufrag-rightsizing"))
@@ -255,6 +268,16 @@ def test_the_monitoring_labels_and_the_no_cert_manager_path(helm: Path) -> None:
     # Release-scoped like every cluster-wide name.
     other = helm_template(helm, "--set", "rightsizing.enabled=true", release="team-b")
     assert find(other, "MutatingWebhookConfiguration", "team-b-gpufrag-rightsizing")
+    # cert-manager's certificate names the Service in the release's namespace, and the
+    # webhook's monitor verifies the name it holds.
+    moved = helm_template(helm, "--set", "rightsizing.enabled=true", "--set",
+                          "monitoring.enabled=true", "--set", "namespace.name=team-b")
+    dns_names = tree(find(moved, "Certificate", "gpufrag-admission"))["spec"]["dnsNames"]
+    assert dns_names == ["gpufrag-admission.team-b.svc",
+                         "gpufrag-admission.team-b.svc.cluster.local"]
+    (endpoint,) = tree(find(moved, "PodMonitor", "gpufrag-admission"))["spec"][
+        "podMetricsEndpoints"]
+    assert endpoint["tlsConfig"]["serverName"] == dns_names[0]
 
 
 SELF_SIGNED = ["--set", "rightsizing.enabled=true", "--set", "rightsizing.certManager=false",
@@ -273,7 +296,8 @@ def test_the_chart_makes_the_webhooks_certificate_without_cert_manager(helm: Pat
     """rightsizing.selfSigned: a CA and a serving certificate for the webhook Service's DNS
     names in the release's namespace, signed by that CA, in the Secret the webhook mounts, and
     that CA in every webhook's caBundle."""
-    docs = helm_template(helm, *SELF_SIGNED, "--set", "namespace.name=team-b")
+    docs = helm_template(helm, *SELF_SIGNED, "--set", "namespace.name=team-b", "--set",
+                         "monitoring.enabled=true")
     data, bundles = self_signed(docs, "team-b")
     assert bundles == [data["ca.crt"]]
     ca = x509.load_pem_x509_certificate(base64.b64decode(data["ca.crt"]))
@@ -282,6 +306,14 @@ def test_the_chart_makes_the_webhooks_certificate_without_cert_manager(helm: Pat
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == [
         "gpufrag-admission.team-b.svc", "gpufrag-admission.team-b.svc.cluster.local"]
+    # The webhook's PodMonitor verifies that certificate: against the Secret's CA, for a name
+    # the certificate holds (it dials the pod's IP, which the certificate does not name).
+    monitor = tree(find(docs, "PodMonitor", "gpufrag-admission"))
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["scheme"] == "https" and "insecureSkipVerify" not in endpoint["tlsConfig"]
+    assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": "gpufrag-admission-tls",
+                                                      "key": "ca.crt"}}
+    assert endpoint["tlsConfig"]["serverName"] in names.get_values_for_type(x509.DNSName)
     assert "cert-manager.io/v1" not in {d["apiVersion"] for d in docs}
     key = serialization.load_pem_private_key(base64.b64decode(data["tls.key"]), None)
     spki = (serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)

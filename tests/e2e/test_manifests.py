@@ -77,7 +77,12 @@ def test_every_container_is_locked_down(control_plane: ControlPlane) -> None:
 def test_prometheus_operator_component_renders(control_plane: ControlPlane) -> None:
     # Rendered only: the harness has no Prometheus Operator CRDs for a dry run to check against.
     kinds = sorted(d["kind"] for d in render(control_plane, "components/prometheus-operator"))
-    assert kinds == ["PodMonitor", "PodMonitor", "PrometheusRule", "ServiceMonitor"]
+    assert kinds == ["PodMonitor", "PodMonitor", "PodMonitor", "PrometheusRule",
+                     "ServiceMonitor"]
+    # The webhook's monitor, for overlays with the right-sizing component too.
+    joint = render(control_plane, "components/rightsizing-monitoring")
+    assert [(d["kind"], d["metadata"]["name"]) for d in joint] == [  # type: ignore[index]
+        ("PodMonitor", "gpufrag-admission")]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -1,12 +1,14 @@
 """Monitoring and autoscaling as installed, against the real API server.
 
-An overlay as an operator writes one (manifests/base plus the prometheus-operator and
-grafana-dashboards components) is applied for real, server-side and with strict field
-validation, after the Prometheus Operator's own CRDs (fetched from its pinned Go module:
-``devkit.toolbuild.PROMETHEUS_OPERATOR_CRDS``). The controllers then create the
-workloads' pods, and each monitor's selector is evaluated by the API server itself, with the
-label-selector list calls Prometheus's service discovery makes: the PodMonitors must select the
-extender's and the agent's pods on a port those pods declare, the ServiceMonitor the example
+An overlay as an operator writes one (manifests/base plus the prometheus-operator,
+grafana-dashboards, rightsizing and rightsizing-monitoring components) is applied for real,
+server-side and with strict field validation, after the Prometheus Operator's and cert-manager's
+own CRDs (fetched from their pinned Go modules: ``devkit.toolbuild.PROMETHEUS_OPERATOR_CRDS``,
+``CERT_MANAGER_CRDS``). The controllers then create the workloads' pods, and each monitor's
+selector is evaluated by the API server itself, with the label-selector list calls Prometheus's
+service discovery makes: the PodMonitors must select the extender's, the agent's, the device
+plugin's and the right-sizing webhook's pods on a port those pods declare (the webhook's over
+HTTPS, verified with the CA of the Secret its pods mount), the ServiceMonitor the example
 Service, whose selector selects the example's pods. The HPA is read back as stored, and the
 pre-warm CronJobs' own command is run with their ServiceAccount's token: it may patch that one
 HPA and nothing else, and the HPA controller then scales the Deployment out to the new
@@ -34,7 +36,8 @@ from devkit.stack import delete_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
-COMPONENTS = ("components/prometheus-operator", "components/grafana-dashboards")
+COMPONENTS = ("components/prometheus-operator", "components/grafana-dashboards",
+              "components/rightsizing", "components/rightsizing-monitoring")
 NS = "gpufrag-system"
 GPU_NODE = "monitoring-gpu-0"
 PREWARM_ACCOUNT = "resnet-serving-prewarm"
@@ -53,16 +56,19 @@ class Workload:
 
 
 # Monitor (kind, name) -> the workload it scrapes. The GPU node below is the one node the
-# agent's nodeSelector matches, so its DaemonSet has one pod.
+# agent's and the device plugin's nodeSelectors match, so each DaemonSet has one pod.
 EXPECTED = {
     ("PodMonitor", "gpufrag-extender"): Workload("Deployment", "gpufrag-scheduler", 1),
     ("PodMonitor", "gpufrag-agent"): Workload("DaemonSet", "gpufrag-agent", 1),
+    ("PodMonitor", "gpufrag-device-plugin"): Workload("DaemonSet", "gpufrag-device-plugin", 1),
+    ("PodMonitor", "gpufrag-admission"): Workload("Deployment", "gpufrag-admission", 2),
     ("ServiceMonitor", "resnet-serving"): Workload("Deployment", "resnet-serving", 2),
 }
 
 
 def render_installation(plane: ControlPlane, folder: Path) -> list[Obj]:
-    """The base with both monitoring components, through an overlay in ``folder``."""
+    """The base with the monitoring and right-sizing components, through an overlay in
+    ``folder``."""
     def rel(path: str) -> str:  # kustomize refuses absolute paths
         return os.path.relpath(MANIFESTS / path, folder)
 
@@ -102,11 +108,13 @@ def creation_failures(core: Any) -> str:
 
 @pytest.fixture(scope="module")
 def installation(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory,
-                 prometheus_operator_crds: list[Path]) -> Iterator[list[Obj]]:
+                 prometheus_operator_crds: list[Path], cert_manager_crds: list[Path]
+                 ) -> Iterator[list[Obj]]:
     """The overlay applied for real, with every workload's pods created; removed after (the
     namespace stays: other modules use it)."""
     plane = control_plane
-    crds = [arg for path in prometheus_operator_crds for arg in ("-f", str(path))]
+    crds = [arg for path in [*prometheus_operator_crds, *cert_manager_crds]
+            for arg in ("-f", str(path))]
     plane.kubectl("apply", "--server-side", *crds)
     plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *crds)
     docs = render_installation(plane, tmp_path_factory.mktemp("overlay"))
@@ -201,6 +209,17 @@ def test_each_monitor_selects_its_workload_on_a_declared_port(
         declared = {p.name: p.container_port for c in pod.spec.containers
                     for p in c.ports or [] if p.name}
         assert set(ports) <= set(declared), (ports, declared)
+        if name == "gpufrag-admission":
+            # HTTPS, verified: the CA of the Secret the webhook's pods serve from, for the
+            # Service name its certificate holds (never insecureSkipVerify).
+            (endpoint,) = endpoints
+            tls = endpoint["tlsConfig"]
+            assert endpoint["scheme"] == "https" and "insecureSkipVerify" not in tls
+            mounted = {v.secret.secret_name for v in pod.spec.volumes if v.secret}
+            assert tls["ca"]["secret"]["name"] in mounted and tls["ca"]["secret"]["key"] == "ca.crt"
+            certificate = next(d for d in installation if d["kind"] == "Certificate")
+            assert certificate["spec"]["secretName"] == tls["ca"]["secret"]["name"]
+            assert tls["serverName"] in certificate["spec"]["dnsNames"]
         if name == "gpufrag-extender":
             # The probe listener (server.health_port), never the verbs' port (8888, loopback).
             (extender,) = [c for c in pod.spec.containers if c.name == "extender"]

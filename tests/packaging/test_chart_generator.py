@@ -214,3 +214,48 @@ def test_a_value_read_in_two_places_must_have_one_default() -> None:
     with pytest.raises(ChartError, match=r"knob app\.name \(ConfigMap/b data/name\): the base "
                                          r"has 'y' there"):
         build([configmap("a", {"name": "x"}), configmap("b", {"name": "y"})], knobs)
+
+
+def podmonitor(name: str, server_name: str = "") -> Doc:
+    endpoint: dict[str, object] = {"port": "https", "scheme": "https"}
+    if server_name:
+        endpoint["tlsConfig"] = {"serverName": server_name}
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+            "metadata": {"name": name, "namespace": "gpufrag-system"},
+            "spec": {"podMetricsEndpoints": [endpoint]}}
+
+
+MONITORING = chart.Part("monitoring.enabled", "components/mon", "m", labels="monitoring.labels")
+WEBHOOK = chart.Part("rightsizing.enabled", "components/hook", "w")
+
+
+def test_a_part_that_joins_two_parts_renders_only_where_both_are_on() -> None:
+    joint = chart.Part("monitoring.enabled", "components/joint", "", labels="monitoring.labels",
+                       also=("rightsizing.enabled",))
+    files = chart.build_chart([], "0.1.0", knobs=(), toggles=(), components=(), lines=(),
+                              hooks=False, parts={MONITORING: [podmonitor("a")],
+                                                  WEBHOOK: [deployment("hook")],
+                                                  joint: [podmonitor("hook")]})
+    joined = files["templates/podmonitor-hook.yaml"]
+    assert joined.count("{{- if") == 1
+    assert "{{- if and .Values.monitoring.enabled .Values.rightsizing.enabled }}\n" in joined
+    assert "{{- with .Values.monitoring.labels }}" in joined
+    assert "{{- if .Values.monitoring.enabled }}\n" in files["templates/podmonitor-a.yaml"]
+    # It declares no value of its own: each stays one value, off by default.
+    values = yaml.safe_load(files["values.yaml"])
+    assert values["monitoring"] == {"enabled": False, "labels": {}}
+    assert values["rightsizing"] == {"enabled": False}
+    with pytest.raises(ChartError, match=r"part components/joint: needs rightsizing\.enabled"):
+        chart.build_chart([], "0.1.0", knobs=(), toggles=(), components=(), lines=(),
+                          hooks=False, parts={MONITORING: [], joint: []})
+
+
+def test_the_namespace_in_a_services_dns_name_follows_the_value() -> None:
+    files = build([podmonitor("hook", "gpufrag-admission.gpufrag-system.svc"),
+                   configmap("cfg", {"a": "x.gpufrag-system.example", "b": "gpufrag-system.svc"})])
+    assert ('serverName: {{ print "gpufrag-admission." (include "gpufrag.namespace" .) ".svc" '
+            '| quote }}') in files["templates/podmonitor-hook.yaml"]
+    # Not a Service's name: another domain, or no Service before it.
+    template = files["templates/configmap-cfg.yaml"]
+    assert "a: x.gpufrag-system.example\n" in template
+    assert 'b: {{ print (include "gpufrag.namespace" .) ".svc" | quote }}' in template
