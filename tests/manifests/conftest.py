@@ -41,6 +41,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "deviceplugin": scrapes.deviceplugin_metrics(),
         "serving": scrapes.serving_metrics(),
         "defrag": scrapes.defrag_metrics(),
+        "admission": scrapes.admission_metrics(),
     }
 
 

@@ -8,7 +8,8 @@
 - serving: the runtime's registry on a recorded 2 x H100 probe, after batches, outcomes, a
   model load and a batch that grew GPU memory by 300 MiB (counted by MemoryGrowthWatch);
 - the device plugin: its registry after a health report, a registration and an allocation;
-- defrag: one cycle's registry, as ``--pushgateway`` pushes it.
+- defrag: one cycle's registry, as ``--pushgateway`` pushes it;
+- the right-sizing webhook: its registry after a rewrite and a skip, as ``/metrics`` serves it.
 
 Used by the promtool lint of every component and by the dashboard and rule tests, which may
 name only metrics that appear here (or that the rules record, or that the few external sources
@@ -29,6 +30,8 @@ from typing import Final
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from defrag.admission.mutate import SKIP_REASONS
+from defrag.admission.review import AdmissionMetrics
 from defrag.controller.measure import Summary
 from defrag.controller.metrics import CycleMetrics
 from gpufrag.nvml import NvmlReader
@@ -163,6 +166,17 @@ def deviceplugin_metrics() -> str:
     return metrics.render().decode()
 
 
+def admission_metrics() -> str:
+    metrics = AdmissionMetrics()
+    metrics.reviews.labels("mutated").inc()
+    metrics.milli_saved.inc(400)
+    metrics.reviews.labels("skipped").inc()
+    metrics.skips.labels(SKIP_REASONS[0]).inc()
+    metrics.carriers.inc()
+    metrics.seconds.observe(0.004)
+    return generate_latest(metrics.registry).decode()
+
+
 def metric_names(text: str) -> set[str]:
     """Every series name the exposition text has or would have once its labels are set: the
     samples' names, and for families without samples the names their type implies."""
@@ -178,5 +192,5 @@ def metric_names(text: str) -> set[str]:
     return names
 
 
-__all__ = ["EXTERNAL", "agent_metrics", "defrag_metrics", "extender_metrics", "metric_names",
-           "serving_metrics"]
+__all__ = ["EXTERNAL", "admission_metrics", "agent_metrics", "defrag_metrics",
+           "deviceplugin_metrics", "extender_metrics", "metric_names", "serving_metrics"]

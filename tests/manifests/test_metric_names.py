@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufrag.nvml import GpuReading
 from serving.metrics import ServingMetrics
 
-COMPONENTS = ("extender", "agent", "deviceplugin", "serving", "defrag")
+COMPONENTS = ("extender", "agent", "deviceplugin", "serving", "defrag", "admission")
 # The one promlint finding allowed, and only on the DCGM_ families the agent mirrors from
 # dcgm-exporter: its camelCase modelName label, kept so dcgm-exporter's dashboards work.
 DCGM_CAMEL_CASE = "label names should be written in 'snake_case' not 'camelCase'"
