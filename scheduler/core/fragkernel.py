@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from gpufrag.errors import BadInput
+
 Kernel = Callable[..., None]
 
 try:  # built at install (setup.py); absent where no C compiler was there. Imports in microseconds.
@@ -36,8 +38,10 @@ try:  # built at install (setup.py); absent where no C compiler was there. Impor
 except ImportError:
     _c_frag_rows = None  # type: ignore[assignment]  # the absent engine
 
-_state: dict[str, Kernel | None] = {}
-_state_names: dict[str, str] = {}
+_kernels: dict[str, Kernel | None] = {}  # engine -> its kernel, None when not installed
+# The engine compiled() answers with and its kernel, chosen once: compiled() runs on every
+# fragmentation call of the hot path, so it must be one lookup.
+_in_use: list[tuple[str, Kernel | None]] = []
 
 
 def _frag_rows(free: Any, cpu_left: Any, product: Any, thresholds: Any, threshold_of: Any,
@@ -118,17 +122,9 @@ def kernel(engine: str) -> Kernel | None:
     """One engine's kernel (``"c"`` or ``"numba"``), or None when it is not installed."""
     if engine not in ENGINES:
         raise ValueError(f"unknown fragmentation engine {engine!r}; one of {', '.join(ENGINES)}")
-    key = f"engine:{engine}"
-    if key not in _state:
-        _state[key] = _load(engine)
-    return _state[key]
-
-
-def engine() -> str:
-    """The engine :func:`compiled` uses: ``c``, ``numba`` or ``numpy`` (no kernel)."""
-    if "engine" not in _state_names:
-        _state_names["engine"] = _choose()
-    return _state_names["engine"]
+    if engine not in _kernels:
+        _kernels[engine] = _load(engine)
+    return _kernels[engine]
 
 
 def _choose() -> str:
@@ -137,7 +133,7 @@ def _choose() -> str:
         return "numpy"
     if wanted:
         if wanted not in ENGINES:
-            raise ValueError(f"GPUFRAG_KERNEL={wanted!r}: choose c, numba or numpy")
+            raise BadInput(f"GPUFRAG_KERNEL={wanted!r}: choose c, numba or numpy")
         return wanted if kernel(wanted) is not None else "numpy"
     return next((name for name in ENGINES if kernel(name) is not None), "numpy")
 
@@ -145,12 +141,21 @@ def _choose() -> str:
 def use(name: str) -> None:
     """Pin the engine :func:`compiled` uses from now on (``c``, ``numba`` or ``numpy``), as
     ``GPUFRAG_KERNEL`` does at start; for tests and benchmarks that compare engines."""
-    if name != "numpy" and kernel(name) is None:
+    chosen = None if name == "numpy" else kernel(name)
+    if name != "numpy" and chosen is None:
         raise ValueError(f"fragmentation engine {name!r} is not installed here")
-    _state_names["engine"] = name
+    _in_use[:] = [(name, chosen)]
+
+
+def engine() -> str:
+    """The engine :func:`compiled` uses: ``c``, ``numba`` or ``numpy`` (no kernel)."""
+    if not _in_use:
+        use(_choose())
+    return _in_use[0][0]
 
 
 def compiled() -> Kernel | None:
     """The preferred kernel (see the module docstring), or None: use the numpy form."""
-    name = engine()
-    return None if name == "numpy" else kernel(name)
+    if not _in_use:
+        use(_choose())
+    return _in_use[0][1]

@@ -125,3 +125,18 @@ def test_the_c_kernel_answers_valid_buffers() -> None:
     assert isinstance(out, np.ndarray)
     # All eight GPUs free, no CPU left: every spec lacks CPU, so all 8000 milli is fragment.
     assert out.tolist() == [8000.0] * 4
+
+
+def test_an_unknown_engine_in_the_environment_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Read at first use, deep in a replay (here in a worker process): still reported as the
+    command's bad input, not a traceback."""
+    env = {**os.environ, "GPUFRAG_KERNEL": "cuda"}
+    env.pop("GPUFRAG_NO_JIT", None)
+    done = subprocess.run([sys.executable, "-m", "gpufrag.cli", "whatif", "--synthetic-nodes",
+                           "20", "--policies", "fgd,bestfit", "--jobs", "2", "--no-plots",
+                           "--out", str(tmp_path)], cwd=REPO, env=env, text=True,
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "gpufrag whatif: GPUFRAG_KERNEL='cuda': choose c, numba or numpy"), done.stderr
+    assert "Traceback" not in done.stderr
