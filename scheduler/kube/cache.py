@@ -237,8 +237,8 @@ class ClusterCache:
                     self.apply_node(obj)
                     listed.add(_name_or_unknown(obj))
         with self.lock:
-            gone = [self.state.names[int(row)] for row in self.state.active_rows()
-                    if self.state.names[int(row)] not in listed]
+            active = (self.state.names[int(row)] for row in self.state.active_rows())
+            gone = [name for name in active if name not in listed]
             self._count_drift("node", gone)
             for name in gone:
                 self.delete_node(name)

@@ -32,13 +32,8 @@ import pytest
 from devkit.build import BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
 from devkit.procs import ControlPlaneError
-from devkit.toolbuild import (
-    CERT_MANAGER_CRDS,
-    PROMETHEUS_OPERATOR_CRDS,
-    UpstreamCrds,
-    build_tool,
-    fetch_crds,
-)
+from devkit.toolbuild import CERT_MANAGER_CRDS, PROMETHEUS_OPERATOR_CRDS, build_tool, fetch_crds
+from tests.built import built_or_fail
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -75,29 +70,18 @@ class _ReporterStream:
 
 @pytest.fixture(scope="session")
 def helm() -> Path:
-    try:
-        return build_tool("helm")
-    except BuildError as e:
-        failure = str(e)
-    pytest.fail(f"helm build failed:\n{failure}", pytrace=False)
-
-
-def _upstream_crds(crds: UpstreamCrds) -> list[Path]:
-    try:
-        return fetch_crds(crds)
-    except BuildError as e:
-        failure = str(e)
-    pytest.fail(f"upstream CRDs unavailable:\n{failure}", pytrace=False)
+    return built_or_fail("helm build", lambda: build_tool("helm"))
 
 
 @pytest.fixture(scope="session")
 def prometheus_operator_crds() -> list[Path]:
-    return _upstream_crds(PROMETHEUS_OPERATOR_CRDS)
+    return built_or_fail("fetching the upstream CRDs",
+                         lambda: fetch_crds(PROMETHEUS_OPERATOR_CRDS))
 
 
 @pytest.fixture(scope="session")
 def cert_manager_crds() -> list[Path]:
-    return _upstream_crds(CERT_MANAGER_CRDS)
+    return built_or_fail("fetching the upstream CRDs", lambda: fetch_crds(CERT_MANAGER_CRDS))
 
 
 @pytest.fixture(scope="session")

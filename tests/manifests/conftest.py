@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from devkit.build import BuildError
 from devkit.toolbuild import build_tool
+from tests.built import built_or_fail
 from tests.manifests import scrapes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,11 +25,7 @@ DASHBOARDS = MANIFESTS / "components" / "grafana-dashboards"
 
 @pytest.fixture(scope="session")
 def promtool() -> Path:
-    try:
-        return build_tool("promtool")
-    except BuildError as e:
-        failure = str(e)
-    pytest.fail(f"promtool build failed:\n{failure}", pytrace=False)
+    return built_or_fail("promtool build", lambda: build_tool("promtool"))
 
 
 @pytest.fixture(scope="session")

@@ -17,15 +17,12 @@ import pytest
 from devkit.build import BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
 from devkit.toolbuild import build_tool
+from tests.built import built_or_fail
 
 
 @pytest.fixture(scope="session")
 def dpharness() -> Path:
-    try:
-        return build_tool("dpharness")
-    except BuildError as e:
-        failure = str(e)
-    pytest.fail(f"building devkit/tools/dpharness failed:\n{failure}", pytrace=False)
+    return built_or_fail("building devkit/tools/dpharness", lambda: build_tool("dpharness"))
 
 
 @pytest.fixture(scope="module")
