@@ -24,6 +24,22 @@ says why each can be), so ``gpufrag inspect`` can show who holds memory nobody a
 is written only when there is one (an annotation without it, as an older agent wrote, reads as
 none), and readers that predate it ignore it: the schema version stays 1.
 
+A GPU in MIG mode carries ``mig``: its GPU instances as NVML's MIG calls report them, one entry
+each, sorted by ``start``::
+
+    "mig": [{"profile": "3g.40gb", "start": 0, "uuid": "MIG-9e1c...", "memory_used_mib": 20480,
+             "memory_total_mib": 40192, "utilization_pct": null, "pods": ["0b8f..."]}]
+
+``profile`` is the name the NVIDIA device plugin's resource uses (``nvidia.com/mig-3g.40gb``),
+``start`` the first memory slice the instance takes (NVML's placement start), ``pods`` the uids
+of the pods whose processes run on it (any pod listed here is also in the GPU's ``pods``).
+``utilization_pct`` is null where the driver has no per-instance figure (an A100 has none; an
+H100 gives one through GPM). The slices an instance takes follow from its profile and the GPU's
+product (:mod:`scheduler.core.mig`, the one home of MIG geometry), so a reader with that table
+can tell which slice positions are free; this schema only checks what it can alone (a start in
+0..7, unique starts and uuids). The key is absent on GPUs not in MIG mode, so older readers and
+older annotations are unaffected and the schema version stays 1.
+
 A pod's ``peak_mib`` is the most it used on that GPU over the agent's window
 (``--peak-window-s``, the recommender's 7 days by default) as far back as ``peak_since`` (the
 later of the window's start and when the agent first saw the pod there: an agent restart
@@ -99,6 +115,27 @@ class StrayProcess:
                 f"({gpu_uuid}) and {self.why}: the memory stays taken until it exits")
 
 
+MIG_SLICES = 8  # memory slices of a MIG-capable GPU: a start is one of 0..7
+
+
+@dataclass(frozen=True, slots=True)
+class MigInstanceUsage:
+    """One MIG GPU instance of a GPU in MIG mode: where it sits, what it holds, who uses it."""
+
+    profile: str
+    start: int
+    uuid: str
+    memory_used_mib: int
+    memory_total_mib: int
+    utilization_pct: int | None = None
+    pods: tuple[str, ...] = ()  # uids, sorted
+
+    @property
+    def in_use(self) -> bool:
+        """An instance is taken when a pod runs on it or anything holds its memory."""
+        return bool(self.pods) or self.memory_used_mib > 0
+
+
 @dataclass(frozen=True, slots=True)
 class GpuUsage:
     """One GPU as NVML saw it, the pods using it (sorted by namespace, name) and the processes
@@ -112,6 +149,11 @@ class GpuUsage:
     utilization_pct: int
     pods: tuple[PodGpuUsage, ...] = ()
     strays: tuple[StrayProcess, ...] = ()
+    mig: tuple[MigInstanceUsage, ...] = ()  # empty: not in MIG mode
+
+    @property
+    def mig_mode(self) -> bool:
+        return bool(self.mig)
 
     @property
     def memory_free_mib(self) -> int:
@@ -182,6 +224,8 @@ def _gpu_changed(mine: GpuUsage, theirs: GpuUsage, tolerance_mib: int, tolerance
     if any(abs(stray.memory_used_mib - theirs_strays[stray.pid].memory_used_mib) > tolerance_mib
            for stray in mine.strays):
         return True
+    if _mig_changed(mine.mig, theirs.mig, tolerance_mib, tolerance_pct):
+        return True
     theirs_pods = {pod.uid: pod for pod in theirs.pods}
     if theirs_pods.keys() != {pod.uid for pod in mine.pods}:
         return True
@@ -190,6 +234,30 @@ def _gpu_changed(mine: GpuUsage, theirs: GpuUsage, tolerance_mib: int, tolerance
         or abs(pod.window_peak_mib - theirs_pods[pod.uid].window_peak_mib) > tolerance_mib
         for pod in mine.pods
     )
+
+
+def _mig_changed(mine: tuple[MigInstanceUsage, ...], theirs: tuple[MigInstanceUsage, ...],
+                 tolerance_mib: int, tolerance_pct: int) -> bool:
+    """Any change of layout or of who uses an instance counts; numbers beyond the tolerance."""
+    if [(i.profile, i.start, i.uuid, i.memory_total_mib, i.pods) for i in mine] != [
+            (i.profile, i.start, i.uuid, i.memory_total_mib, i.pods) for i in theirs]:
+        return True
+    for a, b in zip(mine, theirs, strict=True):
+        if abs(a.memory_used_mib - b.memory_used_mib) > tolerance_mib:
+            return True
+        if (a.utilization_pct is None) != (b.utilization_pct is None):
+            return True
+        if (a.utilization_pct is not None and b.utilization_pct is not None
+                and abs(a.utilization_pct - b.utilization_pct) > tolerance_pct):
+            return True
+    return False
+
+
+def _mig_dict(instance: MigInstanceUsage) -> dict[str, Any]:
+    return {"profile": instance.profile, "start": instance.start, "uuid": instance.uuid,
+            "memory_used_mib": instance.memory_used_mib,
+            "memory_total_mib": instance.memory_total_mib,
+            "utilization_pct": instance.utilization_pct, "pods": list(instance.pods)}
 
 
 def _pod_dict(pod: PodGpuUsage) -> dict[str, Any]:
@@ -214,6 +282,8 @@ def _gpu_dict(gpu: GpuUsage) -> dict[str, Any]:
     if gpu.strays:  # absent when none: an annotation as small as before, and as old agents wrote
         out["strays"] = [{"pid": s.pid, "memory_used_mib": s.memory_used_mib, "reason": s.reason}
                          for s in gpu.strays]
+    if gpu.mig:  # absent when not in MIG mode, as for strays
+        out["mig"] = [_mig_dict(instance) for instance in gpu.mig]
     return out
 
 
@@ -286,9 +356,48 @@ def _parse_gpu(reader: _Reader, item: object, path: str) -> GpuUsage:
         for j, stray in enumerate(reader.array(obj, "strays", path) if "strays" in obj else ())
     )
     _unique(reader, [s.pid for s in strays], f"{path}.strays", "pid")
+    mig = tuple(
+        _parse_mig(reader, instance, f"{path}.mig[{j}]")
+        for j, instance in enumerate(reader.array(obj, "mig", path) if "mig" in obj else ())
+    )
+    _unique(reader, [i.start for i in mig], f"{path}.mig", "start")
+    _unique(reader, [i.uuid for i in mig], f"{path}.mig", "uuid")
+    pod_uids = {p.uid for p in pods}
+    for j, instance in enumerate(mig):
+        for k, uid in enumerate(instance.pods):
+            if uid not in pod_uids:
+                raise BadInput(f"pod {uid!r} runs on this instance but is not in {path}.pods",
+                               source=reader.source, field=f"{path}.mig[{j}].pods[{k}]")
     return GpuUsage(
         index=index, uuid=uuid, product=product, memory_used_mib=used, memory_total_mib=total,
         utilization_pct=utilization_pct, pods=pods, strays=strays,
+        mig=tuple(sorted(mig, key=lambda i: i.start)),
+    )
+
+
+def _parse_mig(reader: _Reader, item: object, path: str) -> MigInstanceUsage:
+    obj = reader.obj(item, path)
+    used = reader.integer(obj, "memory_used_mib", path, minimum=0)
+    total = reader.integer(obj, "memory_total_mib", path, minimum=0)
+    if used > total:
+        raise BadInput(f"memory_used_mib {used} exceeds memory_total_mib {total}",
+                       source=reader.source, field=f"{path}.memory_used_mib")
+    utilization = None
+    if obj.get("utilization_pct") is not None:
+        utilization = reader.integer(obj, "utilization_pct", path, minimum=0, maximum=100)
+    pods = tuple(reader.array(obj, "pods", path))
+    for k, uid in enumerate(pods):
+        if not isinstance(uid, str) or not uid:
+            raise BadInput(f"expected a non-empty pod uid, got {uid!r}", source=reader.source,
+                           field=f"{path}.pods[{k}]")
+    if len(set(pods)) != len(pods):
+        raise BadInput("a pod uid repeats", source=reader.source, field=f"{path}.pods")
+    return MigInstanceUsage(
+        profile=reader.string(obj, "profile", path),
+        start=reader.integer(obj, "start", path, minimum=0, maximum=MIG_SLICES - 1),
+        uuid=reader.string(obj, "uuid", path),
+        memory_used_mib=used, memory_total_mib=total, utilization_pct=utilization,
+        pods=tuple(sorted(pods)),
     )
 
 
