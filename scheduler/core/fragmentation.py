@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from scheduler.core import fragkernel
 from scheduler.core.state import BoolArray, ClusterState, IntArray
-from scheduler.core.types import PodRequest
+from scheduler.core.types import MILLI_PER_GPU, PodRequest
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -142,6 +142,56 @@ def fragmentation_of(free: IntArray, cpu_left: IntArray, product: IntArray,
            np.ascontiguousarray(product, np.int64), *workload._kernel_specs, allowed,
            workload._constrained, out)
     return out
+
+
+def fragmentation_after_share(free: IntArray, cpu_left: IntArray, product: IntArray,
+                              workload: TargetWorkload, allowed: BoolArray, milli: int,
+                              cpu_milli: int) -> tuple[FloatArray, FloatArray]:
+    """F of each row as it is (k) and after a share of ``milli`` on each of its GPUs with
+    ``cpu_milli`` of CPU (k x GPUs; every GPU, fitting or not: callers mask those that do not
+    fit). FGD's candidates for a share, in one call of the C engine when it is in use."""
+    k, width = free.shape
+    fused = fragkernel.compiled_before_after()
+    if fused is not None:
+        out = np.empty((k, width + 1), np.float64)
+        fused(np.ascontiguousarray(free, np.int64), np.ascontiguousarray(cpu_left, np.int64),
+              np.ascontiguousarray(product, np.int64), *workload._kernel_specs, allowed,
+              workload._constrained, milli, cpu_milli, -1, MILLI_PER_GPU, out)
+        return out[:, 0], out[:, 1:]
+    # Row 0 of each block: the node as it is; row 1 + g: GPU g loses the pod's share.
+    cand = np.repeat(free[:, None, :], width + 1, axis=1)  # k x (1 + width) x width
+    idx = np.arange(width)
+    cand[:, idx + 1, idx] -= milli
+    cpu = np.repeat(np.stack([cpu_left, cpu_left - cpu_milli], axis=1), [1, width], axis=1)
+    frag = fragmentation_of(cand.reshape(k * (width + 1), width), cpu.reshape(-1),
+                            np.repeat(product, width + 1), workload, allowed,
+                            ).reshape(k, width + 1)
+    return frag[:, 0], frag[:, 1:]
+
+
+def fragmentation_after_whole(free: IntArray, cpu_left: IntArray, product: IntArray,
+                              workload: TargetWorkload, allowed: BoolArray, num_gpu: int,
+                              milli: int, cpu_milli: int) -> tuple[FloatArray, FloatArray]:
+    """F of each row as it is and after a pod taking ``milli`` off each of ``num_gpu`` whole
+    GPUs (the row's lowest-index fully free ones: whole GPUs are interchangeable for F; 0 for
+    a pod without GPUs) and ``cpu_milli`` of CPU, in one call of the C engine when in use."""
+    k = free.shape[0]
+    fused = fragkernel.compiled_before_after()
+    if fused is not None:
+        out = np.empty((k, 2), np.float64)
+        fused(np.ascontiguousarray(free, np.int64), np.ascontiguousarray(cpu_left, np.int64),
+              np.ascontiguousarray(product, np.int64), *workload._kernel_specs, allowed,
+              workload._constrained, milli, cpu_milli, num_gpu, MILLI_PER_GPU, out)
+        return out[:, 0], out[:, 1]
+    taken = free
+    if num_gpu:
+        is_full = free == MILLI_PER_GPU
+        take = is_full & (np.cumsum(is_full, axis=1) <= num_gpu)
+        taken = np.where(take, free - milli, free)
+    frag = fragmentation_of(np.concatenate((free, taken)),
+                            np.concatenate((cpu_left, cpu_left - cpu_milli)),
+                            np.concatenate((product, product)), workload, allowed)
+    return frag[:k], frag[k:]
 
 
 def warm_up() -> None:

@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.core.fragmentation import FloatArray, TargetWorkload, fragmentation_of
+from scheduler.core.fragmentation import (
+    FloatArray,
+    TargetWorkload,
+    fragmentation_after_share,
+    fragmentation_after_whole,
+)
 from scheduler.core.gpus import NO_GPU
 from scheduler.core.policy import Scores
 from scheduler.core.state import ClusterState, IntArray
-from scheduler.core.types import MILLI_PER_GPU, PodRequest
+from scheduler.core.types import PodRequest
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -46,43 +51,21 @@ class FgdPolicy:
     def __init__(self, workload: TargetWorkload, *, kss_compat: bool = False) -> None:
         self.workload = workload
         self.kss_compat = kss_compat
-        self._frag = fragmentation_of
 
     def _candidates(self, state: ClusterState, pod: PodRequest,
                     rows: IntArray) -> tuple[FloatArray, FloatArray]:
         """For a share: F of each row as it is (k) and after the share on each GPU (k x width)."""
-        free = state.gpu_free[rows]
-        k, width = free.shape
-        # Row 0 of each block: the node as it is; row 1 + g: GPU g loses the pod's share.
-        cand = np.repeat(free[:, None, :], width + 1, axis=1)  # k x (1 + width) x width
-        idx = np.arange(width)
-        cand[:, idx + 1, idx] -= pod.gpu_milli
-        cpu = np.repeat(np.stack([state.cpu_left[rows], state.cpu_left[rows] - pod.cpu_milli],
-                                 axis=1), [1, width], axis=1)
-        frag = self._frag(
-            cand.reshape(k * (width + 1), width), cpu.reshape(-1),
-            np.repeat(state.product[rows], width + 1), self.workload,
-            self.workload.allowed(state),
-        ).reshape(k, width + 1)
-        return frag[:, 0], frag[:, 1:]
+        return fragmentation_after_share(
+            state.gpu_free[rows], state.cpu_left[rows], state.product[rows], self.workload,
+            self.workload.allowed(state), pod.gpu_milli, pod.cpu_milli)
 
     def _whole(self, state: ClusterState, pod: PodRequest,
                rows: IntArray) -> tuple[FloatArray, FloatArray]:
-        """F before and after for a pod that takes whole GPUs (or none), in one kernel call:
-        the call's set-up costs more than the few rows it computes (4-10% of a replay)."""
-        free = state.gpu_free[rows]
-        cpu = state.cpu_left[rows]
-        product = state.product[rows]
-        taken = free
-        if pod.wants_gpu:
-            # The first num_gpu fully free GPUs of each row (rows are feasible, so they exist).
-            is_full = free == MILLI_PER_GPU
-            take = is_full & (np.cumsum(is_full, axis=1) <= pod.num_gpu)
-            taken = np.where(take, free - pod.gpu_milli, free)
-        frag = self._frag(np.concatenate((free, taken)), np.concatenate((cpu, cpu - pod.cpu_milli)),
-                          np.concatenate((product, product)), self.workload,
-                          self.workload.allowed(state))
-        return frag[:rows.size], frag[rows.size:]
+        """F before and after for a pod that takes whole GPUs (or none)."""
+        return fragmentation_after_whole(
+            state.gpu_free[rows], state.cpu_left[rows], state.product[rows], self.workload,
+            self.workload.allowed(state), pod.num_gpu if pod.wants_gpu else 0, pod.gpu_milli,
+            pod.cpu_milli)
 
     def delta(self, state: ClusterState, pod: PodRequest,
               rows: IntArray) -> tuple[np.ndarray, IntArray]:

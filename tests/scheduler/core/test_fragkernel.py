@@ -17,7 +17,12 @@ import numpy as np
 import pytest
 
 from scheduler.core import fragkernel
-from scheduler.core.fragmentation import fragmentation_in_spec_order, fragmentation_of
+from scheduler.core.fragmentation import (
+    fragmentation_after_share,
+    fragmentation_after_whole,
+    fragmentation_in_spec_order,
+    fragmentation_of,
+)
 from tests.builders import workload
 
 REPO = Path(__file__).resolve().parents[3]
@@ -61,6 +66,54 @@ def test_every_kernel_is_bit_equal_to_the_numpy_form(engine: str, seed: int,
     slow = fragmentation_in_spec_order(free, cpu, product, target, allowed)
     assert np.array_equal(fast, slow)
     assert fragmentation_of(free[:0], cpu[:0], product[:0], target, allowed).shape == (0,)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_fused_before_and_after_gives_the_composed_forms_bits(
+        seed: int, pin_engine: Callable[[str], None]) -> None:
+    """The C engine's one-call "F before and after a pod" (share on each GPU, whole GPUs) is
+    bit-equal to the same figures composed from rows in numpy, so FGD's scores and decisions
+    do not depend on which path computed them."""
+    _installed("c")
+    rng = np.random.default_rng(seed)
+    rows = 40
+    free = rng.integers(0, 1001, size=(rows, 8)).astype(np.int64)
+    free[rng.random((rows, 8)) < 0.4] = 1000
+    free[:, 6:][rng.random((rows, 2)) < 0.5] = 0
+    cpu = rng.integers(0, 96_000, rows).astype(np.int64)
+    product = rng.integers(0, 2, rows).astype(np.int64)
+    target = workload((4000, 1, 500, 0.4), (8000, 2, 1000, 0.3), (2000, 0, 0, 0.1),
+                      (1000, 1, 250, 0.2),
+                      gpu_spec=(frozenset(), frozenset({"A"}), frozenset(), frozenset()))
+    allowed = np.array([[True, True], [True, False], [True, True], [True, True]])
+    results = {}
+    for engine in ("c", "numpy"):
+        pin_engine(engine)
+        results[engine] = (
+            fragmentation_after_share(free, cpu, product, target, allowed, 350, 4000),
+            *(fragmentation_after_whole(free, cpu, product, target, allowed, n, 1000, 8000)
+              for n in (0, 1, 3)))
+    for fused, composed in zip(results["c"], results["numpy"], strict=True):
+        for a, b in zip(fused, composed, strict=True):
+            assert a.dtype == b.dtype == np.float64
+            assert np.array_equal(a, b)
+
+
+def test_the_fused_call_refuses_an_output_of_the_wrong_shape(
+        pin_engine: Callable[[str], None]) -> None:
+    _installed("c")
+    pin_engine("c")
+    fused = fragkernel.compiled_before_after()
+    assert fused is not None
+    arguments = _arguments()
+    *inputs, _ = arguments.values()
+    with pytest.raises(ValueError, match=re.escape("out has 2 columns, 9 expected")):
+        fused(*inputs, 250, 0, -1, 1000, np.empty((4, 2)))
+    with pytest.raises(ValueError, match=re.escape("out: 2 dimensions expected, got 1")):
+        fused(*inputs, 1000, 0, 1, 1000, np.empty(4))
+    out = np.empty((4, 2))
+    fused(*inputs, 1000, 0, 1, 1000, out)
+    assert out.tolist() == [[8000.0, 7000.0]] * 4
 
 
 def test_the_c_kernel_is_built_where_a_compiler_and_the_headers_exist() -> None:
