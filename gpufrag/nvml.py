@@ -6,6 +6,16 @@ Only a handful of NVML calls are used; :class:`NvmlApi` names them, so the real 
 module and the recorded stand-in (:class:`gpufrag.nvml_recorded.RecordedNvml`) satisfy the same
 shape and mypy checks both.
 
+A GPU in MIG mode is read through NVML's MIG calls as well: each MIG device (a GPU instance
+with its compute instance) with its placement (start slice and size, from the GPU instance's
+info), its slice counts and memory, and the processes on it. The GPU's own process list is then
+the union of its instances' lists, each process read once on the instance it runs on, since the
+parent's list in MIG mode is an aggregate only privileged callers get. NVML has no GPU-level
+utilisation for a GPU in MIG mode (``nvmlDeviceGetUtilizationRates`` raises ``NotSupported`` on a
+MIG-enabled A100 or H100): the reading says so (:attr:`GpuReading.utilization_supported`) rather
+than pass 0 off as idle. Naming a MIG profile (``3g.40gb``) needs the MIG table above this layer,
+so this adapter reports NVML's numbers and the agent names them.
+
 Readings carry NVML's own units as data (bytes, utilisation in percent); MiB and the 0..1 ratio
 are derived properties, so every consumer converts the same way (MiB floored) and none keeps a
 second copy of the numbers.
@@ -25,7 +35,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -65,6 +75,34 @@ class ProcessInfo(Protocol):
     def usedGpuMemory(self) -> int | None: ...  # NVML's camelCase name
 
 
+class DeviceAttributes(Protocol):
+    """``nvmlDeviceGetAttributes`` on a MIG device: its GPU instance's compute slices (the "Ng" of
+    a profile's name) and its memory."""
+
+    @property
+    def gpuInstanceSliceCount(self) -> int: ...
+    @property
+    def memorySizeMB(self) -> int: ...
+
+
+class GpuInstancePlacement(Protocol):
+    @property
+    def start(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+
+
+class GpuInstanceInfo(Protocol):
+    """``nvmlGpuInstanceGetInfo``: the GPU instance's profile and where it sits (memory slices)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def profileId(self) -> int: ...
+    @property
+    def placement(self) -> GpuInstancePlacement: ...
+
+
 class NvmlApi(Protocol):
     """The pynvml calls gpufrag makes; the ``pynvml`` module itself conforms."""
 
@@ -78,6 +116,14 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetUtilizationRates(self, handle: object) -> Utilization: ...
     def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> Sequence[ProcessInfo]: ...
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: object) -> Sequence[ProcessInfo]: ...
+    # MIG: the mode (current, pending), the MIG devices of a GPU, and their GPU instances.
+    def nvmlDeviceGetMigMode(self, handle: object) -> Sequence[int]: ...
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int: ...
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> object: ...
+    def nvmlDeviceGetGpuInstanceId(self, handle: object) -> int: ...
+    def nvmlDeviceGetAttributes(self, handle: object) -> DeviceAttributes: ...
+    def nvmlDeviceGetGpuInstanceById(self, handle: object, gpu_instance_id: int) -> object: ...
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: object) -> GpuInstanceInfo: ...
 
 
 # --- readings -----------------------------------------------------------------------------------
@@ -122,6 +168,33 @@ class MemoryReading:
 
 
 @dataclass(frozen=True, slots=True)
+class MigReading:
+    """One MIG device of a GPU in MIG mode: its GPU instance's placement and size in memory
+    slices (``start``, ``slices``: NVML's ``placement``), its compute slices and profile memory
+    (``nvmlDeviceGetAttributes``), its memory now and the processes on it. NVML has no
+    per-instance utilisation through these calls (an H100's GPM would give one; not read)."""
+
+    gpu_instance_id: int
+    profile_id: int  # NVML's GPU instance profile id (19 is 1g.10gb on an A100 80GB)
+    uuid: str  # the MIG device's, "MIG-..."
+    start: int
+    slices: int
+    compute_slices: int
+    profile_memory_mib: int
+    memory_used_bytes: int
+    memory_total_bytes: int
+    processes: tuple[ProcessReading, ...] = ()
+
+    @property
+    def memory_used_mib(self) -> int:
+        return self.memory_used_bytes // MIB
+
+    @property
+    def memory_total_mib(self) -> int:
+        return self.memory_total_bytes // MIB
+
+
+@dataclass(frozen=True, slots=True)
 class GpuReading:
     """One GPU at one moment, in NVML's units. Memory is device-wide (every process on it)."""
 
@@ -130,8 +203,13 @@ class GpuReading:
     product: str
     memory_used_bytes: int
     memory_total_bytes: int
-    utilization_pct: int  # 0..100; 0 where NVML does not support it (e.g. MIG)
+    utilization_pct: int  # 0..100; 0 where NVML does not support it: see utilization_supported
     processes: tuple[ProcessReading, ...] = ()  # empty when read without processes
+    # False where NVML has no GPU-level figure (NotSupported: a GPU in MIG mode); the 0 above
+    # is then no reading, and a consumer that can say "unknown" should.
+    utilization_supported: bool = True
+    mig_mode: bool = False  # NVML's current MIG mode is enabled
+    mig: tuple[MigReading, ...] = ()  # by start; read only with processes, like them
 
     @property
     def memory_used_mib(self) -> int:
@@ -280,12 +358,21 @@ class NvmlReader:
         # (gpufrag.nvml_recorded), and the one the agent has always used.
         identity = self._identity(index, handle)
         memory = self._memory(index, handle)
+        supported = True
         try:
             utilization_pct = int(self._api.nvmlDeviceGetUtilizationRates(handle).gpu)
         except pynvml.NVMLError_NotSupported:
-            utilization_pct = 0  # e.g. MIG-enabled GPUs; documented as 0 in docs/agent.md
+            utilization_pct, supported = 0, False  # e.g. MIG mode; docs/agent.md
         except pynvml.NVMLError as exc:
             raise GpuReadError(f"GPU {index}: reading utilisation failed: {exc}") from None
+        mig_mode = self._mig_mode(index, handle)
+        mig = self._read_mig(index, handle) if mig_mode and processes else ()
+        if mig_mode:
+            # Each process once, on its instance (the module docstring says why).
+            found = tuple(sorted({p.pid: p for i in mig for p in i.processes}.values(),
+                                 key=lambda p: p.pid))
+        else:
+            found = self._read_processes(index, handle) if processes else ()
         return GpuReading(
             index=index,
             uuid=identity.uuid,
@@ -293,8 +380,56 @@ class NvmlReader:
             memory_used_bytes=int(memory.used),
             memory_total_bytes=int(memory.total),
             utilization_pct=min(max(utilization_pct, 0), 100),
-            processes=self._read_processes(index, handle) if processes else (),
+            processes=found,
+            utilization_supported=supported,
+            mig_mode=mig_mode,
+            mig=mig,
         )
+
+    def _mig_mode(self, index: int, handle: object) -> bool:
+        try:
+            current = self._api.nvmlDeviceGetMigMode(handle)[0]
+        except pynvml.NVMLError_NotSupported:
+            return False  # not a MIG-capable GPU
+        except pynvml.NVMLError as exc:
+            raise GpuReadError(f"GPU {index}: reading the MIG mode failed: {exc}") from None
+        return int(current) == int(pynvml.NVML_DEVICE_MIG_ENABLE)
+
+    def _read_mig(self, index: int, handle: object) -> tuple[MigReading, ...]:
+        """Every MIG device of a GPU in MIG mode, one per GPU instance, by start slice."""
+        api = self._api
+        found: dict[int, MigReading] = {}
+        try:
+            slots = api.nvmlDeviceGetMaxMigDeviceCount(handle)
+            for slot in range(slots):
+                try:
+                    device = api.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+                except pynvml.NVMLError_NotFound:
+                    continue  # no MIG device in this slot
+                gi_id = int(api.nvmlDeviceGetGpuInstanceId(device))
+                attributes = api.nvmlDeviceGetAttributes(device)
+                info = api.nvmlGpuInstanceGetInfo(api.nvmlDeviceGetGpuInstanceById(handle, gi_id))
+                memory = api.nvmlDeviceGetMemoryInfo(device)
+                uuid = _text(api.nvmlDeviceGetUUID(device))
+                if gi_id in found:
+                    # A second compute instance of one GPU instance: one instance, its
+                    # processes together (memory is the GPU instance's either way).
+                    first = found[gi_id]
+                    merged = {p.pid: p for p in (*first.processes,
+                                                 *self._read_processes(index, device))}
+                    found[gi_id] = replace(first, processes=tuple(
+                        merged[pid] for pid in sorted(merged)))
+                    continue
+                found[gi_id] = MigReading(
+                    gpu_instance_id=gi_id, profile_id=int(info.profileId), uuid=uuid,
+                    start=int(info.placement.start), slices=int(info.placement.size),
+                    compute_slices=int(attributes.gpuInstanceSliceCount),
+                    profile_memory_mib=int(attributes.memorySizeMB),
+                    memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total),
+                    processes=self._read_processes(index, device))
+        except pynvml.NVMLError as exc:
+            raise GpuReadError(f"GPU {index}: reading its MIG instances failed: {exc}") from None
+        return tuple(sorted(found.values(), key=lambda i: i.start))
 
     def _read_processes(self, index: int, handle: object) -> tuple[ProcessReading, ...]:
         # A process with both a compute and a graphics context shows up in both lists with the

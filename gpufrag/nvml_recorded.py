@@ -18,6 +18,21 @@ A recording is JSON, in NVML's units and names::
         "errors": {"nvmlDeviceGetMemoryInfo": ["NVMLError_GpuIsLost", null]}   # optional
      }]}
 
+A GPU in MIG mode carries ``mig``, its MIG devices (one per GPU instance) in NVML's terms;
+a device without the key is not in MIG mode (``nvmlDeviceGetMigMode`` answers ``[0, 0]``;
+script ``NVMLError_NotSupported`` for a GPU that has no MIG at all)::
+
+     "mig": [{"gpu_instance_id": 1, "profile_id": 9,          # nvmlGpuInstanceGetInfo
+              "start": 0, "size": 4,                          # its placement, memory slices
+              "gpu_instance_slice_count": 3, "memory_size_mb": 40192,  # nvmlDeviceGetAttributes
+              "uuid": "MIG-...", "memory_total": 42144366592, "memory_used": 20971520000,
+              "processes": [{"pid": 4242, "used_bytes": 20971520000}]}]
+
+MIG device ``i`` of ``nvmlDeviceGetMigDeviceHandleByIndex`` is ``mig[i]`` (slots past the list up
+to :data:`MAX_MIG_DEVICES` raise ``NVMLError_NotFound``, as an empty slot does); its readings
+do not change with time. On a MIG device handle, utilisation and graphics processes raise
+``NVMLError_NotSupported``. A device's ``errors`` script covers its MIG devices' calls too.
+
 Time in a recording moves with memory reads, since that is what a growth watch compares: the
 first ``nvmlDeviceGetMemoryInfo`` of a device answers from ``samples[0]`` and each later one
 moves to the next sample; utilisation answers from the sample the latest memory read used (so
@@ -53,7 +68,16 @@ DEVICE_CALLS = (
     "nvmlDeviceGetUtilizationRates",
     "nvmlDeviceGetComputeRunningProcesses",
     "nvmlDeviceGetGraphicsRunningProcesses",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMaxMigDeviceCount",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetAttributes",
+    "nvmlDeviceGetGpuInstanceById",
+    "nvmlGpuInstanceGetInfo",
 )
+MAX_MIG_DEVICES = 7  # nvmlDeviceGetMaxMigDeviceCount of an A100 or H100 in MIG mode
+MIG_SLICES = 8  # memory slices of a MIG-capable GPU: a placement ends by slice 8
 CALL_HISTORY = 1000  # calls kept in RecordedNvml.calls, so a long replay stays bounded
 
 
@@ -77,6 +101,23 @@ class RecordedProcess:
 
 
 @dataclass(slots=True)
+class RecordedMigDevice:
+    """One MIG device of a GPU in MIG mode: its GPU instance (id, profile id, placement), the
+    attributes NVML gives its handle, and its memory and processes (fixed over time)."""
+
+    gpu_instance_id: int
+    profile_id: int
+    uuid: str
+    start: int
+    size: int  # memory slices
+    gpu_instance_slice_count: int  # compute slices
+    memory_size_mb: int
+    memory_total_bytes: int
+    memory_used_bytes: int
+    processes: list[RecordedProcess] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class RecordedDevice:
     """One GPU's recorded answers. ``uuid`` and ``name`` may be bytes, as older pynvml
     releases return them. Mutable on purpose: the lists are the script still to come."""
@@ -89,6 +130,7 @@ class RecordedDevice:
     graphics_processes: list[RecordedProcess] = field(default_factory=list)
     # NvmlApi function name -> per call, a pynvml error class name to raise or None to answer.
     errors: dict[str, list[str | None]] = field(default_factory=dict)
+    mig: list[RecordedMigDevice] | None = None  # None: not in MIG mode
 
 
 # --- what the calls return (pynvml's struct field names) -----------------------------------------
@@ -114,8 +156,39 @@ class _Process:
 
 
 @dataclass(frozen=True, slots=True)
+class _Attributes:
+    gpuInstanceSliceCount: int
+    memorySizeMB: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    start: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuInstanceInfo:
+    id: int
+    profileId: int
+    placement: _Placement
+
+
+@dataclass(frozen=True, slots=True)
 class _Handle:
     index: int
+
+
+@dataclass(frozen=True, slots=True)
+class _MigHandle:
+    index: int  # the GPU's
+    slot: int  # MIG device index on it
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuInstance:
+    index: int
+    gpu_instance_id: int
 
 
 # --- the fake NVML ------------------------------------------------------------------------------
@@ -203,13 +276,19 @@ class RecordedNvml:
         return _Handle(index)
 
     def nvmlDeviceGetUUID(self, handle: object) -> str | bytes:
-        return self._device(handle, "nvmlDeviceGetUUID").uuid
+        device = self._device(handle, "nvmlDeviceGetUUID")
+        mig = self._mig_device(handle)
+        return device.uuid if mig is None else mig.uuid
 
     def nvmlDeviceGetName(self, handle: object) -> str | bytes:
         return self._device(handle, "nvmlDeviceGetName").name
 
     def nvmlDeviceGetMemoryInfo(self, handle: object) -> _Memory:
         device = self._device(handle, "nvmlDeviceGetMemoryInfo")
+        mig = self._mig_device(handle)
+        if mig is not None:
+            return _Memory(used=mig.memory_used_bytes, total=mig.memory_total_bytes,
+                           free=mig.memory_total_bytes - mig.memory_used_bytes)
         index = _index(handle)
         if index in self._memory_read and len(device.samples) > 1:
             device.samples.pop(0)  # time moves on: the next sample is now
@@ -220,15 +299,84 @@ class RecordedNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: object) -> _Utilization:
         device = self._device(handle, "nvmlDeviceGetUtilizationRates")
+        if isinstance(handle, _MigHandle):
+            raise pynvml.NVMLError_NotSupported()
         return _Utilization(gpu=device.samples[0].utilization_pct)
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: object) -> list[_Process]:
         device = self._device(handle, "nvmlDeviceGetComputeRunningProcesses")
-        return [_Process(p.pid, p.used_bytes) for p in device.processes]
+        mig = self._mig_device(handle)
+        running = device.processes if mig is None else mig.processes
+        return [_Process(p.pid, p.used_bytes) for p in running]
 
     def nvmlDeviceGetGraphicsRunningProcesses(self, handle: object) -> list[_Process]:
         device = self._device(handle, "nvmlDeviceGetGraphicsRunningProcesses")
+        if isinstance(handle, _MigHandle):
+            raise pynvml.NVMLError_NotSupported()
         return [_Process(p.pid, p.used_bytes) for p in device.graphics_processes]
+
+    # -- MIG ------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: object) -> list[int]:
+        device = self._gpu(handle, "nvmlDeviceGetMigMode")
+        enabled = device.mig is not None
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if enabled else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]  # current, pending
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: object) -> int:
+        device = self._gpu(handle, "nvmlDeviceGetMaxMigDeviceCount")
+        return 0 if device.mig is None else MAX_MIG_DEVICES
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int) -> object:
+        device = self._gpu(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if device.mig is None or not 0 <= index < MAX_MIG_DEVICES:
+            raise pynvml.NVMLError_InvalidArgument()
+        if index >= len(device.mig):
+            raise pynvml.NVMLError_NotFound()
+        return _MigHandle(_index(handle), index)
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: object) -> int:
+        return self._mig_only(handle, "nvmlDeviceGetGpuInstanceId").gpu_instance_id
+
+    def nvmlDeviceGetAttributes(self, handle: object) -> _Attributes:
+        mig = self._mig_only(handle, "nvmlDeviceGetAttributes")
+        return _Attributes(mig.gpu_instance_slice_count, mig.memory_size_mb)
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: object, gpu_instance_id: int) -> object:
+        device = self._gpu(handle, "nvmlDeviceGetGpuInstanceById")
+        if device.mig is None:
+            raise pynvml.NVMLError_NotSupported()
+        if all(m.gpu_instance_id != gpu_instance_id for m in device.mig):
+            raise pynvml.NVMLError_NotFound()
+        return _GpuInstance(_index(handle), gpu_instance_id)
+
+    def nvmlGpuInstanceGetInfo(self, gpu_instance: object) -> _GpuInstanceInfo:
+        if not isinstance(gpu_instance, _GpuInstance):
+            raise TypeError(f"not a GPU instance of this RecordedNvml: {gpu_instance!r}")
+        device = self._device(_Handle(gpu_instance.index), "nvmlGpuInstanceGetInfo")
+        mig = next(m for m in device.mig or () if m.gpu_instance_id == gpu_instance.gpu_instance_id)
+        return _GpuInstanceInfo(mig.gpu_instance_id, mig.profile_id,
+                                _Placement(mig.start, mig.size))
+
+    def _gpu(self, handle: object, call: str) -> RecordedDevice:
+        """A call NVML takes on a GPU's own handle only."""
+        if isinstance(handle, _MigHandle):
+            self._called(call)
+            raise pynvml.NVMLError_InvalidArgument()
+        return self._device(handle, call)
+
+    def _mig_only(self, handle: object, call: str) -> RecordedMigDevice:
+        """A call answered here for a MIG device's handle only."""
+        self._device(handle, call)
+        mig = self._mig_device(handle)
+        if mig is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return mig
+
+    def _mig_device(self, handle: object) -> RecordedMigDevice | None:
+        if not isinstance(handle, _MigHandle):
+            return None
+        return (self.devices[handle.index].mig or [])[handle.slot]
 
     # -- bookkeeping ----------------------------------------------------------------------------
 
@@ -262,7 +410,7 @@ def _conforms(api: RecordedNvml) -> NvmlApi:
 
 
 def _index(handle: object) -> int:
-    if not isinstance(handle, _Handle):
+    if not isinstance(handle, _Handle | _MigHandle):
         raise TypeError(f"not a handle of this RecordedNvml: {handle!r}")
     return handle.index
 
@@ -294,13 +442,9 @@ def _check_device(device: RecordedDevice, at: str, *, source: str) -> None:
                            field=f"{at}.samples[{i}].memory_used")
     for key, processes in (("processes", device.processes),
                            ("graphics_processes", device.graphics_processes)):
-        for i, process in enumerate(processes):
-            if process.pid < 0:
-                raise BadInput(f"{process.pid} must be a pid >= 0", source=source,
-                               field=f"{at}.{key}[{i}].pid")
-            if process.used_bytes is not None and process.used_bytes < 0:
-                raise BadInput(f"{process.used_bytes} must be >= 0 bytes or null",
-                               source=source, field=f"{at}.{key}[{i}].used_bytes")
+        _check_processes(processes, f"{at}.{key}", source=source)
+    if device.mig is not None:
+        _check_mig(device.mig, f"{at}.mig", source=source)
     for call, script in device.errors.items():
         if call not in DEVICE_CALLS:
             raise BadInput(f"{call!r} is not a per-device NVML call; one of "
@@ -308,6 +452,60 @@ def _check_device(device: RecordedDevice, at: str, *, source: str) -> None:
         for i, name in enumerate(script):
             if name is not None:
                 _error_class(name, source=source, at=f"{at}.errors.{call}[{i}]")
+
+
+def _check_mig(migs: Sequence[RecordedMigDevice], at: str, *, source: str) -> None:
+    """MIG devices real NVML could report: placements inside the GPU's slices, no two GPU
+    instances overlapping (entries with one ``gpu_instance_id`` are compute instances of one
+    GPU instance, so they share its placement), uuids unique, memory in range."""
+    if len(migs) > MAX_MIG_DEVICES:
+        raise BadInput(f"{len(migs)} MIG devices; a GPU has at most {MAX_MIG_DEVICES}",
+                       source=source, field=at)
+    taken: set[int] = set()
+    seen_ids: dict[int, tuple[int, int]] = {}  # GPU instance id -> (start, size)
+    seen_uuids: set[str] = set()
+    for i, mig in enumerate(migs):
+        where = f"{at}[{i}]"
+        if mig.start < 0 or mig.size < 1 or mig.start + mig.size > MIG_SLICES:
+            raise BadInput(f"start {mig.start} and size {mig.size} must lie in slices "
+                           f"0..{MIG_SLICES - 1}", source=source, field=f"{where}.start")
+        placement = seen_ids.get(mig.gpu_instance_id)
+        if placement is not None and placement != (mig.start, mig.size):
+            # Another compute instance of a GPU instance listed already: same placement.
+            raise BadInput(f"GPU instance {mig.gpu_instance_id} is at start {placement[0]}, "
+                           f"size {placement[1]} already", source=source,
+                           field=f"{where}.gpu_instance_id")
+        slices = set(range(mig.start, mig.start + mig.size))
+        if placement is None and slices & taken:
+            raise BadInput(f"slices {sorted(slices & taken)} are taken by another instance",
+                           source=source, field=f"{where}.start")
+        taken |= slices
+        seen_ids[mig.gpu_instance_id] = (mig.start, mig.size)
+        if mig.uuid in seen_uuids:
+            raise BadInput(f"{mig.uuid!r} repeats", source=source, field=f"{where}.uuid")
+        seen_uuids.add(mig.uuid)
+        if not 1 <= mig.gpu_instance_slice_count <= MAX_MIG_DEVICES:
+            raise BadInput(f"{mig.gpu_instance_slice_count} must be in 1..{MAX_MIG_DEVICES}",
+                           source=source, field=f"{where}.gpu_instance_slice_count")
+        for key, value in (("memory_size_mb", mig.memory_size_mb),
+                           ("memory_total", mig.memory_total_bytes)):
+            if value <= 0:
+                raise BadInput(f"{value} must be > 0", source=source, field=f"{where}.{key}")
+        if not 0 <= mig.memory_used_bytes <= mig.memory_total_bytes:
+            raise BadInput(f"{mig.memory_used_bytes} must be in 0..memory_total "
+                           f"({mig.memory_total_bytes}) bytes", source=source,
+                           field=f"{where}.memory_used")
+        _check_processes(mig.processes, f"{where}.processes", source=source)
+
+
+def _check_processes(processes: Sequence[RecordedProcess], at: str, *, source: str) -> None:
+    for i, process in enumerate(processes):
+        if process.pid < 0:
+            raise BadInput(f"{process.pid} must be a pid >= 0", source=source,
+                           field=f"{at}[{i}].pid")
+        if process.used_bytes is not None and process.used_bytes < 0:
+            raise BadInput(f"{process.used_bytes} must be >= 0 bytes or null",
+                           source=source, field=f"{at}[{i}].used_bytes")
 
 
 # --- JSON -> data -------------------------------------------------------------------------------
@@ -346,6 +544,28 @@ def _device_from_json(raw: object, at: str, source: str) -> RecordedDevice:
         processes=_processes(raw, "processes", at, source),
         graphics_processes=_processes(raw, "graphics_processes", at, source),
         errors=errors,
+        mig=None if "mig" not in raw else [
+            _mig_from_json(m, f"{at}.mig[{i}]", source)
+            for i, m in enumerate(_list(raw, "mig", at, source, required=True))],
+    )
+
+
+def _mig_from_json(raw: object, at: str, source: str) -> RecordedMigDevice:
+    if not isinstance(raw, Mapping):
+        raise BadInput("must be an object with gpu_instance_id, profile_id, uuid, start, size, "
+                       "gpu_instance_slice_count, memory_size_mb, memory_total and memory_used",
+                       source=source, field=at)
+    return RecordedMigDevice(
+        gpu_instance_id=_int(raw, "gpu_instance_id", at, source),
+        profile_id=_int(raw, "profile_id", at, source),
+        uuid=_str(raw, "uuid", at, source),
+        start=_int(raw, "start", at, source),
+        size=_int(raw, "size", at, source),
+        gpu_instance_slice_count=_int(raw, "gpu_instance_slice_count", at, source),
+        memory_size_mb=_int(raw, "memory_size_mb", at, source),
+        memory_total_bytes=_int(raw, "memory_total", at, source),
+        memory_used_bytes=_int(raw, "memory_used", at, source),
+        processes=_processes(raw, "processes", at, source),
     )
 
 

@@ -24,7 +24,7 @@ from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
 from gpufrag.nvml import GpuReadError, GpuReading
 from gpufrag.records import AllocationMismatch, allocation_mismatch
-from node.agent import isolation, peaks
+from node.agent import isolation, mig, peaks
 from node.agent.cgroup import PodRef, PodShare
 from node.agent.isolation import ShareWatch
 from node.agent.leakwatch import DEFAULT_INTERVALS, DEFAULT_THRESHOLD_MIB, LeakWatch
@@ -149,7 +149,9 @@ def build_usage(node: str, timestamp: float, interval_s: float,
 
     Processes outside any known pod are left out of ``pods``; their memory still counts in the
     GPU's ``memory_used_mib``, and with ``stray_reason`` each is listed in the GPU's ``strays``
-    with why it has no pod.
+    with why it has no pod. A GPU in MIG mode also lists its instances (``mig``), each with the
+    pods running on it; its ``utilization_pct`` is 0 where NVML has no GPU-level figure, which
+    the ``mig`` key marks as no reading (docs/agent.md).
     """
     pods_by_pid: dict[int, PodRef | None] = {}
     reasons: dict[int, str] = {}
@@ -182,6 +184,7 @@ def build_usage(node: str, timestamp: float, interval_s: float,
             utilization_pct=reading.utilization_pct,
             pods=pods,
             strays=tuple(sorted(strays, key=lambda stray: stray.pid)),
+            mig=mig.instance_usages(reading, pods_by_pid),
         ))
     return NodeGpuUsage(node=node, timestamp=round(timestamp, 3), interval_s=interval_s,
                         gpus=tuple(gpus))

@@ -120,7 +120,12 @@ class AgentMetrics:
             gpu_labels.add(labels)
             self.fb_used_mib.labels(*labels).set(gpu.memory_used_mib)
             self.fb_free_mib.labels(*labels).set(gpu.memory_free_mib)
-            self.gpu_util_pct.labels(*labels).set(gpu.utilization_pct)
+            if gpu.mig_mode:
+                # NVML has no GPU-level utilisation in MIG mode (NotSupported); no series
+                # rather than a 0 that reads as idle.
+                self.gpu_util_pct.remove(*labels)  # a no-op when there is none
+            else:
+                self.gpu_util_pct.labels(*labels).set(gpu.utilization_pct)
             for pod in gpu.pods:
                 pod_labels = (pod.namespace, pod.name, self.node_name, str(gpu.index))
                 pod_gpu_labels.add(pod_labels)
