@@ -78,7 +78,7 @@ def replay(nodes: list[NodeSpec], pods: list[PodRequest], policy_name: str, seed
     placed = failed = failed_milli = 0
     for i, pod in enumerate(pods):
         arrived_milli += pod.gpu_demand_milli
-        decision = choose(state, policy, pod, rows, cache)
+        decision = choose(state, policy, pod, None, cache)  # every active row: incremental
         if decisions is not None:
             decisions.append("" if decision is None else decision.node)
         if decision is None:

@@ -18,6 +18,18 @@ from scheduler.core.state import ClusterState, IntArray
 from scheduler.core.types import PodRequest
 
 ShapeKey = tuple[int, int, int, int, frozenset[str], int]
+_NONE = -np.inf  # the key of a row the shape does not fit
+
+
+class _ShapeView:
+    """For one pod shape, over every row of the state: whether it fits, its score (``key``,
+    -inf where it does not fit), the GPU a share takes, and the row version these are for."""
+
+    def __init__(self, size: int) -> None:
+        self.seen = np.full(size, -1, np.int64)
+        self.feasible = np.zeros(size, np.bool_)
+        self.key = np.full(size, _NONE)
+        self.share_gpu = np.full(size, NO_GPU, np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +52,7 @@ class ScoreCache:
             raise ValueError(f"policy {policy.name} is not node-local; its scores cannot be cached")
         self.policy = policy
         self._entries: dict[ShapeKey, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._views: dict[ShapeKey, _ShapeView] = {}
 
     def score(self, state: ClusterState, pod: PodRequest, rows: IntArray) -> Scores:
         entry = self._entries.get(pod.shape)
@@ -59,6 +72,38 @@ class ScoreCache:
             gpu[stale] = fresh.share_gpu
             seen[stale] = state.version[stale]
         return Scores(score[rows], gpu[rows])
+
+    def best_of_all(self, state: ClusterState, pod: PodRequest) -> tuple[int, float, int] | None:
+        """(row, score, share GPU) of the best row of the whole state for ``pod`` (None: it fits
+        nowhere): what :func:`choose` decides over every active row, kept per shape so that
+        each call re-checks fit and score only on the rows changed since the shape's last call
+        (a replay changes one row per pod; the full-width steps left are a version compare and
+        the pick). Not for GPU-memory shares, which score per GPU memory size."""
+        size = state.size
+        view = self._views.get(pod.shape)
+        if view is None or view.seen.shape[0] != size:
+            view = self._views[pod.shape] = _ShapeView(size)
+        version = state.version[:size]
+        stale = np.flatnonzero(view.seen != version)
+        if stale.size:
+            view.seen[stale] = version[stale]
+            fits = feasible_mask(state, pod, stale)
+            view.feasible[stale] = fits
+            view.key[stale] = _NONE
+            fresh = stale[fits]
+            if fresh.size:
+                scores = self.policy.score(state, pod, fresh)
+                view.key[fresh] = scores.score
+                view.share_gpu[fresh] = scores.share_gpu
+        top = view.key.max(initial=_NONE)
+        if top == _NONE:  # nothing fits, or (no policy does this) every fitting row scored -inf
+            tied = np.flatnonzero(view.feasible)
+            if tied.size == 0:
+                return None
+        else:
+            tied = np.flatnonzero(view.key == top)
+        row = int(tied[0] if tied.size == 1 else tied[np.argmin(state.tie_rank[tied])])
+        return row, float(top), int(view.share_gpu[row])
 
 
 def rank_candidates(state: ClusterState, policy: Policy, pod: PodRequest, rows: IntArray,
@@ -97,7 +142,15 @@ def best_index(state: ClusterState, candidates: IntArray, score: np.ndarray) -> 
 
 def choose(state: ClusterState, policy: Policy, pod: PodRequest, rows: IntArray | None = None,
            cache: ScoreCache | None = None) -> Decision | None:
-    """Where ``pod`` goes under ``policy`` (None when it fits nowhere among ``rows``)."""
+    """Where ``pod`` goes under ``policy`` (None when it fits nowhere among ``rows``; every
+    active row when ``rows`` is None, which a ``cache`` answers incrementally)."""
+    if rows is None and cache is not None and not pod.gpu_memory_mib:
+        found = cache.best_of_all(state, pod)
+        if found is None:
+            return None
+        row, score, share_gpu = found
+        return Decision(row=row, node=state.names[row], gpus=gpus_for(state, pod, row, share_gpu),
+                        score=score)
     if rows is None:
         rows = state.active_rows()
     candidates, scores = rank_candidates(state, policy, pod, rows, cache)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -80,3 +82,34 @@ def test_cached_scores_equal_fresh_scores(nodes: list[tuple[int, int, str]],
     rows = state.active_rows()
     for p in pods[:5]:
         assert np.array_equal(cache.score(state, p, rows).score, policy.score(state, p, rows).score)
+
+
+@settings(max_examples=40, deadline=None)
+@given(nodes_st, pods_st(), st.sampled_from([p for p in POLICY_NAMES if p != "random"]),
+       st.booleans(), st.randoms(use_true_random=False))
+def test_the_incremental_choice_over_all_rows_follows_every_kind_of_change(
+        nodes: list[tuple[int, int, str]], pods: list[PodRequest], name: str, kss: bool,
+        rnd: random.Random) -> None:
+    """The cache's per-shape view (fit and score re-checked only on changed rows) decides as
+    a fresh look at every active row does, while pods leave, nodes go and come back, and the
+    tie order changes."""
+    state = build(nodes)
+    policy = make_policy(name, workload=TargetWorkload.from_pods(pods), kss_compat=kss)
+    cache = ScoreCache(policy)
+    placed: list[str] = []
+    for step, p in enumerate(pods):
+        assert choose(state, policy, p, cache=cache) == choose(state, policy, p)
+        decision = choose(state, policy, p, cache=cache)
+        if decision is not None:
+            state.place(p, decision.row, decision.gpus)
+            placed.append(p.name)
+        if step % 5 == 4 and placed:
+            state.remove_pod(placed.pop(rnd.randrange(len(placed))))
+        if step % 7 == 6:
+            gone = state.node_spec(rnd.randrange(state.size))
+            placed = [k for k in placed if k not in state.pods_on_node[state.index[gone.name]]]
+            state.remove_node(gone.name)
+            if step % 2:
+                state.add_node(gone)  # back, empty
+        if step % 11 == 10:
+            state.set_tie_order(np.array(rnd.sample(range(state.size), state.size), np.int64))
