@@ -362,7 +362,7 @@ class EventReplay:
         core's fixed order."""
         config = self.config
         if not pod.model or config.affinity_weight == 0:
-            return choose(self.state, self.policy, pod, self.rows, self.cache)
+            return choose(self.state, self.policy, pod, None, self.cache)  # all rows: incremental
         state = self.state
         candidates, scores = rank_candidates(state, self.policy, pod, self.rows, self.cache)
         if candidates.size == 0:
