@@ -24,7 +24,7 @@ NVIDIA's MIG user guide ("Supported MIG Profiles"), the same placements ``nvidia
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from scheduler.core.types import MILLI_PER_GPU
@@ -232,3 +232,188 @@ def taken_mask(model: MigGpuModel, instances: Iterable[tuple[str, int]]) -> int:
 def free_slices(taken: int) -> int:
     """How many of the GPU's slices are free."""
     return (ALL_FREE & ~taken).bit_count()
+
+
+# ------------------------------------------------------------------ nodes in static MIG
+# What the extender needs of a node whose GPUs are cut (NVIDIA's device plugin, ``mixed``
+# strategy): where each instance sits, which are in use, and where a pod asking a profile
+# strands least. The Kubernetes side (which source says what) is scheduler.kube.mignodes.
+
+@dataclass(frozen=True, slots=True)
+class MigInstance:
+    """One GPU instance of a node: its GPU, profile, start slice, and whether a pod holds it."""
+
+    gpu: int
+    profile: str
+    start: int
+    in_use: bool = False
+
+
+PACK_STEPS = 20_000  # the packing's search budget, in placements tried (a few ms)
+
+
+def pack_instances(model: MigGpuModel, counts: Mapping[str, int], gpus: int,
+                   ) -> tuple[tuple[MigInstance, ...], dict[str, int]]:
+    """Legal positions for ``counts`` instances (profile name -> number) on ``gpus`` GPUs,
+    and the instances of each profile that found none (or that ``model`` does not have).
+
+    Deterministic: largest profiles first (among equal sizes the one with fewer starts: 4g
+    before 3g), each at the lowest GPU and then the lowest legal start that still lets every
+    later instance find a place (a depth-first search, GPUs with equal taken slices tried
+    once, within :data:`PACK_STEPS`); where no such packing is found, first fit, leaving over
+    what fits nowhere. It is an approximation: NVIDIA's MIG manager creates instances from
+    counts and lets NVML choose their positions, so only the agent's reading gives the real
+    ones. Every position it gives is legal and none overlap, and the counts of any full layout
+    repeated over the GPUs are placed whole (``tests/scheduler/core/test_mig.py``)."""
+    left: dict[str, int] = {name: n for name, n in counts.items()
+                            if n > 0 and model.profile(name) is None}
+    items = [p for p in reversed(model.profiles) for _ in range(max(counts.get(p.name, 0), 0))]
+    spots = _replicated(model, counts, gpus) or _search(items, gpus)
+    if spots is None:  # no packing of all of them found: first fit, the rest left over
+        taken = [0] * gpus
+        spots = []
+        for profile in items:
+            spot = next(((g, s) for g in range(gpus) for s in placements(profile, taken[g])),
+                        None)
+            spots.append(spot)
+            if spot is not None:
+                taken[spot[0]] |= profile.mask_at(spot[1])
+    found: list[MigInstance] = []
+    for profile, spot in zip(items, spots, strict=True):
+        if spot is None:
+            left[profile.name] = left.get(profile.name, 0) + 1
+        else:
+            found.append(MigInstance(spot[0], profile.name, spot[1]))
+    found.sort(key=lambda i: (i.gpu, i.start))
+    return tuple(found), left
+
+
+def _replicated(model: MigGpuModel, counts: Mapping[str, int],
+                gpus: int) -> list[tuple[int, int] | None] | None:
+    """The usual case first: counts that split evenly over the GPUs, as a MIG manager config
+    with ``devices: all`` gives, packed on one GPU and repeated (in the order of ``items`` in
+    :func:`pack_instances`); None when they do not split or one GPU's share does not fit."""
+    if gpus < 1 or any(n % gpus for n in counts.values() if n > 0):
+        return None
+    one = [p for p in reversed(model.profiles)
+           for _ in range(max(counts.get(p.name, 0), 0) // gpus)]
+    spots = _search(one, 1)
+    if spots is None:
+        return None
+    return [(g, spot[1]) for spot in spots if spot is not None for g in range(gpus)]
+
+
+def _search(items: Sequence[MigProfile], gpus: int) -> list[tuple[int, int] | None] | None:
+    """A (GPU, start) for every item, the first in (GPU, start) order that places all of them;
+    None when there is none or the budget ran out."""
+    taken = [0] * gpus
+    spots: list[tuple[int, int] | None] = []
+    steps = 0
+
+    def walk(i: int) -> bool:
+        nonlocal steps
+        if i == len(items):
+            return True
+        steps += 1
+        if steps > PACK_STEPS:
+            return False
+        profile = items[i]
+        # Instances of one profile are alike: each goes after the one before (no orderings
+        # of the same set are tried twice).
+        after = spots[-1] if i and items[i - 1] is profile else None
+        tried: set[int] = set()
+        for g in range(after[0] if after else 0, gpus):
+            if taken[g] in tried:  # a GPU like one tried already: the same outcome
+                continue
+            if after is None or g != after[0]:  # (that one was tried past ``after`` only)
+                tried.add(taken[g])
+            for start in placements(profile, taken[g]):
+                if after is not None and (g, start) <= after:
+                    continue
+                mask = profile.mask_at(start)
+                taken[g] |= mask
+                spots.append((g, start))
+                if walk(i + 1):
+                    return True
+                taken[g] &= ~mask
+                spots.pop()
+        return False
+
+    return spots if walk(0) else None
+
+
+def mark_in_use(instances: Iterable[MigInstance], used: Mapping[str, int]
+                ) -> tuple[MigInstance, ...]:
+    """``instances`` with ``used[profile]`` of each profile marked in use, the first ones in
+    (GPU, start) order: what is known when only counts are (which instance the device plugin
+    handed each pod is not published)."""
+    left = dict(used)
+    out: list[MigInstance] = []
+    for instance in instances:
+        take = left.get(instance.profile, 0) > 0
+        if take:
+            left[instance.profile] -= 1
+        out.append(MigInstance(instance.gpu, instance.profile, instance.start, take))
+    return tuple(out)
+
+
+def used_masks(model: MigGpuModel, instances: Iterable[MigInstance]) -> dict[int, int]:
+    """GPU -> the slices its in-use instances take (free instances count as free slices: the
+    layout advisor may cut them again); every GPU with an instance has an entry."""
+    masks: dict[int, int] = {}
+    for instance in instances:
+        profile = model.profile(instance.profile)
+        mask = masks.setdefault(instance.gpu, 0)
+        if instance.in_use and profile is not None:
+            masks[instance.gpu] = mask | profile.mask_at(instance.start)
+    return masks
+
+
+@dataclass(frozen=True, slots=True)
+class MigFit:
+    """Where a pod's instances go on one node (each a free instance of the asked profile) and
+    how much F grows over the node's GPUs for them, in milli-GPU."""
+
+    chosen: tuple[MigInstance, ...]
+    delta_milli: float
+
+
+def best_instances(model: MigGpuModel, instances: Sequence[MigInstance],
+                   ask: Mapping[str, int], workload: MigWorkload) -> MigFit | None:
+    """FGD over a node's free instances: for each instance asked (largest profiles first), the
+    free instance of that profile where F of its GPU grows least given the slices in use
+    (ties to the lowest GPU, then the lowest start), taken before the next is chosen. None
+    when the node lacks a free instance for the ask; the NVIDIA device plugin picks the
+    instance itself, so this is the best the node offers, not a promise of which it gives."""
+    masks = used_masks(model, instances)
+    free = [i for i in instances if not i.in_use and model.profile(i.profile) is not None]
+    order = {p.name: -p.slices for p in model.profiles}
+    chosen: list[MigInstance] = []
+    delta = 0.0
+    for name in sorted(ask, key=lambda n: (order.get(n, 0), n)):
+        profile = model.profile(name)
+        for _ in range(ask[name]):
+            best: tuple[float, int, int, int] | None = None
+            for k, instance in enumerate(free):
+                if (instance.profile != name or profile is None
+                        or instance.start not in profile.starts):
+                    continue  # (an instance at a start NVML never gives is not one to use)
+                taken = masks[instance.gpu]
+                grow = (gpu_fragmentation(model, taken | profile.mask_at(instance.start),
+                                          workload) - gpu_fragmentation(model, taken, workload))
+                key = (grow, instance.gpu, instance.start, k)
+                if best is None or key < best:
+                    best = key
+            if best is None or profile is None:
+                return None
+            picked = free.pop(best[3])
+            masks[picked.gpu] |= profile.mask_at(picked.start)
+            chosen.append(MigInstance(picked.gpu, picked.profile, picked.start, True))
+            delta += best[0]
+    return MigFit(tuple(chosen), delta)
+
+
+def default_workload(model: MigGpuModel) -> MigWorkload:
+    """The target workload before any pod asking a MIG profile is seen: every profile of the
+    family equally popular (as the whole-GPU fallback spreads the common shapes evenly)."""
+    return MigWorkload.from_counts((p.name, 1) for p in model.profiles)

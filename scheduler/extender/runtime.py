@@ -23,6 +23,7 @@ from gpufrag.records import RecordSigner
 from scheduler.extender.app import create_app
 from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.metrics import ExtenderMetrics, SkipEventCollector
+from scheduler.extender.migscoring import agent_mig
 from scheduler.extender.service import Extender
 from scheduler.kube.binder import Binder, DryRunBinder, KubeBinder, KubeEventWriter
 from scheduler.kube.cache import ClusterCache
@@ -110,7 +111,8 @@ def freeze_heap() -> None:
 
 
 def _cache(config: ExtenderConfig, clock: Clock) -> ClusterCache:
-    return ClusterCache(config.names, clock=clock, assume_ttl_s=config.bind.assume_ttl_s)
+    return ClusterCache(config.names, clock=clock, assume_ttl_s=config.bind.assume_ttl_s,
+                        mig_reader=agent_mig)
 
 
 def snapshot_runtime(snapshot: Snapshot, config: ExtenderConfig, *, clock: Clock = time.time,

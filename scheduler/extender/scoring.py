@@ -101,7 +101,7 @@ class Priorities:
     best: int  # -1 when the pod fits none of them
 
 
-def _cap_reason(state: ClusterState, pod: PodRequest, row: int, cap: int) -> str:
+def cap_reason(state: ClusterState, pod: PodRequest, row: int, cap: int) -> str:
     count = int(replica_counts(state, (pod.model, pod.model_version),
                                np.array([row], np.int64))[0])
     version = f"{pod.model}:{pod.model_version}" if pod.model_version else pod.model
@@ -190,7 +190,7 @@ class Scorer:
         for i in np.flatnonzero(~explained).tolist():
             row = int(failed_rows[i])
             reasons[i] = (UNKNOWN_NODE_REASON if row == UNKNOWN else
-                          _cap_reason(state, pod, row, self.affinity.max_replicas_per_node))
+                          cap_reason(state, pod, row, self.affinity.max_replicas_per_node))
             rendered[i] = self.render(reasons[i])
         return FilterVerdicts(rows, passed, failed, reasons, unresolvable, rendered)
 
@@ -202,13 +202,19 @@ class Scorer:
         known = rows[rows != UNKNOWN]
         candidates, scores = rank_candidates(state, self.policy, pod, known,
                                              self._score_cache(pod))
+        return self.blend(state, pod, candidates, scores.score, now)
+
+    def blend(self, state: ClusterState, pod: PodRequest, candidates: IntArray,
+              policy_scores: FloatArray, now: float) -> tuple[IntArray, FloatArray]:
+        """Candidates past the affinity cap (when hard) and their blended key: the policy's
+        scores (higher is better) with model-version affinity. Every pod is ranked through it,
+        MIG pods too (:mod:`scheduler.extender.migscoring` brings its own policy scores)."""
         if self.affinity.cap_is_hard and pod.model and candidates.size:
             keep = ~at_cap(state, pod, candidates, self.affinity)
-            candidates = candidates[keep]
-            scores = scores._replace(score=scores.score[keep], share_gpu=scores.share_gpu[keep])
+            candidates, policy_scores = candidates[keep], policy_scores[keep]
         if candidates.size == 0:
             return candidates, np.zeros(0, np.float64)
-        key = blended_key(state, pod, candidates, scores.score, self.affinity, now,
+        key = blended_key(state, pod, candidates, policy_scores, self.affinity, now,
                           policy_weight=self.policy_weight,
                           affinity_weight=self.affinity_weight)
         return candidates, key
@@ -224,8 +230,13 @@ class Scorer:
     def prioritize(self, state: ClusterState, pod: PodRequest, rows: IntArray, now: float,
                    hinted: frozenset[str] = frozenset()) -> Priorities:
         """0..10 per requested row (``UNKNOWN`` rows and rows the pod does not fit get 0)."""
-        out = np.zeros(rows.size, np.int64)
         candidates, key = self._ranked(state, pod, rows, now)
+        return self.priorities(state, rows, candidates, key, hinted)
+
+    def priorities(self, state: ClusterState, rows: IntArray, candidates: IntArray,
+                   key: FloatArray, hinted: frozenset[str] = frozenset()) -> Priorities:
+        """0..10 per requested row from the ranked ``candidates`` and their blended ``key``."""
+        out = np.zeros(rows.size, np.int64)
         if candidates.size == 0:
             return Priorities(rows, out, -1)
         best = best_index(state, candidates, key)
@@ -243,6 +254,11 @@ class Scorer:
         first (hinted nodes, then the blended key, ties by the core's node order), then the
         runners-up in the same order. Empty when the pod fits none of ``rows``."""
         candidates, key = self._ranked(state, pod, rows, now)
+        return self.best_rows(state, candidates, key, hinted, count)
+
+    def best_rows(self, state: ClusterState, candidates: IntArray, key: FloatArray,
+                  hinted: frozenset[str] = frozenset(), count: int = 1) -> IntArray:
+        """The ``count`` best of the ranked ``candidates``, best first (see :meth:`decide`)."""
         if candidates.size == 0:
             return candidates
         top = self._top(state, candidates, hinted)

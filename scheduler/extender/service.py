@@ -21,10 +21,13 @@ from gpufrag.errors import BadInput
 from gpufrag.records import RecordSigner, gpu_indices_text
 from scheduler.core.feasibility import explain
 from scheduler.core.fragmentation import SpecKey, TargetWorkload, fragmentation_ratio, warm_up
+from scheduler.core.mig import MigWorkload
+from scheduler.core.placement import Decision
 from scheduler.core.preemption import VictimInputs, choose_victims, victim_inputs
 from scheduler.core.state import IntArray, pod_key
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
 from scheduler.extender.config import ExtenderConfig
+from scheduler.extender.migscoring import NOT_MIG_NODE, MigScorer, mig_workload, shortfall
 from scheduler.extender.scoring import UNKNOWN, FilterVerdicts, Priorities, Scorer
 from scheduler.extender.wire import (
     MAX_NAME_LISTS,
@@ -40,6 +43,7 @@ from scheduler.kube.convert import (
     device_gap,
     device_plugin_annotations,
     key_of,
+    mig_request,
     owner_uid,
     pod_from_k8s,
     uid_of,
@@ -110,6 +114,9 @@ class Extender:
         # NodeNames set (the wire's key) -> (its rows, all of them known, state.index size).
         self._rows_by_list: dict[NameSet, tuple[IntArray, bool, int]] = {}
         self.scorer = self._make_scorer(self.workload)
+        # MIG pods' target workload: the profiles the pods seen ask (None: none yet).
+        self.mig_workload: MigWorkload | None = None
+        self.mig_scorer = MigScorer(cache.mig, self.scorer, None)
         self.refresh_workload(force=True)
         self._workload_after_sync = False
         if cache.synced:  # built from a full state already
@@ -128,14 +135,18 @@ class Extender:
         ``workload.change_fraction`` of their number (a burst of new shapes should not be
         placed against a stale workload); returns whether it did."""
         now = self.clock()
-        if self._fixed_workload is not None and not force:
-            return False
         changes = self.cache.pod_changes
         changed = changes - self._workload_changes
         due = now - self._workload_at >= self.config.workload.refresh_s and changed > 0
         fraction = self.config.workload.change_fraction
         burst = fraction > 0 and changed >= max(1.0, fraction * len(self.cache.pods))
         if not (force or due or burst):
+            return False
+        if self._fixed_workload is not None and not force:
+            # A configured workload stays; the MIG one (never configured) follows the pods.
+            with self.cache.lock:
+                self._set_mig_workload(self.scorer)
+            self._workload_at, self._workload_changes = now, changes
             return False
         workload = self._fixed_workload
         if workload is None:
@@ -147,10 +158,17 @@ class Extender:
         scorer = self._make_scorer(workload)
         with self.cache.lock:
             self.workload, self.scorer = workload, scorer
+            self._set_mig_workload(scorer)
         self._workload_at, self._workload_changes = now, changes
         log.info("target workload set", specs=len(workload.gpu_spec),
                  source="config" if self._fixed_workload is not None else "pods seen")
         return True
+
+    def _set_mig_workload(self, scorer: Scorer) -> None:
+        """The MIG target workload from the profiles the pods seen ask, and a MIG scorer for
+        it (:mod:`scheduler.extender.migscoring`). Call with the cache's lock held."""
+        self.mig_workload = mig_workload(self.cache.mig.profile_counts())
+        self.mig_scorer = MigScorer(self.cache.mig, scorer, self.mig_workload)
 
     def maintain(self) -> None:
         """Periodic upkeep (the runtime's maintenance thread): expire assumptions, refresh the
@@ -265,9 +283,17 @@ class Extender:
             gap = device_gap(pod_obj, self.config.names)
             if gap is not None:
                 return self._unplaceable(gap, names)
+        ask = mig_request(pod_obj)
         with self.cache.lock, self.cache.reservations.lifted_for(pod_obj):
             rows = self._rows(names, name_set)
             self.node_json.sync(self.cache.state.names)
+            if ask:  # MIG instances: judged on the nodes' instances, not their GPUs
+                if self.config.filter.answer == "decide":
+                    decided = self._decide(pod, pod_obj, rows, ask)
+                    if decided is not None:
+                        return decided
+                return self.mig_scorer.filter(self.cache.state, pod, ask, rows, self.clock(),
+                                              encode_reason)
             if not pod.wants_gpu:  # not ours to judge: every node passes
                 return FilterVerdicts(rows, np.ones(len(names), np.bool_),
                                       np.zeros(0, np.int64), [], np.zeros(0, np.bool_), [])
@@ -277,13 +303,16 @@ class Extender:
                     return decided
             return self.scorer.filter(self.cache.state, pod, rows)
 
-    def _decide(self, pod: PodRequest, pod_obj: Obj, rows: IntArray) -> FilterVerdicts | None:
+    def _decide(self, pod: PodRequest, pod_obj: Obj, rows: IntArray,
+                ask: Mapping[str, int] | None = None) -> FilterVerdicts | None:
         """The best ``filter.nodes`` rows as the only ones passing, the best one's GPUs assumed
         at once; None when the pod fits none of them (the caller explains every failure).
 
         A pod filtered again (a new scheduling cycle: its bind failed, or kube-scheduler tries
         its nominated node) first loses the assumption of its previous decision, so the new one
-        is made against the cluster without it. Call with the cache's lock held."""
+        is made against the cluster without it. A pod asking MIG instances (``ask``) is ranked
+        by the MIG scorer and assumed on the node without GPUs (its instances count as in use
+        there through the MIG book). Call with the cache's lock held."""
         state = self.cache.state
         key = pod_key(pod)
         if key in self.cache.decided:
@@ -292,10 +321,17 @@ class Extender:
             return None
         now = self.clock()
         hinted = self.cache.hints.nodes_for(owner_uid(pod_obj), now)
-        chosen = self.scorer.decide(state, pod, rows, now, hinted, self.config.filter.nodes)
+        if ask:
+            chosen = self.mig_scorer.decide(state, pod, ask, rows, now, hinted,
+                                            self.config.filter.nodes)
+        else:
+            chosen = self.scorer.decide(state, pod, rows, now, hinted,
+                                        self.config.filter.nodes)
         if chosen.size == 0:
             return None
-        decision = self.scorer.place_on(state, pod, int(chosen[0]))
+        row = int(chosen[0])
+        decision = (Decision(row, state.names[row], (), 0.0) if ask else
+                    self.scorer.place_on(state, pod, row))
         if decision is None:  # pragma: no cover - decide ranks only rows the pod fits
             return None
         if self._known_pending(key, pod_obj):
@@ -335,19 +371,22 @@ class Extender:
             with self.cache.lock:
                 rows = self._rows(names)
             return Priorities(rows, np.zeros(len(names), np.int64), -1), ""
+        ask = mig_request(pod_obj)
         now = self.clock()
         owner = owner_uid(pod_obj)
         with self.cache.lock, self.cache.reservations.lifted_for(pod_obj):
             rows = self._rows(names, name_set)
             self.node_json.sync(self.cache.state.names)
-            if not pod.wants_gpu:  # neutral: every node the same
+            if not (pod.wants_gpu or ask):  # neutral: every node the same
                 return Priorities(rows, np.zeros(len(names), np.int64), -1), ""
             # A node the filter decided (and assumed) on stays the top one: the state now
             # holds the pod there, which would otherwise count against that very node.
             decided = self.cache.assumed_node(pod_key(pod))
             hinted = (frozenset((decided,)) if decided else
                       self.cache.hints.nodes_for(owner, now))
-            result = self.scorer.prioritize(self.cache.state, pod, rows, now, hinted)
+            result = (self.mig_scorer.prioritize(self.cache.state, pod, ask, rows, now, hinted)
+                      if ask else
+                      self.scorer.prioritize(self.cache.state, pod, rows, now, hinted))
             best = self.cache.state.names[result.best] if result.best >= 0 else ""
         return result, best
 
@@ -440,9 +479,10 @@ class Extender:
                               "of its own scheduler")
 
     def _bind_subject(self, namespace: str, name: str,
-                      uid: str) -> tuple[PodRequest, str, str]:
-        """The request of the pod to bind, its controlling owner's UID and its UID (which GPU
-        reservations it may use), once it is known to be this scheduler's.
+                      uid: str) -> tuple[PodRequest, str, str, Mapping[str, int]]:
+        """The request of the pod to bind, its controlling owner's UID, its UID (which GPU
+        reservations it may use) and the MIG instances it asks, once it is known to be this
+        scheduler's.
 
         From the cache when it holds this very pod (same UID, which kube-scheduler always
         sends): the watch keeps its spec.schedulerName and request, and a pod's spec cannot
@@ -455,7 +495,7 @@ class Extender:
             raise BindRefused(f"pod {key} is already bound to {known.node}")
         if known is not None and uid and known.uid == uid:
             self._check_scheduler(key, known.scheduler_name)
-            return known.request, known.owner, known.uid
+            return known.request, known.owner, known.uid, self.cache.mig.asks.get(key, {})
         assert self.binder is not None
         try:
             obj = self.binder.read_pod(namespace, name)
@@ -467,7 +507,8 @@ class Extender:
         actual = spec.get("schedulerName") if isinstance(spec, Mapping) else None
         self._check_scheduler(key, actual if isinstance(actual, str) else "")
         try:
-            return pod_from_k8s(obj, self.config.names), owner_uid(obj), uid_of(obj)
+            return (pod_from_k8s(obj, self.config.names), owner_uid(obj), uid_of(obj),
+                    mig_request(obj))
         except BadInput as e:
             raise BindRefused(f"pod {key} cannot be read: {e}") from None
 
@@ -500,6 +541,15 @@ class Extender:
                                          gpu_memory_mib=gpu_memory_mib, node_obj=node_obj,
                                          now_ns=int(self.clock() * 1e9), pod_obj=pod_obj)
 
+    def _check_mig_fits(self, key: str, ask: Mapping[str, int], node: str) -> None:
+        """Refuse the bind of a MIG pod to a node without free instances of what it asks (the
+        filter's rule; the device plugin would leave the pod without its instance). Call
+        with the cache's lock held."""
+        layout = self.cache.mig.layout(self.cache.state, node, self.clock(), key)
+        short = (NOT_MIG_NODE, True) if layout is None else shortfall(layout, ask)
+        if short is not None:
+            raise BindRefused(f"pod {key} does not fit node {node} now: {short[0]}")
+
     def bind(self, namespace: str, name: str, uid: str, node: str) -> BindOutcome:
         """Bind with the GPUs decided at filter (``filter.answer: decide``, the assumption made
         then) or, without one, choose the GPUs on ``node`` now and count the placement at once.
@@ -509,7 +559,7 @@ class Extender:
         if self.binder is None:
             raise BindRefused("binding is disabled in this extender (bind.enabled: false)")
         key = f"{namespace}/{name}"
-        request, owner, subject_uid = self._bind_subject(namespace, name, uid)
+        request, owner, subject_uid, ask = self._bind_subject(namespace, name, uid)
         # The Binding carries the UID kube-scheduler decided for (a pod re-created under the
         # same name meanwhile is refused by the API server, not bound by a stale decision);
         # the pod's own UID only when kube-scheduler sent none.
@@ -530,6 +580,11 @@ class Extender:
                 self.cache.confirm(key)
             elif current is not None:
                 raise BindRefused(f"pod {key} is already placed on {current.node}")
+            elif ask:
+                self._check_mig_fits(key, ask, node)
+                self.cache.mig.set_ask(key, ask)  # held there from now (a pod not yet seen)
+                gpus = ()
+                self.cache.assume(request, row, gpus)
             else:
                 decision = self.scorer.place_on(state, request, row)
                 if decision is None:

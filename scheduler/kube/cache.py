@@ -49,12 +49,14 @@ from scheduler.kube.convert import (
     bound_gpus,
     is_terminal,
     key_of,
+    mig_request,
     node_from_k8s,
     node_name_of,
     owner_uid,
     pod_from_k8s,
     uid_of,
 )
+from scheduler.kube.mignodes import MigBook, MigReader, no_agent
 from scheduler.kube.reservations import ReservationBook
 
 Obj = Mapping[str, Any]
@@ -105,7 +107,8 @@ SkipListener = Callable[[SkippedObject], None]
 
 class ClusterCache:
     def __init__(self, names: KubeNames = DEFAULT_NAMES, *, clock: Clock = time.time,
-                 assume_ttl_s: float = 30.0, on_skip: SkipListener | None = None) -> None:
+                 assume_ttl_s: float = 30.0, on_skip: SkipListener | None = None,
+                 mig_reader: MigReader = no_agent) -> None:
         self.lock = threading.RLock()
         self.names = names
         self.clock = clock
@@ -131,7 +134,10 @@ class ClusterCache:
         # pod key -> (request_inputs of the object last converted, its request): a watch event
         # that changed nothing the request is made of (a bind, a status update, a deletion
         # mark) is not converted again, nor is the pod kube-scheduler sends to filter.
-        self._requests: dict[str, tuple[bytes, PodRequest]] = {}
+        self._requests: dict[str, tuple[bytes, PodRequest, dict[str, int]]] = {}
+        # MIG nodes' instances and the MIG profiles each pod asks (scheduler.kube.mignodes);
+        # ``mig_reader`` reads the agent's usage annotation for exact positions.
+        self.mig = MigBook(mig_reader, names)
         # GPU reservations for defrag replacements (scheduler.kube.reservations).
         self.reservations = ReservationBook(self.state, self.pods, clock=clock)
         # GPU pods of this scheduler bound without the extender's say (scheduler.kube.bypass).
@@ -153,9 +159,11 @@ class ClusterCache:
                         len(v) for v in self.orphans.values())}
 
     def workload_pods(self) -> list[PodRequest]:
-        """Every non-terminal pod seen (bound or pending): FGD's target workload source."""
+        """Every non-terminal pod seen (bound or pending) but those asking MIG instances (their
+        target workload is :meth:`MigBook.profile_counts`): FGD's target workload source."""
         with self.lock:
-            return [p.request for p in self.pods.values()]
+            asks = self.mig.asks
+            return [p.request for k, p in self.pods.items() if k not in asks]
 
     def skipped_counts(self) -> dict[str, int]:
         """Objects left out of the state now, by kind (``pod``, ``node``), zeros included."""
@@ -204,6 +212,8 @@ class ClusterCache:
                 self.delete_node(name)
                 self._skip("Node", obj, name, str(e))
                 return
+            self.mig.apply_node(obj, spec.name)  # before the heartbeat check: the agent's
+            # reading (an annotation) changes what the MIG side knows, not the NodeSpec
             row = self.state.index.get(spec.name)
             if row is not None and self.state.active[row] and self.state.node_spec(row) == spec:
                 return  # a status heartbeat: nothing placement reads changed
@@ -217,6 +227,7 @@ class ClusterCache:
         """A Node is gone; its pods wait as orphans until they are deleted or it returns."""
         with self.lock:
             self._unskip("node", [name])
+            self.mig.delete_node(name)
             row = self.state.index.get(name)
             if row is None or not self.state.active[row]:
                 return
@@ -271,17 +282,19 @@ class ClusterCache:
             inputs = request_inputs(obj, self.names)
             memo = self._requests.get(key)
             if inputs is not None and memo is not None and memo[0] == inputs:
-                request = memo[1]
+                request, ask = memo[1], memo[2]
             else:
                 try:
                     request = pod_from_k8s(obj, self.names)
+                    ask = mig_request(obj)
                 except BadInput as e:
                     self._drop_pod(key)  # it may have been readable before
                     self._skip("Pod", obj, key, str(e))
                     return
                 if inputs is not None:
-                    self._requests[key] = (inputs, request)
+                    self._requests[key] = (inputs, request, ask)
             self._unskip("pod", [key])
+            self.mig.set_ask(key, ask)
             known = KnownPod(request=request, node=node_name_of(obj), uid=uid_of(obj),
                              owner=owner_uid(obj), gpus=bound_gpus(obj, self.names),
                              scheduler_name=_scheduler_name(obj))
@@ -382,6 +395,7 @@ class ClusterCache:
         if self.pods.pop(key, None) is not None:
             self.pod_changes += 1
         self._requests.pop(key, None)
+        self.mig.set_ask(key, {})
         self.assumed.pop(key, None)
         self.decided.discard(key)
         self.unaccounted.pop(key, None)

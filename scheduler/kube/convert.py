@@ -19,13 +19,17 @@ import orjson
 
 from gpufrag.conventions import DEFAULT_NAMES, RESOURCE_GPU_MEMORY_MIB, KubeNames
 from gpufrag.errors import BadInput
+from scheduler.core.mig import is_profile_name
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
 Obj = Mapping[str, Any]
 _MIB = Decimal(1024 * 1024)
-
-
+# NVIDIA's device plugin with the ``mixed`` MIG strategy advertises each GPU instance profile
+# as its own resource, nvidia.com/mig-<profile> (nvidia.com/mig-3g.40gb), and GPU feature
+# discovery says which strategy a node runs (nvidia.com/mig.strategy: none, single, mixed).
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"
 
 
 def _quantity(value: object, path: str) -> Decimal:
@@ -90,6 +94,12 @@ def node_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> NodeSpec:
         raise BadInput(f"{gpus} GPUs is not a whole number in 0..{MAX_GPUS_PER_NODE}",
                        field=f"{path}.{names.gpu}")
     labels = labels_of(obj)
+    if labels.get(LABEL_MIG_STRATEGY) == "single" and names.gpu == "nvidia.com/gpu":
+        # The ``single`` strategy advertises MIG instances as nvidia.com/gpu: none of them is
+        # a whole GPU, so gpufrag places no whole-GPU or share pod on them. (``mixed``
+        # advertises only the GPUs not in MIG mode as nvidia.com/gpu; their MIG GPUs are
+        # nvidia.com/mig-<profile>, read by scheduler.kube.mignodes.)
+        gpus = Decimal(0)
     gpu_memory = labels.get(names.label_gpu_memory, "0")
     return NodeSpec(
         name=name,
@@ -294,23 +304,64 @@ def device_gap(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> str | None:
             "admission webhook does")
 
 
+def mig_profile_of(resource: str) -> str | None:
+    """The profile of a MIG resource (``nvidia.com/mig-3g.40gb`` -> ``3g.40gb``), or None for
+    any other name (``nvidia.com/mig-1g.10gb+me``, a media variant, is not modelled)."""
+    if not resource.startswith(MIG_RESOURCE_PREFIX):
+        return None
+    profile = resource[len(MIG_RESOURCE_PREFIX):]
+    return profile if is_profile_name(profile) else None
+
+
+def mig_request(obj: Obj) -> dict[str, int]:
+    """The MIG instances a pod asks, by profile (``{"1g.10gb": 2}``): each
+    ``nvidia.com/mig-<profile>`` request as Kubernetes counts it (containers summed, the
+    largest init container if more, plus overhead). Empty for a pod asking none; BadInput for
+    a count that is not a whole number."""
+    wanted = tuple(sorted(r for r in _requested_names(obj) if mig_profile_of(r)))
+    if not wanted:
+        return {}
+    found: dict[str, int] = {}
+    for resource, amount in effective_requests(obj, wanted).items():
+        if amount != amount.to_integral_value():
+            raise BadInput(f"{amount} is not a whole number of MIG instances",
+                           field=f"requests.{resource}")
+        if amount:
+            found[resource[len(MIG_RESOURCE_PREFIX):]] = int(amount)
+    return found
+
+
 def pod_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> PodRequest:
     """What a Pod asks for. Whole GPUs come from ``names.gpu``; a share of one GPU from
     ``names.gpu_milli`` (milli-GPU; 1000 or more means whole GPUs), from ``names.gpu_memory``
     (GPU memory in ``names.gpu_memory_unit``, converted per node) and from ``names.gpu_cores``
     (percent of one GPU's compute, HAMi's ``nvidia.com/gpucores``). Memory and cores may come
     with ``names.gpu: 1`` (HAMi) or alone (gpushare). A GPU-like resource the configuration
-    does not map raises :class:`UnsupportedRequest` rather than being taken for a CPU pod."""
+    does not map raises :class:`UnsupportedRequest` rather than being taken for a CPU pod.
+
+    A pod asking MIG profiles (``nvidia.com/mig-<profile>``, :func:`mig_request`) reads as its
+    CPU and memory only (``num_gpu`` 0): its instances are judged by
+    :mod:`scheduler.kube.mignodes`, never as GPUs of the ``ClusterState``. Asking a profile
+    beside whole GPUs or shares is refused (:class:`UnsupportedRequest`)."""
     name, namespace = _name(obj, "Pod")
     mapped = share_resources(names)
-    unknown = sorted(r for r in _requested_names(obj) if _gpu_like(r) and r not in mapped)
+    requested = _requested_names(obj)
+    unknown = sorted(r for r in requested
+                     if _gpu_like(r) and r not in mapped and not mig_profile_of(r))
     if unknown:
         raise UnsupportedRequest(
             f"asks for {', '.join(unknown)}, a GPU resource the gpufrag extender is not "
-            f"configured for (it maps {', '.join(mapped)}); MIG devices cannot be placed by it, "
-            "and other names are mapped with names.gpu, names.gpu_milli, names.gpu_memory or "
+            f"configured for (it maps {', '.join(mapped)} and {MIG_RESOURCE_PREFIX}<profile>); "
+            "other names are mapped with names.gpu, names.gpu_milli, names.gpu_memory or "
             "names.gpu_cores", field=f"requests.{unknown[0]}")
     req = effective_requests(obj, ("cpu", "memory", *mapped))
+    mig = sorted(r for r in requested if mig_profile_of(r))
+    if mig and any(req[r] for r in mapped):
+        others = ", ".join(r for r in mapped if req[r])
+        raise UnsupportedRequest(
+            f"asks for {', '.join(mig)} and {others}: a pod gets either MIG instances or whole "
+            "GPUs / shares of a GPU, not both (a MIG GPU hands out only its instances); ask "
+            "for one kind", field=f"requests.{mig[0]}")
     whole = req[names.gpu]
     milli = req[names.gpu_milli]
     memory = req.get(names.gpu_memory, Decimal(0))

@@ -11,16 +11,23 @@ from scheduler.core.mig import (
     ALL_FREE,
     MIG_MODELS,
     MILLI_PER_SLICE,
+    MigInstance,
     MigWorkload,
+    best_instances,
     best_placement,
     covered,
+    default_workload,
     fragment_slices,
     free_slices,
     gpu_fragmentation,
+    mark_in_use,
     mig_model,
+    pack_instances,
     placements,
     taken_mask,
+    used_masks,
 )
+from scheduler.core.mig_layout import full_layouts
 
 A100 = MIG_MODELS["A100-40GB"]
 H100 = MIG_MODELS["H100-80GB"]
@@ -163,3 +170,120 @@ def test_the_smallest_fitting_profile_and_the_workload_s_checks() -> None:
                          ({"big": 1.0}, "not MIG profile names: big")):
         with pytest.raises(ValueError, match=message):
             MigWorkload(bad)
+
+
+# ------------------------------------------------------------------ nodes in static MIG
+
+def _legal_and_apart(family: str, instances: tuple[MigInstance, ...]) -> None:
+    """Every instance at one of its profile's starts, none overlapping another on its GPU."""
+    model = MIG_MODELS[family]
+    by_gpu: dict[int, list[tuple[str, int]]] = {}
+    for instance in instances:
+        by_gpu.setdefault(instance.gpu, []).append((instance.profile, instance.start))
+    for placed in by_gpu.values():
+        taken_mask(model, placed)  # raises on an illegal start or an overlap
+
+
+@st.composite
+def counts_on_gpus(draw: st.DrawFn, most: int) -> tuple[str, int, dict[str, int]]:
+    """A GPU family, a number of GPUs and up to ``most`` instances of each of its profiles."""
+    family = draw(st.sampled_from(sorted(MIG_MODELS)))
+    counts = {p.name: draw(st.integers(0, most)) for p in MIG_MODELS[family].profiles}
+    return family, draw(st.integers(1, most)), counts
+
+
+@given(counts_on_gpus(8))
+def test_the_packing_places_any_counts_at_legal_starts_only(
+        node: tuple[str, int, dict[str, int]]) -> None:
+    family, gpus, counts = node
+    model = MIG_MODELS[family]
+    placed, left = pack_instances(model, counts, gpus)
+    _legal_and_apart(family, placed)
+    assert all(0 <= i.gpu < gpus for i in placed)
+    for p in model.profiles:  # every instance is placed or said to be left over
+        assert sum(i.profile == p.name for i in placed) + left.get(p.name, 0) == counts[p.name]
+
+
+@given(st.sampled_from(sorted(MIG_MODELS)), st.integers(1, 8), st.data())
+def test_one_full_layout_on_every_gpu_is_packed_whole(family: str, gpus: int,
+                                                      data: st.DataObject) -> None:
+    model = MIG_MODELS[family]
+    layout = data.draw(st.sampled_from(full_layouts(model)))
+    placed, left = pack_instances(model, {p: n * gpus for p, n in layout.counts}, gpus)
+    assert not left
+    assert len(placed) == gpus * sum(n for _, n in layout.counts)
+
+
+def test_the_packing_is_first_fit_largest_first_and_says_what_it_cannot_place() -> None:
+    placed, left = pack_instances(H100, {"3g.40gb": 1, "4g.40gb": 1, "1g.10gb": 2,
+                                         "9g.1gb": 1}, 2)
+    assert [(i.gpu, i.profile, i.start) for i in placed] == [
+        (0, "4g.40gb", 0), (0, "3g.40gb", 4), (1, "1g.10gb", 0), (1, "1g.10gb", 1)]
+    assert left == {"9g.1gb": 1}
+    assert pack_instances(H100, {"7g.80gb": 2}, 1)[1] == {"7g.80gb": 1}
+    # First fit would put the 1g.10gb (two slices) at 4 and strand a 1g.5gb: the search
+    # moves it to 6, where slice 7 (no 1g.5gb starts there) is its second slice.
+    placed, left = pack_instances(A100, {"4g.20gb": 1, "1g.10gb": 1, "1g.5gb": 2}, 1)
+    assert not left
+    assert [(i.profile, i.start) for i in placed] == [
+        ("4g.20gb", 0), ("1g.5gb", 4), ("1g.5gb", 5), ("1g.10gb", 6)]
+
+
+def test_counts_in_use_mark_the_first_instances_of_each_profile() -> None:
+    placed, _ = pack_instances(H100, {"3g.40gb": 2, "1g.10gb": 7}, 2)
+    marked = mark_in_use(placed, {"3g.40gb": 1, "1g.10gb": 2})
+    assert [(i.gpu, i.start) for i in marked if i.in_use and i.profile == "3g.40gb"] == [(0, 0)]
+    assert [(i.gpu, i.start) for i in marked if i.in_use and i.profile == "1g.10gb"] == [
+        (1, 0), (1, 1)]
+    assert used_masks(H100, marked) == {0: 0b1111, 1: 0b11}
+
+
+def _node(*instances: tuple[int, str, int, bool]) -> tuple[MigInstance, ...]:
+    return tuple(MigInstance(g, p, s, u) for g, p, s, u in instances)
+
+
+def test_a_2g_goes_where_it_strands_least_for_a_4g_heavy_workload() -> None:
+    workload = MigWorkload({"4g.40gb": 0.8, "2g.20gb": 0.2})
+    # GPU 0: 2g instances at 0, 2 (in use) and 4 (free) - a 4g could never start there again.
+    # GPU 1: 2g instances at 0 (free), 2, 4 (in use): its free 2g sits where a 4g starts.
+    instances = _node((0, "2g.20gb", 0, True), (0, "2g.20gb", 2, True),
+                      (0, "2g.20gb", 4, False), (1, "2g.20gb", 0, False),
+                      (1, "2g.20gb", 2, True), (1, "2g.20gb", 4, True))
+    fit = best_instances(H100, instances, {"2g.20gb": 1}, workload)
+    assert fit is not None
+    assert [(i.gpu, i.start) for i in fit.chosen] == [(0, 4)]
+    assert fit.delta_milli < 0  # it takes slices already lost to the 4g.40gb
+    # Only GPU 1's instance left: taking it costs nothing either, both halves are broken.
+    assert best_instances(H100, instances[3:], {"2g.20gb": 1}, workload) is not None
+    assert best_instances(H100, instances, {"3g.40gb": 1}, workload) is None
+
+
+def test_several_instances_are_chosen_one_after_the_other_never_twice() -> None:
+    placed, _ = pack_instances(A100, {"1g.5gb": 7}, 1)
+    fit = best_instances(A100, placed, {"1g.5gb": 3}, default_workload(A100))
+    assert fit is not None and len({(i.gpu, i.start) for i in fit.chosen}) == 3
+    assert best_instances(A100, placed, {"1g.5gb": 8}, default_workload(A100)) is None
+
+
+def test_an_instance_at_a_start_nvml_never_gives_is_not_chosen() -> None:
+    bad = _node((0, "3g.20gb", 2, False))
+    assert best_instances(A100, bad, {"3g.20gb": 1}, default_workload(A100)) is None
+
+
+@given(counts_on_gpus(4), st.data())
+def test_no_chosen_instance_is_ever_at_an_illegal_start(node: tuple[str, int, dict[str, int]],
+                                                        data: st.DataObject) -> None:
+    family, gpus, counts = node
+    model = MIG_MODELS[family]
+    placed, _ = pack_instances(model, counts, gpus)
+    used = {p.name: data.draw(st.integers(0, 4)) for p in model.profiles}
+    instances = mark_in_use(placed, used)
+    ask = {data.draw(st.sampled_from(model.profiles)).name: data.draw(st.integers(1, 2))}
+    fit = best_instances(model, instances, ask, default_workload(model))
+    free = {(i.gpu, i.start) for i in instances if not i.in_use}
+    if fit is None:
+        return
+    _legal_and_apart(family, tuple(i for i in instances if i.in_use) + fit.chosen)
+    assert all((i.gpu, i.start) in free for i in fit.chosen)
+    assert sorted(i.profile for i in fit.chosen) == sorted(p for p, n in ask.items()
+                                                           for _ in range(n))

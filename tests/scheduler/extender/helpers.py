@@ -90,6 +90,33 @@ def post(client: FlaskClient, path: str, body: Any) -> tuple[int, Any]:
     return response.status_code, orjson.loads(response.data)
 
 
+def filtered(runtime: Runtime, pod_obj: Obj, names: list[str]) -> dict[str, Any]:
+    """The /filter reply for ``pod_obj`` over ``names`` (asserting a 200)."""
+    status, reply = post(runtime.app.test_client(), "/filter",
+                         {"Pod": pod_obj, "NodeNames": names})
+    assert status == 200, reply
+    result: dict[str, Any] = reply
+    return result
+
+
+def scores(runtime: Runtime, pod_obj: Obj, names: list[str]) -> dict[str, int]:
+    """The /prioritize scores for ``pod_obj`` by node name (asserting a 200)."""
+    status, reply = post(runtime.app.test_client(), "/prioritize",
+                         {"Pod": pod_obj, "NodeNames": names})
+    assert status == 200, reply
+    return {h["Host"]: h["Score"] for h in reply}
+
+
+def bound(runtime: Runtime, name: str, node_name: str) -> dict[str, Any]:
+    """The /bind reply for pod ``default/<name>`` (UID ``uid-<name>``) onto ``node_name``."""
+    status, reply = post(runtime.app.test_client(), "/bind", {
+        "PodName": name, "PodNamespace": "default", "PodUID": f"uid-{name}",
+        "Node": node_name})
+    assert status == 200
+    result: dict[str, Any] = reply
+    return result
+
+
 @dataclass(frozen=True)
 class Pki:
     """A CA; a serving certificate for 127.0.0.1 and a client certificate, both signed by it;

@@ -7,35 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 from scheduler.core import ClusterState, choose
-from scheduler.extender.runtime import Runtime
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import (
     FakeClock,
     RecordingBinder,
+    filtered,
     k8s_pod,
     make_config,
     post,
     serve,
 )
+from tests.scheduler.extender.helpers import bound as bind
 
 NAMES = ["n0", "n1", "n2"]
-
-
-def filtered(runtime: Runtime, pod_obj: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    status, reply = post(runtime.app.test_client(), "/filter",
-                         {"Pod": pod_obj, "Nodes": None, "NodeNames": names})
-    assert status == 200, reply
-    result: dict[str, Any] = reply
-    return result
-
-
-def bind(runtime: Runtime, name: str, node_name: str) -> dict[str, Any]:
-    status, reply = post(runtime.app.test_client(), "/bind", {
-        "PodName": name, "PodNamespace": "default", "PodUID": f"uid-{name}",
-        "Node": node_name})
-    assert status == 200
-    result: dict[str, Any] = reply
-    return result
 
 
 def pending(name: str, **overrides: Any) -> dict[str, Any]:

@@ -53,7 +53,7 @@ def test_gpushare_memory_is_in_gib() -> None:
     assert (request.num_gpu, request.gpu_milli, request.gpu_memory_mib) == (1, 0, 3072)
 
 
-@pytest.mark.parametrize("limits", [{"nvidia.com/mig-1g.5gb": "1"}, {"amd.com/gpu": "1"},
+@pytest.mark.parametrize("limits", [{"nvidia.com/mig-1g.5gb+me": "1"}, {"amd.com/gpu": "1"},
                                     {"nvidia.com/gpumem-percentage": "50"},
                                     {"nvidia.com/gpumem": "4000"}])
 def test_unmapped_gpu_resources_are_refused_not_taken_for_cpu(limits: dict[str, str]) -> None:
@@ -66,14 +66,14 @@ def test_a_share_of_several_gpus_is_refused() -> None:
         pod_from_k8s(k8s("m", {**HAMI_POD, "nvidia.com/gpu": "2"}), KubeNames(**HAMI))
 
 
-def test_filter_fails_every_node_unresolvable_for_a_mig_pod() -> None:
+def test_filter_fails_every_node_without_mig_unresolvable_for_a_mig_pod() -> None:
     runtime = serve([node("n0"), node("n1")])
     status, reply = post(runtime.app.test_client(), "/filter",
                          {"Pod": k8s("m", {"nvidia.com/mig-1g.5gb": "1"}),
                           "NodeNames": ["n0", "n1"]})
     assert status == 200 and reply["NodeNames"] == [] and not reply["FailedNodes"]
     assert set(reply["FailedAndUnresolvableNodes"]) == {"n0", "n1"}
-    assert "nvidia.com/mig-1g.5gb" in reply["FailedAndUnresolvableNodes"]["n0"]
+    assert "not a MIG node" in reply["FailedAndUnresolvableNodes"]["n0"]
 
 
 def test_memory_shares_convert_per_node_in_filter_and_state() -> None:

@@ -13,22 +13,14 @@ from scheduler.core import ClusterState, choose
 from scheduler.extender.scoring import scale_priorities
 from scheduler.policies import make_policy
 from tests.builders import node, pod
-from tests.scheduler.extender.helpers import FakeClock, k8s_pod, make_config, post, serve
-
-
-def scores(runtime: Any, pod_obj: dict[str, Any], names: list[str]) -> dict[str, int]:
-    status, reply = post(runtime.app.test_client(), "/prioritize",
-                         {"Pod": pod_obj, "NodeNames": names})
-    assert status == 200, reply
-    return {h["Host"]: h["Score"] for h in reply}
-
-
-def filtered(runtime: Any, pod_obj: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    status, reply = post(runtime.app.test_client(), "/filter",
-                         {"Pod": pod_obj, "NodeNames": names})
-    assert status == 200, reply
-    result: dict[str, Any] = reply
-    return result
+from tests.scheduler.extender.helpers import (
+    FakeClock,
+    filtered,
+    k8s_pod,
+    make_config,
+    scores,
+    serve,
+)
 
 
 @pytest.mark.parametrize(("key", "best", "top", "expected"), [

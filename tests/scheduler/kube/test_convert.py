@@ -9,9 +9,11 @@ import pytest
 from gpufrag.conventions import KubeNames
 from gpufrag.errors import BadInput
 from scheduler.kube.convert import (
+    UnsupportedRequest,
     bound_gpus,
     controller_ref,
     device_gap,
+    mig_request,
     node_from_k8s,
     owner_uid,
     pod_from_k8s,
@@ -117,3 +119,59 @@ def test_a_memory_ask_alone_is_named_as_starting_without_its_gpu(
 def test_other_vendors_memory_resources_bring_their_own_device_plugin() -> None:
     gpushare = KubeNames(gpu_memory="aliyun.com/gpu-mem", gpu_memory_unit="GiB")
     assert device_gap(k8s_pod({"aliyun.com/gpu-mem": "4"}), gpushare) is None
+
+
+# ------------------------------------------------------------------ MIG (issue 28)
+
+def test_a_mig_pod_reads_as_its_cpu_and_its_profiles_summed_over_containers() -> None:
+    obj = k8s_pod({"cpu": "1", "nvidia.com/mig-1g.10gb": "1"})
+    obj["spec"]["containers"].append({"name": "b", "resources": {
+        "limits": {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/mig-3g.40gb": "1"}}})
+    obj["spec"]["initContainers"] = [{"name": "i", "resources": {
+        "requests": {"nvidia.com/mig-1g.10gb": "3"}}}]
+    request = pod_from_k8s(obj)
+    assert (request.cpu_milli, request.num_gpu, request.wants_gpu) == (1000, 0, False)
+    # containers: 1 + 1 of 1g.10gb (the init container's 3 is more) and one 3g.40gb
+    assert mig_request(obj) == {"1g.10gb": 3, "3g.40gb": 1}
+    assert mig_request(k8s_pod({"cpu": "1", "nvidia.com/gpu": "1"})) == {}
+
+
+def test_a_mig_count_that_is_not_whole_is_bad_input_naming_the_resource() -> None:
+    with pytest.raises(BadInput, match="whole number of MIG instances") as e:
+        mig_request(k8s_pod({"nvidia.com/mig-1g.10gb": "500m"}))
+    assert e.value.field == "requests.nvidia.com/mig-1g.10gb"
+
+
+@pytest.mark.parametrize("requests", [
+    {"nvidia.com/mig-1g.10gb": "1", "nvidia.com/gpu": "1"},
+    {"nvidia.com/mig-3g.40gb": "1", "gpufrag.io/gpu-milli": "300"},
+])
+def test_a_pod_mixing_a_mig_profile_with_gpus_or_shares_is_refused(requests: dict[str, str]
+                                                                   ) -> None:
+    with pytest.raises(UnsupportedRequest, match="either MIG instances or whole GPUs"):
+        pod_from_k8s(k8s_pod(requests))
+
+
+@pytest.mark.parametrize("resource", ["nvidia.com/mig-1g.10gb+me", "nvidia.com/mig-big",
+                                      "amd.com/gpu"])
+def test_other_gpu_like_resources_are_still_refused(resource: str) -> None:
+    with pytest.raises(UnsupportedRequest, match="not configured for"):
+        pod_from_k8s(k8s_pod({resource: "1"}))
+
+
+def _mig_node(strategy: str, whole: str | None) -> dict[str, Any]:
+    alloc = {"cpu": "64", "memory": "512Gi", "nvidia.com/mig-3g.40gb": "4"}
+    if whole is not None:
+        alloc["nvidia.com/gpu"] = whole
+    return {"metadata": {"name": "mig-1", "labels": {
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",
+        "nvidia.com/gpu.count": "4", "nvidia.com/mig.strategy": strategy}},
+        "status": {"allocatable": alloc}}
+
+
+def test_mig_gpus_never_count_as_whole_free_gpus() -> None:
+    # mixed: nvidia.com/gpu lists only the GPUs not in MIG mode (here 2 of 4, or none)
+    assert node_from_k8s(_mig_node("mixed", "2")).gpu_count == 2
+    assert node_from_k8s(_mig_node("mixed", None)).gpu_count == 0
+    # single: nvidia.com/gpu counts MIG instances; none of them is a whole GPU
+    assert node_from_k8s(_mig_node("single", "8")).gpu_count == 0

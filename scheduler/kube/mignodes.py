@@ -1,0 +1,284 @@
+"""MIG nodes as the extender sees them: which instances each GPU carries, and which are in use.
+
+Static MIG with NVIDIA's device plugin (``mixed`` strategy): a node advertises
+``nvidia.com/mig-<profile>: N`` allocatable per profile, and GPU feature discovery labels it
+(``nvidia.com/gpu.product``, ``nvidia.com/gpu.memory`` in MiB, ``nvidia.com/gpu.count``,
+``nvidia.com/mig.strategy``, ``nvidia.com/mig.config``). Where the instances sit and which are
+in use comes, in this order, from:
+
+1. the node agent's usage annotation (``gpufrag.io/gpu-usage``), whose GPUs in MIG mode list
+   their instances (profile, start slice, pods): exact positions and use, while the reading is
+   fresh. Read through a :data:`MigReader` the caller supplies (the annotation's schema lives
+   with the agent, a layer above this one); pods placed since the reading are added to it;
+2. otherwise the allocatable counts, placed by a deterministic legal packing
+   (:func:`scheduler.core.mig.pack_instances`; an approximation, since NVIDIA's MIG manager
+   lets NVML choose positions), with as many instances of each profile in use as the pods
+   bound or assumed on the node ask (:func:`scheduler.core.mig.mark_in_use`).
+
+The allocatable counts stay the truth of how many instances there are (the kubelet admits a
+pod against them). :class:`MigBook` holds what the Node objects say and the profiles each pod
+asks; the pods on a node are the cache's ``ClusterState`` placements (bound and assumed),
+where a MIG pod is placed for its CPU and memory only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufrag.conventions import DEFAULT_NAMES, LABEL_GPU_COUNT, LABEL_MIG_CONFIG, KubeNames
+from scheduler.core.mig import (
+    SLICES,
+    MigGpuModel,
+    MigInstance,
+    mark_in_use,
+    mig_model,
+    pack_instances,
+)
+from scheduler.core.state import ClusterState
+from scheduler.kube.convert import (
+    LABEL_MIG_STRATEGY,
+    MIG_RESOURCE_PREFIX,
+    Obj,
+    annotations_of,
+    labels_of,
+    mig_profile_of,
+)
+from scheduler.kube.quantity import QuantityError, parse_quantity
+
+MAX_MIG_GPUS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class AgentMig:
+    """What the agent's reading says of a node's MIG GPUs: each instance (``in_use`` when a
+    pod runs on it or anything holds its memory) and until when the reading is fresh."""
+
+    instances: tuple[MigInstance, ...]
+    fresh_until: float
+
+
+# The annotation's text -> its MIG instances (None: no MIG GPU in it, or unreadable).
+MigReader = Callable[[str], AgentMig | None]
+
+
+def no_agent(_text: str) -> AgentMig | None:
+    """The reader where the agent's annotations are not read: the labels decide."""
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class MigNodeSpec:
+    """A node's MIG side as its Node object says: ``model`` is None for a product the MIG
+    table lacks (its instances are counted, never scored); ``packed`` the counts' positions
+    by the packing rule and ``unplaced`` those it found none for."""
+
+    name: str
+    model: MigGpuModel | None
+    gpus: int
+    allocatable: Mapping[str, int]
+    packed: tuple[MigInstance, ...]
+    unplaced: Mapping[str, int]
+    config: str = ""
+    agent: AgentMig | None = None
+
+
+def _count(value: object) -> int:
+    try:
+        amount = parse_quantity(value)
+    except QuantityError:
+        return 0
+    return int(amount) if amount > 0 and amount == amount.to_integral_value() else 0
+
+
+def mig_node_from_k8s(obj: Obj, reader: MigReader = no_agent,
+                      names: KubeNames = DEFAULT_NAMES) -> MigNodeSpec | None:
+    """The MIG side of a Node, or None for a node advertising no ``nvidia.com/mig-*``
+    instance. A count that does not read as a whole number counts as none (the kubelet would
+    not advertise it). The GPUs in MIG mode are ``nvidia.com/gpu.count`` less the whole GPUs
+    the node advertises (``mixed`` lists only GPUs not in MIG mode as ``names.gpu``)."""
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    status = obj.get("status")
+    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
+    if not isinstance(name, str) or not isinstance(alloc, Mapping):
+        return None
+    counts: dict[str, int] = {}
+    for resource, value in alloc.items():
+        profile = mig_profile_of(str(resource))
+        n = _count(value) if profile else 0
+        if profile and n:
+            counts[profile] = n
+    if not counts:
+        return None
+    labels = labels_of(obj)
+    memory = labels.get(names.label_gpu_memory, "")
+    model = mig_model(labels.get(names.label_gpu_product, ""),
+                      int(memory) if memory.isdigit() else 0)
+    whole = _count(alloc.get(names.gpu, "0"))
+    listed = labels.get(LABEL_GPU_COUNT, "")
+    gpus = int(listed) - whole if listed.isdigit() else 0
+    if model is None:
+        return MigNodeSpec(name, None, max(gpus, 0), counts, (), counts,
+                           labels.get(LABEL_MIG_CONFIG, ""))
+    if not 0 < gpus <= MAX_MIG_GPUS:  # no usable count: the fewest GPUs the packing needs
+        gpus = _gpus_needed(model, counts)
+    packed, unplaced = pack_instances(model, counts, gpus)
+    text = annotations_of(obj).get(names.annotation_gpu_usage, "")
+    return MigNodeSpec(name, model, gpus, counts, packed, unplaced,
+                       labels.get(LABEL_MIG_CONFIG, ""), reader(text) if text else None)
+
+
+def _gpus_needed(model: MigGpuModel, counts: Mapping[str, int]) -> int:
+    slices = sum(n * p.slices for name, n in counts.items()
+                 if (p := model.profile(name)) is not None)
+    gpus = max(1, math.ceil(slices / SLICES))
+    while gpus < MAX_MIG_GPUS and pack_instances(model, counts, gpus)[1]:
+        gpus += 1
+    return gpus
+
+
+@dataclass(frozen=True, slots=True)
+class MigLayout:
+    """One node's instances now, with use (``source``: ``agent`` or ``labels``) and how many
+    of each profile are free: allocatable minus in use."""
+
+    spec: MigNodeSpec
+    instances: tuple[MigInstance, ...]
+    free: Mapping[str, int]
+    in_use: Mapping[str, int]
+    source: str
+
+
+def _tally(instances: Iterable[MigInstance]) -> dict[str, int]:
+    tally: dict[str, int] = {}
+    for instance in instances:
+        if instance.in_use:
+            tally[instance.profile] = tally.get(instance.profile, 0) + 1
+    return tally
+
+
+def layout_of(spec: MigNodeSpec, asked: Mapping[str, int], now: float) -> MigLayout:
+    """``spec``'s instances given the profiles its bound and assumed pods ask (``asked``): the
+    agent's when its reading is fresh (with pods it has not seen yet marked on its free
+    instances), else the packing's with ``asked`` marked in use."""
+    agent = spec.agent
+    if agent is not None and now <= agent.fresh_until:
+        seen = _tally(agent.instances)
+        extra = {p: n - seen.get(p, 0) for p, n in asked.items() if n > seen.get(p, 0)}
+        idle = [i for i in agent.instances if not i.in_use]
+        marked = {(i.gpu, i.start): i for i in mark_in_use(idle, extra)}
+        instances = tuple(marked.get((i.gpu, i.start), i) for i in agent.instances)
+        source = "agent"
+    else:
+        instances = mark_in_use(spec.packed, asked)
+        source = "labels"
+    used = _tally(instances)
+    in_use = {p: max(used.get(p, 0), asked.get(p, 0)) for p in {*used, *asked}}
+    free = {p: max(n - in_use.get(p, 0), 0) for p, n in spec.allocatable.items()}
+    return MigLayout(spec, instances, free, in_use, source)
+
+
+@dataclass
+class MigBook:
+    """The MIG side of the cache: each MIG node's spec and the profiles each pod asks. Fed by
+    :class:`~scheduler.kube.cache.ClusterCache` under its lock; read under it too."""
+
+    reader: MigReader = no_agent
+    names: KubeNames = DEFAULT_NAMES
+    nodes: dict[str, MigNodeSpec] = field(default_factory=dict)
+    asks: dict[str, Mapping[str, int]] = field(default_factory=dict)  # pod key -> profiles
+    # node -> what its spec was read from, so a status heartbeat is not read again
+    _inputs: dict[str, tuple[object, ...]] = field(default_factory=dict)
+
+    def apply_node(self, obj: Obj, name: str) -> None:
+        status = obj.get("status")
+        alloc = status.get("allocatable") if isinstance(status, Mapping) else None
+        if not isinstance(alloc, Mapping) or not any(
+                str(r).startswith(MIG_RESOURCE_PREFIX) for r in alloc):
+            self.delete_node(name)  # the common case, a node without MIG: nothing to read
+            return
+        inputs = (repr(alloc), repr(labels_of(obj)),
+                  annotations_of(obj).get(self.names.annotation_gpu_usage, ""))
+        if self._inputs.get(name) == inputs:
+            return
+        spec = mig_node_from_k8s(obj, self.reader, self.names)
+        self._inputs[name] = inputs
+        if spec is None:
+            self.nodes.pop(name, None)
+        else:
+            self.nodes[name] = spec
+
+    def delete_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self._inputs.pop(name, None)
+
+    def set_ask(self, key: str, ask: Mapping[str, int]) -> None:
+        if ask:
+            self.asks[key] = dict(ask)
+        else:
+            self.asks.pop(key, None)
+
+    def asked_on(self, state: ClusterState, name: str, exclude: str = "") -> dict[str, int]:
+        """The profiles the pods placed on ``name`` (bound or assumed) ask, summed; the pod
+        ``exclude`` (a key) left out, so a pod assumed there never counts against itself."""
+        row = state.index.get(name)
+        total: dict[str, int] = {}
+        if row is None:
+            return total
+        for key in state.pods_on_node[row]:
+            if key == exclude:
+                continue
+            for profile, n in self.asks.get(key, {}).items():
+                total[profile] = total.get(profile, 0) + n
+        return total
+
+    def layout(self, state: ClusterState, name: str, now: float,
+               exclude: str = "") -> MigLayout | None:
+        """``name``'s instances now (None: not a MIG node), ``exclude`` as in
+        :meth:`asked_on`."""
+        spec = self.nodes.get(name)
+        if spec is None:
+            return None
+        return layout_of(spec, self.asked_on(state, name, exclude), now)
+
+    def profile_counts(self) -> dict[str, int]:
+        """Instances asked by every pod seen, by profile: the MIG target workload's source."""
+        total: dict[str, int] = {}
+        for ask in self.asks.values():
+            for profile, n in ask.items():
+                total[profile] = total.get(profile, 0) + n
+        return total
+
+
+def mig_resource(profile: str) -> str:
+    """The device plugin's resource for ``profile``: ``nvidia.com/mig-3g.40gb``."""
+    return MIG_RESOURCE_PREFIX + profile
+
+
+def mig_node_to_k8s(name: str, product: str, gpu_memory_mib: int, gpus: int,
+                    counts: Mapping[str, int], *, cpu_milli: int = 64_000,
+                    memory_mib: int = 512 * 1024, config: str = "", whole_gpus: int = 0,
+                    ) -> dict[str, Any]:
+    """A v1 Node (JSON shape) as NVIDIA's GPU operator publishes a MIG node with the ``mixed``
+    strategy: ``nvidia.com/mig-<profile>`` allocatable per profile (``whole_gpus`` not in MIG
+    mode as ``nvidia.com/gpu``) and GPU feature discovery's labels, ``gpus`` counting every
+    GPU. The inverse of :func:`mig_node_from_k8s`, for snapshots, benchmarks and tests."""
+    labels = {"kubernetes.io/hostname": name, "nvidia.com/gpu.product": product,
+              "nvidia.com/gpu.memory": str(gpu_memory_mib),
+              LABEL_GPU_COUNT: str(gpus + whole_gpus), LABEL_MIG_STRATEGY: "mixed",
+              **{f"{mig_resource(p)}.count": str(n) for p, n in counts.items()}}
+    if config:
+        labels[LABEL_MIG_CONFIG] = config
+    allocatable = {"cpu": f"{cpu_milli}m", "memory": f"{memory_mib}Mi", "pods": "110",
+                   **{mig_resource(p): str(n) for p, n in counts.items()}}
+    if whole_gpus:
+        allocatable["nvidia.com/gpu"] = str(whole_gpus)
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "status": {"capacity": dict(allocatable), "allocatable": allocatable}}
+
+
+__all__ = ["AgentMig", "MigBook", "MigLayout", "MigNodeSpec", "MigReader", "layout_of",
+           "mig_node_from_k8s", "mig_node_to_k8s", "mig_resource", "no_agent"]
