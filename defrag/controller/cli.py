@@ -12,10 +12,11 @@ import argparse
 import collections
 import sys
 import time
-from collections.abc import Sequence
-from typing import NoReturn
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 from urllib.parse import urlparse
 
+import orjson
 import structlog
 
 from defrag.controller.cluster import read_cluster, read_reservations
@@ -28,9 +29,18 @@ from defrag.controller.config import (
 )
 from defrag.controller.convergence import DefragState, convergence, parse_state
 from defrag.controller.errors import CycleStopped
-from defrag.controller.executor import ClusterActions, DryRunActions, Executor, KubeActions
+from defrag.controller.executor import (
+    ClusterActions,
+    DryRunActions,
+    Executor,
+    KubeActions,
+    MigWriter,
+)
 from defrag.controller.ledger import StaleReservation, stale_reservations
 from defrag.controller.metrics import CycleMetrics
+from defrag.controller.migfacts import mig_facts
+from defrag.controller.migplan import MigPlan, plan_dict, plan_lines, plan_mig
+from defrag.controller.model import Snapshot
 from defrag.controller.planner import plan as make_plan
 from defrag.controller.prometheus import fetch_samples
 from defrag.controller.report import plan_json, plan_table, result_json, rightsizing_lines
@@ -43,9 +53,11 @@ from gpufrag.conventions import names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from scheduler.core.state import ClusterState
 from scheduler.kube.client import api_client
+from scheduler.kube.reservations import Reservation, reservation_from_k8s
 from scheduler.policies import POLICY_NAMES, make_policy
 
 PROG = "gpufrag defrag"
+Obj = Mapping[str, Any]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"default: {d.limits.per_namespace}")
     s.add_argument("--max-evictions-total", type=int, default=d.limits.total,
                    help=f"default: {d.limits.total}")
+    s.add_argument("--max-mig-relabels", type=int, default=d.max_mig_relabels,
+                   help="the MIG step: set nvidia.com/mig.config on at most this many drained "
+                        "MIG nodes whose layout the advisor would change (NVIDIA's MIG manager "
+                        f"re-cuts them; 0: report only; default: {d.max_mig_relabels})")
     s.add_argument("--max-priority", type=int, default=d.max_priority,
                    help=f"never move pods with a higher priority (default: {d.max_priority})")
     s.add_argument("--max-pod-gpus", type=int, default=d.max_pod_gpus,
@@ -203,6 +219,7 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
                       per_namespace=args.max_evictions_per_namespace,
                       total=args.max_evictions_total),
         max_priority=args.max_priority, max_pod_gpus=args.max_pod_gpus, policy=args.policy,
+        max_mig_relabels=args.max_mig_relabels,
         coverage=args.coverage, stale_intervals=args.stale_intervals,
         prometheus_interval_s=args.prometheus_interval_s,
         prometheus_peak_window_s=args.prometheus_peak_window_s, bind_timeout_s=args.bind_timeout_s,
@@ -276,6 +293,31 @@ def _releasable(stale: StaleReservation, config: DefragConfig) -> bool:
     return not config.namespaces or stale.namespace in config.namespaces
 
 
+def _live_reservations(objs: Sequence[Obj]) -> list[Reservation]:
+    """The reservations that could be read (the unreadable ones are reported elsewhere)."""
+    found = []
+    for obj in objs:
+        try:
+            found.append(reservation_from_k8s(obj))
+        except BadInput:
+            continue
+    return found
+
+
+def plan_mig_step(config: DefragConfig, nodes: Sequence[Obj], pods: Sequence[Obj],
+                  snapshot: Snapshot, reservations: Sequence[Obj], targets: frozenset[str],
+                  now: float, log: structlog.typing.FilteringBoundLogger) -> MigPlan | None:
+    """The MIG step's plan (None: the cluster has no MIG node)."""
+    facts = mig_facts(nodes, pods, snapshot.readings, _live_reservations(reservations),
+                      cordoned=snapshot.cordoned, now=now, names=config.names)
+    for problem in facts.problems:
+        log.warning("object skipped", problem=problem)
+    if not facts.nodes:
+        return None
+    return plan_mig(facts.nodes, facts.pending, max_relabels=config.max_mig_relabels,
+                    targets=targets)
+
+
 def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
               log: structlog.typing.FilteringBoundLogger) -> int:
     """Read, plan, print, act, summarise. Raises CycleStopped if reading fails."""
@@ -326,11 +368,19 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     json_out = args.output == "json"
     render = plan_json if json_out else plan_table
     print(render(the_plan, snapshot.notes, dry_run=config.dry_run), flush=True)
+    kept = [o for o in held or () if (o.get("metadata") or {}).get("name") not in released]
+    mig_plan = plan_mig_step(config, nodes, pods, snapshot, kept,
+                             frozenset(m.target for m in the_plan.moves), now, log)
+    if mig_plan is not None:
+        print(orjson.dumps(plan_dict(mig_plan, dry_run=config.dry_run)).decode() if json_out
+              else "\n".join(plan_lines(mig_plan, dry_run=config.dry_run)), flush=True)
 
     metrics = CycleMetrics(dry_run=config.dry_run)
     metrics.planned(len(the_plan.moves), the_plan.seconds, len(the_plan.not_actionable))
     _rightsizing_metrics(metrics, rightsizing)
-    actions: ClusterActions = DryRunActions(log) if config.dry_run else kube
+    dry = DryRunActions(log)
+    actions: ClusterActions = dry if config.dry_run else kube
+    mig_writer: MigWriter = dry if config.dry_run else kube
     metrics.stale(collections.Counter(s.reason for s in stale))
     for s in stale:
         log.warning("stale GPU reservation", reservation=s.name, reason=s.reason,
@@ -341,6 +391,13 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
         metrics.reservation("pruned")
     report = Executor(actions, config, metrics, log=log).run(the_plan, snapshot, workload)
     assert report.before is not None and report.after is not None
+    if mig_plan is not None and report.error is None:
+        try:
+            for relabel in mig_plan.relabels:  # after the moves: the pods come first
+                if mig_writer.relabel_mig(relabel, now):
+                    metrics.mig_relabelled()
+        except CycleStopped as e:
+            report.error = str(e)
     summary = convergence(
         triggered_idle=len(report.latched_after), triggered_blocking=report.blocking_after,
         triggered=report.triggered_after, nodes=_gpu_nodes(snapshot.state),

@@ -80,6 +80,9 @@ class DefragConfig:
     # Take pods from nodes whose idle memory no right-sizing reclaims (defrag.controller.
     # actionable) too: their moves then only cut fragmentation and free whole GPUs.
     move_not_actionable: bool = False
+    # The MIG step (defrag.controller.migplan): at most this many drained MIG nodes get a new
+    # nvidia.com/mig.config per cycle (0: the step only reports).
+    max_mig_relabels: int = 1
     excluded_namespaces: frozenset[str] = frozenset({"kube-system"})
     # When not empty, only pods in these namespaces may move.
     namespaces: frozenset[str] = frozenset()
@@ -117,6 +120,9 @@ class DefragConfig:
                             ("--max-evictions-total", self.limits.total)):
             if value < 0:
                 raise BadInput(f"{value} is negative; use 0 to plan nothing", field=flag)
+        if not 0 <= self.max_mig_relabels <= 1000:
+            raise BadInput(f"{self.max_mig_relabels} is outside 0..1000 (0: report only)",
+                           field="--max-mig-relabels")
         if not 1 <= self.max_pod_gpus <= 16:
             raise BadInput(f"{self.max_pod_gpus} is outside 1..16", field="--max-pod-gpus")
         if self.policy not in POLICY_NAMES:

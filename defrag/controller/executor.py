@@ -49,11 +49,13 @@ from defrag.controller.errors import ApiRefusal, CycleStopped, call_api, call_ap
 from defrag.controller.ledger import StaleReservation
 from defrag.controller.measure import Summary, measure
 from defrag.controller.metrics import CycleMetrics
+from defrag.controller.migplan import Relabel
 from defrag.controller.model import PodInfo, Snapshot, place_gpus
 from defrag.controller.planner import Move, Plan
 from defrag.controller.trigger import find_triggers, next_streaks
 from gpufrag.conventions import (
     DEFAULT_NAMES,
+    LABEL_MIG_CONFIG,
     KubeNames,
     encode_hint_entries,
     hints_from_configmap,
@@ -117,7 +119,17 @@ class ClusterActions(Protocol):
 
 # The Warning Event on a GPUReservation that holds capacity for nothing (ledger.REASONS).
 EVENT_REASON_STALE_RESERVATION = "GPUReservationStale"
+# The Normal Event on a drained MIG node whose nvidia.com/mig.config the MIG step set.
+EVENT_REASON_MIG_RELABELLED = "MigLayoutChanged"
 COMPONENT = "gpufrag-defrag"
+
+
+class MigWriter(Protocol):
+    """The MIG step's one write (:mod:`defrag.controller.migplan`): a drained node's
+    ``nvidia.com/mig.config`` label, with a Node Event saying why. A protocol of its own, so
+    the eviction writers of the what-if and the tests need not grow it."""
+
+    def relabel_mig(self, relabel: Relabel, now: float) -> bool: ...
 
 
 def stale_message(stale: StaleReservation, *, released: bool) -> str:
@@ -177,6 +189,13 @@ class DryRunActions:
 
     def release(self, name: str) -> None:
         self.log.info("dry run: would release the reservation", reservation=name)
+
+    def relabel_mig(self, relabel: Relabel, now: float) -> bool:
+        self.written.append(("mig.config", relabel.node, relabel.config))
+        self.log.info("dry run: would set the MIG layout", node=relabel.node,
+                      label=LABEL_MIG_CONFIG, value=relabel.config, was=relabel.current,
+                      reason=EVENT_REASON_MIG_RELABELLED)
+        return True
 
     def report_stale(self, stale: StaleReservation, *, released: bool, now: float) -> None:
         self.log.info("dry run: would put an Event on the stale reservation",
@@ -343,6 +362,35 @@ class KubeActions:
         except Exception as e:
             self.log.warning("stale reservation Event not written", reservation=stale.name,
                              error=str(api_error("creating an Event", e) or e))
+
+    # -- MIG layouts ----------------------------------------------------------------------
+    def relabel_mig(self, relabel: Relabel, now: float) -> bool:
+        """Set the node's ``nvidia.com/mig.config`` (NVIDIA's MIG manager re-cuts its GPUs);
+        a JSON patch that tests the label first, so a node someone relabelled since this cycle
+        read it is left alone (422: logged, False). Then a Normal Event on the Node (advice:
+        a failure is logged)."""
+        path = "/metadata/labels/" + LABEL_MIG_CONFIG.replace("~", "~0").replace("/", "~1")
+        ops = [{"op": "test", "path": path, "value": relabel.current}] if relabel.current else []
+        ops.append({"op": "add", "path": path, "value": relabel.config})
+        doing = f"setting {LABEL_MIG_CONFIG}={relabel.config} on node {relabel.node}"
+        answer = call_api_or_refusal(doing, lambda: self.core.patch_node(
+            relabel.node, ops, _content_type="application/json-patch+json"), ok=(404, 409, 422))
+        if isinstance(answer, ApiRefusal):
+            self.log.warning("MIG layout not set: the node changed or is gone", node=relabel.node,
+                             status=answer.status, reason=answer.message)
+            return False
+        self.log.info("MIG layout set", node=relabel.node, label=LABEL_MIG_CONFIG,
+                      value=relabel.config, was=relabel.current)
+        namespace, body = warning_event(
+            Involved("Node", relabel.node), reason=EVENT_REASON_MIG_RELABELLED,
+            message=relabel.message(), component=COMPONENT, instance=COMPONENT, now_s=now,
+            event_type="Normal")
+        try:
+            create_event(self.core, namespace, body, timeout_s=10.0)
+        except Exception as e:
+            self.log.warning("MIG layout Event not written", node=relabel.node,
+                             error=str(api_error("creating an Event", e) or e))
+        return True
 
     # -- pods -----------------------------------------------------------------------------
     def _owner_pods(self, pod: PodInfo) -> list[Mapping[str, Any]]:

@@ -18,6 +18,8 @@ Metric names (all prefixed ``gpufrag_defrag_``):
   reads), ``burst_headroom_bytes`` (peak over the window minus use now: reported, never a
   trigger), ``fragmentation_ratio``, ``free_whole_gpus`` ``{phase}`` — ``before`` the cycle
   and ``after`` it (the model, moved pods carrying their usage);
+- ``mig_relabels_total`` — drained MIG nodes whose ``nvidia.com/mig.config`` was set (in a
+  dry run: would have been; defrag.controller.migplan);
 - ``cycle_seconds``, ``plan_seconds``, ``dry_run``.
 
 Right-sizing (prefix ``gpufrag_rightsizing_``), one series per workload and model version
@@ -65,6 +67,9 @@ class CycleMetrics:
                                 ["reason"], registry=r)
         self._reservations = Counter(f"{PREFIX}reservations", "GPU reservations, by result",
                                      ["result"], registry=r)
+        self._mig_relabels = Counter(f"{PREFIX}mig_relabels",
+                                     "Drained MIG nodes given a new nvidia.com/mig.config",
+                                     registry=r)
         self._stale = Gauge(f"{PREFIX}stale_reservations",
                             "GPU reservations holding capacity nobody can use, by reason",
                             ["reason"], registry=r)
@@ -135,6 +140,10 @@ class CycleMetrics:
     def skipped(self, reason: str) -> None:
         self._skipped.labels(reason).inc()
         self.counts[f"skipped ({reason})"] += 1
+
+    def mig_relabelled(self) -> None:
+        self._mig_relabels.inc()
+        self.counts["MIG nodes relabelled"] += 1
 
     def reservation(self, result: str) -> None:
         self._reservations.labels(result).inc()

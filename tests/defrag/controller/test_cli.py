@@ -28,6 +28,7 @@ from gpufrag.cli import main
         (["--max-evictions-per-node", "-3"], "--max-evictions-per-node"),
         (["--max-evictions-per-namespace", "x"], "invalid int value"),
         (["--max-pod-gpus", "0"], "--max-pod-gpus"),
+        (["--max-mig-relabels", "-1"], "'--max-mig-relabels': -1 is outside 0..1000"),
         (["--policy", "magic"], "unknown policy 'magic'"),
         (["--policy", "random"], "random cannot predict"),
         (["--output", "xml"], "'xml' is not one of table, json"),
@@ -54,7 +55,7 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for flag in ("--threshold", "--max-evictions-per-node", "--max-evictions-per-namespace",
                  "--max-evictions-total", "--max-priority", "--dry-run", "--output",
-                 "--prometheus", "--pushgateway"):
+                 "--prometheus", "--pushgateway", "--max-mig-relabels"):
         assert flag in out
 
 
