@@ -147,6 +147,7 @@ class Extender:
             with self.cache.lock:
                 self._set_mig_workload(self.scorer)
             self._workload_at, self._workload_changes = now, changes
+            log.info("MIG target workload set", mig_profiles=self._mig_profiles())
             return False
         workload = self._fixed_workload
         if workload is None:
@@ -161,8 +162,14 @@ class Extender:
             self._set_mig_workload(scorer)
         self._workload_at, self._workload_changes = now, changes
         log.info("target workload set", specs=len(workload.gpu_spec),
-                 source="config" if self._fixed_workload is not None else "pods seen")
+                 source="config" if self._fixed_workload is not None else "pods seen",
+                 mig_profiles=self._mig_profiles())
         return True
+
+    def _mig_profiles(self) -> dict[str, float]:
+        """The MIG target workload for the log: profile -> popularity ({}: none seen yet)."""
+        found = self.mig_workload.popularity if self.mig_workload is not None else {}
+        return {p: round(v, 3) for p, v in sorted(found.items())}
 
     def _set_mig_workload(self, scorer: Scorer) -> None:
         """The MIG target workload from the profiles the pods seen ask, and a MIG scorer for

@@ -30,6 +30,7 @@ from typing import Any
 
 from gpufrag.conventions import DEFAULT_NAMES, LABEL_GPU_COUNT, LABEL_MIG_CONFIG, KubeNames
 from scheduler.core.mig import (
+    MIG_MODELS,
     SLICES,
     MigGpuModel,
     MigInstance,
@@ -258,6 +259,14 @@ def mig_resource(profile: str) -> str:
     return MIG_RESOURCE_PREFIX + profile
 
 
+def mig_resources() -> tuple[str, ...]:
+    """Every ``nvidia.com/mig-<profile>`` resource of the MIG table, sorted: the names a
+    kube-scheduler configuration's ``managedResources`` must list (``ignoredByScheduler:
+    false``, so kube-scheduler counts them too) for MIG pods to reach the extender at all."""
+    return tuple(sorted({mig_resource(p.name) for m in MIG_MODELS.values()
+                         for p in m.profiles}))
+
+
 def mig_node_to_k8s(name: str, product: str, gpu_memory_mib: int, gpus: int,
                     counts: Mapping[str, int], *, cpu_milli: int = 64_000,
                     memory_mib: int = 512 * 1024, config: str = "", whole_gpus: int = 0,
@@ -281,4 +290,4 @@ def mig_node_to_k8s(name: str, product: str, gpu_memory_mib: int, gpus: int,
 
 
 __all__ = ["AgentMig", "MigBook", "MigLayout", "MigNodeSpec", "MigReader", "layout_of",
-           "mig_node_from_k8s", "mig_node_to_k8s", "mig_resource", "no_agent"]
+           "mig_node_from_k8s", "mig_node_to_k8s", "mig_resource", "mig_resources", "no_agent"]

@@ -148,3 +148,17 @@ def test_the_agent_s_instances_keep_nvml_s_gpu_index() -> None:
     assert reading is not None and reading.fresh_until == 5.0 + 15.0 * 8
     assert [(i.gpu, i.profile, i.start, i.in_use) for i in reading.instances] == [
         (0, "7g.80gb", 0, False)]
+
+
+def test_the_mig_workload_follows_the_pods_even_beside_a_configured_one() -> None:
+    clock = FakeClock()
+    config = make_config(workload={"specs": [{"num_gpu": 2}], "refresh_s": 60})
+    runtime = serve([mig_node("m", {"1g.10gb": 7})], [mig_pod("a", {"1g.10gb": 1})],
+                    config=config, clock=clock)
+    assert runtime.extender.mig_workload == MigWorkload({"1g.10gb": 1.0})
+    configured = runtime.extender.workload
+    runtime.cache.apply_pod(mig_pod("b", {"3g.40gb": 1}))
+    clock.advance(61)
+    runtime.extender.maintain()
+    assert runtime.extender.workload is configured
+    assert runtime.extender.mig_workload == MigWorkload({"1g.10gb": 0.5, "3g.40gb": 0.5})
