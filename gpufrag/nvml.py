@@ -13,8 +13,10 @@ the union of its instances' lists, each process read once on the instance it run
 parent's list in MIG mode is an aggregate only privileged callers get. NVML has no GPU-level
 utilisation for a GPU in MIG mode (``nvmlDeviceGetUtilizationRates`` raises ``NotSupported`` on a
 MIG-enabled A100 or H100): the reading says so (:attr:`GpuReading.utilization_supported`) rather
-than pass 0 off as idle. Naming a MIG profile (``3g.40gb``) needs the MIG table above this layer,
-so this adapter reports NVML's numbers and the agent names them.
+than pass 0 off as idle. Where the placement lookup is refused (``nvmlDeviceGetGpuInstanceById``
+requires a privileged user), the instance is read without its start and size. Naming a MIG
+profile (``3g.40gb``) needs the MIG table above this layer, so this adapter reports NVML's numbers
+and the agent names them.
 
 Readings carry NVML's own units as data (bytes, utilisation in percent); MiB and the 0..1 ratio
 are derived properties, so every consumer converts the same way (MiB floored) and none keeps a
@@ -175,10 +177,13 @@ class MigReading:
     per-instance utilisation through these calls (an H100's GPM would give one; not read)."""
 
     gpu_instance_id: int
-    profile_id: int  # NVML's GPU instance profile id (19 is 1g.10gb on an A100 80GB)
+    # NVML's GPU instance profile id (19 is 1g.10gb on an A100 80GB), start and size: None
+    # when NVML refuses the GPU instance to this user (nvmlDeviceGetGpuInstanceById "requires
+    # privileged user"); everything else here is read without privileges.
+    profile_id: int | None
     uuid: str  # the MIG device's, "MIG-..."
-    start: int
-    slices: int
+    start: int | None
+    slices: int | None
     compute_slices: int
     profile_memory_mib: int
     memory_used_bytes: int
@@ -408,7 +413,11 @@ class NvmlReader:
                     continue  # no MIG device in this slot
                 gi_id = int(api.nvmlDeviceGetGpuInstanceId(device))
                 attributes = api.nvmlDeviceGetAttributes(device)
-                info = api.nvmlGpuInstanceGetInfo(api.nvmlDeviceGetGpuInstanceById(handle, gi_id))
+                try:
+                    info: GpuInstanceInfo | None = api.nvmlGpuInstanceGetInfo(
+                        api.nvmlDeviceGetGpuInstanceById(handle, gi_id))
+                except pynvml.NVMLError_NoPermission:
+                    info = None  # a privileged user's call: the placement stays unknown
                 memory = api.nvmlDeviceGetMemoryInfo(device)
                 uuid = _text(api.nvmlDeviceGetUUID(device))
                 if gi_id in found:
@@ -421,15 +430,18 @@ class NvmlReader:
                         merged[pid] for pid in sorted(merged)))
                     continue
                 found[gi_id] = MigReading(
-                    gpu_instance_id=gi_id, profile_id=int(info.profileId), uuid=uuid,
-                    start=int(info.placement.start), slices=int(info.placement.size),
+                    gpu_instance_id=gi_id, uuid=uuid,
+                    profile_id=None if info is None else int(info.profileId),
+                    start=None if info is None else int(info.placement.start),
+                    slices=None if info is None else int(info.placement.size),
                     compute_slices=int(attributes.gpuInstanceSliceCount),
                     profile_memory_mib=int(attributes.memorySizeMB),
                     memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total),
                     processes=self._read_processes(index, device))
         except pynvml.NVMLError as exc:
             raise GpuReadError(f"GPU {index}: reading its MIG instances failed: {exc}") from None
-        return tuple(sorted(found.values(), key=lambda i: i.start))
+        return tuple(sorted(found.values(), key=lambda i: (i.start is None, i.start or 0,
+                                                           i.gpu_instance_id)))
 
     def _read_processes(self, index: int, handle: object) -> tuple[ProcessReading, ...]:
         # A process with both a compute and a graphics context shows up in both lists with the

@@ -226,6 +226,7 @@ class Agent:
         self._pod_shares = pod_shares
         # (pod UID, reason) of the allocation mismatches reported: one Event each while it stays
         self._mismatches_reported: set[tuple[str, str]] = set()
+        self._unplaced_told = False  # the MIG placements NVML refused: said once
 
     def tick(self) -> NodeGpuUsage | None:
         """One interval. Returns the reading, or None when reading or publishing failed."""
@@ -242,7 +243,9 @@ class Agent:
         usage = self._peaks.observe(build_usage(self.config.node_name, now,
                                                 self.config.interval_s, readings,
                                                 self._pods.pod_for_pid, self._pods.stray_reason))
-        self._metrics.observe_usage(usage)
+        self._metrics.observe_usage(usage, no_utilization=frozenset(
+            r.index for r in readings if not r.utilization_supported))
+        self._warn_unplaced(readings)
         self._watch_leaks(usage, now)
         self._check_shares(usage, now)
         self._report_strays(usage, now)
@@ -262,6 +265,16 @@ class Agent:
             self._log.info("ready", gpus=len(usage.gpus),
                            pods=sum(len(gpu.pods) for gpu in usage.gpus))
         return usage
+
+    def _warn_unplaced(self, readings: Iterable[GpuReading]) -> None:
+        """One warning per process when NVML would not place a GPU's MIG instances (the
+        annotation then lists that GPU without ``mig``: node.agent.mig)."""
+        unplaced = [r.index for r in readings if r.mig_mode and not mig.placed(r)]
+        if unplaced and not self._unplaced_told:
+            self._unplaced_told = True
+            self._log.warning("mig_placements_unreadable", gpus=unplaced,
+                              why="nvmlDeviceGetGpuInstanceById requires a privileged user",
+                              effect="these GPUs are published without their MIG instances")
 
     def _watch_leaks(self, usage: NodeGpuUsage, now: float) -> None:
         per_pod = memory_by_pod(usage)

@@ -18,7 +18,7 @@ least one reading has been read and published".
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
@@ -112,7 +112,10 @@ class AgentMetrics:
         self._leak_labels: set[tuple[str, ...]] = set()
         self._share_labels: set[tuple[str, ...]] = set()
 
-    def observe_usage(self, usage: NodeGpuUsage) -> None:
+    def observe_usage(self, usage: NodeGpuUsage,
+                      no_utilization: Collection[int] = frozenset()) -> None:
+        """The GPU and pod series of one reading; ``no_utilization``: GPUs (by index) whose
+        utilisation NVML does not give, which get no utilisation series."""
         gpu_labels: set[tuple[str, ...]] = set()
         pod_gpu_labels: set[tuple[str, ...]] = set()
         for gpu in usage.gpus:
@@ -120,7 +123,7 @@ class AgentMetrics:
             gpu_labels.add(labels)
             self.fb_used_mib.labels(*labels).set(gpu.memory_used_mib)
             self.fb_free_mib.labels(*labels).set(gpu.memory_free_mib)
-            if gpu.mig_mode:
+            if gpu.mig_mode or gpu.index in no_utilization:
                 # NVML has no GPU-level utilisation in MIG mode (NotSupported); no series
                 # rather than a 0 that reads as idle.
                 self.gpu_util_pct.remove(*labels)  # a no-op when there is none

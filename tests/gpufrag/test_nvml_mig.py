@@ -89,13 +89,22 @@ def test_two_compute_instances_of_one_gpu_instance_are_one_instance() -> None:
 
 def test_a_failing_mig_call_names_the_gpu_and_what_failed() -> None:
     raw = recording()
-    raw["devices"][0]["errors"]["nvmlGpuInstanceGetInfo"] = "NVMLError_NoPermission"
+    raw["devices"][0]["errors"]["nvmlGpuInstanceGetInfo"] = "NVMLError_GpuIsLost"
     with pytest.raises(GpuReadError, match="GPU 0: reading its MIG instances failed"):
         read(raw)
     raw = recording()
     raw["devices"][0]["errors"]["nvmlDeviceGetMigMode"] = "NVMLError_GpuIsLost"
     with pytest.raises(GpuReadError, match="GPU 0: reading the MIG mode failed"):
         read(raw)
+
+
+def test_a_placement_refused_to_an_unprivileged_reader_is_unknown_not_a_failure() -> None:
+    raw = recording()
+    raw["devices"][0]["errors"]["nvmlDeviceGetGpuInstanceById"] = "NVMLError_NoPermission"
+    gpu0 = read(raw)[0]
+    assert [(i.start, i.slices, i.compute_slices) for i in gpu0.mig] == [
+        (None, None, 3), (None, None, 2), (None, None, 1)]
+    assert [p.pid for p in gpu0.processes] == [4242, 5151]  # still read, per instance
 
 
 def test_read_without_processes_reads_no_instances() -> None:

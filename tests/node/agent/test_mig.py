@@ -13,11 +13,20 @@ import pytest
 from gpufrag.nvml import MIB, GpuReading, MigReading, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
 from node.agent.cgroup import PodRef
-from node.agent.loop import build_usage
-from node.agent.metrics import AgentMetrics
+from node.agent.loop import Agent, AgentConfig, build_usage
+from node.agent.metrics import AgentMetrics, Health
 from node.agent.mig import profile_name
+from node.agent.publish import Publisher, PublishPolicy
 from node.agent.usage import MigInstanceUsage, parse
-from tests.node.agent.fakes import POD_A, POD_B, POD_C, FakePods
+from tests.node.agent.fakes import (
+    POD_A,
+    POD_B,
+    POD_C,
+    FakeClock,
+    FakePods,
+    RecordingLog,
+    RecordingWriter,
+)
 
 DATA = Path(__file__).parent / "data"
 POD_D = PodRef("serving", "phi-3-0", "0b8f0c8e-4444-4a4a-9b9b-000000000004")
@@ -114,3 +123,41 @@ def gpu(product: str, total_mib: int) -> GpuReading:
 def test_profile_names_are_the_device_plugins(product: str, total_mib: int,
                                               shape: tuple[int, int, int], name: str) -> None:
     assert profile_name(gpu(product, total_mib), instance(*shape)) == name
+
+
+def refused_placements() -> RecordedNvml:
+    """The A100 recording as an unprivileged agent reads it: NVML refuses the GPU instance."""
+    nvml = RecordedNvml.load(DATA / "nvml_a100_80gb_mig.json")
+    nvml.devices[0].errors["nvmlDeviceGetGpuInstanceById"] = ["NVMLError_NoPermission"]
+    return nvml
+
+
+def test_refused_placements_publish_the_gpu_without_mig_and_say_so_once() -> None:
+    config = AgentConfig(node_name="node1")
+    metrics, log, clock = AgentMetrics("node1"), RecordingLog(), FakeClock()
+    with NvmlReader(refused_placements()) as reader:
+        agent = Agent(config, reader=reader, pods=FakePods({4242: POD_A, 5151: POD_B,
+                                                             6060: POD_C}),
+                      publisher=Publisher(RecordingWriter(), PublishPolicy(64, 10, 60.0)),
+                      metrics=metrics, health=Health(clock, stall_after_s=60.0),
+                      log=log.as_logger(), clock=clock)
+        first = agent.tick()
+        clock.advance(15.0)
+        agent.tick()
+    assert first is not None
+    gpu0 = first.gpus[0]
+    # No placement, no mig list (its schema needs each start); the pods are still there.
+    assert gpu0.mig == () and [p.uid for p in gpu0.pods] == [POD_A.uid, POD_B.uid]
+    assert log.events("warning") == ["mig_placements_unreadable"]
+    # NVML has no utilisation for it: no series, not a 0 (GPU 1, MIG off, keeps its own).
+    labels = {"gpu": "0", "UUID": gpu0.uuid, "modelName": gpu0.product, "Hostname": "node1"}
+    util = metrics.registry.get_sample_value
+    assert util("DCGM_FI_DEV_GPU_UTIL", labels) is None
+    assert util("DCGM_FI_DEV_GPU_UTIL", {**labels, "gpu": "1", "UUID": first.gpus[1].uuid}) == 41
+
+
+def test_an_unplaced_instance_is_still_named_from_its_memory() -> None:
+    with NvmlReader(refused_placements()) as reader:
+        gpu0 = reader.read()[0]
+    assert [(i.start, i.slices, i.profile_id) for i in gpu0.mig] == [(None, None, None)] * 3
+    assert [profile_name(gpu0, i) for i in gpu0.mig] == ["3g.40gb", "2g.20gb", "1g.10gb"]
