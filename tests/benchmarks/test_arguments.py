@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from benchmarks import preempt_latency, scheduling_throughput
+from benchmarks import fleet_scale, preempt_latency, scheduling_throughput
 
 
 def _usage_error(main: Callable[[list[str]], int], argv: list[str],
@@ -36,3 +36,17 @@ def test_scheduling_throughput_needs_a_round(capsys: pytest.CaptureFixture[str])
 def test_preempt_latency_names_a_bad_argument(argv: list[str], words: str,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert words in _usage_error(preempt_latency.main, argv, capsys)
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--nodes", "100,lots"], "--nodes must be counts 1..50000 separated by commas, got "
+                              "'100,lots'"),
+    (["--pods", "0"], "--pods must be counts 1..200000"),
+    (["--nodes", "10,20", "--pods", "100"], "--nodes and --pods pair up: 2 node counts, 1 pod"),
+    (["--max-demand", "1.5"], "--max-demand must be in (0, 1], got 1.5"),
+    (["--seed", "x"], "--seed an integer"),
+])
+def test_fleet_scale_names_a_bad_argument(argv: list[str], words: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(fleet_scale.main, argv, capsys)
+    assert words in err and len(err.strip().splitlines()) == 1

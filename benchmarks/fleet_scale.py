@@ -1,0 +1,373 @@
+"""Fleet scale on the real control plane: kwok GPU nodes of the openb mix, pods from the openb
+trace, scheduled by gpufrag-scheduler (deciding filter) beside the default scheduler and the
+zero-cost extender in the same run, on the same fleet and the same pods.
+
+    python -m benchmarks.fleet_scale [--nodes 1000,5000 --pods 10000,50000] [--max-demand 0.8]
+        [--data ../shared/data/openb] [--seed 0]
+
+With no arguments a small fleet (CI size). ``--nodes`` and ``--pods`` are paired lists, one run
+per pair, each on a fresh control plane (devkit.fleet says how the fleet is drawn, and why the
+pods stop at ``--max-demand`` of the fleet's GPUs). Per size it prints, each row beside its
+references: pods/s (÷ default, ÷ zero-cost), pods bound and not, GPU allocation and FGD
+fragmentation reached (and the static what-if's for the same pods through the same placement
+code), GPUs over-committed, kube-scheduler's own scheduling-algorithm p50/p99 (it has no
+extender metric: the filter call is inside that figure, so the extender's cost is the
+difference to the default row), and each process's CPU per pod. For gpufrag also: the
+extender's RSS, its own filter p50/p99, the watch lag (a pod created to the extender's
+``/metrics`` counting it, scrape included), and the time to ready after a restart at that size
+(a full relist). With two sizes or more, how each figure grew against the node count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks.scheduling_throughput import ROWS, Row, Served, cpu_by_process
+from devkit.build import build_control_plane
+from devkit.controlplane import ControlPlane
+from devkit.extender import ExtenderProcess
+from devkit.fleet import (
+    DEFAULT_MAX_DEMAND,
+    OPENB_DIR,
+    Fleet,
+    Placement,
+    create_nodes,
+    create_pods,
+    delete_pods,
+    make_fleet,
+    placement,
+    pod_body,
+    quantile,
+    settled,
+    start_kwok,
+    wait_running,
+)
+from devkit.procs import http_get, insecure_tls, wait_until
+from scheduler.core import TargetWorkload
+from simulations.replay import replay
+
+FLEET_ROWS = (ROWS["default"], ROWS["zero-one"], ROWS["gpufrag-decide"])
+CI_NODES, CI_PODS = 40, 400
+MAX_NODES, MAX_PODS = 50_000, 200_000
+ALGORITHM = "scheduler_scheduling_algorithm_duration_seconds"
+EXTENDER_LATENCY = "gpufrag_extender_request_duration_seconds"
+LAG_PROBES = 20
+# Targets of issue 26 (at 5,000 nodes / 50,000 pods).
+TARGET_RSS_MIB = 1024.0
+TARGET_READY_S = 30.0
+TARGET_FILTER_P99_MS = 10.0
+TARGET_LAG_P99_MS = 1000.0
+TARGET_VS_ZERO = 0.85
+
+
+@dataclass
+class RowResult:
+    """What one scheduler did with the fleet's pods."""
+
+    seconds: float
+    placed: Placement
+    cpu_ms_per_pod: dict[str, float]
+    algorithm_ms: tuple[float, float]  # kube-scheduler's p50, p99
+    running_s: float  # the last bind to kwok having every bound pod Running
+    extender: dict[str, float] = field(default_factory=dict)  # gpufrag's own figures
+
+
+@dataclass
+class SizeResult:
+    fleet: Fleet
+    rows: dict[str, RowResult]
+    whatif: tuple[float, float]  # FGD allocation %, fragmentation %
+    load: tuple[float, float, float]
+
+
+def histogram(text: str, name: str, match: Callable[[dict[str, str]], bool] = lambda _: True
+              ) -> list[tuple[float, float]]:
+    """A Prometheus histogram's cumulative (le, count) buckets, summed over the series
+    ``match`` accepts."""
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{name}_bucket" and match(sample.labels):
+                le = float(sample.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + sample.value
+    return sorted(buckets.items())
+
+
+def p50_p99_ms(buckets: list[tuple[float, float]]) -> tuple[float, float]:
+    return quantile(buckets, 0.5) * 1000, quantile(buckets, 0.99) * 1000
+
+
+def scheduler_metrics(plane: ControlPlane, process_name: str) -> str:
+    port = plane.schedulers[process_name].port
+    status, body = http_get(f"https://127.0.0.1:{port}/metrics", context=insecure_tls(),
+                            token=plane.token, timeout_s=30)
+    if status != 200:
+        raise RuntimeError(f"kube-scheduler /metrics answered {status}: {body[:200]}")
+    return body
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` (Linux), NaN when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return math.nan
+
+
+def extender_pods(extender: ExtenderProcess) -> float:
+    return sum(s.value for f in text_string_to_metric_families(extender.metrics())
+               if f.name == "gpufrag_extender_pods" for s in f.samples)
+
+
+def counted(extender: ExtenderProcess, pods: float) -> bool:
+    return extender_pods(extender) == pods
+
+
+def watch_lag_ms(plane: ControlPlane, extender: ExtenderProcess, namespace: str, node: str
+                 ) -> list[float]:
+    """Create-to-counted times of pods bound straight to ``node`` (no GPU, 1m CPU), as the
+    extender's /metrics shows them: the watch's delivery plus the cache's update, plus one
+    scrape at most."""
+    core = kubernetes.client.CoreV1Api(plane.api_client())
+    lags = []
+    for i in range(LAG_PROBES):
+        before = extender_pods(extender)
+        body: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"lag-{i}"},
+                "spec": {"nodeName": node, "terminationGracePeriodSeconds": 0, "containers": [
+                    {"name": "main", "image": "gpufrag-e2e:none",
+                     "resources": {"requests": {"cpu": "1m"}}}]}}
+        create_pods(plane, namespace, [body])
+        created = time.perf_counter()
+        wait_until(partial(counted, extender, before + 1), timeout_s=60,
+                   what="the extender to count a new pod", interval_s=0.005)
+        lags.append((time.perf_counter() - created) * 1000)
+        core.delete_namespaced_pod(f"lag-{i}", namespace, grace_period_seconds=0)
+        wait_until(partial(counted, extender, before), timeout_s=60,
+                   what="the extender to drop a deleted pod", interval_s=0.01)
+    return lags
+
+
+def gpufrag_figures(plane: ControlPlane, served: Served, namespace: str, node: str,
+                    folder: Path) -> dict[str, float]:
+    """RSS, the extender's own filter latency, watch lag and the time to ready after a restart
+    (a new process listing the whole fleet), with every pod of the row still bound."""
+    extender = served.extender
+    assert isinstance(extender, ExtenderProcess) and extender.process is not None
+    figures = {"rss_mib": rss_mib(extender.process.pid)}
+    filter_ms = p50_p99_ms(histogram(extender.metrics(), EXTENDER_LATENCY,
+                                     lambda labels: labels.get("verb") == "filter"))
+    figures["filter_p50_ms"], figures["filter_p99_ms"] = filter_ms
+    scrape = time.perf_counter()
+    extender.metrics()
+    figures["scrape_ms"] = (time.perf_counter() - scrape) * 1000
+    lags = watch_lag_ms(plane, extender, namespace, node)
+    figures["lag_p50_ms"] = statistics.median(lags)
+    figures["lag_max_ms"] = max(lags)
+    extender.stop()
+    restarted = ExtenderProcess(plane, folder / "gpufrag-restarted.log", log_level="info",
+                                extra_args=extender.extra_args, port=extender.port)
+    started = time.perf_counter()
+    restarted.start(timeout_s=600)
+    figures["ready_s"] = time.perf_counter() - started
+    figures["rss_restarted_mib"] = rss_mib(restarted.process.pid if restarted.process else 0)
+    served.extender = restarted  # stopped with the row
+    return figures
+
+
+def run_row(plane: ControlPlane, fleet: Fleet, row: Row, namespace: str, target: TargetWorkload,
+            kwok_pid: int, folder: Path) -> RowResult:
+    served = Served(plane, row, folder)
+    served.start()
+    try:
+        pids = served.pids() | {"kwok": kwok_pid}
+        before = cpu_by_process(pids)
+        started = time.perf_counter()
+        create_pods(plane, namespace, (pod_body(p, served.scheduler_name) for p in fleet.pods))
+        wait_until(lambda: settled(plane, namespace) is not None,
+                   timeout_s=60 + len(fleet.pods), what=f"{row.name}: every pod bound or "
+                   "found unschedulable", interval_s=0.5)
+        seconds = time.perf_counter() - started
+        after = cpu_by_process(pids)
+        bound_at = time.perf_counter()
+        algorithm = p50_p99_ms(histogram(scheduler_metrics(plane, f"bench-{row.name}"),
+                                         ALGORITHM))
+        placed = placement(plane, fleet, namespace, target)
+        wait_running(plane, namespace, placed.bound, timeout_s=60 + len(fleet.pods) / 10)
+        running_s = time.perf_counter() - bound_at
+        extender = (gpufrag_figures(plane, served, namespace, fleet.nodes[0].name, folder)
+                    if row.name.startswith("gpufrag") else {})
+    finally:
+        served.stop()
+    delete_pods(plane, namespace, timeout_s=60 + len(fleet.pods) / 10)
+    spent = {k: (after[k] - before.get(k, 0.0)) * 1000 / len(fleet.pods) for k in after}
+    return RowResult(seconds, placed, spent, algorithm, running_s, extender)
+
+
+def run_size(binary: Path, fleet: Fleet, seed: int) -> SizeResult:
+    target = TargetWorkload.from_pods(fleet.pods)
+    whatif = replay(fleet.nodes, fleet.pods, "fgd", seed, target)
+    rows: dict[str, RowResult] = {}
+    with ControlPlane(binary, complete_pods=False) as plane, \
+            tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        create_nodes(plane, fleet.nodes)
+        print(f"{len(fleet.nodes)} nodes created in {time.perf_counter() - started:.0f}s",
+              file=sys.stderr, flush=True)
+        kwok = start_kwok(plane)
+        try:
+            namespace = plane.create_namespace("fleet")
+            for row in FLEET_ROWS:
+                print(f"running {row.name} (load average {os.getloadavg()[0]:.1f})",
+                      file=sys.stderr, flush=True)
+                rows[row.name] = run_row(plane, fleet, row, namespace, target,
+                                         kwok.process.pid, Path(tmp))
+        finally:
+            kwok.stop()
+    return SizeResult(fleet, rows, (float(whatif.allocation_pct[-1]),
+                                    float(whatif.frag_amount_pct[-1])), os.getloadavg())
+
+
+def met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def print_size(result: SizeResult) -> None:
+    fleet, rows = result.fleet, result.rows
+    gpus = fleet.capacity_milli // 1000
+    print(f"\n{len(fleet.nodes)} kwok nodes ({fleet.source} mix, {gpus} GPUs), "
+          f"{len(fleet.pods)} pods of {fleet.asked_pods} asked ({fleet.source} pods; GPU demand "
+          f"{100 * fleet.demand_milli / fleet.capacity_milli:.0f}% of the fleet's GPUs); "
+          f"load average {' / '.join(f'{x:.1f}' for x in result.load)} on {os.cpu_count()} "
+          "CPUs")
+    print(f"  {'row':<16} {'s':>7} {'pods/s':>7} {'÷default':>8} {'÷zero':>6} {'bound':>6} "
+          f"{'unbound':>7} {'alloc%':>6} {'frag%':>6} {'stranded':>8} "
+          f"{'algo p50/p99 ms':>16} {'running s':>9}")
+    rate = {name: r.placed.bound / r.seconds for name, r in rows.items()}
+    for name, r in rows.items():
+        vs_default = rate[name] / rate["default"] if name != "default" else 1.0
+        vs_zero = f"{rate[name] / rate['zero-one']:6.2f}" if name.startswith("gpufrag") else ""
+        print(f"  {name:<16} {r.seconds:>7.1f} {rate[name]:>7.1f} {vs_default:>8.2f} "
+              f"{vs_zero:>6} {r.placed.bound:>6} {r.placed.unbound:>7} "
+              f"{r.placed.allocation_pct:>6.1f} {r.placed.frag_pct:>6.2f} "
+              f"{r.placed.stranded:>8} "
+              f"{r.algorithm_ms[0]:>7.1f}/{r.algorithm_ms[1]:<8.1f} {r.running_s:>9.1f}")
+    print(f"  {'what-if fgd':<16} {'':>7} {'':>7} {'':>8} {'':>6} {'':>6} {'':>7} "
+          f"{result.whatif[0]:>6.1f} {result.whatif[1]:>6.2f}  (static replay, same pods)")
+    names = sorted({k for r in rows.values() for k in r.cpu_ms_per_pod})
+    print("  CPU per pod (ms): " + "; ".join(
+        f"{name}: " + " ".join(f"{p}={r.cpu_ms_per_pod.get(p, 0.0):.1f}" for p in names
+                               if r.cpu_ms_per_pod.get(p, 0.0) >= 0.05)
+        for name, r in rows.items()))
+    g = rows["gpufrag-decide"].extender
+    print(f"  gpufrag extender: RSS {g['rss_mib']:.0f} MiB (after a restart "
+          f"{g['rss_restarted_mib']:.0f} MiB); ready {g['ready_s']:.1f}s after a restart; own "
+          f"filter p50/p99 {g['filter_p50_ms']:.2f}/{g['filter_p99_ms']:.2f} ms; watch lag "
+          f"p50/max {g['lag_p50_ms']:.0f}/{g['lag_max_ms']:.0f} ms over {LAG_PROBES} pods "
+          f"(one /metrics scrape {g['scrape_ms']:.0f} ms included)")
+    gain = rows["default"].placed.frag_pct - rows["gpufrag-decide"].placed.frag_pct
+    print("  targets (issue 26, judged at 5,000 nodes / 50,000 pods):")
+    print(f"    extender RSS < 1 GiB: {met(g['rss_mib'] < TARGET_RSS_MIB)}; ready after "
+          f"restart <= 30 s: {met(g['ready_s'] <= TARGET_READY_S)}; watch lag p99 < 1 s: "
+          f"{met(g['lag_max_ms'] < TARGET_LAG_P99_MS)} (max of {LAG_PROBES})")
+    print(f"    filter p99 <= 10 ms (extender's own): "
+          f"{met(g['filter_p99_ms'] <= TARGET_FILTER_P99_MS)}; gpufrag ÷ zero-cost >= 0.85: "
+          f"{met(rate['gpufrag-decide'] / rate['zero-one'] >= TARGET_VS_ZERO)}")
+    print(f"    FGD gain over the default scheduler: {gain:+.2f} points of fragmentation "
+          f"(gpufrag {rows['gpufrag-decide'].placed.frag_pct:.2f}% vs default "
+          f"{rows['default'].placed.frag_pct:.2f}%; the what-if's FGD {result.whatif[1]:.2f}%)")
+
+
+def print_growth(results: Sequence[SizeResult]) -> None:
+    """Each figure's growth from the smallest size to each larger one, beside the nodes'."""
+    small = results[0]
+    def figures(r: SizeResult) -> dict[str, float]:
+        g, gpufrag = r.rows["gpufrag-decide"].extender, r.rows["gpufrag-decide"]
+        return {"extender RSS": g["rss_mib"], "ready after restart": g["ready_s"],
+                "extender filter p99": g["filter_p99_ms"],
+                "kube-scheduler algorithm p99 (gpufrag)": gpufrag.algorithm_ms[1],
+                "watch lag p50": g["lag_p50_ms"],
+                "extender CPU per pod": gpufrag.cpu_ms_per_pod.get("extender", math.nan),
+                "pods/s (gpufrag)": gpufrag.placed.bound / gpufrag.seconds}
+
+    base = figures(small)
+    for big in results[1:]:
+        scale = len(big.fleet.nodes) / len(small.fleet.nodes)
+        print(f"\ngrowth from {len(small.fleet.nodes)} to {len(big.fleet.nodes)} nodes "
+              f"(x{scale:.1f} nodes, x{len(big.fleet.pods) / len(small.fleet.pods):.1f} pods):")
+        for name, value in figures(big).items():
+            ratio = value / base[name] if base[name] else math.nan
+            shape = ("flat" if ratio < 1.5 else "sub-linear" if ratio < 0.8 * scale
+                     else "linear" if ratio <= 1.25 * scale else "worse than linear")
+            print(f"  {name:<40} x{ratio:.2f}  ({shape})")
+
+
+def _counts(text: str, flag: str, high: int) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or not all(1 <= v <= high for v in values):
+        _usage(f"{flag} must be counts 1..{high} separated by commas, got {text!r}")
+    return values
+
+
+def _usage(message: str) -> None:
+    print(f"fleet_scale: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default=str(CI_NODES), help="node counts, comma-separated")
+    parser.add_argument("--pods", default=str(CI_PODS), help="pod counts, paired with --nodes")
+    parser.add_argument("--max-demand", default=str(DEFAULT_MAX_DEMAND),
+                        help="stop drawing pods at this share of the fleet's GPUs (0..1]")
+    parser.add_argument("--data", default=str(OPENB_DIR), help="openb trace folder (the "
+                        "synthetic fleet of the same shape when absent)")
+    parser.add_argument("--seed", default="0")
+    args = parser.parse_args(argv)
+    nodes = _counts(args.nodes, "--nodes", MAX_NODES)
+    pods = _counts(args.pods, "--pods", MAX_PODS)
+    if len(nodes) != len(pods):
+        _usage(f"--nodes and --pods pair up: {len(nodes)} node counts, {len(pods)} pod counts")
+    try:
+        max_demand, seed = float(args.max_demand), int(args.seed)
+    except ValueError:
+        _usage(f"--max-demand must be a number and --seed an integer, got "
+               f"{args.max_demand!r}, {args.seed!r}")
+    if not 0 < max_demand <= 1:
+        _usage(f"--max-demand must be in (0, 1], got {max_demand}")
+    binary = build_control_plane()
+    results = []
+    for n, p in zip(nodes, pods, strict=True):
+        fleet = make_fleet(n, p, seed=seed, data_dir=Path(args.data), max_demand=max_demand)
+        results.append(run_size(binary, fleet, seed))
+        print_size(results[-1])
+        sys.stdout.flush()
+    if len(results) > 1:
+        print_growth(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,314 @@
+"""The fleet-scale harness: thousands of GPU nodes that cost almost nothing, on the real control
+plane (etcd, kube-apiserver, kube-scheduler), with pods drawn from the openb trace.
+
+Why kwok: a fake node of the dev kit is only a Node object, and nothing would mark its pods
+Running; a kubelet per node is out of the question at 5,000 nodes on a small machine. kwok
+(sigs.k8s.io/kwok, built from its Go module by ``devkit/tools/build kwok``) is one process that
+watches the nodes carrying :data:`FLEET_LABEL` and writes what their kubelets would (pod IP,
+Running, Ready), so the schedulers and the extender see pods go through their real life cycle.
+The nodes themselves are made by :meth:`devkit.controlplane.ControlPlane.create_gpu_node` (GPU
+resources and GFD labels, Ready, untainted), so kwok has nothing to initialise and sends no
+heartbeats (no node-lifecycle controller runs to read them).
+
+The fleet: ``count`` nodes resampled (seeded) from the openb GPU node list when the trace is
+present (products and GPU counts in the trace's proportions), else the seeded synthetic
+cluster with the same shape (:mod:`simulations.synthetic`); pods likewise from the openb pod
+list or the synthetic mix, drawn until ``count`` pods or until their GPU demand would pass
+``max_demand`` of the fleet's GPUs, whichever comes first: a pod that can never fit would stay
+pending and be retried for as long as the run lasts, which measures the queue, not the
+scheduler. Which source was used is in :attr:`Fleet.source`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final
+
+import kubernetes
+import numpy as np
+import orjson
+
+from devkit.controlplane import ControlPlane
+from devkit.procs import EXIT_WITH_PARENT_ENV, ComponentProcess, wait_until
+from devkit.stack import GROUP_LABEL, gpu_pod
+from devkit.toolbuild import build_tool
+from gpufrag.conventions import ANNOTATION_GPU_INDICES
+from scheduler.core import MILLI_PER_GPU, ClusterState, TargetWorkload
+from scheduler.core.fragmentation import node_fragmentation
+from scheduler.core.gpus import NO_GPU, gpus_for
+from scheduler.core.state import PlacementError
+from scheduler.core.types import NodeSpec, PodRequest
+from simulations.defrag_whatif import DEFAULT_GPU_GIB, with_gpu_memory
+from simulations.openb import load_nodes, load_pods
+from simulations.synthetic import synthetic_nodes, synthetic_pods
+
+# The nodes kwok manages; the stack's group label, so the e2e helpers read them too.
+FLEET_GROUP: Final = "fleet"
+FLEET_LABEL: Final = f"{GROUP_LABEL}={FLEET_GROUP}"
+OPENB_DIR: Final = Path("..") / "shared" / "data" / "openb"
+OPENB_NODES: Final = "openb_node_list_gpu_node.csv"
+OPENB_PODS: Final = "openb_pod_list_default.csv"
+# Pod IPs kwok hands out: room for 50,000 pods, clear of the service range (10.96.0.0/12).
+POD_CIDR: Final = "10.128.0.0/14"
+DEFAULT_MAX_DEMAND: Final = 0.75
+# What kwok does to the fleet's pods (a configuration with no stages makes it exit): a bound pod
+# becomes Running and Ready with an IP, as a kubelet would report it; a pod being deleted
+# gracefully (an eviction) goes away. kwok manages the pods of the nodes its node controller
+# holds, and it runs one only where a node stage exists: the nodes are created Ready, so theirs
+# only readies a node that is not (none, unless someone edits one).
+_STAGE: Final = """\
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: {name}
+spec:
+  resourceRef: {{apiGroup: v1, kind: {kind}}}
+  selector:
+    matchExpressions:
+{selector}
+  next:
+{next}
+"""
+_NODE_READY: Final = """\
+    statusTemplate: |
+      conditions:
+      - {type: Ready, status: "True", reason: KubeletReady, lastHeartbeatTime: {{ Now | Quote }},
+         lastTransitionTime: {{ Now | Quote }}}"""
+_POD_RUNNING: Final = """\
+    statusTemplate: |
+      {{ $now := Now }}
+      conditions:
+      - {type: Initialized, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      - {type: ContainersReady, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      - {type: Ready, status: "True", lastTransitionTime: {{ $now | Quote }}}
+      containerStatuses:
+      {{ range .spec.containers }}
+      - name: {{ .name | Quote }}
+        image: {{ .image | Quote }}
+        ready: true
+        restartCount: 0
+        state: {running: {startedAt: {{ $now | Quote }}}}
+      {{ end }}
+      {{ with PodIPsWith .spec.nodeName false .metadata.uid .metadata.name .metadata.namespace }}
+      podIP: {{ index . 0 | Quote }}
+      {{ end }}
+      phase: Running
+      startTime: {{ $now | Quote }}"""
+KWOK_STAGES: Final = "---\n".join(_STAGE.format(name=name, kind=kind, selector=selector,
+                                                  next=then) for name, kind, selector, then in (
+    ("node-ready", "Node", "    - {key: '.status.conditions.[] | select( .type == \"Ready\" ) "
+     "| .status', operator: NotIn, values: ['True']}", _NODE_READY),
+    ("pod-running", "Pod", "    - {key: .metadata.deletionTimestamp, operator: DoesNotExist}\n"
+     "    - {key: .status.phase, operator: In, values: [Pending]}", _POD_RUNNING),
+    ("pod-delete", "Pod", "    - {key: .metadata.deletionTimestamp, operator: Exists}",
+     "    delete: true"),
+))
+CREATE_THREADS: Final = 8
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The nodes and pods of one scale run, and where they came from."""
+
+    source: str  # "openb" or "synthetic"
+    nodes: list[NodeSpec]
+    pods: list[PodRequest]
+    asked_pods: int
+
+    @property
+    def capacity_milli(self) -> int:
+        return sum(n.gpu_count for n in self.nodes) * MILLI_PER_GPU
+
+    @property
+    def demand_milli(self) -> int:
+        return sum(p.gpu_demand_milli for p in self.pods)
+
+
+def make_fleet(nodes: int, pods: int, *, seed: int = 0, data_dir: Path = OPENB_DIR,
+               max_demand: float = DEFAULT_MAX_DEMAND) -> Fleet:
+    """``nodes`` GPU nodes and up to ``pods`` pods of the openb shape (see the module doc)."""
+    if nodes < 1 or pods < 1 or not 0 < max_demand <= 1:
+        raise ValueError(f"nodes={nodes} and pods={pods} must be >= 1, max_demand={max_demand} "
+                         "in (0, 1]")
+    rng = np.random.default_rng(seed)
+    openb = (data_dir / OPENB_NODES).is_file() and (data_dir / OPENB_PODS).is_file()
+    if openb:
+        trace_nodes = [n for n in load_nodes(data_dir / OPENB_NODES) if n.gpu_count]
+        picked = rng.integers(0, len(trace_nodes), size=nodes)
+        node_specs = [replace(trace_nodes[int(k)], name=f"fleet-{i:05d}")
+                      for i, k in enumerate(picked)]
+        trace_pods = load_pods(data_dir / OPENB_PODS)
+    else:
+        node_specs = [replace(n, name=f"fleet-{i:05d}")
+                      for i, n in enumerate(synthetic_nodes(nodes, seed=seed))]
+        trace_pods = synthetic_pods(max(pods, 2000), seed=seed)
+    node_specs = with_gpu_memory(node_specs, DEFAULT_GPU_GIB)
+    products = {n.gpu_product for n in node_specs}
+    # A pod whose allowed products are all missing from this fleet could never be placed.
+    eligible = [p for p in trace_pods if not p.gpu_spec or p.gpu_spec & products]
+    budget = int(sum(n.gpu_count for n in node_specs) * MILLI_PER_GPU * max_demand)
+    chosen: list[PodRequest] = []
+    demand = 0
+    for k in rng.integers(0, len(eligible), size=pods):
+        pod = eligible[int(k)]
+        if demand + pod.gpu_demand_milli > budget:
+            break
+        demand += pod.gpu_demand_milli
+        chosen.append(replace(pod, name=f"p-{len(chosen):05d}",
+                              gpu_spec=pod.gpu_spec & products))
+    return Fleet("openb" if openb else "synthetic", node_specs, chosen, pods)
+
+
+def pod_body(pod: PodRequest, scheduler: str) -> dict[str, Any]:
+    """``pod`` as a Pod asking for gpufrag's resources (whole GPUs, or a share of one)."""
+    share = pod.num_gpu == 1 and pod.gpu_milli < MILLI_PER_GPU
+    return gpu_pod(pod.name, gpus=0 if share else pod.num_gpu,
+                   milli=pod.gpu_milli if share else 0, cpu=f"{pod.cpu_milli}m",
+                   memory=f"{pod.memory_mib}Mi", products=sorted(pod.gpu_spec),
+                   scheduler=scheduler)
+
+
+def create_nodes(plane: ControlPlane, nodes: Sequence[NodeSpec]) -> None:
+    """The fleet's Node objects, Ready and labelled for kwok, made in parallel."""
+    def create(node: NodeSpec) -> None:
+        plane.create_gpu_node(node.name, node.gpu_count, node.gpu_product, node.gpu_memory_mib,
+                              cpu_milli=node.cpu_milli, memory_mib=node.memory_mib,
+                              labels={GROUP_LABEL: FLEET_GROUP})
+
+    with ThreadPoolExecutor(CREATE_THREADS) as pool:
+        list(pool.map(create, nodes))
+
+
+def start_kwok(plane: ControlPlane, binary: Path | None = None) -> ComponentProcess:
+    """kwok managing the fleet's nodes (their pods become Running), logging beside the plane's
+    components; stopped with the returned process's ``stop()``."""
+    binary = binary or build_tool("kwok")
+    config = plane.work_dir / "kwok.yaml"
+    # An explicit configuration, never a user's ~/.kwok file.
+    config.write_text(KWOK_STAGES)
+    log_path = plane.logs_dir / "kwok.log"
+    env = {**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())}
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [str(binary), f"--kubeconfig={plane.kubeconfig_path}", f"--config={config}",
+             f"--manage-nodes-with-label-selector={FLEET_LABEL}", f"--cidr={POD_CIDR}",
+             "-v=WARN"],  # not a line per pod patched
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True)
+    return ComponentProcess(name="kwok", process=process, log_path=log_path, port=0)
+
+
+def create_pods(plane: ControlPlane, namespace: str, bodies: Iterable[dict[str, Any]]) -> None:
+    core = kubernetes.client.CoreV1Api(plane.api_client())
+    with ThreadPoolExecutor(CREATE_THREADS) as pool:
+        list(pool.map(lambda body: core.create_namespaced_pod(namespace, body), bodies))
+
+
+def list_pods(plane: ControlPlane, namespace: str, field_selector: str = ""
+              ) -> list[dict[str, Any]]:
+    """The namespace's pods as raw JSON: at 50,000 pods the client's models cost minutes."""
+    core = kubernetes.client.CoreV1Api(plane.api_client())
+    answer: Any = core.list_namespaced_pod(namespace, field_selector=field_selector,
+                                           _preload_content=False)
+    items: list[dict[str, Any]] = orjson.loads(answer.data)["items"]
+    return items
+
+
+def unschedulable(pod: dict[str, Any]) -> bool:
+    """The scheduler has tried ``pod`` and found no node for it."""
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False"
+               and c.get("reason") == "Unschedulable"
+               for c in pod.get("status", {}).get("conditions") or [])
+
+
+def settled(plane: ControlPlane, namespace: str) -> int | None:
+    """The number of pods left unbound once every one is bound or found unschedulable."""
+    left = list_pods(plane, namespace, "spec.nodeName=")
+    return None if not all(unschedulable(p) for p in left) else len(left)
+
+
+def running_count(plane: ControlPlane, namespace: str) -> int:
+    return len(list_pods(plane, namespace, "status.phase=Running"))
+
+
+def wait_running(plane: ControlPlane, namespace: str, bound: int, timeout_s: float) -> None:
+    """Until kwok has marked every bound pod Running."""
+    wait_until(lambda: running_count(plane, namespace) >= bound, timeout_s=timeout_s,
+               what=f"{bound} bound pods Running (kwok)", interval_s=1.0)
+
+
+def delete_pods(plane: ControlPlane, namespace: str, timeout_s: float) -> None:
+    core = kubernetes.client.CoreV1Api(plane.api_client())
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    wait_until(lambda: not list_pods(plane, namespace), timeout_s=timeout_s, what="pods gone",
+               interval_s=1.0)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What one scheduler left on the fleet: GPU allocation and FGD fragmentation (percent of
+    GPU capacity) of the pods that can run, pods bound and unbound, and ``stranded``: pods
+    bound to a node where no GPU can hold them (a scheduler that counts only a node's total
+    milli-GPUs can bind a share no single GPU has room for; the device plugin would refuse
+    it), or whose GPUs the extender recorded over-committed."""
+
+    allocation_pct: float
+    frag_pct: float
+    stranded: int
+    bound: int
+    unbound: int
+
+
+def placement(plane: ControlPlane, fleet: Fleet, namespace: str, target: TargetWorkload
+              ) -> Placement:
+    """The fleet laid out in creation order: each bound pod on its node, on the GPUs the
+    extender recorded at bind where it did, else on those the core's rule gives it (as
+    gpufrag's device plugin would pick for a pod nobody recorded GPUs for)."""
+    requests = {p.name: p for p in fleet.pods}
+    state = ClusterState(fleet.nodes)
+    pods = list_pods(plane, namespace)
+    bound = sorted((p for p in pods if p["spec"].get("nodeName")),
+                   key=lambda p: str(p["metadata"]["name"]))
+    stranded = 0
+    for pod in bound:
+        request = requests[pod["metadata"]["name"]]
+        row = state.index[pod["spec"]["nodeName"]]
+        recorded = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_GPU_INDICES)
+        gpus = (tuple(int(i) for i in recorded.split(",")) if recorded
+                else gpus_for(state, request, row, NO_GPU))
+        try:
+            state.place(request, row, gpus)
+        except (PlacementError, IndexError):
+            stranded += 1
+    rows = state.active_rows()
+    capacity = state.total_gpu_milli
+    free = int(state.gpu_free_total(rows).sum())
+    frag = float(node_fragmentation(state, target, rows).sum())
+    return Placement(allocation_pct=100.0 * (capacity - free) / capacity,
+                     frag_pct=100.0 * frag / capacity, stranded=stranded, bound=len(bound),
+                     unbound=len(pods) - len(bound))
+
+
+def quantile(buckets: Sequence[tuple[float, float]], q: float) -> float:
+    """The ``q`` quantile of a Prometheus histogram's cumulative ``(le, count)`` buckets,
+    interpolated inside its bucket as PromQL's histogram_quantile does (NaN when empty)."""
+    ordered = sorted(buckets)
+    if not ordered or ordered[-1][1] <= 0:
+        return math.nan
+    rank = q * ordered[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in ordered:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            span = count - lower_count
+            return lower_bound + (bound - lower_bound) * ((rank - lower_count) / span
+                                                          if span else 1.0)
+        lower_bound, lower_count = bound, count
+    return lower_bound

@@ -1,0 +1,52 @@
+"""The fleet-scale harness at its smallest size (issue 26): kwok GPU nodes of the openb mix on
+the real control plane, the same pods scheduled by the default scheduler, the zero-cost
+extender and gpufrag-scheduler, one after the other (benchmarks.fleet_scale at CI size; the
+large sizes are benchmark runs, their figures in docs/operations.md)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.fleet_scale import CI_NODES, CI_PODS, SizeResult, run_size
+from devkit.fleet import DEFAULT_MAX_DEMAND, make_fleet
+
+
+@pytest.fixture(scope="module")
+def fleet_run(control_plane_binary: Path) -> SizeResult:
+    fleet = make_fleet(CI_NODES, CI_PODS, seed=0, max_demand=DEFAULT_MAX_DEMAND)
+    return run_size(control_plane_binary, fleet, seed=0)
+
+
+def test_every_pod_is_bound_and_running_under_each_scheduler(fleet_run: SizeResult) -> None:
+    pods = len(fleet_run.fleet.pods)
+    assert pods > CI_NODES  # the demand cap left a real workload
+    for name, row in fleet_run.rows.items():
+        assert (row.placed.bound, row.placed.unbound) == (pods, 0), name
+        assert row.seconds > 0 and row.running_s >= 0, name
+
+
+def test_gpufrag_over_commits_no_gpu(fleet_run: SizeResult) -> None:
+    assert fleet_run.rows["gpufrag-decide"].placed.stranded == 0
+
+
+def test_gpufrag_fragments_no_more_than_the_default_scheduler(fleet_run: SizeResult) -> None:
+    gpufrag, default = (fleet_run.rows[n].placed for n in ("gpufrag-decide", "default"))
+    assert gpufrag.frag_pct <= default.frag_pct
+    assert gpufrag.allocation_pct >= default.allocation_pct  # runnable pods' GPUs
+    # The same pods, all placed: the what-if allocates exactly what gpufrag did.
+    assert math.isclose(fleet_run.whatif[0], gpufrag.allocation_pct, abs_tol=1e-6)
+
+
+def test_the_figures_are_measured(fleet_run: SizeResult) -> None:
+    extender = fleet_run.rows["gpufrag-decide"].extender
+    for figure in ("rss_mib", "rss_restarted_mib", "ready_s", "filter_p50_ms", "filter_p99_ms",
+                   "lag_p50_ms", "lag_max_ms"):
+        assert extender[figure] > 0 and math.isfinite(extender[figure]), figure
+    for name, row in fleet_run.rows.items():
+        assert all(math.isfinite(ms) and ms > 0 for ms in row.algorithm_ms), name
+        assert row.cpu_ms_per_pod["kube-scheduler"] > 0, name
+        assert row.cpu_ms_per_pod["kwok"] > 0, name  # kwok marked the pods Running
+    assert fleet_run.rows["zero-one"].cpu_ms_per_pod["extender"] > 0
