@@ -1,11 +1,15 @@
 """The executor's loop with the dry-run writer and with a recording fake of the same interface
-(the real writer is exercised against a real control plane in tests/e2e/test_defrag.py)."""
+(the real writer is exercised against a real control plane in tests/e2e/test_defrag.py); the
+MIG step's relabel against a fake API (and for real in tests/e2e/test_defrag_mig.py)."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
 
 from defrag.controller.errors import CycleStopped
 from defrag.controller.executor import (
@@ -14,12 +18,14 @@ from defrag.controller.executor import (
     DryRunActions,
     EvictionOutcome,
     Executor,
+    KubeActions,
     Landing,
     stale_message,
 )
 from defrag.controller.ledger import StaleReservation
 from defrag.controller.measure import measure
 from defrag.controller.metrics import CycleMetrics
+from defrag.controller.migplan import Relabel
 from defrag.controller.model import PodInfo, Snapshot
 from defrag.controller.planner import Move, Plan, plan
 from defrag.controller.snapshot import hold_reservations
@@ -320,3 +326,49 @@ def test_the_stale_reservation_event_says_why_and_what_the_cycle_did(
     message = stale_message(stale, released=released)
     assert message == ("holds GPU capacity for nothing (owner_gone): ReplicaSet ns/web has no "
                        "pod" + ends)
+
+
+class FakeMigCore:
+    """CoreV1Api's two calls the relabel makes: the node patch (answering ``status``, or
+    200) and the Event."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.status = status
+        self.patches: list[tuple[str, Any, str]] = []
+        self.events: list[dict[str, Any]] = []
+
+    def patch_node(self, name: str, body: Any, *, _content_type: str) -> dict[str, Any]:
+        self.patches.append((name, body, _content_type))
+        if self.status != 200:
+            raise ApiException(status=self.status, reason="Unprocessable Entity")
+        return {}
+
+    def create_namespaced_event(self, namespace: str, body: dict[str, Any],
+                                _request_timeout: float) -> None:
+        self.events.append(body)
+
+
+def kube_with(core: FakeMigCore) -> KubeActions:
+    actions = KubeActions(ApiClient())
+    actions.core = core
+    return actions
+
+
+def test_the_relabel_tests_the_label_it_read_then_sets_it_with_a_node_event() -> None:
+    core = FakeMigCore()
+    assert kube_with(core).relabel_mig(Relabel("mig-0", "all-1g.10gb", "gpufrag-2x3g.40gb"), 1e9)
+    ((node, ops, content_type),) = core.patches
+    path = "/metadata/labels/nvidia.com~1mig.config"
+    assert (node, content_type) == ("mig-0", "application/json-patch+json")
+    assert ops == [{"op": "test", "path": path, "value": "all-1g.10gb"},
+                   {"op": "add", "path": path, "value": "gpufrag-2x3g.40gb"}]
+    (event,) = core.events
+    assert (event["type"], event["reason"], event["involvedObject"]["name"]) == (
+        "Normal", "MigLayoutChanged", "mig-0")
+
+
+def test_a_node_relabelled_since_it_was_read_is_left_alone() -> None:
+    core = FakeMigCore(status=422)  # the test op failed: someone changed the label
+    relabel = Relabel("mig-0", "all-1g.10gb", "gpufrag-2x3g.40gb")
+    assert not kube_with(core).relabel_mig(relabel, 1e9)
+    assert core.events == []

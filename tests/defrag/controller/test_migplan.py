@@ -113,3 +113,4 @@ def test_the_relabel_message_names_both_configs() -> None:
     assert "from all-1g.10gb to gpufrag-2x3g.40gb" in Relabel("n", ALL_1G,
                                                             "gpufrag-2x3g.40gb").message()
     assert "set to gpufrag-1x7g.80gb" in replace(Relabel("n", "", "gpufrag-1x7g.80gb")).message()
+
