@@ -45,6 +45,8 @@ def test_the_figures_are_measured(fleet_run: SizeResult) -> None:
     for figure in ("rss_mib", "rss_restarted_mib", "ready_s", "filter_p50_ms", "filter_p99_ms",
                    "lag_p50_ms", "lag_max_ms"):
         assert extender[figure] > 0 and math.isfinite(extender[figure]), figure
+    assert extender["defrag_exit"] == 0 and extender["defrag_s"] > 0
+    assert extender["defrag_api_LIST"] >= 2  # it read the fleet's nodes and pods
     for name, row in fleet_run.rows.items():
         assert all(math.isfinite(ms) and ms > 0 for ms in row.algorithm_ms), name
         assert row.cpu_ms_per_pod["kube-scheduler"] > 0, name
