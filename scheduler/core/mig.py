@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from scheduler.core.types import MILLI_PER_GPU
 
@@ -357,12 +358,26 @@ def mark_in_use(instances: Iterable[MigInstance], used: Mapping[str, int]
     return tuple(out)
 
 
+@cache
+def profiles_by_name(model: MigGpuModel) -> Mapping[str, MigProfile]:
+    """``model``'s profiles by name (one lookup where ``MigGpuModel.profile`` walks them)."""
+    return {p.name: p for p in model.profiles}
+
+
+def fragmentation_table(model: MigGpuModel, workload: MigWorkload) -> tuple[float, ...]:
+    """F (:func:`gpu_fragmentation`) of a GPU of ``model`` for every taken mask, by mask: a
+    GPU has eight slices, so 256 values answer every question about ``workload`` there (a
+    caller scoring many nodes keeps one per family and workload)."""
+    return tuple(gpu_fragmentation(model, taken, workload) for taken in range(ALL_FREE + 1))
+
+
 def used_masks(model: MigGpuModel, instances: Iterable[MigInstance]) -> dict[int, int]:
     """GPU -> the slices its in-use instances take (free instances count as free slices: the
     layout advisor may cut them again); every GPU with an instance has an entry."""
     masks: dict[int, int] = {}
+    by_name = profiles_by_name(model)
     for instance in instances:
-        profile = model.profile(instance.profile)
+        profile = by_name.get(instance.profile)
         mask = masks.setdefault(instance.gpu, 0)
         if instance.in_use and profile is not None:
             masks[instance.gpu] = mask | profile.mask_at(instance.start)
@@ -379,19 +394,23 @@ class MigFit:
 
 
 def best_instances(model: MigGpuModel, instances: Sequence[MigInstance],
-                   ask: Mapping[str, int], workload: MigWorkload) -> MigFit | None:
+                   ask: Mapping[str, int], workload: MigWorkload,
+                   table: Sequence[float] | None = None) -> MigFit | None:
     """FGD over a node's free instances: for each instance asked (largest profiles first), the
     free instance of that profile where F of its GPU grows least given the slices in use
     (ties to the lowest GPU, then the lowest start), taken before the next is chosen. None
     when the node lacks a free instance for the ask; the NVIDIA device plugin picks the
-    instance itself, so this is the best the node offers, not a promise of which it gives."""
+    instance itself, so this is the best the node offers, not a promise of which it gives.
+    ``table``: ``fragmentation_table(model, workload)``, when the caller keeps one."""
     masks = used_masks(model, instances)
-    free = [i for i in instances if not i.in_use and model.profile(i.profile) is not None]
+    by_name = profiles_by_name(model)
+    frag = table if table is not None else fragmentation_table(model, workload)
+    free = [i for i in instances if not i.in_use and i.profile in by_name]
     order = {p.name: -p.slices for p in model.profiles}
     chosen: list[MigInstance] = []
     delta = 0.0
     for name in sorted(ask, key=lambda n: (order.get(n, 0), n)):
-        profile = model.profile(name)
+        profile = by_name.get(name)
         for _ in range(ask[name]):
             best: tuple[float, int, int, int] | None = None
             for k, instance in enumerate(free):
@@ -399,8 +418,7 @@ def best_instances(model: MigGpuModel, instances: Sequence[MigInstance],
                         or instance.start not in profile.starts):
                     continue  # (an instance at a start NVML never gives is not one to use)
                 taken = masks[instance.gpu]
-                grow = (gpu_fragmentation(model, taken | profile.mask_at(instance.start),
-                                          workload) - gpu_fragmentation(model, taken, workload))
+                grow = frag[taken | profile.mask_at(instance.start)] - frag[taken]
                 key = (grow, instance.gpu, instance.start, k)
                 if best is None or key < best:
                     best = key

@@ -25,23 +25,27 @@ the allocatable counts and the pods placed there).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from gpufrag.errors import BadInput
 from node.agent.usage import STALE_AFTER_INTERVALS, parse
+from scheduler.core.fragmentation import FloatArray
 from scheduler.core.mig import (
     MigGpuModel,
     MigInstance,
     MigWorkload,
     best_instances,
     default_workload,
+    fragmentation_table,
 )
-from scheduler.core.state import ClusterState, IntArray, pod_key
+from scheduler.core.state import BoolArray, ClusterState, IntArray, pod_key
 from scheduler.core.types import PodRequest
 from scheduler.extender.scoring import (
+    MAX_CACHED_SHAPES,
     UNKNOWN,
     UNKNOWN_NODE_REASON,
     FilterVerdicts,
@@ -81,82 +85,163 @@ def shortfall(layout: MigLayout, ask: Mapping[str, int]) -> tuple[str, bool] | N
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """One node for one ask: whether it fits, why not (and whether for good), its policy key
+    (−ΔF, higher is better), and until when it holds (an agent reading's freshness)."""
+
+    fits: bool
+    reason: str = ""
+    unresolvable: bool = False
+    key: float = 0.0
+    valid_until: float = math.inf
+
+
+class _Shape:
+    """Per state row, one ask's verdicts, kept until the row's state ``version`` or its MIG
+    ``serial`` moves or the agent reading it read turns stale (like the core's ``ScoreCache``
+    and the Scorer's verdicts): working a node's instances out costs tens of microseconds, and
+    a filter asks about every node."""
+
+    def __init__(self, size: int, render: Render) -> None:
+        self.render = render
+        self.state_seen = np.full(size, -1, np.int64)
+        self.mig_seen = np.full(size, -1, np.int64)
+        self.valid_until = np.full(size, -math.inf)
+        self.fits = np.zeros(size, np.bool_)
+        self.key = np.zeros(size, np.float64)
+        self.unresolvable = np.zeros(size, np.bool_)
+        self.reason = np.full(size, "", object)
+        self.rendered = np.full(size, None, object)
+
+    def grow(self, size: int) -> None:
+        extra = size - self.state_seen.shape[0]
+        if extra <= 0:
+            return
+        for name, fill in (("state_seen", -1), ("mig_seen", -1), ("valid_until", -math.inf),
+                           ("fits", False), ("key", 0.0), ("unresolvable", False),
+                           ("reason", ""), ("rendered", None)):
+            current = getattr(self, name)
+            setattr(self, name, np.concatenate([current, np.full(extra, fill, current.dtype)]))
+
+    def keep(self, row: int, verdict: _Verdict, state_version: int, serial: int) -> None:
+        self.state_seen[row], self.mig_seen[row] = state_version, serial
+        self.valid_until[row] = verdict.valid_until
+        self.fits[row], self.key[row] = verdict.fits, verdict.key
+        self.unresolvable[row] = verdict.unresolvable
+        self.reason[row] = verdict.reason
+        self.rendered[row] = self.render(verdict.reason) if verdict.reason else None
+
+
 class MigScorer:
     """Filter, rank and decide for MIG pods; built with the extender's :class:`Scorer` (for
-    affinity and the 0..10 scaling) and the MIG target workload. Call with the cache's lock
-    held."""
+    affinity and the 0..10 scaling) and the MIG target workload, so it is rebuilt whenever
+    either is. Call with the cache's lock held."""
 
-    def __init__(self, book: MigBook, scorer: Scorer, workload: MigWorkload | None) -> None:
+    def __init__(self, book: MigBook, scorer: Scorer, workload: MigWorkload | None,
+                 render: Render = str) -> None:
         self.book = book
         self.scorer = scorer
         self.workload = workload
-        self._defaults: dict[str, MigWorkload] = {}
+        self.render = render
+        self._tables: dict[str, tuple[MigWorkload, tuple[float, ...]]] = {}
+        self._shapes: dict[tuple[tuple[str, int], ...], _Shape] = {}
 
-    def workload_for(self, model: MigGpuModel) -> MigWorkload:
-        if self.workload is not None:
-            return self.workload
-        found = self._defaults.get(model.family)
+    def workload_for(self, model: MigGpuModel) -> tuple[MigWorkload, tuple[float, ...]]:
+        """The workload a node of ``model`` is scored for, and F by taken mask under it."""
+        found = self._tables.get(model.family)
         if found is None:
-            found = self._defaults[model.family] = default_workload(model)
+            workload = self.workload or default_workload(model)
+            found = self._tables[model.family] = (workload,
+                                                  fragmentation_table(model, workload))
         return found
 
-    def _layouts(self, state: ClusterState, pod: PodRequest, rows: IntArray,
-                 now: float) -> list[MigLayout | None]:
-        key = pod_key(pod)  # the pod's own assumption (a decided filter) counts nowhere
-        return [None if row == UNKNOWN else self.book.layout(state, state.names[row], now, key)
-                for row in rows.tolist()]
+    def _verdict(self, state: ClusterState, ask: Mapping[str, int], row: int, now: float,
+                 exclude: str = "") -> _Verdict:
+        layout = self.book.layout(state, state.names[row], now, exclude)
+        if layout is None:
+            return _Verdict(False, NOT_MIG_NODE, True)
+        agent = layout.spec.agent
+        valid_until = agent.fresh_until if layout.source == "agent" and agent else math.inf
+        short = shortfall(layout, ask)
+        if short is not None:
+            return _Verdict(False, short[0], short[1], valid_until=valid_until)
+        model = layout.spec.model
+        fit = None if model is None else best_instances(
+            model, layout.instances, ask, *self.workload_for(model))
+        # No model (a product the MIG table lacks) or no placed free instance (the packing
+        # found no position for it): it fits by the counts, and ranks neutral.
+        return _Verdict(True, key=-fit.delta_milli if fit is not None else 0.0,
+                        valid_until=valid_until)
+
+    def _verdicts(self, state: ClusterState, pod: PodRequest, ask: Mapping[str, int],
+                  rows: IntArray, now: float) -> tuple[_Shape, _Verdict | None, int]:
+        """The ask's cache, current for the known ``rows``; and where the pod itself is
+        placed (assumed by a deciding filter) among them, that row's verdict without it."""
+        shape_key = tuple(sorted(ask.items()))
+        shape = self._shapes.get(shape_key)
+        if shape is None:
+            if len(self._shapes) >= MAX_CACHED_SHAPES:
+                self._shapes.clear()
+            shape = self._shapes[shape_key] = _Shape(state.cpu_cap.shape[0], self.render)
+        shape.grow(state.cpu_cap.shape[0])
+        known = rows[rows != UNKNOWN]
+        serials = self.book.serials(known)
+        stale = ((shape.state_seen[known] != state.version[known])
+                 | (shape.mig_seen[known] != serials) | (shape.valid_until[known] < now))
+        for row, serial in zip(known[stale].tolist(), serials[stale].tolist(), strict=True):
+            shape.keep(row, self._verdict(state, ask, row, now), int(state.version[row]),
+                       serial)
+        own = state.pods.get(pod_key(pod))
+        own_row = state.index.get(own.node, UNKNOWN) if own is not None else UNKNOWN
+        if own_row == UNKNOWN or not bool(np.any(known == own_row)):
+            return shape, None, UNKNOWN
+        return shape, self._verdict(state, ask, own_row, now, pod_key(pod)), own_row
 
     def filter(self, state: ClusterState, pod: PodRequest, ask: Mapping[str, int],
-               rows: IntArray, now: float, render: Render) -> FilterVerdicts:
-        passed = np.zeros(rows.size, np.bool_)
-        failed: list[int] = []
-        reasons: list[str] = []
-        unresolvable: list[bool] = []
-        capped = self._capped(state, pod, rows)
-        for i, (row, layout) in enumerate(zip(rows.tolist(), self._layouts(state, pod, rows, now),
-                                              strict=True)):
-            if row == UNKNOWN:
-                why: tuple[str, bool] | None = (UNKNOWN_NODE_REASON, False)
-            elif layout is None:
-                why = (NOT_MIG_NODE, True)
-            else:
-                why = shortfall(layout, ask)
-                if why is None and capped[i]:
-                    why = (cap_reason(state, pod, row,
-                                      self.scorer.affinity.max_replicas_per_node), False)
-            if why is None:
-                passed[i] = True
-                continue
-            failed.append(i)
-            reasons.append(why[0])
-            unresolvable.append(why[1])
-        return FilterVerdicts(rows, passed, np.array(failed, np.int64), reasons,
-                              np.array(unresolvable, np.bool_),
-                              [render(r) for r in reasons])
+               rows: IntArray, now: float) -> FilterVerdicts:
+        shape, own, own_row = self._verdicts(state, pod, ask, rows, now)
+        known = rows != UNKNOWN
+        safe = np.where(known, rows, 0)
+        passed = known & shape.fits[safe]
+        reasons = shape.reason[safe]
+        rendered = shape.rendered[safe]
+        unresolvable = shape.unresolvable[safe]
+        if own is not None:
+            at = rows == own_row
+            passed[at], reasons[at], unresolvable[at] = own.fits, own.reason, own.unresolvable
+            rendered[at] = self.render(own.reason) if own.reason else None
+        capped = passed & self._capped(state, pod, safe)
+        for i in np.flatnonzero(capped).tolist():
+            reasons[i] = cap_reason(state, pod, int(rows[i]),
+                                    self.scorer.affinity.max_replicas_per_node)
+            rendered[i] = self.render(reasons[i])
+        passed &= ~capped
+        unknown = np.flatnonzero(~known)
+        reasons[unknown] = UNKNOWN_NODE_REASON
+        rendered[unknown] = self.render(UNKNOWN_NODE_REASON)
+        unresolvable = unresolvable & known & ~capped
+        failed = np.flatnonzero(~passed)
+        return FilterVerdicts(rows, passed, failed, reasons[failed].tolist(),
+                              unresolvable[failed], rendered[failed].tolist())
 
-    def _capped(self, state: ClusterState, pod: PodRequest, rows: IntArray) -> Any:
+    def _capped(self, state: ClusterState, pod: PodRequest, rows: IntArray) -> BoolArray:
         if not (self.scorer.affinity.cap_is_hard and pod.model):
             return np.zeros(rows.size, np.bool_)
-        safe = np.where(rows != UNKNOWN, rows, 0)
-        return at_cap(state, pod, safe, self.scorer.affinity)
+        found: BoolArray = at_cap(state, pod, rows, self.scorer.affinity)
+        return found
 
     def ranked(self, state: ClusterState, pod: PodRequest, ask: Mapping[str, int],
-               rows: IntArray, now: float) -> tuple[IntArray, Any]:
+               rows: IntArray, now: float) -> tuple[IntArray, FloatArray]:
         """The rows ``ask`` fits and their blended key (higher is better)."""
-        candidates: list[int] = []
-        keys: list[float] = []
-        for row, layout in zip(rows.tolist(), self._layouts(state, pod, rows, now), strict=True):
-            if layout is None or shortfall(layout, ask) is not None:
-                continue
-            model = layout.spec.model
-            fit = None if model is None else best_instances(
-                model, layout.instances, ask, self.workload_for(model))
-            candidates.append(row)
-            # No model (a product the MIG table lacks) or no placed free instance (the
-            # packing found no position for it): counted, and neutral.
-            keys.append(-fit.delta_milli if fit is not None else 0.0)
-        return self.scorer.blend(state, pod, np.array(candidates, np.int64),
-                                 np.array(keys, np.float64), now)
+        shape, own, own_row = self._verdicts(state, pod, ask, rows, now)
+        known = rows[rows != UNKNOWN]
+        fits = shape.fits[known]
+        keys = shape.key[known]
+        if own is not None:
+            at = known == own_row
+            fits[at], keys[at] = own.fits, own.key
+        return self.scorer.blend(state, pod, known[fits], keys[fits], now)
 
     def prioritize(self, state: ClusterState, pod: PodRequest, ask: Mapping[str, int],
                    rows: IntArray, now: float, hinted: frozenset[str] = frozenset(),
@@ -169,8 +254,6 @@ class MigScorer:
                count: int = 1) -> IntArray:
         candidates, key = self.ranked(state, pod, ask, rows, now)
         return self.scorer.best_rows(state, candidates, key, hinted, count)
-
-
 
 
 def agent_mig(text: str) -> AgentMig | None:

@@ -116,7 +116,7 @@ class Extender:
         self.scorer = self._make_scorer(self.workload)
         # MIG pods' target workload: the profiles the pods seen ask (None: none yet).
         self.mig_workload: MigWorkload | None = None
-        self.mig_scorer = MigScorer(cache.mig, self.scorer, None)
+        self.mig_scorer = MigScorer(cache.mig, self.scorer, None, encode_reason)
         self.refresh_workload(force=True)
         self._workload_after_sync = False
         if cache.synced:  # built from a full state already
@@ -175,7 +175,8 @@ class Extender:
         """The MIG target workload from the profiles the pods seen ask, and a MIG scorer for
         it (:mod:`scheduler.extender.migscoring`). Call with the cache's lock held."""
         self.mig_workload = mig_workload(self.cache.mig.profile_counts())
-        self.mig_scorer = MigScorer(self.cache.mig, scorer, self.mig_workload)
+        self.mig_scorer = MigScorer(self.cache.mig, scorer, self.mig_workload,
+                                    encode_reason)
 
     def maintain(self) -> None:
         """Periodic upkeep (the runtime's maintenance thread): expire assumptions, refresh the
@@ -193,12 +194,15 @@ class Extender:
         fragmentation kernel (:func:`scheduler.core.fragmentation.warm_up`) for the very array
         types the verbs pass, then score the whole state once. Compiling takes 1-2 s, and done
         on the first filter instead it would run past kube-scheduler's ``httpTimeout`` for that
-        pod: with ``ignorable: true`` kube-scheduler then places it without the extender."""
+        pod: with ``ignorable: true`` kube-scheduler then places it without the extender. The
+        MIG nodes' layouts are worked out here too, for the same reason."""
         started = time.perf_counter()
         warm_up()
         ratio = self.fragmentation_ratio()
+        with self.cache.lock:
+            mig_nodes = self.cache.mig.warm(self.cache.state, self.clock())
         log.info("scoring warmed up", seconds=round(time.perf_counter() - started, 3),
-                 fragmentation_ratio=round(ratio, 4))
+                 fragmentation_ratio=round(ratio, 4), mig_nodes=mig_nodes)
         if self.on_ready is not None:
             self.on_ready()
         self._workload_after_sync = True
@@ -299,8 +303,7 @@ class Extender:
                     decided = self._decide(pod, pod_obj, rows, ask)
                     if decided is not None:
                         return decided
-                return self.mig_scorer.filter(self.cache.state, pod, ask, rows, self.clock(),
-                                              encode_reason)
+                return self.mig_scorer.filter(self.cache.state, pod, ask, rows, self.clock())
             if not pod.wants_gpu:  # not ours to judge: every node passes
                 return FilterVerdicts(rows, np.ones(len(names), np.bool_),
                                       np.zeros(0, np.int64), [], np.zeros(0, np.bool_), [])

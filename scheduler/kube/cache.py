@@ -212,13 +212,15 @@ class ClusterCache:
                 self.delete_node(name)
                 self._skip("Node", obj, name, str(e))
                 return
-            self.mig.apply_node(obj, spec.name)  # before the heartbeat check: the agent's
-            # reading (an annotation) changes what the MIG side knows, not the NodeSpec
             row = self.state.index.get(spec.name)
             if row is not None and self.state.active[row] and self.state.node_spec(row) == spec:
-                return  # a status heartbeat: nothing placement reads changed
+                # A status heartbeat: nothing the state reads changed; the MIG side may have
+                # (the agent's reading is an annotation).
+                self.mig.apply_node(obj, spec.name, row)
+                return
             self._unskip("node", [spec.name])
-            self.state.add_node(spec)
+            row = self.state.add_node(spec)
+            self.mig.apply_node(obj, spec.name, row)
             for key in sorted(self.orphans.pop(spec.name, set())):
                 self._place_known(key)
             self.reservations.node_added(spec.name)
@@ -227,8 +229,8 @@ class ClusterCache:
         """A Node is gone; its pods wait as orphans until they are deleted or it returns."""
         with self.lock:
             self._unskip("node", [name])
-            self.mig.delete_node(name)
             row = self.state.index.get(name)
+            self.mig.delete_node(name, row)
             if row is None or not self.state.active[row]:
                 return
             for placement in self.state.remove_node(name):

@@ -28,7 +28,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufrag.conventions import DEFAULT_NAMES, LABEL_GPU_COUNT, LABEL_MIG_CONFIG, KubeNames
+import numpy as np
+
+from gpufrag.conventions import (
+    DEFAULT_NAMES,
+    LABEL_GPU_COUNT,
+    LABEL_MIG_CONFIG,
+    SCHEDULER_NAME,
+    KubeNames,
+)
 from scheduler.core.mig import (
     MIG_MODELS,
     SLICES,
@@ -38,7 +46,7 @@ from scheduler.core.mig import (
     mig_model,
     pack_instances,
 )
-from scheduler.core.state import ClusterState
+from scheduler.core.state import ClusterState, IntArray
 from scheduler.kube.convert import (
     LABEL_MIG_STRATEGY,
     MIG_RESOURCE_PREFIX,
@@ -185,21 +193,30 @@ def layout_of(spec: MigNodeSpec, asked: Mapping[str, int], now: float) -> MigLay
 @dataclass
 class MigBook:
     """The MIG side of the cache: each MIG node's spec and the profiles each pod asks. Fed by
-    :class:`~scheduler.kube.cache.ClusterCache` under its lock; read under it too."""
+    :class:`~scheduler.kube.cache.ClusterCache` under its lock; read under it too.
+
+    ``serial[row]`` changes whenever the spec of the node at that ``ClusterState`` row does
+    (what the state's ``version`` is for its own columns), so a reader may keep what it worked
+    out from a node until either moves."""
 
     reader: MigReader = no_agent
     names: KubeNames = DEFAULT_NAMES
     nodes: dict[str, MigNodeSpec] = field(default_factory=dict)
     asks: dict[str, Mapping[str, int]] = field(default_factory=dict)  # pod key -> profiles
+    serial: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     # node -> what its spec was read from, so a status heartbeat is not read again
     _inputs: dict[str, tuple[object, ...]] = field(default_factory=dict)
+    _changes: int = 0
+    # node -> ((state version, serial, agent fresh), its layout then)
+    _layouts: dict[str, tuple[tuple[int, int, bool], MigLayout]] = field(default_factory=dict)
 
-    def apply_node(self, obj: Obj, name: str) -> None:
+    def apply_node(self, obj: Obj, name: str, row: int) -> None:
+        """The Node ``name`` (at state row ``row``) was added or changed."""
         status = obj.get("status")
         alloc = status.get("allocatable") if isinstance(status, Mapping) else None
         if not isinstance(alloc, Mapping) or not any(
                 str(r).startswith(MIG_RESOURCE_PREFIX) for r in alloc):
-            self.delete_node(name)  # the common case, a node without MIG: nothing to read
+            self.delete_node(name, row)  # the common case, a node without MIG: nothing to read
             return
         inputs = (repr(alloc), repr(labels_of(obj)),
                   annotations_of(obj).get(self.names.annotation_gpu_usage, ""))
@@ -211,10 +228,31 @@ class MigBook:
             self.nodes.pop(name, None)
         else:
             self.nodes[name] = spec
+        self._changed(row)
 
-    def delete_node(self, name: str) -> None:
-        self.nodes.pop(name, None)
+    def delete_node(self, name: str, row: int | None) -> None:
         self._inputs.pop(name, None)
+        self._layouts.pop(name, None)
+        if self.nodes.pop(name, None) is not None and row is not None:
+            self._changed(row)
+
+    def _changed(self, row: int) -> None:
+        self._grow(row + 1)
+        self._changes += 1
+        self.serial[row] = self._changes
+
+    def _grow(self, size: int) -> None:
+        if size > self.serial.shape[0]:
+            grown = np.zeros(max(size, 2 * self.serial.shape[0]), np.int64)
+            grown[: self.serial.shape[0]] = self.serial
+            self.serial = grown
+
+    def serials(self, rows: IntArray) -> IntArray:
+        """``serial`` of each of ``rows`` (known rows; 0 for one never a MIG node's)."""
+        if rows.size:
+            self._grow(int(rows.max()) + 1)
+        found: IntArray = self.serial[rows]
+        return found
 
     def set_ask(self, key: str, ask: Mapping[str, int]) -> None:
         if ask:
@@ -239,11 +277,30 @@ class MigBook:
     def layout(self, state: ClusterState, name: str, now: float,
                exclude: str = "") -> MigLayout | None:
         """``name``'s instances now (None: not a MIG node), ``exclude`` as in
-        :meth:`asked_on`."""
+        :meth:`asked_on`. Kept per node until its state ``version`` or ``serial`` moves or
+        its agent reading turns stale, unless ``exclude`` is placed there."""
         spec = self.nodes.get(name)
         if spec is None:
             return None
-        return layout_of(spec, self.asked_on(state, name, exclude), now)
+        row = state.index.get(name)
+        if row is None or (exclude and exclude in state.pods_on_node[row]):
+            return layout_of(spec, self.asked_on(state, name, exclude), now)
+        fresh = spec.agent is not None and now <= spec.agent.fresh_until
+        self._grow(row + 1)
+        key = (int(state.version[row]), int(self.serial[row]), fresh)
+        kept = self._layouts.get(name)
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        layout = layout_of(spec, self.asked_on(state, name), now)
+        self._layouts[name] = (key, layout)
+        return layout
+
+    def warm(self, state: ClusterState, now: float) -> int:
+        """Work out every MIG node's layout now (the extender's warm-up, before it turns
+        ready), so the first MIG pod's filter does not pay for all of them; returns how many."""
+        for name in self.nodes:
+            self.layout(state, name, now)
+        return len(self.nodes)
 
     def profile_counts(self) -> dict[str, int]:
         """Instances asked by every pod seen, by profile: the MIG target workload's source."""
@@ -265,6 +322,24 @@ def mig_resources() -> tuple[str, ...]:
     false``, so kube-scheduler counts them too) for MIG pods to reach the extender at all."""
     return tuple(sorted({mig_resource(p.name) for m in MIG_MODELS.values()
                          for p in m.profiles}))
+
+
+def mig_pod_to_k8s(name: str, profiles: Mapping[str, int], *, namespace: str = "default",
+                   node: str = "", cpu: str = "100m", scheduler_name: str = SCHEDULER_NAME,
+                   ) -> dict[str, Any]:
+    """A v1 Pod (JSON shape) asking ``profiles`` (profile -> instances) as the device plugin's
+    ``nvidia.com/mig-<profile>`` limits, with UID ``uid-<name>``; bound to ``node`` when
+    given. For snapshots, benchmarks and tests, as :func:`mig_node_to_k8s`."""
+    limits = {mig_resource(p): str(n) for p, n in profiles.items()}
+    spec: dict[str, Any] = {
+        "schedulerName": scheduler_name,
+        "containers": [{"name": "main", "image": "main",
+                        "resources": {"requests": {"cpu": cpu}, "limits": limits}}]}
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "spec": spec,
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+            "status": {"phase": "Running" if node else "Pending"}}
 
 
 def mig_node_to_k8s(name: str, product: str, gpu_memory_mib: int, gpus: int,
@@ -290,4 +365,5 @@ def mig_node_to_k8s(name: str, product: str, gpu_memory_mib: int, gpus: int,
 
 
 __all__ = ["AgentMig", "MigBook", "MigLayout", "MigNodeSpec", "MigReader", "layout_of",
-           "mig_node_from_k8s", "mig_node_to_k8s", "mig_resource", "mig_resources", "no_agent"]
+           "mig_node_from_k8s", "mig_node_to_k8s", "mig_pod_to_k8s", "mig_resource",
+           "mig_resources", "no_agent"]

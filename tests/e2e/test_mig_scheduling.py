@@ -26,7 +26,7 @@ from devkit.stack import GROUP_LABEL, bound_node, delete_nodes
 from gpufrag import conventions as cv
 from node.agent.usage import GpuUsage, MigInstanceUsage, NodeGpuUsage
 from scheduler.kube.mignodes import mig_node_to_k8s, mig_resources
-from tests.scheduler.mig_builders import mig_pod
+from scheduler.kube.mignodes import mig_pod_to_k8s as mig_pod
 
 SCHEDULER = "gpufrag-mig"
 GROUP = "mig"
@@ -68,8 +68,8 @@ def _pod(namespace: str, name: str, profiles: dict[str, int], *, group: str = ""
          node: str = "") -> dict[str, Any]:
     """A pod of the MIG scheduler asking ``profiles``, kept to ``group``'s nodes (or bound to
     ``node`` by its spec), as the API server takes it."""
-    body = mig_pod(name, profiles, namespace=namespace, node=node)
-    body["spec"]["schedulerName"] = SCHEDULER
+    body = mig_pod(name, profiles, namespace=namespace, node=node,
+                          scheduler_name=SCHEDULER)
     body["spec"]["terminationGracePeriodSeconds"] = 0
     if group:
         body["spec"]["nodeSelector"] = {GROUP_LABEL: group}

@@ -18,6 +18,7 @@ from scheduler.core.mig import (
     covered,
     default_workload,
     fragment_slices,
+    fragmentation_table,
     free_slices,
     gpu_fragmentation,
     mark_in_use,
@@ -287,3 +288,12 @@ def test_no_chosen_instance_is_ever_at_an_illegal_start(node: tuple[str, int, di
     assert all((i.gpu, i.start) in free for i in fit.chosen)
     assert sorted(i.profile for i in fit.chosen) == sorted(p for p, n in ask.items()
                                                            for _ in range(n))
+
+
+@given(layouts())
+def test_the_fragmentation_table_is_f_by_taken_mask(layout: tuple[str, int]) -> None:
+    family, taken = layout
+    model = MIG_MODELS[family]
+    workload = default_workload(model)
+    assert fragmentation_table(model, workload)[taken] == gpu_fragmentation(model, taken,
+                                                                            workload)

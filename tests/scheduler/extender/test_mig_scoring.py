@@ -13,9 +13,9 @@ from scheduler.core.mig import MigWorkload
 from scheduler.extender.migscoring import agent_mig, mig_workload
 from scheduler.extender.runtime import Runtime
 from scheduler.kube.mignodes import mig_node_to_k8s
+from scheduler.kube.mignodes import mig_pod_to_k8s as mig_pod
 from tests.builders import node
 from tests.scheduler.extender.helpers import FakeClock, bound, filtered, make_config, scores, serve
-from tests.scheduler.mig_builders import mig_pod
 
 H100 = ("NVIDIA-H100-80GB-HBM3", 81_559)
 FEASIBLE = make_config(filter={"answer": "feasible"})
@@ -162,3 +162,15 @@ def test_the_mig_workload_follows_the_pods_even_beside_a_configured_one() -> Non
     runtime.extender.maintain()
     assert runtime.extender.workload is configured
     assert runtime.extender.mig_workload == MigWorkload({"1g.10gb": 0.5, "3g.40gb": 0.5})
+
+
+def test_a_new_agent_reading_is_read_at_once_not_from_the_kept_verdicts() -> None:
+    clock = FakeClock()
+    obj = mig_node("m", {"3g.40gb": 1})
+    runtime = serve([obj], config=FEASIBLE, clock=clock)
+    assert filtered(runtime, mig_pod("p", {"3g.40gb": 1}), ["m"])["NodeNames"] == ["m"]
+    obj["metadata"]["annotations"] = {"gpufrag.io/gpu-usage": _usage(
+        clock.now, MigInstanceUsage("3g.40gb", 0, "MIG-a", 1024, 40_000))}
+    runtime.cache.apply_node(obj)  # a process outside any pod now holds the one instance
+    assert filtered(runtime, mig_pod("p", {"3g.40gb": 1}), ["m"])["FailedNodes"] == {
+        "m": "no free nvidia.com/mig-3g.40gb instance (1 of 1 in use)"}

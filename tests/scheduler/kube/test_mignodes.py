@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from scheduler.core.mig import MIG_MODELS, MigInstance, taken_mask
 from scheduler.kube.cache import ClusterCache
+from scheduler.kube.convert import mig_profile_of
 from scheduler.kube.mignodes import (
     AgentMig,
     layout_of,
     mig_node_from_k8s,
     mig_node_to_k8s,
+    mig_resources,
 )
-from tests.scheduler.mig_builders import mig_pod
+from scheduler.kube.mignodes import mig_pod_to_k8s as mig_pod
 
 H100 = MIG_MODELS["H100-80GB"]
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
@@ -120,3 +122,11 @@ def test_a_heartbeat_is_not_read_again() -> None:
     obj["metadata"]["annotations"]["gpufrag.io/gpu-usage"] = "two"
     cache.apply_node(obj)
     assert reads == ["one", "two"]
+
+
+def test_the_resources_a_scheduler_configuration_must_manage_are_every_profile_s() -> None:
+    resources = mig_resources()
+    assert len(resources) == len(set(resources)) == 17  # the four families share 7 names
+    assert {"nvidia.com/mig-1g.5gb", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-7g.141gb"} <= \
+        set(resources)
+    assert all(mig_profile_of(r) for r in resources)
