@@ -2,8 +2,8 @@
 trace, scheduled by gpufrag-scheduler (deciding filter) beside the default scheduler and the
 zero-cost extender in the same run, on the same fleet and the same pods.
 
-    python -m benchmarks.fleet_scale [--nodes 1000,5000 --pods 10000,50000] [--max-demand 0.8]
-        [--data ../shared/data/openb] [--seed 0]
+    python -m benchmarks.fleet_scale [--nodes 1000,5000 --pods 10000,50000] [--max-demand 0.75]
+        [--data ../shared/data/openb] [--seed 0] [--failover-kills 10 --arrivals-per-s 5]
 
 With no arguments a small fleet (CI size). ``--nodes`` and ``--pods`` are paired lists, one run
 per pair, each on a fresh control plane (devkit.fleet says how the fleet is drawn, and why the
@@ -15,7 +15,9 @@ extender metric: the filter call is inside that figure, so the extender's cost i
 difference to the default row), and each process's CPU per pod. For gpufrag also: the
 extender's RSS, its own filter p50/p99, the watch lag (a pod created to the extender's
 ``/metrics`` counting it, scrape included), and the time to ready after a restart at that size
-(a full relist). With two sizes or more, how each figure grew against the node count.
+(a full relist), and one ``gpufrag defrag --dry-run`` cycle. With ``--failover-kills``, the
+same pods once more under two gpufrag-scheduler replicas whose leader is killed while they
+arrive (devkit.failover). With two sizes or more, how each figure grew against the node count.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from benchmarks.scheduling_throughput import ROWS, Row, Served, cpu_by_process
 from devkit.build import build_control_plane
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess
+from devkit.failover import FailoverResult, run_failover
 from devkit.fleet import (
     DEFAULT_MAX_DEMAND,
     OPENB_DIR,
@@ -76,6 +79,9 @@ TARGET_FILTER_P99_MS = 10.0
 TARGET_LAG_P99_MS = 1000.0
 TARGET_VS_ZERO = 0.85
 TARGET_DEFRAG_S = 60.0
+DEFAULT_ARRIVALS_PER_S = 5.0
+MAX_ARRIVALS_PER_S = 1000.0
+MAX_KILLS = 100
 
 
 @dataclass
@@ -96,6 +102,7 @@ class SizeResult:
     rows: dict[str, RowResult]
     whatif: tuple[float, float]  # FGD allocation %, fragmentation %
     load: tuple[float, float, float]
+    failover: FailoverResult | None = None
 
 
 def histogram(text: str, name: str, match: Callable[[dict[str, str]], bool] = lambda _: True
@@ -268,7 +275,8 @@ def run_row(plane: ControlPlane, fleet: Fleet, row: Row, namespace: str, target:
     return RowResult(seconds, placed, spent, algorithm, running_s, extender)
 
 
-def run_size(binary: Path, fleet: Fleet, seed: int) -> SizeResult:
+def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
+             arrivals_per_s: float = DEFAULT_ARRIVALS_PER_S) -> SizeResult:
     target = TargetWorkload.from_pods(fleet.pods)
     whatif = replay(fleet.nodes, fleet.pods, "fgd", seed, target)
     rows: dict[str, RowResult] = {}
@@ -290,10 +298,16 @@ def run_size(binary: Path, fleet: Fleet, seed: int) -> SizeResult:
                 # Each row's figures as it ends: a long run cut short still says something.
                 print(f"  {row.name}: {done.placed.bound} bound in {done.seconds:.1f}s, "
                       f"{done.placed} {done.extender}", file=sys.stderr, flush=True)
+            failover = None
+            if kills:
+                print(f"failover: {kills} leader kills", file=sys.stderr, flush=True)
+                failover = run_failover(plane, fleet, plane.create_namespace("failover"),
+                                        Path(tmp), kills=kills, per_s=arrivals_per_s)
         finally:
             kwok.stop()
     return SizeResult(fleet, rows, (float(whatif.allocation_pct[-1]),
-                                    float(whatif.frag_amount_pct[-1])), os.getloadavg())
+                                    float(whatif.frag_amount_pct[-1])), os.getloadavg(),
+                      failover)
 
 
 def met(ok: bool) -> str:
@@ -338,6 +352,13 @@ def print_size(result: SizeResult) -> None:
     print(f"  defrag --dry-run cycle: {g['defrag_s']:.1f}s, peak RSS {g['defrag_rss_mib']:.0f} "
           f"MiB, exit {g['defrag_exit']:.0f}, {g['defrag_moves']:.0f} moves planned; API "
           f"requests meanwhile (all clients): {api}")
+    if result.failover is not None:
+        f = result.failover
+        print(f"  failover (two replicas, kube-scheduler's leader election, lease 15 s; the "
+              f"leader and its extender SIGKILLed {len(f.first_bind_s)} times while pods "
+              f"arrived): {f.bound} of {f.pods} pods bound, {f.lost} lost, "
+              f"{f.double_assigned} GPUs given twice; first bind after a kill: median "
+              f"{statistics.median(f.first_bind_s):.1f}s, max {max(f.first_bind_s):.1f}s")
     gain = rows["default"].placed.frag_pct - rows["gpufrag-decide"].placed.frag_pct
     print("  targets (issue 26, judged at 5,000 nodes / 50,000 pods):")
     print(f"    extender RSS < 1 GiB: {met(g['rss_mib'] < TARGET_RSS_MIB)}; ready after "
@@ -401,6 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default=str(OPENB_DIR), help="openb trace folder (the "
                         "synthetic fleet of the same shape when absent)")
     parser.add_argument("--seed", default="0")
+    parser.add_argument("--failover-kills", default="0",
+                        help="after the rows, kill the gpufrag-scheduler leader this many times "
+                        "(two replicas) while the pods arrive again")
+    parser.add_argument("--arrivals-per-s", default=str(DEFAULT_ARRIVALS_PER_S),
+                        help="pods created per second during the failover run")
     args = parser.parse_args(argv)
     nodes = _counts(args.nodes, "--nodes", MAX_NODES)
     pods = _counts(args.pods, "--pods", MAX_PODS)
@@ -408,16 +434,22 @@ def main(argv: list[str] | None = None) -> int:
         _usage(f"--nodes and --pods pair up: {len(nodes)} node counts, {len(pods)} pod counts")
     try:
         max_demand, seed = float(args.max_demand), int(args.seed)
+        kills, arrivals_per_s = int(args.failover_kills), float(args.arrivals_per_s)
     except ValueError:
-        _usage(f"--max-demand must be a number and --seed an integer, got "
-               f"{args.max_demand!r}, {args.seed!r}")
+        _usage(f"--max-demand and --arrivals-per-s must be numbers, --seed and "
+               f"--failover-kills integers, got {args.max_demand!r}, {args.arrivals_per_s!r}, "
+               f"{args.seed!r}, {args.failover_kills!r}")
     if not 0 < max_demand <= 1:
         _usage(f"--max-demand must be in (0, 1], got {max_demand}")
+    if not 0 <= kills <= MAX_KILLS or not 0 < arrivals_per_s <= MAX_ARRIVALS_PER_S:
+        _usage(f"--failover-kills must be 0..{MAX_KILLS} and --arrivals-per-s in "
+               f"(0, {MAX_ARRIVALS_PER_S}], got {kills}, {arrivals_per_s}")
     binary = build_control_plane()
     results = []
     for n, p in zip(nodes, pods, strict=True):
         fleet = make_fleet(n, p, seed=seed, data_dir=Path(args.data), max_demand=max_demand)
-        results.append(run_size(binary, fleet, seed))
+        results.append(run_size(binary, fleet, seed, kills=kills,
+                                arrivals_per_s=arrivals_per_s))
         print_size(results[-1])
         sys.stdout.flush()
     if len(results) > 1:

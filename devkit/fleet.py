@@ -244,10 +244,19 @@ def wait_running(plane: ControlPlane, namespace: str, bound: int, timeout_s: flo
 
 
 def delete_pods(plane: ControlPlane, namespace: str, timeout_s: float) -> None:
+    """Every pod of the namespace gone. One collection delete of thousands of pods can run
+    past the API server's request timeout (504) while it goes on deleting: asked again until
+    none is left."""
     core = kubernetes.client.CoreV1Api(plane.api_client())
-    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-    wait_until(lambda: not list_pods(plane, namespace), timeout_s=timeout_s, what="pods gone",
-               interval_s=1.0)
+
+    def gone() -> bool:
+        if not list_pods(plane, namespace):
+            return True
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0,
+                                              _request_timeout=300)
+        return not list_pods(plane, namespace)
+
+    wait_until(gone, timeout_s=timeout_s, what="pods gone", interval_s=2.0)
 
 
 @dataclass(frozen=True)

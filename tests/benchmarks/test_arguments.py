@@ -44,7 +44,9 @@ def test_preempt_latency_names_a_bad_argument(argv: list[str], words: str,
     (["--pods", "0"], "--pods must be counts 1..200000"),
     (["--nodes", "10,20", "--pods", "100"], "--nodes and --pods pair up: 2 node counts, 1 pod"),
     (["--max-demand", "1.5"], "--max-demand must be in (0, 1], got 1.5"),
-    (["--seed", "x"], "--seed an integer"),
+    (["--seed", "x"], "--seed and --failover-kills integers"),
+    (["--failover-kills", "-1"], "--failover-kills must be 0..100"),
+    (["--arrivals-per-s", "0"], "--arrivals-per-s in (0, 1000.0]"),
 ])
 def test_fleet_scale_names_a_bad_argument(argv: list[str], words: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,7 +1,8 @@
 """The fleet-scale harness at its smallest size (issue 26): kwok GPU nodes of the openb mix on
 the real control plane, the same pods scheduled by the default scheduler, the zero-cost
-extender and gpufrag-scheduler, one after the other (benchmarks.fleet_scale at CI size; the
-large sizes are benchmark runs, their figures in docs/operations.md)."""
+extender and gpufrag-scheduler, one after the other, then by two gpufrag-scheduler replicas
+whose leader is killed while the pods arrive (benchmarks.fleet_scale at CI size; the large
+sizes are benchmark runs, their figures in docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from devkit.fleet import DEFAULT_MAX_DEMAND, make_fleet
 @pytest.fixture(scope="module")
 def fleet_run(control_plane_binary: Path) -> SizeResult:
     fleet = make_fleet(CI_NODES, CI_PODS, seed=0, max_demand=DEFAULT_MAX_DEMAND)
-    return run_size(control_plane_binary, fleet, seed=0)
+    # One leader kill: the lease alone takes 15 s to expire.
+    return run_size(control_plane_binary, fleet, seed=0, kills=1)
 
 
 def test_every_pod_is_bound_and_running_under_each_scheduler(fleet_run: SizeResult) -> None:
@@ -52,3 +54,12 @@ def test_the_figures_are_measured(fleet_run: SizeResult) -> None:
         assert row.cpu_ms_per_pod["kube-scheduler"] > 0, name
         assert row.cpu_ms_per_pod["kwok"] > 0, name  # kwok marked the pods Running
     assert fleet_run.rows["zero-one"].cpu_ms_per_pod["extender"] > 0
+
+
+def test_a_leader_kill_loses_no_pod_and_gives_no_gpu_twice(fleet_run: SizeResult) -> None:
+    failover = fleet_run.failover
+    assert failover is not None and len(failover.first_bind_s) == 1
+    assert (failover.lost, failover.double_assigned) == (0, 0)
+    assert failover.bound == failover.pods == len(fleet_run.fleet.pods)
+    # The standby binds only once the dead leader's lease (15 s) has expired.
+    assert 10 < failover.first_bind_s[0] < 120
