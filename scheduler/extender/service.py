@@ -173,10 +173,15 @@ class Extender:
 
     def _set_mig_workload(self, scorer: Scorer) -> None:
         """The MIG target workload from the profiles the pods seen ask, and a MIG scorer for
-        it (:mod:`scheduler.extender.migscoring`). Call with the cache's lock held."""
-        self.mig_workload = mig_workload(self.cache.mig.profile_counts())
-        self.mig_scorer = MigScorer(self.cache.mig, scorer, self.mig_workload,
-                                    encode_reason)
+        it (:mod:`scheduler.extender.migscoring`); the one there keeps its verdicts when the
+        workload is the same (they do not depend on the scorer, whose blend settings come
+        from the configuration). Call with the cache's lock held."""
+        workload = mig_workload(self.cache.mig.profile_counts())
+        if workload == self.mig_workload:
+            self.mig_scorer.scorer = scorer
+        else:
+            self.mig_scorer = MigScorer(self.cache.mig, scorer, workload, encode_reason)
+        self.mig_workload = workload
 
     def maintain(self) -> None:
         """Periodic upkeep (the runtime's maintenance thread): expire assumptions, refresh the

@@ -174,3 +174,18 @@ def test_a_new_agent_reading_is_read_at_once_not_from_the_kept_verdicts() -> Non
     runtime.cache.apply_node(obj)  # a process outside any pod now holds the one instance
     assert filtered(runtime, mig_pod("p", {"3g.40gb": 1}), ["m"])["FailedNodes"] == {
         "m": "no free nvidia.com/mig-3g.40gb instance (1 of 1 in use)"}
+
+
+def test_an_unchanged_mig_workload_keeps_the_kept_verdicts() -> None:
+    clock = FakeClock()
+    runtime = serve([mig_node("m", {"1g.10gb": 7})], [mig_pod("a", {"1g.10gb": 1})],
+                    config=make_config(workload={"refresh_s": 60}), clock=clock)
+    kept = runtime.extender.mig_scorer
+    runtime.cache.apply_pod(mig_pod("b", {"1g.10gb": 1}))  # same mix: 1g.10gb alone
+    clock.advance(61)
+    assert runtime.extender.refresh_workload()
+    assert runtime.extender.mig_scorer is kept and kept.scorer is runtime.extender.scorer
+    runtime.cache.apply_pod(mig_pod("c", {"7g.80gb": 1}))
+    clock.advance(61)
+    assert runtime.extender.refresh_workload()
+    assert runtime.extender.mig_scorer is not kept
