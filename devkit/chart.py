@@ -618,6 +618,11 @@ def _scoped(doc: Doc) -> bool:
     return namespace is None or namespace != BASE_NAMESPACE
 
 
+# Admission policy bindings, by kind, and the kind of the policy each names in spec.policyName.
+POLICY_BINDINGS: Final = {"ValidatingAdmissionPolicyBinding": "ValidatingAdmissionPolicy",
+                          "MutatingAdmissionPolicyBinding": "MutatingAdmissionPolicy"}
+
+
 def _release_scoped(name: str, where: str) -> Spliced:
     """``gpufrag-x`` as ``<fullname>-x``: the base's names with the release named gpufrag."""
     if not name.startswith(NAME_PREFIX):
@@ -626,10 +631,11 @@ def _release_scoped(name: str, where: str) -> Spliced:
     return Spliced([FULLNAME_EXPR, name[len(NAME_PREFIX):]])
 
 
-def _apply_release_names(doc: Doc, scoped_roles: set[str], where: str) -> None:
+def _apply_release_names(doc: Doc, scoped_roles: set[str], where: str,
+                         scoped_policies: frozenset[str] = frozenset()) -> None:
     """Release-scoped names for ``doc`` (where :func:`_scoped`) and for its references to the
-    ClusterRoles it does not own (``roleRef``), so a second release installs beside the
-    first."""
+    ClusterRoles it does not own (``roleRef``) and to the admission policies a binding names
+    (``spec.policyName``), so a second release installs beside the first."""
     meta = doc["metadata"]
     assert isinstance(meta, dict)
     if _scoped(doc):
@@ -638,6 +644,10 @@ def _apply_release_names(doc: Doc, scoped_roles: set[str], where: str) -> None:
     if (isinstance(ref, dict) and ref.get("kind") == "ClusterRole"
             and ref.get("name") in scoped_roles):
         ref["name"] = _release_scoped(str(ref["name"]), where)
+    spec = doc.get("spec")
+    if (doc.get("kind") in POLICY_BINDINGS and isinstance(spec, dict)
+            and spec.get("policyName") in scoped_policies):
+        spec["policyName"] = _release_scoped(str(spec["policyName"]), where)
 
 
 def _apply_labels(doc: Doc, extra: str = "") -> None:
@@ -1016,6 +1026,8 @@ def build_chart(docs: Sequence[Doc], version: str, *,
             "charts/gpufrag/crds/ yourself before an upgrade.")
     scoped_roles = {_name(doc) for doc in [*docs, *(hook for hook, _, _ in extra)]
                     if doc.get("kind") == "ClusterRole" and _scoped(doc)}
+    scoped_policies = frozenset(_name(doc) for doc in docs
+                                if doc.get("kind") in POLICY_BINDINGS.values() and _scoped(doc))
     # From the Certificate as the components have it: the loop below templates its namespace.
     webhook_prelude = (self_signed_prelude(docs) if any(
         str(d.get("kind", "")).endswith("WebhookConfiguration") for d in docs) else "")
@@ -1040,7 +1052,7 @@ def build_chart(docs: Sequence[Doc], version: str, *,
         path = _file_name(doc, taken)
         folder, hook_value = hook_of.get(id(doc), ("templates/", ""))
         path = path.replace("templates/", folder, 1)
-        _apply_release_names(doc, scoped_roles, where)
+        _apply_release_names(doc, scoped_roles, where, scoped_policies)
         _apply_namespace(doc)
         _apply_images(doc, images, where)
         _apply_labels(doc, source.labels if source else "")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import kubernetes
 import pytest
@@ -35,6 +36,27 @@ NODE = "rbac-node-0"
 Clients = Callable[[str], kubernetes.client.ApiClient]
 
 
+def token_client(control_plane: ControlPlane, account: str, path: Path,
+                 bound_to: dict[str, str] | None = None) -> kubernetes.client.ApiClient:
+    """A client authenticated as ServiceAccount ``account`` of gpufrag-system, with a token from
+    the TokenRequest API (bound to the object ``bound_to`` names, e.g. a Pod, where given);
+    its kubeconfig is written to ``path`` once and read back after."""
+    if not path.exists():
+        core: Any = kubernetes.client.CoreV1Api(control_plane.api_client())  # plain-dict bodies
+        spec: dict[str, object] = {"expirationSeconds": 3600}
+        if bound_to is not None:
+            spec["boundObjectRef"] = bound_to
+        token = wait_until(lambda: core.create_namespaced_service_account_token(
+            account, NS, {"spec": spec}).status.token, timeout_s=30,
+            what=f"a token for {account}")
+        ca = Path(control_plane.api_client().configuration.ssl_ca_cert).read_bytes()
+        path.write_text(kubeconfig_yaml(control_plane.server, ca, token))
+    api: Any = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
+        config_file=str(path))
+    api.kubeconfig_path = path  # for components that take --kubeconfig
+    return cast(kubernetes.client.ApiClient, api)
+
+
 @pytest.fixture(scope="module")
 def as_service_account(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
                        ) -> Iterator[Clients]:
@@ -43,20 +65,10 @@ def as_service_account(control_plane: ControlPlane, tmp_path_factory: pytest.Tem
             d["metadata"]["name"] == cv.HINTS_CONFIGMAP]  # type: ignore[index]
     control_plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(docs))
     control_plane.create_gpu_node(NODE, 2, "A10", 23_028)
-    core = kubernetes.client.CoreV1Api(control_plane.api_client())
-    ca = Path(control_plane.api_client().configuration.ssl_ca_cert).read_bytes()
     folder = tmp_path_factory.mktemp("sa")
 
     def client(account: str) -> kubernetes.client.ApiClient:
-        path = folder / f"{account}.kubeconfig"
-        if not path.exists():
-            token = wait_until(lambda: core.create_namespaced_service_account_token(
-                account, NS, {"spec": {"expirationSeconds": 3600}}).status.token,
-                timeout_s=30, what=f"a token for {account}")
-            path.write_text(kubeconfig_yaml(control_plane.server, ca, token))
-        api = kubernetes.config.new_client_from_config(config_file=str(path))
-        api.kubeconfig_path = path  # for components that take --kubeconfig
-        return api
+        return token_client(control_plane, account, folder / f"{account}.kubeconfig")
 
     yield client
     delete_nodes(control_plane, [NODE])
