@@ -369,7 +369,7 @@ class Extender:
 
     def _unplaceable(self, reason: str, names: Sequence[str]) -> FilterVerdicts:
         """Every node fails, unresolvable, with ``reason`` (a request the extender cannot
-        place anywhere, such as a MIG device)."""
+        place anywhere, such as an unmapped GPU resource)."""
         with self.cache.lock:
             rows = self._rows(names)
             self.node_json.sync(self.cache.state.names)
