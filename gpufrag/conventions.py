@@ -35,16 +35,27 @@ RESOURCE_GPU = "nvidia.com/gpu"
 # Shared GPUs: per-GPU share in milli-GPU (as the openb trace) and GPU memory in MiB.
 RESOURCE_GPU_MILLI = "gpufrag.io/gpu-milli"
 RESOURCE_GPU_MEMORY_MIB = "gpufrag.io/gpu-memory-mib"
+# MIG instances as NVIDIA's device plugin advertises them (``mixed`` strategy): one resource per
+# profile of the MIG table (scheduler/core/mig.py, the one home of MIG geometry, which this list
+# must name exactly: tests/scheduler/kube/test_mignodes.py checks it).
+RESOURCE_MIG_PREFIX = "nvidia.com/mig-"
+MIG_RESOURCES: tuple[str, ...] = tuple(RESOURCE_MIG_PREFIX + profile for profile in (
+    "1g.10gb", "1g.18gb", "1g.20gb", "1g.35gb", "1g.5gb", "2g.10gb", "2g.20gb", "2g.35gb",
+    "3g.20gb", "3g.40gb", "3g.71gb", "4g.20gb", "4g.40gb", "4g.71gb", "7g.141gb", "7g.40gb",
+    "7g.80gb"))
 # The resources the extender manages in kube-scheduler's configuration (managedResources), and
 # whether kube-scheduler ignores them (ignoredByScheduler). Whole GPUs are counted by both:
 # the device plugin advertises them. The shares are the extender's alone: kube-scheduler sees
 # neither per-GPU room nor (for memory) any allocatable at all, since no device plugin
 # advertises GPU memory and would fail every memory-share pod as "Insufficient" before the
 # extender is asked; the kubelet drops requests for extended resources its node does not
-# advertise at admission, so such a pod still runs. Every shipped configuration (kustomize,
-# Helm, the dev kit) lists exactly these; tests/e2e/test_manifests.py checks it.
+# advertise at admission, so such a pod still runs. MIG instances are counted by both too (the
+# device plugin advertises them); without them here kube-scheduler would never send a MIG pod
+# to the extender. Every shipped configuration (kustomize, Helm, the dev kit) lists exactly
+# these; tests/e2e/test_manifests.py checks it.
 MANAGED_RESOURCES: dict[str, bool] = {RESOURCE_GPU: False, RESOURCE_GPU_MILLI: True,
-                                      RESOURCE_GPU_MEMORY_MIB: True}
+                                      RESOURCE_GPU_MEMORY_MIB: True,
+                                      **dict.fromkeys(MIG_RESOURCES, False)}
 
 # Optional share resources, off ("") unless mapped: a share's compute in percent of one GPU
 # (HAMi's nvidia.com/gpucores).

@@ -17,7 +17,12 @@ from typing import Any
 
 import orjson
 
-from gpufrag.conventions import DEFAULT_NAMES, RESOURCE_GPU_MEMORY_MIB, KubeNames
+from gpufrag.conventions import (
+    DEFAULT_NAMES,
+    RESOURCE_GPU_MEMORY_MIB,
+    RESOURCE_MIG_PREFIX,
+    KubeNames,
+)
 from gpufrag.errors import BadInput
 from scheduler.core.mig import is_profile_name
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, NodeSpec, PodRequest
@@ -28,7 +33,7 @@ _MIB = Decimal(1024 * 1024)
 # NVIDIA's device plugin with the ``mixed`` MIG strategy advertises each GPU instance profile
 # as its own resource, nvidia.com/mig-<profile> (nvidia.com/mig-3g.40gb), and GPU feature
 # discovery says which strategy a node runs (nvidia.com/mig.strategy: none, single, mixed).
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+MIG_RESOURCE_PREFIX = RESOURCE_MIG_PREFIX  # the device plugin's, in gpufrag.conventions
 LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"
 
 

@@ -25,7 +25,7 @@ from devkit.procs import wait_until
 from devkit.stack import GROUP_LABEL, bound_node, delete_nodes
 from gpufrag import conventions as cv
 from node.agent.usage import GpuUsage, MigInstanceUsage, NodeGpuUsage
-from scheduler.kube.mignodes import mig_node_to_k8s, mig_resources
+from scheduler.kube.mignodes import mig_node_to_k8s
 from scheduler.kube.mignodes import mig_pod_to_k8s as mig_pod
 
 SCHEDULER = "gpufrag-mig"
@@ -39,11 +39,9 @@ def extender(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
     log = tmp_path_factory.mktemp("mig-extender") / "extender.log"
     ext = ExtenderProcess(control_plane, log, extra_args=(
         "--set", f"names.scheduler_name={SCHEDULER}")).start()
-    # MIG pods reach the extender only when managedResources names their resources (and
-    # kube-scheduler counts them: ignoredByScheduler false). Appended, as test_interop does.
-    config = gpufrag_scheduler_config(ext.url, name=SCHEDULER) + "".join(
-        f"      - name: {r}\n        ignoredByScheduler: false\n" for r in mig_resources())
-    control_plane.start_scheduler(SCHEDULER, config)
+    # MIG pods reach the extender because managedResources names their resources
+    # (gpufrag.conventions.MANAGED_RESOURCES, as every shipped configuration does).
+    control_plane.start_scheduler(SCHEDULER, gpufrag_scheduler_config(ext.url, name=SCHEDULER))
     yield ext
     control_plane.stop_scheduler(SCHEDULER)
     ext.stop()

@@ -4,6 +4,7 @@ use; the cache feeding it."""
 
 from __future__ import annotations
 
+from gpufrag.conventions import MANAGED_RESOURCES, MIG_RESOURCES
 from scheduler.core.mig import MIG_MODELS, MigInstance, taken_mask
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import mig_profile_of
@@ -130,3 +131,7 @@ def test_the_resources_a_scheduler_configuration_must_manage_are_every_profile_s
     assert {"nvidia.com/mig-1g.5gb", "nvidia.com/mig-3g.40gb", "nvidia.com/mig-7g.141gb"} <= \
         set(resources)
     assert all(mig_profile_of(r) for r in resources)
+    # The shipped scheduler configurations manage exactly these (counted by kube-scheduler too).
+    assert resources == MIG_RESOURCES
+    assert {r for r, ignored in MANAGED_RESOURCES.items() if r.startswith("nvidia.com/mig-")
+            and not ignored} == set(resources)
