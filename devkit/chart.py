@@ -34,9 +34,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
@@ -258,6 +260,28 @@ PARTS: Final[tuple[Part, ...]] = (
 
 
 @dataclass(frozen=True)
+class PatchPart:
+    """An optional kustomize Component that changes objects of the base rather than adding
+    objects of its own (``path`` under ``manifests/``): kustomize renders the base with it, and
+    what it adds to each object -- a map key the object lacks, a list item after the object's
+    own -- is written only where ``.Values.<value>`` is true (default false). A component that
+    changes or removes anything is refused (:func:`_apply_additions`)."""
+
+    value: str
+    path: str
+    help: str
+
+
+PATCH_PARTS: Final[tuple[PatchPart, ...]] = (
+    PatchPart("agent.migMonitor", "components/mig-monitor",
+              "On MIG nodes, let the agent read every MIG instance's placement, so it publishes "
+              "each GPU's mig list: NVIDIA's container toolkit mounts the MIG monitor "
+              "capability (NVIDIA_MIG_MONITOR_DEVICES=all), which it grants only to a container "
+              "with SYS_ADMIN in its capabilities (docs/security.md, \"The MIG monitor\")."),
+)
+
+
+@dataclass(frozen=True)
 class Line:
     """A line of an embedded file that is there only where ``.Values.<value>`` is true
     (default false): written after the line that ``after`` matches, indented as that line is
@@ -364,6 +388,17 @@ class IfSet:
     key: str
     expr: Expr
     block: bool
+
+
+@dataclass(frozen=True, eq=False)
+class IfOn:
+    """What a :class:`PatchPart` adds, written only where ``.Values.<value>`` is true: the key
+    ``key`` with ``content`` (standing as a key of its map), or, where ``key`` is None, the list
+    item ``content`` (standing as an item of its list). Hashed by identity: it is a map key."""
+
+    value: str
+    key: str | None
+    content: object
 
 
 @dataclass
@@ -684,6 +719,66 @@ def _apply_line(doc: Doc, line: Line) -> None:
                                *parts[i + 1:]]))
 
 
+def _apply_additions(base: object, patched: object, part: PatchPart, where: str) -> None:
+    """Put into ``base`` (an object of the base, or a field of one) what ``patched`` (the same
+    rendered with ``part``'s component) adds to it, each piece an :class:`IfOn`: a map key
+    ``base`` lacks, list items after ``base``'s own (a list's items are matched by position, as
+    a JSON patch's ``/-`` appends). Anything else that differs is refused: a chart whose default
+    render is not the base's would no longer be the base's."""
+    if isinstance(base, dict) and isinstance(patched, dict):
+        removed = [k for k in base if isinstance(k, str) and k not in patched]
+        if removed:
+            raise ChartError(f"{where}: {part.path} removes {', '.join(removed)}; a patch part "
+                             f"may only add")
+        for key, value in patched.items():
+            if key in base:
+                _apply_additions(base[key], value, part, f"{where}/{key}")
+            else:
+                base[IfOn(part.value, key, _added(value, part, f"{where}/{key}"))] = None
+        return
+    if isinstance(base, list) and isinstance(patched, list):
+        own = [item for item in base if not isinstance(item, IfOn)]
+        if len(patched) < len(own):
+            raise ChartError(f"{where}: {part.path} removes list items; a patch part may only "
+                             f"add")
+        for i, (item, patched_item) in enumerate(zip(own, patched, strict=False)):
+            _apply_additions(item, patched_item, part, f"{where}[{i}]")
+        base.extend(IfOn(part.value, None, _added(item, part, f"{where}[-]"))
+                    for item in patched[len(own):])
+        return
+    if base != patched:
+        raise ChartError(f"{where}: {part.path} changes {base!r} to {patched!r}; a patch part "
+                         f"may only add")
+
+
+def _added(content: object, part: PatchPart, where: str) -> object:
+    """``content`` as a patch part adds it: written as it is, so it may hold nothing a template
+    would have to carry (the namespace, an image, a literal ``{{``)."""
+    text = json.dumps(content)
+    if BASE_NAMESPACE in text or "{{" in text or '"image"' in text:
+        raise ChartError(f"{where}: {part.path} adds {text}, which names the namespace, an image "
+                         f"or holds '{{{{'; a patch part adds only fixed fields")
+    return content
+
+
+def _identity(doc: Doc) -> tuple[str, str, str]:
+    meta = doc.get("metadata")
+    namespace = meta.get("namespace", "") if isinstance(meta, dict) else ""
+    return str(doc.get("kind")), _name(doc), str(namespace)
+
+
+def _apply_patch_part(docs: Sequence[Doc], patched: Sequence[Doc], part: PatchPart) -> None:
+    """The additions of ``part`` (``patched``: the base rendered with its component) in the base
+    objects ``docs``; an object the component adds is refused (that is a :class:`Part`)."""
+    by_identity = {_identity(doc): doc for doc in docs}
+    for doc in patched:
+        key = _identity(doc)
+        if key not in by_identity:
+            raise ChartError(f"{part.path}: adds {key[0]}/{key[1]}, which the base lacks; a "
+                             f"component of its own objects is a Part, not a PatchPart")
+        _apply_additions(by_identity[key], doc, part, f"{key[0]}/{key[1]}")
+
+
 def _apply_ca_bundle(doc: Doc) -> None:
     """Every webhook's ``clientConfig.caBundle`` reads :data:`CA_BUNDLE_VAR` where it is set
     (the template's prelude, :func:`self_signed_prelude`, sets it)."""
@@ -809,6 +904,22 @@ def _render_if_set(piece: IfSet, indent: str) -> str:
             f"{indent}{{{{- end }}}}")
 
 
+def _render_if_on(piece: IfOn, prefix: str, rest: str, where: str) -> str:
+    """The lines that write ``piece`` (a map key after ``prefix``, followed by ``rest``, or a
+    list item) only where its value is true."""
+    indent = prefix.removesuffix("- ") if piece.key is None else prefix
+    if piece.key is None and (indent.strip() or not prefix.endswith("- ") or rest):
+        raise ChartError(f"{where}: a list item added by a patch part not alone on its line")
+    if piece.key is not None and (prefix.strip() or rest != ": null"):
+        raise ChartError(f"{where}: {piece.key} cannot be the first field of a list item: "
+                         f"{prefix}...{rest}")
+    added = [piece.content] if piece.key is None else {piece.key: piece.content}
+    text = yaml.safe_dump(added, sort_keys=False, width=10**9, default_flow_style=False,
+                          allow_unicode=True)
+    body = "\n".join(indent + line for line in text.rstrip("\n").split("\n"))
+    return f"{indent}{{{{- if .Values.{piece.value} }}}}\n{body}\n{indent}{{{{- end }}}}"
+
+
 def _render_labels(piece: Labels, prefix: str) -> str:
     """``labels:`` content after ``prefix``: the standard labels, then the object's own."""
     column = _key_column(prefix)
@@ -822,20 +933,20 @@ def _render_labels(piece: Labels, prefix: str) -> str:
 
 def _dump(doc: Doc, where: str) -> str:
     """``doc`` as YAML with every Whole/Spliced/IfSet/Labels piece written as its template."""
-    pieces: dict[str, Whole | Spliced | IfSet | Labels] = {}
+    pieces: dict[str, Whole | Spliced | IfSet | Labels | IfOn] = {}
 
-    def token(piece: Whole | Spliced | IfSet | Labels) -> _Token:
+    def token(piece: Whole | Spliced | IfSet | Labels | IfOn) -> _Token:
         name = f"gpufragtemplatepiece{len(pieces):04d}"
         pieces[name] = piece
         return _Token(name)
 
     def tokenize(node: object) -> object:
-        if isinstance(node, (Whole, Spliced, Labels)):
+        if isinstance(node, (Whole, Spliced, Labels, IfOn)):
             return token(node)
         if isinstance(node, str) and "{{" in node:  # a literal "{{": emit through a template
             return tokenize(Spliced([node]))
         if isinstance(node, dict):
-            return {token(k) if isinstance(k, IfSet) else k: tokenize(v)
+            return {token(k) if isinstance(k, (IfSet, IfOn)) else k: tokenize(v)
                     for k, v in node.items()}
         if isinstance(node, list):
             return [tokenize(v) for v in node]
@@ -848,6 +959,9 @@ def _dump(doc: Doc, where: str) -> str:
         for m in re.finditer(r"gpufragtemplatepiece\d{4}", line):
             piece = pieces[m.group(0)]
             prefix = line[:m.start()]
+            if isinstance(piece, IfOn):
+                lines[i] = _render_if_on(piece, prefix, line[m.end():], where)
+                continue
             if isinstance(piece, IfSet):
                 if prefix.strip() or line[m.end():] != ": null":
                     raise ChartError(f"{where}: {piece.key} cannot be the first field of a list "
@@ -968,6 +1082,7 @@ def _conditions(doc: Doc, name: str, toggles: Sequence[Toggle], values: Sequence
 
 def build_chart(docs: Sequence[Doc], version: str, *,
                 parts: Mapping[Part, Sequence[Doc]] | None = None,
+                patched: Mapping[PatchPart, Sequence[Doc]] | None = None,
                 knobs: Sequence[Knob] = KNOBS, toggles: Sequence[Toggle] = TOGGLES,
                 components: Sequence[Component] = COMPONENTS, lines: Sequence[Line] = LINES,
                 hooks: bool = True) -> dict[str, str]:
@@ -993,6 +1108,8 @@ def build_chart(docs: Sequence[Doc], version: str, *,
                              f"the base")
         _set_default(values, toggle.value, True)
     _declare_optional(values, notes, list(parts or {}), docs)
+    for patch_part, patched_docs in (patched or {}).items():
+        _apply_patch_part(base, patched_docs, patch_part)
 
     for knob in knobs:
         where = f"knob {knob.value}"
@@ -1012,6 +1129,9 @@ def build_chart(docs: Sequence[Doc], version: str, *,
         for value, (default, note) in _apply_pod_fields(doc, component).items():
             _set_default(values, value, default)
             notes[value] = note
+    for patch_part in patched or {}:
+        _set_default(values, patch_part.value, False)
+        notes[patch_part.value] = patch_part.help
 
     # Each hook with the folder of its template and the value it needs, if any.
     extra: list[tuple[Doc, str, str]] = []
@@ -1501,9 +1621,10 @@ def _readme(values: dict[str, object], notes: dict[str, str]) -> str:
             "ClusterRoleBindings, the RoleBinding in kube-system) names of their own "
             "(`<release>-gpufrag-...`, or `fullnameOverride`), so a second release installs "
             "beside the first. The optional pieces of the kustomize layout (monitoring, "
-            "dashboards, the right-sizing webhook, the scheduler's PodDisruptionBudget) are "
-            "rendered from their components under `manifests/components` and are off by "
-            "default; with `scheduler.replicas=2,scheduler.leaderElect=true,"
+            "dashboards, the right-sizing webhook, the scheduler's PodDisruptionBudget, the "
+            "agent's MIG monitoring) are rendered from their components under "
+            "`manifests/components` and are off by default; with "
+            "`scheduler.replicas=2,scheduler.leaderElect=true,"
             "extender.ignorable=false,extender.bind=true,defrag.dryRun=false,"
             "scheduler.disruptionBudget=true` the chart renders the production overlay's objects. "
             "`helm test <release>` runs the hooks in `templates/tests/`: a pod "
@@ -1527,10 +1648,27 @@ def render_sources(kubectl: Sequence[str], parts: Sequence[Part] = PARTS
                                   for part in parts}
 
 
+def render_patched(kubectl: Sequence[str], parts: Sequence[PatchPart] = PATCH_PARTS
+                   ) -> dict[PatchPart, list[Doc]]:
+    """The base rendered with each patch part's component, as an overlay would have it (a
+    kustomization in a temporary folder naming both by relative path, which kustomize
+    requires)."""
+    rendered: dict[PatchPart, list[Doc]] = {}
+    for part in parts:
+        with tempfile.TemporaryDirectory(prefix="gpufrag-chart-") as folder:
+            root = Path(folder)
+            (root / "kustomization.yaml").write_text(yaml.safe_dump({
+                "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                "resources": [os.path.relpath(BASE_DIR, root)],
+                "components": [os.path.relpath(BASE_DIR.parent / part.path, root)]}))
+            rendered[part] = render_base(kubectl, root)
+    return rendered
+
+
 def generate(kubectl: Sequence[str]) -> dict[str, str]:
     """The chart's files, from the current base and parts."""
     docs, parts = render_sources(kubectl)
-    return build_chart(docs, project_version(), parts=parts)
+    return build_chart(docs, project_version(), parts=parts, patched=render_patched(kubectl))
 
 
 def render_base(kubectl: Sequence[str], base: Path = BASE_DIR) -> list[Doc]:

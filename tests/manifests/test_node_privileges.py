@@ -1,0 +1,123 @@
+"""What the manifests let gpufrag's node-side components do, as kustomize and the chart render it:
+the node-write policies follow the chart's namespace and release names, and the opt-in MIG
+monitor component (manifests/components/mig-monitor, helm agent.migMonitor) adds exactly the
+toolkit's variable and SYS_ADMIN to the agent, nothing else, and only when asked. The policies'
+behaviour on a real API server: tests/e2e/test_node_write_policy.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devkit import chart
+from devkit.build import build_control_plane
+from devkit.toolbuild import build_tool
+from tests.built import built_or_fail
+from tests.e2e.test_helm import find, helm_template, same_objects
+
+MIG_MONITOR = next(p for p in chart.PATCH_PARTS if p.path == "components/mig-monitor")
+MONITOR_ENV = {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return built_or_fail("helm build", lambda: build_tool("helm"))
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> list[str]:
+    binary = built_or_fail("control plane build", build_control_plane)
+    return [str(binary), "kubectl"]
+
+
+def agent_container(docs: list[dict[str, object]]) -> Any:
+    daemonset: Any = find(docs, "DaemonSet", "gpufrag-agent")
+    (container,) = [c for c in daemonset["spec"]["template"]["spec"]["containers"]
+                    if c["name"] == "agent"]
+    return container
+
+
+def test_the_chart_is_what_the_generator_writes_from_the_manifests(kubectl: list[str]) -> None:
+    stale = chart.stale_files(chart.generate(kubectl))
+    assert not stale, f"run `{chart.REGENERATE}`: {', '.join(stale)}"
+
+
+def test_the_policies_name_the_releases_namespace_and_policies(helm: Path) -> None:
+    docs = helm_template(helm, "-n", "gpu-team", "--set", "namespace.name=", release="other")
+    policies: Any = {d["metadata"]["name"]: d for d in docs  # type: ignore[index]
+                     if d["kind"] == "ValidatingAdmissionPolicy"}
+    assert sorted(policies) == ["other-gpufrag-agent-node-writes",
+                                "other-gpufrag-defrag-node-writes"]
+    for account in ("agent", "defrag"):
+        (condition,) = policies[f"other-gpufrag-{account}-node-writes"]["spec"]["matchConditions"]
+        assert condition["expression"] == (
+            f"request.userInfo.username == 'system:serviceaccount:gpu-team:gpufrag-{account}'")
+    bindings: Any = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
+    assert all(b["metadata"]["name"] == b["spec"]["policyName"] for b in bindings)
+    assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
+    # Off with their component.
+    off = helm_template(helm, "--set", "defrag.enabled=false", "--set", "agent.enabled=false")
+    assert not [d for d in off if "AdmissionPolicy" in str(d["kind"])]
+
+
+def test_the_mig_monitor_adds_the_toolkits_variable_and_sys_admin_only(
+        kubectl: list[str]) -> None:
+    base = chart.render_base(kubectl)
+    with_monitor = chart.render_patched(kubectl, (MIG_MONITOR,))[MIG_MONITOR]
+    before, after = agent_container(base), agent_container(with_monitor)
+    assert after["env"] == [*before["env"], MONITOR_ENV]
+    # The toolkit refuses monitoring with single MIG devices visible: the agent sees all GPUs.
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in after["env"]
+    assert after["securityContext"] == before["securityContext"] | {
+        "capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}
+    # Still no root, no escalation: SYS_ADMIN stays in the bounding set, where the toolkit looks.
+    pod = find(with_monitor, "DaemonSet", "gpufrag-agent")["spec"]["template"]["spec"]  # type: ignore[index]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert after["securityContext"]["allowPrivilegeEscalation"] is False
+    after["env"], after["securityContext"] = before["env"], before["securityContext"]
+    assert with_monitor == base, "the component changes more than the agent's env and capabilities"
+
+
+def test_helm_renders_the_mig_monitor_exactly_as_kustomize(helm: Path, kubectl: list[str]) -> None:
+    with_monitor = chart.render_patched(kubectl, (MIG_MONITOR,))[MIG_MONITOR]
+    same_objects(helm_template(helm, "--set", f"{MIG_MONITOR.value}=true"), with_monitor)
+    default = agent_container(helm_template(helm))
+    assert MONITOR_ENV not in default["env"]
+    assert "add" not in default["securityContext"]["capabilities"]
+
+
+def _daemonset(env: list[dict[str, str]], **security: object) -> dict[str, object]:
+    dropped: dict[str, object] = {"capabilities": {"drop": ["ALL"]}}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "gpufrag-agent", "namespace": "gpufrag-system"},
+            "spec": {"template": {"spec": {"containers": [{
+                "name": "agent", "image": "ghcr.io/gpufrag/gpufrag:0.1.0", "env": env,
+                "securityContext": dropped | security}]}}}}
+
+
+def build(base: dict[str, object], patched: dict[str, object]) -> dict[str, str]:
+    return chart.build_chart([base], "0.1.0", knobs=(), toggles=(), components=(), lines=(),
+                             hooks=False, patched={MIG_MONITOR: [patched]})
+
+
+def test_a_patch_part_may_only_add() -> None:
+    env = [{"name": "A", "value": "1"}]
+    files = build(_daemonset(env), _daemonset([*env, MONITOR_ENV], readOnlyRootFilesystem=True))
+    template = files["templates/daemonset-gpufrag-agent.yaml"]
+    assert (f"{{{{- if .Values.{MIG_MONITOR.value} }}}}\n"
+            "        - name: NVIDIA_MIG_MONITOR_DEVICES\n") in template
+    assert "readOnlyRootFilesystem: true" in template.split(".Values.agent.migMonitor")[-1]
+    refused = {
+        "a changed value": _daemonset([{"name": "A", "value": "2"}]),
+        "a removed item": _daemonset([]),
+        "an inserted item": _daemonset([MONITOR_ENV, *env]),
+        "the namespace": _daemonset([*env, {"name": "NS", "value": "gpufrag-system"}]),
+    }
+    for what, patched in refused.items():
+        with pytest.raises(chart.ChartError, match="components/mig-monitor"):
+            build(_daemonset(env), patched)
+            pytest.fail(f"a patch part with {what} was accepted")
