@@ -150,6 +150,10 @@ def test_defrag_sets_the_mig_layout_and_nothing_else(
         "unschedulable": (lambda: core.patch_node(
             MIG_NODE, {"spec": {"unschedulable": True}}, _content_type=MERGE_PATCH),
             "gpufrag-defrag may not change the spec of a Node"),
+        "a finalizer": (lambda: core.patch_node(
+            MIG_NODE, {"metadata": {"finalizers": ["gpufrag.io/held"]}},
+            _content_type=MERGE_PATCH),
+            "gpufrag-defrag may not change the finalizers or owner references of a Node"),
     }
     assert_refused("gpufrag-defrag-node-writes", refused)
     assert node_labels(control_plane, MIG_NODE)[cv.LABEL_MIG_CONFIG] == "gpufrag-2x3g.40gb"
