@@ -9,13 +9,15 @@ values the base has, and a field the base leaves out is written only when its va
 objects ``kubectl kustomize manifests/base`` gives, plus the chart's standard labels
 (:data:`STANDARD_LABELS`) and the Namespace's keep policy (``tests/e2e/test_helm.py`` checks both
 that and that the committed chart is what this module writes today). Names that are one per
-cluster (ClusterRoles, their bindings, the RoleBinding in kube-system) start with the release's
-full name, which is ``gpufrag`` for that release, so another release installs beside it. The
-``helm test`` hooks (:func:`test_hooks`) are built here too, from what the base says about the
-extender. The optional pieces of the layout (:data:`PARTS`: kustomize Components under
-``manifests/components``) are rendered by kustomize too and written behind a value that is false
-by default, and :data:`LINES` adds the lines an overlay's embedded file has beyond the base's
-(``bindVerb``), so the production overlay is a set of values.
+cluster (ClusterRoles, admission policies, their bindings, the RoleBinding in kube-system) start
+with the release's full name, which is ``gpufrag`` for that release, so another release
+installs beside it. The ``helm test`` hooks (:func:`test_hooks`) are built here too, from what
+the base says about the extender. The optional pieces of the layout (:data:`PARTS`: kustomize
+Components under ``manifests/components``) are rendered by kustomize too and written behind a
+value that is false by default; so is what a Component that adds fields to base objects adds
+(:data:`PATCH_PARTS`: the agent's MIG monitor); and :data:`LINES` adds the lines an overlay's
+embedded file has beyond the base's (``bindVerb``), so the production overlay is a set of
+values.
 
     python -m devkit.chart            # rewrite charts/gpufrag from manifests/base
     python -m devkit.chart --check    # exit 1 naming each file that is out of date
@@ -1461,7 +1463,8 @@ def _chart_yaml(version: str) -> str:
 def _help(path: str, notes: dict[str, str]) -> str:
     fixed = {
         "fullnameOverride": "What the release-scoped names (ClusterRoles, ClusterRoleBindings, "
-                            "the RoleBinding in kube-system) start with; empty: the release "
+                            "the admission policies and their bindings, the RoleBinding in "
+                            "kube-system) start with; empty: the release "
                             "name where it holds \"gpufrag\", else <release>-gpufrag.",
         "global.imageRegistry": "Registry host (and path) in place of every image's own, e.g. "
                                 "a mirror; empty: each image's as set under images.",
@@ -1618,7 +1621,8 @@ def _readme(values: dict[str, object], notes: dict[str, str]) -> str:
             "`app.kubernetes.io/instance`, `-managed-by`, `-version`, and `-name` where the base "
             "has none) and the Namespace's keep policy (checked by `tests/e2e/test_helm.py`). "
             "Another release name gives the cluster-wide objects (ClusterRoles, "
-            "ClusterRoleBindings, the RoleBinding in kube-system) names of their own "
+            "ClusterRoleBindings, the admission policies and their bindings, the RoleBinding in "
+            "kube-system) names of their own "
             "(`<release>-gpufrag-...`, or `fullnameOverride`), so a second release installs "
             "beside the first. The optional pieces of the kustomize layout (monitoring, "
             "dashboards, the right-sizing webhook, the scheduler's PodDisruptionBudget, the "
