@@ -132,9 +132,13 @@ def _api_errors(what: str, *, verb: str, not_found: str) -> Iterator[None]:
         if exc.status == 404:
             raise PublishError(f"{what}: {not_found}", retryable=False) from None
         if exc.status in (401, 403):
+            # The server's message says which: RBAC (no '{verb}') or the node-write admission
+            # policy (anything but this Node's usage annotation; docs/security.md).
+            said = f": {exc.message}" if exc.message else ""
             raise PublishError(
-                f"{what}: HTTP {exc.status}; the agent's ServiceAccount needs RBAC '{verb}' "
-                "(see docs/agent.md)",
+                f"{what}: HTTP {exc.status}{said}; the agent's ServiceAccount needs RBAC "
+                f"'{verb}', and the node-write policy lets it change only its own Node's usage "
+                "annotation (see docs/agent.md, docs/security.md)",
                 retryable=False,
             ) from None
         raise PublishError(str(exc), retryable=exc.retryable) from None

@@ -170,7 +170,8 @@ def test_agent_publishes_its_usage_and_nothing_else(
     assert node_annotations(control_plane, GPU_NODE)[cv.ANNOTATION_GPU_USAGE] == '{"gpus": [1]}'
     # A token bound to no pod names no node: any GPU node's annotation (as the RBAC test does).
     writer.patch_node_annotation(MIG_NODE, cv.ANNOTATION_GPU_USAGE, "{}")
-    with pytest.raises(PublishError, match="HTTP 403"):
+    # The agent's error carries the policy's own message, naming the key it refused.
+    with pytest.raises(PublishError, match=r"HTTP 403: .*gpufrag\.io/other.*node-write policy"):
         writer.patch_node_annotation(GPU_NODE, "gpufrag.io/other", "{}")
 
     core: Any = kubernetes.client.CoreV1Api(client)
