@@ -276,7 +276,8 @@ def run_row(plane: ControlPlane, fleet: Fleet, row: Row, namespace: str, target:
 
 
 def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
-             arrivals_per_s: float = DEFAULT_ARRIVALS_PER_S) -> SizeResult:
+             arrivals_per_s: float = DEFAULT_ARRIVALS_PER_S, kwok: Path | None = None
+             ) -> SizeResult:
     target = TargetWorkload.from_pods(fleet.pods)
     whatif = replay(fleet.nodes, fleet.pods, "fgd", seed, target)
     rows: dict[str, RowResult] = {}
@@ -287,14 +288,14 @@ def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
         print(f"{len(fleet.nodes)} nodes created in {time.perf_counter() - started:.0f}s",
               file=sys.stderr, flush=True)
         install_reservations_crd(plane)  # the extender and defrag list reservations
-        kwok = start_kwok(plane)
+        kwok_process = start_kwok(plane, kwok)
         try:
             namespace = plane.create_namespace("fleet")
             for row in FLEET_ROWS:
                 print(f"running {row.name} (load average {os.getloadavg()[0]:.1f})",
                       file=sys.stderr, flush=True)
                 done = rows[row.name] = run_row(plane, fleet, row, namespace, target,
-                                                kwok.process.pid, Path(tmp))
+                                                kwok_process.process.pid, Path(tmp))
                 # Each row's figures as it ends: a long run cut short still says something.
                 print(f"  {row.name}: {done.placed.bound} bound in {done.seconds:.1f}s, "
                       f"{done.placed} {done.extender}", file=sys.stderr, flush=True)
@@ -304,7 +305,7 @@ def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
                 failover = run_failover(plane, fleet, plane.create_namespace("failover"),
                                         Path(tmp), kills=kills, per_s=arrivals_per_s)
         finally:
-            kwok.stop()
+            kwok_process.stop()
     return SizeResult(fleet, rows, (float(whatif.allocation_pct[-1]),
                                     float(whatif.frag_amount_pct[-1])), os.getloadavg(),
                       failover)

@@ -13,13 +13,20 @@ import pytest
 
 from benchmarks.fleet_scale import CI_NODES, CI_PODS, SizeResult, run_size
 from devkit.fleet import DEFAULT_MAX_DEMAND, make_fleet
+from devkit.toolbuild import build_tool
+from tests.built import built_or_fail
 
 
 @pytest.fixture(scope="module")
-def fleet_run(control_plane_binary: Path) -> SizeResult:
+def kwok() -> Path:
+    return built_or_fail("kwok build", lambda: build_tool("kwok"))
+
+
+@pytest.fixture(scope="module")
+def fleet_run(control_plane_binary: Path, kwok: Path) -> SizeResult:
     fleet = make_fleet(CI_NODES, CI_PODS, seed=0, max_demand=DEFAULT_MAX_DEMAND)
     # One leader kill: the lease alone takes 15 s to expire.
-    return run_size(control_plane_binary, fleet, seed=0, kills=1)
+    return run_size(control_plane_binary, fleet, seed=0, kills=1, kwok=kwok)
 
 
 def test_every_pod_is_bound_and_running_under_each_scheduler(fleet_run: SizeResult) -> None:
