@@ -28,7 +28,15 @@ import yaml
 
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
-from devkit.fleet import Fleet, create_pods, list_pods, placement, pod_body, settled
+from devkit.fleet import (
+    Fleet,
+    create_pods,
+    list_pods,
+    placement,
+    pod_body,
+    settled,
+    unschedulable,
+)
 from devkit.procs import (
     EXIT_WITH_PARENT_ENV,
     ComponentProcess,
@@ -186,7 +194,9 @@ def run_failover(plane: ControlPlane, fleet: Fleet, namespace: str, folder: Path
         left = list_pods(plane, namespace, "spec.nodeName=")
         placed = placement(plane, fleet, namespace, TargetWorkload.from_pods(fleet.pods))
         result.bound, result.double_assigned = placed.bound, placed.stranded
-        result.lost = len(left) + len(bodies) - len(list_pods(plane, namespace))
+        # Lost: pending though the scheduler never found it unschedulable, or gone.
+        result.lost = (sum(1 for pod in left if not unschedulable(pod))
+                       + len(bodies) - len(list_pods(plane, namespace)))
     finally:
         arrivals.stop_event.set()
         arrivals.join(30)

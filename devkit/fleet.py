@@ -13,10 +13,11 @@ heartbeats (no node-lifecycle controller runs to read them).
 The fleet: ``count`` nodes resampled (seeded) from the openb GPU node list when the trace is
 present (products and GPU counts in the trace's proportions), else the seeded synthetic
 cluster with the same shape (:mod:`simulations.synthetic`); pods likewise from the openb pod
-list or the synthetic mix, drawn until ``count`` pods or until their GPU demand would pass
-``max_demand`` of the fleet's GPUs, whichever comes first: a pod that can never fit would stay
-pending and be retried for as long as the run lasts, which measures the queue, not the
-scheduler. Which source was used is in :attr:`Fleet.source`.
+list or the synthetic mix (less those no node of the fleet could hold even empty), drawn until
+``count`` pods or until their GPU demand would pass ``max_demand`` of the fleet's GPUs,
+whichever comes first: a pod that can never fit would stay pending and be retried for as long
+as the run lasts, which measures the queue, not the scheduler. Which source was used is in
+:attr:`Fleet.source`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from devkit.stack import GROUP_LABEL, gpu_pod
 from devkit.toolbuild import build_tool
 from gpufrag.conventions import ANNOTATION_GPU_INDICES
 from scheduler.core import MILLI_PER_GPU, ClusterState, TargetWorkload
+from scheduler.core.feasibility import feasible_mask
 from scheduler.core.fragmentation import node_fragmentation
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import PlacementError
@@ -149,9 +151,15 @@ def make_fleet(nodes: int, pods: int, *, seed: int = 0, data_dir: Path = OPENB_D
                       for i, n in enumerate(synthetic_nodes(nodes, seed=seed))]
         trace_pods = synthetic_pods(max(pods, 2000), seed=seed)
     node_specs = with_gpu_memory(node_specs, DEFAULT_GPU_GIB)
+    # A pod no node of this fleet could hold even empty (its allowed products all missing, or
+    # none of them big enough) could never be placed: it is not drawn.
+    kinds = list({(n.cpu_milli, n.memory_mib, n.gpu_count, n.gpu_product, n.gpu_memory_mib): n
+                  for n in node_specs}.values())
+    empty = ClusterState(kinds)
+    rows = empty.active_rows()
     products = {n.gpu_product for n in node_specs}
-    # A pod whose allowed products are all missing from this fleet could never be placed.
-    eligible = [p for p in trace_pods if not p.gpu_spec or p.gpu_spec & products]
+    eligible = [p for p in trace_pods if (not p.gpu_spec or p.gpu_spec & products)
+                and feasible_mask(empty, p, rows).any()]
     budget = int(sum(n.gpu_count for n in node_specs) * MILLI_PER_GPU * max_demand)
     chosen: list[PodRequest] = []
     demand = 0
