@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from benchmarks import fleet_scale, preempt_latency, scheduling_throughput
+from benchmarks import fleet_scale, mig_extender_latency, preempt_latency, scheduling_throughput
 
 
 def _usage_error(main: Callable[[list[str]], int], argv: list[str],
@@ -51,4 +51,18 @@ def test_preempt_latency_names_a_bad_argument(argv: list[str], words: str,
 def test_fleet_scale_names_a_bad_argument(argv: list[str], words: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     err = _usage_error(fleet_scale.main, argv, capsys)
+    assert words in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--sizes", "1000,lots"], "--sizes must be node counts separated by commas, got "
+                               "'1000,lots'"),
+    (["--sizes", "0"], "--sizes must be 1..20000 nodes each"),
+    (["--requests", "0"], "--requests and --threads must be at least 1, got 0, 8"),
+    (["--threads", "x"], "must be integers and --held a number, got '500', 'x', '1', '0.6'"),
+    (["--held", "1.5"], "--held must be in [0, 1], got 1.5"),
+])
+def test_mig_extender_latency_names_a_bad_argument(argv: list[str], words: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(mig_extender_latency.main, argv, capsys)
     assert words in err and len(err.strip().splitlines()) == 1
