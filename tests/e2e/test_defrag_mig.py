@@ -31,6 +31,7 @@ from devkit.stack import install_reservations_crd
 from gpufrag import conventions as cv
 from gpufrag.cli import main as gpufrag
 from scheduler.kube import reservations as rsv
+from scheduler.kube.mignodes import mig_pod_to_k8s
 
 pytestmark = pytest.mark.e2e
 
@@ -60,13 +61,11 @@ class MigCluster:
 
 
 def mig_pod(name: str, profile: str, count: int, *, node: str = "") -> dict[str, Any]:
-    resources = {f"nvidia.com/mig-{profile}": str(count)}
-    placed = {"nodeName": node} if node else {"schedulerName": "gpufrag-e2e-nobody"}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {**placed, "terminationGracePeriodSeconds": 0, "containers": [{
-                "name": "main", "image": "gpufrag-e2e:none",
-                "resources": {"requests": {"cpu": "100m", **resources},
-                              "limits": resources}}]}}
+    """A pod asking ``count`` instances of ``profile``, bound to ``node`` or left pending (a
+    scheduler nobody runs)."""
+    body = mig_pod_to_k8s(name, {profile: count}, node=node, scheduler_name="gpufrag-e2e-nobody")
+    body["spec"]["terminationGracePeriodSeconds"] = 0
+    return body
 
 
 @pytest.fixture(scope="module")
