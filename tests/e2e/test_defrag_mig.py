@@ -60,10 +60,12 @@ class MigCluster:
         return [e for e in events if e.reason == "MigLayoutChanged"]
 
 
-def mig_pod(name: str, profile: str, count: int, *, node: str = "") -> dict[str, Any]:
+def mig_pod(namespace: str, name: str, profile: str, count: int, *,
+            node: str = "") -> dict[str, Any]:
     """A pod asking ``count`` instances of ``profile``, bound to ``node`` or left pending (a
     scheduler nobody runs)."""
-    body = mig_pod_to_k8s(name, {profile: count}, node=node, scheduler_name="gpufrag-e2e-nobody")
+    body = mig_pod_to_k8s(name, {profile: count}, namespace=namespace, node=node,
+                          scheduler_name="gpufrag-e2e-nobody")
     body["spec"]["terminationGracePeriodSeconds"] = 0
     return body
 
@@ -88,9 +90,10 @@ def cluster(control_plane: ControlPlane) -> Iterator[MigCluster]:
                         cv.LABEL_MIG_CONFIG: NVIDIA_DEFAULT})
             mig = {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "14"}
             core.patch_node_status(name, {"status": {"capacity": mig, "allocatable": mig}})
-        core.create_namespaced_pod(namespace, mig_pod("on-busy", "1g.10gb", 1, node=BUSY))
+        core.create_namespaced_pod(namespace,
+                                   mig_pod(namespace, "on-busy", "1g.10gb", 1, node=BUSY))
         for i in range(2):
-            core.create_namespaced_pod(namespace, mig_pod(f"waiting-{i}", "3g.40gb", 2))
+            core.create_namespaced_pod(namespace, mig_pod(namespace, f"waiting-{i}", "3g.40gb", 2))
         hold = rsv.body(rsv.Reservation(
             HOLD, RESERVED, (0,), 1000, "dfgmig-owner", owner_kind="ReplicaSet",
             owner_name="dfgmig", namespace=namespace, expires=time.time() + 3600))
