@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import kubernetes
@@ -57,7 +57,7 @@ class NodePods:
             return len(self._pods)
 
     # -- EventSink ------------------------------------------------------------------------------
-    def replace(self, objs: list[Obj]) -> None:
+    def replace(self, objs: Iterable[Obj]) -> None:
         parsed = {ask.uid: ask for ask in map(self._parse, objs) if ask is not None}
         with self._lock:
             gone = set(self._pods) - set(parsed)

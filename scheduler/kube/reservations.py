@@ -424,7 +424,7 @@ class ReservationSink:
             log.warning("reservation skipped", reason=str(e))
             return None
 
-    def replace(self, objs: list[Obj]) -> None:
+    def replace(self, objs: Iterable[Obj]) -> None:
         readable = [r for r in (self._read(o) for o in objs) if r is not None]
         with self.lock:
             self.book.replace(readable)

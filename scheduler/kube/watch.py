@@ -1,11 +1,12 @@
 """List + watch of Nodes, Pods and the hints ConfigMap into a ``ClusterCache``.
 
 One :class:`Reflector` thread per resource does what client-go's reflector does: list (in pages)
-to get every object and a resourceVersion, hand the full list to the cache (which drops what is
-no longer there), then watch from that resourceVersion and apply each event. A watch that ends
-(server timeout) resumes from the last resourceVersion seen (bookmarks advance it too); a 410
-Gone — the version is too old — relists; any other failure (connection refused, 5xx, 403 while
-RBAC is being fixed) retries after a capped exponential backoff with full jitter.
+to get every object and a resourceVersion, streamed a page at a time into the cache (which drops
+what the list did not have once it has read it all), then watch from that resourceVersion and
+apply each event. A watch that ends (server timeout) resumes from the last resourceVersion seen
+(bookmarks advance it too); a 410 Gone — the version is too old — relists; any other failure
+(connection refused, 5xx, 403 while RBAC is being fixed) retries after a capped exponential
+backoff with full jitter.
 
 Objects travel as the API's JSON (parsed with orjson), never as the client's model classes: the
 converters read JSON, and deserialising 100,000 pods into models would take minutes.
@@ -25,7 +26,7 @@ import functools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -69,7 +70,7 @@ class WatchConfig:
 class EventSink(Protocol):
     """Where a reflector delivers objects."""
 
-    def replace(self, objs: list[Obj]) -> None: ...
+    def replace(self, objs: Iterable[Obj]) -> None: ...
 
     def upsert(self, obj: Obj) -> None: ...
 
@@ -80,7 +81,7 @@ class NodeSink:
     def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
 
-    def replace(self, objs: list[Obj]) -> None:
+    def replace(self, objs: Iterable[Obj]) -> None:
         self.cache.replace_nodes(objs)
 
     def upsert(self, obj: Obj) -> None:
@@ -96,7 +97,7 @@ class PodSink:
     def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
 
-    def replace(self, objs: list[Obj]) -> None:
+    def replace(self, objs: Iterable[Obj]) -> None:
         self.cache.replace_pods(objs)
 
     def upsert(self, obj: Obj) -> None:
@@ -112,8 +113,9 @@ class HintsSink:
     def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
 
-    def replace(self, objs: list[Obj]) -> None:
-        self.cache.set_hints(objs[0] if objs else None)
+    def replace(self, objs: Iterable[Obj]) -> None:
+        listed = list(objs)  # read to the end: the list's resourceVersion comes last
+        self.cache.set_hints(listed[0] if listed else None)
 
     def upsert(self, obj: Obj) -> None:
         self.cache.set_hints(obj)
@@ -162,27 +164,55 @@ def _lines(resp: Any) -> Iterator[bytes]:
         yield buffer
 
 
+class PagedList:
+    """The objects of a list call, fetched a page of ``page_size`` at a time while they are
+    iterated: a relist holds one page of JSON at a time, not the whole cluster's, so the
+    extender's memory after a relist of 50,000 pods stays that of its cache (a page's objects
+    are converted and dropped before the next page is read). ``version`` is the list's
+    resourceVersion once the last page has been read; ``count`` the objects so far. A failure
+    on a later page raises from the iteration: what was applied from earlier pages is real
+    (newer) state, and the caller lists again."""
+
+    def __init__(self, list_call: ListCall, page_size: int = 500, *,
+                 what: str = "objects") -> None:
+        self.list_call = list_call
+        self.page_size = page_size
+        self.what = what
+        self.version = ""
+        self.count = 0
+
+    def __iter__(self) -> Iterator[Obj]:
+        token: str | None = None
+        while True:
+            resp = self.list_call(limit=self.page_size, _continue=token, _preload_content=False,
+                                  _request_timeout=(CONNECT_TIMEOUT_S, LIST_READ_TIMEOUT_S))
+            try:
+                body = orjson.loads(resp.data)  # read to the end before the connection goes back
+            finally:
+                resp.release_conn()
+            items: list[Obj] = body.get("items") or []
+            meta = body.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                version = str(meta.get("resourceVersion") or "")
+                if not version:
+                    raise WatchError(f"{self.what} list carried no resourceVersion")
+            del body
+            self.count += len(items)
+            yield from items
+            if token is None:
+                self.version = version
+                return
+
+
 def list_objects(list_call: ListCall, page_size: int = 500, *,
                  what: str = "objects") -> tuple[list[Obj], str]:
     """Every object a list call returns (in pages of ``page_size``), as JSON, and the list's
-    resourceVersion."""
-    items: list[Obj] = []
-    token: str | None = None
-    while True:
-        resp = list_call(limit=page_size, _continue=token, _preload_content=False,
-                         _request_timeout=(CONNECT_TIMEOUT_S, LIST_READ_TIMEOUT_S))
-        try:
-            body = orjson.loads(resp.data)  # read to the end before the connection goes back
-        finally:
-            resp.release_conn()
-        items += body.get("items") or []
-        meta = body.get("metadata") or {}
-        token = meta.get("continue") or None
-        if token is None:
-            version = str(meta.get("resourceVersion") or "")
-            if not version:
-                raise WatchError(f"{what} list carried no resourceVersion")
-            return items, version
+    resourceVersion: for callers that need them all at once (an export, a small node's pods);
+    a reflector streams them (:class:`PagedList`)."""
+    listed = PagedList(list_call, page_size, what=what)
+    items = list(listed)
+    return items, listed.version
 
 
 class Reflector:
@@ -206,9 +236,17 @@ class Reflector:
         self._log = log.bind(kind=kind)
 
     # ------------------------------------------------------------------ one list, one watch
-    def list_all(self) -> tuple[list[Obj], str]:
-        """Every object (paged), and the resourceVersion to watch from."""
-        return list_objects(self.list_call, self.config.page_size, what=self.kind)
+    def relist(self) -> str:
+        """Hand the sink every object, streamed a page at a time (:class:`PagedList`);
+        returns the resourceVersion to watch from."""
+        listed = PagedList(self.list_call, self.config.page_size, what=self.kind)
+        self.sink.replace(listed)
+        if not listed.version:  # a sink that stopped reading before the end
+            raise WatchError(f"{self.kind} list not read to its end")
+        self.lists += 1
+        self._listed_at = self.clock()
+        self._log.info("listed", objects=listed.count, resource_version=listed.version)
+        return listed.version
 
     def watch_from(self, version: str) -> str | None:
         """Apply events from ``version`` on until the server ends the watch; returns the
@@ -255,11 +293,7 @@ class Reflector:
         while not self.stop_event.is_set():
             try:
                 if version is None:
-                    objs, version = self.list_all()
-                    self.sink.replace(objs)
-                    self.lists += 1
-                    self._listed_at = self.clock()
-                    self._log.info("listed", objects=len(objs), resource_version=version)
+                    version = self.relist()
                 version = self.watch_from(version)
                 self.backoff.reset()
                 if version is None:
@@ -340,5 +374,5 @@ class ClusterWatcher:
             thread.join(timeout_s)
 
 
-__all__ = ["Backoff", "ClusterWatcher", "EventSink", "Reflector", "WatchConfig", "WatchError",
-           "list_objects"]
+__all__ = ["Backoff", "ClusterWatcher", "EventSink", "PagedList", "Reflector", "WatchConfig",
+           "WatchError", "list_objects"]

@@ -180,6 +180,72 @@ def test_a_list_without_resource_version_is_an_error() -> None:
     assert reflector.errors[0] == "WatchError('nodes list carried no resourceVersion')"
 
 
+def test_a_relist_streams_each_page_to_the_sink_before_reading_the_next() -> None:
+    """The sink sees a page's objects while later pages are still unread: a relist holds one
+    page of JSON, not the cluster's. A failure on a later page keeps what earlier pages
+    applied (newer state), drops nothing the list did not reach, and lists again."""
+    stop = threading.Event()
+    script = Script([
+        listing(["n1", "n2"], token="p2"), listing(["n3"], token="p3"),
+        ConnectionResetError("reset mid-list"),
+        listing(["n1"], token="p2"), listing(["n3"], version="7"),
+    ], stop)
+    calls_when_seen: list[tuple[str, int]] = []
+
+    class Watching(RecordingSink):
+        def replace(self, objs: Any) -> None:
+            names = []
+            for o in objs:
+                calls_when_seen.append((o["metadata"]["name"], len(script.calls)))
+                names.append(o["metadata"]["name"])
+            self.seen.append(("replace", names))
+
+    sink = Watching()
+    reflector = Reflector("nodes", script, sink, WatchConfig(
+        page_size=2, backoff_initial_s=0.001, backoff_max_s=0.001), stop)
+    reflector.run()
+    # n1 and n2 arrived after the first call only; n3 after the second.
+    assert calls_when_seen[:3] == [("n1", 1), ("n2", 1), ("n3", 2)]
+    assert sink.seen == [("replace", ["n1", "n3"])]  # the failed list never completed
+    assert reflector.errors[0] == "ConnectionResetError('reset mid-list')"
+    assert reflector.lists == 1
+    assert [c.get("resource_version") for c in script.calls if c.get("watch")] == ["7"]
+
+
+def test_a_failed_relist_keeps_the_cache_and_the_next_one_drops_what_is_gone() -> None:
+    """On a real cache: the pages a failed relist applied stay (and nothing is dropped, since
+    the list did not finish); the next complete list drops the node no page had."""
+    stop = threading.Event()
+
+    def nodes_page(names: list[str], version: str = "", token: str = "") -> FakeResponse:
+        meta = {"resourceVersion": version, **({"continue": token} if token else {})}
+        return FakeResponse(orjson.dumps({"metadata": meta, "items": [
+            node_to_k8s(node(n)) for n in names]}))
+
+    cache = ClusterCache()
+    cache.replace_nodes([node_to_k8s(node(n)) for n in ("a", "b", "c")])
+    script = Script([nodes_page(["a"], token="p2"), ConnectionResetError("reset"),
+                     nodes_page(["a"], token="p2"), nodes_page(["b"], version="9")], stop)
+    from_cache: list[list[str]] = []
+
+    class Sink:
+        def replace(self, objs: Any) -> None:
+            try:
+                cache.replace_nodes(objs)
+            finally:
+                from_cache.append(sorted(cache.state.index))
+
+        def upsert(self, o: Any) -> None: ...
+
+        def delete(self, o: Any) -> None: ...
+
+    Reflector("nodes", script, Sink(), WatchConfig(
+        page_size=1, backoff_initial_s=0.001, backoff_max_s=0.001), stop).run()
+    active = [cache.state.names[int(r)] for r in cache.state.active_rows()]
+    assert from_cache[0] == ["a", "b", "c"]  # the failed list dropped nothing
+    assert sorted(active) == ["a", "b"] and cache.relist_dropped["node"] == 1
+
+
 def test_a_bad_event_does_not_stop_the_watch() -> None:
     stop = threading.Event()
 
