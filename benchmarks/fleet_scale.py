@@ -3,7 +3,8 @@ trace, scheduled by gpufrag-scheduler (deciding filter) beside the default sched
 zero-cost extender in the same run, on the same fleet and the same pods.
 
     python -m benchmarks.fleet_scale [--nodes 1000,5000 --pods 10000,50000] [--max-demand 0.75]
-        [--data ../shared/data/openb] [--seed 0] [--failover-kills 10 --arrivals-per-s 5]
+        [--residents 0,0] [--data ../shared/data/openb] [--seed 0]
+        [--failover-kills 10 --arrivals-per-s 5]
 
 With no arguments a small fleet (CI size). ``--nodes`` and ``--pods`` are paired lists, one run
 per pair, each on a fresh control plane (devkit.fleet says how the fleet is drawn, and why the
@@ -18,6 +19,12 @@ extender's RSS, its own filter p50/p99, the watch lag (a pod created to the exte
 (a full relist), and one ``gpufrag defrag --dry-run`` cycle. With ``--failover-kills``, the
 same pods once more under two gpufrag-scheduler replicas whose leader is killed while they
 arrive (devkit.failover). With two sizes or more, how each figure grew against the node count.
+
+``--residents`` (paired with ``--nodes``): pods bound before the rows, straight to their nodes
+(devkit.fleet: GPU pods of the same draw scattered over the fleet, then per-node system pods),
+so a 5,000-node fleet holds 50,000 pods without an hour of scheduling them one by one here: the
+extender lists, caches and watches them all, the rows place their pods among them, and the
+placement columns count them. The what-if (from an empty fleet) is then not run.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from devkit.fleet import (
     Placement,
     create_nodes,
     create_pods,
+    create_residents,
     delete_pods,
     make_fleet,
     placement,
@@ -82,6 +90,9 @@ TARGET_DEFRAG_S = 60.0
 DEFAULT_ARRIVALS_PER_S = 5.0
 MAX_ARRIVALS_PER_S = 1000.0
 MAX_KILLS = 100
+# Seconds per 1,000 resident pods allowed for their creation and for kwok to run them, and for
+# an extender to list them at start.
+RESIDENT_S_PER_1000 = 60.0
 
 
 @dataclass
@@ -248,7 +259,7 @@ def gpufrag_figures(plane: ControlPlane, served: Served, namespace: str, node: s
 
 def run_row(plane: ControlPlane, fleet: Fleet, row: Row, namespace: str, target: TargetWorkload,
             kwok_pid: int, folder: Path) -> RowResult:
-    served = Served(plane, row, folder)
+    served = Served(plane, row, folder, ready_timeout_s=60 + ready_allowance_s(fleet))
     served.start()
     try:
         pids = served.pids() | {"kwok": kwok_pid}
@@ -267,6 +278,7 @@ def run_row(plane: ControlPlane, fleet: Fleet, row: Row, namespace: str, target:
         wait_running(plane, namespace, placed.bound, timeout_s=60 + len(fleet.pods) / 10)
         running_s = time.perf_counter() - bound_at
         extender = (gpufrag_figures(plane, served, namespace, fleet.nodes[0].name, folder)
+                    | {"ready_first_s": served.extender_ready_s}
                     if row.name.startswith("gpufrag") else {})
     finally:
         served.stop()
@@ -275,11 +287,18 @@ def run_row(plane: ControlPlane, fleet: Fleet, row: Row, namespace: str, target:
     return RowResult(seconds, placed, spent, algorithm, running_s, extender)
 
 
+def ready_allowance_s(fleet: Fleet) -> float:
+    return RESIDENT_S_PER_1000 * len(fleet.residents) / 1000
+
+
 def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
              arrivals_per_s: float = DEFAULT_ARRIVALS_PER_S, kwok: Path | None = None
              ) -> SizeResult:
     target = TargetWorkload.from_pods(fleet.pods)
-    whatif = replay(fleet.nodes, fleet.pods, "fgd", seed, target)
+    whatif = (math.nan, math.nan)
+    if not fleet.residents:  # the what-if starts from an empty fleet
+        replayed = replay(fleet.nodes, fleet.pods, "fgd", seed, target)
+        whatif = (float(replayed.allocation_pct[-1]), float(replayed.frag_amount_pct[-1]))
     rows: dict[str, RowResult] = {}
     with ControlPlane(binary, complete_pods=False) as plane, \
             tempfile.TemporaryDirectory() as tmp:
@@ -290,6 +309,11 @@ def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
         install_reservations_crd(plane)  # the extender and defrag list reservations
         kwok_process = start_kwok(plane, kwok)
         try:
+            started = time.perf_counter()
+            create_residents(plane, fleet, timeout_s=60 + ready_allowance_s(fleet))
+            if fleet.residents:
+                print(f"{len(fleet.residents)} resident pods created and Running in "
+                      f"{time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
             namespace = plane.create_namespace("fleet")
             for row in FLEET_ROWS:
                 print(f"running {row.name} (load average {os.getloadavg()[0]:.1f})",
@@ -306,9 +330,7 @@ def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
                                         Path(tmp), kills=kills, per_s=arrivals_per_s)
         finally:
             kwok_process.stop()
-    return SizeResult(fleet, rows, (float(whatif.allocation_pct[-1]),
-                                    float(whatif.frag_amount_pct[-1])), os.getloadavg(),
-                      failover)
+    return SizeResult(fleet, rows, whatif, os.getloadavg(), failover)
 
 
 def met(ok: bool) -> str:
@@ -318,9 +340,15 @@ def met(ok: bool) -> str:
 def print_size(result: SizeResult) -> None:
     fleet, rows = result.fleet, result.rows
     gpus = fleet.capacity_milli // 1000
+    resident_gpu = [r for r in fleet.residents if r.gpus is not None]
+    resident_demand = sum(r.pod.gpu_demand_milli for r in resident_gpu) / fleet.capacity_milli
+    residents = (f", among {len(fleet.residents)} resident pods ({len(resident_gpu)} of the "
+                 f"draw, {len(fleet.residents) - len(resident_gpu)} system pods; GPU demand "
+                 f"{100 * resident_demand:.0f}%)" if fleet.residents else "")
     print(f"\n{len(fleet.nodes)} kwok nodes ({fleet.source} mix, {gpus} GPUs), "
           f"{len(fleet.pods)} pods of {fleet.asked_pods} asked ({fleet.source} pods; GPU demand "
-          f"{100 * fleet.demand_milli / fleet.capacity_milli:.0f}% of the fleet's GPUs); "
+          f"{100 * fleet.demand_milli / fleet.capacity_milli:.0f}% of the fleet's GPUs)"
+          f"{residents}; "
           f"load average {' / '.join(f'{x:.1f}' for x in result.load)} on {os.cpu_count()} "
           "CPUs")
     print(f"  {'row':<16} {'s':>7} {'pods/s':>7} {'÷default':>8} {'÷zero':>6} {'bound':>6} "
@@ -335,8 +363,12 @@ def print_size(result: SizeResult) -> None:
               f"{r.placed.allocation_pct:>6.1f} {r.placed.frag_pct:>6.2f} "
               f"{r.placed.stranded:>8} "
               f"{r.algorithm_ms[0]:>7.1f}/{r.algorithm_ms[1]:<8.1f} {r.running_s:>9.1f}")
-    print(f"  {'what-if fgd':<16} {'':>7} {'':>7} {'':>8} {'':>6} {'':>6} {'':>7} "
-          f"{result.whatif[0]:>6.1f} {result.whatif[1]:>6.2f}  (static replay, same pods)")
+    if math.isnan(result.whatif[0]):
+        print(f"  {'what-if fgd':<16} not run: it starts from an empty fleet, these pods "
+              "arrived among residents")
+    else:
+        print(f"  {'what-if fgd':<16} {'':>7} {'':>7} {'':>8} {'':>6} {'':>6} {'':>7} "
+              f"{result.whatif[0]:>6.1f} {result.whatif[1]:>6.2f}  (static replay, same pods)")
     names = sorted({k for r in rows.values() for k in r.cpu_ms_per_pod})
     print("  CPU per pod (ms): " + "; ".join(
         f"{name}: " + " ".join(f"{p}={r.cpu_ms_per_pod.get(p, 0.0):.1f}" for p in names
@@ -344,7 +376,8 @@ def print_size(result: SizeResult) -> None:
         for name, r in rows.items()))
     g = rows["gpufrag-decide"].extender
     print(f"  gpufrag extender: RSS {g['rss_mib']:.0f} MiB (after a restart "
-          f"{g['rss_restarted_mib']:.0f} MiB); ready {g['ready_s']:.1f}s after a restart; own "
+          f"{g['rss_restarted_mib']:.0f} MiB); ready {g['ready_first_s']:.1f}s after its start, "
+          f"{g['ready_s']:.1f}s after a restart; own "
           f"filter p50/p99 {g['filter_p50_ms']:.2f}/{g['filter_p99_ms']:.2f} ms; watch lag "
           f"p50/max {g['lag_p50_ms']:.0f}/{g['lag_max_ms']:.0f} ms over {LAG_PROBES} pods "
           f"(one /metrics scrape {g['scrape_ms']:.0f} ms included)")
@@ -369,9 +402,11 @@ def print_size(result: SizeResult) -> None:
           f"{met(g['filter_p99_ms'] <= TARGET_FILTER_P99_MS)}; gpufrag ÷ zero-cost >= 0.85: "
           f"{met(rate['gpufrag-decide'] / rate['zero-one'] >= TARGET_VS_ZERO)}; defrag "
           f"dry-run cycle < 60 s: {met(g['defrag_s'] < TARGET_DEFRAG_S)}")
+    whatif = ("the what-if not run (residents)" if math.isnan(result.whatif[1])
+              else f"the what-if's FGD {result.whatif[1]:.2f}%")
     print(f"    FGD gain over the default scheduler: {gain:+.2f} points of fragmentation "
           f"(gpufrag {rows['gpufrag-decide'].placed.frag_pct:.2f}% vs default "
-          f"{rows['default'].placed.frag_pct:.2f}%; the what-if's FGD {result.whatif[1]:.2f}%)")
+          f"{rows['default'].placed.frag_pct:.2f}%; {whatif})")
 
 
 def print_growth(results: Sequence[SizeResult]) -> None:
@@ -399,13 +434,13 @@ def print_growth(results: Sequence[SizeResult]) -> None:
             print(f"  {name:<40} x{ratio:.2f}  ({shape})")
 
 
-def _counts(text: str, flag: str, high: int) -> list[int]:
+def _counts(text: str, flag: str, high: int, low: int = 1) -> list[int]:
     try:
         values = [int(v) for v in text.split(",")]
     except ValueError:
         values = []
-    if not values or not all(1 <= v <= high for v in values):
-        _usage(f"{flag} must be counts 1..{high} separated by commas, got {text!r}")
+    if not values or not all(low <= v <= high for v in values):
+        _usage(f"{flag} must be counts {low}..{high} separated by commas, got {text!r}")
     return values
 
 
@@ -418,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", default=str(CI_NODES), help="node counts, comma-separated")
     parser.add_argument("--pods", default=str(CI_PODS), help="pod counts, paired with --nodes")
+    parser.add_argument("--residents", default="", help="pods bound before the rows, paired "
+                        "with --nodes (default none)")
     parser.add_argument("--max-demand", default=str(DEFAULT_MAX_DEMAND),
                         help="stop drawing pods at this share of the fleet's GPUs (0..1]")
     parser.add_argument("--data", default=str(OPENB_DIR), help="openb trace folder (the "
@@ -431,8 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     nodes = _counts(args.nodes, "--nodes", MAX_NODES)
     pods = _counts(args.pods, "--pods", MAX_PODS)
-    if len(nodes) != len(pods):
-        _usage(f"--nodes and --pods pair up: {len(nodes)} node counts, {len(pods)} pod counts")
+    residents = (_counts(args.residents, "--residents", MAX_PODS, low=0) if args.residents
+                 else [0] * len(nodes))
+    if len(nodes) != len(pods) or len(nodes) != len(residents):
+        _usage(f"--nodes, --pods and --residents pair up: {len(nodes)} node counts, "
+               f"{len(pods)} pod counts, {len(residents)} resident counts")
     try:
         max_demand, seed = float(args.max_demand), int(args.seed)
         kills, arrivals_per_s = int(args.failover_kills), float(args.arrivals_per_s)
@@ -447,8 +487,9 @@ def main(argv: list[str] | None = None) -> int:
                f"(0, {MAX_ARRIVALS_PER_S}], got {kills}, {arrivals_per_s}")
     binary = build_control_plane()
     results = []
-    for n, p in zip(nodes, pods, strict=True):
-        fleet = make_fleet(n, p, seed=seed, data_dir=Path(args.data), max_demand=max_demand)
+    for n, p, r in zip(nodes, pods, residents, strict=True):
+        fleet = make_fleet(n, p, seed=seed, data_dir=Path(args.data), max_demand=max_demand,
+                           residents=r)
         results.append(run_size(binary, fleet, seed, kills=kills,
                                 arrivals_per_s=arrivals_per_s))
         print_size(results[-1])

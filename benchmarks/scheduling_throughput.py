@@ -33,6 +33,7 @@ difference comes from.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import statistics
@@ -97,9 +98,12 @@ EXTRA_ROWS = {
 class Served:
     """The scheduler (and extender) of one row, started and stopped around its run."""
 
-    def __init__(self, plane: ControlPlane, row: Row, folder: Path) -> None:
+    def __init__(self, plane: ControlPlane, row: Row, folder: Path, *,
+                 ready_timeout_s: float = 60.0) -> None:
         self.plane, self.row, self.folder = plane, row, folder
+        self.ready_timeout_s = ready_timeout_s  # gpufrag's extender lists the whole cluster
         self.extender: ExtenderProcess | ZeroExtenderProcess | None = None
+        self.extender_ready_s = math.nan  # its start to ready (gpufrag rows)
         self.scheduler_name = (SCHEDULER_NAME if row.name.startswith("gpufrag")
                                else f"bench-{row.name}")
 
@@ -115,8 +119,11 @@ class Served:
             answer = self.row.name.split("-")[1]
             settings = [arg for setting in self.row.settings for arg in ("--set", setting)]
             # Logging at info, as in production: the verbs then log nothing on success.
+            started = time.perf_counter()
             self.extender = ExtenderProcess(self.plane, log, log_level="info", extra_args=(
-                "--threads", "16", "--set", f"filter.answer={answer}", *settings)).start()
+                "--threads", "16", "--set", f"filter.answer={answer}", *settings)).start(
+                    timeout_s=self.ready_timeout_s)
+            self.extender_ready_s = time.perf_counter() - started
             config = gpufrag_scheduler_config(self.extender.url, name=self.scheduler_name,
                                               prioritize=answer == "feasible")
         self.plane.start_scheduler(f"bench-{self.row.name}", config + QPS)

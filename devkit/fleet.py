@@ -18,6 +18,15 @@ list or the synthetic mix (less those no node of the fleet could hold even empty
 whichever comes first: a pod that can never fit would stay pending and be retried for as long
 as the run lasts, which measures the queue, not the scheduler. Which source was used is in
 :attr:`Fleet.source`.
+
+Residents (``residents``): pods already running when the measured pods arrive, bound straight
+to their nodes (no scheduler), so the 50,000 pods of a large fleet cost their objects and not
+an hour of scheduling one by one on a small machine. The GPU ones are the first pods of the
+same draw (the measured pods are its last ``pods``), each on a random node that holds it, on
+the GPUs the core's rule gives it: the scattered fill of a long-running cluster. The rest of
+``residents`` are per-node system pods without GPUs (10m CPU, spread over the nodes): what a
+real fleet's daemonsets (device plugin, agent, exporters, network) put on every node, which
+the extender watches and caches all the same.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import os
 import subprocess
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -112,6 +121,18 @@ KWOK_STAGES: Final = "---\n".join(_STAGE.format(name=name, kind=kind, selector=s
      "    delete: true"),
 ))
 CREATE_THREADS: Final = 8
+RESIDENT_NAMESPACE: Final = "resident"
+SYSTEM_POD_CPU_MILLI: Final = 10
+SYSTEM_POD_MEMORY_MIB: Final = 16
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A pod bound to ``node`` before the run, on ``gpus`` (None: no GPU)."""
+
+    pod: PodRequest
+    node: str
+    gpus: tuple[int, ...] | None
 
 
 @dataclass(frozen=True)
@@ -122,6 +143,7 @@ class Fleet:
     nodes: list[NodeSpec]
     pods: list[PodRequest]
     asked_pods: int
+    residents: list[Resident] = field(default_factory=list)
 
     @property
     def capacity_milli(self) -> int:
@@ -133,11 +155,12 @@ class Fleet:
 
 
 def make_fleet(nodes: int, pods: int, *, seed: int = 0, data_dir: Path = OPENB_DIR,
-               max_demand: float = DEFAULT_MAX_DEMAND) -> Fleet:
-    """``nodes`` GPU nodes and up to ``pods`` pods of the openb shape (see the module doc)."""
-    if nodes < 1 or pods < 1 or not 0 < max_demand <= 1:
-        raise ValueError(f"nodes={nodes} and pods={pods} must be >= 1, max_demand={max_demand} "
-                         "in (0, 1]")
+               max_demand: float = DEFAULT_MAX_DEMAND, residents: int = 0) -> Fleet:
+    """``nodes`` GPU nodes, up to ``pods`` pods of the openb shape, and ``residents`` pods
+    bound before them (see the module doc)."""
+    if nodes < 1 or pods < 1 or residents < 0 or not 0 < max_demand <= 1:
+        raise ValueError(f"nodes={nodes} and pods={pods} must be >= 1, residents={residents} "
+                         f">= 0, max_demand={max_demand} in (0, 1]")
     rng = np.random.default_rng(seed)
     openb = (data_dir / OPENB_NODES).is_file() and (data_dir / OPENB_PODS).is_file()
     if openb:
@@ -163,14 +186,72 @@ def make_fleet(nodes: int, pods: int, *, seed: int = 0, data_dir: Path = OPENB_D
     budget = int(sum(n.gpu_count for n in node_specs) * MILLI_PER_GPU * max_demand)
     chosen: list[PodRequest] = []
     demand = 0
-    for k in rng.integers(0, len(eligible), size=pods):
+    for k in rng.integers(0, len(eligible), size=pods + residents):
         pod = eligible[int(k)]
         if demand + pod.gpu_demand_milli > budget:
             break
         demand += pod.gpu_demand_milli
         chosen.append(replace(pod, name=f"p-{len(chosen):05d}",
                               gpu_spec=pod.gpu_spec & products))
-    return Fleet("openb" if openb else "synthetic", node_specs, chosen, pods)
+    measured = max(0, len(chosen) - pods)
+    bound = scatter(node_specs, chosen[:measured], rng) if residents else []
+    system = [Resident(PodRequest(f"sys-{i:05d}", cpu_milli=SYSTEM_POD_CPU_MILLI,
+                                  memory_mib=SYSTEM_POD_MEMORY_MIB,
+                                  namespace=RESIDENT_NAMESPACE),
+                       node_specs[i % len(node_specs)].name, None)
+              for i in range(max(0, residents - len(bound)))]
+    return Fleet("openb" if openb else "synthetic", node_specs, chosen[measured:], pods,
+                 bound + system)
+
+
+def scatter(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], rng: np.random.Generator
+            ) -> list[Resident]:
+    """Each pod on a random node that holds it (after those before it), on the GPUs the core's
+    rule gives it; a pod no node holds any more is left out."""
+    state = ClusterState(nodes)
+    rows = state.active_rows()
+    placed = []
+    for pod in pods:
+        fits = rows[feasible_mask(state, pod, rows)]
+        if fits.size == 0:
+            continue
+        row = int(fits[rng.integers(0, fits.size)])
+        gpus = gpus_for(state, pod, row, NO_GPU)
+        resident = replace(pod, namespace=RESIDENT_NAMESPACE)
+        state.place(resident, row, gpus)
+        placed.append(Resident(resident, state.names[row], gpus))
+    return placed
+
+
+def resident_body(resident: Resident) -> dict[str, Any]:
+    """A resident as the Pod object it is created as: the measured pods' shape, bound, its
+    GPUs recorded as a bind records them."""
+    body = pod_body(resident.pod, "default-scheduler")
+    body["metadata"]["namespace"] = RESIDENT_NAMESPACE
+    body["spec"]["nodeName"] = resident.node
+    if resident.gpus:
+        body["metadata"]["annotations"][ANNOTATION_GPU_INDICES] = ",".join(
+            str(g) for g in resident.gpus)
+    return body
+
+
+def create_residents(plane: ControlPlane, fleet: Fleet, timeout_s: float) -> None:
+    """The fleet's residents created (in their own namespace) and Running (kwok runs them)."""
+    if not fleet.residents:
+        return
+    plane.create_namespace(RESIDENT_NAMESPACE)
+    create_pods(plane, RESIDENT_NAMESPACE, (resident_body(r) for r in fleet.residents))
+    core = kubernetes.client.CoreV1Api(plane.api_client())
+
+    def all_running() -> bool:
+        # One pod at most, not the namespace's 50,000, per look.
+        answer: Any = core.list_namespaced_pod(RESIDENT_NAMESPACE, limit=1,
+                                               field_selector="status.phase!=Running",
+                                               _preload_content=False)
+        return not orjson.loads(answer.data)["items"]
+
+    wait_until(all_running, timeout_s=timeout_s, what="every resident pod Running (kwok)",
+               interval_s=2.0)
 
 
 def pod_body(pod: PodRequest, scheduler: str) -> dict[str, Any]:
@@ -286,9 +367,13 @@ def placement(plane: ControlPlane, fleet: Fleet, namespace: str, target: TargetW
               ) -> Placement:
     """The fleet laid out in creation order: each bound pod on its node, on the GPUs the
     extender recorded at bind where it did, else on those the core's rule gives it (as
-    gpufrag's device plugin would pick for a pod nobody recorded GPUs for)."""
+    gpufrag's device plugin would pick for a pod nobody recorded GPUs for), after the fleet's
+    residents on theirs."""
     requests = {p.name: p for p in fleet.pods}
     state = ClusterState(fleet.nodes)
+    for resident in fleet.residents:
+        if resident.gpus is not None:
+            state.place(resident.pod, state.index[resident.node], resident.gpus)
     pods = list_pods(plane, namespace)
     bound = sorted((p for p in pods if p["spec"].get("nodeName")),
                    key=lambda p: str(p["metadata"]["name"]))

@@ -42,7 +42,10 @@ def test_preempt_latency_names_a_bad_argument(argv: list[str], words: str,
     (["--nodes", "100,lots"], "--nodes must be counts 1..50000 separated by commas, got "
                               "'100,lots'"),
     (["--pods", "0"], "--pods must be counts 1..200000"),
-    (["--nodes", "10,20", "--pods", "100"], "--nodes and --pods pair up: 2 node counts, 1 pod"),
+    (["--nodes", "10,20", "--pods", "100"], "--nodes, --pods and --residents pair up: 2 node "
+                                             "counts, 1 pod"),
+    (["--residents", "-5"], "--residents must be counts 0..200000"),
+    (["--nodes", "10", "--pods", "10", "--residents", "0,5"], "1 pod counts, 2 resident"),
     (["--max-demand", "1.5"], "--max-demand must be in (0, 1], got 1.5"),
     (["--seed", "x"], "--seed and --failover-kills integers"),
     (["--failover-kills", "-1"], "--failover-kills must be 0..100"),

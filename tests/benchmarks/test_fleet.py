@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from devkit.fleet import make_fleet, pod_body, quantile
+from devkit.fleet import RESIDENT_NAMESPACE, make_fleet, pod_body, quantile, resident_body
 from gpufrag import conventions as cv
+from scheduler.core import ClusterState
 from scheduler.core.types import PodRequest
 
 OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
@@ -37,13 +38,40 @@ def test_with_the_trace_the_fleet_is_the_openb_mix() -> None:
     assert any(p.is_share for p in fleet.pods) and any(p.num_gpu > 1 for p in fleet.pods)
 
 
+def test_residents_are_bound_gpu_pods_of_the_same_draw_then_system_pods(
+        tmp_path: Path) -> None:
+    """The measured pods are the draw's last ``pods``; the GPU residents the ones before,
+    each on a node that holds it with every resident before it (a GPU never over-committed);
+    system pods (no GPU) fill up the residents' count, spread over the nodes."""
+    alone = make_fleet(30, 20, seed=3, data_dir=tmp_path, max_demand=0.8)
+    fleet = make_fleet(30, 20, seed=3, data_dir=tmp_path, max_demand=0.8, residents=400)
+    assert len(fleet.pods) == 20 and len(fleet.residents) == 400
+    gpu = [r for r in fleet.residents if r.gpus is not None]  # the trace's (a few CPU-only)
+    system = [r for r in fleet.residents if r.gpus is None]
+    assert system and sum(r.pod.wants_gpu for r in gpu) > 0.8 * len(gpu)
+    assert not any(r.pod.wants_gpu for r in system)
+    assert {r.node for r in system} == {n.name for n in fleet.nodes}  # spread over all
+    assert fleet.demand_milli + sum(r.pod.gpu_demand_milli for r in gpu) \
+        <= fleet.capacity_milli * 0.8
+    assert [p.name for p in fleet.pods] != [p.name for p in alone.pods]  # the draw's tail
+    state = ClusterState(fleet.nodes)
+    for r in gpu:  # raises PlacementError on an over-committed GPU
+        state.place(r.pod, state.index[r.node], r.gpus or ())
+    gpu = [r for r in gpu if r.pod.wants_gpu]
+    body = resident_body(gpu[0])
+    assert body["spec"]["nodeName"] == gpu[0].node
+    assert body["metadata"]["namespace"] == RESIDENT_NAMESPACE
+    assert body["metadata"]["annotations"][cv.ANNOTATION_GPU_INDICES] == ",".join(
+        map(str, gpu[0].gpus or ()))
+
+
 @pytest.mark.parametrize("bad", [{"nodes": 0}, {"pods": 0}, {"max_demand": 0.0},
-                                 {"max_demand": 1.5}])
+                                 {"max_demand": 1.5}, {"residents": -1}])
 def test_a_bad_size_is_refused(bad: dict[str, float], tmp_path: Path) -> None:
-    args = {"nodes": 5, "pods": 5, "max_demand": 0.5} | bad
-    with pytest.raises(ValueError, match="must be"):
+    args = {"nodes": 5, "pods": 5, "max_demand": 0.5, "residents": 0} | bad
+    with pytest.raises(ValueError, match="must be|>= 0"):
         make_fleet(int(args["nodes"]), int(args["pods"]), data_dir=tmp_path,
-                   max_demand=args["max_demand"])
+                   max_demand=args["max_demand"], residents=int(args["residents"]))
 
 
 def test_pods_ask_for_gpufrags_resources() -> None:
