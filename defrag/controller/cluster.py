@@ -9,30 +9,23 @@ the converters expect).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from functools import partial
 from typing import Any
 
-import orjson
 from kubernetes import client
 
 from defrag.controller.errors import ApiRefusal, call_api, call_api_or_refusal
 from scheduler.kube import reservations as rsv
+from scheduler.kube.watch import list_objects
 
 Obj = Mapping[str, Any]
 PAGE = 2000
 
 
 def _list_all(what: str, fn: Callable[..., Any]) -> list[Obj]:
-    items: list[Obj] = []
-    token: str | None = None
-    while True:
-        answer = call_api(f"listing {what}", partial(fn, limit=PAGE, _continue=token,
-                                                     _preload_content=False))
-        page = orjson.loads(answer.data)
-        items.extend(page.get("items") or [])
-        token = (page.get("metadata") or {}).get("continue") or None
-        if not token:
-            return items
+    """Every object, in pages, without managedFields (the cycle holds them all at once: at
+    5,000 nodes and 50,000 pods they were 0.4 of its 2 GiB peak)."""
+    return call_api(f"listing {what}",
+                    lambda: list_objects(fn, PAGE, what=what, slim=True)[0])
 
 
 def read_nodes_and_pods(api_client: Any) -> tuple[list[Obj], list[Obj]]:

@@ -24,11 +24,6 @@ from scheduler.kube.watch import NON_TERMINAL_PODS, list_objects
 Obj = Mapping[str, Any]
 
 
-def _slim(obj: Obj) -> dict[str, Any]:
-    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
-    return {**obj, "metadata": meta}
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpufrag export-snapshot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -54,9 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        field_selector=selector) if args.namespace else
                      functools.partial(core.list_pod_for_all_namespaces,
                                        field_selector=selector))
-        nodes, _ = list_objects(core.list_node, args.page_size, what="node")
-        pods, _ = list_objects(pods_call, args.page_size, what="pod")
-        count = write_snapshot(args.output, [_slim(n) for n in nodes], [_slim(p) for p in pods])
+        nodes, _ = list_objects(core.list_node, args.page_size, what="node", slim=True)
+        pods, _ = list_objects(pods_call, args.page_size, what="pod", slim=True)
+        count = write_snapshot(args.output, nodes, pods)
     except BadInput as e:
         print(f"gpufrag export-snapshot: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

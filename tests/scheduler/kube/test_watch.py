@@ -20,7 +20,7 @@ from scheduler.kube.convert import node_to_k8s, pod_to_k8s
 from scheduler.kube.skipreport import (
     SkipReporter,
 )
-from scheduler.kube.watch import Backoff, PodSink, Reflector
+from scheduler.kube.watch import Backoff, PodSink, Reflector, list_objects
 from tests.builders import node, pod
 
 
@@ -244,6 +244,19 @@ def test_a_failed_relist_keeps_the_cache_and_the_next_one_drops_what_is_gone() -
     active = [cache.state.names[int(r)] for r in cache.state.active_rows()]
     assert from_cache[0] == ["a", "b", "c"]  # the failed list dropped nothing
     assert sorted(active) == ["a", "b"] and cache.relist_dropped["node"] == 1
+
+
+def test_a_slim_list_drops_managed_fields_and_nothing_else() -> None:
+    fields = [{"manager": "kubectl", "operation": "Update", "fieldsV1": {"f:spec": {}}}]
+    body = {"metadata": {"resourceVersion": "5"}, "items": [
+        {"metadata": {"name": "a", "managedFields": fields, "labels": {"x": "1"}},
+         "spec": {"nodeName": "n"}}, {"metadata": None}]}
+    stop = threading.Event()
+    kept, version = list_objects(Script([FakeResponse(orjson.dumps(body))], stop))
+    slim, _ = list_objects(Script([FakeResponse(orjson.dumps(body))], stop), slim=True)
+    assert version == "5" and kept[0]["metadata"]["managedFields"] == fields
+    assert slim == [{"metadata": {"name": "a", "labels": {"x": "1"}}, "spec": {"nodeName": "n"}},
+                    {"metadata": None}]
 
 
 def test_a_bad_event_does_not_stop_the_watch() -> None:
