@@ -81,6 +81,7 @@ class BindConfig:
 
 
 FILTER_ANSWERS = ("decide", "feasible")
+MAX_AWAIT_WATCH_S = 1.0  # the event loop answers filters: a wait must stay short
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +96,15 @@ class FilterConfig:
     carry no reason; only when the pod fits no node does every node get its reason (so that
     preemption sees which nodes a victim could free). ``feasible``: every node the pod fits,
     for kube-scheduler to rank with prioritize. See "The filter decides" in docs/extender.md.
+
+    ``await_watch_s``: with ``decide``, how long a filter for a GPU pod the watch has not shown
+    yet waits for it (kube-scheduler's informer can be ahead of the extender's watch in a
+    burst): only a pod the watch has seen holds its decision's GPUs. 0: never wait.
     """
 
     answer: str = "decide"
     nodes: int = 1
+    await_watch_s: float = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +387,8 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
          f"must be one of {', '.join(FILTER_ANSWERS)}, got {config.filter.answer!r}")
     need(config.filter.nodes >= 1, "filter.nodes",
          f"must be >= 1 (the nodes a deciding filter answers with), got {config.filter.nodes}")
+    need(0 <= config.filter.await_watch_s <= MAX_AWAIT_WATCH_S, "filter.await_watch_s",
+         f"must be in [0, {MAX_AWAIT_WATCH_S:g}] seconds, got {config.filter.await_watch_s}")
     need(config.bind.assume_ttl_s > 0, "bind.assume_ttl_s",
          f"must be > 0 seconds, got {config.bind.assume_ttl_s}")
     wc = config.watch

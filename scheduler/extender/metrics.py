@@ -75,28 +75,29 @@ class _ClusterCollector(Collector):
             skips.add_metric([kind], total.get(kind, 0))
         yield skipped
         yield skips
-        bypassed = CounterMetricFamily(
-            "gpufrag_extender_bypassed_pods",
-            "GPU pods of this scheduler bound without this extender's say: kube-scheduler "
-            "skipped the extender (it failed or ran past httpTimeout and is ignorable), bound "
-            "the pod elsewhere than it passed, or the pod was created bound; each also gets a "
-            "GpufragBypassed Warning Event.")
-        bypassed.add_metric([], cache.bypass.total)
-        yield bypassed
-        refused = CounterMetricFamily(
-            "gpufrag_extender_reservation_refusals",
-            "Pods whose controller reference named a GPU reservation's owner from outside the "
-            "owner's namespace: judged as ordinary pods (a tenant cannot take another's "
-            "reserved GPU by naming its ReplicaSet).")
         with cache.lock:
-            refused.add_metric([], cache.reservations.refused)
-        yield refused
-        unassumed = CounterMetricFamily(
-            "gpufrag_extender_unassumed_decisions",
-            "Deciding filters for pods the watch had not seen pending: answered, but no GPU "
-            "held for them (a caller that is not kube-scheduler, or a watch running behind).")
-        unassumed.add_metric([], self.extender.unassumed_decisions)
-        yield unassumed
+            refused = cache.reservations.refused
+        for name, text, value in (
+            ("gpufrag_extender_bypassed_pods",
+             "GPU pods of this scheduler bound without this extender's say: kube-scheduler "
+             "skipped the extender (it failed or ran past httpTimeout and is ignorable), bound "
+             "the pod elsewhere than it passed, or the pod was created bound; each also gets a "
+             "GpufragBypassed Warning Event.", cache.bypass.total),
+            ("gpufrag_extender_reservation_refusals",
+             "Pods whose controller reference named a GPU reservation's owner from outside the "
+             "owner's namespace: judged as ordinary pods (a tenant cannot take another's "
+             "reserved GPU by naming its ReplicaSet).", refused),
+            ("gpufrag_extender_unassumed_decisions",
+             "Deciding filters for pods the watch had not seen pending: answered, but no GPU "
+             "held for them (a caller that is not kube-scheduler, or a watch running behind).",
+             self.extender.unassumed_decisions),
+            ("gpufrag_extender_watch_waits_timed_out",
+             "Deciding filters for a GPU pod the watch had not shown within "
+             "filter.await_watch_s (the pod then holds nothing until its bind).",
+             self.extender.watch_waits_timed_out)):
+            counter = CounterMetricFamily(name, text)
+            counter.add_metric([], value)
+            yield counter
 
 
 class SkipEventOutcomes(Protocol):

@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -122,6 +123,8 @@ def snapshot_runtime(snapshot: Snapshot, config: ExtenderConfig, *, clock: Clock
     objects are logged and counted but get no Event (there is no API server to write to).
     ``on_ready``: called once, just before the extender turns ready (the server passes
     :func:`freeze_heap`)."""
+    # No watch feeds a snapshot: a filter has nothing to wait for (filter.await_watch_s).
+    config = replace(config, filter=replace(config.filter, await_watch_s=0.0))
     cache = _cache(config, clock)
     hints = snapshot.configmap(config.names.hints_namespace, config.names.hints_configmap)
     cache.load(snapshot.nodes, snapshot.pods, hints if config.hints.enabled else None)

@@ -110,6 +110,7 @@ class Extender:
         self.node_json = NodeJson()
         # Deciding filters answered for pods the watch has not seen (nothing assumed for them).
         self.unassumed_decisions = 0
+        self.watch_waits_timed_out = 0  # filters whose pod the watch had not shown in time
         self._cached_requests = cache.names == config.names
         # NodeNames set (the wire's key) -> (its rows, all of them known, state.index size).
         self._rows_by_list: dict[NameSet, tuple[IntArray, bool, int]] = {}
@@ -300,6 +301,8 @@ class Extender:
             if gap is not None:
                 return self._unplaceable(gap, names)
         ask = mig_request(pod_obj)
+        if self.config.filter.answer == "decide" and (pod.wants_gpu or ask):
+            self._await_watch(pod, pod_obj)
         with self.cache.lock, self.cache.reservations.lifted_for(pod_obj):
             rows = self._rows(names, name_set)
             self.node_json.sync(self.cache.state.names)
@@ -317,6 +320,15 @@ class Extender:
                 if decided is not None:
                     return decided
             return self.scorer.filter(self.cache.state, pod, rows)
+
+    def _await_watch(self, pod: PodRequest, pod_obj: Obj) -> None:
+        """In a burst kube-scheduler's informer is ahead of the watch: a decision for a pod
+        the watch has not shown yet would hold nothing, and the next pod's decision could take
+        the same GPU (a refused bind, a worse layout). Wait for the watch to show it, at most
+        ``filter.await_watch_s`` (counted when that runs out)."""
+        await_s = self.config.filter.await_watch_s
+        if await_s > 0 and not self.cache.await_pod(pod_key(pod), uid_of(pod_obj), await_s):
+            self.watch_waits_timed_out += 1
 
     def _decide(self, pod: PodRequest, pod_obj: Obj, rows: IntArray,
                 ask: Mapping[str, int] | None = None) -> FilterVerdicts | None:
@@ -360,12 +372,11 @@ class Extender:
     def _known_pending(self, key: str, pod_obj: Obj) -> bool:
         """The watch has seen this pod, pending, with this UID: a decision may hold GPUs for
         it. A pod the cluster does not have (made up by whoever can reach the verb port, or
-        not yet seen by the watch) is answered all the same but holds nothing, so a flood of
-        such filters cannot take every free GPU for the assume TTL; its bind, if it is real,
-        assumes and re-checks the GPUs then. Call with the cache's lock held."""
-        known = self.cache.pods.get(key)
-        return known is not None and not known.node and bool(known.uid) \
-            and known.uid == uid_of(pod_obj)
+        not yet seen by the watch ``filter.await_watch_s`` after the filter came) is answered
+        all the same but holds nothing, so a flood of such filters cannot take every free GPU
+        for the assume TTL; its bind, if it is real, assumes and re-checks the GPUs then. Call
+        with the cache's lock held."""
+        return self.cache.known_pending(key, uid_of(pod_obj))
 
     def _unplaceable(self, reason: str, names: Sequence[str]) -> FilterVerdicts:
         """Every node fails, unresolvable, with ``reason`` (a request the extender cannot

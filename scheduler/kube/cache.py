@@ -110,6 +110,9 @@ class ClusterCache:
                  assume_ttl_s: float = 30.0, on_skip: SkipListener | None = None,
                  mig_reader: MigReader = no_agent) -> None:
         self.lock = threading.RLock()
+        # Notified (with ``lock`` held) whenever the watch applies a pod: what
+        # :meth:`await_pod` waits on.
+        self._pod_applied = threading.Condition(self.lock)
         self.names = names
         self.clock = clock
         self.assume_ttl_s = assume_ttl_s
@@ -304,6 +307,7 @@ class ClusterCache:
             self.pods[key] = known
             if previous != known:
                 self.pod_changes += 1
+                self._pod_applied.notify_all()
             if not known.node:
                 # Pending. An assumed placement stays until the watch shows the binding or
                 # the assumption expires (an update made before the bind lands here).
@@ -323,6 +327,21 @@ class ClusterCache:
                     return
                 self.state.remove_pod(key)
             self._place_known(key)
+
+    def known_pending(self, key: str, uid: str) -> bool:
+        """The watch has seen the pod ``key`` pending, with this UID."""
+        with self.lock:
+            known = self.pods.get(key)
+            return known is not None and not known.node and bool(known.uid) and known.uid == uid
+
+    def await_pod(self, key: str, uid: str, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s`` for the watch to show the pod ``key`` with this UID (it
+        may be behind the API server: kube-scheduler's own informer saw the pod first); True
+        once it has. The lock is free while waiting, so the watch can apply it."""
+        with self._pod_applied:
+            return self._pod_applied.wait_for(
+                lambda: (known := self.pods.get(key)) is not None and known.uid == uid,
+                timeout=timeout_s)
 
     def request_of(self, obj: Obj) -> PodRequest:
         """``pod_from_k8s(obj)``, without converting again when ``obj`` is made of the same

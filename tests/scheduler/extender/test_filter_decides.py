@@ -4,9 +4,18 @@ released by a bind elsewhere, a new filter of the same pod, or the TTL."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+import pytest
+from flask.testing import FlaskClient
+
 from scheduler.core import ClusterState, choose
+from scheduler.core.types import NodeSpec
+from scheduler.extender.app import create_app
+from scheduler.extender.service import Extender
+from scheduler.kube.cache import ClusterCache
+from scheduler.kube.convert import node_to_k8s
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import (
     FakeClock,
@@ -155,3 +164,62 @@ def test_filters_for_pods_the_cluster_does_not_have_hold_no_gpu() -> None:
     assert runtime.cache.assumed == {}
     assert "gpufrag_extender_unassumed_decisions_total 51.0" in runtime.app.test_client().get(
         "/metrics").get_data(as_text=True)
+
+
+def watched(nodes: list[NodeSpec], pods: list[dict[str, Any]], await_s: float
+            ) -> tuple[ClusterCache, Extender, FlaskClient]:
+    """An extender whose cache a watch feeds (the test applies the watch's events), waiting
+    ``await_s`` for a pod it has not seen; a snapshot has no watch and never waits."""
+    config = make_config(filter={"await_watch_s": await_s})
+    cache = ClusterCache(config.names, clock=FakeClock())
+    cache.load([node_to_k8s(n) for n in nodes], pods)
+    extender = Extender(cache, config, clock=FakeClock())
+    extender.maintain()
+    return cache, extender, create_app(extender).test_client()
+
+
+def test_a_filter_ahead_of_the_watch_waits_for_it_and_then_holds_the_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-scheduler's informer saw the pod first: the watch delivers it while the filter
+    waits (here from another thread, once the filter has asked), and the decision holds."""
+    cache, extender, client = watched([node("n0", gpu_count=1)], [], await_s=1.0)
+    real = cache.await_pod
+
+    def the_watch_catches_up(key: str, uid: str, timeout_s: float) -> bool:
+        threading.Thread(target=cache.apply_pod, args=(pending("late"),)).start()
+        return real(key, uid, timeout_s)
+
+    monkeypatch.setattr(cache, "await_pod", the_watch_catches_up)
+    status, reply = post(client, "/filter", {"Pod": pending("late"), "NodeNames": ["n0"]})
+    assert status == 200 and reply["NodeNames"] == ["n0"]
+    assert cache.assumed_node("default/late") == "n0"
+    assert (extender.unassumed_decisions, extender.watch_waits_timed_out) == (0, 0)
+
+
+def test_a_filter_whose_pod_never_shows_gives_up_and_holds_nothing() -> None:
+    cache, extender, client = watched([node("n0", gpu_count=1)], [], await_s=0.001)
+    status, reply = post(client, "/filter", {"Pod": pending("ghost"), "NodeNames": ["n0"]})
+    assert status == 200 and reply["NodeNames"] == ["n0"]
+    assert cache.assumed == {}
+    assert (extender.unassumed_decisions, extender.watch_waits_timed_out) == (1, 1)
+    assert "gpufrag_extender_watch_waits_timed_out_total 1.0" in client.get(
+        "/metrics").get_data(as_text=True)
+
+
+def test_a_pod_the_watch_has_shown_is_not_waited_for() -> None:
+    """Known pods (pending or bound), and pods without a GPU, never wait: a pod known under
+    another UID is waited for (it is not that pod) until the wait runs out."""
+    cache, extender, client = watched([node("n0", gpu_count=2)],
+                                      [pending("p"), pending("web", num_gpu=0, gpu_milli=0)],
+                                      await_s=0.001)
+    post(client, "/filter", {"Pod": pending("p"), "NodeNames": ["n0"]})
+    post(client, "/filter", {"Pod": pending("web", num_gpu=0, gpu_milli=0),
+                             "NodeNames": ["n0"]})
+    assert extender.watch_waits_timed_out == 0 and cache.assumed_node("default/p") == "n0"
+    assert cache.await_pod("default/p", "uid-p", 0.0)
+    assert not cache.await_pod("default/p", "uid-other", 0.0)
+
+
+def test_a_snapshot_never_waits_whatever_the_setting() -> None:
+    runtime = serve([node("n0")], [], config=make_config(filter={"await_watch_s": 1.0}))
+    assert runtime.extender.config.filter.await_watch_s == 0.0
