@@ -54,23 +54,30 @@ from devkit.extender import ExtenderProcess
 from devkit.failover import FailoverResult, run_failover
 from devkit.fleet import (
     DEFAULT_MAX_DEMAND,
+    MOVABLE_REPLICAS,
     OPENB_DIR,
     Fleet,
     Placement,
+    create_movable,
     create_nodes,
     create_pods,
     create_residents,
+    delete_movable,
     delete_pods,
+    finish_neighbours,
+    list_reservations,
     make_fleet,
+    movable_ready,
     placement,
     pod_body,
+    publish_usage,
     quantile,
     settled,
     start_kwok,
     wait_running,
 )
 from devkit.procs import http_get, insecure_tls, wait_until
-from devkit.stack import install_reservations_crd
+from devkit.stack import install_defrag_namespace, install_reservations_crd
 from scheduler.core import TargetWorkload
 from simulations.replay import replay
 
@@ -87,6 +94,14 @@ TARGET_FILTER_P99_MS = 10.0
 TARGET_LAG_P99_MS = 1000.0
 TARGET_VS_ZERO = 0.85
 TARGET_DEFRAG_S = 60.0
+# The real defrag cycle: its budgets, the Deployments it may move, and how much of its share
+# each of their replicas, and every other pod, uses.
+DEFRAG_BUDGETS = ("--max-evictions-total", "10", "--max-evictions-per-namespace", "10",
+                  "--max-evictions-per-node", "2")
+MAX_EVICTIONS = 10
+MOVABLE_DEPLOYMENTS = 20
+IDLE_USED = 0.2
+BUSY_USED = 0.9
 DEFAULT_ARRIVALS_PER_S = 5.0
 MAX_ARRIVALS_PER_S = 1000.0
 MAX_KILLS = 100
@@ -156,9 +171,14 @@ def rss_mib(pid: int) -> float:
     return math.nan
 
 
+def metric_sum(text: str, name: str) -> float:
+    """The sum of a metric family's samples (a counter's ``_total``, or a gauge)."""
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == name
+               for s in f.samples if not s.name.endswith("_created"))
+
+
 def extender_pods(extender: ExtenderProcess) -> float:
-    return sum(s.value for f in text_string_to_metric_families(extender.metrics())
-               if f.name == "gpufrag_extender_pods" for s in f.samples)
+    return metric_sum(extender.metrics(), "gpufrag_extender_pods")
 
 
 def counted(extender: ExtenderProcess, pods: float) -> bool:
@@ -205,27 +225,65 @@ def apiserver_requests(plane: ControlPlane) -> dict[str, float]:
     return verbs
 
 
-def defrag_dry_run(plane: ControlPlane, namespace: str) -> dict[str, float]:
-    """One ``gpufrag defrag --dry-run`` cycle over the fleet: wall time, peak RSS, moves
-    planned, and the API server's requests by verb meanwhile (the cluster otherwise idle)."""
+def defrag_cycle(plane: ControlPlane, namespace: str, *, dry_run: bool) -> dict[str, float]:
+    """One ``gpufrag defrag`` cycle over the fleet (``--dry-run``, or a real one with the
+    budgets of :data:`DEFRAG_BUDGETS`): wall time, peak RSS, exit code, moves planned and,
+    when real, moves by outcome, and the API server's requests by verb meanwhile (all
+    clients). Keys start ``defrag_`` (``defrag_real_`` for a real cycle)."""
     before = apiserver_requests(plane)
     started = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpufrag.cli", "defrag", "--kubeconfig",
-         str(plane.kubeconfig_path), "--namespaces", namespace, "--dry-run",
-         "--move-not-actionable", "--output", "json"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    out = process.stdout.read() if process.stdout is not None else b""
-    _, status, usage = os.wait4(process.pid, 0)
+    log_path = plane.logs_dir / f"defrag-{'dry-run' if dry_run else 'real'}.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpufrag.cli", "defrag", "--kubeconfig",
+             str(plane.kubeconfig_path), "--namespaces", namespace, "--move-not-actionable",
+             "--output", "json", *(("--dry-run",) if dry_run else DEFRAG_BUDGETS)],
+            stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        out = process.stdout.read() if process.stdout is not None else b""
+        _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
+    if process.returncode:
+        tail = log_path.read_text(errors="replace").splitlines()[-5:]
+        print(f"gpufrag defrag exited {process.returncode}; the end of its log:",
+              *tail, sep="\n  ", file=sys.stderr, flush=True)
     after = apiserver_requests(plane)
-    plans = [json.loads(line) for line in out.splitlines() if line.startswith(b"{")]
-    moves = sum(len(d.get("moves", [])) for d in plans if d.get("kind") == "plan")
-    figures = {"defrag_s": wall, "defrag_rss_mib": usage.ru_maxrss / 1024,
-               "defrag_exit": float(process.returncode), "defrag_moves": float(moves)}
-    figures |= {f"defrag_api_{verb}": after[verb] - before.get(verb, 0.0) for verb in after
+    docs = [json.loads(line) for line in out.splitlines() if line.startswith(b"{")]
+    moves = sum(len(d.get("moves", [])) for d in docs if d.get("kind") == "plan")
+    prefix = "defrag_" if dry_run else "defrag_real_"
+    figures = {"s": wall, "rss_mib": usage.ru_maxrss / 1024,
+               "exit": float(process.returncode), "moves": float(moves)}
+    for doc in docs:
+        if doc.get("kind") == "result" and not dry_run:
+            for move in doc.get("moves") or []:
+                outcome = f"outcome_{str(move.get('outcome')).replace(' ', '_')}"
+                figures[outcome] = figures.get(outcome, 0.0) + 1
+    figures |= {f"api_{verb}": after[verb] - before.get(verb, 0.0) for verb in after
                 if after[verb] - before.get(verb, 0.0) >= 1}
+    return {prefix + k: v for k, v in figures.items()}
+
+
+def real_defrag(plane: ControlPlane, served: Served, namespace: str, deployments: int,
+                timeout_s: float) -> dict[str, float]:
+    """A real defrag cycle with budgets over the fleet: ``deployments`` Deployments placed
+    by this row's scheduler, the row's own pods beside their replicas
+    finished (deleted), every node's usage annotation written as its agent would (the
+    replicas using :data:`IDLE_USED` of what they reserve, every other pod :data:`BUSY_USED`,
+    so the nodes the replicas are left alone on are over the trigger), one cycle, then the
+    time until every Deployment is back at full replicas and the reservations it left."""
+    names = create_movable(plane, namespace, deployments, served.scheduler_name, timeout_s)
+    finished = finish_neighbours(plane, namespace, timeout_s)
+    movable = f"{namespace}/movable-"
+    written = publish_usage(plane, lambda key: IDLE_USED if key.startswith(movable)
+                            else BUSY_USED)
+    figures = {"defrag_finished_pods": float(finished), "defrag_usage_nodes": float(written),
+               "defrag_movable": float(deployments)}
+    figures |= defrag_cycle(plane, namespace, dry_run=False)
+    started = time.perf_counter()
+    wait_until(lambda: movable_ready(plane, namespace, names), timeout_s=timeout_s,
+               what="every movable Deployment back at full replicas", interval_s=0.5)
+    figures["defrag_real_back_s"] = time.perf_counter() - started
+    figures["defrag_real_reservations_left"] = float(len(list_reservations(plane)))
     return figures
 
 
@@ -236,13 +294,18 @@ def gpufrag_figures(plane: ControlPlane, served: Served, namespace: str, node: s
     extender = served.extender
     assert isinstance(extender, ExtenderProcess) and extender.process is not None
     figures = {"rss_mib": rss_mib(extender.process.pid)}
-    filter_ms = p50_p99_ms(histogram(extender.metrics(), EXTENDER_LATENCY,
+    text = extender.metrics()
+    filter_ms = p50_p99_ms(histogram(text, EXTENDER_LATENCY,
                                      lambda labels: labels.get("verb") == "filter"))
+    # Decisions that held no GPU: the watch behind kube-scheduler's informer in the burst.
+    figures["unassumed"] = metric_sum(text, "gpufrag_extender_unassumed_decisions")
+    figures["watch_waits_timed_out"] = metric_sum(text,
+                                                  "gpufrag_extender_watch_waits_timed_out")
     figures["filter_p50_ms"], figures["filter_p99_ms"] = filter_ms
     scrape = time.perf_counter()
     extender.metrics()
     figures["scrape_ms"] = (time.perf_counter() - scrape) * 1000
-    figures |= defrag_dry_run(plane, namespace)
+    figures |= defrag_cycle(plane, namespace, dry_run=True)
     lags = watch_lag_ms(plane, extender, namespace, node)
     figures["lag_p50_ms"] = statistics.median(lags)
     figures["lag_max_ms"] = max(lags)
@@ -277,11 +340,18 @@ def run_row(plane: ControlPlane, fleet: Fleet, row: Row, namespace: str, target:
         placed = placement(plane, fleet, namespace, target)
         wait_running(plane, namespace, placed.bound, timeout_s=60 + len(fleet.pods) / 10)
         running_s = time.perf_counter() - bound_at
-        extender = (gpufrag_figures(plane, served, namespace, fleet.nodes[0].name, folder)
-                    | {"ready_first_s": served.extender_ready_s}
-                    if row.name.startswith("gpufrag") else {})
+        extender: dict[str, float] = {}
+        if row.name.startswith("gpufrag"):
+            extender = gpufrag_figures(plane, served, namespace, fleet.nodes[0].name, folder)
+            extender["ready_first_s"] = served.extender_ready_s
+            # Their replicas on at most half the nodes.
+            deployments = min(MOVABLE_DEPLOYMENTS,
+                              len(fleet.nodes) // (2 * MOVABLE_REPLICAS)) or 1
+            extender |= real_defrag(plane, served, namespace, deployments,
+                                    120 + len(fleet.pods) / 10)
     finally:
         served.stop()
+        delete_movable(plane, namespace)
     delete_pods(plane, namespace, timeout_s=60 + len(fleet.pods) / 10)
     spent = {k: (after[k] - before.get(k, 0.0)) * 1000 / len(fleet.pods) for k in after}
     return RowResult(seconds, placed, spent, algorithm, running_s, extender)
@@ -307,6 +377,7 @@ def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
         print(f"{len(fleet.nodes)} nodes created in {time.perf_counter() - started:.0f}s",
               file=sys.stderr, flush=True)
         install_reservations_crd(plane)  # the extender and defrag list reservations
+        install_defrag_namespace(plane)  # where reservations, hints and defrag state live
         kwok_process = start_kwok(plane, kwok)
         try:
             started = time.perf_counter()
@@ -380,18 +451,35 @@ def print_size(result: SizeResult) -> None:
           f"{g['ready_s']:.1f}s after a restart; own "
           f"filter p50/p99 {g['filter_p50_ms']:.2f}/{g['filter_p99_ms']:.2f} ms; watch lag "
           f"p50/max {g['lag_p50_ms']:.0f}/{g['lag_max_ms']:.0f} ms over {LAG_PROBES} pods "
-          f"(one /metrics scrape {g['scrape_ms']:.0f} ms included)")
+          f"(one /metrics scrape {g['scrape_ms']:.0f} ms included); decisions that held no "
+          f"GPU {g['unassumed']:.0f} ({g['watch_waits_timed_out']:.0f} waits for the watch "
+          "ran out)")
     api = ", ".join(f"{k.removeprefix('defrag_api_')} {v:.0f}" for k, v in sorted(g.items())
                     if k.startswith("defrag_api_"))
     print(f"  defrag --dry-run cycle: {g['defrag_s']:.1f}s, peak RSS {g['defrag_rss_mib']:.0f} "
           f"MiB, exit {g['defrag_exit']:.0f}, {g['defrag_moves']:.0f} moves planned; API "
           f"requests meanwhile (all clients): {api}")
+    real_api = ", ".join(f"{k.removeprefix('defrag_real_api_')} {v:.0f}"
+                         for k, v in sorted(g.items()) if k.startswith("defrag_real_api_"))
+    outcomes = ", ".join(f"{k.removeprefix('defrag_real_outcome_')} {v:.0f}"
+                         for k, v in sorted(g.items()) if k.startswith("defrag_real_outcome_"))
+    print(f"  defrag real cycle ({' '.join(DEFRAG_BUDGETS)}; {g['defrag_movable']:.0f} "
+          f"Deployments of {MOVABLE_REPLICAS} movable replicas, "
+          f"{g['defrag_finished_pods']:.0f} pods beside them finished, usage written on "
+          f"{g['defrag_usage_nodes']:.0f} nodes, replicas at {IDLE_USED:.0%} of their share, "
+          f"other pods at {BUSY_USED:.0%}): "
+          f"{g['defrag_real_s']:.1f}s, peak RSS {g['defrag_real_rss_mib']:.0f} MiB, exit "
+          f"{g['defrag_real_exit']:.0f}, {g['defrag_real_moves']:.0f} moves planned, outcomes: "
+          f"{outcomes or 'none'}; every Deployment back {g['defrag_real_back_s']:.1f}s later, "
+          f"{g['defrag_real_reservations_left']:.0f} reservations left; API requests "
+          f"meanwhile: {real_api}")
     if result.failover is not None:
         f = result.failover
         print(f"  failover (two replicas, kube-scheduler's leader election, lease 15 s; the "
               f"leader and its extender SIGKILLed {len(f.first_bind_s)} times while pods "
               f"arrived): {f.bound} of {f.pods} pods bound, {f.lost} lost, "
-              f"{f.double_assigned} GPUs given twice; first bind after a kill: median "
+              f"{f.double_assigned} GPUs given twice, {f.reserved_taken} pods on the "
+              f"{f.reserved} GPUs reserved throughout; first bind after a kill: median "
               f"{statistics.median(f.first_bind_s):.1f}s, max {max(f.first_bind_s):.1f}s")
     gain = rows["default"].placed.frag_pct - rows["gpufrag-decide"].placed.frag_pct
     print("  targets (issue 26, judged at 5,000 nodes / 50,000 pods):")

@@ -7,7 +7,10 @@ happens when the leader dies mid-bind: its extender dies with it (a sidecar shar
 standby's kube-scheduler takes the Lease once it expires, and its own extender, which has been
 watching all along, decides from then on. :func:`run_failover` kills the leader ``kills`` times
 while pods keep arriving, and counts what a failover must never do: lose a pod (left pending
-while it fits) or give a GPU twice (the extender's recorded GPUs over-committed).
+while it fits), give a GPU twice (the extender's recorded GPUs over-committed), or hand out a
+GPU a reservation holds: before the first kill it reserves a few free whole GPUs, as a defrag
+cycle does for a replacement on its way, for an owner that never comes, and counts the pods
+given one of them by any leader.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import kubernetes
+import numpy as np
 import yaml
 
 from devkit.controlplane import ControlPlane
@@ -46,8 +50,10 @@ from devkit.procs import (
     signal_group,
     wait_until,
 )
-from gpufrag.conventions import SCHEDULER_NAME
-from scheduler.core import TargetWorkload
+from gpufrag.conventions import ANNOTATION_GPU_INDICES, HINTS_NAMESPACE, SCHEDULER_NAME
+from scheduler.core import MILLI_PER_GPU, ClusterState, TargetWorkload
+from scheduler.kube import reservations as rsv
+from scheduler.kube.reservations import Reservation
 
 LEASE_NAME: Final = "gpufrag-scheduler"
 LEASE_NAMESPACE: Final = "kube-system"
@@ -56,6 +62,9 @@ LEADER_ELECTION: Final = {"leaderElect": True, "resourceLock": "leases",
                           "resourceName": LEASE_NAME, "resourceNamespace": LEASE_NAMESPACE,
                           "leaseDuration": "15s", "renewDeadline": "10s", "retryPeriod": "2s"}
 ACQUIRED: Final = "Successfully acquired lease"
+# Whole GPUs reserved through the kills, and for how long.
+HELD_GPUS: Final = 4
+HOLD_S: Final = 3600.0
 
 
 @dataclass
@@ -120,13 +129,64 @@ def start_replica(plane: ControlPlane, name: str, folder: Path) -> Replica:
 @dataclass
 class FailoverResult:
     """What ``kills`` leader deaths did: seconds from each kill to the first bind after it,
-    pods lost (pending though they fit), GPUs given twice, pods bound."""
+    pods lost (pending though they fit), GPUs given twice, pods bound, and the reserved GPUs
+    held through the kills and the pods given one of them."""
 
     first_bind_s: list[float] = field(default_factory=list)
     lost: int = 0
     double_assigned: int = 0
     bound: int = 0
     pods: int = 0
+    reserved: int = 0
+    reserved_taken: int = 0
+
+
+def hold_gpus(plane: ControlPlane, fleet: Fleet, count: int) -> list[Reservation]:
+    """Reservations of ``count`` whole GPUs free now (after the fleet's residents), one per
+    node, on the nodes with the most GPUs, for an owner that never comes, expiring in an hour."""
+    state = ClusterState(fleet.nodes)
+    for resident in fleet.residents:
+        if resident.gpus is not None:
+            state.place(resident.pod, state.index[resident.node], resident.gpus)
+    custom = kubernetes.client.CustomObjectsApi(plane.api_client())
+    held: list[Reservation] = []
+    for node in sorted(fleet.nodes, key=lambda n: (-n.gpu_count, n.name)):
+        free = np.flatnonzero(state.gpu_free[state.index[node.name], :node.gpu_count]
+                              == MILLI_PER_GPU)
+        if free.size == 0:
+            continue
+        i = len(held)
+        reservation = Reservation(
+            name=f"failover-hold-{i}", node=node.name, gpus=(int(free[-1]),),
+            gpu_milli=MILLI_PER_GPU, owner_uid=f"failover-absent-owner-{i}",
+            owner_kind="ReplicaSet", owner_name="absent", namespace="absent",
+            expires=time.time() + HOLD_S, replaces=f"absent/absent-{i}")
+        custom.create_namespaced_custom_object(rsv.GROUP, rsv.VERSION, HINTS_NAMESPACE,
+                                               rsv.PLURAL, rsv.body(reservation))
+        held.append(reservation)
+        if len(held) == count:
+            break
+    return held
+
+
+def release_gpus(plane: ControlPlane, held: list[Reservation]) -> None:
+    custom = kubernetes.client.CustomObjectsApi(plane.api_client())
+    for reservation in held:
+        with contextlib.suppress(kubernetes.client.ApiException):
+            custom.delete_namespaced_custom_object(rsv.GROUP, rsv.VERSION, HINTS_NAMESPACE,
+                                                   rsv.PLURAL, reservation.name)
+
+
+def on_held_gpus(pods: list[dict[str, Any]], held: list[Reservation]) -> int:
+    """The pods whose GPUs, as the extender recorded them at bind, include a held one."""
+    taken = {(r.node, g) for r in held for g in r.gpus}
+    count = 0
+    for pod in pods:
+        node = pod["spec"].get("nodeName")
+        recorded = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_GPU_INDICES)
+        if node and recorded and any((node, int(g)) in taken for g in recorded.split(",")):
+            count += 1
+    return count
 
 
 def _bound(plane: ControlPlane, namespace: str) -> int:
@@ -159,9 +219,10 @@ def run_failover(plane: ControlPlane, fleet: Fleet, namespace: str, folder: Path
                  kills: int, per_s: float) -> FailoverResult:
     """Two replicas; the leader killed ``kills`` times while pods arrive, each time restarted
     as the standby once the other has taken over."""
+    held = hold_gpus(plane, fleet, HELD_GPUS)
     replicas = {name: start_replica(plane, f"{name}-0", folder) for name in ("a", "b")}
     generation = {"a": 0, "b": 0}
-    result = FailoverResult(pods=len(fleet.pods))
+    result = FailoverResult(pods=len(fleet.pods), reserved=len(held))
     bodies = [pod_body(p, SCHEDULER_NAME) for p in fleet.pods]
     arrivals = _Arrivals(plane, namespace, bodies, per_s)
     try:
@@ -197,11 +258,13 @@ def run_failover(plane: ControlPlane, fleet: Fleet, namespace: str, folder: Path
         # Lost: pending though the scheduler never found it unschedulable, or gone.
         result.lost = (sum(1 for pod in left if not unschedulable(pod))
                        + len(bodies) - len(list_pods(plane, namespace)))
+        result.reserved_taken = on_held_gpus(list_pods(plane, namespace), held)
     finally:
         arrivals.stop_event.set()
         arrivals.join(30)
         for replica in replicas.values():
             replica.stop()
+        release_gpus(plane, held)
     core = kubernetes.client.CoreV1Api(plane.api_client())
     core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
     return result

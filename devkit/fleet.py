@@ -34,9 +34,11 @@ from __future__ import annotations
 import math
 import os
 import subprocess
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -44,17 +46,21 @@ import kubernetes
 import numpy as np
 import orjson
 
+from defrag.controller.cluster import read_reservations
+from defrag.controller.snapshot import UsageSource, build_snapshot
 from devkit.controlplane import ControlPlane
 from devkit.procs import EXIT_WITH_PARENT_ENV, ComponentProcess, wait_until
 from devkit.stack import GROUP_LABEL, gpu_pod
 from devkit.toolbuild import build_tool
-from gpufrag.conventions import ANNOTATION_GPU_INDICES
+from gpufrag.conventions import ANNOTATION_GPU_INDICES, ANNOTATION_GPU_USAGE, HINTS_NAMESPACE
+from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from scheduler.core import MILLI_PER_GPU, ClusterState, TargetWorkload
 from scheduler.core.feasibility import feasible_mask
 from scheduler.core.fragmentation import node_fragmentation
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import PlacementError
 from scheduler.core.types import NodeSpec, PodRequest
+from scheduler.kube.watch import NON_TERMINAL_PODS, list_objects
 from simulations.defrag_whatif import DEFAULT_GPU_GIB, with_gpu_memory
 from simulations.openb import load_nodes, load_pods
 from simulations.synthetic import synthetic_nodes, synthetic_pods
@@ -121,6 +127,11 @@ KWOK_STAGES: Final = "---\n".join(_STAGE.format(name=name, kind=kind, selector=s
      "    delete: true"),
 ))
 CREATE_THREADS: Final = 8
+# The Deployments a defrag cycle may move (every other pod of the fleet is bare, and a bare pod
+# is never moved): replicas each holding a share of one GPU.
+MOVABLE_REPLICAS: Final = 2
+MOVABLE_MILLI: Final = 300
+MOVABLE_LABEL: Final = "gpufrag.io/fleet-movable"
 RESIDENT_NAMESPACE: Final = "resident"
 SYSTEM_POD_CPU_MILLI: Final = 10
 SYSTEM_POD_MEMORY_MIB: Final = 16
@@ -291,6 +302,121 @@ def start_kwok(plane: ControlPlane, binary: Path | None = None) -> ComponentProc
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True)
     return ComponentProcess(name="kwok", process=process, log_path=log_path, port=0)
+
+
+def create_movable(plane: ControlPlane, namespace: str, count: int, scheduler: str,
+                   timeout_s: float) -> list[str]:
+    """``count`` Deployments of :data:`MOVABLE_REPLICAS` replicas asking
+    :data:`MOVABLE_MILLI` milli-GPU each, scheduled by ``scheduler``, all Ready (kwok runs
+    them); their names."""
+    apps: Any = kubernetes.client.AppsV1Api(plane.api_client())  # bodies as JSON dicts
+    names = [f"movable-{i:03d}" for i in range(count)]
+    for name in names:
+        pod = gpu_pod(name, milli=MOVABLE_MILLI, cpu="100m", memory="256Mi",
+                      scheduler=scheduler)
+        labels = {"app": name, MOVABLE_LABEL: "true"}
+        # Spread over the nodes, all Deployments together, as replicas spread for availability
+        # are (softly: a full fleet has few nodes with room): once their neighbours finish,
+        # each is about alone on its node.
+        pod["spec"]["topologySpreadConstraints"] = [{
+            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {MOVABLE_LABEL: "true"}}}]
+        body: dict[str, Any] = {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+            "spec": {"replicas": MOVABLE_REPLICAS, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": labels,
+                                               "annotations": pod["metadata"]["annotations"]},
+                                  "spec": pod["spec"]}}}
+        apps.create_namespaced_deployment(namespace, body)
+    try:
+        wait_until(lambda: movable_ready(plane, namespace, names), timeout_s=timeout_s,
+                   what=f"{count} movable Deployments ready", interval_s=1.0)
+    except TimeoutError as e:
+        pending = [c.get("message", "") for p in list_pods(plane, namespace, "spec.nodeName=")
+                   for c in p.get("status", {}).get("conditions") or []
+                   if c.get("type") == "PodScheduled"]
+        raise TimeoutError(f"{e}; {len(pending)} pending, the first because: "
+                           f"{pending[0] if pending else '-'}") from None
+    return names
+
+
+def movable_ready(plane: ControlPlane, namespace: str, names: Sequence[str]) -> bool:
+    """Every one of ``names`` has all its replicas ready."""
+    apps = kubernetes.client.AppsV1Api(plane.api_client())
+    answer: Any = apps.list_namespaced_deployment(namespace, _preload_content=False)
+    ready = {d["metadata"]["name"]: (d.get("status") or {}).get("readyReplicas", 0)
+             >= d["spec"]["replicas"] for d in orjson.loads(answer.data)["items"]}
+    return all(ready.get(name, False) for name in names)
+
+
+def finish_neighbours(plane: ControlPlane, namespace: str, timeout_s: float) -> int:
+    """Delete the bare pods of ``namespace`` that share a node with a movable replica, as jobs
+    that finished: what leaves a long-running cluster's replicas scattered over nodes that
+    are otherwise empty, the layout a defrag cycle consolidates. The number deleted."""
+    pods = list_pods(plane, namespace)
+    hosts = {p["spec"].get("nodeName") for p in pods
+             if p["metadata"].get("ownerReferences")} - {None}
+    done = [p["metadata"]["name"] for p in pods
+            if not p["metadata"].get("ownerReferences") and p["spec"].get("nodeName") in hosts]
+    core = kubernetes.client.CoreV1Api(plane.api_client())
+    for name in done:
+        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+    wait_until(lambda: not {p["metadata"]["name"] for p in list_pods(plane, namespace)}
+               & set(done), timeout_s=timeout_s, what="finished pods gone", interval_s=0.5)
+    return len(done)
+
+
+def delete_movable(plane: ControlPlane, namespace: str) -> None:
+    """The namespace's Deployments deleted (their pods go with the namespace's others)."""
+    apps = kubernetes.client.AppsV1Api(plane.api_client())
+    apps.delete_collection_namespaced_deployment(namespace)
+
+
+def list_reservations(plane: ControlPlane) -> list[Mapping[str, Any]]:
+    """The GPU reservations held now (none without the CRD)."""
+    return read_reservations(plane.api_client(), HINTS_NAMESPACE) or []
+
+
+def publish_usage(plane: ControlPlane, used_fraction: Callable[[str], float]) -> int:
+    """Write on every node holding GPU pods the usage annotation its agent would: each pod on
+    each of its GPUs (as recorded at bind, or the core's rule, as the controller reads them)
+    using ``used_fraction(pod key)`` of the GPU memory its share reserves there. The number of
+    nodes written."""
+    core = kubernetes.client.CoreV1Api(plane.api_client())
+    nodes, _ = list_objects(core.list_node, what="nodes")
+    pods, _ = list_objects(partial(core.list_pod_for_all_namespaces,
+                                   field_selector=NON_TERMINAL_PODS), what="pods")
+    now = time.time()
+    snap, _ = build_snapshot(nodes, pods, [], UsageSource(8, now))
+    state = snap.state
+    readings = []
+    for row in state.active_rows():
+        row = int(row)
+        spec = state.node_spec(row)
+        per_gpu: dict[int, list[PodGpuUsage]] = {}
+        for key in sorted(state.pods_on_node[row]):
+            placement, info = state.pods[key], snap.pods[key]
+            share = min(placement.pod.gpu_milli, MILLI_PER_GPU) / MILLI_PER_GPU
+            for g in placement.gpus:
+                per_gpu.setdefault(g, []).append(PodGpuUsage(
+                    info.namespace, info.name, info.uid,
+                    int(spec.gpu_memory_mib * share * used_fraction(key))))
+        if per_gpu:
+            readings.append(NodeGpuUsage(node=spec.name, timestamp=now, interval_s=15.0,
+                                         gpus=tuple(GpuUsage(
+                index=g, uuid=f"GPU-{spec.name}-{g}", product=spec.gpu_product,
+                memory_used_mib=sum(p.memory_used_mib for p in used),
+                memory_total_mib=spec.gpu_memory_mib, utilization_pct=20, pods=tuple(used))
+                for g, used in sorted(per_gpu.items()))))
+
+    def write(reading: NodeGpuUsage) -> None:
+        core.patch_node(reading.node, {"metadata": {"annotations": {
+            ANNOTATION_GPU_USAGE: reading.to_json()}}})
+
+    with ThreadPoolExecutor(CREATE_THREADS) as pool:
+        list(pool.map(write, readings))
+    return len(readings)
 
 
 def create_pods(plane: ControlPlane, namespace: str, bodies: Iterable[dict[str, Any]]) -> None:

@@ -104,6 +104,7 @@ def cluster_state(plane: ControlPlane, group: str) -> ClusterState:
 
 
 RESERVATIONS_CRD = REPO_ROOT / "manifests" / "base" / "crd-gpureservation.yaml"
+PLACEMENT_HINTS = REPO_ROOT / "manifests" / "base" / "placement-hints.yaml"
 
 
 def install_reservations_crd(plane: ControlPlane) -> None:
@@ -112,3 +113,10 @@ def install_reservations_crd(plane: ControlPlane) -> None:
     plane.kubectl("apply", "-f", str(RESERVATIONS_CRD))
     plane.kubectl("wait", "--for=condition=Established", "--timeout=30s",
                   f"crd/{rsv.PLURAL}.{rsv.GROUP}")
+
+
+def install_defrag_namespace(plane: ControlPlane) -> None:
+    """The hints namespace with the placement-hints ConfigMap, as manifests/base ships them:
+    where a defrag cycle keeps its hints, reservations and state."""
+    plane.create_namespace(cv.HINTS_NAMESPACE)
+    plane.kubectl("apply", "-n", cv.HINTS_NAMESPACE, "-f", str(PLACEMENT_HINTS))

@@ -1,8 +1,9 @@
 """The fleet-scale harness at its smallest size (issue 26): kwok GPU nodes of the openb mix on
 the real control plane, the same pods scheduled by the default scheduler, the zero-cost
 extender and gpufrag-scheduler, one after the other, then by two gpufrag-scheduler replicas
-whose leader is killed while the pods arrive (benchmarks.fleet_scale at CI size; the large
-sizes are benchmark runs, their figures in docs/operations.md)."""
+whose leader is killed while the pods arrive, with a few GPUs reserved throughout; and a real
+defrag cycle over the fleet (benchmarks.fleet_scale at CI size; the large sizes are benchmark
+runs, their figures in docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.fleet_scale import CI_NODES, CI_PODS, SizeResult, run_size
+from benchmarks.fleet_scale import CI_NODES, CI_PODS, MAX_EVICTIONS, SizeResult, run_size
+from devkit.failover import HELD_GPUS
 from devkit.fleet import DEFAULT_MAX_DEMAND, make_fleet
 from devkit.toolbuild import build_tool
 from tests.built import built_or_fail
@@ -67,10 +69,28 @@ def test_the_figures_are_measured(fleet_run: SizeResult) -> None:
     assert fleet_run.rows["zero-one"].cpu_ms_per_pod["extender"] > 0
 
 
+def test_a_real_defrag_cycle_keeps_its_budget_and_brings_every_replica_back(
+        fleet_run: SizeResult) -> None:
+    """The real cycle over the fleet (movable Deployments among bare pods, usage written as
+    the agents would): it evicts within its budget, every replacement is bound by
+    gpufrag-scheduler (on the reserved target: ``landed``), every Deployment is back at full
+    replicas, and no reservation is left behind."""
+    g = fleet_run.rows["gpufrag-decide"].extender
+    assert g["defrag_real_exit"] == 0 and g["defrag_usage_nodes"] > 0
+    outcomes = {k.removeprefix("defrag_real_outcome_"): v for k, v in g.items()
+                if k.startswith("defrag_real_outcome_")}
+    assert 1 <= sum(outcomes.values()) <= MAX_EVICTIONS
+    assert outcomes.get("landed", 0) >= 1 and set(outcomes) <= {"landed", "landed_elsewhere"}
+    assert g["defrag_real_api_POST"] >= 2 * sum(outcomes.values())  # a reservation, an eviction
+    assert g["defrag_real_reservations_left"] == 0 and g["defrag_real_back_s"] >= 0
+
+
 def test_a_leader_kill_loses_no_pod_and_gives_no_gpu_twice(fleet_run: SizeResult) -> None:
     failover = fleet_run.failover
     assert failover is not None and len(failover.first_bind_s) == 1
     assert (failover.lost, failover.double_assigned) == (0, 0)
+    # Reserved GPUs stay reserved for every leader: none is handed to an arriving pod.
+    assert failover.reserved == HELD_GPUS and failover.reserved_taken == 0
     assert failover.pods == len(fleet_run.fleet.pods)
     assert failover.bound >= 0.95 * failover.pods
     # The standby binds only once the dead leader's lease (15 s) has expired.
