@@ -24,7 +24,7 @@ arrive (devkit.failover). With two sizes or more, how each figure grew against t
 (devkit.fleet: GPU pods of the same draw scattered over the fleet, then per-node system pods),
 so a 5,000-node fleet holds 50,000 pods without an hour of scheduling them one by one here: the
 extender lists, caches and watches them all, the rows place their pods among them, and the
-placement columns count them. The what-if (from an empty fleet) is then not run.
+placement columns count them, as does the what-if, which starts from them too.
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ from devkit.fleet import (
     pod_body,
     publish_usage,
     quantile,
+    resident_state,
     settled,
     start_kwok,
     wait_running,
@@ -365,10 +366,9 @@ def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
              arrivals_per_s: float = DEFAULT_ARRIVALS_PER_S, kwok: Path | None = None
              ) -> SizeResult:
     target = TargetWorkload.from_pods(fleet.pods)
-    whatif = (math.nan, math.nan)
-    if not fleet.residents:  # the what-if starts from an empty fleet
-        replayed = replay(fleet.nodes, fleet.pods, "fgd", seed, target)
-        whatif = (float(replayed.allocation_pct[-1]), float(replayed.frag_amount_pct[-1]))
+    # The what-if places the same pods from the same start (the residents on their GPUs).
+    replayed = replay(fleet.nodes, fleet.pods, "fgd", seed, target, resident_state(fleet))
+    whatif = (float(replayed.allocation_pct[-1]), float(replayed.frag_amount_pct[-1]))
     rows: dict[str, RowResult] = {}
     with ControlPlane(binary, complete_pods=False) as plane, \
             tempfile.TemporaryDirectory() as tmp:
@@ -434,12 +434,9 @@ def print_size(result: SizeResult) -> None:
               f"{r.placed.allocation_pct:>6.1f} {r.placed.frag_pct:>6.2f} "
               f"{r.placed.stranded:>8} "
               f"{r.algorithm_ms[0]:>7.1f}/{r.algorithm_ms[1]:<8.1f} {r.running_s:>9.1f}")
-    if math.isnan(result.whatif[0]):
-        print(f"  {'what-if fgd':<16} not run: it starts from an empty fleet, these pods "
-              "arrived among residents")
-    else:
-        print(f"  {'what-if fgd':<16} {'':>7} {'':>7} {'':>8} {'':>6} {'':>6} {'':>7} "
-              f"{result.whatif[0]:>6.1f} {result.whatif[1]:>6.2f}  (static replay, same pods)")
+    print(f"  {'what-if fgd':<16} {'':>7} {'':>7} {'':>8} {'':>6} {'':>6} {'':>7} "
+          f"{result.whatif[0]:>6.1f} {result.whatif[1]:>6.2f}  (static replay, same pods"
+          f"{', from the residents' if fleet.residents else ''})")
     names = sorted({k for r in rows.values() for k in r.cpu_ms_per_pod})
     print("  CPU per pod (ms): " + "; ".join(
         f"{name}: " + " ".join(f"{p}={r.cpu_ms_per_pod.get(p, 0.0):.1f}" for p in names
@@ -490,8 +487,7 @@ def print_size(result: SizeResult) -> None:
           f"{met(g['filter_p99_ms'] <= TARGET_FILTER_P99_MS)}; gpufrag ÷ zero-cost >= 0.85: "
           f"{met(rate['gpufrag-decide'] / rate['zero-one'] >= TARGET_VS_ZERO)}; defrag "
           f"dry-run cycle < 60 s: {met(g['defrag_s'] < TARGET_DEFRAG_S)}")
-    whatif = ("the what-if not run (residents)" if math.isnan(result.whatif[1])
-              else f"the what-if's FGD {result.whatif[1]:.2f}%")
+    whatif = f"the what-if's FGD {result.whatif[1]:.2f}%"
     print(f"    FGD gain over the default scheduler: {gain:+.2f} points of fragmentation "
           f"(gpufrag {rows['gpufrag-decide'].placed.frag_pct:.2f}% vs default "
           f"{rows['default'].placed.frag_pct:.2f}%; {whatif})")

@@ -38,6 +38,7 @@ from devkit.fleet import (
     list_pods,
     placement,
     pod_body,
+    resident_state,
     settled,
     unschedulable,
 )
@@ -51,7 +52,7 @@ from devkit.procs import (
     wait_until,
 )
 from gpufrag.conventions import ANNOTATION_GPU_INDICES, HINTS_NAMESPACE, SCHEDULER_NAME
-from scheduler.core import MILLI_PER_GPU, ClusterState, TargetWorkload
+from scheduler.core import MILLI_PER_GPU, TargetWorkload
 from scheduler.kube import reservations as rsv
 from scheduler.kube.reservations import Reservation
 
@@ -144,10 +145,7 @@ class FailoverResult:
 def hold_gpus(plane: ControlPlane, fleet: Fleet, count: int) -> list[Reservation]:
     """Reservations of ``count`` whole GPUs free now (after the fleet's residents), one per
     node, on the nodes with the most GPUs, for an owner that never comes, expiring in an hour."""
-    state = ClusterState(fleet.nodes)
-    for resident in fleet.residents:
-        if resident.gpus is not None:
-            state.place(resident.pod, state.index[resident.node], resident.gpus)
+    state = resident_state(fleet)
     custom = kubernetes.client.CustomObjectsApi(plane.api_client())
     held: list[Reservation] = []
     for node in sorted(fleet.nodes, key=lambda n: (-n.gpu_count, n.name)):

@@ -234,6 +234,15 @@ def scatter(nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], rng: np.rando
     return placed
 
 
+def resident_state(fleet: Fleet) -> ClusterState:
+    """The fleet with its residents on their GPUs: where the measured pods start from."""
+    state = ClusterState(fleet.nodes)
+    for resident in fleet.residents:
+        if resident.gpus is not None:
+            state.place(resident.pod, state.index[resident.node], resident.gpus)
+    return state
+
+
 def resident_body(resident: Resident) -> dict[str, Any]:
     """A resident as the Pod object it is created as: the measured pods' shape, bound, its
     GPUs recorded as a bind records them."""
@@ -496,10 +505,7 @@ def placement(plane: ControlPlane, fleet: Fleet, namespace: str, target: TargetW
     gpufrag's device plugin would pick for a pod nobody recorded GPUs for), after the fleet's
     residents on theirs."""
     requests = {p.name: p for p in fleet.pods}
-    state = ClusterState(fleet.nodes)
-    for resident in fleet.residents:
-        if resident.gpus is not None:
-            state.place(resident.pod, state.index[resident.node], resident.gpus)
+    state = resident_state(fleet)
     pods = list_pods(plane, namespace)
     bound = sorted((p for p in pods if p["spec"].get("nodeName")),
                    key=lambda p: str(p["metadata"]["name"]))
