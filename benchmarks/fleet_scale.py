@@ -264,16 +264,17 @@ def defrag_cycle(plane: ControlPlane, namespace: str, *, dry_run: bool) -> dict[
     return {prefix + k: v for k, v in figures.items()}
 
 
-def real_defrag(plane: ControlPlane, served: Served, namespace: str, deployments: int,
-                timeout_s: float) -> dict[str, float]:
+def real_defrag(plane: ControlPlane, served: Served, namespace: str, fleet: Fleet,
+                deployments: int, timeout_s: float) -> dict[str, float]:
     """A real defrag cycle with budgets over the fleet: ``deployments`` Deployments placed
-    by this row's scheduler, the row's own pods beside their replicas
-    finished (deleted), every node's usage annotation written as its agent would (the
-    replicas using :data:`IDLE_USED` of what they reserve, every other pod :data:`BUSY_USED`,
-    so the nodes the replicas are left alone on are over the trigger), one cycle, then the
-    time until every Deployment is back at full replicas and the reservations it left."""
+    by this row's scheduler; the GPU pods without a controller beside their replicas (the
+    row's and residents) finished (deleted); every node's usage annotation written as its
+    agent would (the replicas using :data:`IDLE_USED` of what they reserve, every other pod
+    :data:`BUSY_USED`, so the nodes the replicas are left alone on are over the trigger); one
+    cycle, then the time until every Deployment is back at full replicas and the
+    reservations it left."""
     names = create_movable(plane, namespace, deployments, served.scheduler_name, timeout_s)
-    finished = finish_neighbours(plane, namespace, timeout_s)
+    finished = finish_neighbours(plane, namespace, fleet, timeout_s)
     movable = f"{namespace}/movable-"
     written = publish_usage(plane, lambda key: IDLE_USED if key.startswith(movable)
                             else BUSY_USED)
@@ -348,7 +349,7 @@ def run_row(plane: ControlPlane, fleet: Fleet, row: Row, namespace: str, target:
             # Their replicas on at most half the nodes.
             deployments = min(MOVABLE_DEPLOYMENTS,
                               len(fleet.nodes) // (2 * MOVABLE_REPLICAS)) or 1
-            extender |= real_defrag(plane, served, namespace, deployments,
+            extender |= real_defrag(plane, served, namespace, fleet, deployments,
                                     120 + len(fleet.pods) / 10)
     finally:
         served.stop()

@@ -52,7 +52,12 @@ from devkit.controlplane import ControlPlane
 from devkit.procs import EXIT_WITH_PARENT_ENV, ComponentProcess, wait_until
 from devkit.stack import GROUP_LABEL, gpu_pod
 from devkit.toolbuild import build_tool
-from gpufrag.conventions import ANNOTATION_GPU_INDICES, ANNOTATION_GPU_USAGE, HINTS_NAMESPACE
+from gpufrag.conventions import (
+    ANNOTATION_GPU_INDICES,
+    ANNOTATION_GPU_USAGE,
+    HINTS_NAMESPACE,
+    MANAGED_RESOURCES,
+)
 from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from scheduler.core import MILLI_PER_GPU, ClusterState, TargetWorkload
 from scheduler.core.feasibility import feasible_mask
@@ -359,21 +364,37 @@ def movable_ready(plane: ControlPlane, namespace: str, names: Sequence[str]) -> 
     return all(ready.get(name, False) for name in names)
 
 
-def finish_neighbours(plane: ControlPlane, namespace: str, timeout_s: float) -> int:
-    """Delete the bare pods of ``namespace`` that share a node with a movable replica, as jobs
-    that finished: what leaves a long-running cluster's replicas scattered over nodes that
-    are otherwise empty, the layout a defrag cycle consolidates. The number deleted."""
-    pods = list_pods(plane, namespace)
-    hosts = {p["spec"].get("nodeName") for p in pods
-             if p["metadata"].get("ownerReferences")} - {None}
-    done = [p["metadata"]["name"] for p in pods
-            if not p["metadata"].get("ownerReferences") and p["spec"].get("nodeName") in hosts]
+def finish_neighbours(plane: ControlPlane, namespace: str, fleet: Fleet,
+                      timeout_s: float) -> int:
+    """Delete the GPU pods without a controller (the row's in ``namespace``, and residents)
+    that share a node with a movable replica, as jobs that finished: what leaves a
+    long-running cluster's replicas scattered over nodes that are otherwise idle, the layout
+    a defrag cycle consolidates. Finished residents leave ``fleet.residents`` too, so the
+    fleet's record stays the cluster's. The number deleted."""
+    hosts = sorted({p["spec"].get("nodeName") for p in list_pods(plane, namespace)
+                    if p["metadata"].get("ownerReferences")} - {None})
+    done: list[tuple[str, str]] = []
+    for host in hosts:
+        for ns in (namespace, RESIDENT_NAMESPACE):
+            done += [(ns, p["metadata"]["name"])
+                     for p in list_pods(plane, ns, f"spec.nodeName={host}")
+                     if not p["metadata"].get("ownerReferences") and _asks_gpu(p)]
     core = kubernetes.client.CoreV1Api(plane.api_client())
-    for name in done:
-        core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
-    wait_until(lambda: not {p["metadata"]["name"] for p in list_pods(plane, namespace)}
-               & set(done), timeout_s=timeout_s, what="finished pods gone", interval_s=0.5)
+    for ns, name in done:
+        core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+    finished = {name for ns, name in done if ns == RESIDENT_NAMESPACE}
+    fleet.residents[:] = [r for r in fleet.residents if r.pod.name not in finished]
+
+    def gone() -> bool:
+        return all(not list_pods(plane, ns, f"metadata.name={name}") for ns, name in done)
+
+    wait_until(gone, timeout_s=timeout_s, what="finished pods gone", interval_s=0.5)
     return len(done)
+
+
+def _asks_gpu(pod: Mapping[str, Any]) -> bool:
+    return any(key in MANAGED_RESOURCES for c in pod["spec"].get("containers") or []
+               for key in ((c.get("resources") or {}).get("requests") or {}))
 
 
 def delete_movable(plane: ControlPlane, namespace: str) -> None:
