@@ -47,6 +47,7 @@ from typing import Any
 import kubernetes
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.procstat import peak_rss_command, read_peak_rss_mib
 from benchmarks.scheduling_throughput import ROWS, Row, Served, cpu_by_process
 from devkit.build import build_control_plane
 from devkit.controlplane import ControlPlane
@@ -233,16 +234,17 @@ def defrag_cycle(plane: ControlPlane, namespace: str, *, dry_run: bool) -> dict[
     clients). Keys start ``defrag_`` (``defrag_real_`` for a real cycle)."""
     before = apiserver_requests(plane)
     started = time.perf_counter()
-    log_path = plane.logs_dir / f"defrag-{'dry-run' if dry_run else 'real'}.log"
+    kind = "dry-run" if dry_run else "real"
+    log_path = plane.logs_dir / f"defrag-{kind}.log"
+    peak_path = str(plane.logs_dir / f"defrag-{kind}.peak")
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gpufrag.cli", "defrag", "--kubeconfig",
+            [*peak_rss_command("gpufrag.cli", peak_path), "defrag", "--kubeconfig",
              str(plane.kubeconfig_path), "--namespaces", namespace, "--move-not-actionable",
              "--output", "json", *(("--dry-run",) if dry_run else DEFRAG_BUDGETS)],
             stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
         out = process.stdout.read() if process.stdout is not None else b""
-        _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
+        process.wait()
     wall = time.perf_counter() - started
     if process.returncode:
         tail = log_path.read_text(errors="replace").splitlines()[-5:]
@@ -252,7 +254,7 @@ def defrag_cycle(plane: ControlPlane, namespace: str, *, dry_run: bool) -> dict[
     docs = [json.loads(line) for line in out.splitlines() if line.startswith(b"{")]
     moves = sum(len(d.get("moves", [])) for d in docs if d.get("kind") == "plan")
     prefix = "defrag_" if dry_run else "defrag_real_"
-    figures = {"s": wall, "rss_mib": usage.ru_maxrss / 1024,
+    figures = {"s": wall, "rss_mib": read_peak_rss_mib(peak_path),
                "exit": float(process.returncode), "moves": float(moves)}
     for doc in docs:
         if doc.get("kind") == "result" and not dry_run:
