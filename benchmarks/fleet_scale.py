@@ -131,6 +131,8 @@ class SizeResult:
     whatif: tuple[float, float]  # FGD allocation %, fragmentation %
     load: tuple[float, float, float]
     failover: FailoverResult | None = None
+    residents: str = ""  # what the fleet held before the rows (the defrag step finishes some)
+    held: int = 0  # pods in the fleet: the measured ones and the residents
 
 
 def histogram(text: str, name: str, match: Callable[[dict[str, str]], bool] = lambda _: True
@@ -361,6 +363,15 @@ def run_row(plane: ControlPlane, fleet: Fleet, row: Row, namespace: str, target:
     return RowResult(seconds, placed, spent, algorithm, running_s, extender)
 
 
+def describe_residents(fleet: Fleet) -> str:
+    """The residents in a few words ('' when none)."""
+    drawn = [r for r in fleet.residents if r.gpus is not None]
+    demand = sum(r.pod.gpu_demand_milli for r in drawn) / fleet.capacity_milli
+    return (f"{len(fleet.residents)} resident pods ({len(drawn)} of the draw, "
+            f"{len(fleet.residents) - len(drawn)} system pods; GPU demand {100 * demand:.0f}%)"
+            if fleet.residents else "")
+
+
 def ready_allowance_s(fleet: Fleet) -> float:
     return RESIDENT_S_PER_1000 * len(fleet.residents) / 1000
 
@@ -369,6 +380,8 @@ def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
              arrivals_per_s: float = DEFAULT_ARRIVALS_PER_S, kwok: Path | None = None
              ) -> SizeResult:
     target = TargetWorkload.from_pods(fleet.pods)
+    residents = describe_residents(fleet)
+    held = len(fleet.pods) + len(fleet.residents)
     # The what-if places the same pods from the same start (the residents on their GPUs).
     replayed = replay(fleet.nodes, fleet.pods, "fgd", seed, target, resident_state(fleet))
     whatif = (float(replayed.allocation_pct[-1]), float(replayed.frag_amount_pct[-1]))
@@ -404,7 +417,7 @@ def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
                                         Path(tmp), kills=kills, per_s=arrivals_per_s)
         finally:
             kwok_process.stop()
-    return SizeResult(fleet, rows, whatif, os.getloadavg(), failover)
+    return SizeResult(fleet, rows, whatif, os.getloadavg(), failover, residents, held)
 
 
 def met(ok: bool) -> str:
@@ -414,11 +427,7 @@ def met(ok: bool) -> str:
 def print_size(result: SizeResult) -> None:
     fleet, rows = result.fleet, result.rows
     gpus = fleet.capacity_milli // 1000
-    resident_gpu = [r for r in fleet.residents if r.gpus is not None]
-    resident_demand = sum(r.pod.gpu_demand_milli for r in resident_gpu) / fleet.capacity_milli
-    residents = (f", among {len(fleet.residents)} resident pods ({len(resident_gpu)} of the "
-                 f"draw, {len(fleet.residents) - len(resident_gpu)} system pods; GPU demand "
-                 f"{100 * resident_demand:.0f}%)" if fleet.residents else "")
+    residents = f", among {result.residents}" if result.residents else ""
     print(f"\n{len(fleet.nodes)} kwok nodes ({fleet.source} mix, {gpus} GPUs), "
           f"{len(fleet.pods)} pods of {fleet.asked_pods} asked ({fleet.source} pods; GPU demand "
           f"{100 * fleet.demand_milli / fleet.capacity_milli:.0f}% of the fleet's GPUs)"
@@ -513,10 +522,11 @@ def print_growth(results: Sequence[SizeResult]) -> None:
     for big in results[1:]:
         scale = len(big.fleet.nodes) / len(small.fleet.nodes)
         print(f"\ngrowth from {len(small.fleet.nodes)} to {len(big.fleet.nodes)} nodes "
-              f"(x{scale:.1f} nodes, x{len(big.fleet.pods) / len(small.fleet.pods):.1f} pods):")
+              f"(x{scale:.1f} nodes, x{big.held / small.held:.1f} pods held):")
         for name, value in figures(big).items():
             ratio = value / base[name] if base[name] else math.nan
-            shape = ("flat" if ratio < 1.5 else "sub-linear" if ratio < 0.8 * scale
+            shape = ("falls" if ratio < 0.67 else "flat" if ratio < 1.5
+                     else "sub-linear" if ratio < 0.8 * scale
                      else "linear" if ratio <= 1.25 * scale else "worse than linear")
             print(f"  {name:<40} x{ratio:.2f}  ({shape})")
 
