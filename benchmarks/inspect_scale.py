@@ -3,7 +3,7 @@
 The cluster is the extender latency benchmark's (synthetic openb node mix, filled to
 ``--occupancy`` of the GPU share), written as a snapshot. Each round runs, one after the other
 in new processes: the reference, which only reads the snapshot file
-(``scheduler.kube.snapshot.read_snapshot``, the floor any command reading it pays), and
+(``benchmarks.snapshot_read``, the floor any command reading it pays), and
 ``gpufrag inspect --snapshot FILE -o json``. Prints the median of ``--rounds`` rounds, the
 peak RSS of each, and inspect's ratio to the reference, with the load average.
 
@@ -16,27 +16,25 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.extender_latency import build_cluster
-
-READ_ONLY = ("import sys\nfrom scheduler.kube.snapshot import read_snapshot\n"
-             "read_snapshot(sys.argv[1])\n")
+from benchmarks.procstat import peak_rss_command, read_peak_rss_mib
 
 
-def run(command: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of ``command`` in a new process (its own rusage)."""
+def run(module: str, args: list[str], folder: str) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of ``python -m module args`` in a new process (its
+    own peak: see ``benchmarks.procstat.peak_rss_command``)."""
+    report = os.path.join(folder, "peak")
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(process.pid, 0)
+    process = subprocess.run([*peak_rss_command(module, report), *args],
+                             stdout=subprocess.DEVNULL, check=False)
     seconds = time.perf_counter() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode:
-        raise SystemExit(f"{command[:4]} exited {process.returncode}")
-    return seconds, usage.ru_maxrss / 1024
+        raise SystemExit(f"{module} exited {process.returncode}")
+    return seconds, read_peak_rss_mib(report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         snapshot = str(cluster.snapshot)
         reference, inspect, rss_ref, rss_inspect = [], [], 0.0, 0.0
         for _ in range(args.rounds):
-            seconds, rss_ref = run([sys.executable, "-c", READ_ONLY, snapshot])
+            seconds, rss_ref = run("benchmarks.snapshot_read", [snapshot], folder)
             reference.append(seconds)
-            seconds, rss_inspect = run([sys.executable, "-m", "gpufrag.cli", "inspect",
-                                        "--snapshot", snapshot, "-o", "json"])
+            seconds, rss_inspect = run("gpufrag.cli", ["inspect", "--snapshot", snapshot,
+                                                       "-o", "json"], folder)
             inspect.append(seconds)
     ref, ins = statistics.median(reference), statistics.median(inspect)
     print(f"cluster: {args.nodes:,} nodes, {cluster.pods_placed:,} pods, "
