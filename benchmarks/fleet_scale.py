@@ -98,9 +98,10 @@ TARGET_VS_ZERO = 0.85
 TARGET_DEFRAG_S = 60.0
 # The real defrag cycle: its budgets, the Deployments it may move, and how much of its share
 # each of their replicas, and every other pod, uses.
-DEFRAG_BUDGETS = ("--max-evictions-total", "10", "--max-evictions-per-namespace", "10",
-                  "--max-evictions-per-node", "2")
 MAX_EVICTIONS = 10
+DEFRAG_BUDGETS = ("--max-evictions-total", str(MAX_EVICTIONS),
+                  "--max-evictions-per-namespace", str(MAX_EVICTIONS),
+                  "--max-evictions-per-node", "2")
 MOVABLE_DEPLOYMENTS = 20
 IDLE_USED = 0.2
 BUSY_USED = 0.9
@@ -420,6 +421,12 @@ def run_size(binary: Path, fleet: Fleet, seed: int, *, kills: int = 0,
     return SizeResult(fleet, rows, whatif, os.getloadavg(), failover, residents, held)
 
 
+def by_prefix(figures: dict[str, float], prefix: str) -> str:
+    """The figures whose keys start with ``prefix``, as ``name count`` pairs."""
+    return ", ".join(f"{k.removeprefix(prefix)} {v:.0f}" for k, v in sorted(figures.items())
+                     if k.startswith(prefix))
+
+
 def met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
@@ -463,15 +470,11 @@ def print_size(result: SizeResult) -> None:
           f"(one /metrics scrape {g['scrape_ms']:.0f} ms included); decisions that held no "
           f"GPU {g['unassumed']:.0f} ({g['watch_waits_timed_out']:.0f} waits for the watch "
           "ran out)")
-    api = ", ".join(f"{k.removeprefix('defrag_api_')} {v:.0f}" for k, v in sorted(g.items())
-                    if k.startswith("defrag_api_"))
+    api = by_prefix(g, "defrag_api_")
     print(f"  defrag --dry-run cycle: {g['defrag_s']:.1f}s, peak RSS {g['defrag_rss_mib']:.0f} "
           f"MiB, exit {g['defrag_exit']:.0f}, {g['defrag_moves']:.0f} moves planned; API "
           f"requests meanwhile (all clients): {api}")
-    real_api = ", ".join(f"{k.removeprefix('defrag_real_api_')} {v:.0f}"
-                         for k, v in sorted(g.items()) if k.startswith("defrag_real_api_"))
-    outcomes = ", ".join(f"{k.removeprefix('defrag_real_outcome_')} {v:.0f}"
-                         for k, v in sorted(g.items()) if k.startswith("defrag_real_outcome_"))
+    real_api, outcomes = by_prefix(g, "defrag_real_api_"), by_prefix(g, "defrag_real_outcome_")
     print(f"  defrag real cycle ({' '.join(DEFRAG_BUDGETS)}; {g['defrag_movable']:.0f} "
           f"Deployments of {MOVABLE_REPLICAS} movable replicas, "
           f"{g['defrag_finished_pods']:.0f} pods beside them finished, usage written on "
@@ -499,10 +502,9 @@ def print_size(result: SizeResult) -> None:
           f"{met(g['filter_p99_ms'] <= TARGET_FILTER_P99_MS)}; gpufrag ÷ zero-cost >= 0.85: "
           f"{met(rate['gpufrag-decide'] / rate['zero-one'] >= TARGET_VS_ZERO)}; defrag "
           f"dry-run cycle < 60 s: {met(g['defrag_s'] < TARGET_DEFRAG_S)}")
-    whatif = f"the what-if's FGD {result.whatif[1]:.2f}%"
     print(f"    FGD gain over the default scheduler: {gain:+.2f} points of fragmentation "
           f"(gpufrag {rows['gpufrag-decide'].placed.frag_pct:.2f}% vs default "
-          f"{rows['default'].placed.frag_pct:.2f}%; {whatif})")
+          f"{rows['default'].placed.frag_pct:.2f}%; the what-if's FGD {result.whatif[1]:.2f}%)")
 
 
 def print_growth(results: Sequence[SizeResult]) -> None:

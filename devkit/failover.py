@@ -51,9 +51,10 @@ from devkit.procs import (
     signal_group,
     wait_until,
 )
-from gpufrag.conventions import ANNOTATION_GPU_INDICES, HINTS_NAMESPACE, SCHEDULER_NAME
+from gpufrag.conventions import HINTS_NAMESPACE, SCHEDULER_NAME
 from scheduler.core import MILLI_PER_GPU, TargetWorkload
 from scheduler.kube import reservations as rsv
+from scheduler.kube.convert import bound_gpus, node_name_of
 from scheduler.kube.reservations import Reservation
 
 LEASE_NAME: Final = "gpufrag-scheduler"
@@ -178,13 +179,8 @@ def release_gpus(plane: ControlPlane, held: list[Reservation]) -> None:
 def on_held_gpus(pods: list[dict[str, Any]], held: list[Reservation]) -> int:
     """The pods whose GPUs, as the extender recorded them at bind, include a held one."""
     taken = {(r.node, g) for r in held for g in r.gpus}
-    count = 0
-    for pod in pods:
-        node = pod["spec"].get("nodeName")
-        recorded = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_GPU_INDICES)
-        if node and recorded and any((node, int(g)) in taken for g in recorded.split(",")):
-            count += 1
-    return count
+    return sum(1 for pod in pods
+               if any((node_name_of(pod), g) in taken for g in bound_gpus(pod) or ()))
 
 
 def _bound(plane: ControlPlane, namespace: str) -> int:

@@ -56,7 +56,6 @@ from gpufrag.conventions import (
     ANNOTATION_GPU_INDICES,
     ANNOTATION_GPU_USAGE,
     HINTS_NAMESPACE,
-    MANAGED_RESOURCES,
 )
 from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from scheduler.core import MILLI_PER_GPU, ClusterState, TargetWorkload
@@ -65,6 +64,7 @@ from scheduler.core.fragmentation import node_fragmentation
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import PlacementError
 from scheduler.core.types import NodeSpec, PodRequest
+from scheduler.kube.convert import bound_gpus, container_gpus, controller_ref, node_name_of
 from scheduler.kube.watch import NON_TERMINAL_PODS, list_objects
 from simulations.defrag_whatif import DEFAULT_GPU_GIB, with_gpu_memory
 from simulations.openb import load_nodes, load_pods
@@ -371,14 +371,15 @@ def finish_neighbours(plane: ControlPlane, namespace: str, fleet: Fleet,
     long-running cluster's replicas scattered over nodes that are otherwise idle, the layout
     a defrag cycle consolidates. Finished residents leave ``fleet.residents`` too, so the
     fleet's record stays the cluster's. The number deleted."""
-    hosts = sorted({p["spec"].get("nodeName") for p in list_pods(plane, namespace)
-                    if p["metadata"].get("ownerReferences")} - {None})
+    hosts = sorted({node_name_of(p) for p in list_pods(plane, namespace)
+                    if controller_ref(p)[1]} - {""})
     done: list[tuple[str, str]] = []
     for host in hosts:
         for ns in (namespace, RESIDENT_NAMESPACE):
             done += [(ns, p["metadata"]["name"])
                      for p in list_pods(plane, ns, f"spec.nodeName={host}")
-                     if not p["metadata"].get("ownerReferences") and _asks_gpu(p)]
+                     if not controller_ref(p)[1]
+                     and any(c.asks_gpu for c in container_gpus(p))]
     core = kubernetes.client.CoreV1Api(plane.api_client())
     for ns, name in done:
         core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
@@ -390,11 +391,6 @@ def finish_neighbours(plane: ControlPlane, namespace: str, fleet: Fleet,
 
     wait_until(gone, timeout_s=timeout_s, what="finished pods gone", interval_s=0.5)
     return len(done)
-
-
-def _asks_gpu(pod: Mapping[str, Any]) -> bool:
-    return any(key in MANAGED_RESOURCES for c in pod["spec"].get("containers") or []
-               for key in ((c.get("resources") or {}).get("requests") or {}))
 
 
 def delete_movable(plane: ControlPlane, namespace: str) -> None:
@@ -534,9 +530,8 @@ def placement(plane: ControlPlane, fleet: Fleet, namespace: str, target: TargetW
     for pod in bound:
         request = requests[pod["metadata"]["name"]]
         row = state.index[pod["spec"]["nodeName"]]
-        recorded = (pod["metadata"].get("annotations") or {}).get(ANNOTATION_GPU_INDICES)
-        gpus = (tuple(int(i) for i in recorded.split(",")) if recorded
-                else gpus_for(state, request, row, NO_GPU))
+        recorded = bound_gpus(pod)
+        gpus = recorded if recorded is not None else gpus_for(state, request, row, NO_GPU)
         try:
             state.place(request, row, gpus)
         except (PlacementError, IndexError):

@@ -22,8 +22,9 @@ PAGE = 2000
 
 
 def _list_all(what: str, fn: Callable[..., Any]) -> list[Obj]:
-    """Every object, in pages, without managedFields (the cycle holds them all at once: at
-    5,000 nodes and 50,000 pods they were 0.4 of its 2 GiB peak)."""
+    """Every object, in pages, without managedFields (the cycle holds them all at once; with
+    50,000 running pods and 5,000 nodes, dropping them took the snapshot's read from 1,308
+    to 906 MiB, measured in-process)."""
     return call_api(f"listing {what}",
                     lambda: list_objects(fn, PAGE, what=what, slim=True)[0])
 
