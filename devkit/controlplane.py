@@ -440,6 +440,15 @@ class ControlPlane:
                    timeout_s=timeout_s, what=f"service account {name}/default")
         return name
 
+    def delete_namespace(self, name: str, *, timeout_s: float = 90.0) -> None:
+        """Delete a namespace and wait until its pods are gone: the next test on a real node
+        then finds the kubelet's GPUs free, not held by pods still terminating. (The rest of
+        the namespace goes on being deleted in the background.)"""
+        core = kubernetes.client.CoreV1Api(self.api_client())
+        core.delete_namespace(name, grace_period_seconds=0)
+        wait_until(lambda: not core.list_namespaced_pod(name).items, timeout_s=timeout_s,
+                   what=f"the pods of namespace {name} to be deleted")
+
     def create_gpu_node(
         self,
         name: str,

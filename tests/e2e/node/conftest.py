@@ -9,9 +9,11 @@ Fixtures:
 - ``node_plane`` (session): a :class:`devkit.controlplane.ControlPlane` with no pod completer.
 - ``node`` (session): a started :class:`devkit.node.Node` named ``node-0``; its runtime is
   ``GPUFRAG_NODE_RUNTIME`` (auto, containerd or fake; default auto) and is printed.
-- ``node_namespace`` (function): a fresh namespace on that plane, deleted after.
+- ``node_namespace`` (function): a fresh namespace on that plane; deleted after, and waited
+  for until its pods are gone from the node, so the next test finds the GPUs free.
 - ``device_plugin`` (function): ``gpufrag device-plugin`` on recorded NVML readings (two A100s,
-  ``GPU_UUIDS``) registered with the node's kubelet; its log's path.
+  ``GPU_UUIDS``), yielded once it has registered both resources with the node's kubelet (its
+  log says so: :func:`wait_registered`); its log's path.
 - ``gpufrag_image`` (session): the project's image built here (``devkit.image``: mmdebstrap base
   + buildah, cached) and imported into the node's containerd (``Node.import_project_image``,
   as ``gpufrag dev-cluster up --node`` does); its reference.
@@ -40,7 +42,7 @@ from devkit.build import BuildError, build_control_plane
 from devkit.controlplane import ControlPlane
 from devkit.image import ImageBuildError
 from devkit.node import Node
-from devkit.procs import ComponentProcess, ControlPlaneError
+from devkit.procs import ComponentProcess, ControlPlaneError, wait_until
 from tests.records import publish_test_key
 
 RUNTIME_ENV = "GPUFRAG_NODE_RUNTIME"
@@ -82,8 +84,7 @@ def node(node_plane: ControlPlane) -> Iterator[Node]:
 def node_namespace(node_plane: ControlPlane) -> Iterator[str]:
     name = node_plane.create_namespace(f"node-{uuid.uuid4().hex[:8]}")
     yield name
-    core = kubernetes.client.CoreV1Api(node_plane.api_client())
-    core.delete_namespace(name, grace_period_seconds=0)
+    node_plane.delete_namespace(name)
 
 
 def require_containers(node: Node) -> None:
@@ -155,6 +156,37 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [*pod.get("initContainers", []), *pod.get("containers", [])]
 
 
+def logged_events(log: Path, event: str) -> int:
+    """How many times a component logging JSON lines logged ``event``."""
+    count = 0
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            count += json.loads(line).get("event") == event
+        except (ValueError, AttributeError):
+            continue
+    return count
+
+
+def wait_registered(log: Path, process: subprocess.Popen[bytes], *, before: int = 0,
+                    timeout_s: float = 60.0) -> None:
+    """Until a device plugin logging to ``log`` has registered both of its resources (whole
+    GPUs and shares) with the kubelet ``before`` + 2 times: what every admission of a GPU pod
+    relies on. The Node's allocatable may still show a previous plugin's devices until the
+    kubelet's next status update, so it is no sign of this plugin's registration."""
+    def registered() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"the device plugin exited ({process.returncode}):\n"
+                                 f"{log.read_text(errors='replace')[-4000:]}")
+        return logged_events(log, "registered") >= before + 2
+
+    try:
+        wait_until(registered, timeout_s=timeout_s, interval_s=0.1,
+                   what="the device plugin to register both resources with the kubelet")
+    except TimeoutError:
+        print(log.read_text(errors="replace")[-4000:])
+        raise
+
+
 @pytest.fixture
 def device_plugin(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Path]:
     recording = tmp_path / "nvml.json"
@@ -170,8 +202,10 @@ def device_plugin(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Itera
              f"--socket-dir={node.device_plugin_dir}", f"--nvml-recording={recording}",
              f"--kubeconfig={node_plane.kubeconfig_path}", "--metrics-port=0"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "GPUFRAG_LOG_FORMAT": "json"})
     try:
+        wait_registered(log, process)
         yield log
     finally:
         ComponentProcess("device-plugin", process, log, 0).stop()

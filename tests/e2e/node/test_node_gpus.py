@@ -20,7 +20,9 @@ device-plugin`` (recorded NVML readings) over the real unix sockets.
 
 After the first test the pods carry ``gpufrag.io/gpu-indices`` as gpufrag-scheduler's bind
 writes it, with ``spec.nodeName`` standing in for the binding, so each test chooses the GPU it
-is about. The tests share one node and one plugin, in file order.
+is about. The tests share one node and one plugin, in any order: each starts once both GPUs are
+in the Node's allocatable, creates its own pods in its own namespace, and that namespace's pods
+are gone before the next test starts (``node_namespace``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from gpufrag.conventions import (
 )
 from node.agent.cgroup import pod_uid_for_pid
 from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
+from tests.e2e.node.conftest import logged_events, wait_registered
 from tests.records import place_as_the_extender, publish_test_key
 from tests.webhooks import recommendation, registered_webhook
 
@@ -100,13 +103,7 @@ class Plugin:
 
     def events(self, name: str) -> int:
         """How many times the plugin logged ``name``."""
-        count = 0
-        for line in self.log().splitlines():
-            try:
-                count += json.loads(line).get("event") == name
-            except (ValueError, AttributeError):
-                continue
-        return count
+        return logged_events(self.component.log_path, name)
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +124,7 @@ def plugin(node: Node, node_plane: ControlPlane,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "GPUFRAG_LOG_FORMAT": "json"})
     running = Plugin(ComponentProcess("device-plugin", process, log_path, 0), recording)
     try:
+        wait_registered(log_path, process)
         yield running
     finally:
         running.component.stop()
@@ -351,6 +349,7 @@ def test_the_agent_reports_a_real_pod_over_its_share(
     if node.runtime != "containerd":
         pytest.skip(f"no container processes with the {node.runtime} runtime: {node.runtime_note}")
     core = _core(node_plane)
+    _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")
     uids = {name: pod.metadata.uid for name, pod in _running_shares(
         core, node_namespace, node, plugin, ("greedy", "modest")).items()}
     pids = {name: wait_until(lambda u=uid: _pids_of(u) or None, timeout_s=20,
@@ -404,6 +403,7 @@ def test_a_pod_of_the_default_scheduler_gets_the_gpu_the_kubelet_chose(
     kubelet chose, as NVIDIA's plugin would, and marks it."""
     core = _core(node_plane)
     _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")
+    choices = plugin.events("kubelet_choice")
     body = _gpu_pod("default-scheduled", RESOURCE_GPU, "1")
     del body["spec"]["schedulerName"]  # the default scheduler's
     body["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
@@ -420,7 +420,7 @@ def test_a_pod_of_the_default_scheduler_gets_the_gpu_the_kubelet_chose(
                                                                node_namespace)) or None,
                        timeout_s=20, what="the allocation mark")
     assert list(given) == ["main"] and len(given["main"]) == 1 and given["main"][0] in UUIDS
-    assert plugin.events("kubelet_choice") == 1
+    assert plugin.events("kubelet_choice") == choices + 1
     if node.runtime == "containerd":
         assert _environment(node, node_namespace, "default-scheduled")[
             "NVIDIA_VISIBLE_DEVICES"] == given["main"][0]

@@ -8,7 +8,10 @@ devices through ListAndWatch, and allocates as at admission and container start
 warns about live in a real kube-apiserver. What the harness does not have is a container
 runtime: the envs and device nodes are checked as the kubelet hands them to the runtime.
 
-The tests run in order on one node: each creates the pods it needs.
+Each test has a node of its own (its Node object, namespace, plugin process and kubelet device
+manager), and starts only once the plugin has registered both resources with that kubelet: a
+device manager that does not know a resource answers Allocate with nothing and never calls the
+plugin, so a test that did not wait would check the harness's timing, not the plugin.
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ from tests.records import publish_test_key, signed_record
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[3]
-NODE = "dp-node-0"
 UUIDS = ("GPU-5a3c9f1e-7b2d-4c8e-9f01-23456789abcd", "GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6")
 A100_BYTES = 85_899_345_920  # 81920 MiB
 
@@ -62,8 +64,16 @@ def recording(*, lost: tuple[int, ...] = ()) -> dict[str, Any]:
         for i, uuid_ in enumerate(UUIDS)]}
 
 
+def write_recording(path: Path, *, lost: tuple[int, ...] = ()) -> None:
+    """In one rename: the plugin, which re-reads the file, never sees half of it."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(recording(lost=lost)))
+    tmp.replace(path)
+
+
 @dataclass
 class Node:
+    name: str
     plane: ControlPlane
     core: Any  # kubernetes.client.CoreV1Api (dict bodies; the models are not used)
     namespace: str
@@ -81,13 +91,13 @@ class Node:
         so the record can follow the pod's creation, once its UID is known."""
         limits = {RESOURCE_GPU: str(whole)} if whole else {RESOURCE_GPU_MILLI: str(milli)}
         body = {"metadata": {"name": name},
-                "spec": {"nodeName": NODE, "containers": [
+                "spec": {"nodeName": self.name, "containers": [
                     {"name": f"c{i}", "image": "x", "resources": {"limits": limits}}
                     for i in range(containers)]}}
         created = self.core.create_namespaced_pod(self.namespace, body)
         if gpus is not None:
             self.core.patch_namespaced_pod(name, self.namespace, {"metadata": {
-                "annotations": signed_record(created.metadata.uid, NODE, gpus)}})
+                "annotations": signed_record(created.metadata.uid, self.name, gpus)}})
         return {"uid": created.metadata.uid, "name": name,
                 "containers": {f"c{i}": {next(iter(limits)): whole or milli}
                                for i in range(containers)}}
@@ -111,9 +121,20 @@ class Node:
         return (self.work / "plugin.log").read_text()
 
 
-@pytest.fixture(scope="module")
+    def wait_registered(self, *, allocatable_gpus: int = 2, timeout_s: float = 30.0) -> None:
+        """Until the kubelet's device manager lists both resources with the plugin's devices:
+        what every Allocate here relies on."""
+        self.harness.wait(RESOURCE_GPU, capacity=2, allocatable=allocatable_gpus,
+                          timeout_s=timeout_s)
+        self.harness.wait(RESOURCE_GPU_MILLI, capacity=2000,
+                          allocatable=allocatable_gpus * 1000, timeout_s=timeout_s)
+
+
+@pytest.fixture
 def node(plane: ControlPlane, dpharness: Path) -> Iterator[Node]:
-    plane.create_gpu_node(NODE, 2, "NVIDIA-A100-SXM4-80GB", 81_920)
+    """A GPU node of this test's own: no pod, plugin cache or kubelet books of another test's."""
+    name = f"dp-{uuid.uuid4().hex[:8]}"
+    plane.create_gpu_node(name, 2, "NVIDIA-A100-SXM4-80GB", 81_920)
     core = kubernetes.client.CoreV1Api(plane.api_client())
     namespace = plane.create_namespace(f"dp-{uuid.uuid4().hex[:8]}")
     # Short: a unix socket path must fit in 108 bytes.
@@ -121,13 +142,13 @@ def node(plane: ControlPlane, dpharness: Path) -> Iterator[Node]:
     work = Path(tempfile.mkdtemp(prefix="dp-work-"))
     dev = work / "dev"  # the node's device nodes, as the plugin would see the host's /dev
     dev.mkdir()
-    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
-        (dev / name).touch()
+    for device in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        (dev / device).touch()
     rec = work / "recording.json"
-    rec.write_text(json.dumps(recording()))
+    write_recording(rec)
     harness = KubeletHarness(dpharness, socket_dir, work / "harness.log")
     publish_test_key(core)
-    env = {**os.environ, "NODE_NAME": NODE, "GPUFRAG_LOG_FORMAT": "json",
+    env = {**os.environ, "NODE_NAME": name, "GPUFRAG_LOG_FORMAT": "json",
            "PYTHONPATH": str(ROOT)}
     with (work / "plugin.log").open("ab") as log:
         plugin = subprocess.Popen(
@@ -136,8 +157,9 @@ def node(plane: ControlPlane, dpharness: Path) -> Iterator[Node]:
              f"--dev-root={dev}", "--metrics-port=0", "--health-interval-s=0.2",
              "--watch-interval-s=0.2", "--log-level=debug"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT, env=env)
-    state = Node(plane, core, namespace, socket_dir, work, rec, dpharness, harness, plugin)
+    state = Node(name, plane, core, namespace, socket_dir, work, rec, dpharness, harness, plugin)
     try:
+        state.wait_registered()
         yield state
     finally:
         plugin.terminate()
@@ -148,6 +170,8 @@ def node(plane: ControlPlane, dpharness: Path) -> Iterator[Node]:
             plugin.wait()
         state.harness.stop()
         print((work / "plugin.log").read_text()[-6000:])
+        core.delete_namespace(namespace, grace_period_seconds=0)
+        core.delete_node(name)
         shutil.rmtree(socket_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 
@@ -219,10 +243,11 @@ def test_two_shares_land_on_the_gpu_the_extender_chose(node: Node) -> None:
      f"asks {RESOURCE_GPU_MILLI} and has no {ANNOTATION_GPU_INDICES} annotation: a share "
      f"names no GPU"),
     ("bad-annotation", "zero", 0, "not comma-separated GPU indices"),
-    ("missing-gpu", "7", 0, "GPU 7 does not exist on node dp-node-0, which has 2"),
+    ("missing-gpu", "7", 0, "GPU 7 does not exist on node {node}, which has 2"),
 ])
 def test_missing_or_malformed_annotation_fails_allocate_with_an_event(
         node: Node, name: str, gpus: str | None, milli: int, message: str) -> None:
+    message = message.format(node=node.name)
     pod = node.pod(name, gpus=gpus, whole=0 if milli else 1, milli=milli)
     reply = node.admit(pod)
     assert not reply["ok"] and reply["stage"] == "allocate"
@@ -236,24 +261,21 @@ def test_missing_or_malformed_annotation_fails_allocate_with_an_event(
 
 
 def test_unhealthy_gpu_is_reported_and_no_new_pod_is_given_it(node: Node) -> None:
-    node.recording.write_text(json.dumps(recording(lost=(0,))))
-    node.harness.wait(RESOURCE_GPU, capacity=2, allocatable=1)
-    node.harness.wait(RESOURCE_GPU_MILLI, capacity=2000, allocatable=1000)
+    write_recording(node.recording, lost=(0,))
+    node.wait_registered(allocatable_gpus=1)
     pod = node.pod("onto-lost", gpus="0", milli=100)
     reply = node.admit(pod)
     assert not reply["ok"]
     assert f"GPU 0 ({UUIDS[0]}), chosen for it by the extender, is unhealthy" in reply["error"]
     node.reject("onto-lost")
-    node.recording.write_text(json.dumps(recording()))
-    node.harness.wait(RESOURCE_GPU, capacity=2, allocatable=2)
-    node.harness.wait(RESOURCE_GPU_MILLI, capacity=2000, allocatable=2000)
+    write_recording(node.recording)
+    node.wait_registered()
 
 
 def test_re_registers_after_the_kubelet_restarts(node: Node) -> None:
     node.harness.kill()  # a crashed kubelet: its socket stays until the new one cleans up
     node.harness = KubeletHarness(node.harness_binary, node.socket_dir, node.work / "harness.log")
-    node.harness.wait(RESOURCE_GPU, capacity=2, allocatable=2, timeout_s=30)
-    node.harness.wait(RESOURCE_GPU_MILLI, capacity=2000, allocatable=2000, timeout_s=30)
+    node.wait_registered()
     assert '"event": "kubelet_restarted"' in node.plugin_log()
     pod = node.pod("after-restart", gpus="0", whole=1)
     reply = node.admit(pod)
@@ -263,10 +285,10 @@ def test_re_registers_after_the_kubelet_restarts(node: Node) -> None:
 
 def test_marks_written_back_to_back_all_land(node: Node) -> None:
     """Each write reads its answer to the end before its connection is reused."""
-    writer = KubePodWriter(node.plane.new_api_client(), node_name=NODE)
+    writer = KubePodWriter(node.plane.new_api_client(), node_name=node.name)
     pods = [node.pod(f"mark-{i}", gpus="0", milli=10) for i in range(20)]
     for pod in pods:
-        ask = PodAsk(node.namespace, pod["name"], pod["uid"], NODE, "", "Pending", False,
+        ask = PodAsk(node.namespace, pod["name"], pod["uid"], node.name, "", "Pending", False,
                      Kind.SHARE, ())
         writer.mark_allocated(ask, ANNOTATION_GPU_ALLOCATED, {"c0": (UUIDS[0],)})
     assert all(node.mark(p["name"]) == {"c0": [UUIDS[0]]} for p in pods)
@@ -285,13 +307,13 @@ def test_its_rbac_is_enough_for_every_read_and_write(node: Node) -> None:
         "Impersonate-User", "system:serviceaccount:gpufrag-system:gpufrag-device-plugin")
     pod = node.pod("rbac-0", gpus="1", milli=10)
     cache = NodePods(DEFAULT_NAMES, annotation_allocated=ANNOTATION_GPU_ALLOCATED)
-    watcher = KubeNodePods(client, NODE, cache)
+    watcher = KubeNodePods(client, node.name, cache)
     watcher.relist()  # list
     watcher.start()  # list + watch
     try:
         wait_until(lambda: cache.synced.is_set() or None, timeout_s=10, what="the watch")
         ask = next(a for a in cache.asks() if a.name == "rbac-0")
-        writer = KubePodWriter(client, node_name=NODE)
+        writer = KubePodWriter(client, node_name=node.name)
         writer.mark_allocated(ask, ANNOTATION_GPU_ALLOCATED, {"c0": (UUIDS[1],)})
         writer.warn(ask, "rbac check", now=1_767_225_600.0)
         assert watcher.last_error == ""

@@ -18,8 +18,10 @@ from tests.scheduler.extender.test_contract import FILTER_KEYS, NODES, PENDING, 
 NAMES = ["gpu-a", "gpu-b", "cpu-1"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def runtime() -> Runtime:
+    """A fresh extender per test: a fuzzed bind places pods, and another test must not find
+    them placed."""
     return serve(NODES, [PENDING], config=make_config(server={"max_body_bytes": 64 * 1024}))
 
 
