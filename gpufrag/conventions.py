@@ -204,6 +204,12 @@ def _dns_label_problem(value: str) -> str | None:
     return None
 
 
+def dns_subdomain_problem(value: str) -> str | None:
+    """Why ``value`` is not a DNS subdomain (RFC 1123: a Node's or a ConfigMap's name), or
+    None."""
+    return _dns_subdomain_problem(value)
+
+
 def _dns_subdomain_problem(value: str) -> str | None:
     if not value:
         return "must not be empty"

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -31,13 +32,23 @@ PROBE_MAX_BODY_BYTES = 8192
 
 class Liveness:
     """Ticks from the supervisor loop; stalled after ``stall_after_s`` without one (alive
-    until the first tick, so a slow start is the start-up probe's to judge)."""
+    until the first tick, so a slow start is the start-up probe's to judge).
 
-    def __init__(self, clock: Callable[[], float], *, stall_after_s: float) -> None:
+    A ticking loop is not enough when the work is done elsewhere: a request path that is stuck
+    (a deadlock, a call that never returns) leaves the loop ticking and the component useless.
+    So each call on a request path runs inside :meth:`working`, and a call in progress for
+    longer than ``stuck_after_s`` makes the component not live either: the kubelet restarts it
+    instead of leaving a node that admits no GPU pod while it says it is fine."""
+
+    def __init__(self, clock: Callable[[], float], *, stall_after_s: float,
+                 stuck_after_s: float = 60.0) -> None:
         self._clock = clock
         self._stall_after_s = stall_after_s
+        self._stuck_after_s = stuck_after_s
         self._last: float | None = None
         self._lock = threading.Lock()
+        self._calls: dict[int, tuple[str, float]] = {}  # call id -> (what, started)
+        self._next_call = 0
 
     def tick(self, now: float | None = None) -> None:
         with self._lock:
@@ -54,8 +65,40 @@ class Liveness:
         last = self.last
         return 0.0 if last is None else self._clock() - last
 
+    @contextmanager
+    def working(self, what: str) -> Iterator[None]:
+        """Count the block as a call in progress, named ``what`` (an RPC, a request)."""
+        with self._lock:
+            call = self._next_call
+            self._next_call += 1
+            self._calls[call] = (what, self._clock())
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._calls[call]
+
+    def stuck(self) -> tuple[str, float] | None:
+        """The oldest call in progress for longer than ``stuck_after_s``: (what, seconds)."""
+        now = self._clock()
+        with self._lock:
+            oldest = min(self._calls.values(), key=lambda call: call[1], default=None)
+        if oldest is None or now - oldest[1] <= self._stuck_after_s:
+            return None
+        return oldest[0], now - oldest[1]
+
     def live(self) -> bool:
-        return self.stalled_for() <= self._stall_after_s
+        return self.stalled_for() <= self._stall_after_s and self.stuck() is None
+
+    def why_not_live(self) -> str:
+        """What the 503 of ``/healthz`` says ('' while live)."""
+        stuck = self.stuck()
+        if stuck is not None:
+            return f"{stuck[0]} in progress for {stuck[1]:.0f}s (bound {self._stuck_after_s:g}s)"
+        stalled = self.stalled_for()
+        if stalled > self._stall_after_s:
+            return f"no supervisor tick for {stalled:.0f}s (bound {self._stall_after_s:g}s)"
+        return ""
 
 
 def respond(path: str, render_metrics: Callable[[], bytes], live: Callable[[], bool],

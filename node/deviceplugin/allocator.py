@@ -1,7 +1,9 @@
 """Allocate, GetPreferredAllocation and PreStartContainer: the decisions behind the RPCs.
 
-One :class:`Allocator` serves both resources. Calls are taken one at a time (a lock), so two
-calls can never match the same pod; the match is recorded in memory before the pod is marked
+One :class:`Allocator` serves both resources. Calls decide one at a time (a lock), so two
+calls can never match the same pod; what a call needs from the network (a relist, the record
+keys) is fetched before it takes the lock, never under it, and nothing called under the lock
+calls back into it; the match is recorded in memory before the pod is marked
 through the API, so the next call skips it even before the watch brings the mark back. Marking
 is best effort: when the API server cannot be reached the container still gets its GPUs (its
 pod is not failed for an annotation), the failure is logged and counted, and the in-memory
@@ -161,18 +163,29 @@ class Allocator:
 
     # -- matching --------------------------------------------------------------------------------
     def _find(self, kind: Kind, count: int) -> Candidate | Refusal:
-        resource = self._config.resource(kind)
-        found = find(self._pods.asks(), kind, count, node=self._config.node_name,
-                     resource=resource, given=self._given)
+        """The pod this call is for, from the cache (under the lock)."""
+        return find(self._pods.asks(), kind, count, node=self._config.node_name,
+                    resource=self._config.resource(kind), given=self._given)
+
+    def _prepare(self, kind: Kind, count: int) -> None:
+        """What a call may need from the network, fetched before it takes the lock: a relist
+        when the cache holds no pod for it (one bound moments ago may not be in it yet), and
+        the record keys when its pod's record names a key not read yet. Neither runs under
+        the lock: each is network I/O (bounded by the client's deadline), and a relist that
+        finds a pod gone calls :meth:`forget`, which takes the lock."""
+        with self._lock:
+            found = self._find(kind, count)
         if isinstance(found, Refusal):
             try:
-                self._pods.relist()  # a pod bound moments ago may not be in the cache yet
+                self._pods.relist()
             except Exception as exc:  # the API server is down: answer from the cache
                 self._log.warning("relist_failed", error=str(exc))
-                return found
-            found = find(self._pods.asks(), kind, count, node=self._config.node_name,
-                         resource=resource, given=self._given)
-        return found
+                return
+            with self._lock:
+                found = self._find(kind, count)
+        if isinstance(found, Candidate) and self._records is not None and \
+                found.pod.gpus is not None:
+            self._records.refresh(found.pod)
 
     def preferred(self, kind: Kind, request: pb.ContainerPreferredAllocationRequest) -> list[str]:
         """The devices of the GPUs recorded for the pod this call is for, where the kubelet
@@ -180,6 +193,7 @@ class Allocator:
         idle GPUs (:func:`idle_gpus`); the lowest free device IDs otherwise (never an error:
         Allocate says)."""
         size = request.allocation_size
+        self._prepare(kind, size)
         with self._lock:
             found = self._find(kind, size)
             target: tuple[str, ...] = ()
@@ -196,6 +210,7 @@ class Allocator:
     def allocate(self, kind: Kind, device_ids: Sequence[str]) -> pb.ContainerAllocateResponse:
         """One container's allocation; raises :class:`AllocationRefused`."""
         count = len(device_ids)
+        self._prepare(kind, count)
         with self._lock:
             found = self._find(kind, count)
             if isinstance(found, Refusal):
@@ -209,18 +224,19 @@ class Allocator:
                 gpus = resolve(found, self._board, self._config.names)
                 if not isinstance(gpus, Refusal) and self._records is not None:
                     gpus = self._trusted(pod, gpus)
-            if isinstance(gpus, Refusal):
-                self._refused(pod, gpus.message)
-                raise AllocationRefused(gpus.message)
-            uuids = tuple(gpu.uuid for gpu in gpus)
-            first_of_pod = pod.uid not in self._given and not pod.allocated
-            shared = self._held_by_others(pod, uuids) if source == "kubelet" else {}
-            record = self._given.setdefault(pod.uid, {})
-            record[container.name] = uuids
-            given = {**pod.allocated, **record}
-            self._grants[frozenset(device_ids)] = uuids
-            while len(self._grants) > GRANTS_KEPT:
-                self._grants.popitem(last=False)
+            if not isinstance(gpus, Refusal):
+                uuids = tuple(gpu.uuid for gpu in gpus)
+                first_of_pod = pod.uid not in self._given and not pod.allocated
+                shared = self._held_by_others(pod, uuids) if source == "kubelet" else {}
+                record = self._given.setdefault(pod.uid, {})
+                record[container.name] = uuids
+                given = {**pod.allocated, **record}
+                self._grants[frozenset(device_ids)] = uuids
+                while len(self._grants) > GRANTS_KEPT:
+                    self._grants.popitem(last=False)
+        if isinstance(gpus, Refusal):  # the Event is network I/O: written after the lock
+            self._refused(pod, gpus.message)
+            raise AllocationRefused(gpus.message)
         resource = self._config.resource(kind)
         self._metrics.allocated_containers.labels(resource, source).inc()
         if source == "kubelet" and first_of_pod:
@@ -253,7 +269,8 @@ class Allocator:
                                   memory_mib=container.memory_mib)
 
     def _trusted(self, pod: PodAsk, gpus: tuple[Gpu, ...]) -> tuple[Gpu, ...] | Refusal:
-        """``gpus`` when the pod's record is one the extender signed (under the lock)."""
+        """``gpus`` when the pod's record is one the extender signed (under the lock: no
+        network I/O here, the keys were refreshed by :meth:`_prepare`)."""
         assert self._records is not None
         problem = self._records.problem(pod)
         if not problem:

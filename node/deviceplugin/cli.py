@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                         help="port for /metrics, /healthz, /readyz; 0 disables "
                              "(default: %(default)s)")
+    parser.add_argument("--stuck-call-s", type=_positive_seconds, default=60.0,
+                        help="a kubelet call (Allocate, GetPreferredAllocation, "
+                             "PreStartContainer) in progress longer than this fails /healthz, "
+                             "so a plugin whose request path is stuck is restarted "
+                             "(default: %(default)s)")
     parser.add_argument("--kubeconfig", default=None,
                         help="kubeconfig file (default: in-cluster service account, or "
                              "$KUBECONFIG / ~/.kube/config outside a cluster)")
@@ -117,6 +122,16 @@ def build_parser() -> argparse.ArgumentParser:
                              "instead of NVML: for nodes without a GPU; announced as recorded")
     parser.add_argument("--log-level", default=None, help="debug, info, warning, error")
     return parser
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
+    return value
 
 
 def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
@@ -143,7 +158,7 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
             mps=args.mps, mps_pipe_dir=args.mps_pipe_dir, dev_root=args.dev_root,
             kubelet_fallback=args.kubelet_fallback,
             names=names_from_environ(),
-        ).validate()
+        ).validate().require_paths()
         check_metrics_port(args.metrics_port)
         if args.nvml_recording is not None:
             nvml = RecordedNvml.load(args.nvml_recording)
@@ -215,9 +230,10 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
     allocator = Allocator(config, board, pods, writer, metrics, log=log, nodes=nodes,
                           records=records)
     allocator_ref.append(allocator)
+    liveness = Liveness(time.monotonic, stall_after_s=max(30.0, 10 * config.watch_interval_s),
+                        stuck_after_s=args.stuck_call_s)
     servicers = [DevicePluginServicer(kind, config.resource(kind), board, allocator, metrics,
-                                      log=log) for kind in config.kinds]
-    liveness = Liveness(time.monotonic, stall_after_s=max(30.0, 10 * config.watch_interval_s))
+                                      log=log, liveness=liveness) for kind in config.kinds]
     supervisor = Supervisor(config, servicers, metrics, liveness, log=log)
     log.info("starting", gpus=[gpu.index for gpu in board.gpus],
              uuids=[gpu.uuid for gpu in board.gpus],
@@ -226,6 +242,12 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
              kubelet_fallback=config.kubelet_fallback,
              nvml="recorded" if recorded else "live",
              missing_device_nodes=list(nodes.missing))
+    if nodes.missing:
+        # A container would get no such device: the NVIDIA runtime may still inject them, but
+        # without it the workload sees no GPU. Said loudly, once, with where it looked.
+        log.warning("device_nodes_missing", missing=list(nodes.missing), dev_root=config.dev_root,
+                    effect="containers get only the device nodes that exist; mount the host's "
+                           "/dev at --dev-root, or run the NVIDIA container runtime")
     server = None
     if args.metrics_port:
         try:

@@ -16,6 +16,7 @@ from gpufrag.conventions import (
     ANNOTATION_GPU_ALLOCATED,
     DEFAULT_NAMES,
     KubeNames,
+    dns_subdomain_problem,
     qualified_name_problem,
 )
 from gpufrag.errors import BadInput
@@ -75,6 +76,9 @@ class DevicePluginConfig:
         if not self.node_name:
             raise BadInput("required: set --node-name or NODE_NAME (from spec.nodeName)",
                            field="node_name")
+        problem = dns_subdomain_problem(self.node_name)
+        if problem is not None:
+            raise BadInput(f"{self.node_name!r} is not a Node name: {problem}", field="node_name")
         if not os.path.isabs(self.socket_dir):
             raise BadInput(f"{self.socket_dir!r} must be an absolute directory (the kubelet "
                            f"names plugin sockets relative to it)", field="socket_dir")
@@ -105,6 +109,19 @@ class DevicePluginConfig:
             if "/" not in self.resource(kind):
                 raise BadInput(f"{self.resource(kind)!r} is not an extended resource name "
                                f"(domain/name)", field=f"names.{_name_field(kind)}")
+        return self
+
+    def require_paths(self) -> DevicePluginConfig:
+        """Check, at start, that the directories exist (``validate`` checks only their form).
+
+        Missing directories are not waited for: the kubelet makes its device-plugin directory
+        before any DaemonSet pod runs, so a missing one is a wrong mount or flag, and a plugin
+        retrying for ever would hide it behind a pod that looks alive."""
+        for name, path, what in (("socket_dir", self.socket_dir, "the kubelet's device-plugin "
+                                  "directory (hostPath /var/lib/kubelet/device-plugins)"),
+                                 ("dev_root", self.dev_root, "where the host's /dev is seen")):
+            if not os.path.isdir(path):
+                raise BadInput(f"{path!r} is not a directory; it must be {what}", field=name)
         return self
 
     def with_names(self, names: KubeNames) -> DevicePluginConfig:

@@ -74,7 +74,9 @@ class PluginMetrics:
 def respond(path: str, metrics: PluginMetrics, live: Callable[[], bool],
             ready: Callable[[], bool]) -> probes.ProbeAnswer:
     """(status, content type, body) for one GET (:func:`gpufrag.probes.respond`)."""
-    return probes.respond(path, metrics.render, live, ready, stalled="stalled",
+    return probes.respond(path, metrics.render, live, ready,
+                          stalled="stalled: the supervisor loop or a kubelet call is stuck "
+                                  "(see the log)",
                           not_ready="not ready: not registered with the kubelet for every "
                                     "resource")
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 from structlog.typing import FilteringBoundLogger
 
+from gpufrag.probes import Liveness
 from node.deviceplugin.allocator import AllocationRefused, Allocator
 from node.deviceplugin.api import pb
 from node.deviceplugin.config import Kind
@@ -42,8 +43,12 @@ class DevicePluginServicer:
     """Serves one resource; conforms to :class:`node.deviceplugin.api.DevicePluginService`."""
 
     def __init__(self, kind: Kind, resource: str, board: HealthBoard, allocator: Allocator,
-                 metrics: PluginMetrics, *, log: FilteringBoundLogger) -> None:
+                 metrics: PluginMetrics, *, log: FilteringBoundLogger,
+                 liveness: Liveness | None = None) -> None:
         self.kind = kind
+        # Every call the kubelet waits on counts as work in progress: one stuck past the
+        # bound fails the liveness probe (gpufrag.probes.Liveness), so the plugin is restarted.
+        self._liveness = liveness or Liveness(time.monotonic, stall_after_s=float("inf"))
         self.resource = resource
         self._board = board
         self._devices = DeviceList(kind, board.gpus)
@@ -89,10 +94,11 @@ class DevicePluginServicer:
 
     def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
                                context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
-        return pb.PreferredAllocationResponse(container_responses=[
-            pb.ContainerPreferredAllocationResponse(
-                deviceIDs=self._allocator.preferred(self.kind, container))
-            for container in request.container_requests])
+        with self._liveness.working(f"GetPreferredAllocation ({self.resource})"):
+            return pb.PreferredAllocationResponse(container_responses=[
+                pb.ContainerPreferredAllocationResponse(
+                    deviceIDs=self._allocator.preferred(self.kind, container))
+                for container in request.container_requests])
 
     def Allocate(self, request: pb.AllocateRequest,
                  context: grpc.ServicerContext) -> pb.AllocateResponse:
@@ -101,8 +107,9 @@ class DevicePluginServicer:
         started = time.perf_counter()
         responses = []
         try:
-            for container in request.container_requests:
-                responses.append(self._allocator.allocate(self.kind, container.devices_ids))
+            with self._liveness.working(f"Allocate ({self.resource})"):
+                for container in request.container_requests:
+                    responses.append(self._allocator.allocate(self.kind, container.devices_ids))
         except AllocationRefused as exc:
             self._metrics.allocations.labels(self.resource, "refused").inc()
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
@@ -116,7 +123,8 @@ class DevicePluginServicer:
                           context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
         try:
             self._check_ids(request.devices_ids, context)
-            self._allocator.prestart(request.devices_ids)
+            with self._liveness.working(f"PreStartContainer ({self.resource})"):
+                self._allocator.prestart(request.devices_ids)
         except AllocationRefused as exc:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.PreStartContainerResponse()

@@ -83,7 +83,12 @@ class KubePodWriter:
                 fn()
         except ApiError as exc:
             if exc.status in (401, 403):
-                raise PodWriteError(f"{what}: HTTP {exc.status}; the device plugin's "
-                                    f"ServiceAccount needs RBAC '{verb}' (see "
-                                    f"docs/deviceplugin.md)", retryable=False) from None
+                # The server's message says which: RBAC (no '{verb}') or the pod-write
+                # admission policy (only gpu-allocated, only on its own node's pods).
+                said = f": {exc.message}" if exc.message else ""
+                raise PodWriteError(f"{what}: HTTP {exc.status}{said}; the device plugin's "
+                                    f"ServiceAccount needs RBAC '{verb}', and the pod-write "
+                                    f"policy lets it mark only pods on its own node (see "
+                                    f"docs/deviceplugin.md, docs/security.md)",
+                                    retryable=False) from None
             raise PodWriteError(str(exc), retryable=exc.retryable) from None

@@ -136,7 +136,14 @@ def _choose() -> str:
     if wanted:
         if wanted not in ENGINES:
             raise BadInput(f"GPUFRAG_KERNEL={wanted!r}: choose c, numba or numpy")
-        return wanted if kernel(wanted) is not None else "numpy"
+        if kernel(wanted) is None:
+            # Asked for by name: running another engine instead would be silently slower (a
+            # filter past kube-scheduler's timeout); refuse, saying what is there.
+            there = [name for name in ENGINES if kernel(name) is not None] + ["numpy"]
+            raise BadInput(f"GPUFRAG_KERNEL={wanted!r}: that engine is not installed here; "
+                           f"installed: {', '.join(there)} (unset GPUFRAG_KERNEL to take the "
+                           f"fastest installed)")
+        return wanted
     return next((name for name in ENGINES if kernel(name) is not None), "numpy")
 
 

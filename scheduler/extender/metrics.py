@@ -53,6 +53,7 @@ class _ClusterCollector(Collector):
         with cache.lock:
             current, total = cache.skipped_counts(), dict(cache.skips_total)
             dropped = dict(cache.relist_dropped)
+            failed = dict(cache.apply_failures)
         relist = CounterMetricFamily(
             "gpufrag_extender_relist_dropped_objects",
             "Cached objects a full list found gone although no watch event had said so: "
@@ -62,6 +63,14 @@ class _ClusterCollector(Collector):
         for kind, count in sorted(dropped.items()):
             relist.add_metric([kind], count)
         yield relist
+        apply_failures = CounterMetricFamily(
+            "gpufrag_extender_watch_apply_failures",
+            "Watch events the extender's cache failed to apply (see the log): each ended its "
+            "watch and a full list followed within the watch backoff, instead of the object "
+            "staying stale until the periodic relist.", labels=["kind"])
+        for kind, count in sorted(failed.items()):
+            apply_failures.add_metric([kind], count)
+        yield apply_failures
         skipped = GaugeMetricFamily(
             "gpufrag_extender_skipped_objects",
             "Objects left out of the state now because they could not be read (see the log "
@@ -83,6 +92,10 @@ class _ClusterCollector(Collector):
              "skipped the extender (it failed or ran past httpTimeout and is ignorable), bound "
              "the pod elsewhere than it passed, or the pod was created bound; each also gets a "
              "GpufragBypassed Warning Event.", cache.bypass.total),
+            ("gpufrag_extender_record_changes",
+             "Bound pods whose GPU record (gpu-indices) changed after the bind, which only the "
+             "bind writes: the extender keeps counting the GPUs they were bound with, and each "
+             "gets a GpufragRecordChanged Warning Event.", cache.record_changes),
             ("gpufrag_extender_reservation_refusals",
              "Pods whose controller reference named a GPU reservation's owner from outside the "
              "owner's namespace: judged as ordinary pods (a tenant cannot take another's "

@@ -162,6 +162,7 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
     reporter = SkipReporter(KubeEventWriter(event_client), instance=socket.gethostname(),
                             clock=clock)
     cache.on_skip = reporter.report
+    cache.on_warning = reporter.report
     cache.bypass.on_bypass = reporter.report
     cache.reservations.on_refused = reporter.report
     extender = Extender(cache, config, binder=binder, clock=clock, on_ready=on_ready)
@@ -173,6 +174,8 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
         # gpufrag's device plugin honours a GPU record only with the extender's signature.
         def use(signer: RecordSigner) -> None:
             extender.signer = signer
+
+        extender.signing_required = True
 
         runtime.record_key = SignerBootstrap(new_api_client, config.names, use)
     return runtime

@@ -27,6 +27,7 @@ import structlog
 
 from gpufrag.httpserve import Limits, Server, listen
 from gpufrag.tls import ServerTLS
+from scheduler.core import fragkernel
 from scheduler.extender.app import create_probe_app, inline_verbs
 from scheduler.extender.config import ServerConfig
 from scheduler.extender.runtime import Runtime
@@ -98,7 +99,10 @@ def serve(runtime: Runtime, server: ServerConfig) -> None:
     runtime.start()
     if health is not None:
         health.start()
-    log.info("serving", port=verbs.port, health_port=health.port if health else None)
+    # Which fragmentation engine runs the filters (GPUFRAG_KERNEL pins one, or the fastest
+    # installed is taken): a numpy fallback is several times slower, so it is said at start.
+    log.info("serving", port=verbs.port, health_port=health.port if health else None,
+             fragmentation_engine=fragkernel.engine())
     try:
         verbs.run(signals=True)
     finally:

@@ -97,6 +97,11 @@ class Extender:
         # None: no record is signed (a snapshot, another device plugin, or the key is not had
         # yet: scheduler.kube.recordkeys.SignerBootstrap sets it).
         self.signer: RecordSigner | None = None
+        # Whether a GPU bind needs a signed record (a cluster runtime with gpufrag's device
+        # plugin): then, until the key is had, a GPU pod's bind is refused with the reason (it
+        # stays pending and kube-scheduler retries) instead of binding a record the device
+        # plugin will refuse, which fails the pod at the node and loops its controller.
+        self.signing_required = False
         self.on_ready = on_ready
         self.config = config
         self.binder = binder
@@ -551,6 +556,13 @@ class Extender:
             return {}
         if names.device_plugin == "gpufrag":
             if self.signer is None:
+                if self.signing_required:
+                    raise BindRefused(
+                        f"pod {namespace}/{name} is not bound yet: the extender has no GPU-record "
+                        f"signing key yet (Secret {names.hints_namespace}/"
+                        f"{names.record_key_secret}; see the extender's 'record key "
+                        f"unavailable' log line), and gpufrag's device plugin honours only "
+                        f"signed records; the pod stays pending and is retried")
                 return {}
             return {names.annotation_gpu_record: self.signer.sign(
                 uid=uid, node=node, gpus_text=gpu_indices_text(gpus))}

@@ -26,7 +26,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,7 @@ from scheduler.kube.convert import (
     uid_of,
 )
 from scheduler.kube.mignodes import MigBook, MigReader, no_agent
+from scheduler.kube.podwarning import EVENT_REASON_RECORD_CHANGED, PodWarning
 from scheduler.kube.reservations import ReservationBook
 
 Obj = Mapping[str, Any]
@@ -129,7 +130,13 @@ class ClusterCache:
         # Objects a full list dropped although no watch event had said they were gone, by kind
         # ("node", "pod"): what a missed DELETED would have left holding GPUs (drift).
         self.relist_dropped = {"node": 0, "pod": 0}
+        # Watch events the cache failed to apply, by watched kind ("nodes", "pods", ...): each
+        # ended its watch and a full list followed (scheduler.kube.watch.Reflector).
+        self.apply_failures: dict[str, int] = {}
+        # Bound pods whose GPU record changed after the bind (kept as bound; _record_changed).
+        self.record_changes = 0
         self.on_skip = on_skip
+        self.on_warning: Callable[[PodWarning], None] | None = None  # a pod's Warning Event
         self.hints: PlacementHints = NO_HINTS
         self.nodes_synced = False
         self.pods_synced = False
@@ -150,6 +157,11 @@ class ClusterCache:
     @property
     def synced(self) -> bool:
         return self.nodes_synced and self.pods_synced
+
+    def count_apply_failure(self, kind: str) -> None:
+        """A watch event of ``kind`` failed to apply (its reflector relists)."""
+        with self.lock:
+            self.apply_failures[kind] = self.apply_failures.get(kind, 0) + 1
 
     def counts(self) -> dict[str, int]:
         with self.lock:
@@ -304,6 +316,10 @@ class ClusterCache:
                              owner=owner_uid(obj), gpus=bound_gpus(obj, self.names),
                              scheduler_name=_scheduler_name(obj))
             previous = self.pods.get(key)
+            if (previous is not None and previous.node and previous.node == known.node
+                    and previous.uid == known.uid and previous.gpus is not None
+                    and known.gpus != previous.gpus):
+                known = self._record_changed(key, previous, known)
             self.pods[key] = known
             if previous != known:
                 self.pod_changes += 1
@@ -327,6 +343,27 @@ class ClusterCache:
                     return
                 self.state.remove_pod(key)
             self._place_known(key)
+
+    def _record_changed(self, key: str, previous: KnownPod, known: KnownPod) -> KnownPod:
+        """A bound pod's GPU record changed. Only the bind writes it, once: a later change is
+        someone else's (a tenant moving its share in these books, so that the GPU it really
+        uses looks free), so the GPUs it was bound with stay counted, and the change is
+        logged, counted (``record_changes``) and reported on the pod (``on_warning``)."""
+        self.record_changes += 1
+        reason = (f"its {self.names.annotation_gpu_indices} changed after its bind, from "
+                  f"{','.join(map(str, previous.gpus or ()))} to "
+                  f"{'none' if known.gpus is None else ','.join(map(str, known.gpus))}; only "
+                  f"{self.names.scheduler_name}'s bind records a pod's GPUs: the extender "
+                  f"keeps counting the GPUs it was bound with")
+        log.warning("pod record changed after bind", pod=key, uid=known.uid,
+                    was=list(previous.gpus or ()), now=known.gpus)
+        if self.on_warning is not None:
+            try:
+                self.on_warning(PodWarning.on(key, known.uid, EVENT_REASON_RECORD_CHANGED,
+                                           f"gpufrag extender: {reason}"))
+            except Exception:  # a report that fails must not stop the watch
+                log.exception("record-change report failed", pod=key)
+        return replace(known, gpus=previous.gpus)
 
     def known_pending(self, key: str, uid: str) -> bool:
         """The watch has seen the pod ``key`` pending, with this UID."""

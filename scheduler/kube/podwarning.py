@@ -16,6 +16,8 @@ from typing import ClassVar, Final
 EVENT_REASON_BYPASSED: Final = "GpufragBypassed"
 # ... and on a pod that named another namespace's reservation owner.
 EVENT_REASON_RESERVATION_REFUSED: Final = "GpufragReservationRefused"
+# ... and on a bound pod whose GPU record changed after its bind (only the bind writes it).
+EVENT_REASON_RECORD_CHANGED: Final = "GpufragRecordChanged"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,4 +43,5 @@ class PodWarning:
         return "pod"
 
 
-__all__ = ["EVENT_REASON_BYPASSED", "EVENT_REASON_RESERVATION_REFUSED", "PodWarning"]
+__all__ = ["EVENT_REASON_BYPASSED", "EVENT_REASON_RECORD_CHANGED",
+           "EVENT_REASON_RESERVATION_REFUSED", "PodWarning"]

@@ -6,7 +6,11 @@ what the list did not have once it has read it all), then watch from that resour
 apply each event. A watch that ends (server timeout) resumes from the last resourceVersion seen
 (bookmarks advance it too); a 410 Gone — the version is too old — relists; any other failure
 (connection refused, 5xx, 403 while RBAC is being fixed) retries after a capped exponential
-backoff with full jitter.
+backoff with full jitter. An event the sink failed to apply is never stepped over: the watch
+ends there and a full list follows (after the same backoff, so an object that fails every time
+costs one list per backoff period, not a hot loop), and the failure is counted
+(``on_apply_failed``): a lost bind would otherwise count its GPUs free until the next hourly
+relist.
 
 Objects travel as the API's JSON (parsed with orjson), never as the client's model classes: the
 converters read JSON, and deserialising 100,000 pods into models would take minutes.
@@ -128,6 +132,10 @@ class WatchError(RuntimeError):
     """The API server sent an ERROR event other than 410 Gone."""
 
 
+class ApplyFailed(RuntimeError):
+    """The sink failed to apply an event: the watch cannot go on past it (relist)."""
+
+
 class Backoff:
     """Capped exponential backoff with full jitter: uniform(0, min(cap, base · 2^attempt))."""
 
@@ -230,8 +238,11 @@ class Reflector:
 
     def __init__(self, kind: str, list_call: ListCall, sink: EventSink, config: WatchConfig,
                  stop: threading.Event, *, rng: random.Random | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_apply_failed: Callable[[], None] | None = None) -> None:
         self.kind = kind
+        self.on_apply_failed = on_apply_failed
+        self.apply_failures = 0
         self.list_call = list_call
         self.sink = sink
         self.config = config
@@ -277,7 +288,8 @@ class Reflector:
                     if code == HTTP_GONE:
                         return None
                     raise WatchError(f"{self.kind} watch error {code}: {obj.get('message')}")
-                self._deliver(str(kind), obj)
+                if not self._deliver(str(kind), obj):
+                    raise ApplyFailed(f"{self.kind} {kind} event not applied: relisting")
                 version = _resource_version(obj) or version
         finally:
             self._resp = None
@@ -285,17 +297,24 @@ class Reflector:
             resp.release_conn()
         return version
 
-    def _deliver(self, kind: str, obj: Obj) -> None:
+    def _deliver(self, kind: str, obj: Obj) -> bool:
+        """Apply one event; False when the sink failed to (logged and counted)."""
         try:
             if kind in ("ADDED", "MODIFIED"):
                 self.sink.upsert(obj)
             elif kind == "DELETED":
                 self.sink.delete(obj)
             else:
-                return  # BOOKMARK: only its resourceVersion matters
+                return True  # BOOKMARK: only its resourceVersion matters
             self.events += 1
         except Exception:  # a bug in applying one object must not stop the watch
-            self._log.exception("event not applied", event_type=kind)
+            self._log.exception("event not applied", event_type=kind,
+                                effect="the watch ends here and a full list follows")
+            self.apply_failures += 1
+            if self.on_apply_failed is not None:
+                self.on_apply_failed()
+            return False
+        return True
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
@@ -311,6 +330,9 @@ class Reflector:
                 elif self._relist_due():
                     version = None
                     self._log.info("periodic relist", relist_s=self.config.relist_s)
+            except ApplyFailed as e:
+                version = None  # relist, after the backoff
+                self._failed(str(e))
             except kubernetes.client.ApiException as e:
                 if e.status == HTTP_GONE:
                     version = None
@@ -353,20 +375,25 @@ class ClusterWatcher:
                  names: KubeNames, hints: bool) -> None:
         core = kubernetes.client.CoreV1Api(api_client)
         self.stop_event = threading.Event()
+        def counted(kind: str) -> Callable[[], None]:
+            return functools.partial(cache.count_apply_failure, kind)
+
         self.reflectors = [
-            Reflector("nodes", core.list_node, NodeSink(cache), w, self.stop_event),
+            Reflector("nodes", core.list_node, NodeSink(cache), w, self.stop_event,
+                      on_apply_failed=counted("nodes")),
             Reflector("pods", functools.partial(core.list_pod_for_all_namespaces,
                                                 field_selector=NON_TERMINAL_PODS),
-                      PodSink(cache), w, self.stop_event),
+                      PodSink(cache), w, self.stop_event, on_apply_failed=counted("pods")),
             # GPU reservations of defrag replacements, in the hints' namespace.
             Reflector("reservations", reservations_list_call(api_client, names.hints_namespace),
-                      ReservationSink(cache.reservations, cache.lock), w, self.stop_event),
+                      ReservationSink(cache.reservations, cache.lock), w, self.stop_event,
+                      on_apply_failed=counted("reservations")),
         ]
         if hints:
             self.reflectors.append(Reflector(
                 "hints", functools.partial(core.list_namespaced_config_map, names.hints_namespace,
                                            field_selector=f"metadata.name={names.hints_configmap}"),
-                HintsSink(cache), w, self.stop_event))
+                HintsSink(cache), w, self.stop_event, on_apply_failed=counted("hints")))
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -384,5 +411,5 @@ class ClusterWatcher:
             thread.join(timeout_s)
 
 
-__all__ = ["Backoff", "ClusterWatcher", "EventSink", "PagedList", "Reflector", "WatchConfig",
-           "WatchError", "list_objects"]
+__all__ = ["ApplyFailed", "Backoff", "ClusterWatcher", "EventSink", "PagedList", "Reflector",
+           "WatchConfig", "WatchError", "list_objects"]

@@ -113,7 +113,9 @@ def test_extender_watches_and_binds_with_its_service_account(
                                        cv.DEFAULT_NAMES)
         asked = pod_ask(admin.api_client.sanitize_for_serialization(pod), cv.DEFAULT_NAMES,
                         annotation_allocated=ANNOTATION_GPU_ALLOCATED)
-        assert asked is not None and keys.problem(asked) == "", keys.last_error
+        assert asked is not None
+        keys.refresh(asked)
+        assert keys.problem(asked) == "", keys.last_error
     finally:
         runtime.stop()
     plugin = kubernetes.client.CoreV1Api(as_service_account("gpufrag-device-plugin"))

@@ -50,18 +50,27 @@ def test_the_policies_name_the_releases_namespace_and_policies(helm: Path) -> No
     policies: Any = {d["metadata"]["name"]: d for d in docs  # type: ignore[index]
                      if d["kind"] == "ValidatingAdmissionPolicy"}
     assert sorted(policies) == ["other-gpufrag-agent-node-writes",
-                                "other-gpufrag-defrag-node-writes"]
-    for account in ("agent", "defrag"):
-        (condition,) = policies[f"other-gpufrag-{account}-node-writes"]["spec"]["matchConditions"]
+                                "other-gpufrag-defrag-node-writes",
+                                "other-gpufrag-device-plugin-pod-writes",
+                                "other-gpufrag-pod-records"]
+    for account, policy in (("agent", "agent-node-writes"), ("defrag", "defrag-node-writes"),
+                            ("device-plugin", "device-plugin-pod-writes")):
+        (condition,) = policies[f"other-gpufrag-{policy}"]["spec"]["matchConditions"]
         assert condition["expression"] == (
             f"request.userInfo.username == 'system:serviceaccount:gpu-team:gpufrag-{account}'")
+    (plugin,) = [v for v in policies["other-gpufrag-pod-records"]["spec"]["variables"]
+                 if v["name"] == "devicePlugin"]
+    assert plugin["expression"] == (
+        "request.userInfo.username == 'system:serviceaccount:gpu-team:gpufrag-device-plugin'")
     bindings: Any = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
     assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(policies)
     assert all(b["metadata"]["name"] == b["spec"]["policyName"] for b in bindings)
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
-    # Off with their component.
-    off = helm_template(helm, "--set", "defrag.enabled=false", "--set", "agent.enabled=false")
-    assert not [d for d in off if "AdmissionPolicy" in str(d["kind"])]
+    # Off with their component; the pod-record policy guards every component's books.
+    off = helm_template(helm, "--set", "defrag.enabled=false", "--set", "agent.enabled=false",
+                        "--set", "devicePlugin.enabled=false")
+    assert sorted(d["metadata"]["name"] for d in off  # type: ignore[index]
+                  if "AdmissionPolicy" in str(d["kind"])) == ["gpufrag-pod-records"] * 2
 
 
 def test_the_mig_monitor_adds_the_toolkits_variable_and_sys_admin_only(

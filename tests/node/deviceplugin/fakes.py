@@ -23,14 +23,22 @@ from tests.records import SIGNER
 
 class FakePods:
     """:class:`~node.deviceplugin.allocator.PodSource` over a :class:`NodePods`; ``listed``
-    is what the API server would answer to a relist (None: the cache is all there is)."""
+    is what the API server would answer to a relist (None: the cache is all there is).
+    As the CLI wires it, a pod the cache finds gone is forgotten by the allocators in
+    ``forget_in`` (a relist that drops a pod calls back into the allocator)."""
 
     def __init__(self, pods: Sequence[Mapping[str, Any]] = ()) -> None:
-        self.cache = NodePods(DEFAULT_NAMES, annotation_allocated=ANNOTATION_GPU_ALLOCATED)
+        self.forget_in: list[Allocator] = []
+        self.cache = NodePods(DEFAULT_NAMES, annotation_allocated=ANNOTATION_GPU_ALLOCATED,
+                              on_gone=self._forget)
         self.cache.replace(list(pods))
         self.listed: list[Mapping[str, Any]] | None = None
         self.relists = 0
         self.relist_error: Exception | None = None
+
+    def _forget(self, uid: str) -> None:
+        for allocator in self.forget_in:
+            allocator.forget(uid)
 
     def asks(self) -> list[PodAsk]:
         return self.cache.asks()
@@ -84,4 +92,5 @@ def build_allocator(pods: Sequence[Mapping[str, Any]] = (), *, unhealthy: Sequen
     nodes = DeviceNodes.find(board.gpus, cfg, exists=lambda path: path in present)
     allocator = Allocator(cfg, board, source, writer, metrics, log=structlog.get_logger("test"),
                           nodes=nodes, records=FixedRecordKeys(SIGNER.verifier()), clock=clock)
+    source.forget_in.append(allocator)
     return Setup(allocator, source, writer, board, metrics, cfg)

@@ -301,3 +301,55 @@ def test_a_kubelet_choice_on_a_gpu_others_hold_is_given_and_warned() -> None:
     assert dict(response.envs)["NVIDIA_VISIBLE_DEVICES"] == UUIDS[0]
     overlap = [e for e in logs if e["event"] == "kubelet_choice_in_use"]
     assert [(e["uuid"], e["held_by"]) for e in overlap] == [(UUIDS[0], ["default/share"])]
+
+
+# ----------------------------------------------------------------------- locks and callbacks
+
+def _within(seconds: float, call: Any) -> Any:
+    """``call()`` in a thread; fails (instead of hanging the suite) if it is not back in time."""
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"still blocked after {seconds} s: a lock taken twice?"
+    return result[0]
+
+
+def test_a_relist_that_finds_a_pod_gone_does_not_lock_the_allocator() -> None:
+    """The relist's gone-callback (forget) takes the allocator's lock, as the CLI wires it:
+    so the relist runs outside the lock, and every later call still answers."""
+    setup = build_allocator([build_pod("gone", whole=1, gpus="0")])
+    setup.allocator.allocate(Kind.WHOLE, [UUIDS[0]])
+    setup.pods.listed = [build_pod("new", whole=1, gpus="1")]  # "gone" ended meanwhile
+    _within(5, lambda: setup.allocator.allocate(Kind.WHOLE, [UUIDS[1]]))
+    assert setup.pods.relists == 1
+    request = pb.ContainerPreferredAllocationRequest(
+        available_deviceIDs=list(UUIDS), must_include_deviceIDs=[], allocation_size=1)
+    _within(5, lambda: setup.allocator.preferred(Kind.WHOLE, request))
+
+
+def test_a_relist_that_hangs_holds_no_lock_other_calls_need() -> None:
+    """The network read of one call (a relist to an API server that accepts and never
+    answers until the client's deadline) does not hold up another call's decision."""
+    setup = build_allocator([build_pod("cached", whole=1, gpus="2")])
+    entered, release = threading.Event(), threading.Event()
+
+    def hanging_relist() -> None:
+        entered.set()
+        release.wait(10)
+
+    setup.pods.relist = hanging_relist  # type: ignore[method-assign]
+    stuck = threading.Thread(target=lambda: _refused(setup), daemon=True)
+    stuck.start()
+    assert entered.wait(5)
+    try:
+        response = _within(5, lambda: setup.allocator.allocate(Kind.WHOLE, [UUIDS[2]]))
+        assert dict(response.envs)["NVIDIA_VISIBLE_DEVICES"] == UUIDS[2]
+    finally:
+        release.set()
+        stuck.join(5)
+
+
+def _refused(setup: Setup) -> None:
+    with pytest.raises(AllocationRefused):
+        setup.allocator.allocate(Kind.SHARE, _ids(Kind.SHARE, 0, 100))  # no pod asks this

@@ -30,15 +30,25 @@ def _recording(path: Path, **extra: object) -> Path:
     return path
 
 
-@pytest.mark.parametrize("argv", [
-    ["--node-name="],
-    ["--node-name=n", "--resources=gpus"],
-    ["--node-name=n", "--metrics-port=70000"],
-    ["--node-name=n", "--no-such-flag"],
-    ["--node-name=n", "--nvml-recording=/nonexistent.json"],
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--node-name="], "--node-name"),
+    (["--node-name=Not_A_Node"], "is not a Node name"),
+    (["--node-name=n", "--resources=gpus"], "'gpus'"),
+    (["--node-name=n", "--metrics-port=70000"], "not a TCP port"),
+    (["--node-name=n", "--no-such-flag"], "unrecognized arguments"),
+    (["--node-name=n", "--nvml-recording=/nonexistent.json"], "nonexistent.json"),
+    (["--node-name=n", "--socket-dir={missing}"], "is not a directory"),
+    (["--node-name=n", "--dev-root={missing}"], "is not a directory"),
+    (["--node-name=n", "--stuck-call-s=0"], "--stuck-call-s"),
 ])
-def test_bad_input_exits_2(argv: list[str]) -> None:
-    assert main(argv) == EXIT_BAD_INPUT
+def test_bad_input_exits_2_at_start_with_the_reason(
+        argv: list[str], message: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused at start, never retried for ever (a wrong mount or flag stays visible)."""
+    dirs = [f"--socket-dir={tmp_path}", f"--dev-root={tmp_path}"]
+    args = [*dirs, *(a.format(missing=tmp_path / "missing") for a in argv)]
+    assert main(args) == EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err
 
 
 def test_kubelet_fallback_is_on_unless_switched_off() -> None:
@@ -49,7 +59,8 @@ def test_kubelet_fallback_is_on_unless_switched_off() -> None:
 
 def test_no_gpu_exits_3_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rec = _recording(tmp_path / "r.json", init_error="NVMLError_LibraryNotFound")
-    assert main(["--node-name=n", f"--nvml-recording={rec}", "--metrics-port=0"]) == EXIT_NO_GPU
+    assert main(["--node-name=n", f"--nvml-recording={rec}", "--metrics-port=0",
+                 f"--socket-dir={tmp_path}", f"--dev-root={tmp_path}"]) == EXIT_NO_GPU
     assert "no_gpu" in capsys.readouterr().err
 
 

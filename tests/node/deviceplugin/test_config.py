@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +14,8 @@ from node.deviceplugin.config import DevicePluginConfig, Kind, parse_kinds
 
 @pytest.mark.parametrize(("overrides", "field"), [
     ({"node_name": ""}, "node_name"),
+    ({"node_name": "Node_1"}, "node_name"),
+    ({"node_name": "n" * 254}, "node_name"),
     ({"socket_dir": "relative/dir"}, "socket_dir"),
     ({"socket_dir": "/" + "d" * 100}, "socket_dir"),
     ({"kubelet_socket": "sub/kubelet.sock"}, "kubelet_socket"),
@@ -29,6 +32,18 @@ def test_bad_settings_name_their_field(overrides: dict[str, Any], field: str) ->
     with pytest.raises(BadInput) as raised:
         DevicePluginConfig(**{"node_name": "n", **overrides}).validate()
     assert raised.value.field == field
+
+
+@pytest.mark.parametrize("field", ["socket_dir", "dev_root"])
+def test_a_directory_that_does_not_exist_is_refused_at_start(tmp_path: Path,
+                                                             field: str) -> None:
+    """Not waited for: a missing kubelet directory or /dev is a wrong mount or flag."""
+    dirs = {"socket_dir": str(tmp_path), "dev_root": str(tmp_path)}
+    config = DevicePluginConfig(node_name="n", **{**dirs, field: str(tmp_path / "missing")})
+    with pytest.raises(BadInput, match="is not a directory") as raised:
+        config.validate().require_paths()
+    assert raised.value.field == field
+    DevicePluginConfig(node_name="n", **dirs).validate().require_paths()
 
 
 def test_defaults_are_valid_and_name_the_sockets() -> None:

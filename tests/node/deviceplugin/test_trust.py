@@ -4,6 +4,7 @@ Event and a count, and the extender's own records and the kubelet's choice still
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -12,7 +13,8 @@ from gpufrag.conventions import ANNOTATION_GPU_INDICES, ANNOTATION_GPU_RECORD
 from gpufrag.records import RecordSigner, RecordVerifier
 from node.deviceplugin.allocator import AllocationRefused
 from node.deviceplugin.config import Kind
-from node.deviceplugin.trust import REFRESH_MAX_S, REFRESH_MIN_S, KubeRecordKeys
+from node.deviceplugin.matching import PodAsk
+from node.deviceplugin.trust import REFRESH_MAX_S, KubeRecordKeys
 from scheduler.kube.errors import ApiError
 from tests.node.deviceplugin.builders import NODE, UUIDS, ask, build_pod
 from tests.node.deviceplugin.fakes import Setup, build_allocator
@@ -104,17 +106,69 @@ def public(signer: RecordSigner) -> dict[str, str]:
     return {f"{signer.key_id}.pem": signer.public_pem().decode()}
 
 
+def judged(keys: KubeRecordKeys, pod: PodAsk) -> str:
+    """What the allocator does: refresh outside its lock, then judge from memory."""
+    keys.refresh(pod)
+    return keys.problem(pod)
+
+
 def test_a_key_published_after_start_is_picked_up_without_a_restart() -> None:
     now = [0.0]
     later = RecordSigner.generate()
     reads = Reads(public(SIGNER), {**public(SIGNER), **public(later)})
     keys = KubeRecordKeys(reads, where="ConfigMap x/y", clock=lambda: now[0])
+    assert judged(keys, ask(build_pod("old", whole=1, gpus="2"))) == ""
+    assert reads.calls == 1
+    # The new key is published a moment after that read: a pod it signed is not refused
+    # (the kubelet would fail it for good), the keys are read again first.
+    now[0] += 0.01
     pod = ask(with_annotations(build_pod("p", whole=1, gpus="2"), {
         ANNOTATION_GPU_RECORD: later.sign(uid="uid-p", node=NODE, gpus_text="2")}))
-    assert "not one of the keys trusted here" in keys.problem(pod)
-    assert reads.calls == 1  # the unknown key does not make every call read the API
-    now[0] += REFRESH_MIN_S
-    assert keys.problem(pod) == "" and reads.calls == 2
+    assert judged(keys, pod) == "" and reads.calls == 2
+    # Known keys are not read again until the copy is old.
+    now[0] += 1
+    assert judged(keys, pod) == "" and reads.calls == 2
+    now[0] += REFRESH_MAX_S
+    assert judged(keys, pod) == "" and reads.calls == 3
+
+
+def test_an_unknown_key_is_refused_after_one_fresh_read() -> None:
+    now = [0.0]
+    stranger = RecordSigner.generate()
+    reads = Reads(public(SIGNER))
+    keys = KubeRecordKeys(reads, where="ConfigMap x/y", clock=lambda: now[0])
+    pod = ask(with_annotations(build_pod("p", whole=1, gpus="2"), {
+        ANNOTATION_GPU_RECORD: stranger.sign(uid="uid-p", node=NODE, gpus_text="2")}))
+    assert "not one of the keys trusted here" in judged(keys, pod)
+    assert reads.calls == 1
+
+
+def test_judging_never_waits_for_a_read_in_flight() -> None:
+    """An API server that accepts and never answers holds up only the call that reads (to
+    the client's deadline): judging another pod reads memory, under no lock a read holds."""
+    entered, release = threading.Event(), threading.Event()
+    answers = iter([public(SIGNER)])
+
+    def slow_read() -> dict[str, str] | None:
+        entered.set()
+        release.wait(10)
+        return next(answers, public(SIGNER))
+
+    now = [0.0]
+    keys = KubeRecordKeys(slow_read, where="ConfigMap x/y", clock=lambda: now[0])
+    pod = ask(build_pod("p", whole=1, gpus="2"))
+    reading = threading.Thread(target=keys.refresh, args=(pod,), daemon=True)
+    reading.start()
+    assert entered.wait(5)
+    judge = threading.Thread(target=keys.problem, args=(pod,), daemon=True)
+    judge.start()
+    judge.join(5)
+    try:
+        assert not judge.is_alive(), "problem() waited for the read in flight"
+    finally:
+        release.set()
+        reading.join(5)
+    assert keys.problem(pod) == ""
 
 
 def test_a_failed_read_keeps_the_keys_read_before_and_says_so() -> None:
@@ -122,14 +176,14 @@ def test_a_failed_read_keeps_the_keys_read_before_and_says_so() -> None:
     reads = Reads(public(SIGNER), ApiError("reading ConfigMap x/y", 503, "unavailable"))
     keys = KubeRecordKeys(reads, where="ConfigMap x/y", clock=lambda: now[0])
     pod = ask(build_pod("p", whole=1, gpus="2"))
-    assert keys.problem(pod) == ""
+    assert judged(keys, pod) == ""
     now[0] += REFRESH_MAX_S
-    assert keys.problem(pod) == "" and reads.calls == 2 and "503" in keys.last_error
+    assert judged(keys, pod) == "" and reads.calls == 2 and "503" in keys.last_error
 
 
 def test_no_configmap_yet_refuses_with_the_reason() -> None:
     keys = KubeRecordKeys(Reads(None), where="ConfigMap gpufrag-system/gpufrag-record-keys")
-    problem = keys.problem(ask(build_pod("p", whole=1, gpus="2")))
+    problem = judged(keys, ask(build_pod("p", whole=1, gpus="2")))
     assert "ConfigMap gpufrag-system/gpufrag-record-keys does not exist" in problem
 
 

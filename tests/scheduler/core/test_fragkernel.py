@@ -193,3 +193,24 @@ def test_an_unknown_engine_in_the_environment_is_one_line_and_exit_2(tmp_path: P
     assert done.stderr.strip().splitlines()[-1] == (
         "gpufrag whatif: GPUFRAG_KERNEL='cuda': choose c, numba or numpy"), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_engine_asked_for_by_name_that_is_not_installed_is_refused_at_start(
+        tmp_path: Path) -> None:
+    """Fail safe: GPUFRAG_KERNEL=numba where numba cannot be imported does not quietly run
+    another engine (slower: a filter past kube-scheduler's timeout); the command says so."""
+    blocker = tmp_path / "no_numba"
+    blocker.mkdir()
+    (blocker / "numba.py").write_text("raise ImportError('numba is not installed here')\n")
+    env = {**os.environ, "GPUFRAG_KERNEL": "numba",
+           "PYTHONPATH": os.pathsep.join([str(blocker), str(REPO)])}
+    env.pop("GPUFRAG_NO_JIT", None)
+    done = subprocess.run([sys.executable, "-m", "gpufrag.cli", "whatif", "--synthetic-nodes",
+                           "20", "--policies", "fgd", "--no-plots", "--out", str(tmp_path)],
+                          cwd=REPO, env=env, text=True, capture_output=True, timeout=120,
+                          check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "gpufrag whatif: GPUFRAG_KERNEL='numba': that engine is not installed here; "
+        "installed: c"), done.stderr
+    assert "Traceback" not in done.stderr

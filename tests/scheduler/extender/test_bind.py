@@ -227,3 +227,20 @@ def test_without_a_signer_no_record_is_written() -> None:
     runtime = serve([node("n0", gpu_count=2)], pending("p1"), binder=binder)
     assert bind(runtime, "p1", "n0", "uid-p1") == {"Error": ""}
     assert binder.calls[0].extra == {}
+
+
+def test_a_gpu_pod_is_not_bound_unsigned_while_a_signature_is_required() -> None:
+    """Fail safe: before the signing key is had, a GPU pod's bind is refused with the reason
+    (it stays pending, kube-scheduler retries) rather than bound with a record the device plugin
+    refuses; a pod without GPUs needs no record and is bound."""
+    binder = RecordingBinder()
+    runtime = serve([node("n0", gpu_count=2)],
+                    pending("p1") + pending("cpu", num_gpu=0, gpu_milli=0), binder=binder)
+    runtime.extender.signing_required = True
+    error = bind(runtime, "p1", "n0", "uid-p1")["Error"]
+    assert "no GPU-record signing key yet" in error and "stays pending" in error
+    assert bind(runtime, "cpu", "n0", "uid-cpu") == {"Error": ""}
+    assert [c.extra for c in binder.calls] == [{}]
+    runtime.extender.signer = SIGNER  # the key arrives: the retry binds, signed
+    assert bind(runtime, "p1", "n0", "uid-p1") == {"Error": ""}
+    assert ANNOTATION_GPU_RECORD in binder.calls[-1].extra

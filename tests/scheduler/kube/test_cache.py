@@ -109,14 +109,36 @@ def test_terminal_and_deleted_pods_free_resources_and_start_the_warm_window(
     assert free(cache, "n0") == [1000] * 4
 
 
-def test_a_changed_pod_is_moved(cache: ClusterCache) -> None:
+def test_a_bound_pods_gpus_cannot_be_moved_by_rewriting_its_record(cache: ClusterCache) -> None:
+    """Only the bind records a pod's GPUs: a later change of ``gpu-indices`` on the running pod
+    (a tenant moving its share in these books, so the GPU it really uses looks free) is not
+    followed; the GPUs of the bind stay counted, and the change is counted and reported."""
+    warnings: list[Any] = []
+    cache.on_warning = warnings.append
     cache.apply_pod(gpu_pod("a", "n0", (0,)))
     changes = cache.pod_changes
     cache.apply_pod(gpu_pod("a", "n0", (0,)))  # the same again (a status update)
     assert cache.pod_changes == changes
-    cache.apply_pod(gpu_pod("a", "n0", (3,)))  # the annotation was corrected
-    assert free(cache, "n0") == [1000, 1000, 1000, 0]
-    assert cache.pod_changes == changes + 1
+    cache.apply_pod(gpu_pod("a", "n0", (3,)))  # rewritten by the pod's owner
+    assert free(cache, "n0") == [0, 1000, 1000, 1000]
+    assert cache.state.pods["default/a"].gpus == (0,)
+    assert cache.record_changes == 1
+    (warning,) = warnings
+    assert (warning.key, warning.event_reason) == ("default/a", "GpufragRecordChanged")
+    assert "changed after its bind, from 0 to 3" in warning.message
+    cache.apply_pod(gpu_pod("a", "n0", None))  # or removed
+    assert free(cache, "n0") == [0, 1000, 1000, 1000] and cache.record_changes == 2
+
+
+def test_a_new_pod_of_the_same_name_takes_its_own_record(cache: ClusterCache) -> None:
+    first = gpu_pod("a", "n0", (0,))
+    first["metadata"]["uid"] = "uid-1"
+    cache.apply_pod(first)
+    cache.delete_pod("default/a")
+    second = gpu_pod("a", "n0", (3,))
+    second["metadata"]["uid"] = "uid-2"
+    cache.apply_pod(second)
+    assert free(cache, "n0") == [1000, 1000, 1000, 0] and cache.record_changes == 0
 
 
 def test_relist_drops_what_is_gone_but_keeps_assumptions(cache: ClusterCache) -> None:

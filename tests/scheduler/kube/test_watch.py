@@ -259,7 +259,10 @@ def test_a_slim_list_drops_managed_fields_and_nothing_else() -> None:
                     {"metadata": None}]
 
 
-def test_a_bad_event_does_not_stop_the_watch() -> None:
+def test_an_event_that_fails_to_apply_is_not_stepped_over_a_relist_follows() -> None:
+    """A lost bind must not count its GPUs free until the hourly relist: the watch ends at
+    the event it could not apply, and a full list (after the backoff) brings the object back;
+    the failure is counted."""
     stop = threading.Event()
 
     class Fussy(RecordingSink):
@@ -269,11 +272,25 @@ def test_a_bad_event_does_not_stop_the_watch() -> None:
             super().upsert(o)
 
     script = Script([listing([], version="1"), FakeResponse(chunks=(
-        event("ADDED", "bad", "2"), event("ADDED", "good", "3")))], stop)
+        event("ADDED", "bad", "2"), event("ADDED", "good", "3"))),
+        listing(["bad", "good"], version="4")], stop)
     sink = Fussy()
-    Reflector("pods", script, sink, WatchConfig(backoff_initial_s=0.001,
-                                                backoff_max_s=0.001), stop).run()
-    assert sink.seen == [("replace", []), ("upsert", "good")]
+    failures: list[str] = []
+    reflector = Reflector("pods", script, sink, WatchConfig(backoff_initial_s=0.001,
+                                                            backoff_max_s=0.001), stop,
+                          on_apply_failed=lambda: failures.append("pods"))
+    reflector.run()
+    assert sink.seen == [("replace", []), ("replace", ["bad", "good"])]
+    assert reflector.apply_failures == 1 and failures == ["pods"]
+    assert [c["resource_version"] for c in script.calls if c.get("watch")] == ["1", "4"]
+    assert reflector.errors[0] == "pods ADDED event not applied: relisting"
+
+
+def test_the_extender_counts_failed_applies_by_kind() -> None:
+    cache = ClusterCache()
+    cache.count_apply_failure("pods")
+    cache.count_apply_failure("pods")
+    assert cache.apply_failures == {"pods": 2}
 
 
 @pytest.mark.parametrize("seed", range(5))
