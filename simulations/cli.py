@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from gpufrag.argtypes import positive_float
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, BadInputArgumentParser
 from gpufrag.plotting import plots_wanted
 from scheduler.core.fragmentation import TargetWorkload
@@ -233,23 +234,13 @@ def _progress(done: int, total: int, rec: report.RunRecord) -> None:
 
 
 # ----------------------------------------------------------------------------- sweep, merge
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
-
-
 # The most a sweep's --load may ask: a hundred times the cluster's GPU capacity on average is
 # already no cluster anyone runs; above it a synthetic workload's arrival rate overflows.
 MAX_LOAD = 100.0
 
 
 def _sweep_load(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_float(text)
     if value > MAX_LOAD:
         raise argparse.ArgumentTypeError(f"{text!r} is above {MAX_LOAD:g} (x the cluster's "
                                          "GPU capacity)")

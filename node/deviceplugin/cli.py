@@ -26,6 +26,7 @@ import structlog
 from structlog.typing import FilteringBoundLogger
 
 from gpufrag import diagnose, logs
+from gpufrag.argtypes import positive_float
 from gpufrag.conventions import names_from_environ
 from gpufrag.errors import (
     EXIT_BAD_INPUT,
@@ -109,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
                         help="port for /metrics, /healthz, /readyz; 0 disables "
                              "(default: %(default)s)")
-    parser.add_argument("--stuck-call-s", type=_positive_seconds, default=60.0,
+    parser.add_argument("--stuck-call-s", type=positive_float, default=60.0,
                         help="a kubelet call (Allocate, GetPreferredAllocation, "
                              "PreStartContainer) in progress longer than this fails /healthz, "
                              "so a plugin whose request path is stuck is restarted "
@@ -122,16 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
                              "instead of NVML: for nodes without a GPU; announced as recorded")
     parser.add_argument("--log-level", default=None, help="debug, info, warning, error")
     return parser
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive number of seconds")
-    return value
 
 
 def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from node.deviceplugin.config import Kind
 from node.deviceplugin.matching import PodAsk
 from node.deviceplugin.writes import KubePodWriter, PodWriteError
 from tests.e2e.test_manifests import render
+from tests.e2e.test_node_write_policy import MERGE_PATCH, POLICY_KINDS, refusal
 from tests.e2e.test_rbac import NS, Clients, token_client
 from tests.e2e.test_rbac import as_service_account as as_service_account  # the fixture
 from tests.records import place_as_the_extender
@@ -36,19 +37,8 @@ from tests.tenants import tenant_client
 
 pytestmark = pytest.mark.e2e
 
-POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 POLICIES = {"gpufrag-pod-records", "gpufrag-device-plugin-pod-writes"}
 NODE_A, NODE_B = "records-gpu-a", "records-gpu-b"
-MERGE_PATCH = "application/merge-patch+json"
-
-
-def refusal(call: Callable[[], object]) -> tuple[int, str] | None:
-    """The status and message the API server refused ``call`` with; None if it was allowed."""
-    try:
-        call()
-    except kubernetes.client.ApiException as e:
-        return e.status, str(json.loads(e.body or "{}").get("message", e.body))
-    return None
 
 
 def _annotate(client: kubernetes.client.ApiClient, namespace: str, name: str,
