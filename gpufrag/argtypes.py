@@ -17,4 +17,15 @@ def positive_float(text: str) -> float:
     return value
 
 
-__all__ = ["positive_float"]
+def positive_int(text: str) -> int:
+    """A whole number > 0 (a count, a page size)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+__all__ = ["positive_float", "positive_int"]

@@ -307,11 +307,23 @@ class KubeActions:
         return value if isinstance(value, str) else None
 
     def save_state(self, text: str) -> None:
-        """Record the state with a merge patch of one annotation (``data`` is untouched)."""
+        """Record the state with a merge patch of one annotation (``data`` is untouched). A
+        hints ConfigMap that does not exist yet (an optional input: no hint written so far) is
+        created with it, as a hint would create it; a run is never failed for its absence."""
+        where = f"recording the defrag state on ConfigMap {self.hints_namespace}/{self.hints_name}"
         body = {"metadata": {"annotations": {self.names.annotation_defrag_state: text}}}
-        call_api(f"recording the defrag state on ConfigMap {self.hints_namespace}/"
-                 f"{self.hints_name}", lambda: self.core.patch_namespaced_config_map(
-                     self.hints_name, self.hints_namespace, body))
+        answer = call_api_or_refusal(where, lambda: self.core.patch_namespaced_config_map(
+            self.hints_name, self.hints_namespace, body), ok=(404,))
+        if isinstance(answer, ApiRefusal):
+            created = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+                "name": self.hints_name, "namespace": self.hints_namespace,
+                "annotations": body["metadata"]["annotations"]}}
+            made = call_api_or_refusal(where, lambda: self.core.create_namespaced_config_map(
+                self.hints_namespace, created), ok=(404, 409))
+            if isinstance(made, ApiRefusal):  # the namespace is missing too, or a race
+                self.log.warning("defrag state not recorded", reason=made.message,
+                                 effect="the next cycle starts without this one's state")
+                return
         self.log.info("defrag state recorded")
 
     # -- reservations ---------------------------------------------------------------------

@@ -224,6 +224,12 @@ class PodDirectory:
         self._shares = shares
 
 
+# GPU processes that belong to no pod by design: the MPS control daemon's server
+# (``nvidia-cuda-mps-server``, started by ``nvidia-cuda-mps-control`` for the device plugin's
+# ``--mps`` shares) holds a context on each GPU it serves.
+NOT_STRAYS = frozenset({"nvidia-cuda-mps-server", "nvidia-cuda-mps-control"})
+
+
 class PodResolver:
     """pid -> :class:`PodRef`: the cgroup file, then the directory."""
 
@@ -238,8 +244,16 @@ class PodResolver:
     def stray_reason(self, pid: int) -> str:
         """Why :meth:`pod_for_pid` found no pod: ``pod_gone`` when the process's cgroup names a
         pod this node's list does not hold (deleted, its process left behind), ``no_pod`` when
-        it runs in no pod's cgroup at all (a host process, another runtime, or gone already)."""
-        return "pod_gone" if pod_uid_for_pid(pid, self._proc_root) is not None else "no_pod"
+        it runs in no pod's cgroup at all (a host process, another runtime, or gone already);
+        '' when it is no stray at all: CUDA's MPS server (:data:`NOT_STRAYS`), which holds GPU
+        memory for the share pods it serves wherever it runs (host or a daemon's pod)."""
+        if pod_uid_for_pid(pid, self._proc_root) is not None:
+            return "pod_gone"
+        try:
+            name = (self._proc_root / str(pid) / "comm").read_text().strip()
+        except OSError:  # gone already
+            name = ""
+        return "" if name in NOT_STRAYS else "no_pod"
 
 
 class KubePodLister:

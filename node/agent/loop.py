@@ -149,9 +149,10 @@ def build_usage(node: str, timestamp: float, interval_s: float,
 
     Processes outside any known pod are left out of ``pods``; their memory still counts in the
     GPU's ``memory_used_mib``, and with ``stray_reason`` each is listed in the GPU's ``strays``
-    with why it has no pod. A GPU in MIG mode also lists its instances (``mig``), each with the
-    pods running on it; its ``utilization_pct`` is 0 where NVML has no GPU-level figure, which
-    the ``mig`` key marks as no reading (docs/agent.md).
+    with why it has no pod (unless the reason is '': a process that is in no pod by design).
+    A GPU in MIG mode also lists its instances (``mig``), each with the pods running on it;
+    its ``utilization_pct`` is 0 where NVML has no GPU-level figure, which the ``mig`` key
+    marks as no reading (docs/agent.md).
     """
     pods_by_pid: dict[int, PodRef | None] = {}
     reasons: dict[int, str] = {}
@@ -168,8 +169,9 @@ def build_usage(node: str, timestamp: float, interval_s: float,
             elif stray_reason is not None:
                 if process.pid not in reasons:
                     reasons[process.pid] = stray_reason(process.pid)
-                strays.append(StrayProcess(process.pid, process.memory_used_mib,
-                                           reasons[process.pid]))
+                if reasons[process.pid]:  # '': no stray (the MPS server)
+                    strays.append(StrayProcess(process.pid, process.memory_used_mib,
+                                               reasons[process.pid]))
         pods = tuple(
             PodGpuUsage(pod.namespace, pod.name, pod.uid, mib)
             for pod, mib in sorted(memory_by_pod.items(),

@@ -15,6 +15,7 @@ from typing import Any
 
 import kubernetes
 
+from gpufrag.argtypes import positive_int
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from gpufrag.logs import configure
 from scheduler.kube.client import api_client
@@ -34,7 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", help="only pods of this namespace (default: all)")
     p.add_argument("--include-terminal", action="store_true",
                    help="also Succeeded/Failed pods (they hold no resources)")
-    p.add_argument("--page-size", type=int, default=500, help="objects per list page")
+    p.add_argument("--page-size", type=positive_int, default=500,
+                   help="objects per list page (default: %(default)s)")
     return p
 
 

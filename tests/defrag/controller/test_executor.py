@@ -372,3 +372,32 @@ def test_a_node_relabelled_since_it_was_read_is_left_alone() -> None:
     relabel = Relabel("mig-0", "all-1g.10gb", "gpufrag-2x3g.40gb")
     assert not kube_with(core).relabel_mig(relabel, 1e9)
     assert core.events == []
+
+
+class HintsConfigMap:
+    """The ConfigMap calls of a CoreV1Api on which the hints ConfigMap does not exist yet;
+    ``namespace_missing``: nor does its namespace."""
+
+    def __init__(self, *, namespace_missing: bool = False) -> None:
+        self.namespace_missing = namespace_missing
+        self.created: list[dict[str, Any]] = []
+
+    def patch_namespaced_config_map(self, name: str, namespace: str, body: Any) -> None:
+        raise ApiException(status=404, reason="Not Found")
+
+    def create_namespaced_config_map(self, namespace: str, body: dict[str, Any]) -> None:
+        if self.namespace_missing:
+            raise ApiException(status=404, reason="Not Found")
+        self.created.append(body)
+
+
+def test_a_missing_hints_configmap_is_made_to_record_the_state_not_a_failed_cycle() -> None:
+    actions = KubeActions(ApiClient())
+    actions.core = HintsConfigMap()
+    actions.save_state("state-1")
+    (made,) = actions.core.created
+    assert made["metadata"]["annotations"] == {
+        actions.names.annotation_defrag_state: "state-1"}
+    # Nowhere to record it (no namespace either): a warning, and the cycle goes on.
+    actions.core = HintsConfigMap(namespace_missing=True)
+    actions.save_state("state-2")

@@ -191,4 +191,13 @@ def test_a_process_whose_pod_is_no_longer_listed_is_a_stray_of_a_gone_pod(
     assert resolver.stray_reason(4242) == "pod_gone"
 
 
+def test_the_mps_server_is_in_no_pod_by_design_and_no_stray(tmp_path: Path) -> None:
+    _proc(tmp_path, 5151, "0::/system.slice/nvidia-mps.service\n")
+    (tmp_path / "5151" / "comm").write_text("nvidia-cuda-mps-server\n")
+    _proc(tmp_path, 7070, "0::/system.slice/xorg.service\n")
+    (tmp_path / "7070" / "comm").write_text("Xorg\n")
+    resolver = PodResolver(PodDirectory(FakeLister([]), clock=FakeClock(0.0)), tmp_path)
+    assert (resolver.stray_reason(5151), resolver.stray_reason(7070)) == ("", "no_pod")
+
+
 # KubePodLister against the real API server: tests/e2e/test_agent.py.

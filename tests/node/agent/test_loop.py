@@ -231,6 +231,10 @@ def test_build_usage_resolves_each_pid_once_and_sums_per_pod() -> None:
     assert with_strays.gpus[0].strays == (StrayProcess(3, 7, "pod_gone"),)
     assert with_strays.gpus[1].strays == (StrayProcess(6060, 12_000, "no_pod"),
                                           StrayProcess(7070, 256, "no_pod"))
+    # A process in no pod by design (the MPS server: reason '') is no stray.
+    by_design = build_usage("node1", 1.0, 15.0, [readings[1], shared], pods.pod_for_pid,
+                            lambda pid: "" if pid == 6060 else pods.stray_reason(pid))
+    assert by_design.gpus[1].strays == (StrayProcess(7070, 256, "no_pod"),)
 
 
 @pytest.mark.parametrize(("overrides", "field_name"), [

@@ -11,6 +11,7 @@ import yaml
 from gpufrag.errors import BadInput
 from scheduler.core import PodRequest
 from scheduler.kube.convert import node_from_k8s, node_to_k8s, pod_from_k8s, pod_to_k8s
+from scheduler.kube.export import main as export_main
 from scheduler.kube.snapshot import read_snapshot, write_snapshot
 from tests.builders import node, pod
 
@@ -83,3 +84,15 @@ def test_core_types_round_trip_through_kubernetes_objects(request_: PodRequest) 
     assert (back.name, back.cpu_milli, back.memory_mib, back.gpu_count, back.gpu_product,
             back.gpu_memory_mib, back.labels["zone"]) == (
         "gpu-1", spec.cpu_milli, spec.memory_mib, 8, "A100", 81920, "a")
+
+
+@pytest.mark.parametrize("size", ["0", "-3", "many"])
+def test_export_snapshot_refuses_a_bad_page_size_at_parsing(
+        size: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 2 naming the flag, before any attempt to reach a cluster."""
+    with pytest.raises(SystemExit) as exited:
+        export_main([str(tmp_path / "out.json"), "--page-size", size,
+                     "--kubeconfig", str(tmp_path / "no-such-kubeconfig")])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--page-size" in err and repr(size) in err and "Traceback" not in err
