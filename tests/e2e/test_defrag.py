@@ -471,7 +471,17 @@ def recommendation_on(cluster: Cluster, deployment: str) -> str | None:
     return value
 
 
-def test_dry_run_changes_nothing(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_dry_run_then_one_cycle_then_a_rerun(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    """The scenario, in its order (one test, so that no random order can run the real cycle
+    before the dry run that needs the fragmented cluster): a dry run changes nothing, one cycle
+    defragments and keeps every promise, a second cycle continues from the live state."""
+    dry_run_changes_nothing(cluster, capsys)
+    one_cycle_defragments_and_keeps_every_promise(cluster, capsys)
+    a_rerun_continues_from_the_live_state(cluster, capsys)
+
+
+def dry_run_changes_nothing(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     before_layout, before_hints = cluster.layout(), cluster.hints()
     before = cluster.measure()
     watcher = Watcher(cluster)
@@ -562,7 +572,7 @@ def test_kubectl_runs_inspect_as_its_gpufrag_plugin(cluster: Cluster) -> None:
     assert node["node"] == SINK and len(node["gpus"]) == 2
 
 
-def test_one_cycle_defragments_and_keeps_every_promise(
+def one_cycle_defragments_and_keeps_every_promise(
         cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     before = cluster.measure()
     before_layout = cluster.layout()
@@ -673,7 +683,7 @@ def test_one_cycle_defragments_and_keeps_every_promise(
     assert result["after"]["free_whole_gpus"] == after.free_whole_gpus
 
 
-def test_a_rerun_continues_from_the_live_state(
+def a_rerun_continues_from_the_live_state(
         cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
     """Idempotent: a second cycle plans from what is there now and never undoes the first."""
     before = cluster.measure()
