@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -286,6 +287,29 @@ def _run_local(inputs: Inputs, configs: Sequence[EventConfig], jobs: int
             yield future.result()
 
 
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def _check_reachable(address: str, timeout_s: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """Refuse at once an ``ADDRESS`` (``host:port`` or ``ray://host:port``) where nothing
+    listens: Ray itself would keep retrying for minutes before it gives up. ``auto`` (a local
+    cluster Ray finds itself) is left to Ray."""
+    target = address.removeprefix("ray://")
+    if address == "auto" or ":" not in target:
+        return
+    host, _, port = target.rpartition(":")
+    try:
+        number = int(port)
+    except ValueError:
+        raise BadInput(f"{address!r} is not auto, HOST:PORT or ray://HOST:PORT",
+                       field="--ray") from None
+    try:
+        socket.create_connection((host.strip("[]"), number), timeout=timeout_s).close()
+    except OSError as exc:
+        raise BadInput(f"cannot connect to the Ray cluster at {address!r}: nothing answers "
+                       f"there within {timeout_s:g} s ({exc})", field="--ray") from None
+
+
 def _run_ray(inputs: Inputs, configs: Sequence[EventConfig], address: str
              ) -> Iterator[dict[str, Any]]:
     """One Ray task per run; results stream back as they finish."""
@@ -295,6 +319,7 @@ def _run_ray(inputs: Inputs, configs: Sequence[EventConfig], address: str
         raise BadInput("--ray needs Ray: pip install 'gpufrag[ray]'", field="--ray") from None
     started_here = not ray.is_initialized()
     if started_here:
+        _check_reachable(address)
         try:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
         except ConnectionError as exc:

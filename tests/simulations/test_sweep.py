@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import shlex
+import socket
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,17 @@ def test_indexed_job_manifest_matches_the_cli() -> None:
                              for k, vs in grid.items()})) >= job["completions"]
     merge = docs["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
     assert merge["args"][:2] == ["whatif", "merge"]
+
+
+def test_a_ray_address_where_nothing_listens_is_refused_at_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Not Ray's minutes of retries: one line, exit 2, naming the address."""
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    assert main(["whatif", "sweep", *SMALL, "--out", str(tmp_path), "--ray", address]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the two lines that say what is swept
+    assert f"cannot connect to the Ray cluster at {address!r}: nothing answers there" in last
+    assert "Traceback" not in err
