@@ -119,6 +119,28 @@ def scheduler_config(config_yaml: str, kubeconfig: Path) -> dict[str, Any]:
     return config
 
 
+def ensure_namespace(core: Any, name: str, *, timeout_s: float = 90.0) -> None:
+    """Make ``name`` an active namespace: created when missing, left as it is when active, and,
+    when it is being deleted (an earlier test's or the demo's clean-up), created again once it
+    is gone, rather than answering 409 and then refusing every object put in it (``core``: a
+    kubernetes CoreV1Api)."""
+    def active() -> bool:
+        try:
+            found = core.read_namespace(name)
+        except kubernetes.client.ApiException as e:
+            if e.status != 404:
+                raise
+            try:
+                core.create_namespace({"metadata": {"name": name}})
+            except kubernetes.client.ApiException as created:
+                if created.status != 409:  # a race with another creator: look again
+                    raise
+            return False
+        return (found.status.phase or "Active") == "Active"
+
+    wait_until(active, timeout_s=timeout_s, what=f"namespace {name} to be active")
+
+
 class ControlPlane:
     """etcd, kube-apiserver, kube-controller-manager and kube-scheduler on 127.0.0.1.
 
@@ -438,6 +460,12 @@ class ControlPlane:
             metadata=kubernetes.client.V1ObjectMeta(name=name)))
         wait_until(lambda: core.read_namespaced_service_account("default", name),
                    timeout_s=timeout_s, what=f"service account {name}/default")
+        return name
+
+    def ensure_namespace(self, name: str, *, timeout_s: float = 90.0) -> str:
+        """``name`` as an active namespace (:func:`ensure_namespace`)."""
+        ensure_namespace(kubernetes.client.CoreV1Api(self.api_client()), name,
+                         timeout_s=timeout_s)
         return name
 
     def delete_namespace(self, name: str, *, timeout_s: float = 90.0) -> None:

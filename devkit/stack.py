@@ -118,5 +118,5 @@ def install_reservations_crd(plane: ControlPlane) -> None:
 def install_defrag_namespace(plane: ControlPlane) -> None:
     """The hints namespace with the placement-hints ConfigMap, as manifests/base ships them:
     where a defrag cycle keeps its hints, reservations and state."""
-    plane.create_namespace(cv.HINTS_NAMESPACE)
+    plane.ensure_namespace(cv.HINTS_NAMESPACE)
     plane.kubectl("apply", "-n", cv.HINTS_NAMESPACE, "-f", str(PLACEMENT_HINTS))

@@ -7,6 +7,7 @@ from typing import Any, Final
 
 import kubernetes
 
+from devkit.controlplane import ensure_namespace
 from gpufrag.conventions import ANNOTATION_GPU_INDICES, ANNOTATION_GPU_RECORD, DEFAULT_NAMES
 from gpufrag.records import PUBLIC_KEY_SUFFIX, RecordSigner
 
@@ -23,11 +24,7 @@ def publish_test_key(core: Any) -> None:
     """Put the test key in the ConfigMap the device plugins read (kubernetes CoreV1Api)."""
     namespace, name = DEFAULT_NAMES.hints_namespace, DEFAULT_NAMES.record_keys_configmap
     data = {f"{SIGNER.key_id}{PUBLIC_KEY_SUFFIX}": SIGNER.public_pem().decode()}
-    try:
-        core.create_namespace({"metadata": {"name": namespace}})
-    except Exception as e:  # kubernetes.client.ApiException: 409 when it exists already
-        if getattr(e, "status", None) != 409:
-            raise
+    ensure_namespace(core, namespace)  # one another module's clean-up deletes is made again
     try:
         core.create_namespaced_config_map(namespace, {"metadata": {"name": name},
                                                       "data": data})

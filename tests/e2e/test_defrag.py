@@ -248,8 +248,7 @@ def cluster(control_plane: ControlPlane, binder: Binder) -> Iterator[Cluster]:
     api = control_plane.api_client()
     core, apps = kubernetes.client.CoreV1Api(api), kubernetes.client.AppsV1Api(api)
     namespace = control_plane.create_namespace(f"e2e-defrag-{int(time.time()) % 100000}")
-    with suppress(kubernetes.client.ApiException):
-        control_plane.create_namespace(cv.HINTS_NAMESPACE)
+    control_plane.ensure_namespace(cv.HINTS_NAMESPACE)
     for name in NODES:
         sink = name == SINK
         control_plane.create_gpu_node(name, 2, T4 if sink else V100, T4_MIB if sink else V100_MIB,

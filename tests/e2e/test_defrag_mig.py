@@ -76,8 +76,7 @@ def cluster(control_plane: ControlPlane) -> Iterator[MigCluster]:
     core: Any = kubernetes.client.CoreV1Api(api)  # bodies passed as plain dicts
     install_reservations_crd(control_plane)
     namespace = control_plane.create_namespace(f"e2e-defrag-mig-{int(time.time()) % 100000}")
-    with suppress(kubernetes.client.ApiException):
-        control_plane.create_namespace(cv.HINTS_NAMESPACE)
+    control_plane.ensure_namespace(cv.HINTS_NAMESPACE)
     with suppress(kubernetes.client.ApiException):  # the manifests create it
         core.create_namespaced_config_map(cv.HINTS_NAMESPACE, {
             "metadata": {"name": cv.HINTS_CONFIGMAP}, "data": {}})

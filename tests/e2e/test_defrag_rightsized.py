@@ -46,8 +46,7 @@ WAIT_S = 90.0
 def stack(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[None]:
     install_reservations_crd(control_plane)
-    if control_plane.kubectl("get", "namespace", cv.HINTS_NAMESPACE, check=False).returncode:
-        control_plane.create_namespace(cv.HINTS_NAMESPACE)
+    control_plane.ensure_namespace(cv.HINTS_NAMESPACE)
     for name in (SOURCE, SINK):
         control_plane.create_gpu_node(name, 1, T4, T4_MIB, cpu_milli=16_000,
                                       memory_mib=64 * 1024)

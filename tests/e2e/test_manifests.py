@@ -26,11 +26,9 @@ def render(plane: ControlPlane, path: str) -> list[dict[str, object]]:
 
 @pytest.fixture(scope="module")
 def system_namespace(control_plane: ControlPlane) -> str:
-    # A dry-run Namespace is not persisted, so namespaced objects need the real one.
-    existing = control_plane.kubectl("get", "namespace", "gpufrag-system", check=False)
-    if existing.returncode != 0:
-        control_plane.kubectl("create", "namespace", "gpufrag-system")
-    return "gpufrag-system"
+    # A dry-run Namespace is not persisted, so namespaced objects need the real one (and one
+    # not being deleted by another module's clean-up).
+    return control_plane.ensure_namespace("gpufrag-system")
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

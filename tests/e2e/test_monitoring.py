@@ -177,6 +177,13 @@ def test_the_components_sit_with_the_workloads(installation: list[Obj]) -> None:
 
 
 @pytest.mark.parametrize(("kind", "name"), list(EXPECTED))
+def desired_pods(apps: Any, workload: Workload) -> int:
+    """How many pods ``workload`` wants now: a Deployment's replicas, a DaemonSet's nodes."""
+    if workload.kind == "Deployment":
+        return int(apps.read_namespaced_deployment(workload.name, NS).spec.replicas)
+    return int(apps.read_namespaced_daemon_set(workload.name, NS).status.desired_number_scheduled)
+
+
 def test_each_monitor_selects_its_workload_on_a_declared_port(
         control_plane: ControlPlane, installation: list[Obj], kind: str, name: str) -> None:
     api = control_plane.api_client()
@@ -187,7 +194,7 @@ def test_each_monitor_selects_its_workload_on_a_declared_port(
     expected = EXPECTED[(kind, name)]
     spec = monitor["spec"]
     if kind == "PodMonitor":
-        pods = core.list_namespaced_pod(NS, label_selector=selector_string(spec["selector"]))
+        selector = selector_string(spec["selector"])
         endpoints = spec["podMetricsEndpoints"]
         ports = [endpoint["port"] for endpoint in endpoints]
     else:
@@ -199,11 +206,18 @@ def test_each_monitor_selects_its_workload_on_a_declared_port(
         endpoints = spec["endpoints"]
         assert {e["port"] for e in endpoints} <= set(by_name), (endpoints, by_name)
         ports = [by_name[e["port"]].target_port for e in endpoints]
-        pods = core.list_namespaced_pod(NS, label_selector=",".join(
-            f"{k}={v}" for k, v in sorted(service.spec.selector.items())))
-    live = [p for p in pods.items if p.metadata.deletion_timestamp is None]
+        selector = ",".join(f"{k}={v}" for k, v in sorted(service.spec.selector.items()))
+
+    def selected() -> list[Any] | None:
+        """The live pods the monitor selects, once they are as many as the workload wants now
+        (a Deployment's replicas follow its HPA: the prewarm test may have raised them)."""
+        pods = core.list_namespaced_pod(NS, label_selector=selector).items
+        live = [p for p in pods if p.metadata.deletion_timestamp is None]
+        return live if len(live) == desired_pods(apps, expected) else None
+
+    live = wait_until(selected, timeout_s=WAIT_S, what=f"the pods {kind} {name} selects")
     assert {owner_workload(apps, p) for p in live} == {(expected.kind, expected.name)}
-    assert len(live) == expected.pods
+    assert len(live) >= expected.pods
     assert all(e.get("path", "/metrics") == "/metrics" for e in endpoints)
     for pod in live:
         declared = {p.name: p.container_port for c in pod.spec.containers

@@ -52,8 +52,7 @@ def passes(runtime: Runtime, obj: dict[str, Any], node: str) -> bool:
 def test_the_extender_holds_a_reservation_across_a_restart_until_it_is_deleted(
         control_plane: ControlPlane) -> None:
     install_reservations_crd(control_plane)
-    if control_plane.kubectl("get", "namespace", cv.HINTS_NAMESPACE, check=False).returncode:
-        control_plane.create_namespace(cv.HINTS_NAMESPACE)
+    control_plane.ensure_namespace(cv.HINTS_NAMESPACE)
     node = f"rsv-{uuid.uuid4().hex[:6]}"
     control_plane.create_gpu_node(node, 1, "Tesla-T4", 16_384)
     custom = kubernetes.client.CustomObjectsApi(control_plane.api_client())
@@ -92,8 +91,7 @@ def test_another_tenant_naming_the_owner_cannot_take_its_reservation(
     references): the extender judges it as an ordinary pod, so the reserved share stays taken
     for it, and the owner's own replacement still gets it."""
     install_reservations_crd(control_plane)
-    if control_plane.kubectl("get", "namespace", cv.HINTS_NAMESPACE, check=False).returncode:
-        control_plane.create_namespace(cv.HINTS_NAMESPACE)
+    control_plane.ensure_namespace(cv.HINTS_NAMESPACE)
     suffix = uuid.uuid4().hex[:6]
     owners, others = (control_plane.create_namespace(f"{who}-{suffix}") for who in ("web", "b"))
     user = kubernetes.client.CoreV1Api(tenant_client(control_plane, others, tmp_path))
@@ -140,8 +138,7 @@ def test_a_reservation_whose_owner_is_gone_is_reported_released_and_its_gpu_free
     why, a dry-run cycle only says it would release it, a real cycle deletes it (touching no
     pod: it moves none here) and the extender's watch gives the GPU back to other pods."""
     install_reservations_crd(control_plane)
-    if control_plane.kubectl("get", "namespace", cv.HINTS_NAMESPACE, check=False).returncode:
-        control_plane.create_namespace(cv.HINTS_NAMESPACE)
+    control_plane.ensure_namespace(cv.HINTS_NAMESPACE)
     suffix = uuid.uuid4().hex[:6]
     owners = control_plane.create_namespace(f"gone-{suffix}")
     node = f"rsv-{suffix}"

@@ -512,8 +512,7 @@ def test_a_replica_over_its_share_raises_its_workload_and_the_next_is_admitted_r
     core = _core(node_plane)
     apps = kubernetes.client.AppsV1Api(node_plane.api_client())
     _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")
-    with suppress(kubernetes.client.ApiException):  # where the cycle records its state,
-        node_plane.create_namespace(HINTS_NAMESPACE)  # as manifests/base ships it
+    node_plane.ensure_namespace(HINTS_NAMESPACE)  # where the cycle records its state,
     with suppress(kubernetes.client.ApiException):
         core.create_namespaced_config_map(HINTS_NAMESPACE, {"metadata": {"name": HINTS_CONFIGMAP}})
     extender = ExtenderProcess(node_plane, tmp_path / "extender.log").start()

@@ -298,8 +298,7 @@ def test_marks_written_back_to_back_all_land(node: Node) -> None:
 
 def test_its_rbac_is_enough_for_every_read_and_write(node: Node) -> None:
     """As the manifests' ServiceAccount: list + watch the node's pods, mark one, warn on one."""
-    if node.plane.kubectl("get", "namespace", "gpufrag-system", check=False).returncode:
-        node.plane.kubectl("create", "namespace", "gpufrag-system")
+    node.plane.ensure_namespace("gpufrag-system")
     node.plane.kubectl("apply", "-f", str(ROOT / "manifests/base/rbac-deviceplugin.yaml"),
                        "-n", "gpufrag-system")
     client = node.plane.new_api_client()
