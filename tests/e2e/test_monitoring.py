@@ -176,7 +176,6 @@ def test_the_components_sit_with_the_workloads(installation: list[Obj]) -> None:
         assert "namespaceSelector" not in doc["spec"], "select in the monitor's own namespace"
 
 
-@pytest.mark.parametrize(("kind", "name"), list(EXPECTED))
 def desired_pods(apps: Any, workload: Workload) -> int:
     """How many pods ``workload`` wants now: a Deployment's replicas, a DaemonSet's nodes."""
     if workload.kind == "Deployment":
@@ -184,6 +183,7 @@ def desired_pods(apps: Any, workload: Workload) -> int:
     return int(apps.read_namespaced_daemon_set(workload.name, NS).status.desired_number_scheduled)
 
 
+@pytest.mark.parametrize(("kind", "name"), list(EXPECTED))
 def test_each_monitor_selects_its_workload_on_a_declared_port(
         control_plane: ControlPlane, installation: list[Obj], kind: str, name: str) -> None:
     api = control_plane.api_client()
