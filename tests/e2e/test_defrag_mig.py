@@ -129,7 +129,15 @@ def ours(mig: dict[str, Any]) -> dict[str, Any]:
             "kept": {k["node"]: k["why"] for k in mig["kept"] if k["node"] in NODES}}
 
 
-def test_a_dry_run_reports_the_relabel_and_changes_no_label(
+def test_a_dry_run_then_a_real_cycle(cluster: MigCluster,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """In this order (one test, so that no random order runs the real cycle first: the dry run
+    needs the drained node still at NVIDIA's default layout)."""
+    a_dry_run_reports_the_relabel_and_changes_no_label(cluster, capsys)
+    a_real_cycle_sets_the_drained_nodes_label_and_leaves_the_others(cluster, capsys)
+
+
+def a_dry_run_reports_the_relabel_and_changes_no_label(
         cluster: MigCluster, capsys: pytest.CaptureFixture[str]) -> None:
     code, mig = run_defrag(cluster, "--dry-run", capsys=capsys)
     assert code == 0 and mig["dry_run"] is True
@@ -141,7 +149,7 @@ def test_a_dry_run_reports_the_relabel_and_changes_no_label(
     assert cluster.node_events(DRAINED) == []
 
 
-def test_a_real_cycle_sets_the_drained_nodes_label_and_leaves_the_others(
+def a_real_cycle_sets_the_drained_nodes_label_and_leaves_the_others(
         cluster: MigCluster, capsys: pytest.CaptureFixture[str]) -> None:
     code, mig = run_defrag(cluster, capsys=capsys)
     assert code == 0 and mig["dry_run"] is False

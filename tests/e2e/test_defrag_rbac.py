@@ -45,7 +45,9 @@ def test_defrag_reserves_and_publishes_with_its_service_account(
     actions.renew_reservation("rbac-live", now + 900)
     actions.release("rbac-old")  # expired: what a cycle releases (defrag.controller.ledger)
     admin = kubernetes.client.CustomObjectsApi(control_plane.api_client())
-    left = admin.list_namespaced_custom_object(rsv.GROUP, rsv.VERSION, NS, rsv.PLURAL)["items"]
+    left = [o for o in admin.list_namespaced_custom_object(rsv.GROUP, rsv.VERSION, NS,
+                                                           rsv.PLURAL)["items"]
+            if o["metadata"]["name"].startswith("rbac-")]  # other modules' may be there too
     assert [o["metadata"]["name"] for o in left] == ["rbac-live"]
     assert rsv.reservation_from_k8s(left[0]).expires == pytest.approx(now + 900, abs=1)
     actions.release("rbac-live")
@@ -77,7 +79,7 @@ def test_extender_reads_reservations_and_cannot_write_them(
     install_reservations_crd(control_plane)
     custom = kubernetes.client.CustomObjectsApi(as_service_account("gpufrag-scheduler"))
     listing = custom.list_namespaced_custom_object(rsv.GROUP, rsv.VERSION, NS, rsv.PLURAL)
-    assert listing["items"] == []
+    assert isinstance(listing["items"], list)  # it may read them (other modules' may be there)
     body = rsv.body(reservation("from-the-extender", time.time() + 60))
     assert _forbidden(lambda: custom.create_namespaced_custom_object(
         rsv.GROUP, rsv.VERSION, NS, rsv.PLURAL, body))

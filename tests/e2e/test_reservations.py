@@ -128,6 +128,9 @@ def test_another_tenant_naming_the_owner_cannot_take_its_reservation(
         assert passes(runtime, replacement, node)
     finally:
         runtime.stop()
+        with suppress(kubernetes.client.ApiException):  # no reservation left for other tests
+            custom.delete_namespaced_custom_object(rsv.GROUP, rsv.VERSION, cv.HINTS_NAMESPACE,
+                                                   rsv.PLURAL, f"{node}-hold")
         delete_nodes(control_plane, [node])
 
 
