@@ -135,7 +135,7 @@ def test_an_over_reserved_replica_is_replaced_right_sized_onto_its_reservation(
     assert [o["outcome"] for o in result["moves"]] == ["landed"]
     assert result["counts"]["reservations created"] == 1
     assert result["counts"]["reservations released"] == 1
-    assert reservations(control_plane) == []
+    assert reservations(control_plane, namespace) == []
 
     # The webhook admitted the replacement with the recommendation; it runs on the sink.
     replacement = bound(core, namespace, "llm")

@@ -46,7 +46,7 @@ from node.deviceplugin.matching import PodAsk
 from node.deviceplugin.pods import KubeNodePods, NodePods
 from node.deviceplugin.writes import REASON_REFUSED, KubePodWriter
 from tests.node.deviceplugin.harness import KubeletHarness
-from tests.records import publish_test_key, signed_record
+from tests.records import place_as_the_extender, publish_test_key
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -86,18 +86,19 @@ class Node:
 
     def pod(self, name: str, *, gpus: str | None, whole: int = 0, milli: int = 0,
             containers: int = 1) -> dict[str, Any]:
-        """A pod bound to this node, as the extender binds it (annotation at bind, with its
-        signed record: tests/records.py). This kubelet admits only when told (:meth:`admit`),
-        so the record can follow the pod's creation, once its UID is known."""
+        """A pod bound to this node. With ``gpus``, as the extender binds it: a Binding whose
+        annotations (the signed record: tests/records.py) land with the node name in one
+        write, so the plugin never sees the pod bound without its record; without, created
+        bound (as another scheduler's bind leaves it)."""
         limits = {RESOURCE_GPU: str(whole)} if whole else {RESOURCE_GPU_MILLI: str(milli)}
         body = {"metadata": {"name": name},
                 "spec": {"nodeName": self.name, "containers": [
                     {"name": f"c{i}", "image": "x", "resources": {"limits": limits}}
                     for i in range(containers)]}}
-        created = self.core.create_namespaced_pod(self.namespace, body)
-        if gpus is not None:
-            self.core.patch_namespaced_pod(name, self.namespace, {"metadata": {
-                "annotations": signed_record(created.metadata.uid, self.name, gpus)}})
+        if gpus is None:
+            created = self.core.create_namespaced_pod(self.namespace, body)
+        else:
+            created = place_as_the_extender(self.core, self.namespace, body, self.name, gpus)
         return {"uid": created.metadata.uid, "name": name,
                 "containers": {f"c{i}": {next(iter(limits)): whole or milli}
                                for i in range(containers)}}
