@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
+from devkit.cachelock import exclusive
 from devkit.procs import ControlPlaneError
 
 REPO_ROOT: Final = Path(__file__).resolve().parent.parent
@@ -301,18 +302,21 @@ def build_base(packages: Sequence[str] = BASE_PACKAGES, prefix: str = "base") ->
     found = _found(archive, ref, key, started)
     if found is not None:
         return found
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f"gpufrag-{prefix}-", dir=root) as tmp, \
-            (root / f"{prefix}-{key}.log").open("w") as out:
-        rootfs = Path(tmp) / "rootfs.tar"
-        _run("mmdebstrap", ["mmdebstrap", "--variant=minbase", "--format=tar",
-                            f"--include={','.join(packages)}",
-                            *(f"--dpkgopt={o}" for o in BASE_DPKG_OPTIONS),
-                            BASE_SUITE, str(rootfs), str(apt_sources())], log=out)
-        write_oci_archive(archive, ref, [rootfs], {
-            "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-            "Cmd": ["/bin/sh"]})
-    _prune(root, f"{prefix}-*.oci.tar", archive)
+    with exclusive(root / f"{prefix}-{key}.lock"):
+        found = _found(archive, ref, key, started)  # made while this caller waited
+        if found is not None:
+            return found
+        with tempfile.TemporaryDirectory(prefix=f"gpufrag-{prefix}-", dir=root) as tmp, \
+                (root / f"{prefix}-{key}.log").open("w") as out:
+            rootfs = Path(tmp) / "rootfs.tar"
+            _run("mmdebstrap", ["mmdebstrap", "--variant=minbase", "--format=tar",
+                                f"--include={','.join(packages)}",
+                                *(f"--dpkgopt={o}" for o in BASE_DPKG_OPTIONS),
+                                BASE_SUITE, str(rootfs), str(apt_sources())], log=out)
+            write_oci_archive(archive, ref, [rootfs], {
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "Cmd": ["/bin/sh"]})
+        _prune(root, f"{prefix}-*.oci.tar", archive)
     return BuiltImage(archive, ref, key, True, time.monotonic() - started,
                       archive.stat().st_size)
 
@@ -337,6 +341,18 @@ def build_image(repo: Path = REPO_ROOT, variant: Variant = CLUSTER) -> BuiltImag
     found = _found(archive, ref, key, started)
     if found is not None:
         return found
+    with exclusive(root / f"{variant.archive_prefix}-{key}.lock"):
+        found = _found(archive, ref, key, started)  # made while this caller waited
+        if found is not None:
+            return found
+        return _buildah(repo, variant, base, build, archive, ref, key, started)
+
+
+def _buildah(repo: Path, variant: Variant, base: BuiltImage, build: BuiltImage, archive: Path,
+             ref: str, key: str, started: float) -> BuiltImage:
+    """Build ``variant`` from the Dockerfile with buildah into ``archive`` (the caller holds
+    its lock)."""
+    root = archive.parent
     with tempfile.TemporaryDirectory(prefix="gpufrag-buildah-", dir=root) as tmp, \
             (root / f"{variant.archive_prefix}-{key}.log").open("w") as out:
         storage = ["--storage-driver=vfs", f"--root={Path(tmp) / 'root'}",

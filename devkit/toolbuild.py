@@ -15,7 +15,6 @@ never committed: the tests install exactly what upstream ships.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import shutil
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Final
 
 from devkit.build import BuildError
+from devkit.cachelock import exclusive
 from devkit.image import gpufrag_cache_dir
 
 TOOLS_DIR: Final = Path(__file__).resolve().parent / "tools"
@@ -88,9 +88,7 @@ def fetch_crds(crds: UpstreamCrds) -> list[Path]:
     done = out_dir / ".complete"
     if done.is_file():
         return paths
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive(out_dir / ".lock"):
         if not done.is_file():
             source = _download(crds, out_dir)
             for name, path in zip(crds.files, paths, strict=True):
