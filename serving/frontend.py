@@ -16,7 +16,7 @@ says what a request means to the serving runtime (:class:`ServingSite`):
 - a client that disconnects cancels its requests' futures, so the batcher drops them before
   compute;
 - only requests that arrived before admission closed are counted for the drain; once the
-  server is draining every answer carries ``Connection: close``.
+  server is draining each connection's last answer carries ``Connection: close``.
 
 Who may call it: the pod's clients and probes, inside the cluster. It is plain HTTP/1.1 with
 no authentication and no TLS, like the v2 endpoints of Triton and KServe's model servers: put

@@ -31,9 +31,31 @@ What it does, and the bounds on each (:class:`HttpLimits`):
   per request;
 - anything llhttp cannot parse is a 400 naming what it found, and the connection closes;
 - ``HEAD`` gets the answer's head only (its Content-Length, no body);
-- once the site is draining every answer carries ``Connection: close`` and the connection
-  closes after it; :meth:`HttpServer.close` closes idle connections, gives busy ones a grace
-  to finish, then aborts what is left.
+- once the site is draining (or the server closing) a connection's last answer carries
+  ``Connection: close`` and the connection closes after it: every request already read on it
+  is answered first, pipelined ones included;
+- :meth:`HttpServer.close` answers everything it accepted (below), gives busy connections a
+  grace to finish, then aborts what is left.
+
+Closing without resets. Closing a listening socket makes the kernel reset every connection
+still in its accept queue, and closing a connection whose request is unread resets it too;
+under load both hit clients whose requests had reached the server (issue 44). So
+:meth:`HttpServer.close`:
+
+- stops the loop's accepting, then takes what is already queued from a duplicate of each
+  listening socket (the kernel's socket lives on while one descriptor does) and only then
+  closes it: a connection the kernel accepted is served like any other, its request answered.
+  What is left is the kernel's own instant: a handshake that completes between the last
+  accept and the close (or is half done at the close) is still reset, before its client
+  could have had an answer from anyone;
+- closes a connection only between requests: one with a request in flight closes after its
+  answer; one fresh from the accept queue is given ``close_linger_s`` to send its first
+  request; an idle keep-alive one is half-closed (FIN) at once, unless bytes of a request
+  are already waiting to be read (then that request is read and answered), and what still
+  arrives on it is read and dropped for ``close_linger_s`` (a lingering close), so a request
+  racing the FIN ends in an orderly EOF the client may retry (RFC 9112 section 9.3.1), never
+  in a reset. That race is HTTP/1.1's own: no server can pick an instant at which no request
+  is on its way on an idle connection.
 
 Every method runs on the event loop's thread; a site that answers from another thread hands
 the answer over with ``loop.call_soon_threadsafe``.
@@ -42,6 +64,10 @@ the answer over with ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import socket
+import struct
+import termios
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -58,6 +84,8 @@ log = structlog.get_logger("serving.http1")
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Answers longer than this are written as their own buffer rather than copied onto the head.
 _COPY_BODY_BYTES = 64 * 1024
+# The listening socket's accept queue; at close at most this many more are taken from it.
+_BACKLOG = 1024
 
 # What a connection is reading.
 _IDLE, _HEADERS, _BODY, _DISCARD = range(4)
@@ -145,6 +173,11 @@ class HttpLimits:
     # Bytes of request bodies held at once, over all connections (read, or handed to the
     # site and not yet answered); a body that would pass it is refused 503 + Retry-After.
     max_buffered_bytes: int = 1024 * 1024 * 1024
+    # When the server closes: how long a connection that has sent no request yet is given to
+    # send one, and how long a half-closed idle one is still read (what arrives is dropped)
+    # before it closes, so a request racing the FIN is not answered by a reset. Apache
+    # lingers 2 s, Go's server 0.5 s.
+    close_linger_s: float = 1.0
 
     @property
     def sweep_interval_s(self) -> float:
@@ -160,12 +193,11 @@ class _Exchange:
     """One request on a connection, from its headers to its answer written."""
 
     __slots__ = (
-        "body",
+        "answer",
         "call",
         "close",
         "connection",
         "counted",
-        "head",
         "head_only",
         "held",
         "http10",
@@ -180,8 +212,7 @@ class _Exchange:
         self.held = 0  # body bytes counted against max_buffered_bytes until answered
         self.counted = False
         self.call: Call | None = None
-        self.head: bytes | None = None  # the encoded answer, once there is one
-        self.body = b""
+        self.answer: Answer | None = None  # once there is one; encoded when it is written
         self.close = False  # close the connection after this answer
 
     def __call__(self, answer: Answer) -> None:  # the Call's respond callback
@@ -201,7 +232,10 @@ class HttpServer:
         self.server_line = f"Server: {server_name}\r\n".encode("latin-1")
         self.on_sweep = on_sweep
         self.connections: set[Connection] = set()
+        self.closing = False  # close() has begun: every connection closes once done
         self._server: asyncio.Server | None = None
+        # duplicates of the listening sockets, so close() can take their accept queues
+        self._listeners: list[socket.socket] = []
         self._sweeper: asyncio.TimerHandle | None = None
         self._prefixes: dict[tuple[int, str], bytes] = {}
         self.date_line = b""
@@ -215,16 +249,21 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         self._sweep()
         self._server = await loop.create_server(
-            lambda: Connection(self), host, port, reuse_address=True, backlog=1024)
+            lambda: Connection(self), host, port, reuse_address=True, backlog=_BACKLOG)
+        for sock in self._server.sockets:
+            listener = sock.dup()
+            listener.setblocking(False)
+            self._listeners.append(listener)
         for sock in self._server.sockets:
             return int(sock.getsockname()[1])
         return port
 
     async def close(self, grace_s: float) -> None:
-        """Stop listening, close idle connections, give busy ones ``grace_s`` to write their
-        answers, then abort the rest."""
-        if self._server is not None:
-            self._server.close()
+        """Stop listening, answering the connections already in the accept queue; close every
+        connection between requests (module docstring); give busy ones ``grace_s`` to write
+        their answers, then abort the rest."""
+        self.closing = True
+        await self._stop_accepting()
         for connection in list(self.connections):
             connection.close_when_done()
         try:
@@ -238,6 +277,48 @@ class HttpServer:
             self._sweeper = None
         if self._server is not None:
             await self._server.wait_closed()
+
+    async def _stop_accepting(self) -> None:
+        """The loop stops accepting; then the connections the kernel has already accepted
+        are taken from the duplicate listening sockets, and only then are those closed (a
+        listening socket closed with connections queued resets them)."""
+        if self._server is not None:
+            # The standard loop accepts in a reader callback and sets each connection up in
+            # a task one turn later; Server.close() in between drops that connection, which
+            # the kernel then resets (CPython gh-109564). So its reader goes first and the
+            # loop turns once, setting up what it accepted, before the server closes.
+            # (uvloop accepts and sets up in one step; it has no such reader.)
+            loop = asyncio.get_running_loop()
+            for sock in self._server.sockets:
+                loop.remove_reader(sock.fileno())
+            await asyncio.sleep(0)
+            self._server.close()
+        listeners, self._listeners = self._listeners, []
+        queued: list[socket.socket] = []
+        for listener in listeners:
+            with listener:
+                for _ in range(_BACKLOG + 1):  # bounded: arrivals go on while this runs
+                    try:
+                        accepted, _ = listener.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as exc:  # (ECONNABORTED, EMFILE, ...): take no more
+                        log.warning("accept_queue_not_taken", error=str(exc))
+                        break
+                    queued.append(accepted)
+        if queued:
+            log.info("accept_queue_taken", connections=len(queued))
+            await asyncio.gather(*(self._adopt(sock) for sock in queued))
+
+    async def _adopt(self, sock: socket.socket) -> None:
+        """Serve a connection taken from the accept queue (as the listener would have)."""
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: Connection(self), sock)
+        except OSError as exc:  # gone meanwhile: nothing to answer
+            log.debug("queued_connection_lost", error=str(exc))
+            sock.close()
 
     def opened(self, connection: Connection) -> bool:
         """Whether ``connection`` may stay (False: over ``max_connections``)."""
@@ -301,7 +382,10 @@ class Connection(asyncio.Protocol):
         self._since = self._loop.time()  # when the current phase began (or last body data)
         self._closed = False  # closing or closed: nothing more is read or written
         self._closing = False  # an answer said Connection: close; close once it is written
-        self._close_when_done = False  # the server is closing: close once nothing is pending
+        self._close_when_done = False  # the server is closing: close between requests
+        self._served = False  # a request has begun on this connection
+        # closing: the wait for a first request, then (half-closed) for the full close
+        self._linger: asyncio.TimerHandle | None = None
         self._reading_paused = False
         self._writing_paused = False
         self._error: Answer | None = None
@@ -327,9 +411,14 @@ class Connection(asyncio.Protocol):
         if not self._server.opened(self):
             self._closed = True
             self._transport.abort()  # over max_connections: nothing read, nothing held
+        elif self._server.closing:  # made as the server closes: waits for its request
+            self.close_when_done()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         self._free_body()
         for exchange in self._exchanges:
             self._drop(exchange)
@@ -363,6 +452,10 @@ class Connection(asyncio.Protocol):
                                                        "request"))
         except httptools.HttpParserError as exc:
             self._http_error(self._site.error(400, f"malformed HTTP request: {_describe(exc)}"))
+        else:
+            if self._close_when_done and not self._exchanges:
+                # e.g. a refused body read to its end after its keep-alive answer: idle now
+                self._close_if_between_requests(wait_for_a_first_request=True)
 
     def pause_writing(self) -> None:
         self._writing_paused = True
@@ -376,6 +469,7 @@ class Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._phase = _HEADERS
+        self._served = True
         self._since = self._loop.time()
         self._free_body()  # (a body read for a call that went away meanwhile)
         self._reset_request()
@@ -511,21 +605,28 @@ class Connection(asyncio.Protocol):
         exchange.call = None
         if self._closed:
             return
-        close = exchange.close or not exchange.keep_alive or self._site.draining
-        exchange.close = close
-        exchange.head = self._server.encode_head(
-            answer, close=close, keep_alive_10=exchange.http10 and not close)
-        exchange.body = b"" if exchange.head_only else answer.body
+        exchange.answer = answer
         if self._exchanges and self._exchanges[0] is exchange:
             self._flush()
 
     def _flush(self) -> None:
+        """Write the answers that are ready, in order. Whether one closes the connection is
+        settled here, as it goes out: when the site is draining or the server closing, the
+        last answer closes, and one with requests read after it does not (they are answered
+        too)."""
         exchanges = self._exchanges
         transport = self._transport
-        while exchanges and exchanges[0].head is not None:
+        while exchanges and exchanges[0].answer is not None:
             exchange = exchanges.popleft()
-            head, body = exchange.head, exchange.body
-            assert head is not None and transport is not None
+            answer = exchange.answer
+            assert answer is not None and transport is not None
+            close = exchange.close = (
+                exchange.close or not exchange.keep_alive
+                or (not exchanges and self._phase != _HEADERS
+                    and (self._close_when_done or self._site.draining)))
+            head = self._server.encode_head(answer, close=close,
+                                            keep_alive_10=exchange.http10 and not close)
+            body = b"" if exchange.head_only else answer.body
             if len(body) <= _COPY_BODY_BYTES:
                 transport.write(head + body)
             else:
@@ -543,12 +644,8 @@ class Connection(asyncio.Protocol):
                 if self._current is not exchange:
                     self._close()
                 return
-        if not exchanges:
-            if self._close_when_done and self._phase == _IDLE:
-                self._close()
-                return
-            if self._phase == _IDLE:
-                self._since = self._loop.time()  # idle keep-alive from here
+        if not exchanges and self._phase == _IDLE:
+            self._since = self._loop.time()  # idle keep-alive from here
         self._maybe_resume_reading()
 
     def _write(self, data: bytes) -> None:
@@ -600,7 +697,7 @@ class Connection(asyncio.Protocol):
         self._phase = _IDLE
         self._pause_reading()
         exchange.close = True
-        if exchange.head is None:
+        if exchange.answer is None:
             self.respond(exchange, answer)
         elif exchange not in self._exchanges:  # its answer is out already
             self._close()
@@ -634,10 +731,54 @@ class Connection(asyncio.Protocol):
             self._transport.abort()
 
     def close_when_done(self) -> None:
-        """The server is closing: close now if idle, else once the pending answers are out."""
+        """The server is closing: close between requests. A request in flight, or one whose
+        bytes are waiting to be read, closes the connection with its answer; a connection
+        that has not sent a request yet (fresh from the accept queue, most likely, its
+        request on the way) is given ``close_linger_s`` to send one; an idle keep-alive one
+        is half-closed now."""
         self._close_when_done = True
-        if not self._exchanges and self._phase == _IDLE:
+        self._close_if_between_requests(wait_for_a_first_request=True)
+
+    def _close_if_between_requests(self, wait_for_a_first_request: bool) -> None:
+        if (self._closed or self._closing or self._exchanges or self._phase != _IDLE
+                or self._bytes_waiting()):
+            return
+        if not self._served and wait_for_a_first_request:
+            if self._linger is None:
+                self._linger = self._loop.call_later(
+                    self._limits.close_linger_s, self._close_if_between_requests, False)
+            return
+        self._half_close()
+
+    def _bytes_waiting(self) -> bool:
+        """Whether bytes have arrived that the loop has not read yet (a request racing the
+        close: the loop reads it next, and it is answered)."""
+        sock = self._transport.get_extra_info("socket") if self._transport else None
+        if sock is None:
+            return False
+        try:
+            raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:
+            return False
+        return int(struct.unpack("i", raw)[0]) > 0
+
+    def _half_close(self) -> None:
+        """A lingering close: FIN now, then read and drop whatever still arrives until the
+        client closes too or ``close_linger_s`` has passed, so a request racing the FIN
+        meets an orderly EOF rather than a reset (closing with unread bytes sends one)."""
+        transport = self._transport
+        assert transport is not None
+        self._closing = True  # from here what arrives is dropped unread by the parser
+        if self._linger is not None:
+            self._linger.cancel()
+        if not transport.can_write_eof():
             self._close()
+            return
+        transport.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        self._linger = self._loop.call_later(self._limits.close_linger_s, self._close)
 
     def check_timeouts(self, now: float) -> None:
         if self._closed:

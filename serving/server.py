@@ -17,7 +17,9 @@ Order of events, and why:
    c. admission closes: new requests get a fast 503 + Retry-After, which the client retries
       on another pod;
    d. the batcher answers everything queued or computing, and every response is written;
-   e. only then the listener closes and the process exits 0.
+   e. only then the listener closes (what the kernel had already accepted is taken from its
+      queue and answered, and connections close only between requests: no accepted request
+      is reset; :mod:`serving.http1`) and the process exits 0.
 
    (d) is bounded by ``--shutdown-timeout-s``: what is still queued then gets 503 rather than
    silence. ``terminationGracePeriodSeconds`` must cover preStop + drain delay + timeout.

@@ -207,6 +207,12 @@ class ThreadedServer:
         self._thread.join(timeout=10)
         self.loop.close()
 
+    @property
+    def front_end(self) -> http1.HttpServer:
+        """The HTTP/1.1 server, once started (tests of its close drive it directly)."""
+        assert self._front_end is not None, "the server is not started"
+        return self._front_end
+
     def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` on the server's loop thread and return its result."""
         async def wrapper() -> T:
