@@ -71,6 +71,12 @@ def test_unreadable_and_binary_files(tmp_path: Path) -> None:
         load_nodes(bad)
 
 
+def test_a_nul_byte_is_refused_with_its_row(tmp_path: Path) -> None:
+    """csv would keep the NUL inside the pod's name and the replay would go on without a word."""
+    with pytest.raises(BadInput, match=r"row 5: NUL byte at byte 1 of the line"):
+        load_pods(write(tmp_path, "p.csv", PODS + "p\x003,1,1,1,500,,LS\n"), {"T4", "V100M16"})
+
+
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
 
 
