@@ -84,11 +84,12 @@ class Knob:
     """One field of one base object that the chart reads from ``.Values.<value>``.
 
     ``path`` walks the object: keys separated by ``/`` (a key may hold dots:
-    ``data/config.yaml``), ``key[name=x]`` picks the list item whose ``name`` is ``x``. With
-    ``pattern`` (a regex with one group), only the group's text inside the string at ``path`` --
-    or inside the one item of a list of strings that matches -- is the knob; the default is that
-    text, as a YAML scalar (``15`` an integer, ``true`` a boolean). A map knob merges with its
-    default the way Helm merges values: a key set to null removes it.
+    ``data/config.yaml``), ``key[name=x]`` picks the list item whose ``name`` is ``x``, and
+    ``key[0]`` the item at that index (where items have no name: a NetworkPolicy's rules).
+    With ``pattern`` (a regex with one group), only the group's text inside the string at
+    ``path`` -- or inside the one item of a list of strings that matches -- is the knob; the
+    default is that text, as a YAML scalar (``15`` an integer, ``true`` a boolean). A map
+    knob merges with its default the way Helm merges values: a key set to null removes it.
     """
 
     value: str
@@ -178,6 +179,21 @@ KNOBS: Final[tuple[Knob, ...]] = (
     Knob("rightsizing.resources", "Deployment", "gpufrag-admission",
          "spec/template/spec/containers[name=admission]/resources",
          "Resources of the webhook container."),
+    # Rule 0 of each NetworkPolicy admits Prometheus (manifests/base/network-policies.yaml).
+    Knob("networkPolicy.prometheus", "NetworkPolicy", "gpufrag-scheduler", "spec/ingress[0]/from",
+         "Who may scrape gpufrag's metrics ports (NetworkPolicy peers, for the extender's, the "
+         "agent's, the device plugin's and the webhook's policy): your Prometheus's pods; [] "
+         "admits any source."),
+    Knob("networkPolicy.prometheus", "NetworkPolicy", "gpufrag-agent", "spec/ingress[0]/from",
+         "", again=True),
+    Knob("networkPolicy.prometheus", "NetworkPolicy", "gpufrag-device-plugin",
+         "spec/ingress[0]/from", "", again=True),
+    Knob("networkPolicy.prometheus", "NetworkPolicy", "gpufrag-admission",
+         "spec/ingress[0]/from", "", again=True),
+    Knob("networkPolicy.apiServer", "NetworkPolicy", "gpufrag-admission", "spec/ingress[1]/from",
+         "Who may call the right-sizing webhook (NetworkPolicy peers): the API server, which a "
+         "policy can name only by address (ipBlock peers of your control plane); [], the "
+         "default, admits any source (manifests/components/rightsizing/network-policy.yaml)."),
 )
 
 
@@ -344,6 +360,9 @@ GROUP_HELP: Final = {
     "dashboards": "Grafana dashboards (manifests/components/grafana-dashboards).",
     "rightsizing": "The GPU right-sizing webhook (manifests/components/rightsizing).",
     "crds": "The CustomResourceDefinitions in crds/ (GPUReservation).",
+    "networkPolicy": "Who may reach gpufrag's listeners: the peers of its NetworkPolicies "
+                     "(docs/security.md, \"Who may reach what\"; the kubelet's probes need "
+                     "none).",
 }
 
 
@@ -446,12 +465,20 @@ def _resolve(doc: Doc, path: str, where: str) -> tuple[object, str | int]:
     node: object = doc
     segments = path.split("/")
     for i, segment in enumerate(segments):
-        m = re.fullmatch(r"([\w.-]+)(?:\[(\w+)=([^\]]+)\])?", segment)
+        m = re.fullmatch(r"([\w.-]+)(?:\[(\w+)=([^\]]+)\]|\[(\d+)\])?", segment)
         if m is None:
             raise ChartError(f"{where}: bad path segment {segment!r}")
-        key, sel_key, sel_value = m.groups()
+        key, sel_key, sel_value, index = m.groups()
         if not isinstance(node, dict) or key not in node:
             raise ChartError(f"{where}: {'/'.join(segments[:i + 1])} not found in the base")
+        if index is not None:
+            items = node[key]
+            if not isinstance(items, list) or int(index) >= len(items):
+                raise ChartError(f"{where}: {key} has no item {index} in the base")
+            if i == len(segments) - 1:
+                return items, int(index)
+            node = items[int(index)]
+            continue
         if sel_key is None:
             if i == len(segments) - 1:
                 return node, key

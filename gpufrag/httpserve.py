@@ -32,10 +32,26 @@ What Hypercorn leaves to the app, this module's :class:`Gateway` does, in front 
 - **The app runs on ``threads`` threads** of its own (or, where ``inline`` says so, on the
   loop's thread, for short CPU-only requests whose hand-off to a thread would cost more than
   they do).
+- **A body and an answer are each held once**: the body is written into one buffer as it
+  comes, which a read of it whole hands to the app without a copy; the answer's pieces, as
+  the app gives them, are sent one after the other, never joined; and the answer's
+  ``close`` runs once it is sent (PEP 3333), so what the app holds for it lasts until then.
 
-Hypercorn's own settings bound the rest: request headers must arrive within
-``keepalive_s`` of the connection's previous request (or its opening) and fit
-:data:`MAX_HEADER_BYTES`; a TLS handshake must finish within ``read_timeout_s``.
+Before any of that, the connection itself is bounded, since each one held costs memory
+whatever its client sends (:mod:`gpufrag.connlimit`, standing in front of Hypercorn on the
+server's own event loop):
+
+- **At most ``max_connections`` at once** (a TLS handshake in progress counts): one more is
+  closed as soon as it is accepted, unread and with no handshake; those held are answered as
+  before. Each listener kind has its own cap: few for the probes, more for the verbs.
+- **Request headers of at most ``max_header_bytes``** (line and headers): Hypercorn's parser
+  keeps no more of an incomplete request than that (``h11_max_incomplete_size``; HTTP/2's
+  ``h2_max_header_list_size`` alike) and answers 431, and one that arrived whole in one read
+  past it is answered 431 here.
+- **Within ``header_timeout_s``** of the connection's opening, or of the first byte after the
+  previous answer; else the connection is closed unanswered. Between requests, a connection
+  that sends nothing lives for ``keepalive_s`` (Hypercorn's keep-alive); a TLS handshake must
+  finish within ``read_timeout_s``.
 """
 
 from __future__ import annotations
@@ -60,13 +76,13 @@ import structlog
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 
+from gpufrag.connlimit import Connections
 from gpufrag.loops import new_event_loop
 from gpufrag.tls import ServerTLS
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 # Whether a request (its environ, before the body is read) runs on the loop's thread.
 Inline = Callable[[dict[str, Any]], bool]
-MAX_HEADER_BYTES = 64 * 1024
 TICK_S = 1.0
 
 log = structlog.get_logger("gpufrag.http")
@@ -117,6 +133,27 @@ class Limits:
     large_concurrency: int = 1
     grace_s: float = 10.0
     setting: str = "read_timeout_s"
+    # Connections held at once (gpufrag.connlimit); the next is closed unread. The verbs' and
+    # the webhook's default: each of the few clients they have (kube-scheduler's binds in
+    # parallel, the API server's admission calls) keeps a pool of connections, far fewer than
+    # this; a connection held with full headers costs tens of KiB, so all of them a few MiB.
+    max_connections: int = 256
+    # A request's line and headers, in bytes. Their real ones are under 1 KiB (a POST with a
+    # content type, a length, a host; a bearer token would be the largest part); 16 KiB is
+    # Node.js's default bound and leaves room for proxies' headers (nginx's per-line bound
+    # is 8 KiB), a quarter of the 64 KiB that Hypercorn keeps of an incomplete request.
+    max_header_bytes: int = 16 * 1024
+    # How long a request's line and headers may take, from the connection's opening or the
+    # first byte after the previous answer: clients send them in one write, so seconds are
+    # plenty, and a client that trickles them is cut off instead of holding a place.
+    header_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_header_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name} is {getattr(self, name)}: at least 1")
+        if not self.header_timeout_s > 0:
+            raise ValueError(f"Limits.header_timeout_s is {self.header_timeout_s}: more than 0")
 
     @property
     def buffered_budget(self) -> int:
@@ -143,7 +180,8 @@ class LateBody(io.RawIOBase):
         raise TimeoutError(self.message)
 
 
-Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
+# status, headers, body: the body as one piece or as the pieces the app gave, sent in turn
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes | list[bytes]]
 
 
 def _text(status: int, message: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> Answer:
@@ -185,11 +223,13 @@ class Gateway:
     ``app`` on ``pool`` (or inline) and sends its answer (see the module docstring)."""
 
     def __init__(self, app: WSGIApp, limits: Limits, pool: ThreadPoolExecutor, *,
-                 inline: Inline | None = None) -> None:
+                 inline: Inline | None = None, connections: Connections | None = None
+                 ) -> None:
         self.app = app
         self.limits = limits
         self.pool = pool
         self.inline = inline
+        self.connections = connections  # told when a request starts and when it is answered
         self.buffered = 0  # bytes of bodies held now, over every connection (loop thread only)
         self.large = asyncio.Semaphore(limits.large_concurrency)  # bound on the loop's first use
 
@@ -206,6 +246,24 @@ class Gateway:
         if scope["type"] != "http":  # websockets: not served
             await send({"type": "websocket.close", "code": 1003})
             return
+        if self.connections is not None:
+            self.connections.request_started(scope)
+        try:
+            if _header_bytes(scope) > self.limits.max_header_bytes:
+                # Whole in one read, so the parser took it: refused all the same, after its
+                # body (if any) is drained, as a refused body is.
+                await self._discard(receive)
+                await self._send(send, _closing(_text(
+                    431, f"request headers over {self.limits.max_header_bytes} bytes")))
+                return
+            await self._serve(scope, receive, send)
+        finally:
+            if self.connections is not None:
+                self.connections.request_finished(scope)
+
+    async def _serve(self, scope: dict[str, Any], receive: Callable[[], Any],
+                     send: Callable[[dict[str, Any]], Any]) -> None:
+        """One request: its body read within the bounds, the app run, its answer sent."""
         held = 0
         unread = False  # part of the body is still on its way: drain it before answering
         try:
@@ -243,19 +301,22 @@ class Gateway:
                 return
             try:
                 if self.inline is not None and self.inline(environ) and not large:
-                    answer = self._run(environ)
+                    answer, close = self._run(environ)
                 else:
-                    answer = await asyncio.get_running_loop().run_in_executor(
+                    answer, close = await asyncio.get_running_loop().run_in_executor(
                         self.pool, self._run, environ)
             finally:
                 if large:
                     self.large.release()
-            if unread:
-                self.buffered -= held  # the kept part is not needed any more
-                held = 0
-                await self._discard(receive)
-                answer = _closing(answer)
-            await self._send(send, answer)
+            try:
+                if unread:
+                    self.buffered -= held  # the kept part is not needed any more
+                    held = 0
+                    await self._discard(receive)
+                    answer = _closing(answer)
+                await self._send(send, answer)
+            finally:
+                close()  # once sent (PEP 3333): what the app holds for its answer goes now
         finally:
             self.buffered -= held
 
@@ -296,7 +357,10 @@ class Gateway:
         there already), or None when the client left (then nothing stays counted). Stops one
         byte past the limit (the app then refuses it) or at the deadline."""
         limits = self.limits
-        chunks: list[bytes] = []
+        # Written into one buffer as it comes, not kept as pieces and joined: the join would
+        # hold the body twice. Trimmed to its size at the end (getvalue), a read of it whole
+        # is then that very buffer, not a copy.
+        kept = io.BytesIO()
         read = 0
         counted = reserved
         try:
@@ -308,7 +372,7 @@ class Gateway:
                         return None
                     chunk = message.get("body", b"")
                     if chunk:
-                        chunks.append(chunk)
+                        kept.write(chunk)
                         read += len(chunk)
                         if read > counted:
                             self.buffered += read - counted
@@ -319,10 +383,13 @@ class Gateway:
             message = (f"request body did not arrive within {limits.read_timeout_s:g} s "
                        f"({limits.setting})")
             return LateBody(message), counted
-        return io.BytesIO(chunks[0] if len(chunks) == 1 else b"".join(chunks)), counted
+        kept.getvalue()
+        kept.seek(0)
+        return kept, counted
 
-    def _run(self, environ: dict[str, Any]) -> Answer:
-        """The WSGI call, its answer collected (the project's answers are small)."""
+    def _run(self, environ: dict[str, Any]) -> tuple[Answer, Callable[[], None]]:
+        """The WSGI call, its answer collected as the pieces the app gave (a large answer is
+        never joined into one more copy), and the ``close`` to call once it is sent."""
         started: list[Any] = []
 
         def start_response(status: str, headers: list[tuple[str, str]],
@@ -330,26 +397,42 @@ class Gateway:
             started[:] = [status, headers]
             return lambda _data: None  # the legacy write(): unused by Flask
 
+        close: Callable[[], None] = _nothing
         try:
             result = self.app(environ, start_response)
-            try:
-                body = b"".join(result)
-            finally:
-                close = getattr(result, "close", None)
-                if close is not None:
-                    close()
+            close = getattr(result, "close", None) or _nothing
+            pieces = [piece for piece in result if piece]
         except Exception:
             log.exception("request failed", path=environ.get("PATH_INFO"))
-            return _text(500, "internal error; see the server's log")
+            close()
+            return _text(500, "internal error; see the server's log"), _nothing
         status_line, headers = started
         return (int(status_line.split(" ", 1)[0]),
-                [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers], body)
+                [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers],
+                pieces[0] if len(pieces) == 1 else pieces), close
 
     @staticmethod
     async def _send(send: Callable[[dict[str, Any]], Any], answer: Answer) -> None:
         status, headers, body = answer
         await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        pieces = [body] if isinstance(body, bytes) else body
+        for i, piece in enumerate(pieces):
+            await send({"type": "http.response.body", "body": piece,
+                        "more_body": i < len(pieces) - 1})
+        if not pieces:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _nothing() -> None:
+    """The ``close`` of an answer that has nothing to release."""
+
+
+def _header_bytes(scope: dict[str, Any]) -> int:
+    """About the bytes of the request's line and headers as they came (each header line is
+    ``name: value`` and CRLF; h11 keeps the names and values as sent, less spaces)."""
+    line = (len(scope["method"]) + len(scope.get("raw_path") or b"") + len(scope["query_string"])
+            + len("  HTTP/1.1?\r\n"))
+    return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"]) + 2
 
 
 def _closing(answer: Answer) -> Answer:
@@ -390,7 +473,10 @@ def _config(sock: socket.socket, limits: Limits, tls: ServerTLS | None) -> Confi
     # hand the descriptor over (detach), or ``sock`` would close it again, or a reused one.
     config.bind = [f"fd://{sock.detach()}"]
     config.keep_alive_timeout = limits.keepalive_s
-    config.h11_max_incomplete_size = MAX_HEADER_BYTES
+    config.h11_max_incomplete_size = limits.max_header_bytes
+    # HTTP/2 by prior knowledge or h2c upgrade (Hypercorn offers both on plain TCP; the TLS
+    # listeners offer HTTP/1.1 only, gpufrag.tls): the same bound on a request's headers.
+    config.h2_max_header_list_size = limits.max_header_bytes
     config.ssl_handshake_timeout = limits.read_timeout_s
     config.graceful_timeout = limits.grace_s
     config.include_server_header = False
@@ -429,7 +515,10 @@ class Server:
         self.tls = tls
         self.name = name
         self.pool = ThreadPoolExecutor(max(1, limits.threads), thread_name_prefix=name)
-        self.gateway = Gateway(app, limits, self.pool, inline=inline)
+        self.connections = Connections(max_connections=limits.max_connections,
+                                       header_timeout_s=limits.header_timeout_s, name=name)
+        self.gateway = Gateway(app, limits, self.pool, inline=inline,
+                               connections=self.connections)
         self._ticked_at = time.monotonic()
         self.host: str = sock.getsockname()[0]
         self.port: int = sock.getsockname()[1]
@@ -468,7 +557,11 @@ class Server:
     def run(self, *, signals: bool = False) -> None:
         """Serve in this thread until :meth:`stop` (or, with ``signals``, SIGTERM/SIGINT:
         only the main thread may take them); answers in flight get ``limits.grace_s``."""
-        loop = new_event_loop()
+        # A TLS listener's door begins each handshake itself, which needs a loop that reads
+        # nothing of a connection paused in connection_made: the standard library's
+        # (CPython gh-103607); uvloop starts reading regardless (gpufrag.connlimit).
+        loop = new_event_loop(server_wrap=self.connections.wrap,
+                              choice="auto" if self.tls is None else "asyncio")
         try:
             loop.run_until_complete(self._main(signals=signals))
         finally:
@@ -496,7 +589,6 @@ class Server:
 
 
 __all__ = [
-    "MAX_HEADER_BYTES",
     "Gateway",
     "Inline",
     "LateBody",

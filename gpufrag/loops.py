@@ -8,12 +8,26 @@ v2 infer path with ``benchmarks/serving_bench.py`` (figures in docs/serving.md):
 CPU per request for the same answers. ``--event-loop asyncio`` keeps the standard loop (for
 debugging, or where uvloop cannot be installed); ``uvloop`` insists on it and fails the start
 with a one-line error when it is missing.
+
+A loop of either kind can also stand in front of every listener started on it
+(:func:`new_event_loop` with ``server_wrap``): Hypercorn starts its listeners with
+``asyncio.start_server``, which asks the running loop's ``create_server`` (a public method of
+the loop) for them, so a loop that wraps the protocol factory it is given sees every
+connection first, before the server does, without a private name of Hypercorn's or of
+asyncio's. :mod:`gpufrag.connlimit` is what stands there (a cap on connections, a deadline on
+request headers); TLS is handed to the wrapper too (:class:`TLSStart`), so that a connection
+it refuses costs no handshake. A wrapper that begins TLS itself needs a loop that reads nothing
+of a connection paused in ``connection_made``: the standard library's does (CPython
+gh-103607), uvloop does not.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from gpufrag.errors import BadInput
 
@@ -50,13 +64,74 @@ def loop_factory(kind: str) -> Callable[[], asyncio.AbstractEventLoop]:
     return asyncio.new_event_loop
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
+ProtocolFactory = Callable[[], asyncio.BaseProtocol]
+
+
+@dataclass(frozen=True, slots=True)
+class TLSStart:
+    """The TLS a listener was started with (``create_server``'s ``ssl`` arguments), for the
+    wrapper to begin on each connection it lets in (``loop.start_tls``)."""
+
+    context: ssl.SSLContext
+    handshake_timeout_s: float | None = None
+    shutdown_timeout_s: float | None = None
+
+
+class ServerWrap(Protocol):
+    """What stands in front of a listener: given the server's protocol factory and its TLS
+    (None: plain TCP), the factory the loop makes each accepted connection's protocol with."""
+
+    def __call__(self, protocol_factory: ProtocolFactory, tls: TLSStart | None, /
+                 ) -> ProtocolFactory: ...
+
+
+class _WrapsServers(asyncio.AbstractEventLoop):
+    """A loop whose ``create_server`` hands the protocol factory (and the TLS) to
+    :attr:`server_wrap` first; mixed into each loop class before the loop itself."""
+
+    server_wrap: ServerWrap | None = None
+
+    async def create_server(self, protocol_factory: ProtocolFactory, *args: Any,
+                            **kwargs: Any) -> asyncio.Server:
+        wrap = self.server_wrap
+        if wrap is None:
+            return await super().create_server(protocol_factory, *args, **kwargs)
+        context = kwargs.pop("ssl", None)
+        handshake_s = kwargs.pop("ssl_handshake_timeout", None)
+        shutdown_s = kwargs.pop("ssl_shutdown_timeout", None)
+        if context is not None and not isinstance(context, ssl.SSLContext):
+            raise TypeError(f"a wrapped listener's ssl must be an SSLContext, not {context!r}")
+        tls = None if context is None else TLSStart(context, handshake_s, shutdown_s)
+        return await super().create_server(wrap(protocol_factory, tls), *args, **kwargs)
+
+
+class _WrappingSelectorLoop(_WrapsServers, asyncio.SelectorEventLoop):
+    """The standard library's loop, wrapping its listeners."""
+
+
+if uvloop is not None:
+    # (uvloop's stubs and typeshed's AbstractEventLoop differ in many signatures; uvloop's own
+    # Loop carries the same ignore.)
+    class _WrappingUvloop(_WrapsServers, uvloop.Loop):  # type: ignore[misc]
+        """uvloop, wrapping its listeners."""
+
+
+def new_event_loop(*, server_wrap: ServerWrap | None = None,
+                   choice: str = "auto") -> asyncio.AbstractEventLoop:
     """A loop of the ``auto`` choice: uvloop when installed, else the standard one (the
-    extender's verbs, and the benchmarks' clients, as ``gpufrag serve`` picks by default)."""
-    return loop_factory(resolve_event_loop("auto"))()
+    extender's verbs, and the benchmarks' clients, as ``gpufrag serve`` picks by default),
+    or of ``choice`` (:func:`resolve_event_loop`). With ``server_wrap``, every listener
+    started on it is wrapped (the module docstring)."""
+    kind = resolve_event_loop(choice)
+    if server_wrap is None:
+        return loop_factory(kind)()
+    loop: _WrapsServers = (_WrappingUvloop() if kind == "uvloop" and uvloop is not None
+                           else _WrappingSelectorLoop())
+    loop.server_wrap = server_wrap
+    return loop
 
 
 def running_loop_kind() -> str:
     """``uvloop`` or ``asyncio``: which loop this coroutine runs on (for the start-up log)."""
-    module = type(asyncio.get_running_loop()).__module__
-    return "uvloop" if module.split(".")[0] == "uvloop" else "asyncio"
+    loop = asyncio.get_running_loop()
+    return "uvloop" if uvloop is not None and isinstance(loop, uvloop.Loop) else "asyncio"

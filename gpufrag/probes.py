@@ -28,6 +28,16 @@ ProbeAnswer = tuple[int, str, bytes]
 # A probe is a GET: its request must be in within this long, and carry no body past this.
 PROBE_DEADLINE_S = 2.0
 PROBE_MAX_BODY_BYTES = 8192
+# Its callers are few: the kubelet's probes (liveness, readiness, start-up: each on a
+# connection of its own, closed after the answer), a Prometheus scrape or two (one kept-alive
+# connection each) and an operator's curl. Past this many at once the listener closes new
+# connections unread (gpufrag.connlimit), so no pod that reaches the port can hold more of
+# the component's memory than 16 connections' state and headers (tests/gpufrag/test_probes.py
+# measures it with slow senders).
+PROBE_MAX_CONNECTIONS = 16
+# A probe's line and headers: ~150 bytes from the kubelet, a few hundred from Prometheus
+# (a bearer token, where one is sent, is the largest part); 8 KiB is nginx's bound per line.
+PROBE_MAX_HEADER_BYTES = 8192
 
 
 class Liveness:
@@ -138,6 +148,15 @@ def probe_app(answer: Callable[[str], ProbeAnswer]) -> WSGIApp:
     return app
 
 
+def probe_limits() -> Limits:
+    """The bounds of every probe listener (the node daemons', the debug listener's and the
+    extender's ``health_port``): small requests, few clients, prompt ones."""
+    return Limits(max_body_bytes=PROBE_MAX_BODY_BYTES, read_timeout_s=PROBE_DEADLINE_S,
+                  threads=2, keepalive_s=10.0, grace_s=1.0,
+                  max_connections=PROBE_MAX_CONNECTIONS,
+                  max_header_bytes=PROBE_MAX_HEADER_BYTES, header_timeout_s=PROBE_DEADLINE_S)
+
+
 def start_http_server(port: int, answer: Callable[[str], ProbeAnswer], *, name: str,
                       host: str = "0.0.0.0", setting: str = "--metrics-port") -> Server:
     """Serve ``answer(path)`` for every GET on ``host:port`` in a daemon thread named
@@ -145,9 +164,7 @@ def start_http_server(port: int, answer: Callable[[str], ProbeAnswer], *, name: 
     probes); ``stop()`` the result. :class:`~gpufrag.httpserve.ListenError` names
     ``setting`` when the port cannot be had."""
     sock = listen(host, port, setting=setting)
-    limits = Limits(max_body_bytes=PROBE_MAX_BODY_BYTES, read_timeout_s=PROBE_DEADLINE_S,
-                    threads=2, keepalive_s=10.0, grace_s=1.0)
-    return Server(probe_app(answer), sock, limits, name=name).start()
+    return Server(probe_app(answer), sock, probe_limits(), name=name).start()
 
 
 def stop_on_signals(stop: threading.Event, log: FilteringBoundLogger) -> None:

@@ -7,6 +7,14 @@ docs/rightsizing.md), re-read when they change on disk (:class:`gpufrag.tls.Serv
 renewed certificate is served without a restart. Slow clients hold no thread; a body must
 arrive within :data:`READ_TIMEOUT_S` (408) and fit :data:`MAX_BODY_BYTES` (413).
 
+Memory: a review is parsed only once what parsing it will hold (read off the body,
+:func:`gpufrag.membudget.parse_cost`) fits in :data:`MEMORY_BUDGET_BYTES` beside the reviews
+being answered: a review that never could is answered 413, one that finds no room within
+:data:`BUDGET_WAIT_S` 503 with ``Retry-After`` (either way the API server admits the pod
+unchanged: ``failurePolicy: Ignore``). A real pod's review costs a few MiB at most; a body of
+the same size made of empty objects (``[{},{},...]``) costs 21 times its size, so without the
+budget four threads parsing such bodies took the webhook past its 256 Mi limit.
+
 Who may call it: the API server (``/mutate``) and the kubelet's probes; it only answers what a
 pod of a workload in auto mode should get, and writes nothing.
 """
@@ -21,19 +29,28 @@ from werkzeug.exceptions import HTTPException
 from defrag.admission.review import AdmissionMetrics, Resolver, answer
 from gpufrag.conventions import KubeNames
 from gpufrag.httpserve import Limits, Server, listen
+from gpufrag.membudget import BudgetBusy, MemoryBudget, OverBudget, parse_cost
 from gpufrag.tls import ServerTLS
 
 MAX_BODY_BYTES = 3 * 1024 * 1024  # the API server's own request limit for objects
 READ_TIMEOUT_S = 10.0
+# What the reviews being answered may hold at once (see the module docstring), and how long
+# one waits for room: under the API server's timeoutSeconds (5) for the webhook.
+MEMORY_BUDGET_BYTES = 24 * 1024 * 1024
+BUDGET_WAIT_S = 2.0
 
 
 def _json(payload: object, status: int = 200) -> Response:
     return Response(orjson.dumps(payload), status=status, mimetype="application/json")
 
 
-def create_app(resolve: Resolver, names: KubeNames, metrics: AdmissionMetrics) -> Flask:
-    """The webhook's routes."""
+def create_app(resolve: Resolver, names: KubeNames, metrics: AdmissionMetrics, *,
+               budget: MemoryBudget | None = None) -> Flask:
+    """The webhook's routes; ``budget``: what reviews may hold at once (a fresh
+    :data:`MEMORY_BUDGET_BYTES` one by default)."""
     app = Flask("gpufrag.admission")
+    budget = budget or MemoryBudget(MEMORY_BUDGET_BYTES, wait_s=BUDGET_WAIT_S,
+                                    setting="the webhook's memory budget")
 
     @app.post("/mutate")
     def mutate() -> Response:
@@ -52,7 +69,14 @@ def create_app(resolve: Resolver, names: KubeNames, metrics: AdmissionMetrics) -
         if len(body) > MAX_BODY_BYTES:
             return _json({"error": f"body over {MAX_BODY_BYTES} bytes"}, 413)
         try:
-            review = answer(body, resolve, names, metrics)
+            with budget.reserve(parse_cost(body)):
+                review = answer(body, resolve, names, metrics)
+        except OverBudget as e:
+            return _json({"error": str(e)}, 413)
+        except BudgetBusy as e:
+            busy = _json({"error": str(e)}, 503)
+            busy.headers["Retry-After"] = "1"
+            return busy
         except (ValueError, orjson.JSONDecodeError) as e:
             return _json({"error": str(e)}, 400)
         return _json(review)
@@ -84,6 +108,8 @@ class AdmissionServer:
         self.metrics = metrics or AdmissionMetrics()
         tls = ServerTLS(cert_file, key_file) if cert_file and key_file else None
         sock = listen(address[0], address[1], setting="--host, --port")
+        # Connections and headers: Limits' defaults (256 at once, 16 KiB of headers, in within
+        # 5 s); the API server, its one caller beside the probes, keeps a pool of a few.
         limits = Limits(max_body_bytes=MAX_BODY_BYTES, read_timeout_s=READ_TIMEOUT_S,
                         threads=4, setting="the webhook's read timeout")
         self.server = Server(create_app(resolve, names, self.metrics), sock, limits, tls=tls,

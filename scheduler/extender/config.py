@@ -149,6 +149,11 @@ class ServerConfig:
     port: int = 8888
     url_prefix: str = ""
     max_body_bytes: int = 64 * 1024 * 1024
+    # What the verbs may build from their bodies at once (parsed JSON, answers): see
+    # scheduler.extender.app. With the bodies held (2 x max_body_bytes) and the state of a
+    # 5,000-node cluster (~300 MB), it keeps the extender under 80% of its 1 GiB limit
+    # (benchmarks/memory_peak.py).
+    memory_budget_bytes: int = 320 * 1024 * 1024
     threads: int = 8
     timeout_s: float = 30.0
     read_timeout_s: float = 5.0
@@ -408,6 +413,8 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
     need(s.max_body_bytes >= 1024, "server.max_body_bytes",
          f"must be >= 1024 bytes, got {s.max_body_bytes}")
     need(s.threads >= 1, "server.threads", f"must be >= 1, got {s.threads}")
+    need(s.memory_budget_bytes >= 1024 * 1024, "server.memory_budget_bytes",
+         f"must be >= 1048576 bytes (1 MiB), got {s.memory_budget_bytes}")
     need(0 < s.port < 65536, "server.port", f"must be in 1..65535, got {s.port}")
     need(s.timeout_s > 0, "server.timeout_s", f"must be > 0 seconds, got {s.timeout_s}")
     need(s.read_timeout_s > 0, "server.read_timeout_s",

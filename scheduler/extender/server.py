@@ -26,6 +26,7 @@ import sys
 import structlog
 
 from gpufrag.httpserve import Limits, Server, listen
+from gpufrag.probes import probe_limits
 from gpufrag.tls import ServerTLS
 from scheduler.core import fragkernel
 from scheduler.extender.app import create_probe_app, inline_verbs
@@ -50,12 +51,19 @@ def limits(server: ServerConfig) -> Limits:
     each), and bodies of ``LARGE_BODY_BYTES`` or more are handled one at a time (a filter with
     full ``Nodes`` objects for 5,000 nodes is ~50 MB, and parsing one costs ~170 MB more; eight
     at once peaked at 1.15 GB against the manifests' 1 GiB limit). Small bodies (a
-    ``NodeNames`` filter for 5,000 nodes is ~100 KB) are never held back by them."""
+    ``NodeNames`` filter for 5,000 nodes is ~100 KB) are never held back by them. What the
+    verbs build from the bodies is bounded apart, by ``server.memory_budget_bytes``
+    (:mod:`scheduler.extender.app`).
+
+    Connections: :class:`~gpufrag.httpserve.Limits`' defaults (256 at once, 16 KiB of
+    headers each, in within ``server.read_timeout_s``): kube-scheduler, the one client,
+    keeps a pool of a few dozen at most, binding in parallel."""
     return Limits(max_body_bytes=server.max_body_bytes, read_timeout_s=server.read_timeout_s,
                   keepalive_s=KEEPALIVE_S, threads=server.threads, grace_s=STOP_GRACE_S,
                   setting="server.read_timeout_s",
                   max_buffered_bytes=2 * server.max_body_bytes,
-                  large_body_bytes=LARGE_BODY_BYTES, large_concurrency=1)
+                  large_body_bytes=LARGE_BODY_BYTES, large_concurrency=1,
+                  header_timeout_s=server.read_timeout_s)
 
 
 def verbs_server(runtime: Runtime, server: ServerConfig) -> Server:
@@ -80,8 +88,7 @@ def health_server(runtime: Runtime, server: ServerConfig, verbs: Server) -> Serv
     sock = listen(server.health_host, server.health_port,
                   setting="server.health_host, server.health_port")
     app = create_probe_app(runtime.extender, runtime.metrics, stalled=stalled)
-    return Server(app, sock, Limits(read_timeout_s=2.0, keepalive_s=10.0, threads=2,
-                                    max_body_bytes=8192, grace_s=1.0), name="health")
+    return Server(app, sock, probe_limits(), name="health")
 
 
 def serve(runtime: Runtime, server: ServerConfig) -> None:

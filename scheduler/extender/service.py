@@ -31,6 +31,7 @@ from scheduler.extender.migscoring import NOT_MIG_NODE, MigScorer, mig_workload,
 from scheduler.extender.scoring import UNKNOWN, FilterVerdicts, Priorities, Scorer
 from scheduler.extender.wire import (
     MAX_NAME_LISTS,
+    NameChunks,
     NameSet,
     NodeJson,
     NodeVictims,
@@ -241,6 +242,9 @@ class Extender:
             kept = self._rows_by_list.get(name_set)
             if kept is not None and (kept[1] or kept[2] == len(self.cache.state.index)):
                 return kept[0]
+        if isinstance(names, NameChunks):  # too long to hold whole: a chunk at a time
+            return np.concatenate([np.zeros(0, np.int64), *(
+                self._lookup(chunk, first) for first, chunk in names.chunks())])
         rows = self._lookup(names)
         if name_set is not None:
             if name_set not in self._rows_by_list and len(self._rows_by_list) >= MAX_NAME_LISTS:
@@ -249,9 +253,9 @@ class Extender:
             self._rows_by_list[name_set] = (rows, all_known, len(self.cache.state.index))
         return rows
 
-    def _lookup(self, names: Sequence[str]) -> IntArray:
+    def _lookup(self, names: Sequence[str], first: int = 0) -> IntArray:
         """The common case — every name known — is one C-level lookup; names are checked
-        only otherwise."""
+        only otherwise (``first``: the index of ``names[0]`` in the request's list)."""
         index = self.cache.state.index
         if not names:
             return np.zeros(0, np.int64)
@@ -263,7 +267,7 @@ class Extender:
         for i, name in enumerate(names):
             if not isinstance(name, str) or not name:
                 raise BadInput(f"node names must be non-empty strings, got {name!r}",
-                               field=f"NodeNames[{i}]")
+                               field=f"NodeNames[{first + i}]")
         return np.array([index.get(n, UNKNOWN) for n in names], np.int64)
 
     def fragmentation_ratio(self) -> float:

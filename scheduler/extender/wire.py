@@ -18,16 +18,18 @@ the Pod — that is ``scheduler.kube.convert``'s job.
 
 from __future__ import annotations
 
+import bisect
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
+from gpufrag.membudget import parse_cost
 from scheduler.core.state import IntArray
 from scheduler.extender.scoring import MAX_PRIORITY, UNKNOWN, FilterVerdicts, Priorities
 
@@ -44,7 +46,7 @@ NameSet = frozenset[bytes]
 @dataclass(frozen=True, slots=True)
 class ExtenderArgs:
     pod: Obj
-    names: list[str]
+    names: Sequence[Any]  # a list, or NameChunks for a list too long to hold whole
     nodes: list[Obj] | None  # the NodeList items in Nodes mode; None in NodeNames mode
     # The NodeNames as a set of their UTF-8 bytes, when they came last in the body as
     # kube-scheduler writes them (None otherwise): the key under which the list and its rows
@@ -120,8 +122,11 @@ def _node_items(nodes: Any) -> tuple[list[Obj], list[str]]:
 # ExtenderArgs with the node names: {"Pod":{...},"Nodes":null,"NodeNames":["n1",...]}.
 _NAMES_TAIL = b',"NodeNames":['
 # Node-name sets kept: one per set kube-scheduler sends (the feasible nodes after its own
-# filters), at most this many.
+# filters), at most this many, of at most MAX_KEPT_NAMES names together (a kept name costs
+# about 160 bytes: its bytes, its set entry, its parsed string): a list longer than that, which
+# no cluster's scheduler sends twice, is parsed each time and not kept.
 MAX_NAME_LISTS = 8
+MAX_KEPT_NAMES = 262_144
 
 
 class NameLists:
@@ -137,10 +142,16 @@ class NameLists:
     the verbs answer about nodes by name, and kube-scheduler reads the answers by name, so
     the order does not matter. The lists are shared: callers must not change them."""
 
-    def __init__(self, size: int = MAX_NAME_LISTS) -> None:
+    def __init__(self, size: int = MAX_NAME_LISTS, names: int | None = None) -> None:
         self.size = size
+        self.names = MAX_KEPT_NAMES if names is None else names  # over all lists, at most
         self._lists: dict[NameSet, tuple[NameSet, list[Any]]] = {}
+        self._kept = 0
         self._lock = threading.Lock()
+
+    def fits(self, count: int) -> bool:
+        """Whether a list of ``count`` names may be kept at all."""
+        return count <= self.names
 
     def get(self, names: NameSet) -> tuple[NameSet, list[Any]] | None:
         """The kept key object (the same one each time: dict lookups by it are O(1)) and
@@ -149,11 +160,23 @@ class NameLists:
             return self._lists.get(names)
 
     def put(self, names: NameSet, parsed: list[Any]) -> tuple[NameSet, list[Any]]:
+        """Keep ``parsed`` under ``names`` (the oldest lists go to make room); a list over
+        :meth:`fits` is handed back unkept."""
+        if not self.fits(len(parsed)):
+            return names, parsed
         with self._lock:
-            if names not in self._lists and len(self._lists) >= self.size:
-                del self._lists[next(iter(self._lists))]  # the oldest
+            if names not in self._lists:
+                while self._lists and (len(self._lists) >= self.size
+                                       or self._kept + len(parsed) > self.names):
+                    self._kept -= len(self._lists.pop(next(iter(self._lists)))[1])  # oldest
+                self._kept += len(parsed)
             kept = self._lists.setdefault(names, (names, parsed))
             return kept
+
+    @property
+    def kept_names(self) -> int:
+        """Names held over every kept list."""
+        return self._kept
 
 
 def _split_names(body: bytes, lists: NameLists
@@ -170,6 +193,10 @@ def _split_names(body: bytes, lists: NameLists
     at = body.rfind(_NAMES_TAIL)
     if at <= 0 or not body.endswith(b"]}"):
         return None
+    # Each entry takes at least 3 bytes ("", and a comma), so most lists need no count.
+    if (len(body) - at) // 3 > lists.names and not lists.fits(
+            body.count(b'","', at, len(body)) + 1):
+        return None  # not to be kept: its split, set and parse would only add to one parse
     inner = body[at + len(_NAMES_TAIL):-2]
     if b"\\" in inner:
         return None
@@ -201,10 +228,150 @@ def _split_names(body: bytes, lists: NameLists
     return head, kept[1], kept[0]
 
 
+def names_at(body: bytes) -> tuple[int, int] | None:
+    """Where the NodeNames list's entries lie in ``body`` (between its brackets), when it ends
+    with them as kube-scheduler writes it (``,"NodeNames":[...]}``) and no backslash is among
+    them; else None. Searched in place: no copy of them."""
+    at = body.rfind(_NAMES_TAIL)
+    if at <= 0 or not body.endswith(b"]}"):
+        return None
+    start, end = at + len(_NAMES_TAIL), len(body) - 2
+    if body.find(b"\\", start, end) >= 0:
+        return None
+    return start, end
+
+
+def names_sent(body: bytes) -> int | None:
+    """How many NodeNames ``body`` holds (see :func:`names_at`), counted without parsing it;
+    else None. What a verb's answer will cost is then known before the body is parsed."""
+    span = names_at(body)
+    if span is None:
+        return None
+    start, end = span
+    return body.count(b'","', start, end) + 1 if end > start else 0
+
+
+# A NodeNames list of more than MAX_KEPT_NAMES names is read NAME_CHUNK_BYTES of it at a time.
+NAME_CHUNK_BYTES = 256 * 1024
+
+
+class NameChunks(Sequence[Any]):
+    """A NodeNames list too long to hold whole (more than :data:`MAX_KEPT_NAMES`), read from
+    the body a chunk of :data:`NAME_CHUNK_BYTES` at a time.
+
+    Held whole, 3.5M names (a 50 MB body) were 215 MB of strings beside the rows looked up
+    from them and the answer made from them. Without a backslash among the entries, ``","``
+    occurs only between two strings (a quote inside a string is escaped), so the list splits
+    there into chunks that each parse as a JSON array; every chunk is parsed by orjson when
+    it is read (a chunk that is not JSON is the request's fault: :class:`WireError`), and
+    reading them all reads what parsing the list would. :meth:`chunks` reads them in order
+    (the rows of the names); indexing reads the chunk of the index, the last one kept (the
+    answer, which asks for names in order)."""
+
+    def __init__(self, body: bytes, start: int, end: int) -> None:
+        self._body = body
+        self._spans = _name_spans(body, start, end)  # (first index, start, end) of each
+        self._count = self._spans[-1][0] + body.count(b'","', *self._spans[-1][1:]) + 1
+        self._firsts = [span[0] for span in self._spans]
+        self._kept: tuple[int, list[Any]] = (-1, [])
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _chunk(self, i: int) -> list[Any]:
+        if self._kept[0] != i:
+            first, start, stop = self._spans[i]
+            try:
+                names = orjson.loads(b"[" + self._body[start:stop] + b"]")
+            except orjson.JSONDecodeError as e:
+                raise WireError(f"request body is not valid JSON: NodeNames, from entry "
+                                f"{first}: {json_error(e)}") from None
+            if not isinstance(names, list):  # pragma: no cover - it was bracketed
+                raise WireError("NodeNames must be a list")
+            self._kept = (i, names)
+        return self._kept[1]
+
+    def chunks(self) -> Iterator[tuple[int, list[Any]]]:
+        """(index of its first name, its names) for each chunk, in order."""
+        for i, (first, _, _) in enumerate(self._spans):
+            yield first, self._chunk(i)
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if not -self._count <= index < self._count:
+            raise IndexError(index)
+        index %= self._count
+        i = bisect.bisect_right(self._firsts, index) - 1
+        return self._chunk(i)[index - self._firsts[i]]
+
+
+def _name_spans(body: bytes, start: int, end: int) -> list[tuple[int, int, int]]:
+    """(index of its first name, start, end) of each chunk of the entries from ``start`` to
+    ``end`` (not empty): cut at the first ``","`` past :data:`NAME_CHUNK_BYTES`."""
+    spans: list[tuple[int, int, int]] = []
+    first, at = 0, start
+    while at < end:
+        cut = body.find(b'","', min(at + NAME_CHUNK_BYTES, end), end)
+        stop = end if cut < 0 else cut + 1
+        spans.append((first, at, stop))
+        first += body.count(b'","', at, stop) + 1
+        at = stop + 1  # past the comma
+    return spans
+
+
+def _chunked_list(body: bytes) -> tuple[int, int] | None:
+    """Where a NodeNames list to be read in chunks lies (see :class:`NameChunks`), or None."""
+    span = names_at(body)
+    if span is None or body.count(b'","', *span) + 1 <= MAX_KEPT_NAMES:
+        return None
+    return span
+
+
+def parse_cost_of(body: bytes) -> int:
+    """What :func:`parse_extender_args` holds to parse ``body``, read off it
+    (:func:`gpufrag.membudget.parse_cost`): all of it, or, for a NodeNames list read in
+    chunks, the rest of the body, its costliest chunk (and that chunk's copy) and the rows
+    looked up from it (two int64s a name, while they are joined)."""
+    span = _chunked_list(body)
+    if span is None:
+        return parse_cost(body)
+    spans = _name_spans(body, *span)
+    count = spans[-1][0] + body.count(b'","', *spans[-1][1:]) + 1
+    return (parse_cost(body, 0, span[0]) + 16 * count
+            + max(parse_cost(body, s, e) + 2 * (e - s) for _, s, e in spans))
+
+
+def _chunked(body: bytes) -> tuple[dict[str, Any], NameChunks] | None:
+    """The body as (the rest of its object, its NodeNames as :class:`NameChunks`) when the
+    list is written last, has no backslash and is too long to hold whole; else None."""
+    span = _chunked_list(body)
+    if span is None:
+        return None
+    start, end = span
+    try:
+        head = orjson.loads(body[:start - len(_NAMES_TAIL)] + b"}")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(head, dict) or "NodeNames" in head:
+        return None
+    return head, NameChunks(body, start, end)
+
+
 def parse_extender_args(body: bytes, lists: NameLists | None = None) -> ExtenderArgs:
     """ExtenderArgs for filter and prioritize; with ``lists``, a NodeNames list seen before
     is not parsed again (see :class:`NameLists`)."""
-    split = _split_names(body, lists) if lists is not None and body else None
+    split: tuple[dict[str, Any], Sequence[Any], NameSet | None] | None = (
+        _split_names(body, lists) if lists is not None and body else None)
+    if split is None and body:
+        chunked = _chunked(body)
+        split = None if chunked is None else (*chunked, None)
     if split is not None:
         args, names, name_set = split
         pod = args.get("Pod")
@@ -328,6 +495,16 @@ def preemption_result(victims: Mapping[str, tuple[list[str], int]]) -> dict[str,
         for node, (uids, pdb) in victims.items()}}
 
 
+def json_text(value: Any) -> bytes:
+    """``orjson.dumps(value)`` in an object of its own size.
+
+    orjson (3.13) hands back bytes that keep its whole initial buffer, about 4 KiB however
+    short the text (measured: 100,000 encoded node names held 393 MB, their copies 5.5 MB).
+    An encoding that is kept (one per node) or made once per entry of an answer (a node name
+    the state does not know) is copied out of it first; one made and dropped at once is not."""
+    return bytes(memoryview(orjson.dumps(value)))
+
+
 class NodeJson:
     """Each node's name, and its prioritize entry up to the score, pre-encoded as JSON.
 
@@ -347,7 +524,7 @@ class NodeJson:
         if len(names) == len(self._names):
             return
         for text in names[len(self._names):]:
-            encoded = orjson.dumps(text)
+            encoded = json_text(text)
             self._names.append(encoded)
             self._hosts.append(b'{"Host":' + encoded + b',"Score":')
         name, host = np.empty(len(self._names), object), np.empty(len(self._hosts), object)
@@ -365,7 +542,7 @@ class NodeJson:
             return out
         out = table[np.where(unknown, 0, rows)].tolist() if table.size else [b""] * rows.size
         for i in np.flatnonzero(unknown).tolist():
-            out[i] = make(names[positions[i]])
+            out[i] = make(names[int(positions[i])])
         return out
 
 
@@ -379,73 +556,128 @@ def _host(name: Any) -> bytes:
 
 
 SCORE_TAIL = np.array([f"{score}}},".encode() for score in range(MAX_PRIORITY + 1)], object)
+# Answers are built in pieces of this many entries, each joined at C speed, and sent piece
+# after piece (see :data:`Answer`): an answer is never copied whole, and what a piece needs
+# on the way (an entry's bytes, the list that joins them) is freed before the next is made.
+PIECE_ENTRIES = 16_384
+# Nodes mode sends back the Node objects that passed, encoded this many at a time.
+ECHO_ITEMS = 64
+# An answer up to this size is joined into one piece: sent in one write, as small answers
+# always were (a piece per write costs every request a few sends).
+JOIN_BYTES = 1024 * 1024
+
+# A verb's answer: its JSON text in pieces, to be sent one after the other as they are.
+Answer = list[bytes]
 
 
-def _joined(heads: list[bytes], tails: list[bytes], open_: bytes, close: bytes) -> bytes:
-    """``open_ + heads[0] + tails[0] + ... + close`` without the last tail's trailing comma.
+class _Pieces:
+    """The pieces of one JSON container whose entries each end with a comma: ``open_``, the
+    joined pieces, ``close``, with the last entry's comma dropped (from the last piece only)."""
 
-    Interleaving by slice assignment and one join runs at C speed; concatenating each pair
-    first costs a Python-level call per node."""
-    if not heads:
-        return open_ + close
+    def __init__(self, open_: bytes, close: bytes) -> None:
+        self.parts = [open_]
+        self.close = close
+
+    def add(self, entries: list[bytes]) -> None:
+        if entries:
+            self.parts.append(b"".join(entries))
+
+    def done(self) -> list[bytes]:
+        if len(self.parts) > 1:
+            self.parts[-1] = self.parts[-1][:-1]
+        self.parts.append(self.close)
+        return self.parts
+
+
+def _interleaved(heads: list[bytes], tails: list[bytes]) -> list[bytes]:
+    """``heads[0], tails[0], heads[1], ...``: slice assignment runs at C speed, a pair's
+    concatenation would cost a Python-level call per node."""
     seq = [b""] * (2 * len(heads))
     seq[0::2] = heads
     seq[1::2] = tails
-    return open_ + b"".join(seq)[:-1] + close
+    return seq
 
 
-def filter_result(args: ExtenderArgs, outcome: FilterVerdicts, node_json: NodeJson) -> bytes:
-    """ExtenderFilterResult (JSON) in the form the request used (NodeNames or Nodes)."""
-    names = args.names
+def _failed_maps(names: Sequence[Any], outcome: FilterVerdicts, node_json: NodeJson
+                 ) -> tuple[list[bytes], list[bytes]]:
+    """FailedNodes and FailedAndUnresolvableNodes, each as pieces."""
     positions = outcome.failed
-    failed = unresolvable = b"{}"
-    if positions.size:
-        keys = node_json.gather(node_json.name, outcome.rows[positions], names, positions,
-                                orjson.dumps)
-        values = outcome.rendered
-        if outcome.unresolvable.any():
-            hard = outcome.unresolvable.tolist()
-            soft = (~outcome.unresolvable).tolist()
-            failed = _joined(list(compress(keys, soft)), list(compress(values, soft)),
-                             b"{", b"}")
-            unresolvable = _joined(list(compress(keys, hard)), list(compress(values, hard)),
-                                   b"{", b"}")
-        else:
-            failed = _joined(keys, values, b"{", b"}")
+    soft, hard = _Pieces(b"{", b"}"), _Pieces(b"{", b"}")
+    split = bool(outcome.unresolvable.any())
+    for start in range(0, positions.size, PIECE_ENTRIES):
+        at = positions[start:start + PIECE_ENTRIES]
+        keys = node_json.gather(node_json.name, outcome.rows[at], names, at, json_text)
+        values = outcome.rendered[start:start + PIECE_ENTRIES]
+        if not split:
+            soft.add(_interleaved(keys, values))
+            continue
+        hard_mask = outcome.unresolvable[start:start + PIECE_ENTRIES].tolist()
+        soft_mask = [not h for h in hard_mask]
+        soft.add(_interleaved(list(compress(keys, soft_mask)), list(compress(values, soft_mask))))
+        hard.add(_interleaved(list(compress(keys, hard_mask)), list(compress(values, hard_mask))))
+    return soft.done(), hard.done()
+
+
+def _passed_names(names: Sequence[Any], outcome: FilterVerdicts,
+                  node_json: NodeJson) -> list[bytes]:
+    """The NodeNames that passed, as pieces of a JSON list."""
+    kept = np.flatnonzero(outcome.passed)
+    if kept.size == len(names) and kept.size <= PIECE_ENTRIES:
+        return [orjson.dumps(names)]
+    pieces = _Pieces(b"[", b"]")
+    for start in range(0, kept.size, PIECE_ENTRIES):
+        at = kept[start:start + PIECE_ENTRIES]
+        encoded = node_json.gather(node_json.name, outcome.rows[at], names, at, json_text)
+        pieces.add(_interleaved(encoded, [b","] * len(encoded)))
+    return pieces.done()
+
+
+def filter_result(args: ExtenderArgs, outcome: FilterVerdicts, node_json: NodeJson) -> Answer:
+    """ExtenderFilterResult (JSON, in pieces) in the form the request used (NodeNames or
+    Nodes)."""
+    names = args.names
+    failed, unresolvable = _failed_maps(names, outcome, node_json)
     if args.nodes is None:
-        nodes = b"null"
-        kept = np.flatnonzero(outcome.passed)
-        if kept.size == len(names):
-            passed = orjson.dumps(names)
-        else:
-            passed = b"[" + b",".join(node_json.gather(
-                node_json.name, outcome.rows[kept], names, kept, orjson.dumps)) + b"]"
+        nodes, passed = [b"null"], _passed_names(names, outcome, node_json)
     else:
-        nodes = _echo_items(args.nodes, outcome.passed.tolist())
-        passed = b"null"
-    return (b'{"Nodes":' + nodes + b',"NodeNames":' + passed + b',"FailedNodes":' + failed
-            + b',"FailedAndUnresolvableNodes":' + unresolvable + b',"Error":""}')
+        nodes, passed = _echo_items(args.nodes, outcome.passed.tolist()), [b"null"]
+    return [b'{"Nodes":', *nodes, b',"NodeNames":', *passed, b',"FailedNodes":', *failed,
+            b',"FailedAndUnresolvableNodes":', *unresolvable, b',"Error":""}']
 
 
-def _echo_items(items: list[Obj], passed: list[bool]) -> bytes:
-    """The NodeList of the items that passed, the very objects sent (Nodes mode).
+def _echo_items(items: list[Obj], passed: list[bool]) -> list[bytes]:
+    """The NodeList of the items that passed, the very objects sent (Nodes mode), in pieces of
+    :data:`ECHO_ITEMS` objects: one encoding of them all would hold orjson's buffer, grown to
+    the whole answer and more, beside its copy.
 
     orjson reads 1,024 levels of nesting but writes only 254, so a Node object nested between
     the two parses and then cannot be sent back; that is the request's fault (a 400 naming the
     item), found only on this error path so that the usual request pays nothing for it."""
-    try:
-        return orjson.dumps({"metadata": {}, "items": list(compress(items, passed))})
-    except orjson.JSONEncodeError:
-        for i, item in enumerate(items):
-            if not passed[i]:
-                continue
-            try:
-                orjson.dumps(item)
-            except orjson.JSONEncodeError as e:
-                raise WireError(f"Nodes.items[{i}] cannot be sent back in Nodes.items: {e} "
-                                f"(objects nested more than {MAX_ECHO_DEPTH} levels deep are "
-                                "refused)") from None
-        raise
+    chosen = [i for i, ok in enumerate(passed) if ok]
+    parts = [b'{"metadata":{},"items":[']
+    for start in range(0, len(chosen), ECHO_ITEMS):
+        batch = chosen[start:start + ECHO_ITEMS]
+        try:
+            encoded = orjson.dumps([items[i] for i in batch])
+        except orjson.JSONEncodeError:
+            _too_deep(items, batch)
+            raise
+        if start:
+            parts.append(b",")
+        parts.append(encoded[1:-1])  # a copy of its own size; orjson's buffer goes
+    parts.append(b"]}")
+    return parts
+
+
+def _too_deep(items: list[Obj], batch: list[int]) -> None:
+    """Raise the WireError naming the first of ``batch`` that cannot be encoded, if any."""
+    for i in batch:
+        try:
+            orjson.dumps(items[i])
+        except orjson.JSONEncodeError as e:
+            raise WireError(f"Nodes.items[{i}] cannot be sent back in Nodes.items: {e} "
+                            f"(objects nested more than {MAX_ECHO_DEPTH} levels deep are "
+                            "refused)") from None
 
 
 def filter_error(message: str) -> dict[str, Any]:
@@ -453,18 +685,36 @@ def filter_error(message: str) -> dict[str, Any]:
             "FailedAndUnresolvableNodes": {}, "Error": message}
 
 
-def priorities(args: ExtenderArgs, result: Priorities, node_json: NodeJson) -> bytes:
-    """HostPriorityList (JSON): ``[{"Host": name, "Score": 0..10}]`` in request order."""
-    heads = node_json.gather(node_json.host, result.rows, args.names,
-                             range(len(args.names)), _host)
-    tails: list[bytes] = SCORE_TAIL[result.scores].tolist()
-    return _joined(heads, tails, b"[", b"]")
+def priorities(args: ExtenderArgs, result: Priorities, node_json: NodeJson) -> Answer:
+    """HostPriorityList (JSON, in pieces): ``[{"Host": name, "Score": 0..10}]`` in request
+    order."""
+    pieces = _Pieces(b"[", b"]")
+    for start in range(0, len(args.names), PIECE_ENTRIES):
+        end = min(start + PIECE_ENTRIES, len(args.names))
+        heads = node_json.gather(node_json.host, result.rows[start:end], args.names,
+                                 range(start, end), _host)
+        tails: list[bytes] = SCORE_TAIL[result.scores[start:end]].tolist()
+        pieces.add(_interleaved(heads, tails))
+    return pieces.done()
+
+
+def joined(answer: Answer) -> Answer:
+    """``answer`` as one piece when it is small (:data:`JOIN_BYTES`), else as it is."""
+    if len(answer) > 1 and sum(map(len, answer)) <= JOIN_BYTES:
+        return [b"".join(answer)]
+    return answer
 
 
 __all__ = [
+    "ECHO_ITEMS",
+    "MAX_KEPT_NAMES",
     "MAX_NAME_LISTS",
+    "NAME_CHUNK_BYTES",
+    "PIECE_ENTRIES",
+    "Answer",
     "BindingArgs",
     "ExtenderArgs",
+    "NameChunks",
     "NameLists",
     "NameSet",
     "NodeJson",
@@ -474,8 +724,13 @@ __all__ = [
     "encode_reason",
     "filter_error",
     "filter_result",
+    "joined",
     "json_error",
+    "json_text",
+    "names_at",
+    "names_sent",
     "parse_binding_args",
+    "parse_cost_of",
     "parse_extender_args",
     "parse_preemption_args",
     "preemption_result",

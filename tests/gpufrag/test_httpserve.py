@@ -311,8 +311,9 @@ def test_many_trickling_header_connections_neither_lock_out_a_request_nor_live_f
     # of issue 33 used 1,024 and 3 s against a thread-per-connection server): a new request is
     # answered at once, and every trickler is closed once the keep-alive bound passes, however
     # it trickles. Between bytes the test waits on the sockets themselves: a server's close
-    # makes one readable, so closes are seen as they happen.
-    served = _serve(app, keepalive_s=2.0)
+    # makes one readable, so closes are seen as they happen. (A cap of 1,024 connections: the
+    # cap is the subject of the tests below; here it is that slow clients hold no thread.)
+    served = _serve(app, keepalive_s=2.0, max_connections=1024)
     tricklers = [socket.create_connection(("127.0.0.1", served.port), timeout=10)
                  for _ in range(512)]
     tricklers_by_fd = {sock.fileno(): i for i, sock in enumerate(tricklers)}
@@ -392,4 +393,142 @@ def test_an_announced_body_counts_against_the_budget_before_it_has_arrived(app: 
             assert slow.recv(4096).startswith(b"HTTP/1.1 200")
         assert _post(served.port, "/x", b"b" * 1000) == (200, b"read 1000")  # freed
     finally:
+        served.stop()
+
+
+# ------------------------------------------------------------------------------ connections
+
+
+def _closed_unanswered(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` without a byte of answer (an orderly close or a
+    reset: the kernel may do either with a request left unread)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def _get(conn: http.client.HTTPConnection, path: str = "/x") -> tuple[int, bytes]:
+    conn.request("GET", path)
+    reply = conn.getresponse()
+    return reply.status, reply.read()
+
+
+def test_connections_over_the_cap_are_closed_unread_and_those_held_are_answered(
+        app: App) -> None:
+    served = _serve(app, max_connections=4)
+    held = [http.client.HTTPConnection("127.0.0.1", served.port, timeout=10) for _ in range(4)]
+    try:
+        for conn in held:  # each answered once, so each holds its place (kept alive)
+            assert _get(conn) == (200, b"read 0")
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", served.port), timeout=10) as extra:
+                with contextlib.suppress(OSError):  # it may be closed before the send
+                    extra.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert _closed_unanswered(extra)
+        assert served.connections.refused == 3
+        assert all(_get(conn) == (200, b"read 0") for conn in held)  # still answered
+        # A place comes free when the server ends a connection (here: the client asked it
+        # to), and a new connection takes it.
+        leaving = held.pop()
+        leaving.request("GET", "/x", headers={"Connection": "close"})
+        assert leaving.getresponse().read() == b"read 0"
+        leaving.close()
+        wait_until(lambda: served.connections.held == 3, timeout_s=10, interval_s=0.01,
+                   what="the ended connection's place given back")
+        fresh = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+        held.append(fresh)
+        assert _get(fresh) == (200, b"read 0")
+    finally:
+        for conn in held:
+            conn.close()
+        served.stop()
+
+
+def test_clients_that_close_first_give_their_places_back(app: App) -> None:
+    """Hypercorn ends a connection its client closed while idle only at the keep-alive's end;
+    the cap must not count it until then, or clients without keep-alive (curl, a blackbox
+    probe) are locked out after max_connections requests."""
+    served = _serve(app, max_connections=2, keepalive_s=60.0)
+    try:
+        for _ in range(10):
+            conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+            assert _get(conn) == (200, b"read 0")
+            conn.close()
+            wait_until(lambda: served.connections.held == 0, timeout_s=10, interval_s=0.01,
+                       what="the closed connection's place given back")
+        assert served.connections.refused == 0
+    finally:
+        served.stop()
+
+
+def test_a_tls_connection_over_the_cap_is_closed_before_its_handshake(
+        app: App, pki: Pki, tmp_path: Path) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    shutil.copy(pki.server_cert, cert)
+    shutil.copy(pki.server_key, key)
+    tls = ServerTLS(str(cert), str(key))
+    served = Server(app, listen("127.0.0.1", 0, setting="test"), Limits(max_connections=1),
+                    tls=tls, name="tls").start()
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as first:
+            # Its handshake unfinished: a handshake in progress holds the one place.
+            first.sendall(b"\x16\x03\x01")
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                _served_certificate(served.port)  # closed, no certificate sent
+        wait_until(lambda: served.connections.held == 0, timeout_s=10, interval_s=0.01,
+                   what="the unfinished handshake's place given back")
+        assert _served_certificate(served.port) == _der(pki.server_cert)
+        assert served.connections.refused == 1
+    finally:
+        served.stop()
+
+
+@pytest.mark.parametrize("arrival", ["whole", "incomplete"])
+def test_request_headers_over_the_bound_are_refused_431(app: App, arrival: str) -> None:
+    served = _serve(app, max_header_bytes=1024)
+    head = b"GET /x HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 2000
+    # Whole (the parser takes it in one read; the gateway refuses it), or never finished
+    # (the parser keeps no more than the bound of it, and refuses it).
+    data = head + b"\r\n\r\n" if arrival == "whole" else head
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
+            sock.sendall(data)
+            answer = b""
+            with contextlib.suppress(ConnectionResetError):
+                while chunk := sock.recv(4096):
+                    answer += chunk
+        assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
+        assert _raw(served.port, b"GET /x HTTP/1.1\r\nHost: x\r\nX-Small: " + b"a" * 900
+                    + b"\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")
+    finally:
+        served.stop()
+
+
+def test_headers_that_trickle_past_their_deadline_are_cut_off_and_idle_connections_stay(
+        app: App) -> None:
+    served = _serve(app, header_timeout_s=0.5, keepalive_s=60.0)
+    idle = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)
+    try:
+        assert _get(idle) == (200, b"read 0")  # then idle: no deadline until it sends again
+        started = time.monotonic()  # before the server's accept, which starts the deadline
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as slow:
+            slow.settimeout(0.1)
+            closed = False
+            while not closed:  # a byte about every 0.1 s (the recv's timeout), never silent
+                assert time.monotonic() - started < 10, "the trickler was never cut off"
+                with contextlib.suppress(OSError):
+                    slow.sendall(b"G")
+                try:
+                    closed = _closed_unanswered(slow)
+                except TimeoutError:
+                    continue
+                assert closed, "an answer came to headers that never ended"
+            # (not before it: 0.45, for the loop's timers, which may run a few ms early)
+            assert time.monotonic() - started >= 0.45
+        assert served.connections.late == 1
+        # The idle connection outlived the deadline (it sent nothing) and is answered.
+        assert _get(idle) == (200, b"read 0")
+    finally:
+        idle.close()
         served.stop()
