@@ -110,15 +110,15 @@ def start_server(snapshot: Path, port: int, threads: int, log_level: str, answer
 
 
 def wait_ready(server: subprocess.Popen[bytes], port: int, timeout_s: float,
-               what: str) -> subprocess.Popen[bytes]:
-    """``server`` once its /readyz on ``port`` answers 200; killed and an error otherwise."""
+               what: str, path: str = "/readyz") -> subprocess.Popen[bytes]:
+    """``server`` once ``path`` on ``port`` answers 200; killed and an error otherwise."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
             raise RuntimeError(f"{what} exited with {server.returncode}")
         try:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/readyz")
+            conn.request("GET", path)
             if conn.getresponse().status == 200:
                 conn.close()
                 return server

@@ -311,22 +311,7 @@ def start_webhook(folder: Path, port: int) -> subprocess.Popen[bytes]:
                "--log-level", "warning"]
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True, env=os.environ | WEBHOOK_ENV)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"webhook exited with {server.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/healthz")
-            if conn.getresponse().status == 200:
-                conn.close()
-                return server
-            conn.close()
-        except OSError:
-            pass
-        time.sleep(0.2)
-    stop_server(server)
-    raise RuntimeError("webhook not ready in time")
+    return wait_ready(server, port, 120, "webhook", path="/healthz")
 
 
 def commit() -> str:

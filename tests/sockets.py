@@ -21,3 +21,18 @@ def closed_by_peer(sock: socket.socket, timeout_s: float = 3.0) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+def send_and_read_to_close(port: int, data: bytes, timeout_s: float = 10.0) -> bytes:
+    """What a server at 127.0.0.1:``port`` answers to the raw ``data`` before it closes the
+    connection; a reset after the answer (the server closed with part of ``data`` unread)
+    ends the read like an orderly close."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(data)
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return answer

@@ -22,6 +22,7 @@ from devkit.procs import wait_until
 from gpufrag.httpserve import Limits, ListenError, Server, listen
 from gpufrag.tls import RELOAD_EVERY_S, ServerTLS
 from tests.scheduler.extender.helpers import FakeClock, Pki, make_pki
+from tests.sockets import send_and_read_to_close
 
 READ_TIMEOUT_S = 1.0
 LIMIT = 1000
@@ -492,12 +493,7 @@ def test_request_headers_over_the_bound_are_refused_431(app: App, arrival: str) 
     # (the parser keeps no more than the bound of it, and refuses it).
     data = head + b"\r\n\r\n" if arrival == "whole" else head
     try:
-        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as sock:
-            sock.sendall(data)
-            answer = b""
-            with contextlib.suppress(ConnectionResetError):
-                while chunk := sock.recv(4096):
-                    answer += chunk
+        answer = send_and_read_to_close(served.port, data)
         assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
         assert _raw(served.port, b"GET /x HTTP/1.1\r\nHost: x\r\nX-Small: " + b"a" * 900
                     + b"\r\nConnection: close\r\n\r\n").startswith(b"HTTP/1.1 200")

@@ -24,6 +24,7 @@ from gpufrag.probes import (
     respond,
     start_http_server,
 )
+from tests.sockets import send_and_read_to_close
 
 
 def test_alive_until_the_first_tick_then_stalled_after_the_deadline() -> None:
@@ -151,12 +152,7 @@ def test_probe_request_headers_over_8_kib_are_refused(listener: Server, size: in
     head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: "
     data = head + b"a" * (size - len(head) - 4) + b"\r\n\r\n"
     assert len(data) == size
-    with socket.create_connection(("127.0.0.1", listener.port), timeout=10) as sock:
-        sock.sendall(data)
-        answer = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := sock.recv(4096):
-                answer += chunk
+    answer = send_and_read_to_close(listener.port, data)
     assert answer.startswith(b"HTTP/1.1 431"), answer[:80]
 
 
