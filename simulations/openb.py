@@ -96,17 +96,17 @@ class _BoundedLines:
         if len(raw) > MAX_LINE_BYTES or self.record_bytes > MAX_LINE_BYTES:
             raise BadInput(f"row longer than {MAX_LINE_BYTES} bytes (openb rows are ~120); is "
                            "this a CSV trace?", source=self.source, row=self.start)
-        nul = raw.find(b"\x00")
-        if nul >= 0:
-            # csv reads a NUL as part of a field, so a name would silently hold one; a trace
-            # with NULs is a binary file or a corrupt copy.
-            raise BadInput(f"NUL byte at byte {nul} of the line; is this a "
-                           "text CSV trace?", source=self.source, row=self.lines)
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise BadInput(f"not UTF-8 text ({exc.reason} at byte {exc.start} of the line); "
                            "save the file as UTF-8", source=self.source, row=self.lines) from None
+        nul = raw.find(b"\x00")  # (after decoding: UTF-16 is "not UTF-8", not "a NUL")
+        if nul >= 0:
+            # csv reads a NUL as part of a field, so a name would silently hold one; a trace
+            # with NULs is a binary file or a corrupt copy.
+            raise BadInput(f"NUL byte at byte {nul} of the line; is this a "
+                           "text CSV trace?", source=self.source, row=self.lines)
         if self.lines == 1 and line.startswith(_BOM):
             line = line[len(_BOM):]
         return line
