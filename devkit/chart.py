@@ -4,11 +4,15 @@ The base (``manifests/base``) stays the one source of truth. This module renders
 kubectl's kustomize and writes each object as a Helm template in which a fixed list of fields
 (:data:`KNOBS`, each component's pod scheduling fields (:data:`COMPONENTS`), the namespace, every
 container image and its pull settings) reads ``.Values``; the defaults in ``values.yaml`` are the
-values the base has, and a field the base leaves out is written only when its value is set, so
-``helm template`` with default values and the release named ``gpufrag`` gives back exactly the
-objects ``kubectl kustomize manifests/base`` gives, plus the chart's standard labels
-(:data:`STANDARD_LABELS`) and the Namespace's keep policy (``tests/e2e/test_helm.py`` checks both
-that and that the committed chart is what this module writes today). Names that are one per
+values the base has, and a field the base leaves out is written only when its value is set. Two
+defaults depart from the base, for what a Helm user does first (``helm install R charts/gpufrag
+-n NS --create-namespace``): the objects go to the release's namespace and the chart creates no
+Namespace (helm has made it: a second one fails the install), and the example model service is
+off. With :data:`BASE_LAYOUT` (the base's namespace, created, and the example) and the release
+named ``gpufrag``, ``helm template`` gives back exactly the objects ``kubectl kustomize
+manifests/base`` gives, plus the chart's standard labels (:data:`STANDARD_LABELS`) and the
+Namespace's keep policy (``tests/e2e/test_helm.py`` checks both that and that the committed chart
+is what this module writes today). Names that are one per
 cluster (ClusterRoles, admission policies, their bindings, the RoleBinding in kube-system) start
 with the release's full name, which is ``gpufrag`` for that release, so another release
 installs beside it. The ``helm test`` hooks (:func:`test_hooks`) are built here too, from what
@@ -55,8 +59,15 @@ from scheduler.policies import POLICY_NAMES
 
 BASE_DIR: Final = REPO_ROOT / "manifests" / "base"
 CHART_DIR: Final = REPO_ROOT / "charts" / "gpufrag"
-# The namespace the base installs into; every occurrence becomes `namespace.name`.
+# The namespace the base installs into; every occurrence becomes the chart's namespace
+# (`namespace.name`, else the release's).
 BASE_NAMESPACE: Final = "gpufrag-system"
+# The values (as `helm --set` takes them) under which the chart renders the base's layout: its
+# namespace, which the chart then creates, and the example model service. The defaults differ
+# (the release's namespace, no Namespace object, no example): see the module's docstring.
+BASE_LAYOUT: Final[tuple[tuple[str, str], ...]] = (
+    ("namespace.name", BASE_NAMESPACE), ("namespace.create", "true"),
+    ("servingExample.enabled", "true"))
 # What every base name starts with; in a release-scoped name it stands for the release's full
 # name (`gpufrag.fullname`), which is "gpufrag" for the release named gpufrag.
 NAME_PREFIX: Final = "gpufrag"
@@ -106,12 +117,14 @@ class Knob:
 
 @dataclass(frozen=True)
 class Toggle:
-    """``.Values.<value>`` (default true) renders the objects whose name starts with
-    ``name_prefix``; false leaves them out."""
+    """``.Values.<value>`` renders the objects whose name starts with ``name_prefix``; false
+    leaves them out. ``default``: true for a part of gpufrag, false for what a user asks for
+    (the example)."""
 
     value: str
     name_prefix: str
     help: str
+    default: bool = True
 
 
 _SCHED = ("Deployment", "gpufrag-scheduler")
@@ -233,8 +246,12 @@ TOGGLES: Final[tuple[Toggle, ...]] = (
     Toggle("agent.enabled", "gpufrag-agent", "The node agent DaemonSet and its RBAC."),
     Toggle("devicePlugin.enabled", "gpufrag-device-plugin",
            "The gpufrag device plugin DaemonSet and its RBAC."),
+    # A demo, not part of gpufrag: nobody wants a ResNet service from `helm install` unasked.
     Toggle("servingExample.enabled", "resnet-serving",
-           "The example model service (Deployment, Service, PDB, HPA)."),
+           "The example model service: a ResNet serving Deployment on gpufrag with its Service, "
+           "PodDisruptionBudget and HorizontalPodAutoscaler, and the pre-warm CronJobs with "
+           "their RBAC (docs/operations.md, \"Pre-warming\"). Off by default: a demo, not part "
+           "of gpufrag.", default=False),
 )
 
 @dataclass(frozen=True)
@@ -345,7 +362,8 @@ CA_BUNDLE_VAR: Final = "$caBundle"
 
 GROUP_HELP: Final = {
     "global": "Pull settings for every image.",
-    "namespace": "Where the objects go.",
+    "namespace": "Where the namespaced objects go: by default the release's namespace "
+                 "(helm install -n NS --create-namespace), which the chart does not create.",
     "images": "Container images, fully qualified (registry host first). digest, when set, "
               "pins the image (repository:tag@digest).",
     "scheduler": "gpufrag-scheduler: the upstream kube-scheduler with the extender as a sidecar.",
@@ -354,7 +372,8 @@ GROUP_HELP: Final = {
     "agent": "The GPU node agent (docs/agent.md).",
     "devicePlugin": "The kubelet device plugin: whole GPUs and GPU shares on GPU nodes "
                     "(docs/deviceplugin.md).",
-    "servingExample": "An example model service on gpufrag (manifests/base/serving-example.yaml).",
+    "servingExample": "An example model service on gpufrag "
+                      "(manifests/base/serving-example.yaml), off by default.",
     "monitoring": "Scraping, alerts and recording rules for the Prometheus Operator "
                   "(manifests/components/prometheus-operator).",
     "dashboards": "Grafana dashboards (manifests/components/grafana-dashboards).",
@@ -1125,7 +1144,7 @@ def build_chart(docs: Sequence[Doc], version: str, *,
     # The order of values.yaml.
     values: dict[str, object] = {"fullnameOverride": ""} | {group: {} for group in GROUP_HELP}
     values["global"] = {"imageRegistry": "", "imagePullPolicy": "", "imagePullSecrets": []}
-    values["namespace"] = {"name": BASE_NAMESPACE, "create": True}
+    values["namespace"] = {"name": "", "create": False}
     images: dict[str, dict[str, str]] = {}
     notes = {k.value: k.help for k in knobs if not k.again} | {
         t.value: t.help for t in toggles}
@@ -1135,7 +1154,7 @@ def build_chart(docs: Sequence[Doc], version: str, *,
         if not any(name.startswith(toggle.name_prefix) for name in names[:len(base)]):
             raise ChartError(f"toggle {toggle.value}: no object named {toggle.name_prefix}* in "
                              f"the base")
-        _set_default(values, toggle.value, True)
+        _set_default(values, toggle.value, toggle.default)
     _declare_optional(values, notes, list(parts or {}), docs)
     for patch_part, patched_docs in (patched or {}).items():
         _apply_patch_part(base, patched_docs, patch_part)
@@ -1212,6 +1231,8 @@ def build_chart(docs: Sequence[Doc], version: str, *,
         body = _dump(doc, where)
         if str(doc.get("kind", "")).endswith("WebhookConfiguration"):
             body = webhook_prelude + body
+        if doc.get("kind") == "Namespace":
+            body = NAMESPACE_GUARD + body
         if conditions:
             test = conditions[0] if len(conditions) == 1 else f"and {' '.join(conditions)}"
             body = f"{{{{- if {test} }}}}\n{body}{{{{- end }}}}\n"
@@ -1230,6 +1251,19 @@ def build_chart(docs: Sequence[Doc], version: str, *,
 # Helm leaves an object with this annotation in place on uninstall (and on an upgrade that
 # drops it).
 KEEP_ANNOTATION: Final = "helm.sh/resource-policy"
+# At the top of the Namespace's template (rendered with namespace.create only): the release's own
+# namespace exists before any object is made -- helm keeps the release record there, and
+# --create-namespace makes it -- so creating it again can only fail the install, after some
+# objects are in (the STATUS failed this default used to give). Refused up front, saying what
+# to set instead.
+NAMESPACE_GUARD: Final = """\
+{{- if eq (include "gpufrag.namespace" .) .Release.Namespace }}
+{{- fail (printf "namespace.create: the release's namespace %s exists before the chart's objects \
+(helm keeps the release there; --create-namespace makes it), so the chart cannot create it: \
+leave namespace.create false, or set namespace.name to another namespace for the chart to \
+create" .Release.Namespace) }}
+{{- end }}
+"""
 HOOK_ANNOTATION: Final = "helm.sh/hook"
 
 # `helm test`: a pod that asks every extender replica's probe listener, found through the API.
@@ -1463,6 +1497,16 @@ registry host where set. */}}
 
 NOTES: Final = """\
 gpufrag is installed in namespace {{ include "gpufrag.namespace" . }}.
+{{- $hostPaths := or .Values.agent.enabled .Values.devicePlugin.enabled }}
+{{- if and $hostPaths (not .Values.namespace.create) }}
+The agent and the device plugin mount hostPath volumes, which Pod Security's baseline and
+restricted levels refuse: where this namespace enforces one (a cluster-wide default included),
+label it: kubectl label namespace {{ include "gpufrag.namespace" . }} \\
+  pod-security.kubernetes.io/enforce=privileged pod-security.kubernetes.io/warn=restricted
+{{- end }}
+{{- if .Values.servingExample.enabled }}
+The example model service resnet-serving is installed (servingExample.enabled=true).
+{{- end }}
 {{- if .Values.defrag.enabled }}
 The defrag CronJob runs {{ if .Values.defrag.dryRun -}}
 in dry-run: it prints plans and evicts nothing (set defrag.dryRun=false once they look right).
@@ -1498,9 +1542,15 @@ def _help(path: str, notes: dict[str, str]) -> str:
         "global.imagePullPolicy": "imagePullPolicy of every container (Always, IfNotPresent, "
                                   "Never); empty: Kubernetes' default.",
         "global.imagePullSecrets": "imagePullSecrets of every pod, as [{name: secret}].",
-        "namespace.name": "Namespace of every namespaced object; empty: the release namespace.",
-        "namespace.create": "Create the Namespace (with its Pod Security labels). false: install "
-                            "into an existing one (helm install -n NS, namespace.name empty).",
+        "namespace.name": "Namespace of every namespaced object (and of every reference to "
+                          "it: RBAC subjects, the admission policies' user names, the webhook's "
+                          "Service and certificate, the hints' location); empty: the release "
+                          "namespace.",
+        "namespace.create": "Create namespace.name, which must then be another namespace than "
+                            "the release's, with the Pod Security labels the agent and the "
+                            "device plugin need, kept on uninstall (helm.sh/resource-policy: "
+                            "keep). false: the namespace exists (helm install -n NS "
+                            "--create-namespace makes the release's).",
     }
     if path.startswith("images.") and path.count(".") == 2:
         fixed[path] = {"repository": "Registry host and repository of the image.",
@@ -1563,6 +1613,8 @@ SCHEMAS: Final[dict[str, dict[str, object]]] = {
                                    "required": ["name"],
                                    "properties": {"name": {"type": "string", "minLength": 1}}}},
     "global.imageRegistry": {"type": "string", "pattern": r"^([^/\s]+(/[^/\s]+)*/?)?$"},
+    # A DNS label, as a Namespace's name is; empty: the release's.
+    "namespace.name": {"type": "string", "maxLength": 63, "pattern": rf"^({_LABEL})?$"},
 }
 
 
@@ -1613,6 +1665,11 @@ def _schema_of(value: object, path: str, enums: dict[str, tuple[str, ...]]
                        "required": ["disruptionBudget"]},
                 "then": {"properties": {"replicas": {"minimum": 2}}, "required": ["replicas"]}})
         schema["allOf"] = rules
+    if path == "namespace":
+        # The release's namespace exists already (NAMESPACE_GUARD): the one to create is named.
+        schema["allOf"] = [{
+            "if": {"properties": {"create": {"const": True}}, "required": ["create"]},
+            "then": {"properties": {"name": {"minLength": 1}}, "required": ["name"]}}]
     if path == "rightsizing" and "selfSigned" in value and "certManager" in value:
         # Either cert-manager makes the certificate or the chart does, never both.
         schema["allOf"] = [{
@@ -1640,9 +1697,21 @@ def _readme(values: dict[str, object], notes: dict[str, str]) -> str:
                 rows.append(f"| `{path}` | `{shown}` | {_help(path, notes)} |")
 
     leaves(values, "")
+    layout = ",".join(f"{k}={v}" for k, v in BASE_LAYOUT)
     return (f"<!-- Generated by devkit/chart.py; do not edit: run `{REGENERATE}`. -->\n"
             "# gpufrag Helm chart\n\n"
-            "Generated from the kustomize base (`manifests/base`): with default values and the "
+            "```bash\nhelm install gpufrag charts/gpufrag -n gpufrag-system --create-namespace "
+            "\\\n  --set images.gpufrag.repository=<your-registry>/gpufrag\n```\n\n"
+            "Every namespaced object goes to the release's namespace (`-n`), which the chart "
+            "does not create (`--create-namespace` does; `namespace.name` names another one, "
+            "which `namespace.create=true` creates and keeps on uninstall). Where the cluster "
+            "enforces a Pod Security level by default, label the namespace "
+            "`pod-security.kubernetes.io/enforce=privileged`: the agent and the device plugin "
+            "mount hostPath volumes. The example model service (a ResNet Deployment with its "
+            "Service, PDB, HPA and pre-warm CronJobs) is off unless `servingExample.enabled=true`."
+            "\n\n"
+            "Generated from the kustomize base (`manifests/base`): with "
+            f"`--set {layout}` (the base's namespace and its example) and the "
             "release named `gpufrag`, `helm template` renders exactly the objects `kubectl "
             "kustomize manifests/base` renders, plus the chart's standard labels (`helm.sh/chart`, "
             "`app.kubernetes.io/instance`, `-managed-by`, `-version`, and `-name` where the base "
@@ -1657,8 +1726,9 @@ def _readme(values: dict[str, object], notes: dict[str, str]) -> str:
             "`manifests/components` and are off by default; with "
             "`scheduler.replicas=2,scheduler.leaderElect=true,"
             "extender.ignorable=false,extender.bind=true,defrag.dryRun=false,"
-            "scheduler.disruptionBudget=true` the chart renders the production overlay's objects. "
-            "`helm test <release>` runs the hooks in `templates/tests/`: a pod "
+            "scheduler.disruptionBudget=true` added to those, it renders the production "
+            "overlay's objects. "
+            "`helm test <release> -n <namespace>` runs the hooks in `templates/tests/`: a pod "
             "that asks every extender replica's probe listener for `/healthz` and `/readyz`. "
             "`helm upgrade` applies `crds/` through a pre-upgrade hook (`crds.upgrade`). "
             "Install and "

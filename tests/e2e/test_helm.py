@@ -2,10 +2,14 @@
 
 The chart is generated from ``manifests/`` by ``devkit/chart.py``; these tests hold it to that:
 the committed chart is what the generator writes today (so a changed base or component fails
-here until the chart is regenerated), ``helm template`` with default values renders exactly the
-objects ``kubectl kustomize manifests/base`` renders (but for the chart's standard labels and
-keep policy), the production values exactly the production overlay's, each optional part exactly
-its component's; ``helm lint --strict`` passes, the values reach the objects they name, bad
+here until the chart is regenerated), ``helm template`` with the base's layout
+(``chart.BASE_LAYOUT``) renders exactly the objects ``kubectl kustomize manifests/base`` renders
+(but for the chart's standard labels and keep policy) and with default values the same in the
+release's namespace, without the Namespace and the example; the production values exactly the
+production overlay's, each optional part exactly its component's. ``helm install R
+charts/gpufrag -n NS --create-namespace``, as a user types it, ends deployed on a real API server
+with every namespaced object in NS, with and without the example. ``helm lint --strict`` passes,
+the values reach the objects they name, bad
 values are refused naming the field, a second release shares no cluster-wide name with the
 first, every rendered object is accepted by a server-side dry run, and the hooks' own commands
 do what they claim against a real API server (``helm test``'s against a real extender too).
@@ -18,6 +22,7 @@ built from its Go module (``devkit/tools/helm``).
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -51,9 +56,13 @@ KUSTOMIZATIONS = ["base", "overlays/dev", "overlays/production",
 Doc = dict[str, object]
 
 
-def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def run_helm(helm: Path, *args: str, check: bool = True, kubeconfig: Path | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    """``helm args`` in the repository's root; with ``kubeconfig``, against that cluster (as
+    $KUBECONFIG, so the command line is the one a user types)."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)} if kubeconfig else None
     result = subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120,
-                            check=False)
+                            check=False, cwd=REPO, env=env)
     if check:
         assert result.returncode == 0, f"helm {' '.join(args)}:\n{result.stderr}"
     return result
@@ -105,6 +114,20 @@ def without_chart_metadata(doc: Doc, base: Doc) -> Doc:
 
 def kustomize(binary: Path, path: str) -> list[Doc]:
     return chart.render_base([str(binary), "kubectl"], MANIFESTS / path)
+
+
+# The values under which the chart renders the base's layout (its namespace, created by the
+# chart, and the example), as --set flags.
+BASE = [arg for key, value in chart.BASE_LAYOUT for arg in ("--set", f"{key}={value}")]
+EXAMPLE = "resnet-serving"  # what the example's objects' names start with
+
+
+def moved_to(docs: Sequence[Doc], namespace: str) -> list[Doc]:
+    """``docs`` with every mention of the base's namespace naming ``namespace`` instead (the
+    base has no look-alike of it: a name that merely starts with it)."""
+    text = yaml.safe_dump_all(docs, sort_keys=False)
+    assert f"{chart.BASE_NAMESPACE}-" not in text
+    return [d for d in yaml.safe_load_all(text.replace(chart.BASE_NAMESPACE, namespace)) if d]
 
 
 def identity(doc: Doc) -> tuple[str, str, str, str]:
@@ -176,12 +199,12 @@ def test_chart_is_generated_from_the_current_base(control_plane_binary: Path) ->
                        f"run `{chart.REGENERATE}`")
 
 
-def test_default_values_render_exactly_the_kustomize_base(helm: Path,
-                                                          control_plane_binary: Path) -> None:
-    """The release named gpufrag renders the base's objects with the base's names; the chart
-    adds only its standard labels (not to the CRD, which Helm does not template) and the keep
-    policy on the Namespace."""
-    rendered = by_identity(helm_template(helm))
+def test_the_base_layout_renders_exactly_the_kustomize_base(helm: Path,
+                                                            control_plane_binary: Path) -> None:
+    """With the base's layout, the release named gpufrag renders the base's objects with the
+    base's names; the chart adds only its standard labels (not to the CRD, which Helm does not
+    template) and the keep policy on the Namespace."""
+    rendered = by_identity(helm_template(helm, *BASE))
     base = by_identity(kustomize(control_plane_binary, "base"))
     assert sorted(rendered) == sorted(base)
     differ = [key for key in base if without_chart_metadata(rendered[key], base[key]) != base[key]]
@@ -195,6 +218,53 @@ def test_default_values_render_exactly_the_kustomize_base(helm: Path,
     unlabelled = [key for key, doc in rendered.items() if key[1] != "CustomResourceDefinition"
                   and {k: labels_of(doc).get(k) for k in standard} != standard]
     assert not unlabelled, f"objects without the standard labels: {unlabelled}"
+
+
+def test_default_values_render_the_base_in_the_release_namespace_without_the_example(
+        helm: Path, control_plane_binary: Path) -> None:
+    """What ``helm install gpufrag charts/gpufrag -n ml-platform --create-namespace`` applies:
+    the base's objects but its Namespace (helm has made the release's: a second one would fail
+    the install) and the example's, with every namespaced object in the release's namespace and
+    every reference to the namespace naming it -- RBAC subjects, the admission policies' user
+    names, the scheduler's lease, the hints' location -- and nothing naming gpufrag-system."""
+    rendered = helm_template(helm, "-n", "ml-platform")
+    expected = [d for d in moved_to(kustomize(control_plane_binary, "base"), "ml-platform")
+                if d["kind"] != "Namespace" and not identity(d)[3].startswith(EXAMPLE)]
+    same_objects(rendered, expected)
+    assert chart.BASE_NAMESPACE not in yaml.safe_dump_all(rendered)
+    # Only the RoleBinding to kube-system's authentication reader lives elsewhere, by design.
+    assert {identity(d)[2] for d in rendered} == {"", "ml-platform", "kube-system"}
+    assert [identity(d)[1] for d in rendered if identity(d)[2] == "kube-system"] == [
+        "RoleBinding"]
+    # The example is one value away; the optional parts follow the release's namespace too.
+    example = helm_template(helm, "-n", "ml-platform", "--set", "servingExample.enabled=true",
+                            "--set", "monitoring.enabled=true")
+    assert {identity(d)[1] for d in example if identity(d)[3].startswith(EXAMPLE)} == {
+        "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "CronJob",
+        "ServiceAccount", "Role", "RoleBinding", "ServiceMonitor"}
+    assert {identity(d)[2] for d in example} == {"", "ml-platform", "kube-system"}
+
+
+def test_a_namespace_the_chart_creates_is_named_and_not_the_releases(helm: Path) -> None:
+    """namespace.create makes namespace.name, with the base's Pod Security labels and kept on
+    uninstall; without a name, or naming the release's own namespace (which exists before any
+    object: helm keeps the release there), it is refused before anything is applied."""
+    docs = helm_template(helm, "-n", "default", "--set", "namespace.create=true", "--set",
+                         "namespace.name=gpu-team")
+    created = find(docs, "Namespace", "gpu-team")
+    assert annotations_of(created)[chart.KEEP_ANNOTATION] == "keep"
+    assert labels_of(created)["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert {identity(d)[2] for d in docs} == {"", "gpu-team", "kube-system"}
+    unnamed = run_helm(helm, "template", "gpufrag", str(CHART), "-n", "gpu-team", "--set",
+                       "namespace.create=true", check=False)
+    assert unnamed.returncode != 0
+    assert "values don't meet the specifications of the schema" in unnamed.stderr
+    assert "namespace" in unnamed.stderr and "name" in unnamed.stderr
+    own = run_helm(helm, "template", "gpufrag", str(CHART), "-n", "gpu-team", "--set",
+                   "namespace.create=true", "--set", "namespace.name=gpu-team", check=False)
+    assert own.returncode != 0
+    assert ("namespace.create: the release's namespace gpu-team exists before the chart's "
+            "objects") in own.stderr
 
 
 def without_final_newlines(docs: Sequence[Doc]) -> list[Doc]:
@@ -222,13 +292,13 @@ def test_production_values_render_exactly_the_production_overlay(
         helm: Path, control_plane_binary: Path) -> None:
     # The overlay replaces the scheduler's config by a JSON patch, whose value kustomize
     # writes without the base's final newline; nothing else may differ.
-    same_objects(without_final_newlines(helm_template(helm, *PRODUCTION)),
+    same_objects(without_final_newlines(helm_template(helm, *BASE, *PRODUCTION)),
                  without_final_newlines(kustomize(control_plane_binary, "overlays/production")))
 
 
 def test_each_optional_part_renders_exactly_its_kustomize_component(
         helm: Path, control_plane_binary: Path) -> None:
-    """Off by default (the default render is the base); on, each adds exactly the objects of
+    """Off by default (the base layout's render is the base); on, each adds exactly the objects of
     its component under manifests/components, all rendered from there. A part that joins two
     (the webhook's monitor) adds its objects only where both are on: each of the two alone
     renders exactly its own component, and both together add exactly the joint one."""
@@ -242,8 +312,8 @@ def test_each_optional_part_renders_exactly_its_kustomize_component(
         values = (part.value, *part.also)
         others = set(base)
         for alone in values if part.also else ():
-            others |= set(by_identity(helm_template(helm, "--set", f"{alone}=true")))
-        rendered = [d for d in helm_template(helm, *(a for v in values for a in (
+            others |= set(by_identity(helm_template(helm, *BASE, "--set", f"{alone}=true")))
+        rendered = [d for d in helm_template(helm, *BASE, *(a for v in values for a in (
                                                  "--set", f"{v}=true")),
                                              *needs.get(part.value, []))
                     if identity(d) not in others]
@@ -252,6 +322,7 @@ def test_each_optional_part_renders_exactly_its_kustomize_component(
 
 def test_the_monitoring_labels_and_the_no_cert_manager_path(helm: Path) -> None:
     docs = helm_template(helm, "--set", "monitoring.enabled=true", "--set",
+                         "servingExample.enabled=true", "--set",
                          "monitoring.labels.release=kube-prometheus-stack", "--set",
                          "rightsizing.enabled=true", "--set", "rightsizing.certManager=false",
                          "--set", "rightsizing.caBundle=Q0EK")
@@ -338,7 +409,7 @@ def test_every_kustomize_image_is_fully_qualified(control_plane_binary: Path, pa
 
 
 def test_every_chart_image_is_fully_qualified(helm: Path) -> None:
-    refs = images(helm_template(helm))
+    refs = images(helm_template(helm, *BASE))
     assert refs and [r for r in refs if not chart.has_registry_host(r)] == []
     assert "registry.k8s.io/kube-scheduler:v1.36.3" in refs
 
@@ -378,7 +449,7 @@ def test_generated_templates_render_back_to_their_base_through_helm(helm: Path,
     )
     chart.write_chart(chart.build_chart(docs, "0.1.0", knobs=knobs, toggles=(), components=(),
                                         lines=(), hooks=False), tmp_path)
-    out = run_helm(helm, "template", "t", str(tmp_path)).stdout
+    out = run_helm(helm, "template", "t", str(tmp_path), "-n", chart.BASE_NAMESPACE).stdout
     back = by_identity([d for d in yaml.safe_load_all(out) if d])
     assert {key: without_chart_metadata(doc, by_identity(docs)[key])
             for key, doc in back.items()} == by_identity(docs)
@@ -395,9 +466,10 @@ def test_generated_templates_render_back_to_their_base_through_helm(helm: Path,
 
 def test_default_chart_is_accepted_by_the_api_server(helm: Path,
                                                      control_plane: ControlPlane) -> None:
-    """Every object an install applies, and the hooks (``helm test``'s, the CRD upgrade's)."""
+    """Every object an install applies, the example's too, and the hooks (``helm test``'s, the
+    CRD upgrade's)."""
     ensure_namespace(control_plane, chart.BASE_NAMESPACE)
-    dry_run(control_plane, helm_template(helm, tests=True))
+    dry_run(control_plane, helm_template(helm, *BASE, tests=True))
 
 
 OVERRIDES = {
@@ -486,6 +558,7 @@ PULL_AND_PLACEMENT = {
 }
 PULL_AND_PLACEMENT["devicePlugin"]["resources"] = {  # type: ignore[index]
     "requests": {"cpu": "20m", "memory": "32Mi"}}
+PULL_AND_PLACEMENT["servingExample"]["enabled"] = True  # type: ignore[index]
 # The webhook's Deployment too (without cert-manager, whose CRDs this API server lacks).
 PULL_AND_PLACEMENT["rightsizing"] |= {  # type: ignore[operator]
     "enabled": True, "certManager": False, "caBundle": "Q0EK"}
@@ -526,12 +599,11 @@ def test_pull_settings_and_scheduling_knobs_reach_every_pod(
     # Merged with the default, as every map value is: the requests set, the default limits kept.
     assert resources["requests"] == {"cpu": "20m", "memory": "32Mi"} and resources["limits"]
 
-    ensure_namespace(control_plane, chart.BASE_NAMESPACE)
-    dry_run(control_plane, docs)
+    dry_run(control_plane, docs)  # in the release's namespace: default
 
 
 def test_default_values_set_no_pull_or_placement_field_the_base_leaves_out(helm: Path) -> None:
-    docs = helm_template(helm, tests=True)
+    docs = helm_template(helm, *BASE, tests=True)
     assert "imagePullPolicy" not in yaml.safe_dump_all(docs)
     assert "imagePullSecrets" not in yaml.safe_dump_all(docs)
     assert "affinity" not in yaml.safe_dump_all(docs)
@@ -569,7 +641,8 @@ def test_the_scheduler_name_is_one_value_everywhere_it_is_read(helm: Path) -> No
     """scheduler.name is the profile kube-scheduler answers to, the name the extender and the
     device plugin read (names.scheduler_name), and the example's spec.schedulerName: a second
     release answers to a name of its own."""
-    docs = helm_template(helm, "--set", "scheduler.name=gpufrag-team-b")
+    docs = helm_template(helm, "--set", "scheduler.name=gpufrag-team-b", "--set",
+                         "servingExample.enabled=true")
     config = yaml.safe_load(tree(find(docs, "ConfigMap", "gpufrag-scheduler-config"))["data"][
         "config.yaml"])
     assert [p["schedulerName"] for p in config["profiles"]] == ["gpufrag-team-b"]
@@ -584,7 +657,7 @@ def test_helm_test_hooks_ask_every_extender_replicas_probe_listener(helm: Path) 
     """The hooks are a Pod in the gpufrag image that lists the scheduler's pods by the
     Deployment's own selector and GETs /healthz and /readyz on each one's ext-health port, and
     the ServiceAccount, Role (list pods, nothing else) and RoleBinding it runs as."""
-    docs = helm_template(helm, tests=True)
+    docs = helm_template(helm, "-n", "ml-platform", tests=True)
     hooks = {identity(d)[1]: tree(d) for d in docs
              if annotations_of(d).get(chart.HOOK_ANNOTATION) == "test"}
     assert sorted(hooks) == ["Pod", "Role", "RoleBinding", "ServiceAccount"]
@@ -604,7 +677,7 @@ def test_helm_test_hooks_ask_every_extender_replicas_probe_listener(helm: Path) 
         "matchLabels"]
     assert {"name": "ext-health", "containerPort": int(port)} in extender["ports"]
     assert container["command"][6:] == list(chart.TEST_PATHS)
-    assert {identity(d)[2] for d in hooks.values()} == {chart.BASE_NAMESPACE}
+    assert {identity(d)[2] for d in hooks.values()} == {"ml-platform"}
     assert pod["spec"]["restartPolicy"] == "Never"
 
 
@@ -656,13 +729,6 @@ def test_the_test_pods_check_passes_on_a_ready_extender_and_fails_without_one(
             in failed.stderr)
 
 
-def test_chart_installs_into_an_existing_release_namespace(helm: Path) -> None:
-    docs = helm_template(helm, "--namespace", "ml-platform", "--set", "namespace.create=false",
-                         "--set", "namespace.name=")
-    assert "Namespace" not in {identity(d)[1] for d in docs}
-    assert {identity(d)[2] for d in docs if identity(d)[1] == "Deployment"} == {"ml-platform"}
-
-
 @pytest.mark.parametrize(("flag", "field"), [
     ("defrag.threshold=high", "threshold"),
     ("extender.policy=fastest", "policy"),
@@ -706,24 +772,93 @@ def test_two_scheduler_replicas_render_with_leader_election(helm: Path) -> None:
     assert scheduler["spec"]["replicas"] == 2  # type: ignore[index]
 
 
+def _install_as_users_do(helm: Path, plane: ControlPlane, release: str, namespace: str,
+                         *values: str) -> list[Doc]:
+    """``helm install <release> charts/gpufrag -n <namespace> --create-namespace [values]``,
+    the command the peers' charts teach, run in the repository's root against ``plane``: it ends
+    deployed, every namespaced object it made is in ``namespace`` (but the RoleBinding in
+    kube-system, by design) and the API server holds each one. Returns the release's objects."""
+    installed = run_helm(helm, "install", release, "charts/gpufrag", "-n", namespace,
+                         "--create-namespace", *values, kubeconfig=plane.kubeconfig_path)
+    assert "STATUS: deployed" in installed.stdout, installed.stdout
+    status = run_helm(helm, "status", release, "-n", namespace, "-o", "json",
+                      kubeconfig=plane.kubeconfig_path)
+    assert json.loads(status.stdout)["info"]["status"] == "deployed"
+    manifest = run_helm(helm, "get", "manifest", release, "-n", namespace,
+                        kubeconfig=plane.kubeconfig_path).stdout
+    docs = [d for d in yaml.safe_load_all(manifest) if d]
+    assert "Namespace" not in {identity(d)[1] for d in docs}
+    assert {identity(d)[2] for d in docs} == {"", namespace, "kube-system"}
+    assert [identity(d)[1] for d in docs if identity(d)[2] == "kube-system"] == ["RoleBinding"]
+    subjects = [s for d in docs for s in tree(d).get("subjects", [])]
+    assert subjects and {s["namespace"] for s in subjects} == {namespace}
+    # Each object as the API server holds it, found where the manifest says it is.
+    live = plane.kubectl("get", "-f", "-", "-o", "name", input_text=manifest)
+    assert len(live.stdout.split()) == len(docs)
+    return docs
+
+
+def test_helm_install_with_create_namespace_deploys_into_the_release_namespace(
+        helm: Path, control_plane_binary: Path) -> None:
+    """Default values, a namespace other than the base's: nothing goes to, or names,
+    gpufrag-system, and no part of the example is installed. On an API server of its own: the
+    release's cluster-wide objects (admission policies among them) and its controllers' pods
+    must not meet other tests' nodes and objects."""
+    with ControlPlane(control_plane_binary) as plane:
+        docs = _install_as_users_do(helm, plane, "gpufrag", "gpu-sched")
+        assert chart.BASE_NAMESPACE not in yaml.safe_dump_all(docs)
+        assert not [identity(d) for d in docs if identity(d)[3].startswith(EXAMPLE)]
+        workloads = plane.kubectl("get", "deployments,services,cronjobs,"
+                                  "horizontalpodautoscalers,poddisruptionbudgets", "-n",
+                                  "gpu-sched", "-o", "name").stdout.split()
+        assert sorted(workloads) == ["cronjob.batch/gpufrag-defrag",
+                                     "deployment.apps/gpufrag-scheduler"]
+
+
+def test_helm_install_with_create_namespace_and_the_example(
+        helm: Path, control_plane_binary: Path) -> None:
+    """The same command in gpufrag-system (where a chart that made its own Namespace failed),
+    with the example asked for: the example's
+    Deployment, Service, PDB, HPA, pre-warm CronJobs and their RBAC are in the release's
+    namespace, and its pods name the release's scheduler."""
+    with ControlPlane(control_plane_binary) as plane:
+        docs = _install_as_users_do(helm, plane, "demo", chart.BASE_NAMESPACE,
+                                    "--set", "servingExample.enabled=true")
+        example = {(identity(d)[1], identity(d)[3]) for d in docs
+                   if identity(d)[3].startswith(EXAMPLE)}
+        assert {kind for kind, _ in example} == {
+            "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "CronJob",
+            "ServiceAccount", "Role", "RoleBinding"}
+        serving = yaml.safe_load(plane.kubectl("get", "deployment", EXAMPLE, "-n",
+                                               chart.BASE_NAMESPACE, "-o", "yaml").stdout)
+        assert serving["spec"]["template"]["spec"]["schedulerName"] == "gpufrag-scheduler"
+        cronjobs = plane.kubectl("get", "cronjobs", "-n", chart.BASE_NAMESPACE, "-o",
+                                 "name").stdout.split()
+        assert sorted(cronjobs) == ["cronjob.batch/gpufrag-defrag",
+                                    f"cronjob.batch/{EXAMPLE}-prewarm",
+                                    f"cronjob.batch/{EXAMPLE}-prewarm-end"]
+
+
 def test_uninstall_keeps_the_crd_the_reservations_and_the_namespace(
         helm: Path, control_plane_binary: Path, tmp_path: Path,
         prometheus_operator_crds: list[Path], cert_manager_crds: list[Path]) -> None:
-    """``helm install`` then ``helm uninstall`` on a real API server of its own (the chart's
-    cluster-wide names would collide with objects other tests applied): the GPUReservation CRD
-    (in crds/), a live reservation and the gpufrag-system Namespace (kept by policy) are all
-    still there, so no reservation is lost; the release's other objects are gone. A second
-    release, in a namespace of its own, installs beside the first (release-scoped
-    ClusterRoles and bindings) and leaves with its own uninstall."""
+    """``helm install -n gpufrag-system --create-namespace`` then ``helm uninstall`` on a real
+    API server of its own (the chart's cluster-wide names would collide with objects other tests
+    applied): the GPUReservation CRD (in crds/), a live reservation and the gpufrag-system
+    Namespace (helm's, which uninstall never deletes) are all still there, so no reservation is
+    lost; the release's other objects are gone. A second release, in a namespace the chart
+    creates (namespace.create), installs beside the first (release-scoped ClusterRoles and
+    bindings) and leaves with its own uninstall, its Namespace kept by policy."""
     with ControlPlane(control_plane_binary) as plane:
         _install_and_uninstall(helm, plane, [*prometheus_operator_crds, *cert_manager_crds])
         _the_crd_hook_brings_back_the_charts_crd(helm, plane, tmp_path)
 
 
-# Monitoring, dashboards, the webhook with its cert-manager certificate, and the production
-# layout.
+# Monitoring, dashboards, the webhook with its cert-manager certificate, the example, and the
+# production layout.
 EVERYTHING = ["--set", "monitoring.enabled=true", "--set", "dashboards.enabled=true",
-              "--set", "rightsizing.enabled=true", *PRODUCTION]
+              "--set", "rightsizing.enabled=true", "--set", "servingExample.enabled=true",
+              *PRODUCTION]
 
 
 def _install_and_uninstall(helm: Path, control_plane: ControlPlane,
@@ -736,22 +871,24 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane,
     control_plane.kubectl("apply", "--server-side", *files)
     control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *files)
     run_helm(helm, "install", release, str(CHART), "--kubeconfig", kubeconfig,
-             "--namespace", "default", *EVERYTHING)
+             "--namespace", chart.BASE_NAMESPACE, "--create-namespace", *EVERYTHING)
     for kind in ("prometheusrule", "podmonitor", "servicemonitor", "poddisruptionbudget",
                  "mutatingwebhookconfiguration", "issuer", "certificate"):
         listed = control_plane.kubectl("get", kind, "-n", chart.BASE_NAMESPACE, "-o", "name")
         assert listed.stdout.strip(), f"no {kind} installed"
     # Strict field validation too (an unknown or misspelt field is an error, not pruned).
-    dry_run(control_plane, helm_template(helm, *EVERYTHING))
+    dry_run(control_plane, helm_template(helm, *EVERYTHING, "-n", chart.BASE_NAMESPACE))
     second = "team-b"
     # The second release makes its webhook's certificate itself; an upgrade keeps it.
+    own_namespace = ["--set", f"namespace.name=gpufrag-{second}", "--set",
+                     "namespace.create=true"]
     run_helm(helm, "install", second, str(CHART), "--kubeconfig", kubeconfig, "--namespace",
-             "default", "--set", f"namespace.name=gpufrag-{second}", "--set",
-             f"scheduler.name=gpufrag-{second}", *SELF_SIGNED)
+             "default", *own_namespace, "--set", f"scheduler.name=gpufrag-{second}",
+             *SELF_SIGNED)
     installed = _webhook_certificate(control_plane, f"gpufrag-{second}", second)
     run_helm(helm, "upgrade", second, str(CHART), "--kubeconfig", kubeconfig, "--namespace",
-             "default", "--set", f"namespace.name=gpufrag-{second}", "--set",
-             f"scheduler.name=gpufrag-{second}", *SELF_SIGNED, "--set", "crds.upgrade=false")
+             "default", *own_namespace, "--set", f"scheduler.name=gpufrag-{second}",
+             *SELF_SIGNED, "--set", "crds.upgrade=false")
     assert _webhook_certificate(control_plane, f"gpufrag-{second}", second) == installed
     bindings = control_plane.kubectl("get", "clusterrolebindings", "-o", "name").stdout
     assert f"clusterrolebinding.rbac.authorization.k8s.io/{second}-gpufrag-agent" in bindings
@@ -759,6 +896,8 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane,
     run_helm(helm, "uninstall", second, "--kubeconfig", kubeconfig, "--namespace", "default")
     bindings = control_plane.kubectl("get", "clusterrolebindings", "-o", "name").stdout
     assert f"/{second}-gpufrag-agent" not in bindings and f"/{release}-gpufrag-agent" in bindings
+    assert control_plane.kubectl("get", "namespace", f"gpufrag-{second}",
+                                 check=False).returncode == 0
     custom = kubernetes.client.CustomObjectsApi(control_plane.api_client())
     try:
         custom.create_namespaced_custom_object(
@@ -769,14 +908,14 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane,
         # hook here: its Job's pod would never run on this API server without a node (what
         # its container does is checked below, by running it).
         run_helm(helm, "upgrade", release, str(CHART), "--kubeconfig", kubeconfig,
-                 "--namespace", "default", *EVERYTHING, "--set", "defrag.schedule=0 * * * *",
-                 "--set", "crds.upgrade=false")
+                 "--namespace", chart.BASE_NAMESPACE, *EVERYTHING, "--set",
+                 "defrag.schedule=0 * * * *", "--set", "crds.upgrade=false")
         assert custom.get_namespaced_custom_object(
             rsv.GROUP, rsv.VERSION, chart.BASE_NAMESPACE, rsv.PLURAL,
             "held")["spec"]["node"] == "n0"
     finally:
         run_helm(helm, "uninstall", release, "--kubeconfig", kubeconfig, "--namespace",
-                 "default")
+                 chart.BASE_NAMESPACE)
     assert control_plane.kubectl("get", "crd", f"{rsv.PLURAL}.{rsv.GROUP}",
                                  check=False).returncode == 0
     assert control_plane.kubectl("get", "namespace", chart.BASE_NAMESPACE,
@@ -798,7 +937,7 @@ def _the_crd_hook_brings_back_the_charts_crd(helm: Path, plane: ControlPlane,
     crd = f"{rsv.PLURAL}.{rsv.GROUP}"
     plane.kubectl("patch", "crd", crd, "--type=merge", "-p",
                   '{"spec": {"names": {"shortNames": ["oldrsv"]}}}')
-    hooks = [d for d in helm_template(helm, tests=True)
+    hooks = [d for d in helm_template(helm, "-n", chart.BASE_NAMESPACE, tests=True)
              if annotations_of(d).get(chart.HOOK_ANNOTATION) == "pre-upgrade"]
     assert sorted(identity(d)[1] for d in hooks) == [
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Job", "ServiceAccount"]

@@ -16,7 +16,7 @@ from devkit import chart
 from devkit.build import build_control_plane
 from devkit.toolbuild import build_tool
 from tests.built import built_or_fail
-from tests.e2e.test_helm import find, helm_template, same_objects
+from tests.e2e.test_helm import BASE, find, helm_template, same_objects
 
 MIG_MONITOR = next(p for p in chart.PATCH_PARTS if p.path == "components/mig-monitor")
 MONITOR_ENV = {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}
@@ -46,7 +46,7 @@ def test_the_chart_is_what_the_generator_writes_from_the_manifests(kubectl: list
 
 
 def test_the_policies_name_the_releases_namespace_and_policies(helm: Path) -> None:
-    docs = helm_template(helm, "-n", "gpu-team", "--set", "namespace.name=", release="other")
+    docs = helm_template(helm, "-n", "gpu-team", release="other")
     policies: Any = {d["metadata"]["name"]: d for d in docs  # type: ignore[index]
                      if d["kind"] == "ValidatingAdmissionPolicy"}
     assert sorted(policies) == ["other-gpufrag-agent-node-writes",
@@ -93,7 +93,7 @@ def test_the_mig_monitor_adds_the_toolkits_variable_and_sys_admin_only(
 
 def test_helm_renders_the_mig_monitor_exactly_as_kustomize(helm: Path, kubectl: list[str]) -> None:
     with_monitor = chart.render_patched(kubectl, (MIG_MONITOR,))[MIG_MONITOR]
-    same_objects(helm_template(helm, "--set", f"{MIG_MONITOR.value}=true"), with_monitor)
+    same_objects(helm_template(helm, *BASE, "--set", f"{MIG_MONITOR.value}=true"), with_monitor)
     default = agent_container(helm_template(helm))
     assert MONITOR_ENV not in default["env"]
     assert "add" not in default["securityContext"]["capabilities"]

@@ -115,6 +115,37 @@ def test_a_toggle_wraps_the_objects_it_names() -> None:
         build([deployment()], toggles=(Toggle("x.enabled", "nothing", "?"),))
 
 
+def test_a_toggle_off_by_default_leaves_its_objects_out_until_asked() -> None:
+    toggle = Toggle("example.enabled", "web", "the example", default=False)
+    files = build([deployment()], toggles=(toggle,))
+    assert "{{- if .Values.example.enabled }}\n" in files["templates/deployment-web.yaml"]
+    assert yaml.safe_load(files["values.yaml"])["example"] == {"enabled": False}
+    # The shipped example is one: a demo nobody asked for is not installed.
+    (example,) = [t for t in chart.TOGGLES if t.value == "servingExample.enabled"]
+    assert example.default is False and example.name_prefix == "resnet-serving"
+
+
+def test_the_objects_go_to_the_release_namespace_and_no_namespace_is_made_unasked() -> None:
+    """helm install -n NS --create-namespace makes NS before the chart's objects: by default the
+    chart takes it and creates no Namespace; the one it creates on request is another, named."""
+    namespace: Doc = {"apiVersion": "v1", "kind": "Namespace",
+                      "metadata": {"name": "gpufrag-system"}}
+    files = build([namespace, configmap("cfg", {})])
+    assert yaml.safe_load(files["values.yaml"])["namespace"] == {"name": "", "create": False}
+    assert ('{{- .Values.namespace.name | default .Release.Namespace -}}'
+            in files["templates/_helpers.tpl"])
+    template = files["templates/namespace-gpufrag-system.yaml"]
+    assert template.split("\n")[1:3] == [
+        "{{- if .Values.namespace.create }}",
+        '{{- if eq (include "gpufrag.namespace" .) .Release.Namespace }}']
+    assert "helm.sh/resource-policy: keep" in template
+    schema = json.loads(files["values.schema.json"])["properties"]["namespace"]
+    assert schema["allOf"] == [{
+        "if": {"properties": {"create": {"const": True}}, "required": ["create"]},
+        "then": {"properties": {"name": {"minLength": 1}}, "required": ["name"]}}]
+    assert schema["properties"]["name"]["maxLength"] == 63
+
+
 def test_two_repositories_with_one_values_key_are_refused() -> None:
     with pytest.raises(ChartError, match=r"share the values key images\.pause"):
         build([deployment("a", "registry.k8s.io/pause:3.10"),

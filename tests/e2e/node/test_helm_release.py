@@ -43,19 +43,19 @@ def test_helm_test_passes_against_a_release_on_the_node(
                    "kubeScheduler": _image(node.import_kube_scheduler_image()),
                    "kubectl": _image(node.import_kubectl_image())},
         "global": {"imagePullPolicy": "Never"},
-        "namespace": {"name": NAMESPACE},
         **{part: {"enabled": False}
            for part in ("agent", "devicePlugin", "defrag", "servingExample")},
     }))
-    common = ["--kubeconfig", str(node_plane.kubeconfig_path), "--namespace", "default"]
+    # The release's namespace is helm's, made by helm, as users install it.
+    common = ["--kubeconfig", str(node_plane.kubeconfig_path), "--namespace", NAMESPACE]
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(helm), *args, *common], capture_output=True, text=True,
                               timeout=400, check=False)
 
     try:
-        installed = run("install", RELEASE, str(CHART), "--values", str(values), "--wait",
-                        "--timeout", "300s")
+        installed = run("install", RELEASE, str(CHART), "--values", str(values),
+                        "--create-namespace", "--wait", "--timeout", "300s")
         assert installed.returncode == 0, installed.stderr
         tested = run("test", RELEASE, "--timeout", "300s")
         assert tested.returncode == 0, f"{tested.stdout}\n{tested.stderr}"
