@@ -18,7 +18,9 @@ sample (readings of right-sized pods above the share they held, which the recomm
 earlier readings): idle ratio and free whole GPUs against that risk, and the small pods placed
 on the room it opened. ``--out DIR`` also plots it (``defrag_frontier.png``).
 
-    .venv/bin/python -m benchmarks.defrag_targets [--data ../shared/data] [--cycles 6] [--out D]
+    .venv/bin/python -m benchmarks.defrag_targets [--data DIR] [--cycles 6] [--out D]
+
+``--data`` defaults to the data root (``GPUFRAG_DATA_ROOT``, see :mod:`gpufrag.dataroot`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from defrag.controller.config import DefragConfig
 from defrag.rightsizing.recommender import Mode
+from gpufrag.dataroot import ENV, data_root
 from simulations.defrag_whatif import (
     DEFAULT_CYCLES,
     GENAI_FILE,
@@ -59,7 +62,7 @@ def _line(name: str, result: WhatIfResult) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path("..") / "shared" / "data")
+    p.add_argument("--data", type=Path, default=data_root())
     p.add_argument("--cycles", type=int, default=DEFAULT_CYCLES)
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--out", type=Path, help="write defrag_frontier.png here")
@@ -69,7 +72,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     memory_csv = args.data / "genai" / GENAI_FILE
     missing = [str(f) for f in (nodes_csv, pods_csv, memory_csv) if not f.is_file()]
     if missing:
-        print(f"trace files not found: {', '.join(missing)}; pass --data", file=sys.stderr)
+        print(f"trace files not found: {', '.join(missing)}; pass --data or set {ENV}",
+              file=sys.stderr)
         return 2
     nodes = with_gpu_memory(load_nodes(nodes_csv), 32)
     pods = load_pods(pods_csv, {n.gpu_product for n in nodes if n.gpu_count})

@@ -3,7 +3,7 @@ trace, scheduled by gpufrag-scheduler (deciding filter) beside the default sched
 zero-cost extender in the same run, on the same fleet and the same pods.
 
     python -m benchmarks.fleet_scale [--nodes 1000,5000 --pods 10000,50000] [--max-demand 0.75]
-        [--residents 0,0] [--data ../shared/data/openb] [--seed 0]
+        [--residents 0,0] [--data DIR] [--seed 0]
         [--failover-kills 10 --arrivals-per-s 5]
 
 With no arguments a small fleet (CI size). ``--nodes`` and ``--pods`` are paired lists, one run
@@ -80,6 +80,7 @@ from devkit.fleet import (
 )
 from devkit.procs import http_get, insecure_tls, wait_until
 from devkit.stack import install_defrag_namespace, install_reservations_crd
+from gpufrag.dataroot import fallback_line
 from scheduler.core import TargetWorkload
 from simulations.replay import replay
 
@@ -556,8 +557,9 @@ def main(argv: list[str] | None = None) -> int:
                         "with --nodes (default none)")
     parser.add_argument("--max-demand", default=str(DEFAULT_MAX_DEMAND),
                         help="stop drawing pods at this share of the fleet's GPUs (0..1]")
-    parser.add_argument("--data", default=str(OPENB_DIR), help="openb trace folder (the "
-                        "synthetic fleet of the same shape when absent)")
+    parser.add_argument("--data", default=str(OPENB_DIR), help="openb trace folder (default: "
+                        "openb/ under the data root, GPUFRAG_DATA_ROOT; the synthetic fleet of "
+                        "the same shape when absent)")
     parser.add_argument("--seed", default="0")
     parser.add_argument("--failover-kills", default="0",
                         help="after the rows, kill the gpufrag-scheduler leader this many times "
@@ -589,6 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     for n, p, r in zip(nodes, pods, residents, strict=True):
         fleet = make_fleet(n, p, seed=seed, data_dir=Path(args.data), max_demand=max_demand,
                            residents=r)
+        if fleet.source == "synthetic":
+            print(f"fleet_scale: {fallback_line(Path(args.data), 'openb trace')}",
+                  file=sys.stderr)
         results.append(run_size(binary, fleet, seed, kills=kills,
                                 arrivals_per_s=arrivals_per_s))
         print_size(results[-1])

@@ -28,9 +28,9 @@ import orjson
 
 from gpufrag import logs
 from scheduler.core import NodeSpec, PodRequest
-from scheduler.extender import service
 from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.runtime import snapshot_runtime
+from scheduler.extender.verbs.preempt import PREEMPT_BUDGET_S
 from scheduler.kube.convert import node_to_k8s, pod_to_k8s
 from scheduler.kube.snapshot import Snapshot
 
@@ -104,7 +104,7 @@ def run(nodes: int, victims: int) -> None:
     reply = orjson.loads(last[0])["NodeNameToMetaVictims"]
     searched = sum(1 for n, v in reply.items() if len(v["Pods"]) < len(uids[n]))
     print(f"{nodes:>6} nodes x {victims} candidates: preempt {wall[0]:.2f} s "
-          f"(budget {service.PREEMPT_BUDGET_S:g} s; {searched} nodes narrowed); filters "
+          f"(budget {PREEMPT_BUDGET_S:g} s; {searched} nodes narrowed); filters "
           f"during it p50 {q50:.1f} ms p99 {q99:.1f} ms (n={len(during)}) vs alone p50 "
           f"{p50:.1f} ms p99 {p99:.1f} ms: p99 x{q99 / p99:.2f}")
     runtime.stop()

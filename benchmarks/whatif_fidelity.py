@@ -7,8 +7,10 @@ side (each in a fresh process, twice: the first run includes loading the kernel;
 by the real command in new processes: ``benchmarks.whatif_first_run``), and the peak RSS of
 the whole ``gpufrag whatif`` command for that replay.
 
-    python -m benchmarks.whatif_fidelity [--data ../shared/data/openb] [--seeds 10] [--jobs 2]
-                                         [--kss-compat]
+    python -m benchmarks.whatif_fidelity [--data DIR] [--seeds 10] [--jobs 2] [--kss-compat]
+
+``--data`` defaults to ``openb/`` under the data root (``GPUFRAG_DATA_ROOT``, see
+:mod:`gpufrag.dataroot`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpufrag.dataroot import ENV, data_root
 from scheduler.core import TargetWorkload, fragkernel
 from scheduler.policies import POLICY_NAMES
 from simulations.cli import run_one
@@ -76,7 +79,7 @@ def _command_peak_rss_mib(nodes_csv: Path, pods_csv: Path,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/openb"))
+    parser.add_argument("--data", type=Path, default=data_root() / "openb")
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--kss-compat", action="store_true",
@@ -86,7 +89,8 @@ def main() -> int:
     nodes_csv = args.data / "openb_node_list_gpu_node.csv"
     pods_csv = args.data / "openb_pod_list_default.csv"
     if not nodes_csv.exists():
-        print(f"openb trace not found under {args.data}; pass --data", file=sys.stderr)
+        print(f"openb trace not found under {args.data}; pass --data or set {ENV}",
+              file=sys.stderr)
         return 2
     mode = " (KSS-compatible)" if args.kss_compat else ""
 

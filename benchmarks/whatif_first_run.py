@@ -8,10 +8,11 @@ cached kernel, the numpy form), and prints the per-run seconds the command itsel
 the whole command's wall time, with the load average before and after: on a shared machine a
 figure is only worth its load.
 
-    python -m benchmarks.whatif_first_run [--data ../shared/data/openb] [--repeat 5]
-                                          [--engines c,numba,numpy]
+    python -m benchmarks.whatif_first_run [--data DIR] [--repeat 5] [--engines c,numba,numpy]
 
-Without the openb trace it runs on the built-in synthetic cluster and says so.
+``--data`` defaults to ``openb/`` under the data root (``GPUFRAG_DATA_ROOT``, see
+:mod:`gpufrag.dataroot`). Without the openb trace it runs on the built-in synthetic cluster and
+says so.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpufrag.dataroot import data_root
 from scheduler.core import fragkernel
 
 ENGINES = (*fragkernel.ENGINES, "numpy")
@@ -77,7 +79,7 @@ def _load() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/openb"))
+    parser.add_argument("--data", type=Path, default=data_root() / "openb")
     parser.add_argument("--repeat", type=_positive, default=5)
     parser.add_argument("--engines", type=_engines, default=list(ENGINES))
     args = parser.parse_args(argv)

@@ -5,12 +5,13 @@ four (the FGD authors' run scripts list them): ``cpu050/100/200/250`` (more or f
 pods), ``gpushare40/60/80/100`` (the share of GPU-share pods), ``gpuspec10/20/25/33`` (the share
 of pods constrained to GPU models) and ``multigpu20/30/40/50`` (the share of multi-GPU pods),
 all on ``openb_node_list_gpu_node.csv``. The variants are the authors' files, not derived here;
-this benchmark runs whichever of the 17 are under ``--data`` (``../shared/data/openb`` holds 5:
+this benchmark runs whichever of the 17 are under ``--data`` (default ``openb/`` under the data
+root, ``GPUFRAG_DATA_ROOT``; the shared one holds 5:
 default, cpu050, gpushare40, gpuspec33, multigpu20) and, when some are absent or only a subset
 of seeds is asked for, extrapolates the whole matrix from the measured replays, labelled as
 such: the mean measured replay stands in for each one not run.
 
-    python -m benchmarks.whatif_matrix [--data ../shared/data/openb] [--jobs 2] [--seeds 10]
+    python -m benchmarks.whatif_matrix [--data DIR] [--jobs 2] [--seeds 10]
                                        [--traces default,cpu050] [--policies fgd,random]
 """
 
@@ -23,6 +24,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from gpufrag.dataroot import ENV, data_root
 from scheduler.core import TargetWorkload
 from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.policies import POLICY_NAMES
@@ -62,7 +64,7 @@ def _replay(data: str, trace: str, policy: str,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--data", type=Path, default=Path("../shared/data/openb"))
+    parser.add_argument("--data", type=Path, default=data_root() / "openb")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=PAPER_SEEDS)
     parser.add_argument("--traces", help="comma-separated subset of the paper's traces")
@@ -78,7 +80,8 @@ def main() -> int:
     present = [t for t in wanted if (args.data / f"openb_pod_list_{t}.csv").exists()]
     absent = [t for t in PAPER_TRACES if not (args.data / f"openb_pod_list_{t}.csv").exists()]
     if not present:
-        print(f"none of the traces found under {args.data}; pass --data", file=sys.stderr)
+        print(f"none of the traces found under {args.data}; pass --data or set {ENV}",
+              file=sys.stderr)
         return 2
     runs = [(t, p, s) for t in present for p in policies for s in range(42, 42 + args.seeds)]
     print(f"running {len(runs)} replays: {len(present)} traces ({', '.join(present)}) x "

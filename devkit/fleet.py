@@ -57,7 +57,8 @@ from gpufrag.conventions import (
     ANNOTATION_GPU_USAGE,
     HINTS_NAMESPACE,
 )
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from gpufrag.dataroot import data_root
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from scheduler.core import MILLI_PER_GPU, ClusterState, TargetWorkload
 from scheduler.core.feasibility import feasible_mask
 from scheduler.core.fragmentation import node_fragmentation
@@ -73,7 +74,8 @@ from simulations.synthetic import synthetic_nodes, synthetic_pods
 # The nodes kwok manages; the stack's group label, so the e2e helpers read them too.
 FLEET_GROUP: Final = "fleet"
 FLEET_LABEL: Final = f"{GROUP_LABEL}={FLEET_GROUP}"
-OPENB_DIR: Final = Path("..") / "shared" / "data" / "openb"
+# The openb trace under the data root (gpufrag.dataroot), settled when the command starts.
+OPENB_DIR: Final = data_root() / "openb"
 OPENB_NODES: Final = "openb_node_list_gpu_node.csv"
 OPENB_PODS: Final = "openb_pod_list_default.csv"
 # Pod IPs kwok hands out: room for 50,000 pods, clear of the service range (10.96.0.0/12).

@@ -56,6 +56,7 @@ from defrag.controller.model import PodInfo, Snapshot, snapshot_of_state
 from defrag.controller.planner import Move, plan
 from defrag.controller.trigger import find_triggers
 from defrag.rightsizing.recommender import Mode, RightsizingConfig
+from gpufrag.dataroot import data_root, fallback_line
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
 from gpufrag.plotting import plots_wanted, pyplot
 from scheduler.core.fragmentation import TargetWorkload
@@ -83,8 +84,8 @@ from simulations.workload import tune_workload
 FloatArray = npt.NDArray[np.float64]
 GIB_MIB = 1024
 GENAI_FILE = "pod_gpu_memory_used_bytes_anon.csv"
-# Where DESIGN.md keeps the shared data, relative to the project root (the working directory).
-DEFAULT_GENAI = Path("..") / "shared" / "data" / "genai" / GENAI_FILE
+# The default memory trace: under the data root (gpufrag.dataroot), settled at start-up.
+DEFAULT_GENAI = data_root() / "genai" / GENAI_FILE
 GENAI_GPU_GIB = 48.0
 GPU_MEMORY_GIB = {"T4": 16, "P100": 16, "V100M16": 16, "V100M32": 32, "A10": 24}
 DEFAULT_GPU_GIB = 32
@@ -779,6 +780,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         genai = args.genai_memory
         if genai is None and DEFAULT_GENAI.is_file():
             genai = DEFAULT_GENAI
+        elif genai is None:
+            print(f"gpufrag whatif --defrag: "
+                  f"{fallback_line(DEFAULT_GENAI, 'GenAI memory trace')}", file=sys.stderr)
         trace = (read_memory_trace(genai, args.genai_gpu_gib) if genai is not None
                  else synthetic_memory_trace(args.seed))
         if args.out is not None:

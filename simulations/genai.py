@@ -2,7 +2,8 @@
 
 Four series, each through the traces' one bounded CSV reader (:func:`simulations.openb.read_rows`)
 so a bad row is one ``BadInput`` naming file, row and field; each has a seeded stand-in of the
-same shape for runs without the trace (``../shared/data/genai`` absent):
+same shape for runs without the trace (``genai/`` absent from the data root,
+:mod:`gpufrag.dataroot`):
 
 - ``qps.csv`` -> the **demand curve**: requests per second summed over the trace's pods at each
   timestamp (57 s apart; ~22 h, a diurnal shape from 0.1 to 9.6 rps). Timestamps must be
@@ -26,12 +27,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from gpufrag.dataroot import data_root
 from gpufrag.errors import BadInput
 from simulations.openb import MAX_AMOUNT, amount, read_rows
 
 FloatArray = npt.NDArray[np.float64]
 
-DEFAULT_DIR = Path("..") / "shared" / "data" / "genai"
+# The default trace folder: under the data root, settled when the command starts.
+DEFAULT_DIR = data_root() / "genai"
 QPS_FILE = "qps.csv"
 LATENCY_FILE = "basemodel_update_latency_anon.csv"
 DUTY_FILE = "pod_gpu_duty_cycle_anon.csv"

@@ -34,6 +34,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from gpufrag.dataroot import fallback_line
 from gpufrag.errors import BadInput
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.types import MILLI_PER_GPU, NodeSpec
@@ -92,7 +93,8 @@ def load_inputs(*, nodes_path: Path | None, pods_path: Path | None, genai: str |
         notes.append(f"serving load from {genai_dir}")
     else:
         serving, fractions = synthetic_serving_trace(workload_seed), None
-        notes.append("serving load synthetic (no GenAI trace)")
+        notes.append("serving load synthetic (--genai synthetic)" if genai is not None
+                     else f"serving load: {fallback_line(DEFAULT_DIR, 'GenAI trace')}")
     described: list[object] = [hours, load, start_s, workload_seed, coverage,
                                _file_id(genai_dir / "qps.csv") if use_genai else "synthetic"]
     if nodes_path is None or pods_path is None:

@@ -10,15 +10,21 @@ its level and processors the first time it logs. Across tests that would leak on
 configuration into every later one (``structlog.testing.capture_logs`` would then see
 nothing), so for the whole session every configuration is made uncached, also for a server
 thread that outlives its test, and the defaults are restored after each test.
+
+Every skip is judged here (the reasons and the strict switch: tests/skips.py): a skip whose
+reason is not listed there, or a prerequisite skip under ``GPUFRAG_STRICT_SKIPS=1``, is turned
+into a failure, whether a test, a fixture, a mark or a module's collection raised it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
 import structlog
+
+from tests import skips
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -37,3 +43,33 @@ def _structlog_uncached() -> Iterator[None]:
 def _structlog_defaults_after_each_test() -> Iterator[None]:
     yield
     structlog.reset_defaults()
+
+
+def _judged(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Turn ``report`` from skipped into failed where :func:`tests.skips.judge` says so (an
+    xfail, reported as skipped too, is left to pytest's own strict xfail)."""
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    message = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    failure = skips.judge(message)
+    if failure is not None:
+        report.outcome = "failed"
+        report.longrepr = failure
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport,
+                                                                        pytest.TestReport]:
+    report = yield
+    _judged(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+        collector: pytest.Collector) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    report = yield
+    _judged(report)
+    return report

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from defrag.rightsizing.recommender import RightsizingConfig
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
-from node.agent.usage import STALE_AFTER_INTERVALS
+from gpufrag.gpu_usage import STALE_AFTER_INTERVALS
 from scheduler.policies import POLICY_NAMES
 
 # Highest value a user-defined PriorityClass may take; system-critical classes sit above it

@@ -36,8 +36,8 @@ from defrag.controller.config import DefragConfig
 from defrag.controller.model import PodInfo
 from gpufrag.conventions import ANNOTATION_GPU_ALLOCATED, KubeNames
 from gpufrag.errors import BadInput
+from gpufrag.gpu_usage import NodeGpuUsage
 from gpufrag.records import AllocationMismatch, allocation_mismatch, parse_allocated
-from node.agent.usage import NodeGpuUsage
 from scheduler.kube import reservations as rsv
 from scheduler.kube.convert import annotations_of, bound_gpus, is_terminal, labels_of
 

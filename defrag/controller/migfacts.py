@@ -22,7 +22,7 @@ from typing import Any
 from defrag.controller.migplan import LABEL_MIG_CONFIG_STATE, MigNodeFacts
 from gpufrag.conventions import DEFAULT_NAMES, LABEL_GPU_COUNT, LABEL_MIG_CONFIG, KubeNames
 from gpufrag.errors import BadInput
-from node.agent.usage import NodeGpuUsage
+from gpufrag.gpu_usage import NodeGpuUsage
 from scheduler.core.mig import mig_model
 from scheduler.kube.convert import (
     LABEL_MIG_STRATEGY,

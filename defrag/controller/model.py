@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from defrag.controller.measure import UsageTable
-from node.agent.usage import NodeGpuUsage
+from gpufrag.gpu_usage import NodeGpuUsage
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key

@@ -3,7 +3,7 @@
 Pure: the caller lists Nodes, Pods and PodDisruptionBudgets (and, with ``--prometheus``, the
 DCGM samples) and passes them in, so tests and the what-if can build snapshots without a
 cluster. Resource requests, GPU indices and owners are read with ``scheduler.kube.convert``, the
-same converters the extender uses; GPU usage with ``node.agent.usage.parse``, the agent's own
+same converters the extender uses; GPU usage with ``gpufrag.gpu_usage.parse``, the agent's own
 schema. What cannot be used (an unreadable or stale usage reading, a pod with a malformed
 request) is reported as a :class:`UsageNote` or a skipped pod, never guessed.
 """
@@ -30,7 +30,7 @@ from defrag.controller.model import (
 )
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
-from node.agent.usage import NodeGpuUsage, parse
+from gpufrag.gpu_usage import NodeGpuUsage, parse
 from scheduler.core.state import ClusterState
 from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.kube.cache import KnownPod

@@ -2,7 +2,8 @@
 
 Its own import layer, below the defrag controller and the admission webhook (which both use
 it and, as siblings, may not import each other) and above the node agent, whose per-pod
-readings (:mod:`node.agent.usage`) it reads. :mod:`defrag.rightsizing.recommender` is pure
-(standard library, orjson, the agent's schema); :mod:`defrag.rightsizing.workloads` is the one
-place that reads and writes workloads' controllers through the Kubernetes API.
+readings it reads in the agent's schema (:mod:`gpufrag.gpu_usage`, in the shared base).
+:mod:`defrag.rightsizing.recommender` is pure (standard library, orjson, the agent's schema);
+:mod:`defrag.rightsizing.workloads` is the one place that reads and writes workloads'
+controllers through the Kubernetes API.
 """

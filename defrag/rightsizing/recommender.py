@@ -1,6 +1,6 @@
 """The GPU right-sizing recommender: observed per-pod GPU memory -> a recommended share.
 
-Pure (standard library, orjson, :mod:`node.agent.usage`, :mod:`gpufrag`): no Kubernetes
+Pure (standard library, orjson, :mod:`gpufrag.gpu_usage`, :mod:`gpufrag`): no Kubernetes
 client, no clock of its own (every function takes ``now``), so the defrag controller, the
 admission webhook and the what-if all compute the same numbers.
 
@@ -63,7 +63,7 @@ from typing import Any
 import orjson
 
 from gpufrag.errors import BadInput
-from node.agent.usage import NodeGpuUsage
+from gpufrag.gpu_usage import NodeGpuUsage
 
 SCHEMA_VERSION = 1
 ANY_VERSION = "*"

@@ -58,8 +58,8 @@ from devkit.stack import install_reservations_crd
 from gpufrag import conventions as cv
 from gpufrag.conventions import DEFAULT_NAMES
 from gpufrag.errors import BadInput
+from gpufrag.gpu_usage import NodeGpuUsage, parse
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
-from node.agent.usage import NodeGpuUsage, parse
 from scheduler.core import TargetWorkload
 from scheduler.kube.binder import KubeBinder
 from scheduler.kube.convert import bound_gpus

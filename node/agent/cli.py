@@ -8,7 +8,7 @@ this node (one log line, no traceback; keep the DaemonSet off such nodes with a 
 (:class:`gpufrag.nvml_recorded.RecordedNvml`) instead of the NVIDIA driver, so the whole agent
 (pid -> cgroup -> pod, publishing) runs where there is no GPU: the demo's fake nodes, a laptop, CI.
 The usage annotation's format has no field for where a reading came from (and a new field would
-change that contract, :mod:`node.agent.usage`), so the agent says so in its log instead: a
+change that contract, :mod:`gpufrag.gpu_usage`), so the agent says so in its log instead: a
 ``recorded_nvml`` warning at start and ``nvml=recorded`` on its ``starting`` line.
 """
 
@@ -35,6 +35,7 @@ from gpufrag.errors import (
     BadInput,
     BadInputArgumentParser,
 )
+from gpufrag.gpu_usage import REFRESH_INTERVALS
 from gpufrag.httpserve import ListenError
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
@@ -56,7 +57,6 @@ from node.agent.publish import (
     Publisher,
     PublishPolicy,
 )
-from node.agent.usage import REFRESH_INTERVALS
 from scheduler.kube.client import api_client as kube_api_client
 
 DEFAULT_METRICS_PORT = 9401  # next to the DCGM exporter's 9400, so both can run on hostNetwork

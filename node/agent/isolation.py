@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gpufrag.gpu_usage import NodeGpuUsage
 from node.agent.cgroup import PodRef, PodShare
-from node.agent.usage import NodeGpuUsage
 from scheduler.kube.convert import share_memory_mib
 
 DEFAULT_TOLERANCE_MIB = 0

@@ -22,6 +22,13 @@ from structlog.typing import FilteringBoundLogger
 
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
+from gpufrag.gpu_usage import (
+    REFRESH_INTERVALS,
+    GpuUsage,
+    NodeGpuUsage,
+    PodGpuUsage,
+    StrayProcess,
+)
 from gpufrag.nvml import GpuReadError, GpuReading
 from gpufrag.records import AllocationMismatch, allocation_mismatch
 from node.agent import isolation, mig, peaks
@@ -36,13 +43,6 @@ from node.agent.publish import (
     EVENT_REASON_GPU_PROCESS_WITHOUT_POD,
     Publisher,
     PublishError,
-)
-from node.agent.usage import (
-    REFRESH_INTERVALS,
-    GpuUsage,
-    NodeGpuUsage,
-    PodGpuUsage,
-    StrayProcess,
 )
 
 DEFAULT_INTERVAL_S = 15.0

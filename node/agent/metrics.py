@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import generate_latest
 
 from gpufrag import probes
+from gpufrag.gpu_usage import STRAY_REASONS, NodeGpuUsage
 from gpufrag.httpserve import Server
 from gpufrag.metrics import new_registry
 from gpufrag.nvml import MIB
@@ -31,7 +32,6 @@ from gpufrag.probes import Liveness
 from gpufrag.records import ALLOCATION_MISMATCH_REASONS
 from node.agent.cgroup import PodRef
 from node.agent.isolation import Overrun
-from node.agent.usage import STRAY_REASONS, NodeGpuUsage
 
 # dcgm-exporter's label names, modelName included (see the module docstring).
 _GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname")

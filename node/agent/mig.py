@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from gpufrag.gpu_usage import MigInstanceUsage
 from gpufrag.nvml import MIB, GpuReading, MigReading
 from node.agent.cgroup import PodRef
-from node.agent.usage import MigInstanceUsage
 from scheduler.core.mig import SLICES, mig_model
 
 GIB = 1024 * MIB

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 
 # The recommender's window (defrag.rightsizing.RightsizingConfig.window_s) and interval.
 DEFAULT_WINDOW_S = 7 * 86400.0

@@ -30,8 +30,8 @@ from kubernetes.client import ApiClient, CoreV1Api
 from structlog.typing import FilteringBoundLogger
 
 from gpufrag.conventions import ANNOTATION_GPU_USAGE
+from gpufrag.gpu_usage import NodeGpuUsage
 from node.agent.cgroup import PodRef
-from node.agent.usage import NodeGpuUsage
 from scheduler.kube.errors import ApiError, api_errors
 from scheduler.kube.events import (
     CLUSTER_EVENT_NAMESPACE,
@@ -46,7 +46,7 @@ COMPONENT = "gpufrag-agent"
 # flaps across its share still gets the one Event per cooldown that check decides on.
 EVENT_WINDOW_S = 600.0
 EVENT_REASON_GPU_MEMORY_GROWTH = "GPUMemoryGrowth"
-# A GPU process that belongs to no live pod (a GPU's strays: node.agent.usage), on the Node.
+# A GPU process that belongs to no live pod (a GPU's strays: gpufrag.gpu_usage), on the Node.
 EVENT_REASON_GPU_PROCESS_WITHOUT_POD = "GPUProcessWithoutPod"
 EVENT_REASON_GPU_MEMORY_OVER_SHARE = "GPUMemoryOverShare"
 # The device plugin gave a pod GPUs other than its gpu-indices record (gpufrag.records).

@@ -1,4 +1,5 @@
-"""The extender's HTTP face: a Flask app over :class:`~scheduler.extender.service.Extender`.
+"""The extender's HTTP face: a Flask app over an :class:`~scheduler.extender.extender.Extender`,
+each verb's route handing its request to that verb's plugin (:mod:`scheduler.extender.verbs`).
 
 Routes (``{prefix}`` is ``server.url_prefix``):
 
@@ -56,8 +57,9 @@ from gpufrag.membudget import (
     worst_cost,
 )
 from scheduler.extender import wire
+from scheduler.extender.extender import Extender
 from scheduler.extender.metrics import ExtenderMetrics
-from scheduler.extender.service import BindRefused, Extender
+from scheduler.extender.verbs.bind import BindRefused
 
 Payload = dict[str, Any] | wire.Answer  # an Answer: JSON already encoded, in pieces
 # (body, its reservation, the bytes of it reserved for the answer before the body was parsed)
@@ -231,7 +233,8 @@ def create_app(extender: Extender, *, metrics: ExtenderMetrics | None = None,
     """The Flask app serving ``extender``: every verb and probe is one of its routes (see
     ``app.url_map``). Metrics go to ``metrics`` (made on ``registry``, a fresh one if None,
     when not given)."""
-    config = extender.config
+    config = extender.placement.config
+    node_json = extender.placement.node_json
     app = Flask("gpufrag.extender")
     metrics = metrics if metrics is not None else ExtenderMetrics(extender, registry)
     prefix = config.server.url_prefix
@@ -322,7 +325,7 @@ def create_app(extender: Extender, *, metrics: ExtenderMetrics | None = None,
         fields.update(passed=int(outcome.passed.sum()), failed=int(outcome.failed.size))
         if outcome.decided:
             fields["node"] = outcome.decided
-        return wire.filter_result(args, outcome, extender.node_json), fields
+        return wire.filter_result(args, outcome, node_json), fields
 
     def do_prioritize(body: bytes, reservation: Reservation, early: int
                       ) -> tuple[Payload, dict[str, Any]]:
@@ -331,7 +334,7 @@ def create_app(extender: Extender, *, metrics: ExtenderMetrics | None = None,
         fields: dict[str, Any] = {"pod": _pod_id(args.pod), "nodes": len(args.names)}
         result, best = extender.prioritize(args.pod, args.names, args.name_set)
         fields["node"] = best
-        return wire.priorities(args, result, extender.node_json), fields
+        return wire.priorities(args, result, node_json), fields
 
     def do_bind(body: bytes, *_: Any) -> tuple[Payload, dict[str, Any]]:
         args = wire.parse_binding_args(body)

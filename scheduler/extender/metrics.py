@@ -19,7 +19,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from gpufrag.metrics import new_registry
-from scheduler.extender.service import Extender
+from scheduler.extender.extender import Extender
 from scheduler.kube.cache import SKIPPED_KINDS
 from scheduler.kube.skipreport import SKIP_EVENT_OUTCOMES
 
@@ -31,7 +31,7 @@ class _ClusterCollector(Collector):
         self.extender = extender
 
     def collect(self) -> Iterator[Metric]:
-        cache = self.extender.cache
+        cache = self.extender.placement.cache
         counts = cache.counts()
         nodes = GaugeMetricFamily("gpufrag_extender_nodes", "Nodes in the extender's state.")
         nodes.add_metric([], counts["nodes"])
@@ -44,7 +44,7 @@ class _ClusterCollector(Collector):
         ratio = GaugeMetricFamily(
             "gpufrag_extender_fragmentation_ratio",
             "Cluster GPU fragmentation (FGD, against the target workload) over free GPU share.")
-        ratio.add_metric([], self.extender.fragmentation_ratio())
+        ratio.add_metric([], self.extender.placement.fragmentation_ratio())
         yield ratio
         synced = GaugeMetricFamily("gpufrag_extender_synced",
                                    "1 once the node and pod lists have been loaded.")
@@ -103,11 +103,11 @@ class _ClusterCollector(Collector):
             ("gpufrag_extender_unassumed_decisions",
              "Deciding filters for pods the watch had not seen pending: answered, but no GPU "
              "held for them (a caller that is not kube-scheduler, or a watch running behind).",
-             self.extender.unassumed_decisions),
+             self.extender.filter.unassumed_decisions),
             ("gpufrag_extender_watch_waits_timed_out",
              "Deciding filters for a GPU pod the watch had not shown within "
              "filter.await_watch_s (the pod then holds nothing until its bind).",
-             self.extender.watch_waits_timed_out)):
+             self.extender.filter.watch_waits_timed_out)):
             counter = CounterMetricFamily(name, text)
             counter.add_metric([], value)
             yield counter

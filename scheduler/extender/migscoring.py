@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpufrag.errors import BadInput
-from node.agent.usage import STALE_AFTER_INTERVALS, parse
+from gpufrag.gpu_usage import STALE_AFTER_INTERVALS, parse
 from scheduler.core.fragmentation import FloatArray
 from scheduler.core.mig import (
     MigGpuModel,
@@ -257,7 +257,7 @@ class MigScorer:
 
 
 def agent_mig(text: str) -> AgentMig | None:
-    """The MIG instances of the agent's usage annotation (:mod:`node.agent.usage`, the one
+    """The MIG instances of the agent's usage annotation (:mod:`gpufrag.gpu_usage`, the one
     schema), fresh until the agent would have published again
     (``STALE_AFTER_INTERVALS`` intervals); None when it lists no MIG GPU or does not read
     (the labels decide then). The instance's GPU is NVML's index, whole GPUs included."""

@@ -23,9 +23,9 @@ from gpufrag.metrics import new_registry
 from gpufrag.records import RecordSigner
 from scheduler.extender.app import create_app
 from scheduler.extender.config import ExtenderConfig
+from scheduler.extender.extender import Extender
 from scheduler.extender.metrics import ExtenderMetrics, SkipEventCollector
 from scheduler.extender.migscoring import agent_mig
-from scheduler.extender.service import Extender
 from scheduler.kube.binder import Binder, DryRunBinder, KubeBinder, KubeEventWriter
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import key_of
@@ -173,9 +173,9 @@ def cluster_runtime(new_api_client: Callable[[], Any], config: ExtenderConfig, *
     if bind_client is not None and config.names.device_plugin == "gpufrag":
         # gpufrag's device plugin honours a GPU record only with the extender's signature.
         def use(signer: RecordSigner) -> None:
-            extender.signer = signer
+            extender.bind.signer = signer
 
-        extender.signing_required = True
+        extender.bind.signing_required = True
 
         runtime.record_key = SignerBootstrap(new_api_client, config.names, use)
     return runtime

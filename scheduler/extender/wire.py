@@ -390,7 +390,7 @@ def parse_extender_args(body: bytes, lists: NameLists | None = None) -> Extender
     if given is not None:
         if not isinstance(given, list):
             raise WireError(f"NodeNames must be a list of strings, got {type(given).__name__}")
-        # The entries are checked where they are looked up (Extender._rows): a per-name check
+        # The entries are checked where they are looked up (Placement.rows): a per-name check
         # here would cost as much as the lookup itself on every request.
         return ExtenderArgs(pod, given, None)
     nodes = args.get("Nodes")

@@ -12,8 +12,7 @@ from devkit.fleet import RESIDENT_NAMESPACE, make_fleet, pod_body, quantile, res
 from gpufrag import conventions as cv
 from scheduler.core import ClusterState
 from scheduler.core.types import PodRequest
-
-OPENB = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
+from tests.data import trace
 
 
 def test_without_the_trace_the_fleet_is_synthetic_and_stops_at_the_demand_cap(
@@ -29,9 +28,8 @@ def test_without_the_trace_the_fleet_is_synthetic_and_stops_at_the_demand_cap(
     assert make_fleet(30, 5000, seed=3, data_dir=tmp_path, max_demand=0.5) == fleet  # seeded
 
 
-@pytest.mark.skipif(not OPENB.is_dir(), reason="the openb trace is not on this machine")
 def test_with_the_trace_the_fleet_is_the_openb_mix() -> None:
-    fleet = make_fleet(1000, 2000, seed=0, data_dir=OPENB)  # multi-GPU pods are ~1%
+    fleet = make_fleet(1000, 2000, seed=0, data_dir=trace("openb"))  # multi-GPU pods are ~1%
     assert fleet.source == "openb" and len(fleet.pods) == 2000
     assert {n.gpu_product for n in fleet.nodes} >= {"G2", "T4"}
     assert {n.gpu_count for n in fleet.nodes} <= {1, 2, 4, 8}

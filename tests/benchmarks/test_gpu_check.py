@@ -13,6 +13,7 @@ import pytest
 from benchmarks.gpu_check import compare_inventories, main, nvidia_smi_inventory, targets
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlReader
 from node.deviceplugin.inventory import Gpu
+from tests import skips
 
 
 def has_gpu() -> bool:
@@ -23,7 +24,7 @@ def has_gpu() -> bool:
         return False
 
 
-@pytest.mark.skipif(has_gpu(), reason="a GPU is here: the full check runs, not its CPU half")
+@skips.skip_if(has_gpu(), skips.GPU_PRESENT, "the full check runs there, not its CPU half")
 def test_the_cpu_half_runs_and_says_what_it_skipped(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"

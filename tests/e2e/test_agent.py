@@ -30,6 +30,7 @@ from gpufrag.conventions import (
     RESOURCE_GPU_MEMORY_MIB,
     RESOURCE_GPU_MILLI,
 )
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage, parse
 from gpufrag.nvml import MIB
 from node.agent import cli as agent_cli
 from node.agent.cgroup import KubePodLister, PodListError, PodRecord, PodRef
@@ -41,7 +42,6 @@ from node.agent.publish import (
     KubeClusterWriter,
     PublishError,
 )
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage, parse
 
 NODE = "agent-node-0"
 

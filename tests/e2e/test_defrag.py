@@ -52,7 +52,7 @@ from devkit.procs import wait_until
 from devkit.stack import install_reservations_crd
 from gpufrag import conventions as cv
 from gpufrag.cli import main as gpufrag
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from scheduler.core import TargetWorkload
 from scheduler.kube import reservations as rsv
 

@@ -30,7 +30,7 @@ from devkit.procs import wait_until
 from devkit.stack import delete_nodes, install_reservations_crd
 from gpufrag import conventions as cv
 from gpufrag.cli import main as gpufrag
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from tests.e2e.test_admission import webhook as webhook  # the fixture
 from tests.e2e.test_defrag import pod_spec, reservations
 

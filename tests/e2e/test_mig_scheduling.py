@@ -24,7 +24,7 @@ from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
 from devkit.stack import GROUP_LABEL, bound_node, delete_nodes
 from gpufrag import conventions as cv
-from node.agent.usage import GpuUsage, MigInstanceUsage, NodeGpuUsage
+from gpufrag.gpu_usage import GpuUsage, MigInstanceUsage, NodeGpuUsage
 from scheduler.kube.mignodes import mig_node_to_k8s
 from scheduler.kube.mignodes import mig_pod_to_k8s as mig_pod
 

@@ -102,7 +102,7 @@ def test_extender_watches_and_binds_with_its_service_account(
         signer = ensure_signer(as_service_account("gpufrag-scheduler"), config.names)
         assert ensure_signer(as_service_account("gpufrag-scheduler"),
                              config.names).key_id == signer.key_id
-        runtime.extender.signer = signer
+        runtime.extender.bind.signer = signer
         outcome = runtime.extender.bind(namespace, "p", uid, NODE)
         pod = admin.read_namespaced_pod("p", namespace)
         assert pod.spec.node_name == NODE

@@ -22,6 +22,7 @@ from packaging.version import Version
 
 from devkit.image import CLUSTER, GPU, VARIANTS, image_key
 from devkit.image import COMMON_INPUTS as IMAGE_COMMON_INPUTS
+from tests import skips
 from tests.packaging.test_lock import (
     DOCKERFILE,
     PINS,
@@ -131,8 +132,7 @@ def test_every_variant_copies_what_its_cache_key_covers() -> None:
         s for s in copied if s not in args}
 
 
-@pytest.mark.skipif(shutil.which("buildah") is None,
-                    reason="buildah is not installed (scripts/install-node-deps)")
+@skips.skip_if(shutil.which("buildah") is None, skips.MISSING_COMMAND, "buildah")
 def test_the_variants_have_their_own_cache_keys() -> None:
     assert image_key("base", REPO, GPU) != image_key("base", REPO, CLUSTER)
 

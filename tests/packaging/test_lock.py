@@ -27,6 +27,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests import skips
+
 REPO: Final = Path(__file__).resolve().parents[2]
 LOCK: Final = REPO / "requirements" / "image.lock"
 DOCKERFILE: Final = REPO / "Dockerfile"
@@ -131,7 +133,8 @@ def test_dependencies_of_locked_packages_are_locked() -> None:
             assert req.specifier.contains(PINS[dep].version, prereleases=True), (
                 f"{name} needs {req}, {LOCK.name} pins {PINS[dep].version}")
     if not checked:
-        pytest.skip("no locked package is installed here at its locked version")
+        skips.skip(skips.NOT_INSTALLED, f"no package of {LOCK.name} is installed here at its "
+                                        "locked version")
 
 
 def run_lines() -> list[str]:

@@ -15,8 +15,9 @@ import pytest
 
 from devkit.build import BuildError
 from devkit.toolbuild import CERT_MANAGER_CRDS, PROMETHEUS_OPERATOR_CRDS, UpstreamCrds, fetch_crds
+from tests import skips
 
-pytestmark = pytest.mark.skipif(shutil.which("go") is None, reason="needs the Go toolchain")
+pytestmark = skips.skip_if(shutil.which("go") is None, skips.NO_GO)
 
 
 @pytest.fixture

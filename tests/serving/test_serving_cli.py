@@ -11,6 +11,7 @@ from gpufrag import cli as gpufrag_cli
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_NO_GPU
 from serving import cli as serve_cli
 from serving.cli import build_parser, config_from_args, main
+from tests import skips
 
 
 @pytest.fixture(autouse=True)
@@ -139,7 +140,7 @@ def test_tensorrt_where_it_cannot_run_exits_3_with_the_reason(
     import importlib.util
 
     if importlib.util.find_spec("tensorrt") is not None:
-        pytest.skip("tensorrt is installed here")
+        skips.skip(skips.TENSORRT_PRESENT)
     monkeypatch.setenv("GPUFRAG_CACHE_DIR", str(tmp_path))
     code = main(["--model", "builtin:resnet-small", "--backend", "tensorrt", "--port", "0",
                  "--host", "127.0.0.1", "--log-level", "error"])

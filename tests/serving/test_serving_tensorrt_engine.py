@@ -20,6 +20,7 @@ from serving.backends.tensorrt_engine import (
     optimization_profile,
 )
 from serving.tensors import TensorSpec
+from tests import skips
 
 IMAGE = TensorSpec("input", "FP32", (-1, 3, 224, 224))
 
@@ -78,8 +79,7 @@ def test_model_sha256_hashes_the_file(tmp_path: Path) -> None:
     assert model_sha256(path) == hashlib.sha256(b"onnx bytes").hexdigest()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None,
-                    reason="tensorrt is installed here: absence cannot be tested")
+@skips.skip_if(importlib.util.find_spec("tensorrt") is not None, skips.TENSORRT_PRESENT)
 def test_absence_is_reported_clearly(tmp_path: Path) -> None:
     reason = trt_engine.tensorrt_unavailable_reason()
     assert reason is not None and "'tensorrt' package" in reason

@@ -11,6 +11,7 @@ import pytest
 
 from defrag.rightsizing.recommender import Mode, RightsizingConfig
 from gpufrag.cli import main
+from simulations import defrag_whatif
 from simulations.defrag_whatif import (
     FrontierPoint,
     WhatIfResult,
@@ -192,3 +193,15 @@ def test_bad_genai_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     bad.write_text("timestamp_anon,value\n1,abc\n")
     assert main(["whatif", "--defrag", "--synthetic-nodes", "5", "--genai-memory", str(bad)]) == 2
     assert "row 2, field 'value': not a number" in capsys.readouterr().err
+
+
+def test_without_the_default_memory_trace_the_fallback_says_where_it_looked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "genai" / "pod_gpu_memory_used_bytes_anon.csv"
+    monkeypatch.setattr(defrag_whatif, "DEFAULT_GENAI", missing)
+    assert main(["whatif", "--defrag", "--synthetic-nodes", "5", "--cycles", "0",
+                 "--no-plots"]) == 0
+    err = capsys.readouterr().err
+    assert f"no GenAI memory trace at {missing}: using the synthetic stand-in" in err
+    assert "GPUFRAG_DATA_ROOT" in err

@@ -3,8 +3,6 @@ serving, and what a run reports."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -18,8 +16,8 @@ from simulations.synthetic import synthetic_nodes, synthetic_pods
 from simulations.timed import TimedPod, static_order, synthetic_timed
 from simulations.workload import tune_workload
 from tests.builders import node, pod
+from tests.data import trace
 
-OPENB = Path("..") / "shared" / "data" / "openb"
 QUIET = dict(departures=False, defrag_interval_min=0.0, serving=False)
 
 
@@ -47,10 +45,8 @@ def test_without_departures_in_static_order_it_is_the_static_replay(policy: str)
 
 @pytest.mark.slow
 def test_same_as_static_on_openb() -> None:
-    if not (OPENB / "openb_pod_list_default.csv").is_file():
-        pytest.skip("the shared openb trace is not beside the repo")
-    nodes = load_nodes(OPENB / "openb_node_list_gpu_node.csv")
-    pods = load_pods(OPENB / "openb_pod_list_default.csv",
+    nodes = load_nodes(trace("openb", "openb_node_list_gpu_node.csv"))
+    pods = load_pods(trace("openb", "openb_pod_list_default.csv"),
                      {n.gpu_product for n in nodes if n.gpu_count})
     _assert_same_as_static(nodes, pods, "fgd", 42)
 

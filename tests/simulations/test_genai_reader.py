@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from gpufrag.errors import BadInput
-from simulations.defrag_whatif import DEFAULT_GENAI, genai_fractions
+from simulations.defrag_whatif import GENAI_FILE, genai_fractions
+from tests.data import trace
 
 HEADER = b"timestamp_anon,value,container_ip\n"
 
@@ -43,9 +44,7 @@ def test_bad_samples_name_file_row_and_field(tmp_path: Path, body: bytes, messag
     assert "\n" not in str(e.value)
 
 
-def test_shared_trace_reads_when_present() -> None:
-    if not DEFAULT_GENAI.is_file():
-        pytest.skip("the shared GenAI trace is not beside the repo")
-    fractions = genai_fractions(DEFAULT_GENAI)
+def test_shared_trace_reads() -> None:
+    fractions = genai_fractions(trace("genai", GENAI_FILE))
     assert fractions.size > 100_000
     assert 0.0 <= float(fractions.min()) <= float(fractions.max()) <= 1.0

@@ -7,7 +7,6 @@ authors' simulator, openb default trace, tune 1.3, seed 42) and checks every dec
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,17 +19,15 @@ from simulations.kss import kss_target, kss_workload, read_decisions
 from simulations.openb import gpu_spec_texts, load_nodes, load_pods
 from simulations.replay import bucket_by_arrival, replay
 from tests.builders import node, pod, state_with_free, workload
+from tests.data import trace
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-REFERENCE = DATA / "kss" / "kss_openb_default_fgd_tune1.3_seed42_decisions.csv"
+REFERENCE = "kss_openb_default_fgd_tune1.3_seed42_decisions.csv"
 
 
-@pytest.mark.skipif(not REFERENCE.exists(),
-                    reason="the shared KSS reference run (shared/data/kss) is not beside the repo")
 def test_every_decision_equals_the_reference_simulator() -> None:
-    nodes = load_nodes(DATA / "openb" / "openb_node_list_gpu_node.csv")
-    pods = load_pods(DATA / "openb" / "openb_pod_list_default.csv")
-    reference = read_decisions(REFERENCE)
+    reference = read_decisions(trace("kss", REFERENCE))
+    nodes = load_nodes(trace("openb", "openb_node_list_gpu_node.csv"))
+    pods = load_pods(trace("openb", "openb_pod_list_default.csv"))
     kss = kss_workload(nodes, pods, 1.3, 42)
     assert [p.name for p in kss.arrivals] == [r.pod for r in reference]
     got: list[str] = []
@@ -140,27 +137,25 @@ def test_bestfit_truncates_only_in_kss_mode() -> None:
     assert truncated.score[0] == truncated.score[1] == np.trunc(exact.score[0])
 
 
-PUBLISHED = DATA / "kss" / "published_default_allocation.csv"
+PUBLISHED = "published_default_allocation.csv"
 # The reference's policy names in the published curves, by gpufrag's (Random has no
 # reproducible stream to follow: its curves are the reference's own draws).
 PUBLISHED_NAMES = {"dotprod": "02-DotProd", "gpu-clustering": "03-GpuClustering",
                    "gpu-packing": "04-GpuPacking", "bestfit": "05-BestFit", "fgd": "06-FGD"}
 
 
-@pytest.mark.skipif(not PUBLISHED.exists(),
-                    reason="the published KSS curves (shared/data/kss) are not beside the repo")
 @pytest.mark.parametrize("policy", sorted(PUBLISHED_NAMES))
 def test_every_published_seed_curve_is_reproduced_point_for_point(policy: str) -> None:
     # All 131 points of each of the 10 seeds' allocation curves (openb default, tune 1.3),
     # to the published rounding (0.01 percentage points).
     published: dict[int, list[float]] = {}
-    with PUBLISHED.open() as f:
+    with trace("kss", PUBLISHED).open() as f:
         for row in csv.DictReader(f):
             if row["sc_policy"] == PUBLISHED_NAMES[policy]:
                 published[int(row["seed"])] = [float(row[str(i)]) for i in range(131)]
     assert sorted(published) == list(range(42, 52))
-    nodes = load_nodes(DATA / "openb" / "openb_node_list_gpu_node.csv")
-    pods_path = DATA / "openb" / "openb_pod_list_default.csv"
+    nodes = load_nodes(trace("openb", "openb_node_list_gpu_node.csv"))
+    pods_path = trace("openb", "openb_pod_list_default.csv")
     pods = load_pods(pods_path)
     target = kss_target(pods, spec_texts=gpu_spec_texts(pods_path))
     differ = {}

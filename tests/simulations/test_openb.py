@@ -8,6 +8,7 @@ import pytest
 
 from gpufrag.errors import BadInput
 from simulations.openb import load_nodes, load_pods
+from tests.data import trace
 
 NODES = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,T4\nn1,32000,131072,0,\n"
 PODS = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n"
@@ -77,14 +78,10 @@ def test_a_nul_byte_is_refused_with_its_row(tmp_path: Path) -> None:
         load_pods(write(tmp_path, "p.csv", PODS + "p\x003,1,1,1,500,,LS\n"), {"T4", "V100M16"})
 
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "openb"
-
-
-@pytest.mark.skipif(not SHARED.exists(), reason="the shared openb trace is not beside the repo")
 def test_real_openb_files_load() -> None:
-    nodes = load_nodes(SHARED / "openb_node_list_gpu_node.csv")
+    nodes = load_nodes(trace("openb", "openb_node_list_gpu_node.csv"))
     assert len(nodes) == 1213 and sum(n.gpu_count for n in nodes) == 6212
     products = {n.gpu_product for n in nodes}
     for variant in ("default", "cpu050", "gpushare40", "gpuspec33", "multigpu20"):
-        pods = load_pods(SHARED / f"openb_pod_list_{variant}.csv", products)
+        pods = load_pods(trace("openb", f"openb_pod_list_{variant}.csv"), products)
         assert pods

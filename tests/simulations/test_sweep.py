@@ -177,3 +177,14 @@ def test_a_ray_address_where_nothing_listens_is_refused_at_once(
     last = err.strip().splitlines()[-1]  # after the two lines that say what is swept
     assert f"cannot connect to the Ray cluster at {address!r}: nothing answers there" in last
     assert "Traceback" not in err
+
+
+def test_without_the_default_genai_trace_the_fallback_says_where_it_looked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sweep, "DEFAULT_DIR", tmp_path / "genai")
+    inputs = sweep.load_inputs(nodes_path=None, pods_path=None, genai=None,
+                               synthetic_node_count=12, load=None, start_s=None, hours=2,
+                               workload_seed=0, coverage=0.95)
+    assert inputs.serving_trace.source == "synthetic"
+    assert any(f"no GenAI trace at {tmp_path / 'genai'}: using the synthetic" in note
+               and "GPUFRAG_DATA_ROOT" in note for note in inputs.notes)

@@ -20,6 +20,7 @@ from simulations.timed import (
     synthetic_timed,
     window,
 )
+from tests import data
 from tests.builders import pod
 
 HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,creation_time,deletion_time"
@@ -146,10 +147,10 @@ def test_serving_trace_shape() -> None:
     names, share = trace.top(3)
     assert names == ("M0000", "M0001", "M0002") and share.sum() == pytest.approx(1.0)
     assert trace.rps_at(0.0) == trace.rps_at(trace.period_s)  # it repeats
-    shared = Path("..") / "shared" / "data" / "genai"
-    if not shared.is_dir():
-        pytest.skip("the shared GenAI trace is not beside the repo")
-    real = load_serving_trace(shared)
+
+
+def test_shared_serving_trace_shape() -> None:
+    real = load_serving_trace(data.trace("genai"))
     assert real.versions[0] == "M0002" and real.unversioned_requests == 25
     assert float(real.curve_rps.min()) >= 0.09 and float(real.curve_rps.max()) < 10
     assert real.period_s == pytest.approx(22.3 * 3600, rel=0.01)

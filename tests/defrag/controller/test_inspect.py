@@ -10,7 +10,7 @@ import yaml
 
 from defrag.controller.inspect import main as inspect_main
 from gpufrag import conventions as cv
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage, StrayProcess
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage, StrayProcess
 from scheduler.kube.snapshot import write_snapshot
 from tests.defrag.controller.builders import k8s_node, k8s_pod
 

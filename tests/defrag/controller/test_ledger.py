@@ -7,8 +7,8 @@ from typing import Any
 from defrag.controller.ledger import OWNER_GRACE_S, misallocated_pods, stale_reservations
 from defrag.controller.model import PodInfo
 from gpufrag import conventions as cv
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage
 from gpufrag.records import AllocationMismatch
-from node.agent.usage import GpuUsage, NodeGpuUsage
 from scheduler.kube import reservations as rsv
 from scheduler.kube.reservations import Reservation
 from tests.builders import pod

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from defrag.controller.migfacts import mig_facts
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage, StrayProcess
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage, StrayProcess
 from scheduler.core.mig import MIG_MODELS
 from scheduler.kube.reservations import Reservation
 

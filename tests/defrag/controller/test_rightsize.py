@@ -12,7 +12,7 @@ from defrag.controller.rightsize import overrun_mib, publish
 from defrag.rightsizing.recommender import PodSample, RightsizingConfig, parse, update
 from defrag.rightsizing.workloads import Workload
 from gpufrag import conventions as cv
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from scheduler.core import PodRequest
 from tests.defrag.controller.builders import T4_MIB, gpu_node, share, snapshot
 

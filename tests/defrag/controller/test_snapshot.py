@@ -8,7 +8,7 @@ from defrag.controller.measure import measure
 from defrag.controller.model import Taint
 from defrag.controller.snapshot import GpuSample, UsageSource, build_snapshot, constraints_of
 from gpufrag import conventions as cv
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from tests.builders import workload
 from tests.defrag.controller.builders import k8s_node, k8s_pdb, k8s_pod
 

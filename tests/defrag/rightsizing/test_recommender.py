@@ -24,7 +24,7 @@ from defrag.rightsizing.recommender import (
     update,
 )
 from gpufrag.errors import BadInput
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 
 HOUR = 3600.0
 NOW = 1_767_225_600.0

@@ -43,6 +43,7 @@ from devkit.controlplane import ControlPlane
 from devkit.image import ImageBuildError
 from devkit.node import Node
 from devkit.procs import ComponentProcess, ControlPlaneError, wait_until
+from tests import skips
 from tests.records import publish_test_key
 
 RUNTIME_ENV = "GPUFRAG_NODE_RUNTIME"
@@ -67,7 +68,7 @@ def node_plane() -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def node(node_plane: ControlPlane) -> Iterator[Node]:
     if os.geteuid() != 0:
-        pytest.skip("a real node (kubelet, containerd, cgroups) needs root")
+        skips.skip(skips.NOT_ROOT, "a real node: kubelet, containerd, cgroups")
     n = Node(node_plane, "node-0", runtime=os.environ.get(RUNTIME_ENV, "auto"))
     try:
         n.start()
@@ -90,8 +91,9 @@ def node_namespace(node_plane: ControlPlane) -> Iterator[str]:
 def require_containers(node: Node) -> None:
     """Tests of the image need containers that really run."""
     if node.runtime != "containerd":
-        pytest.skip(f"the image runs only where containers run; this node has the {node.runtime} "
-                    f"runtime ({node.runtime_note or RUNTIME_ENV + ' chose it'})")
+        skips.skip(skips.NO_CONTAINERS, f"the image runs only where containers run; this node "
+                   f"has the {node.runtime} runtime "
+                   f"({node.runtime_note or RUNTIME_ENV + ' chose it'})")
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from devkit.image import (
     HOST_CA_BUNDLE,
     IMAGE_INPUTS,
@@ -25,6 +23,7 @@ from devkit.image import (
     unpacked_bytes,
     write_oci_archive,
 )
+from tests import skips
 
 
 def _layer(files: dict[str, bytes]) -> bytes:
@@ -66,8 +65,7 @@ def test_the_archive_is_a_deterministic_oci_layout(tmp_path: Path) -> None:
     assert unpacked_bytes(first) == 2  # one byte in each layer's one file
 
 
-@pytest.mark.skipif(shutil.which("buildah") is None,
-                    reason="buildah is not installed (scripts/install-node-deps)")
+@skips.skip_if(shutil.which("buildah") is None, skips.MISSING_COMMAND, "buildah")
 def test_the_image_key_follows_what_the_dockerfile_copies(tmp_path: Path) -> None:
     for name in IMAGE_INPUTS:
         path = tmp_path / name
@@ -86,7 +84,7 @@ def test_the_image_key_follows_what_the_dockerfile_copies(tmp_path: Path) -> Non
     assert image_key("base", tmp_path) != key
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="buildah with chroot isolation here needs root")
+@skips.skip_if(os.geteuid() != 0, skips.NOT_ROOT, "buildah with chroot isolation here")
 def test_the_built_image_is_what_the_dockerfile_says() -> None:
     built = build_image()  # cached by the node's fixture or an earlier run; else ~2 min
     _, config, layers = _read(built.archive)
@@ -129,4 +127,4 @@ def test_the_built_image_is_what_the_dockerfile_says() -> None:
     assert bundle, "the image has no CA bundle"
     if HOST_CA_BUNDLE.is_file() and HOST_CA_BUNDLE.read_bytes() != bundle:
         return  # differs from this machine's: nothing leaked
-    pytest.skip("this machine's CA bundle equals Debian's: a leak could not be told apart")
+    skips.skip(skips.SAME_CA_BUNDLE)

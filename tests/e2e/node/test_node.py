@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import kubernetes
-import pytest
 from kubernetes.utils import parse_quantity
 
 from devkit.controlplane import ControlPlane
@@ -17,6 +16,7 @@ from devkit.node import BUSYBOX_IMAGE, Node
 from devkit.procs import wait_until
 from gpufrag.conventions import ANNOTATION_GPU_INDICES, RESOURCE_GPU, RESOURCE_GPU_MILLI
 from node.agent.cgroup import KubePodLister, PodDirectory, PodRef, PodResolver
+from tests import skips
 from tests.e2e.node.conftest import GPU_UUIDS
 from tests.records import place_as_the_extender
 
@@ -89,7 +89,7 @@ def test_a_pod_bound_to_the_node_runs_and_its_probe_passes(
 def test_the_agent_maps_the_kubelets_pod_cgroups_to_pods(
         node: Node, node_plane: ControlPlane, node_namespace: str) -> None:
     if node.runtime != "containerd":
-        pytest.skip(f"no container processes on the {node.runtime} runtime: nothing to map")
+        skips.skip(skips.NO_CONTAINERS, f"the {node.runtime} runtime: nothing to map")
     core = _core(node_plane)
     for name in ("first", "second"):
         core.create_namespaced_pod(node_namespace, _pod(name, node, command="sleep 3600"))

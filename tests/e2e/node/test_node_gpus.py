@@ -61,6 +61,7 @@ from gpufrag.conventions import (
 )
 from node.agent.cgroup import pod_uid_for_pid
 from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
+from tests import skips
 from tests.e2e.node.conftest import logged_events, wait_registered
 from tests.records import place_as_the_extender, publish_test_key
 from tests.webhooks import recommendation, registered_webhook
@@ -347,7 +348,7 @@ def test_the_agent_reports_a_real_pod_over_its_share(
     pod mapping reads the kubelet's real cgroups; the pod holding more than its share gets a
     GPUMemoryOverShare Event, its neighbour within its share none."""
     if node.runtime != "containerd":
-        pytest.skip(f"no container processes with the {node.runtime} runtime: {node.runtime_note}")
+        skips.skip(skips.NO_CONTAINERS, f"the {node.runtime} runtime: {node.runtime_note}")
     core = _core(node_plane)
     _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")
     uids = {name: pod.metadata.uid for name, pod in _running_shares(
@@ -508,7 +509,7 @@ def test_a_replica_over_its_share_raises_its_workload_and_the_next_is_admitted_r
     cool-off is 0 here so the raise itself admits the next replica; the default (a day) admits
     it as its template asks (tests/defrag/rightsizing/test_recommender.py)."""
     if node.runtime != "containerd":
-        pytest.skip(f"no container processes with the {node.runtime} runtime: {node.runtime_note}")
+        skips.skip(skips.NO_CONTAINERS, f"the {node.runtime} runtime: {node.runtime_note}")
     core = _core(node_plane)
     apps = kubernetes.client.AppsV1Api(node_plane.api_client())
     _wait_allocatable(core, node, plugin, (2, 2000), "both GPUs in the Node's allocatable")

@@ -18,11 +18,12 @@ import structlog
 
 from gpufrag import cli as gpufrag_cli
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_NO_GPU, EXIT_OK
+from gpufrag.gpu_usage import parse
 from gpufrag.nvml_recorded import RecordedNvml
 from node.agent import cli
 from node.agent.cgroup import PodRecord
 from node.agent.publish import PublishError
-from node.agent.usage import parse
+from tests import skips
 from tests.node.agent.fakes import (
     POD_A,
     POD_B,
@@ -85,7 +86,7 @@ def _nvml_present() -> bool:
     return True
 
 
-@pytest.mark.skipif(_nvml_present(), reason="this machine has NVML; the no-GPU path needs none")
+@skips.skip_if(_nvml_present(), skips.GPU_PRESENT)
 def test_real_pynvml_without_a_gpu_through_the_gpufrag_command(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert gpufrag_cli.main(["agent", "--node-name", "node1", "--once"]) == EXIT_NO_GPU

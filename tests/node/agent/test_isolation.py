@@ -19,13 +19,13 @@ from gpufrag.conventions import (
     RESOURCE_GPU_MILLI,
     KubeNames,
 )
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from gpufrag.nvml import MIB, NvmlReader
 from node.agent.cgroup import PodDirectory, PodRecord, PodShare, share_from_pod
 from node.agent.isolation import ShareWatch
 from node.agent.loop import Agent, AgentConfig
 from node.agent.metrics import AgentMetrics, Health
 from node.agent.publish import EVENT_REASON_GPU_MEMORY_OVER_SHARE, Publisher, PublishPolicy
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from tests.node.agent.fakes import (
     POD_A,
     POD_B,

@@ -13,13 +13,13 @@ from gpufrag.conventions import (
     RESOURCE_GPU,
 )
 from gpufrag.errors import BadInput
+from gpufrag.gpu_usage import PodGpuUsage, StrayProcess, parse
 from gpufrag.nvml import NvmlReader, ProcessReading
 from gpufrag.nvml_recorded import RecordedNvml
 from node.agent.cgroup import PodRef, PodShare, share_from_pod
 from node.agent.loop import Agent, AgentConfig, build_usage, memory_by_pod
 from node.agent.metrics import AgentMetrics, Health
 from node.agent.publish import Publisher, PublishError, PublishPolicy
-from node.agent.usage import PodGpuUsage, StrayProcess, parse
 from tests.node.agent.fakes import (
     MIB,
     POD_A,

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 from prometheus_client import REGISTRY
 
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from gpufrag.nvml import MIB
 from node.agent.metrics import AgentMetrics, Health, respond, start_http_server
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage
 from tests.node.agent.fakes import POD_A, POD_B, FakeClock
 
 GPU0 = GpuUsage(index=0, uuid="GPU-aaaa", product="NVIDIA A100-SXM4-80GB", memory_used_mib=30_512,

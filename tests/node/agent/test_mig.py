@@ -10,6 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from gpufrag.gpu_usage import MigInstanceUsage, parse
 from gpufrag.nvml import MIB, GpuReading, MigReading, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
 from node.agent.cgroup import PodRef
@@ -17,7 +18,6 @@ from node.agent.loop import Agent, AgentConfig, build_usage
 from node.agent.metrics import AgentMetrics, Health
 from node.agent.mig import profile_name
 from node.agent.publish import Publisher, PublishPolicy
-from node.agent.usage import MigInstanceUsage, parse
 from tests.node.agent.fakes import (
     POD_A,
     POD_B,

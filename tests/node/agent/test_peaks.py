@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage, parse
 from node.agent.peaks import PeakWindow
-from node.agent.usage import GpuUsage, NodeGpuUsage, PodGpuUsage, parse
 
 HOUR = 3600.0
 

@@ -5,13 +5,13 @@ from dataclasses import replace
 import pytest
 
 from gpufrag.conventions import ANNOTATION_GPU_USAGE
+from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, parse
 from node.agent.publish import (
     LogOnlyWriter,
     Publisher,
     PublishError,
     PublishPolicy,
 )
-from node.agent.usage import GpuUsage, NodeGpuUsage, parse
 from tests.node.agent.fakes import (
     POD_A,
     RecordingLog,

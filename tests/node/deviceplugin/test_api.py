@@ -11,6 +11,7 @@ import pytest
 
 from node.deviceplugin import api
 from node.deviceplugin.api.v1beta1 import api_pb2
+from tests import skips
 
 API_DIR = Path(api.__file__).resolve().parent
 KUBELET_MODULE = "k8s.io/kubelet@v0.36.3"
@@ -19,7 +20,8 @@ HEADER_LINES = 10  # the lines prepended to protoc's output (see api_pb2.py)
 
 @pytest.mark.parametrize("name", ["api_pb2.py", "api_pb2.pyi"])
 def test_committed_stubs_match_a_fresh_generation(tmp_path: Path, name: str) -> None:
-    pytest.importorskip("grpc_tools", reason="grpcio-tools (the dev extra) regenerates stubs")
+    skips.importorskip("grpc_tools", skips.NOT_INSTALLED,
+                       "grpcio-tools (the dev extra) regenerates the stubs")
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I.", f"--python_out={tmp_path}",
                     f"--pyi_out={tmp_path}", "v1beta1/api.proto"], cwd=API_DIR, check=True)
     committed = (API_DIR / "v1beta1" / name).read_text().splitlines(keepends=True)
@@ -30,7 +32,7 @@ def test_committed_stubs_match_a_fresh_generation(tmp_path: Path, name: str) -> 
 def test_vendored_proto_is_the_kubelets() -> None:
     go = shutil.which("go")
     if go is None:
-        pytest.skip("no Go toolchain: the dev kit's module cache holds the upstream proto")
+        skips.skip(skips.NO_GO, "the dev kit's module cache holds the upstream proto")
     cache = subprocess.run([go, "env", "GOMODCACHE"], capture_output=True, text=True,
                            check=True).stdout.strip()
     upstream = Path(cache, KUBELET_MODULE, "pkg/apis/deviceplugin/v1beta1/api.proto")

@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 
+from tests import skips
 from tests.scheduler.extender.helpers import FakeClock, Pki, make_pki
 
 
@@ -15,5 +16,5 @@ def clock() -> FakeClock:
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is needed to make test certificates")
+        skips.skip(skips.MISSING_COMMAND, "openssl, to make test certificates")
     return make_pki(tmp_path_factory.mktemp("pki"))

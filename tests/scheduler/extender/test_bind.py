@@ -59,7 +59,7 @@ def test_share_goes_on_the_gpu_the_core_chooses() -> None:
     state = ClusterState(nodes)
     for g, m in enumerate((300, 600, 900)):
         state.place(pod(f"b{g}", gpu_milli=m), 0, (g,))
-    decision = choose(state, runtime.extender.scorer.policy, pod("s", gpu_milli=400),
+    decision = choose(state, runtime.extender.placement.scorer.policy, pod("s", gpu_milli=400),
                       np.array([0]))
     assert decision is not None
     assert bind(runtime, "s", "n0") == {"Error": ""}
@@ -211,7 +211,7 @@ def test_the_bind_signs_the_gpu_record_for_the_pod_and_node() -> None:
     binder = RecordingBinder()
     runtime = serve([node("n0", gpu_count=2)],
                     pending("p1") + pending("cpu", num_gpu=0, gpu_milli=0), binder=binder)
-    runtime.extender.signer = SIGNER
+    runtime.extender.bind.signer = SIGNER
     assert bind(runtime, "p1", "n0", "uid-p1") == {"Error": ""}
     assert bind(runtime, "cpu", "n0", "uid-cpu") == {"Error": ""}
     gpu_call, cpu_call = binder.calls
@@ -236,11 +236,11 @@ def test_a_gpu_pod_is_not_bound_unsigned_while_a_signature_is_required() -> None
     binder = RecordingBinder()
     runtime = serve([node("n0", gpu_count=2)],
                     pending("p1") + pending("cpu", num_gpu=0, gpu_milli=0), binder=binder)
-    runtime.extender.signing_required = True
+    runtime.extender.bind.signing_required = True
     error = bind(runtime, "p1", "n0", "uid-p1")["Error"]
     assert "no GPU-record signing key yet" in error and "stays pending" in error
     assert bind(runtime, "cpu", "n0", "uid-cpu") == {"Error": ""}
     assert [c.extra for c in binder.calls] == [{}]
-    runtime.extender.signer = SIGNER  # the key arrives: the retry binds, signed
+    runtime.extender.bind.signer = SIGNER  # the key arrives: the retry binds, signed
     assert bind(runtime, "p1", "n0", "uid-p1") == {"Error": ""}
     assert ANNOTATION_GPU_RECORD in binder.calls[-1].extra

@@ -13,7 +13,7 @@ from flask.testing import FlaskClient
 from scheduler.core import ClusterState, choose
 from scheduler.core.types import NodeSpec
 from scheduler.extender.app import create_app
-from scheduler.extender.service import Extender
+from scheduler.extender.extender import Extender
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import node_to_k8s
 from tests.builders import node, pod
@@ -44,7 +44,7 @@ def test_the_answer_is_the_core_choice_alone_and_its_gpus_are_assumed() -> None:
 
     expected_state = ClusterState(nodes)
     expected_state.place(pod("half", gpu_milli=500), "n1", (0,))
-    expected = choose(expected_state, runtime.extender.scorer.policy, request)
+    expected = choose(expected_state, runtime.extender.placement.scorer.policy, request)
     assert expected is not None
     assert reply == {"Nodes": None, "NodeNames": [expected.node], "FailedNodes": {},
                      "FailedAndUnresolvableNodes": {}, "Error": ""}
@@ -154,7 +154,7 @@ def test_filters_for_pods_the_cluster_does_not_have_hold_no_gpu() -> None:
     for i in range(50):
         made_up = filtered(runtime, pending(f"ghost-{i}"), ["n0"])
         assert made_up["NodeNames"] == ["n0"]
-    assert runtime.cache.assumed == {} and runtime.extender.unassumed_decisions == 50
+    assert runtime.cache.assumed == {} and runtime.extender.filter.unassumed_decisions == 50
     assert filtered(runtime, pending("real"), ["n0"])["NodeNames"] == ["n0"]
     assert runtime.cache.assumed_node("default/real") == "n0"
     # A pod known by name but filed with another UID is not the cluster's pod either.
@@ -193,7 +193,7 @@ def test_a_filter_ahead_of_the_watch_waits_for_it_and_then_holds_the_gpu(
     status, reply = post(client, "/filter", {"Pod": pending("late"), "NodeNames": ["n0"]})
     assert status == 200 and reply["NodeNames"] == ["n0"]
     assert cache.assumed_node("default/late") == "n0"
-    assert (extender.unassumed_decisions, extender.watch_waits_timed_out) == (0, 0)
+    assert (extender.filter.unassumed_decisions, extender.filter.watch_waits_timed_out) == (0, 0)
 
 
 def test_a_filter_whose_pod_never_shows_gives_up_and_holds_nothing() -> None:
@@ -201,7 +201,7 @@ def test_a_filter_whose_pod_never_shows_gives_up_and_holds_nothing() -> None:
     status, reply = post(client, "/filter", {"Pod": pending("ghost"), "NodeNames": ["n0"]})
     assert status == 200 and reply["NodeNames"] == ["n0"]
     assert cache.assumed == {}
-    assert (extender.unassumed_decisions, extender.watch_waits_timed_out) == (1, 1)
+    assert (extender.filter.unassumed_decisions, extender.filter.watch_waits_timed_out) == (1, 1)
     assert "gpufrag_extender_watch_waits_timed_out_total 1.0" in client.get(
         "/metrics").get_data(as_text=True)
 
@@ -215,11 +215,11 @@ def test_a_pod_the_watch_has_shown_is_not_waited_for() -> None:
     post(client, "/filter", {"Pod": pending("p"), "NodeNames": ["n0"]})
     post(client, "/filter", {"Pod": pending("web", num_gpu=0, gpu_milli=0),
                              "NodeNames": ["n0"]})
-    assert extender.watch_waits_timed_out == 0 and cache.assumed_node("default/p") == "n0"
+    assert extender.filter.watch_waits_timed_out == 0 and cache.assumed_node("default/p") == "n0"
     assert cache.await_pod("default/p", "uid-p", 0.0)
     assert not cache.await_pod("default/p", "uid-other", 0.0)
 
 
 def test_a_snapshot_never_waits_whatever_the_setting() -> None:
     runtime = serve([node("n0")], [], config=make_config(filter={"await_watch_s": 1.0}))
-    assert runtime.extender.config.filter.await_watch_s == 0.0
+    assert runtime.extender.placement.config.filter.await_watch_s == 0.0

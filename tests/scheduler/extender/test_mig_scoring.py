@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from node.agent.usage import GpuUsage, MigInstanceUsage, NodeGpuUsage, PodGpuUsage
+from gpufrag.gpu_usage import GpuUsage, MigInstanceUsage, NodeGpuUsage, PodGpuUsage
 from scheduler.core.mig import MigWorkload
 from scheduler.extender.migscoring import agent_mig, mig_workload
 from scheduler.extender.runtime import Runtime
@@ -74,7 +74,7 @@ def _stranding_cluster(config: Any = FEASIBLE) -> Runtime:
 
 def test_the_mig_workload_is_the_profiles_the_pods_ask() -> None:
     runtime = _stranding_cluster()
-    assert runtime.extender.mig_workload == MigWorkload(
+    assert runtime.extender.placement.mig_workload == MigWorkload(
         {"4g.40gb": 4 / 6, "3g.40gb": 1 / 6, "2g.20gb": 1 / 6})
     assert mig_workload({}) is None
 
@@ -109,7 +109,7 @@ def test_bind_rechecks_the_instances_and_holds_one() -> None:
                     config=FEASIBLE)
     assert "not a MIG node" in bound(runtime, "p", "plain")["Error"]
     assert bound(runtime, "p", "m")["Error"] == ""
-    call = runtime.extender.binder.calls[-1]  # type: ignore[union-attr]
+    call = runtime.extender.bind.binder.calls[-1]  # type: ignore[union-attr]
     assert (call.node, call.gpus) == ("m", None)  # the device plugin picks the instance
     assert "(1 of 1 in use)" in bound(runtime, "q", "m")["Error"]
 
@@ -155,13 +155,13 @@ def test_the_mig_workload_follows_the_pods_even_beside_a_configured_one() -> Non
     config = make_config(workload={"specs": [{"num_gpu": 2}], "refresh_s": 60})
     runtime = serve([mig_node("m", {"1g.10gb": 7})], [mig_pod("a", {"1g.10gb": 1})],
                     config=config, clock=clock)
-    assert runtime.extender.mig_workload == MigWorkload({"1g.10gb": 1.0})
-    configured = runtime.extender.workload
+    assert runtime.extender.placement.mig_workload == MigWorkload({"1g.10gb": 1.0})
+    configured = runtime.extender.placement.workload
     runtime.cache.apply_pod(mig_pod("b", {"3g.40gb": 1}))
     clock.advance(61)
     runtime.extender.maintain()
-    assert runtime.extender.workload is configured
-    assert runtime.extender.mig_workload == MigWorkload({"1g.10gb": 0.5, "3g.40gb": 0.5})
+    assert runtime.extender.placement.workload is configured
+    assert runtime.extender.placement.mig_workload == MigWorkload({"1g.10gb": 0.5, "3g.40gb": 0.5})
 
 
 def test_a_new_agent_reading_is_read_at_once_not_from_the_kept_verdicts() -> None:
@@ -180,12 +180,13 @@ def test_an_unchanged_mig_workload_keeps_the_kept_verdicts() -> None:
     clock = FakeClock()
     runtime = serve([mig_node("m", {"1g.10gb": 7})], [mig_pod("a", {"1g.10gb": 1})],
                     config=make_config(workload={"refresh_s": 60}), clock=clock)
-    kept = runtime.extender.mig_scorer
+    kept = runtime.extender.placement.mig_scorer
     runtime.cache.apply_pod(mig_pod("b", {"1g.10gb": 1}))  # same mix: 1g.10gb alone
     clock.advance(61)
-    assert runtime.extender.refresh_workload()
-    assert runtime.extender.mig_scorer is kept and kept.scorer is runtime.extender.scorer
+    assert runtime.extender.upkeep.refresh_workload()
+    placement = runtime.extender.placement
+    assert placement.mig_scorer is kept and kept.scorer is placement.scorer
     runtime.cache.apply_pod(mig_pod("c", {"7g.80gb": 1}))
     clock.advance(61)
-    assert runtime.extender.refresh_workload()
-    assert runtime.extender.mig_scorer is not kept
+    assert runtime.extender.upkeep.refresh_workload()
+    assert runtime.extender.placement.mig_scorer is not kept

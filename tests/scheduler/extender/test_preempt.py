@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from scheduler.extender import service
+from scheduler.extender.verbs import preempt as preempt_verb
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import k8s_pod, post, serve
 
@@ -82,7 +82,7 @@ def test_the_search_runs_without_the_cache_lock(monkeypatch: pytest.MonkeyPatch)
     lock (which every filter takes) is free."""
     runtime, body = _three_victims()
     searching, lock_was_free = threading.Event(), []
-    real = service.choose_victims
+    real = preempt_verb.choose_victims
 
     def filter_thread() -> None:  # the lock is reentrant: ask from another thread, as a filter
         acquired = runtime.cache.lock.acquire(timeout=2)
@@ -97,7 +97,7 @@ def test_the_search_runs_without_the_cache_lock(monkeypatch: pytest.MonkeyPatch)
         other.join(10)
         return real(inputs)
 
-    monkeypatch.setattr(service, "choose_victims", search)
+    monkeypatch.setattr(preempt_verb, "choose_victims", search)
     worker = threading.Thread(target=lambda: preempt(runtime, body))
     worker.start()
     assert searching.wait(5)
@@ -108,7 +108,7 @@ def test_the_search_runs_without_the_cache_lock(monkeypatch: pytest.MonkeyPatch)
 def test_a_preempt_out_of_time_gives_kube_scheduler_its_own_victims(
         monkeypatch: pytest.MonkeyPatch) -> None:
     runtime, body = _three_victims()
-    monkeypatch.setattr(service, "PREEMPT_BUDGET_S", 0.0)  # no time for any node
+    monkeypatch.setattr(preempt_verb, "PREEMPT_BUDGET_S", 0.0)  # no time for any node
     reply = preempt(runtime, body)
     assert reply == {"NodeNameToMetaVictims": {"n0": {
         "Pods": [{"UID": "uid-a"}, {"UID": "uid-b"}, {"UID": "uid-c"}], "NumPDBViolations": 2}}}

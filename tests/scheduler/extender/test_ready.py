@@ -14,10 +14,11 @@ import pytest
 
 from scheduler.core import fragkernel
 from scheduler.extender.config import ExtenderConfig
+from scheduler.extender.extender import Extender
 from scheduler.extender.runtime import freeze_heap
-from scheduler.extender.service import Extender
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import node_to_k8s
+from tests import skips
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import FakeClock, k8s_pod, make_config, post, serve
 
@@ -53,7 +54,7 @@ def numba_engine() -> Iterator[None]:
     """The numba engine in use for the test (the one that compiles on first use), whichever
     engine this machine prefers; the previous one put back after it."""
     if fragkernel.kernel("numba") is None:
-        pytest.skip("numba is not installed: there is no kernel to compile")
+        skips.skip(skips.NOT_INSTALLED, "numba: there is no kernel to compile")
     previous = fragkernel.engine()
     fragkernel.use("numba")
     yield
@@ -101,8 +102,8 @@ assert set(kernel.signatures) == warmed, "the first filter compiled the kernel"
 """
 
 
-@pytest.mark.skipif(fragkernel.kernel("numba") is None,
-                    reason="numba is not installed: there is no kernel to compile")
+@skips.skip_if(fragkernel.kernel("numba") is None, skips.NOT_INSTALLED,
+               "numba: there is no kernel to compile")
 def test_the_kernel_is_compiled_at_ready_even_when_no_gpu_is_registered_yet() -> None:
     """What the base layout's first filter once paid (1-2.5 s, past the 2 s httpTimeout): a
     state with no free GPU share is scored without the kernel, so warming up on the state

@@ -1,12 +1,10 @@
 """Replay a few hundred pods through the extender (prioritize over HTTP, or the deciding filter,
 then bind) and through the core's ``choose`` on the same state: the one node the extender gives
 10, or the one its filter answers with, is the core's node, and bind takes the core's GPUs.
-From the openb trace when ../shared/data has it, else from the synthetic generator of the same
-shape."""
+From the openb trace when the data root has it (tests/data.py), else from the synthetic generator
+of the same shape (under the strict switch, CI's, a missing trace fails instead)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import orjson
 import pytest
@@ -14,19 +12,18 @@ import pytest
 from scheduler.core import ClusterState, NodeSpec, PodRequest, ScoreCache, TargetWorkload, choose
 from scheduler.kube.convert import node_to_k8s, pod_to_k8s
 from scheduler.policies import make_policy
+from simulations.openb import load_nodes, load_pods
 from simulations.synthetic import synthetic_nodes, synthetic_pods
+from tests.data import trace_or_none
 from tests.scheduler.extender.helpers import RecordingBinder, k8s_pod, post, serve
 
-OPENB = Path(__file__).resolve().parents[4] / "shared" / "data" / "openb"
 PODS = 300
 
 
 def trace() -> tuple[list[NodeSpec], list[PodRequest]]:
-    nodes_csv = OPENB / "openb_node_list_gpu_node.csv"
-    pods_csv = OPENB / "openb_pod_list_default.csv"
-    if nodes_csv.is_file() and pods_csv.is_file():
-        from simulations.openb import load_nodes, load_pods
-
+    nodes_csv = trace_or_none("openb", "openb_node_list_gpu_node.csv")
+    pods_csv = trace_or_none("openb", "openb_pod_list_default.csv")
+    if nodes_csv is not None and pods_csv is not None:
         nodes, pods = load_nodes(nodes_csv)[::24], load_pods(pods_csv)
     else:
         nodes, pods = synthetic_nodes(50, seed=3), synthetic_pods(3 * PODS, seed=3)

@@ -53,7 +53,7 @@ def test_best_node_is_the_core_choice(policy: str) -> None:
     for i in range(5):
         state.place(pod(f"b{i}", namespace="default", gpu_milli=250 * (1 + i % 3)), f"n{i}",
                     (0,))
-    core_policy = make_policy(policy, workload=runtime.extender.workload)
+    core_policy = make_policy(policy, workload=runtime.extender.placement.workload)
     for request in (pod("share", gpu_milli=300), pod("whole"), pod("two", num_gpu=2)):
         decision = choose(state, core_policy, request)
         assert decision is not None

@@ -78,7 +78,7 @@ def test_rows_of_a_list_follow_a_node_that_arrives() -> None:
     _, reply = post(client, "/prioritize", body)
     assert reply == [{"Host": "n0", "Score": 10}, {"Host": "n1", "Score": 0}]
     extender = runtime.extender
-    (rows, all_known, _), = extender._rows_by_list.values()
+    (rows, all_known, _), = extender.placement._rows_by_list.values()
     assert rows.tolist() == [0, UNKNOWN] and not all_known
     runtime.cache.state.add_node(node("n1"))  # as the watch would
     _, reply = post(client, "/prioritize", body)

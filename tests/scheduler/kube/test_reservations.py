@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpufrag.errors import BadInput
-from scheduler.extender.service import BindRefused
+from scheduler.extender.verbs.bind import BindRefused
 from scheduler.kube.convert import node_to_k8s
 from scheduler.kube.podwarning import PodWarning
 from scheduler.kube.reservations import (

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from gpufrag.errors import BadInput
-from node.agent.usage import GpuUsage, MigInstanceUsage, NodeGpuUsage, PodGpuUsage, parse
+from gpufrag.gpu_usage import GpuUsage, MigInstanceUsage, NodeGpuUsage, PodGpuUsage, parse
 
 POD = PodGpuUsage("serving", "bert-0", "uid-a", 4800)
 A100_MIG = GpuUsage(

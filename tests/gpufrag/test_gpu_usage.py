@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpufrag.errors import BadInput
-from node.agent.usage import (
+from gpufrag.gpu_usage import (
     REFRESH_INTERVALS,
     SCHEMA_VERSION,
     STALE_AFTER_INTERVALS,

@@ -1,8 +1,11 @@
 """The schema of the Node annotation ``gpufrag.io/gpu-usage``: what each GPU on a node is using.
 
-The node agent writes it; the defrag controller (and anyone else) reads it with :func:`parse`.
-This module is the one definition of that JSON, so both sides import it rather than poke at
-dictionaries. It depends on nothing but the standard library, orjson and :mod:`gpufrag.errors`.
+The node agent writes it; the extender (for the MIG instances in use), the defrag controller,
+the demo and ``gpufrag inspect`` read it with :func:`parse`. This module is the one definition
+of that JSON, so every side imports it rather than poke at dictionaries. It lives in the shared
+base, below every component that reads it: the readers depend on the format, never on the agent
+that writes it. It depends on nothing but the standard library, orjson and
+:mod:`gpufrag.errors`.
 
 Example (``version`` lets the schema grow without breaking readers)::
 
