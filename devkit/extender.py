@@ -19,6 +19,7 @@ from typing import Any, Final
 from devkit.controlplane import ControlPlane
 from devkit.procs import ControlPlaneError, free_port, tail, wait_until
 from gpufrag.conventions import (
+    HINTS_NAMESPACE,
     MANAGED_RESOURCES,
     SCHEDULER_NAME,
 )
@@ -125,7 +126,17 @@ class ExtenderProcess(_Served):
     process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 60.0) -> ExtenderProcess:
-        """Start it and wait until /readyz answers 200 (its cache has listed the cluster)."""
+        """Start it and wait until /readyz answers 200 (its cache has listed the cluster) and,
+        where it signs GPU records (gpufrag's device plugin, the default), until it has its
+        signing key.
+
+        The key lives in the hints namespace, which every install creates (manifests/base);
+        a bare control plane has no such namespace, so it is made here as the install would.
+        Without it the extender refuses every GPU bind until some other caller happens to
+        create the namespace (it retries every 10 s): a test or benchmark would then measure
+        that wait, or hang, depending on what ran before it."""
+        self.control_plane.ensure_namespace(self._setting("names.hints_namespace")
+                                            or HINTS_NAMESPACE)
         env = {**os.environ, "GPUFRAG_LOG_FORMAT": "json"}
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
@@ -136,7 +147,25 @@ class ExtenderProcess(_Served):
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True)
         self._wait_ready(timeout_s)
+        if self.signs_records:
+            try:
+                wait_until(lambda: any(self.log_events("record key ready")) or None,
+                           timeout_s=timeout_s, what=f"{self.what} to have its record key")
+            except BaseException:
+                self.stop()
+                raise
         return self
+
+    @property
+    def signs_records(self) -> bool:
+        """Whether this extender signs GPU records: unless its arguments name another device
+        plugin (``names.device_plugin``), as the product's default does."""
+        return self._setting("names.device_plugin") in (None, "gpufrag")
+
+    def _setting(self, path: str) -> str | None:
+        """The last value ``extra_args`` give ``path`` (``--set path=value``), if any."""
+        values = [a.split("=", 1)[1] for a in self.extra_args if a.startswith(f"{path}=")]
+        return values[-1] if values else None
 
     def log_events(self, event: str) -> Iterator[dict[str, Any]]:
         """The extender's JSON log lines for one event (verb), oldest first."""
