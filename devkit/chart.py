@@ -55,6 +55,7 @@ from typing import Final, TypeAlias
 import yaml
 
 from devkit.build import REPO_ROOT, BuildError, build_control_plane
+from devkit.imageref import split_image
 from scheduler.policies import POLICY_NAMES
 
 BASE_DIR: Final = REPO_ROOT / "manifests" / "base"
@@ -613,23 +614,6 @@ def _image_key(repository: str) -> str:
     """``registry.k8s.io/kube-scheduler`` -> ``kubeScheduler`` (the values key)."""
     words = re.split(r"[^a-zA-Z0-9]+", repository.rsplit("/", 1)[-1])
     return words[0] + "".join(w[:1].upper() + w[1:] for w in words[1:])
-
-
-def has_registry_host(ref: str) -> bool:
-    """Whether an image reference names its registry: the first path component has a dot or a
-    port, or is ``localhost`` (the rule container runtimes apply; any other name is resolved
-    against a default registry the node chooses)."""
-    first, sep, _ = ref.partition("/")
-    return bool(sep) and ("." in first or ":" in first or first == "localhost")
-
-
-def split_image(ref: str) -> tuple[str, str, str]:
-    """An image reference as (repository, tag, digest); tag and digest may be empty."""
-    name, _, digest = ref.partition("@")
-    repository, tag = name, ""
-    if ":" in name.rsplit("/", 1)[-1]:
-        repository, tag = name.rsplit(":", 1)
-    return repository, tag, digest
 
 
 PULL_POLICY: Final = IfSet("imagePullPolicy", Expr(".Values.global.imagePullPolicy"), block=False)

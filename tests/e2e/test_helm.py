@@ -41,6 +41,7 @@ from cryptography.hazmat.primitives import serialization
 from devkit import chart
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess
+from devkit.imageref import has_registry_host
 from devkit.procs import free_port
 from scheduler.kube import reservations as rsv
 from scheduler.kube.reservations import Reservation
@@ -405,12 +406,12 @@ def test_helm_lint_strict_passes(helm: Path) -> None:
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
 def test_every_kustomize_image_is_fully_qualified(control_plane_binary: Path, path: str) -> None:
     refs = images(kustomize(control_plane_binary, path))
-    assert [r for r in refs if not chart.has_registry_host(r)] == []
+    assert [r for r in refs if not has_registry_host(r)] == []
 
 
 def test_every_chart_image_is_fully_qualified(helm: Path) -> None:
     refs = images(helm_template(helm, *BASE))
-    assert refs and [r for r in refs if not chart.has_registry_host(r)] == []
+    assert refs and [r for r in refs if not has_registry_host(r)] == []
     assert "registry.k8s.io/kube-scheduler:v1.36.3" in refs
 
 

@@ -21,6 +21,7 @@ import yaml
 
 from devkit import chart
 from devkit.controlplane import ControlPlane
+from devkit.imageref import split_image
 from devkit.node import Node
 from scheduler.kube import reservations as rsv
 
@@ -30,7 +31,7 @@ NAMESPACE = "gpufrag-helm-node"
 
 
 def _image(ref: str) -> dict[str, str]:
-    repository, tag, digest = chart.split_image(ref)
+    repository, tag, digest = split_image(ref)
     return {"repository": repository, "tag": tag, "digest": digest}
 
 
