@@ -1,22 +1,24 @@
 """charts/gpufrag against the kustomize base, helm itself and the real API server.
 
-The chart is generated from ``manifests/`` by ``devkit/chart.py``; these tests hold it to that:
-the committed chart is what the generator writes today (so a changed base or component fails
-here until the chart is regenerated), ``helm template`` with the base's layout
-(``chart.BASE_LAYOUT``) renders exactly the objects ``kubectl kustomize manifests/base`` renders
-(but for the chart's standard labels and keep policy) and with default values the same in the
-release's namespace, without the Namespace and the example; the production values exactly the
-production overlay's, each optional part exactly its component's. ``helm install R
-charts/gpufrag -n NS --create-namespace``, as a user types it, ends deployed on a real API server
-with every namespaced object in NS, with and without the example. ``helm lint --strict`` passes,
-the values reach the objects they name, bad
-values are refused naming the field, a second release shares no cluster-wide name with the
-first, every rendered object is accepted by a server-side dry run, and the hooks' own commands
-do what they claim against a real API server (``helm test``'s against a real extender too).
-Install, upgrade, a second release and uninstall run on an API server of their own, with the
-Prometheus Operator's and cert-manager's own CRDs (fetched from their pinned Go modules); ``helm
-test`` and the CRD upgrade hook on the real node: tests/e2e/node/test_helm_release.py. helm is
-built from its Go module (``devkit/tools/helm``).
+The chart is the source of manifests/: ``devkit/manifests.py`` renders the kustomize base's and
+the components' resources from it with ``helm template``. These tests hold both to that: the
+committed manifests are what the chart renders today (so a changed template fails here until
+they are rendered again); kustomize over them -- with the base's transformers and image list,
+the overlays' and the patch component's patches, none of which Helm sees -- gives what
+``helm template`` gives with the matching values: the base's layout
+(``manifests.BASE_LAYOUT``) the base's objects (but for Helm's standard labels and keep policy),
+the production values the production overlay's, each optional part its component's; default
+values render the base in the release's namespace, without the Namespace and the example.
+``helm install R charts/gpufrag -n NS --create-namespace``, as a user types it, ends deployed on
+a real API server with every namespaced object in NS, with and without the example. ``helm lint
+--strict`` passes, the values reach the objects they name, bad values are refused naming the
+field, a second release shares no cluster-wide name with the first, every rendered object is
+accepted by a server-side dry run, and the hooks' own commands do what they claim against a real
+API server (``helm test``'s against a real extender too). Install, upgrade, a second release and
+uninstall run on an API server of their own, with the Prometheus Operator's and cert-manager's
+own CRDs (fetched from their pinned Go modules); ``helm test`` and the CRD upgrade hook on the
+real node: tests/e2e/node/test_helm_release.py. helm is built from its Go module
+(``devkit/tools/helm``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import kubernetes
 import pytest
@@ -38,9 +40,10 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from devkit import chart
+from devkit import manifests
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess
+from devkit.imageref import has_registry_host
 from devkit.procs import free_port
 from scheduler.kube import reservations as rsv
 from scheduler.kube.reservations import Reservation
@@ -54,6 +57,11 @@ KUSTOMIZATIONS = ["base", "overlays/dev", "overlays/production",
                           for p in (MANIFESTS / "components").glob("*/kustomization.yaml"))]
 
 Doc = dict[str, object]
+# The chart's hooks: the `helm test` pod (and its account), what it asks each extender replica,
+# and the CRD upgrade hook.
+TEST_POD = "gpufrag-test-extender-answers"
+TEST_PATHS = ("/healthz", "/readyz")
+CRD_HOOK = "gpufrag-crd-upgrade"
 
 
 def run_helm(helm: Path, *args: str, check: bool = True, kubeconfig: Path | None = None
@@ -95,30 +103,35 @@ def tree(doc: Doc) -> Any:
 
 
 def is_hook(doc: Doc) -> bool:
-    return chart.HOOK_ANNOTATION in annotations_of(doc)
+    return manifests.HOOK_ANNOTATION in annotations_of(doc)
 
 
 def without_chart_metadata(doc: Doc, base: Doc) -> Doc:
     """``doc`` without what the chart adds to every base object: its standard labels, the
     name label where ``base`` has none, and Helm's keep policy (on the Namespace, which
     uninstall must not delete)."""
-    added = set(chart.STANDARD_LABELS) | ({chart.NAME_LABEL} - set(labels_of(base)))
+    added = set(manifests.STANDARD_LABELS) | ({manifests.NAME_LABEL} - set(labels_of(base)))
     meta = {k: v for k, v in tree(doc)["metadata"].items()
             if k not in ("labels", "annotations")}
     kept_labels = {k: v for k, v in labels_of(doc).items() if k not in added}
-    kept_annotations = {k: v for k, v in annotations_of(doc).items() if k != chart.KEEP_ANNOTATION}
+    kept_annotations = {k: v for k, v in annotations_of(doc).items()
+                        if k != manifests.KEEP_ANNOTATION}
     meta |= ({"labels": kept_labels} if kept_labels else {}) | (
         {"annotations": kept_annotations} if kept_annotations else {})
     return {**doc, "metadata": meta}
 
 
 def kustomize(binary: Path, path: str) -> list[Doc]:
-    return chart.render_base([str(binary), "kubectl"], MANIFESTS / path)
+    """``kubectl kustomize manifests/<path>`` (or an absolute path) as a list of objects."""
+    result = subprocess.run([str(binary), "kubectl", "kustomize", str(MANIFESTS / path)],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 # The values under which the chart renders the base's layout (its namespace, created by the
 # chart, and the example), as --set flags.
-BASE = [arg for key, value in chart.BASE_LAYOUT for arg in ("--set", f"{key}={value}")]
+BASE = manifests.set_flags(manifests.BASE_LAYOUT)
 EXAMPLE = "resnet-serving"  # what the example's objects' names start with
 
 
@@ -126,8 +139,8 @@ def moved_to(docs: Sequence[Doc], namespace: str) -> list[Doc]:
     """``docs`` with every mention of the base's namespace naming ``namespace`` instead (the
     base has no look-alike of it: a name that merely starts with it)."""
     text = yaml.safe_dump_all(docs, sort_keys=False)
-    assert f"{chart.BASE_NAMESPACE}-" not in text
-    return [d for d in yaml.safe_load_all(text.replace(chart.BASE_NAMESPACE, namespace)) if d]
+    assert f"{manifests.BASE_NAMESPACE}-" not in text
+    return [d for d in yaml.safe_load_all(text.replace(manifests.BASE_NAMESPACE, namespace)) if d]
 
 
 def identity(doc: Doc) -> tuple[str, str, str, str]:
@@ -192,11 +205,13 @@ def ensure_namespace(plane: ControlPlane, name: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_chart_is_generated_from_the_current_base(control_plane_binary: Path) -> None:
-    files = chart.generate([str(control_plane_binary), "kubectl"])
-    stale = chart.stale_files(files)
-    assert not stale, (f"charts/gpufrag is not what manifests/base gives: {', '.join(stale)}; "
-                       f"run `{chart.REGENERATE}`")
+def test_the_manifests_are_rendered_from_the_current_chart(helm: Path) -> None:
+    """manifests/ (the base's and the components' resources) is what the chart renders today:
+    a change to a template fails here until the manifests are rendered again."""
+    stale = manifests.stale_files(manifests.render(helm))
+    assert not stale, (f"not what charts/gpufrag renders: "
+                       f"{', '.join(str(p.relative_to(REPO)) for p in stale)}; "
+                       f"run `{manifests.REGENERATE}`")
 
 
 def test_the_base_layout_renders_exactly_the_kustomize_base(helm: Path,
@@ -210,9 +225,9 @@ def test_the_base_layout_renders_exactly_the_kustomize_base(helm: Path,
     differ = [key for key in base if without_chart_metadata(rendered[key], base[key]) != base[key]]
     assert not differ, f"objects that differ from the base: {differ}"
     kept = [key[1] for key, doc in rendered.items()
-            if annotations_of(doc).get(chart.KEEP_ANNOTATION) == "keep"]
+            if annotations_of(doc).get(manifests.KEEP_ANNOTATION) == "keep"]
     assert kept == ["Namespace"]
-    version = chart.project_version()
+    version = manifests.project_version()
     standard = {"helm.sh/chart": f"gpufrag-{version}", "app.kubernetes.io/instance": "gpufrag",
                 "app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/version": version}
     unlabelled = [key for key, doc in rendered.items() if key[1] != "CustomResourceDefinition"
@@ -231,7 +246,7 @@ def test_default_values_render_the_base_in_the_release_namespace_without_the_exa
     expected = [d for d in moved_to(kustomize(control_plane_binary, "base"), "ml-platform")
                 if d["kind"] != "Namespace" and not identity(d)[3].startswith(EXAMPLE)]
     same_objects(rendered, expected)
-    assert chart.BASE_NAMESPACE not in yaml.safe_dump_all(rendered)
+    assert manifests.BASE_NAMESPACE not in yaml.safe_dump_all(rendered)
     # Only the RoleBinding to kube-system's authentication reader lives elsewhere, by design.
     assert {identity(d)[2] for d in rendered} == {"", "ml-platform", "kube-system"}
     assert [identity(d)[1] for d in rendered if identity(d)[2] == "kube-system"] == [
@@ -252,7 +267,7 @@ def test_a_namespace_the_chart_creates_is_named_and_not_the_releases(helm: Path)
     docs = helm_template(helm, "-n", "default", "--set", "namespace.create=true", "--set",
                          "namespace.name=gpu-team")
     created = find(docs, "Namespace", "gpu-team")
-    assert annotations_of(created)[chart.KEEP_ANNOTATION] == "keep"
+    assert annotations_of(created)[manifests.KEEP_ANNOTATION] == "keep"
     assert labels_of(created)["pod-security.kubernetes.io/enforce"] == "privileged"
     assert {identity(d)[2] for d in docs} == {"", "gpu-team", "kube-system"}
     unnamed = run_helm(helm, "template", "gpufrag", str(CHART), "-n", "gpu-team", "--set",
@@ -299,25 +314,20 @@ def test_production_values_render_exactly_the_production_overlay(
 def test_each_optional_part_renders_exactly_its_kustomize_component(
         helm: Path, control_plane_binary: Path) -> None:
     """Off by default (the base layout's render is the base); on, each adds exactly the objects of
-    its component under manifests/components, all rendered from there. A part that joins two
-    (the webhook's monitor) adds its objects only where both are on: each of the two alone
-    renders exactly its own component, and both together add exactly the joint one."""
-    base = by_identity(kustomize(control_plane_binary, "base"))
-    # The schema takes the scheduler's PodDisruptionBudget only with two replicas.
-    needs = {"scheduler.disruptionBudget": ["--set", "scheduler.replicas=2", "--set",
-                                            "scheduler.leaderElect=true"]}
-    joint = [part for part in chart.PARTS if part.also]
-    assert [part.path for part in joint] == ["components/rightsizing-monitoring"]
-    for part in chart.PARTS:
-        values = (part.value, *part.also)
+    its component under manifests/components. A part that joins two (the webhook's monitor)
+    adds its objects only where both are on: each of the two alone renders exactly its own
+    component, and both together add exactly the joint one."""
+    base = set(by_identity(kustomize(control_plane_binary, "base")))
+    for component, values in manifests.PARTS.items():
+        # What the same values turn on beside this part: the parts whose values are a subset.
         others = set(base)
-        for alone in values if part.also else ():
-            others |= set(by_identity(helm_template(helm, *BASE, "--set", f"{alone}=true")))
-        rendered = [d for d in helm_template(helm, *BASE, *(a for v in values for a in (
-                                                 "--set", f"{v}=true")),
-                                             *needs.get(part.value, []))
+        for other, other_values in manifests.PARTS.items():
+            if other != component and set(other_values) < set(values):
+                others |= set(by_identity(kustomize(control_plane_binary,
+                                                    f"components/{other}")))
+        rendered = [d for d in helm_template(helm, *BASE, *manifests.set_flags(values))
                     if identity(d) not in others]
-        same_objects(rendered, kustomize(control_plane_binary, part.path))
+        same_objects(rendered, kustomize(control_plane_binary, f"components/{component}"))
 
 
 def test_the_monitoring_labels_and_the_no_cert_manager_path(helm: Path) -> None:
@@ -405,70 +415,20 @@ def test_helm_lint_strict_passes(helm: Path) -> None:
 @pytest.mark.parametrize("path", KUSTOMIZATIONS)
 def test_every_kustomize_image_is_fully_qualified(control_plane_binary: Path, path: str) -> None:
     refs = images(kustomize(control_plane_binary, path))
-    assert [r for r in refs if not chart.has_registry_host(r)] == []
+    assert [r for r in refs if not has_registry_host(r)] == []
 
 
 def test_every_chart_image_is_fully_qualified(helm: Path) -> None:
     refs = images(helm_template(helm, *BASE))
-    assert refs and [r for r in refs if not chart.has_registry_host(r)] == []
+    assert refs and [r for r in refs if not has_registry_host(r)] == []
     assert "registry.k8s.io/kube-scheduler:v1.36.3" in refs
-
-
-AWKWARD = {
-    "alert": "{{ $labels.pod }} uses {{ $value | humanizePercentage }} of its GPU",
-    "dashboard": '{\n  "legendFormat": "{{pod}} / {{gpu}}",\n  "expr": "sum(x{a=\\"b\\"})"\n}',
-    "quotes": "say \"hi\" \\ and 'single' and a tab\there",
-    "unicode": "GPU → 80 % ✓",
-    "looks-typed": "true",
-    "version": "0.1.0",
-    "cron": "*/15 * * * *",
-    "empty": "",
-    "two-newlines": "a\nb\n\n",
-    "trailing-blank": "line with blanks   \nnext\n",
-    "namespace-flag": "--namespace=gpufrag-system --x",
-    "namespace-file": "namespace: gpufrag-system\nrule: {{ $labels.namespace }}\n",
-}
-
-
-def test_generated_templates_render_back_to_their_base_through_helm(helm: Path,
-                                                                   tmp_path: Path) -> None:
-    docs: list[Doc] = [
-        {"apiVersion": "v1", "kind": "ConfigMap",
-         "metadata": {"name": "awkward", "namespace": chart.BASE_NAMESPACE}, "data": AWKWARD},
-        {"apiVersion": "v1", "kind": "ConfigMap",
-         "metadata": {"name": "knobs", "namespace": chart.BASE_NAMESPACE},
-         "data": {"args": "exec run --threshold=0.25 --budget=10 \"$X\"",
-                  "file": "a: {{ keep }}\nweight: 200\nflag: true\n"}},
-    ]
-    knobs = (
-        chart.Knob("t.threshold", "ConfigMap", "knobs", "data/args", "",
-                   pattern=r"--threshold=(\S+)"),
-        chart.Knob("t.budget", "ConfigMap", "knobs", "data/args", "", pattern=r"--budget=(\d+)"),
-        chart.Knob("t.weight", "ConfigMap", "knobs", "data/file", "", pattern=r"weight: (\d+)"),
-        chart.Knob("t.flag", "ConfigMap", "knobs", "data/file", "", pattern=r"flag: (\w+)"),
-    )
-    chart.write_chart(chart.build_chart(docs, "0.1.0", knobs=knobs, toggles=(), components=(),
-                                        lines=(), hooks=False), tmp_path)
-    out = run_helm(helm, "template", "t", str(tmp_path), "-n", chart.BASE_NAMESPACE).stdout
-    back = by_identity([d for d in yaml.safe_load_all(out) if d])
-    assert {key: without_chart_metadata(doc, by_identity(docs)[key])
-            for key, doc in back.items()} == by_identity(docs)
-    out = run_helm(helm, "template", "t", str(tmp_path), "--set", "t.threshold=0.5",
-                   "--set", "t.weight=7", "--set", "namespace.name=elsewhere").stdout
-    rendered = {identity(d)[3]: d for d in yaml.safe_load_all(out) if d}
-    assert rendered["knobs"]["data"] == {
-        "args": 'exec run --threshold=0.5 --budget=10 "$X"',
-        "file": "a: {{ keep }}\nweight: 7\nflag: true\n"}
-    assert rendered["awkward"]["data"]["namespace-flag"] == "--namespace=elsewhere --x"
-    assert rendered["awkward"]["data"]["namespace-file"] == (
-        "namespace: elsewhere\nrule: {{ $labels.namespace }}\n")
 
 
 def test_default_chart_is_accepted_by_the_api_server(helm: Path,
                                                      control_plane: ControlPlane) -> None:
     """Every object an install applies, the example's too, and the hooks (``helm test``'s, the
     CRD upgrade's)."""
-    ensure_namespace(control_plane, chart.BASE_NAMESPACE)
+    ensure_namespace(control_plane, manifests.BASE_NAMESPACE)
     dry_run(control_plane, helm_template(helm, *BASE, tests=True))
 
 
@@ -497,7 +457,7 @@ def test_values_reach_the_objects_and_the_api_server_accepts_them(
 
     namespaces = {identity(d)[2] for d in docs} - {""}
     assert namespace in namespaces and namespaces <= {namespace, "kube-system"}
-    assert chart.BASE_NAMESPACE not in yaml.safe_dump_all(docs)
+    assert manifests.BASE_NAMESPACE not in yaml.safe_dump_all(docs)
     assert not [d for d in docs if identity(d)[3].startswith("resnet-serving")]
     names = find(docs, "ConfigMap", "gpufrag-names")["data"]
     assert names["GPUFRAG_NAMES__HINTS_NAMESPACE"] == namespace  # type: ignore[index]
@@ -543,6 +503,21 @@ def test_values_reach_the_objects_and_the_api_server_accepts_them(
         control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
+class Workload(NamedTuple):
+    """A workload whose pods take ``<value>.nodeSelector``, ``.tolerations``, ``.affinity`` and
+    ``.priorityClassName``."""
+
+    value: str
+    kind: str
+    name: str
+
+
+WORKLOADS = (Workload("scheduler", "Deployment", "gpufrag-scheduler"),
+             Workload("defrag", "CronJob", "gpufrag-defrag"),
+             Workload("agent", "DaemonSet", "gpufrag-agent"),
+             Workload("devicePlugin", "DaemonSet", "gpufrag-device-plugin"),
+             Workload("servingExample", "Deployment", "resnet-serving"),
+             Workload("rightsizing", "Deployment", "gpufrag-admission"))
 PULL_AND_PLACEMENT = {
     "global": {"imageRegistry": "mirror.example.com/cache", "imagePullPolicy": "Always",
                "imagePullSecrets": [{"name": "mirror-pull"}]},
@@ -554,7 +529,7 @@ PULL_AND_PLACEMENT = {
             "nodeSelectorTerms": [{"matchExpressions": [
                 {"key": "zone", "operator": "In", "values": [component.value]}]}]}}},
         "priorityClassName": f"{component.value.lower()}-priority"}
-       for component in chart.COMPONENTS},
+       for component in WORKLOADS},
 }
 PULL_AND_PLACEMENT["devicePlugin"]["resources"] = {  # type: ignore[index]
     "requests": {"cpu": "20m", "memory": "32Mi"}}
@@ -573,7 +548,7 @@ def test_pull_settings_and_scheduling_knobs_reach_every_pod(
     values.write_text(yaml.safe_dump(PULL_AND_PLACEMENT))
     docs = helm_template(helm, "--values", str(values), tests=True)
     pods = list(pod_specs(docs)) + [(d, tree(d)["spec"]) for d in docs if d["kind"] == "Pod"]
-    assert len(pods) >= len(chart.COMPONENTS) + 1
+    assert len(pods) >= len(WORKLOADS) + 1
     for doc, pod in pods:
         where = identity(doc)
         assert pod["imagePullSecrets"] == [{"name": "mirror-pull"}], where
@@ -584,7 +559,7 @@ def test_pull_settings_and_scheduling_knobs_reach_every_pod(
     assert "mirror.example.com/cache/gpufrag/gpufrag:0.1.0" in refs
     assert "mirror.example.com/cache/kube-scheduler:v1.36.3" in refs
 
-    for component in chart.COMPONENTS:
+    for component in WORKLOADS:
         doc = find(docs, component.kind, component.name)
         pod = next(spec for _, spec in pod_specs([doc]))
         wanted = tree(PULL_AND_PLACEMENT)[component.value]
@@ -659,7 +634,7 @@ def test_helm_test_hooks_ask_every_extender_replicas_probe_listener(helm: Path) 
     the ServiceAccount, Role (list pods, nothing else) and RoleBinding it runs as."""
     docs = helm_template(helm, "-n", "ml-platform", tests=True)
     hooks = {identity(d)[1]: tree(d) for d in docs
-             if annotations_of(d).get(chart.HOOK_ANNOTATION) == "test"}
+             if annotations_of(d).get(manifests.HOOK_ANNOTATION) == "test"}
     assert sorted(hooks) == ["Pod", "Role", "RoleBinding", "ServiceAccount"]
     pod, role = hooks["Pod"], hooks["Role"]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
@@ -676,7 +651,7 @@ def test_helm_test_hooks_ask_every_extender_replicas_probe_listener(helm: Path) 
     assert dict(kv.split("=") for kv in selector.split(",")) == scheduler["selector"][
         "matchLabels"]
     assert {"name": "ext-health", "containerPort": int(port)} in extender["ports"]
-    assert container["command"][6:] == list(chart.TEST_PATHS)
+    assert container["command"][6:] == list(TEST_PATHS)
     assert {identity(d)[2] for d in hooks.values()} == {"ml-platform"}
     assert pod["spec"]["restartPolicy"] == "Never"
 
@@ -806,7 +781,7 @@ def test_helm_install_with_create_namespace_deploys_into_the_release_namespace(
     must not meet other tests' nodes and objects."""
     with ControlPlane(control_plane_binary) as plane:
         docs = _install_as_users_do(helm, plane, "gpufrag", "gpu-sched")
-        assert chart.BASE_NAMESPACE not in yaml.safe_dump_all(docs)
+        assert manifests.BASE_NAMESPACE not in yaml.safe_dump_all(docs)
         assert not [identity(d) for d in docs if identity(d)[3].startswith(EXAMPLE)]
         workloads = plane.kubectl("get", "deployments,services,cronjobs,"
                                   "horizontalpodautoscalers,poddisruptionbudgets", "-n",
@@ -822,7 +797,7 @@ def test_helm_install_with_create_namespace_and_the_example(
     Deployment, Service, PDB, HPA, pre-warm CronJobs and their RBAC are in the release's
     namespace, and its pods name the release's scheduler."""
     with ControlPlane(control_plane_binary) as plane:
-        docs = _install_as_users_do(helm, plane, "demo", chart.BASE_NAMESPACE,
+        docs = _install_as_users_do(helm, plane, "demo", manifests.BASE_NAMESPACE,
                                     "--set", "servingExample.enabled=true")
         example = {(identity(d)[1], identity(d)[3]) for d in docs
                    if identity(d)[3].startswith(EXAMPLE)}
@@ -830,9 +805,9 @@ def test_helm_install_with_create_namespace_and_the_example(
             "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler", "CronJob",
             "ServiceAccount", "Role", "RoleBinding"}
         serving = yaml.safe_load(plane.kubectl("get", "deployment", EXAMPLE, "-n",
-                                               chart.BASE_NAMESPACE, "-o", "yaml").stdout)
+                                               manifests.BASE_NAMESPACE, "-o", "yaml").stdout)
         assert serving["spec"]["template"]["spec"]["schedulerName"] == "gpufrag-scheduler"
-        cronjobs = plane.kubectl("get", "cronjobs", "-n", chart.BASE_NAMESPACE, "-o",
+        cronjobs = plane.kubectl("get", "cronjobs", "-n", manifests.BASE_NAMESPACE, "-o",
                                  "name").stdout.split()
         assert sorted(cronjobs) == ["cronjob.batch/gpufrag-defrag",
                                     f"cronjob.batch/{EXAMPLE}-prewarm",
@@ -871,13 +846,13 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane,
     control_plane.kubectl("apply", "--server-side", *files)
     control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", *files)
     run_helm(helm, "install", release, str(CHART), "--kubeconfig", kubeconfig,
-             "--namespace", chart.BASE_NAMESPACE, "--create-namespace", *EVERYTHING)
+             "--namespace", manifests.BASE_NAMESPACE, "--create-namespace", *EVERYTHING)
     for kind in ("prometheusrule", "podmonitor", "servicemonitor", "poddisruptionbudget",
                  "mutatingwebhookconfiguration", "issuer", "certificate"):
-        listed = control_plane.kubectl("get", kind, "-n", chart.BASE_NAMESPACE, "-o", "name")
+        listed = control_plane.kubectl("get", kind, "-n", manifests.BASE_NAMESPACE, "-o", "name")
         assert listed.stdout.strip(), f"no {kind} installed"
     # Strict field validation too (an unknown or misspelt field is an error, not pruned).
-    dry_run(control_plane, helm_template(helm, *EVERYTHING, "-n", chart.BASE_NAMESPACE))
+    dry_run(control_plane, helm_template(helm, *EVERYTHING, "-n", manifests.BASE_NAMESPACE))
     second = "team-b"
     # The second release makes its webhook's certificate itself; an upgrade keeps it.
     own_namespace = ["--set", f"namespace.name=gpufrag-{second}", "--set",
@@ -901,30 +876,30 @@ def _install_and_uninstall(helm: Path, control_plane: ControlPlane,
     custom = kubernetes.client.CustomObjectsApi(control_plane.api_client())
     try:
         custom.create_namespaced_custom_object(
-            rsv.GROUP, rsv.VERSION, chart.BASE_NAMESPACE, rsv.PLURAL, rsv.body(Reservation(
+            rsv.GROUP, rsv.VERSION, manifests.BASE_NAMESPACE, rsv.PLURAL, rsv.body(Reservation(
                 name="held", node="n0", gpus=(0,), gpu_milli=300, owner_uid="rs-1",
                 namespace="default", expires=time.time() + 300)))
         # An upgrade that changes the release keeps the live reservation. Without the CRD
         # hook here: its Job's pod would never run on this API server without a node (what
         # its container does is checked below, by running it).
         run_helm(helm, "upgrade", release, str(CHART), "--kubeconfig", kubeconfig,
-                 "--namespace", chart.BASE_NAMESPACE, *EVERYTHING, "--set",
+                 "--namespace", manifests.BASE_NAMESPACE, *EVERYTHING, "--set",
                  "defrag.schedule=0 * * * *", "--set", "crds.upgrade=false")
         assert custom.get_namespaced_custom_object(
-            rsv.GROUP, rsv.VERSION, chart.BASE_NAMESPACE, rsv.PLURAL,
+            rsv.GROUP, rsv.VERSION, manifests.BASE_NAMESPACE, rsv.PLURAL,
             "held")["spec"]["node"] == "n0"
     finally:
         run_helm(helm, "uninstall", release, "--kubeconfig", kubeconfig, "--namespace",
-                 chart.BASE_NAMESPACE)
+                 manifests.BASE_NAMESPACE)
     assert control_plane.kubectl("get", "crd", f"{rsv.PLURAL}.{rsv.GROUP}",
                                  check=False).returncode == 0
-    assert control_plane.kubectl("get", "namespace", chart.BASE_NAMESPACE,
+    assert control_plane.kubectl("get", "namespace", manifests.BASE_NAMESPACE,
                                  check=False).returncode == 0
-    held = custom.get_namespaced_custom_object(rsv.GROUP, rsv.VERSION, chart.BASE_NAMESPACE,
+    held = custom.get_namespaced_custom_object(rsv.GROUP, rsv.VERSION, manifests.BASE_NAMESPACE,
                                                rsv.PLURAL, "held")
     assert held["spec"]["node"] == "n0"
     gone = control_plane.kubectl("get", "deployment", "gpufrag-scheduler", "-n",
-                                 chart.BASE_NAMESPACE, check=False)
+                                 manifests.BASE_NAMESPACE, check=False)
     assert gone.returncode != 0 and "NotFound" in gone.stderr
 
 
@@ -937,23 +912,23 @@ def _the_crd_hook_brings_back_the_charts_crd(helm: Path, plane: ControlPlane,
     crd = f"{rsv.PLURAL}.{rsv.GROUP}"
     plane.kubectl("patch", "crd", crd, "--type=merge", "-p",
                   '{"spec": {"names": {"shortNames": ["oldrsv"]}}}')
-    hooks = [d for d in helm_template(helm, "-n", chart.BASE_NAMESPACE, tests=True)
-             if annotations_of(d).get(chart.HOOK_ANNOTATION) == "pre-upgrade"]
+    hooks = [d for d in helm_template(helm, "-n", manifests.BASE_NAMESPACE, tests=True)
+             if annotations_of(d).get(manifests.HOOK_ANNOTATION) == "pre-upgrade"]
     assert sorted(identity(d)[1] for d in hooks) == [
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Job", "ServiceAccount"]
-    job = tree(find(hooks, "Job", chart.CRD_HOOK))
+    job = tree(find(hooks, "Job", CRD_HOOK))
     needs = [d for d in hooks if d["kind"] != "Job"]
     plane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump_all(needs))
     try:
         # What the Job's volume holds: the ConfigMap's files.
         crds = tmp_path / "crds"
         crds.mkdir()
-        for name, text in tree(find(hooks, "ConfigMap", chart.CRD_HOOK))["data"].items():
+        for name, text in tree(find(hooks, "ConfigMap", CRD_HOOK))["data"].items():
             (crds / name).write_text(text)
         (container,) = job["spec"]["template"]["spec"]["containers"]
         assert container["command"] == ["/bin/kubectl"] and container["args"][-1] == "/crds/"
-        token = plane.kubectl("create", "token", chart.CRD_HOOK, "-n",
-                              chart.BASE_NAMESPACE).stdout.strip()
+        token = plane.kubectl("create", "token", CRD_HOOK, "-n",
+                              manifests.BASE_NAMESPACE).stdout.strip()
         applied = plane.kubectl(f"--token={token}", *container["args"][:-1], f"{crds}/",
                                 check=False)
         assert applied.returncode == 0, applied.stderr

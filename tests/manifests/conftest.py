@@ -20,7 +20,8 @@ from tests.manifests import scrapes
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
 OPERATOR = MANIFESTS / "components" / "prometheus-operator"
-DASHBOARDS = MANIFESTS / "components" / "grafana-dashboards"
+# The dashboards' JSON: the chart reads them (.Files), the component is rendered from it.
+DASHBOARDS = ROOT / "charts" / "gpufrag" / "dashboards"
 
 
 @pytest.fixture(scope="session")

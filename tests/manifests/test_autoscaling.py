@@ -117,7 +117,8 @@ def test_prewarm_may_get_and_patch_that_one_hpa_and_nothing_else() -> None:
     binding = one("RoleBinding", PREWARM)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": PREWARM}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": PREWARM}]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": PREWARM,
+                                    "namespace": "gpufrag-system"}]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.manifests.conftest import DASHBOARDS
+from tests.manifests.conftest import DASHBOARDS, MANIFESTS
 from tests.manifests.promql import grafana_to_promql, metric_names_in
 from tests.manifests.scrapes import EXTERNAL
 
@@ -38,10 +38,12 @@ def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
 
 def test_one_dashboard_per_component_is_shipped() -> None:
     assert sorted(p.name for p in DASHBOARDS.glob("*.json")) == sorted(BOARDS)
-    kustomization = yaml.safe_load((DASHBOARDS / "kustomization.yaml").read_text())
-    (generator,) = kustomization["configMapGenerator"]
-    assert sorted(f.split("=")[1] for f in generator["files"]) == sorted(BOARDS)
-    assert generator["options"]["labels"]["grafana_dashboard"] == "1"
+    # The component's ConfigMap, rendered from the chart's template, carries every board.
+    (configmap,) = yaml.safe_load_all((MANIFESTS / "components" / "grafana-dashboards"
+                                       / "dashboards.yaml").read_text())
+    assert configmap["data"] == {f"gpufrag-{name}": (DASHBOARDS / name).read_text()
+                                 for name in BOARDS}
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     uids = [load(name)["uid"] for name in BOARDS]
     assert len(set(uids)) == len(uids)
 

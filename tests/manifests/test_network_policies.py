@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,19 +19,19 @@ from typing import Any
 import pytest
 import yaml
 
-from devkit import chart
+from devkit import manifests
 from devkit.build import build_control_plane
 from devkit.toolbuild import build_tool
 from gpufrag.httpserve import Limits
 from gpufrag.probes import PROBE_DEADLINE_S, PROBE_MAX_CONNECTIONS, PROBE_MAX_HEADER_BYTES
 from tests.built import built_or_fail
-from tests.e2e.test_helm import REPO, helm_template
+from tests.e2e.test_helm import REPO, TEST_POD, helm_template
 
 Doc = dict[str, Any]
 
 PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
               "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
-HELM_TEST = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": chart.TEST_POD}}}
+HELM_TEST = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": TEST_POD}}}
 ANY = "any source"  # a rule with no peers (`from: []`)
 
 # Each component's listeners on the pod network, by container port, and who must reach them:
@@ -63,9 +64,13 @@ def helm() -> Path:
 @pytest.fixture(scope="module")
 def kustomized(kubectl: list[str]) -> list[Doc]:
     """The base and the right-sizing component (the webhook's), as kustomize renders them."""
-    base, parts = chart.render_sources(kubectl)
-    (rightsizing,) = [docs for part, docs in parts.items() if part.path == "components/rightsizing"]
-    return [*base, *rightsizing]
+    docs = []
+    for path in (manifests.BASE_DIR, manifests.COMPONENTS_DIR / "rightsizing"):
+        result = subprocess.run([*kubectl, "kustomize", str(path)], capture_output=True,
+                                text=True, timeout=120, check=False)
+        assert result.returncode == 0, result.stderr
+        docs += [d for d in yaml.safe_load_all(result.stdout) if d]
+    return docs
 
 
 def _workloads(docs: list[Doc]) -> Iterator[tuple[str, dict[str, str], list[Doc]]]:
@@ -73,7 +78,7 @@ def _workloads(docs: list[Doc]) -> Iterator[tuple[str, dict[str, str], list[Doc]
     example model service is a workload of its own, whose callers are its model's)."""
     for doc in docs:
         if (doc["kind"] in ("Deployment", "DaemonSet")
-                and doc["metadata"]["name"].startswith(chart.NAME_PREFIX + "-")):
+                and doc["metadata"]["name"].startswith("gpufrag-")):
             template = doc["spec"]["template"]
             yield (doc["metadata"]["name"], template["metadata"]["labels"],
                    template["spec"]["containers"])

@@ -7,18 +7,21 @@ behaviour on a real API server: tests/e2e/test_node_write_policy.py.
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from devkit import chart
+from devkit import manifests
 from devkit.build import build_control_plane
 from devkit.toolbuild import build_tool
 from tests.built import built_or_fail
 from tests.e2e.test_helm import BASE, find, helm_template, same_objects
 
-MIG_MONITOR = next(p for p in chart.PATCH_PARTS if p.path == "components/mig-monitor")
+MIG_VALUES = manifests.set_flags(manifests.PATCH_PARTS["mig-monitor"])
 MONITOR_ENV = {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}
 
 
@@ -33,16 +36,27 @@ def kubectl() -> list[str]:
     return [str(binary), "kubectl"]
 
 
+def kustomize(kubectl: list[str], path: Path) -> list[dict[str, Any]]:
+    result = subprocess.run([*kubectl, "kustomize", str(path)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def with_mig_monitor(kubectl: list[str], tmp_path: Path) -> list[dict[str, Any]]:
+    """The base with components/mig-monitor, as an overlay names them (by relative path)."""
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(manifests.BASE_DIR, tmp_path)],
+        "components": [os.path.relpath(manifests.COMPONENTS_DIR / "mig-monitor", tmp_path)]}))
+    return kustomize(kubectl, tmp_path)
+
+
 def agent_container(docs: list[dict[str, object]]) -> Any:
     daemonset: Any = find(docs, "DaemonSet", "gpufrag-agent")
     (container,) = [c for c in daemonset["spec"]["template"]["spec"]["containers"]
                     if c["name"] == "agent"]
     return container
-
-
-def test_the_chart_is_what_the_generator_writes_from_the_manifests(kubectl: list[str]) -> None:
-    stale = chart.stale_files(chart.generate(kubectl))
-    assert not stale, f"run `{chart.REGENERATE}`: {', '.join(stale)}"
 
 
 def test_the_policies_name_the_releases_namespace_and_policies(helm: Path) -> None:
@@ -74,9 +88,9 @@ def test_the_policies_name_the_releases_namespace_and_policies(helm: Path) -> No
 
 
 def test_the_mig_monitor_adds_the_toolkits_variable_and_sys_admin_only(
-        kubectl: list[str]) -> None:
-    base = chart.render_base(kubectl)
-    with_monitor = chart.render_patched(kubectl, (MIG_MONITOR,))[MIG_MONITOR]
+        kubectl: list[str], tmp_path: Path) -> None:
+    base = kustomize(kubectl, manifests.BASE_DIR)
+    with_monitor = with_mig_monitor(kubectl, tmp_path)
     before, after = agent_container(base), agent_container(with_monitor)
     assert after["env"] == [*before["env"], MONITOR_ENV]
     # The toolkit refuses monitoring with single MIG devices visible: the agent sees all GPUs.
@@ -91,42 +105,11 @@ def test_the_mig_monitor_adds_the_toolkits_variable_and_sys_admin_only(
     assert with_monitor == base, "the component changes more than the agent's env and capabilities"
 
 
-def test_helm_renders_the_mig_monitor_exactly_as_kustomize(helm: Path, kubectl: list[str]) -> None:
-    with_monitor = chart.render_patched(kubectl, (MIG_MONITOR,))[MIG_MONITOR]
-    same_objects(helm_template(helm, *BASE, "--set", f"{MIG_MONITOR.value}=true"), with_monitor)
+def test_helm_renders_the_mig_monitor_exactly_as_kustomize(helm: Path, kubectl: list[str],
+                                                           tmp_path: Path) -> None:
+    """The component is hand-written kustomize patches on the rendered base; the chart's value
+    renders exactly the base with it."""
+    same_objects(helm_template(helm, *BASE, *MIG_VALUES), with_mig_monitor(kubectl, tmp_path))
     default = agent_container(helm_template(helm))
     assert MONITOR_ENV not in default["env"]
     assert "add" not in default["securityContext"]["capabilities"]
-
-
-def _daemonset(env: list[dict[str, str]], **security: object) -> dict[str, object]:
-    dropped: dict[str, object] = {"capabilities": {"drop": ["ALL"]}}
-    return {"apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "gpufrag-agent", "namespace": "gpufrag-system"},
-            "spec": {"template": {"spec": {"containers": [{
-                "name": "agent", "image": "ghcr.io/gpufrag/gpufrag:0.1.0", "env": env,
-                "securityContext": dropped | security}]}}}}
-
-
-def build(base: dict[str, object], patched: dict[str, object]) -> dict[str, str]:
-    return chart.build_chart([base], "0.1.0", knobs=(), toggles=(), components=(), lines=(),
-                             hooks=False, patched={MIG_MONITOR: [patched]})
-
-
-def test_a_patch_part_may_only_add() -> None:
-    env = [{"name": "A", "value": "1"}]
-    files = build(_daemonset(env), _daemonset([*env, MONITOR_ENV], readOnlyRootFilesystem=True))
-    template = files["templates/daemonset-gpufrag-agent.yaml"]
-    assert (f"{{{{- if .Values.{MIG_MONITOR.value} }}}}\n"
-            "        - name: NVIDIA_MIG_MONITOR_DEVICES\n") in template
-    assert "readOnlyRootFilesystem: true" in template.split(".Values.agent.migMonitor")[-1]
-    refused = {
-        "a changed value": _daemonset([{"name": "A", "value": "2"}]),
-        "a removed item": _daemonset([]),
-        "an inserted item": _daemonset([MONITOR_ENV, *env]),
-        "the namespace": _daemonset([*env, {"name": "NS", "value": "gpufrag-system"}]),
-    }
-    for what, patched in refused.items():
-        with pytest.raises(chart.ChartError, match="components/mig-monitor"):
-            build(_daemonset(env), patched)
-            pytest.fail(f"a patch part with {what} was accepted")

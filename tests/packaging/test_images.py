@@ -12,7 +12,7 @@ from typing import Final
 import pytest
 import yaml
 
-from devkit.chart import has_registry_host, split_image
+from devkit.imageref import has_registry_host, split_image
 
 REPO: Final = Path(__file__).resolve().parents[2]
 

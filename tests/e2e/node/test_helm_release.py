@@ -19,10 +19,11 @@ from pathlib import Path
 
 import yaml
 
-from devkit import chart
 from devkit.controlplane import ControlPlane
+from devkit.imageref import split_image
 from devkit.node import Node
 from scheduler.kube import reservations as rsv
+from tests.e2e.test_helm import CRD_HOOK, TEST_POD
 
 CHART = Path(__file__).resolve().parents[3] / "charts" / "gpufrag"
 RELEASE = "helm-node"
@@ -30,7 +31,7 @@ NAMESPACE = "gpufrag-helm-node"
 
 
 def _image(ref: str) -> dict[str, str]:
-    repository, tag, digest = chart.split_image(ref)
+    repository, tag, digest = split_image(ref)
     return {"repository": repository, "tag": tag, "digest": digest}
 
 
@@ -62,7 +63,7 @@ def test_helm_test_passes_against_a_release_on_the_node(
         # One suite per hook object (the pod, its ServiceAccount, Role and RoleBinding).
         suites = tested.stdout.split("TEST SUITE:")[1:]
         assert len(suites) == 4, tested.stdout
-        assert all(suite.split()[0] == chart.TEST_POD for suite in suites), tested.stdout
+        assert all(suite.split()[0] == TEST_POD for suite in suites), tested.stdout
         assert all("Phase:          Succeeded" in suite for suite in suites), tested.stdout
 
         # helm upgrade: the pre-upgrade hook's Job runs kubectl in a pod on the node and makes a
@@ -79,7 +80,7 @@ def test_helm_test_passes_against_a_release_on_the_node(
         # The hook's objects are gone once it succeeded.
         left = node_plane.kubectl("get", "job,configmap,serviceaccount", "-n", NAMESPACE, "-o",
                                   "name").stdout
-        assert chart.CRD_HOOK not in left
+        assert CRD_HOOK not in left
     finally:
         run("uninstall", RELEASE, "--wait", "--timeout", "120s")
         node_plane.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
