@@ -16,9 +16,14 @@ in use comes, in this order, from:
    bound or assumed on the node ask (:func:`scheduler.core.mig.mark_in_use`).
 
 The allocatable counts stay the truth of how many instances there are (the kubelet admits a
-pod against them). :class:`MigBook` holds what the Node objects say and the profiles each pod
-asks; the pods on a node are the cache's ``ClusterState`` placements (bound and assumed),
-where a MIG pod is placed for its CPU and memory only.
+pod against them); they and the GPU labels are read by the converters
+(:func:`scheduler.kube.convert.mig_offers`, :func:`~scheduler.kube.convert.gpu_labels`), the
+same reading defrag's MIG step makes. This module is the extender's side only: where the
+instances sit and which are in use, kept in the cache.
+
+:class:`MigBook` holds what the Node objects say and the profiles each pod asks; the pods on
+a node are the cache's ``ClusterState`` placements (bound and assumed), where a MIG pod is
+placed for its CPU and memory only.
 """
 
 from __future__ import annotations
