@@ -126,6 +126,7 @@ def test_no_gpu_is_exit_3_and_the_reader_is_closed(capsys: pytest.CaptureFixture
     with pytest.raises(Exit) as raised, started().open_gpus(nvml, NvmlReader.open):
         pass
     assert raised.value.code == EXIT_NO_GPU
+    assert nvml.calls[-1] == "nvmlShutdown"
     (line,) = error_lines(capsys)
     assert (line["event"], line["exit_code"]) == ("no_gpu", EXIT_NO_GPU)
 
@@ -139,10 +140,13 @@ def test_nvml_failing_is_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_the_gpus_found_are_handed_over_and_closed_after_the_block() -> None:
-    with started().open_gpus(fake_nvml(), NvmlReader.open) as (reader, count):
+    nvml = fake_nvml()
+    with started().open_gpus(nvml, NvmlReader.open) as (reader, count):
         assert count == len(recorded_devices())
         assert reader.device_count == count
-    assert reader.device_count == 0  # closed: its handles dropped
+        assert "nvmlShutdown" not in nvml.calls
+    assert nvml.calls[-1] == "nvmlShutdown"  # closed: NVML shut down, its handles dropped
+    assert reader.device_count == 0
 
 
 def test_a_taken_probe_port_is_one_line_and_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
