@@ -53,6 +53,7 @@ from devkit.procs import (
     free_port,
     http_get,
     insecure_tls,
+    start_all_or_none,
     wait_until,
 )
 from gpufrag.conventions import (
@@ -198,12 +199,7 @@ class ControlPlane:
         """Start every component and wait until each reports ready; stops them all on failure."""
         started = time.monotonic()
         _live_planes.add(self)
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - started
+        self.startup_s = start_all_or_none(self._start, self.stop, started=started)
         return self
 
     def _start(self) -> None:

@@ -72,6 +72,7 @@ from devkit.procs import (
     ComponentProcess,
     ControlPlaneError,
     free_port,
+    start_all_or_none,
     wait_until,
 )
 
@@ -369,12 +370,7 @@ class Node:
             self._lock = None
             raise NodeError(f"another gpufrag node runs on this machine ({NODE_LOCK} is locked); "
                             "the kubelet's device-plugin socket path is machine-wide") from None
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - started
+        self.startup_s = start_all_or_none(self._start, self.stop, started=started)
         return self
 
     def _choose_runtime(self) -> str:

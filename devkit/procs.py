@@ -103,6 +103,19 @@ class ComponentProcess:
             self.process.wait(timeout=5)
 
 
+def start_all_or_none(start: Callable[[], None], stop: Callable[[], None], *,
+                      started: float) -> float:
+    """Run ``start``; if it fails (Ctrl-C included), ``stop`` what it had started and raise
+    again, so no component outlives a failed start. Returns the seconds since ``started``
+    (:func:`time.monotonic`): the start-up time the dev kit reports."""
+    try:
+        start()
+    except BaseException:
+        stop()
+        raise
+    return time.monotonic() - started
+
+
 def signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)

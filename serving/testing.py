@@ -21,7 +21,7 @@ import numpy as np
 
 from serving import http1
 from serving.app import ServerState
-from serving.backends.base import Array, Backend
+from serving.backends.base import Array, BaseBackend
 from serving.batcher import DynamicBatcher
 from serving.frontend import HttpLimits, front_end
 from serving.metrics import ServingMetrics
@@ -102,7 +102,7 @@ class ManualExecutor(concurrent.futures.Executor):
             future.set_exception(exc)
 
 
-class FakeBackend:
+class FakeBackend(BaseBackend):
     """Doubles each input row's values: output ``y`` = 2 * input ``x`` summed per row.
 
     ``fail_when(batch)`` returning True makes that batch raise; ``gate`` (a threading.Event)
@@ -110,40 +110,21 @@ class FakeBackend:
     the rows of every batch that reached the backend, counted before the gate holds it.
     """
 
-    kind = "fake"
-
     def __init__(self, *, features: int = 4, static_batch_size: int | None = None,
                  max_batch_size: int | None = None, dynamic_features: bool = False,
                  fail_when: Callable[[Mapping[str, Array]], bool] | None = None,
                  gate: threading.Event | None = None) -> None:
         feature_dim = -1 if dynamic_features else features
-        self._inputs = (TensorSpec("x", "FP32", (-1, feature_dim)),)
-        self._outputs = (TensorSpec("y", "FP32", (-1, feature_dim)),
-                         TensorSpec("total", "FP32", (-1, 1)))
-        self._static = static_batch_size
-        self._max = max_batch_size
+        super().__init__(kind="fake", inputs=(TensorSpec("x", "FP32", (-1, feature_dim)),),
+                         outputs=(TensorSpec("y", "FP32", (-1, feature_dim)),
+                                  TensorSpec("total", "FP32", (-1, 1))),
+                         static_batch_size=static_batch_size, max_batch_size=max_batch_size)
         self.fail_when = fail_when
         self.gate = gate
         self.batches: list[int] = []
         self.entered: list[int] = []
         self.batch_inputs: list[dict[str, Array]] = []
         self.closed = False
-
-    @property
-    def inputs(self) -> tuple[TensorSpec, ...]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> tuple[TensorSpec, ...]:
-        return self._outputs
-
-    @property
-    def static_batch_size(self) -> int | None:
-        return self._static
-
-    @property
-    def max_batch_size(self) -> int | None:
-        return self._max
 
     def infer(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         self.entered.append(int(inputs["x"].shape[0]))
@@ -164,12 +145,6 @@ def rows(n: int, features: int = 4, start: float = 0.0) -> dict[str, Array]:
     """A request's inputs for :class:`FakeBackend`: ``n`` rows of distinct values."""
     values = np.arange(start, start + n * features, dtype=np.float32).reshape(n, features)
     return {"x": values}
-
-
-def _conforms(backend: FakeBackend) -> Any:
-
-    checked: Backend = backend  # mypy: FakeBackend implements the Backend Protocol
-    return checked
 
 
 class ThreadedServer:

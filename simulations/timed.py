@@ -36,6 +36,7 @@ from gpufrag.errors import BadInput
 from scheduler.core.types import PodRequest
 from simulations.openb import MAX_AMOUNT, amount, load_pods, read_rows
 from simulations.synthetic import synthetic_pods
+from simulations.workload import copy_named
 
 TIME_COLUMNS = ("creation_time", "deletion_time")
 # 10^12 s (~31,700 years): any trace's seconds fit, and sums stay exact in float64.
@@ -163,13 +164,7 @@ def window(timed: Sequence[TimedPod], start_s: float, hours: float, *, copies: i
     for at, k, i, _, left in picked:
         pod = timed[i].pod
         if k:
-            name = f"{pod.name}-c{k}"
-            clash = 0
-            while name in taken:
-                clash += 1
-                name = f"{pod.name}-c{k}.{clash}"
-            taken.add(name)
-            pod = dataclasses.replace(pod, name=name)
+            pod = copy_named(pod, f"c{k}", taken)
         out.append(TimedPod(pod, at - start_s, None if left is None else left - start_s))
     return out
 

@@ -68,13 +68,20 @@ def tune_workload(pods: list[PodRequest], capacity_milli: int, tune: float,
                                  f"{tune}; check expected_arrivals first")
             i = int(rng.integers(len(pods)))
             src = pods[i]
-            name = f"{src.name}-r{extra}"
-            clash = 0
-            while name in taken:
-                clash += 1
-                name = f"{src.name}-r{extra}.{clash}"
-            taken.add(name)
-            chosen.append(dataclasses.replace(src, name=name))
+            chosen.append(copy_named(src, f"r{extra}", taken))
             total += src.gpu_demand_milli
             extra += 1
     return [chosen[i] for i in rng.permutation(len(chosen))]
+
+
+def copy_named(pod: PodRequest, suffix: str, taken: set[str]) -> PodRequest:
+    """A copy of ``pod`` named ``<name>-<suffix>``, or ``<name>-<suffix>.<n>`` with the least
+    n that is not in ``taken`` (a trace may already hold that name); the name is added to
+    ``taken``. The replays key pods by name, so a copy must never collide with one."""
+    name = f"{pod.name}-{suffix}"
+    clash = 0
+    while name in taken:
+        clash += 1
+        name = f"{pod.name}-{suffix}.{clash}"
+    taken.add(name)
+    return dataclasses.replace(pod, name=name)

@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from gpufrag.errors import BadInput
+from gpufrag.jsondoc import versioned_object
 
 STATE_VERSION = 1
 
@@ -68,15 +69,7 @@ def parse_state(text: str | None, *, source: str = "defrag state annotation") ->
     """The state an annotation value holds (None = none yet); BadInput names what is wrong."""
     if not text:
         return DefragState()
-    try:
-        doc: Any = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise BadInput(f"not valid JSON ({exc})", source=source) from None
-    if not isinstance(doc, dict):
-        raise BadInput("expected an object", source=source, field="(root)")
-    if doc.get("version") != STATE_VERSION:
-        raise BadInput(f"schema version {doc.get('version')!r} is not supported (this reader "
-                       f"knows {STATE_VERSION})", source=source, field="version")
+    doc = versioned_object(text, STATE_VERSION, source=source)
     moved_raw = doc.get("moved", {})
     if not isinstance(moved_raw, dict):
         raise BadInput("expected an object", source=source, field="moved")

@@ -4,8 +4,9 @@ Pure, like :mod:`defrag.controller.snapshot`: the cycle's own listing of Nodes a
 agent's fresh readings (``Snapshot.readings``) and the live reservations go in. A node is a
 MIG node when GPU feature discovery labels it ``nvidia.com/mig.strategy=mixed``, when it
 advertises ``nvidia.com/mig-<profile>`` instances, or when the agent reads a GPU of it in MIG
-mode. Requests are read with the extender's converters (``scheduler.kube.convert``), so a pod
-asks here exactly what it asks the scheduler.
+mode. Requests, offered instances and GPU labels are read with the extender's converters
+(``scheduler.kube.convert``: ``mig_request``, ``mig_offers``, ``gpu_labels``), so a pod asks and a
+node offers here exactly what they ask and offer the scheduler.
 
 Drained means: no pod that is not finished is bound there asking any GPU resource (whole GPUs,
 shares, MIG instances; a pod whose request cannot be read counts as asking), and the agent's
@@ -20,25 +21,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from defrag.controller.migplan import LABEL_MIG_CONFIG_STATE, MigNodeFacts
-from gpufrag.conventions import DEFAULT_NAMES, LABEL_GPU_COUNT, LABEL_MIG_CONFIG, KubeNames
+from gpufrag.conventions import DEFAULT_NAMES, LABEL_MIG_CONFIG, KubeNames
 from gpufrag.errors import BadInput
 from gpufrag.gpu_usage import NodeGpuUsage
 from scheduler.core.mig import mig_model
 from scheduler.kube.convert import (
     LABEL_MIG_STRATEGY,
+    MIG_STRATEGY_MIXED,
+    gpu_labels,
     is_terminal,
     key_of,
     labels_of,
-    mig_profile_of,
+    mig_offers,
     mig_request,
     node_name_of,
     pod_from_k8s,
 )
-from scheduler.kube.quantity import QuantityError, parse_quantity
 from scheduler.kube.reservations import Reservation
 
 Obj = Mapping[str, Any]
-MIXED = "mixed"
 
 
 @dataclass
@@ -49,23 +50,6 @@ class MigFacts:
     nodes: list[MigNodeFacts] = field(default_factory=list)
     pending: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-
-
-def _offers(obj: Obj) -> dict[str, int]:
-    status = obj.get("status") or {}
-    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
-    offers: dict[str, int] = {}
-    for resource, value in (alloc or {}).items():
-        profile = mig_profile_of(str(resource))
-        if profile is None:
-            continue
-        try:
-            amount = parse_quantity(value)
-        except QuantityError:
-            continue  # the kubelet would not advertise it
-        if amount > 0 and amount == amount.to_integral_value():
-            offers[profile] = int(amount)
-    return offers
 
 
 def _gpu_pods(pods: Iterable[Obj], names: KubeNames) -> dict[str, list[str]]:
@@ -121,15 +105,13 @@ def mig_facts(nodes: Sequence[Obj], pods: Sequence[Obj],
         meta = obj.get("metadata") or {}
         name = str(meta.get("name") or "")
         reading = readings.get(name)
-        offers = _offers(obj)
+        offers = mig_offers(obj)
         agent_mig = reading is not None and any(g.mig_mode for g in reading.gpus)
-        if not name or not (labels.get(LABEL_MIG_STRATEGY) == MIXED or offers or agent_mig):
+        if not name or not (labels.get(LABEL_MIG_STRATEGY) == MIG_STRATEGY_MIXED or offers
+                            or agent_mig):
             continue
-        product = labels.get(names.label_gpu_product, "")
-        memory = labels.get(names.label_gpu_memory, "")
-        memory_mib = int(memory) if memory.isdigit() else 0
-        count = labels.get(LABEL_GPU_COUNT, "")
-        gpus = int(count) if count.isdigit() else 0
+        gpu = gpu_labels(labels, names)
+        product, memory_mib, gpus = gpu.product, gpu.memory_mib, gpu.count
         if reading is not None and reading.gpus:
             product = product or reading.gpus[0].product
             memory_mib = memory_mib or reading.gpus[0].memory_total_mib

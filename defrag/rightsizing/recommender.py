@@ -64,6 +64,7 @@ import orjson
 
 from gpufrag.errors import BadInput
 from gpufrag.gpu_usage import NodeGpuUsage
+from gpufrag.jsondoc import versioned_object
 
 SCHEMA_VERSION = 1
 ANY_VERSION = "*"
@@ -320,15 +321,7 @@ _INT_FIELDS = ("memory_mib", "milli", "peak_mib", "percentile_mib", "gpu_memory_
 def parse(text: str, *, source: str = "annotation gpufrag.io/gpu-recommendation"
           ) -> dict[str, Recommendation]:
     """Read an annotation value; BadInput names the JSON path of the first bad value."""
-    try:
-        doc = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        raise BadInput(f"not valid JSON ({exc})", source=source) from None
-    if not isinstance(doc, dict):
-        raise BadInput("expected an object", source=source, field="(root)")
-    if doc.get("version") != SCHEMA_VERSION:
-        raise BadInput(f"schema version {doc.get('version')!r} is not supported (this reader "
-                       f"knows {SCHEMA_VERSION})", source=source, field="version")
+    doc = versioned_object(text, SCHEMA_VERSION, source=source)
     recs = doc.get("recommendations")
     if not isinstance(recs, dict):
         raise BadInput("expected an object", source=source, field="recommendations")

@@ -15,31 +15,16 @@ change that contract, :mod:`gpufrag.gpu_usage`), so the agent says so in its log
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import structlog
-from structlog.typing import FilteringBoundLogger
-
-from gpufrag import diagnose, logs
 from gpufrag.conventions import names_from_environ
-from gpufrag.errors import (
-    EXIT_BAD_INPUT,
-    EXIT_FAILURE,
-    EXIT_NO_GPU,
-    EXIT_OK,
-    BadInput,
-    BadInputArgumentParser,
-)
+from gpufrag.errors import EXIT_FAILURE, EXIT_OK, BadInputArgumentParser
 from gpufrag.gpu_usage import REFRESH_INTERVALS
-from gpufrag.httpserve import ListenError
-from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
-from gpufrag.nvml_recorded import RecordedNvml
-from gpufrag.probes import check_metrics_port, stop_on_signals
+from gpufrag.nvml import NvmlApi, NvmlReader
+from node import daemon
 from node.agent import isolation, peaks
 from node.agent.cgroup import KubePodLister, PodDirectory, PodLister, PodResolver
 from node.agent.loop import (
@@ -57,19 +42,17 @@ from node.agent.publish import (
     Publisher,
     PublishPolicy,
 )
-from scheduler.kube.client import api_client as kube_api_client
+from node.daemon import NodeDaemon
 
 DEFAULT_METRICS_PORT = 9401  # next to the DCGM exporter's 9400, so both can run on hostNetwork
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = BadInputArgumentParser(
-        prog="gpufrag agent",
-        description="Read every GPU through NVML, attribute memory to pods, publish it on the "
-                    "Node as the gpufrag.io/gpu-usage annotation and as Prometheus metrics.",
-    )
-    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
-                        help="this node's name (default: $NODE_NAME)")
+def build_parser() -> BadInputArgumentParser:
+    parser = daemon.flag_parser(
+        "gpufrag agent",
+        "Read every GPU through NVML, attribute memory to pods, publish it on the "
+        "Node as the gpufrag.io/gpu-usage annotation and as Prometheus metrics.",
+        default_metrics_port=DEFAULT_METRICS_PORT)
     parser.add_argument("--interval-s", type=float, default=DEFAULT_INTERVAL_S,
                         help="seconds between NVML readings (default: %(default)s)")
     parser.add_argument("--tolerance-mib", type=int, default=DEFAULT_TOLERANCE_MIB,
@@ -101,22 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="each pod's published peak_mib covers this many seconds, what "
                              "the defrag trigger reads as used (default: %(default)s, the "
                              "recommender's 7 days)")
-    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                        help="port for /metrics, /healthz, /readyz; 0 disables "
-                             "(default: %(default)s)")
-    parser.add_argument("--kubeconfig", default=None,
-                        help="kubeconfig file (default: in-cluster service account, or "
-                             "$KUBECONFIG / ~/.kube/config outside a cluster)")
     parser.add_argument("--proc-root", type=Path, default=Path("/proc"),
                         help="host /proc for the pid -> pod lookup (default: %(default)s)")
-    parser.add_argument("--nvml-recording", type=Path, default=None, metavar="FILE",
-                        help="read the GPUs from this JSON recording (gpufrag.nvml_recorded) "
-                             "instead of NVML: for nodes without a GPU; logged as recorded")
     parser.add_argument("--once", action="store_true",
                         help="read and publish once, then exit (0 on success)")
     parser.add_argument("--dry-run", action="store_true",
                         help="log the writes instead of making them")
-    parser.add_argument("--log-level", default=None, help="debug, info, warning, error")
     return parser
 
 
@@ -126,105 +99,64 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
     """Run the agent. ``nvml``, ``writer`` and ``pod_lister`` replace the real NVML binding
     and Kubernetes client (``--nvml-recording`` replaces ``nvml``); ``stop`` ends the loop
     (default: SIGTERM / SIGINT set it)."""
-    try:
-        args = build_parser().parse_args(list(argv) if argv is not None else None)
-    except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
-    except BadInput as exc:  # a bad flag: one line, like every other bad input
-        print(f"gpufrag agent: {exc} (see gpufrag agent --help)", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    logs.configure(args.log_level)
-    diagnose.install("agent")
-    log: FilteringBoundLogger = structlog.get_logger("gpufrag.agent")
-    try:
-        config = AgentConfig(
-            node_name=args.node_name,
-            interval_s=args.interval_s,
-            tolerance_mib=args.tolerance_mib,
-            tolerance_pct=args.tolerance_pct,
-            refresh_intervals=args.refresh_intervals,
-            leak_threshold_mib=args.leak_threshold_mib,
-            leak_intervals=args.leak_intervals,
-            share_tolerance_mib=args.share_tolerance_mib,
-            share_intervals=args.share_intervals,
-            share_cooldown_s=args.share_cooldown_s,
-            peak_window_s=args.peak_window_s,
-            names=names_from_environ(),
-        ).validate()
-        check_metrics_port(args.metrics_port)
-        if args.nvml_recording is not None:
-            # A bad recording is bad input (exit 2), named by its path and field, like a flag.
-            nvml = RecordedNvml.load(args.nvml_recording)
-    except BadInput as exc:
-        log.error("bad_input", error=str(exc))
-        return EXIT_BAD_INPUT
-    log = log.bind(node=config.node_name)
-    if args.nvml_recording is not None:
-        # Said before anything is published: what this agent publishes is not a measurement.
-        log.warning("recorded_nvml", file=str(args.nvml_recording),
-                    note=f"recorded NVML readings from {args.nvml_recording}, not a real GPU")
-
-    reader = NvmlReader(nvml)
-    try:
-        gpu_count = reader.open()
-    except NoGpuError as exc:
-        log.error("no_gpu", reason=str(exc), ready=False, exit_code=EXIT_NO_GPU)
-        return EXIT_NO_GPU
-    except GpuReadError as exc:
-        log.error("nvml_failed", error=str(exc))
-        return EXIT_FAILURE
-    try:
-        return _run(args, config, reader, gpu_count, log, writer, pod_lister, stop)
-    finally:
-        reader.close()
+    return daemon.run("agent", build_parser(), argv,
+                      lambda started: _run(started, nvml, writer, pod_lister, stop))
 
 
-def _run(args: argparse.Namespace, config: AgentConfig, reader: NvmlReader, gpu_count: int,
-         log: FilteringBoundLogger, writer: ClusterWriter | None,
+def _config(args: argparse.Namespace) -> AgentConfig:
+    return AgentConfig(
+        node_name=args.node_name,
+        interval_s=args.interval_s,
+        tolerance_mib=args.tolerance_mib,
+        tolerance_pct=args.tolerance_pct,
+        refresh_intervals=args.refresh_intervals,
+        leak_threshold_mib=args.leak_threshold_mib,
+        leak_intervals=args.leak_intervals,
+        share_tolerance_mib=args.share_tolerance_mib,
+        share_intervals=args.share_intervals,
+        share_cooldown_s=args.share_cooldown_s,
+        peak_window_s=args.peak_window_s,
+        names=names_from_environ(),
+    ).validate()
+
+
+def _run(started: NodeDaemon, nvml: NvmlApi | None, writer: ClusterWriter | None,
          pod_lister: PodLister | None, stop: threading.Event | None) -> int:
-    if writer is None or pod_lister is None:
-        try:
-            api_client = kube_api_client(args.kubeconfig)
-        except Exception as exc:  # the config loaders raise a zoo of types; all mean the same
-            log.error("kube_config_failed", error=f"{type(exc).__name__}: {exc}",
-                      hint="run in-cluster with a ServiceAccount, or pass --kubeconfig")
-            return EXIT_FAILURE
-        if writer is None:
-            writer = KubeClusterWriter(api_client, node_name=config.node_name)
-        if pod_lister is None:
-            pod_lister = KubePodLister(api_client, config.node_name, names=config.names)
-    if args.dry_run:
-        writer = LogOnlyWriter(log)
+    args = started.args
+    config = started.settle(lambda: _config(args),
+                            recorded_note="recorded NVML readings from {file}, not a real GPU")
+    log = started.log
+    with started.open_gpus(nvml, NvmlReader.open) as (reader, gpu_count):
+        if writer is None or pod_lister is None:
+            api_client = started.kube_client()
+            if writer is None:
+                writer = KubeClusterWriter(api_client, node_name=config.node_name)
+            if pod_lister is None:
+                pod_lister = KubePodLister(api_client, config.node_name, names=config.names)
+        if args.dry_run:
+            writer = LogOnlyWriter(log)
 
-    metrics = AgentMetrics(config.node_name)
-    health = Health(time.time, stall_after_s=max(3 * config.interval_s, 60.0))
-    directory = PodDirectory(pod_lister, min_refresh_s=min(config.interval_s, 10.0), log=log)
-    publisher = Publisher(writer, PublishPolicy(config.tolerance_mib, config.tolerance_pct,
-                                                config.refresh_s),
-                          annotation_key=config.names.annotation_gpu_usage)
-    agent = Agent(config, reader=reader, pods=PodResolver(directory, args.proc_root),
-                  publisher=publisher, metrics=metrics, health=health, log=log,
-                  shares=directory.share_of, pod_shares=directory.shares)
-    log.info("starting", gpus=gpu_count, interval_s=config.interval_s, once=args.once,
-             dry_run=args.dry_run,
-             nvml="recorded" if args.nvml_recording is not None else "live")
-    if args.once:
-        return EXIT_OK if agent.tick() is not None else EXIT_FAILURE
+        metrics = AgentMetrics(config.node_name)
+        health = Health(time.time, stall_after_s=max(3 * config.interval_s, 60.0))
+        directory = PodDirectory(pod_lister, min_refresh_s=min(config.interval_s, 10.0), log=log)
+        publisher = Publisher(writer, PublishPolicy(config.tolerance_mib, config.tolerance_pct,
+                                                    config.refresh_s),
+                              annotation_key=config.names.annotation_gpu_usage)
+        agent = Agent(config, reader=reader, pods=PodResolver(directory, args.proc_root),
+                      publisher=publisher, metrics=metrics, health=health, log=log,
+                      shares=directory.share_of, pod_shares=directory.shares)
+        log.info("starting", gpus=gpu_count, interval_s=config.interval_s, once=args.once,
+                 dry_run=args.dry_run, nvml="recorded" if started.recorded else "live")
+        if args.once:
+            return EXIT_OK if agent.tick() is not None else EXIT_FAILURE
 
-    server = None
-    if args.metrics_port:
+        server = started.serve_probes(
+            lambda port: start_http_server(port, metrics, health))
+        stop = started.stop_event(stop)
         try:
-            server = start_http_server(args.metrics_port, metrics, health)
-        except ListenError as exc:
-            log.error("metrics_port_unavailable", port=args.metrics_port, error=str(exc))
-            return EXIT_FAILURE
-    if stop is None:
-        stop = threading.Event()
-        stop_on_signals(stop, log)
-    try:
-        agent.run(stop.wait)
-    finally:
-        if server is not None:
-            server.stop()
-    log.info("stopped")
-    return EXIT_OK
+            agent.run(stop.wait)
+        finally:
+            if server is not None:
+                server.stop()
+        log.info("stopped")
+        return EXIT_OK

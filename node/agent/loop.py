@@ -285,14 +285,7 @@ class Agent:
             self._log.warning("gpu_memory_growth", namespace=pod.namespace, pod=pod.name,
                               start_mib=suspect.start_mib, current_mib=suspect.current_mib,
                               intervals=suspect.intervals)
-            try:
-                self._publisher.report_leak(pod, suspect.message(), now)
-            except PublishError as exc:
-                # The metric still shows it; one lost Event is not worth failing the interval.
-                self._log.warning("event_failed", error=str(exc), namespace=pod.namespace,
-                                  pod=pod.name)
-            else:
-                self._metrics.events.labels(EVENT_REASON_GPU_MEMORY_GROWTH).inc()
+            self._warn_pod(pod, EVENT_REASON_GPU_MEMORY_GROWTH, suspect.message(), now)
         self._metrics.observe_leaks(per_pod, self._leaks.suspected)
 
     def _check_shares(self, usage: NodeGpuUsage, now: float) -> None:
@@ -302,13 +295,7 @@ class Agent:
             self._log.warning("gpu_memory_over_share", namespace=pod.namespace, pod=pod.name,
                               gpu=overrun.gpu_index, used_mib=overrun.used_mib,
                               share_mib=overrun.share_mib, chosen=overrun.chosen)
-            try:
-                self._publisher.report_over_share(pod, overrun.message(), now)
-            except PublishError as exc:
-                self._log.warning("event_failed", error=str(exc), namespace=pod.namespace,
-                                  pod=pod.name)
-            else:
-                self._metrics.events.labels(EVENT_REASON_GPU_MEMORY_OVER_SHARE).inc()
+            self._warn_pod(pod, EVENT_REASON_GPU_MEMORY_OVER_SHARE, overrun.message(), now)
         self._metrics.observe_shares(checked, self.config.share_intervals)
 
     def _report_strays(self, usage: NodeGpuUsage, now: float) -> None:
@@ -344,14 +331,22 @@ class Agent:
             self._log.warning("gpu_allocation_mismatch", namespace=pod.namespace, pod=pod.name,
                               reason=mismatch.reason, recorded=list(mismatch.recorded),
                               given=list(mismatch.given))
-            try:
-                self._publisher.report_allocation_mismatch(pod, mismatch.message(), now)
-            except PublishError as exc:
-                self._log.warning("event_failed", error=str(exc), namespace=pod.namespace,
-                                  pod=pod.name)
-                continue  # asked again next interval
-            self._mismatches_reported.add(key)
-            self._metrics.events.labels(EVENT_REASON_GPU_ALLOCATION_MISMATCH).inc()
+            if self._warn_pod(pod, EVENT_REASON_GPU_ALLOCATION_MISMATCH, mismatch.message(),
+                              now):
+                self._mismatches_reported.add(key)  # else asked again next interval
+
+    def _warn_pod(self, pod: PodRef, reason: str, message: str, now: float) -> bool:
+        """One Warning Event on ``pod``, counted by ``reason``; False when it could not be
+        written: the metric still shows the finding, and one lost Event is not worth failing
+        the interval."""
+        try:
+            self._publisher.report_pod(pod, reason, message, now)
+        except PublishError as exc:
+            self._log.warning("event_failed", error=str(exc), namespace=pod.namespace,
+                              pod=pod.name)
+            return False
+        self._metrics.events.labels(reason).inc()
+        return True
 
     def run(self, wait: Callable[[float], bool]) -> None:
         """Tick every ``interval_s`` until ``wait(delay)`` returns True (stop requested).

@@ -212,17 +212,11 @@ class Publisher:
         self._last_at = usage.timestamp
         return reason
 
-    def report_leak(self, pod: PodRef, message: str, now: float) -> None:
-        self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_GROWTH,
-                                      message=message, event_type=EVENT_TYPE_WARNING, now=now)
-
-    def report_over_share(self, pod: PodRef, message: str, now: float) -> None:
-        self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_MEMORY_OVER_SHARE,
-                                      message=message, event_type=EVENT_TYPE_WARNING, now=now)
-
-    def report_allocation_mismatch(self, pod: PodRef, message: str, now: float) -> None:
-        self._writer.create_pod_event(pod, reason=EVENT_REASON_GPU_ALLOCATION_MISMATCH,
-                                      message=message, event_type=EVENT_TYPE_WARNING, now=now)
+    def report_pod(self, pod: PodRef, reason: str, message: str, now: float) -> None:
+        """A Warning Event on ``pod``: ``reason`` is one of the agent's pod Event reasons
+        (``GPUMemoryGrowth``, ``GPUMemoryOverShare``, ``GPUAllocationMismatch``)."""
+        self._writer.create_pod_event(pod, reason=reason, message=message,
+                                      event_type=EVENT_TYPE_WARNING, now=now)
 
     def report_stray(self, message: str, now: float, *, about: str = "") -> None:
         """On the Node; ``about`` (the process and GPU) makes each stray its own Event."""

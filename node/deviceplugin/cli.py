@@ -15,31 +15,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
-import structlog
-from structlog.typing import FilteringBoundLogger
-
-from gpufrag import diagnose, logs
 from gpufrag.argtypes import positive_float
 from gpufrag.conventions import names_from_environ
-from gpufrag.errors import (
-    EXIT_BAD_INPUT,
-    EXIT_FAILURE,
-    EXIT_NO_GPU,
-    EXIT_OK,
-    BadInput,
-    BadInputArgumentParser,
-)
-from gpufrag.httpserve import ListenError
-from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
+from gpufrag.errors import EXIT_OK, BadInputArgumentParser
+from gpufrag.nvml import NvmlApi, NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
-from gpufrag.probes import Liveness, check_metrics_port, stop_on_signals
+from gpufrag.probes import Liveness
+from node import daemon
+from node.daemon import NodeDaemon
 from node.deviceplugin.allocator import Allocator, DeviceNodes, PodSource
 from node.deviceplugin.config import (
     DEFAULT_HEALTH_INTERVAL_S,
@@ -63,17 +50,14 @@ from node.deviceplugin.server import Supervisor
 from node.deviceplugin.service import DevicePluginServicer
 from node.deviceplugin.trust import KubeRecordKeys, RecordTrust
 from node.deviceplugin.writes import KubePodWriter, PodWriter
-from scheduler.kube.client import api_client as kube_api_client
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = BadInputArgumentParser(
-        prog="gpufrag device-plugin",
-        description="Advertise this node's GPUs to the kubelet (whole GPUs and milli-GPU "
-                    "shares) and give each container exactly the GPUs the extender chose.",
-    )
-    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME", ""),
-                        help="this node's name (default: $NODE_NAME)")
+def build_parser() -> BadInputArgumentParser:
+    parser = daemon.flag_parser(
+        "gpufrag device-plugin",
+        "Advertise this node's GPUs to the kubelet (whole GPUs and milli-GPU "
+        "shares) and give each container exactly the GPUs the extender chose.",
+        default_metrics_port=DEFAULT_METRICS_PORT)
     parser.add_argument("--socket-dir", default=DEFAULT_SOCKET_DIR,
                         help="the kubelet's device-plugin directory (default: %(default)s)")
     parser.add_argument("--kubelet-socket", default=DEFAULT_KUBELET_SOCKET,
@@ -107,21 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: on)")
     parser.add_argument("--dev-root", default="/dev",
                         help="where the plugin sees the host's /dev (default: %(default)s)")
-    parser.add_argument("--metrics-port", type=int, default=DEFAULT_METRICS_PORT,
-                        help="port for /metrics, /healthz, /readyz; 0 disables "
-                             "(default: %(default)s)")
     parser.add_argument("--stuck-call-s", type=positive_float, default=60.0,
                         help="a kubelet call (Allocate, GetPreferredAllocation, "
                              "PreStartContainer) in progress longer than this fails /healthz, "
                              "so a plugin whose request path is stuck is restarted "
                              "(default: %(default)s)")
-    parser.add_argument("--kubeconfig", default=None,
-                        help="kubeconfig file (default: in-cluster service account, or "
-                             "$KUBECONFIG / ~/.kube/config outside a cluster)")
-    parser.add_argument("--nvml-recording", type=Path, default=None, metavar="FILE",
-                        help="read the GPUs from this JSON recording (gpufrag.nvml_recorded) "
-                             "instead of NVML: for nodes without a GPU; announced as recorded")
-    parser.add_argument("--log-level", default=None, help="debug, info, warning, error")
     return parser
 
 
@@ -130,61 +104,44 @@ def main(argv: Sequence[str] | None = None, *, nvml: NvmlApi | None = None,
          records: RecordTrust | None = None, stop: threading.Event | None = None) -> int:
     """Run the plugin. ``nvml``, ``pods``, ``writer`` and ``records`` replace the NVML binding
     and the Kubernetes client (tests); ``stop`` ends it (default: SIGTERM / SIGINT set it)."""
-    try:
-        args = build_parser().parse_args(list(argv) if argv is not None else None)
-    except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else EXIT_BAD_INPUT
-    except BadInput as exc:
-        print(f"gpufrag device-plugin: {exc} (see gpufrag device-plugin --help)",
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
-    logs.configure(args.log_level)
-    diagnose.install("deviceplugin")
-    log: FilteringBoundLogger = structlog.get_logger("gpufrag.deviceplugin")
-    try:
-        config = DevicePluginConfig(
-            node_name=args.node_name, socket_dir=args.socket_dir,
-            kubelet_socket=args.kubelet_socket, kinds=parse_kinds(args.resources),
-            health_interval_s=args.health_interval_s, watch_interval_s=args.watch_interval_s,
-            mps=args.mps, mps_pipe_dir=args.mps_pipe_dir, dev_root=args.dev_root,
-            kubelet_fallback=args.kubelet_fallback,
-            names=names_from_environ(),
-        ).validate().require_paths()
-        check_metrics_port(args.metrics_port)
-        if args.nvml_recording is not None:
-            nvml = RecordedNvml.load(args.nvml_recording)
-    except BadInput as exc:
-        log.error("bad_input", error=str(exc))
-        return EXIT_BAD_INPUT
-    log = log.bind(node=config.node_name)
-    recorded = args.nvml_recording is not None
-    if recorded:
-        log.warning("recorded_nvml", file=str(args.nvml_recording),
-                    note=f"GPUs and their health come from the recording {args.nvml_recording}, "
-                         "not a driver: containers get no real GPU")
-    reader = NvmlReader(nvml)
-    try:
-        reader.open()
-        gpus = read_inventory(reader)
-        check_ids(gpus)
-    except NoGpuError as exc:
-        log.error("no_gpu", reason=str(exc), ready=False, exit_code=EXIT_NO_GPU)
-        return EXIT_NO_GPU
-    except (GpuReadError, ValueError) as exc:
-        reader.close()
-        log.error("nvml_failed", error=str(exc))
-        return EXIT_FAILURE
-    try:
-        return _run(args, config, reader, HealthBoard(gpus), recorded, log, pods, writer,
-                    records, stop)
-    finally:
-        reader.close()
+    return daemon.run("deviceplugin", build_parser(), argv,
+                      lambda started: _start(started, nvml, pods, writer, records, stop))
 
 
-def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReader,
-         board: HealthBoard, recorded: bool, log: FilteringBoundLogger,
-         pods: PodSource | None, writer: PodWriter | None, records: RecordTrust | None,
-         stop: threading.Event | None) -> int:
+def _config(args: argparse.Namespace) -> DevicePluginConfig:
+    return DevicePluginConfig(
+        node_name=args.node_name, socket_dir=args.socket_dir,
+        kubelet_socket=args.kubelet_socket, kinds=parse_kinds(args.resources),
+        health_interval_s=args.health_interval_s, watch_interval_s=args.watch_interval_s,
+        mps=args.mps, mps_pipe_dir=args.mps_pipe_dir, dev_root=args.dev_root,
+        kubelet_fallback=args.kubelet_fallback,
+        names=names_from_environ(),
+    ).validate().require_paths()
+
+
+def _inventory(reader: NvmlReader) -> HealthBoard:
+    """The GPUs NVML finds, each with a distinct id (a duplicate is a failure, not bad input)."""
+    reader.open()
+    gpus = read_inventory(reader)
+    check_ids(gpus)
+    return HealthBoard(gpus)
+
+
+def _start(started: NodeDaemon, nvml: NvmlApi | None, pods: PodSource | None,
+           writer: PodWriter | None, records: RecordTrust | None,
+           stop: threading.Event | None) -> int:
+    config = started.settle(
+        lambda: _config(started.args),
+        recorded_note="GPUs and their health come from the recording {file}, not a driver: "
+                      "containers get no real GPU")
+    with started.open_gpus(nvml, _inventory) as (reader, board):
+        return _run(started, config, reader, board, pods, writer, records, stop)
+
+
+def _run(started: NodeDaemon, config: DevicePluginConfig, reader: NvmlReader,
+         board: HealthBoard, pods: PodSource | None, writer: PodWriter | None,
+         records: RecordTrust | None, stop: threading.Event | None) -> int:
+    args, log, recorded = started.args, started.log, started.recorded
     metrics = PluginMetrics(config.node_name, recorded=recorded)
     for gpu in board.gpus:
         metrics.observe_health(gpu, True)
@@ -198,12 +155,7 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
 
     verify = args.verify_records
     if pods is None or writer is None or (verify and records is None):
-        try:
-            api_client = kube_api_client(args.kubeconfig)
-        except Exception as exc:  # the config loaders raise a zoo of types; all mean the same
-            log.error("kube_config_failed", error=f"{type(exc).__name__}: {exc}",
-                      hint="run in-cluster with a ServiceAccount, or pass --kubeconfig")
-            return EXIT_FAILURE
+        api_client = started.kube_client()
         if pods is None:
             cache = NodePods(config.names, annotation_allocated=config.annotation_allocated,
                              on_gone=forget)
@@ -239,17 +191,9 @@ def _run(args: argparse.Namespace, config: DevicePluginConfig, reader: NvmlReade
         log.warning("device_nodes_missing", missing=list(nodes.missing), dev_root=config.dev_root,
                     effect="containers get only the device nodes that exist; mount the host's "
                            "/dev at --dev-root, or run the NVIDIA container runtime")
-    server = None
-    if args.metrics_port:
-        try:
-            server = start_http_server(args.metrics_port, metrics, liveness.live,
-                                       lambda: supervisor.ready)
-        except ListenError as exc:
-            log.error("metrics_port_unavailable", port=args.metrics_port, error=str(exc))
-            return EXIT_FAILURE
-    if stop is None:
-        stop = threading.Event()
-        stop_on_signals(stop, log)
+    server = started.serve_probes(
+        lambda port: start_http_server(port, metrics, liveness.live, lambda: supervisor.ready))
+    stop = started.stop_event(stop)
     if watcher is not None:
         watcher.start()
     follow: Callable[[], NvmlReader] = functools.partial(_same, reader)

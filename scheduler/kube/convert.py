@@ -19,6 +19,7 @@ import orjson
 
 from gpufrag.conventions import (
     DEFAULT_NAMES,
+    LABEL_GPU_COUNT,
     RESOURCE_GPU_MEMORY_MIB,
     RESOURCE_MIG_PREFIX,
     KubeNames,
@@ -35,6 +36,7 @@ _MIB = Decimal(1024 * 1024)
 # discovery says which strategy a node runs (nvidia.com/mig.strategy: none, single, mixed).
 MIG_RESOURCE_PREFIX = RESOURCE_MIG_PREFIX  # the device plugin's, in gpufrag.conventions
 LABEL_MIG_STRATEGY = "nvidia.com/mig.strategy"
+MIG_STRATEGY_MIXED = "mixed"
 
 
 def _quantity(value: object, path: str) -> Decimal:
@@ -105,16 +107,35 @@ def node_from_k8s(obj: Obj, names: KubeNames = DEFAULT_NAMES) -> NodeSpec:
         # advertises only the GPUs not in MIG mode as nvidia.com/gpu; their MIG GPUs are
         # nvidia.com/mig-<profile>, read by scheduler.kube.mignodes.)
         gpus = Decimal(0)
-    gpu_memory = labels.get(names.label_gpu_memory, "0")
+    gpu = gpu_labels(labels, names)
     return NodeSpec(
         name=name,
         cpu_milli=int(cpu * 1000),
         memory_mib=int(memory / _MIB),
         gpu_count=int(gpus),
-        gpu_product=labels.get(names.label_gpu_product, "") if gpus else "",
-        gpu_memory_mib=int(gpu_memory) if gpu_memory.isdigit() else 0,
+        gpu_product=gpu.product if gpus else "",
+        gpu_memory_mib=gpu.memory_mib,
         labels=labels,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLabels:
+    """What GPU feature discovery says of a node's GPUs: product, memory per GPU (MiB) and
+    how many; '' and 0 where a label is absent or not a whole number."""
+
+    product: str
+    memory_mib: int
+    count: int
+
+
+def gpu_labels(labels: Mapping[str, str], names: KubeNames = DEFAULT_NAMES) -> GpuLabels:
+    """A node's GPU labels (:class:`GpuLabels`), read the one way every component reads them."""
+    memory = labels.get(names.label_gpu_memory, "")
+    count = labels.get(LABEL_GPU_COUNT, "")
+    return GpuLabels(labels.get(names.label_gpu_product, ""),
+                     int(memory) if memory.isdigit() else 0,
+                     int(count) if count.isdigit() else 0)
 
 
 def _requests(container: Obj, path: str) -> Mapping[str, Any]:
@@ -316,6 +337,31 @@ def mig_profile_of(resource: str) -> str | None:
         return None
     profile = resource[len(MIG_RESOURCE_PREFIX):]
     return profile if is_profile_name(profile) else None
+
+
+def advertised_count(value: object) -> int:
+    """An allocatable count as the kubelet advertises it: a whole number above 0, else 0 (a
+    count that does not read as one is not advertised)."""
+    try:
+        amount = parse_quantity(value)
+    except QuantityError:
+        return 0
+    return int(amount) if amount > 0 and amount == amount.to_integral_value() else 0
+
+
+def mig_offers(obj: Obj) -> dict[str, int]:
+    """The MIG instances a Node advertises, by profile: each allocatable
+    ``nvidia.com/mig-<profile>`` with a count (:func:`advertised_count`). What the extender's
+    MIG book and the defrag controller's MIG step both take as the node's instances."""
+    status = obj.get("status")
+    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
+    offers: dict[str, int] = {}
+    for resource, value in (alloc.items() if isinstance(alloc, Mapping) else ()):
+        profile = mig_profile_of(str(resource))
+        count = advertised_count(value) if profile else 0
+        if profile and count:
+            offers[profile] = count
+    return offers
 
 
 def mig_request(obj: Obj) -> dict[str, int]:

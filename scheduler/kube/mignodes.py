@@ -16,9 +16,14 @@ in use comes, in this order, from:
    bound or assumed on the node ask (:func:`scheduler.core.mig.mark_in_use`).
 
 The allocatable counts stay the truth of how many instances there are (the kubelet admits a
-pod against them). :class:`MigBook` holds what the Node objects say and the profiles each pod
-asks; the pods on a node are the cache's ``ClusterState`` placements (bound and assumed),
-where a MIG pod is placed for its CPU and memory only.
+pod against them); they and the GPU labels are read by the converters
+(:func:`scheduler.kube.convert.mig_offers`, :func:`~scheduler.kube.convert.gpu_labels`), the
+same reading defrag's MIG step makes. This module is the extender's side only: where the
+instances sit and which are in use, kept in the cache.
+
+:class:`MigBook` holds what the Node objects say and the profiles each pod asks; the pods on
+a node are the cache's ``ClusterState`` placements (bound and assumed), where a MIG pod is
+placed for its CPU and memory only.
 """
 
 from __future__ import annotations
@@ -50,12 +55,14 @@ from scheduler.core.state import ClusterState, IntArray
 from scheduler.kube.convert import (
     LABEL_MIG_STRATEGY,
     MIG_RESOURCE_PREFIX,
+    MIG_STRATEGY_MIXED,
     Obj,
+    advertised_count,
     annotations_of,
+    gpu_labels,
     labels_of,
-    mig_profile_of,
+    mig_offers,
 )
-from scheduler.kube.quantity import QuantityError, parse_quantity
 
 MAX_MIG_GPUS = 16
 
@@ -94,14 +101,6 @@ class MigNodeSpec:
     agent: AgentMig | None = None
 
 
-def _count(value: object) -> int:
-    try:
-        amount = parse_quantity(value)
-    except QuantityError:
-        return 0
-    return int(amount) if amount > 0 and amount == amount.to_integral_value() else 0
-
-
 def mig_node_from_k8s(obj: Obj, reader: MigReader = no_agent,
                       names: KubeNames = DEFAULT_NAMES) -> MigNodeSpec | None:
     """The MIG side of a Node, or None for a node advertising no ``nvidia.com/mig-*``
@@ -110,25 +109,15 @@ def mig_node_from_k8s(obj: Obj, reader: MigReader = no_agent,
     the node advertises (``mixed`` lists only GPUs not in MIG mode as ``names.gpu``)."""
     meta = obj.get("metadata")
     name = meta.get("name") if isinstance(meta, Mapping) else None
-    status = obj.get("status")
-    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
-    if not isinstance(name, str) or not isinstance(alloc, Mapping):
-        return None
-    counts: dict[str, int] = {}
-    for resource, value in alloc.items():
-        profile = mig_profile_of(str(resource))
-        n = _count(value) if profile else 0
-        if profile and n:
-            counts[profile] = n
-    if not counts:
+    counts = mig_offers(obj)
+    if not isinstance(name, str) or not counts:
         return None
     labels = labels_of(obj)
-    memory = labels.get(names.label_gpu_memory, "")
-    model = mig_model(labels.get(names.label_gpu_product, ""),
-                      int(memory) if memory.isdigit() else 0)
-    whole = _count(alloc.get(names.gpu, "0"))
-    listed = labels.get(LABEL_GPU_COUNT, "")
-    gpus = int(listed) - whole if listed.isdigit() else 0
+    gpu = gpu_labels(labels, names)
+    model = mig_model(gpu.product, gpu.memory_mib)
+    # status.allocatable is a mapping here: the node offers MIG instances in it.
+    whole = advertised_count(obj["status"]["allocatable"].get(names.gpu, "0"))
+    gpus = gpu.count - whole
     if model is None:
         return MigNodeSpec(name, None, max(gpus, 0), counts, (), counts,
                            labels.get(LABEL_MIG_CONFIG, ""))
@@ -352,7 +341,7 @@ def mig_node_to_k8s(name: str, product: str, gpu_memory_mib: int, gpus: int,
     GPU. The inverse of :func:`mig_node_from_k8s`, for snapshots, benchmarks and tests."""
     labels = {"kubernetes.io/hostname": name, "nvidia.com/gpu.product": product,
               "nvidia.com/gpu.memory": str(gpu_memory_mib),
-              LABEL_GPU_COUNT: str(gpus + whole_gpus), LABEL_MIG_STRATEGY: "mixed",
+              LABEL_GPU_COUNT: str(gpus + whole_gpus), LABEL_MIG_STRATEGY: MIG_STRATEGY_MIXED,
               **{f"{mig_resource(p)}.count": str(n) for p, n in counts.items()}}
     if config:
         labels[LABEL_MIG_CONFIG] = config

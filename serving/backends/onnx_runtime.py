@@ -44,7 +44,7 @@ from typing import Any
 import structlog
 
 from gpufrag.errors import BadInput
-from serving.backends.base import Array, Backend
+from serving.backends.base import Array, BaseBackend
 from serving.tensors import ONNX_TO_V2, TensorSpec
 
 log = structlog.get_logger("serving.onnxruntime")
@@ -148,7 +148,7 @@ def model_load_error(exc: Exception, model_path: Path) -> BadInput | None:
                     f"{reason:.300}", field="--model")
 
 
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(BaseBackend):
     def __init__(self, model_path: Path, *, intra_op_threads: int = 0,
                  allow_cuda: bool = True, log_severity: int | None = None) -> None:
         os.environ.setdefault(ORT_TELEMETRY_ENV, "1")  # before the import: module docstring
@@ -176,7 +176,7 @@ class OnnxRuntimeBackend:
                 raise
             raise bad from None
         active = self._session.get_providers()
-        self._kind = "onnxruntime-cuda" if CUDA_PROVIDER in active else "onnxruntime-cpu"
+        kind = "onnxruntime-cuda" if CUDA_PROVIDER in active else "onnxruntime-cpu"
         if CUDA_PROVIDER in providers and CUDA_PROVIDER not in active:
             # ORT said why in its own log, which is filtered: say that it happened, in ours.
             log.warning("cuda_provider_inactive", model=str(model_path), active=active,
@@ -184,41 +184,20 @@ class OnnxRuntimeBackend:
                         fix="rerun with --log-level debug to see ONNX Runtime's reason "
                         "(usually a CUDA or cuDNN library it could not load)")
         source = str(model_path)
-        self._inputs = tuple(spec_from_onnx(i.name, i.type, list(i.shape), what="input",
-                                            source=source)
-                             for i in self._session.get_inputs())
-        self._outputs = tuple(spec_from_onnx(o.name, o.type, list(o.shape), what="output",
-                                             source=source)
-                              for o in self._session.get_outputs())
-        self._output_names = [o.name for o in self._outputs]
+        inputs = tuple(spec_from_onnx(i.name, i.type, list(i.shape), what="input", source=source)
+                       for i in self._session.get_inputs())
+        outputs = tuple(spec_from_onnx(o.name, o.type, list(o.shape), what="output",
+                                       source=source)
+                        for o in self._session.get_outputs())
+        self._output_names = [o.name for o in outputs]
         batch_dims = {i.shape[0] for i in self._session.get_inputs() if i.shape}
         fixed = [d for d in batch_dims if isinstance(d, int) and d > 0]
-        self._static = fixed[0] if len(fixed) == 1 and len(batch_dims) == 1 else None
-        if self._static is not None:  # publish -1 anyway: padding makes any batch <= N work
-            self._inputs = tuple(TensorSpec(s.name, s.datatype, (-1, *s.shape[1:]))
-                                 for s in self._inputs)
-            self._outputs = tuple(TensorSpec(s.name, s.datatype, (-1, *s.shape[1:]))
-                                  for s in self._outputs)
-
-    @property
-    def kind(self) -> str:
-        return self._kind
-
-    @property
-    def inputs(self) -> tuple[TensorSpec, ...]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> tuple[TensorSpec, ...]:
-        return self._outputs
-
-    @property
-    def static_batch_size(self) -> int | None:
-        return self._static
-
-    @property
-    def max_batch_size(self) -> int | None:
-        return self._static
+        static = fixed[0] if len(fixed) == 1 and len(batch_dims) == 1 else None
+        if static is not None:  # publish -1 anyway: padding makes any batch <= N work
+            inputs = tuple(TensorSpec(s.name, s.datatype, (-1, *s.shape[1:])) for s in inputs)
+            outputs = tuple(TensorSpec(s.name, s.datatype, (-1, *s.shape[1:])) for s in outputs)
+        super().__init__(kind=kind, inputs=inputs, outputs=outputs, static_batch_size=static,
+                         max_batch_size=static)
 
     def infer(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         values = self._session.run(self._output_names, dict(inputs))
@@ -226,7 +205,3 @@ class OnnxRuntimeBackend:
 
     def close(self) -> None:
         del self._session
-
-
-def _conforms(backend: OnnxRuntimeBackend) -> Backend:
-    return backend  # mypy: OnnxRuntimeBackend implements the Backend Protocol

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from serving.backends.base import Array, Backend
+from serving.backends.base import Array, BaseBackend
 from serving.tensors import TensorSpec
 
 log = structlog.get_logger("serving.tensorrt")
@@ -160,7 +160,7 @@ def _check(result: Any) -> Any:
     return values[0] if len(values) == 1 else values
 
 
-class TensorRTBackend:
+class TensorRTBackend(BaseBackend):
     """Runs a cached (or freshly built) FP16 engine; one execution context, one CUDA stream."""
 
     def __init__(self, model_path: Path, inputs: Sequence[TensorSpec],
@@ -169,8 +169,6 @@ class TensorRTBackend:
                  fp16: bool = True) -> None:
         trt, cudart = _import_tensorrt()
         self._trt, self._cudart = trt, cudart
-        self._inputs, self._outputs = tuple(inputs), tuple(outputs)
-        self._max_batch = max_batch
         profile = optimization_profile(inputs, opt_batch=opt_batch, max_batch=max_batch)
         sha = model_sha256(model_path)
         key = engine_cache_key(model_sha=sha, tensorrt_version=str(trt.__version__),
@@ -195,32 +193,13 @@ class TensorRTBackend:
         self._stream = _check(cudart.cudaStreamCreate())
         self._lock = threading.Lock()  # one context: one batch at a time on it
         self._buffers: dict[str, int] = {}
-        for spec in (*self._inputs, *self._outputs):
+        for spec in (*inputs, *outputs):
             dtype = np.dtype(trt.nptype(self._engine.get_tensor_dtype(spec.name)))
             per_row = int(np.prod(spec.shape[1:])) * dtype.itemsize
             self._buffers[spec.name] = int(_check(cudart.cudaMalloc(per_row * max_batch)))
             self._context.set_tensor_address(spec.name, self._buffers[spec.name])
-        self._kind = "tensorrt-fp16" if fp16 else "tensorrt-fp32"
-
-    @property
-    def kind(self) -> str:
-        return self._kind
-
-    @property
-    def inputs(self) -> tuple[TensorSpec, ...]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> tuple[TensorSpec, ...]:
-        return self._outputs
-
-    @property
-    def static_batch_size(self) -> int | None:
-        return None
-
-    @property
-    def max_batch_size(self) -> int | None:
-        return self._max_batch
+        super().__init__(kind="tensorrt-fp16" if fp16 else "tensorrt-fp32", inputs=inputs,
+                         outputs=outputs, max_batch_size=max_batch)
 
     def infer(self, inputs: Mapping[str, Array]) -> dict[str, Array]:
         cudart = self._cudart
@@ -235,7 +214,7 @@ class TensorRTBackend:
             if not self._context.execute_async_v3(self._stream):
                 raise RuntimeError("TensorRT execute_async_v3 failed")
             results: dict[str, Array] = {}
-            for spec in self._outputs:
+            for spec in self.outputs:
                 shape = tuple(self._context.get_tensor_shape(spec.name))
                 host = np.empty(shape, dtype=spec.dtype)
                 _check(cudart.cudaMemcpyAsync(host.ctypes.data, self._buffers[spec.name],
@@ -249,7 +228,3 @@ class TensorRTBackend:
             self._cudart.cudaFree(pointer)
         self._buffers.clear()
         self._cudart.cudaStreamDestroy(self._stream)
-
-
-def _conforms(backend: TensorRTBackend) -> Backend:
-    return backend  # mypy: TensorRTBackend implements the Backend Protocol

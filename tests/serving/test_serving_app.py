@@ -14,6 +14,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -354,7 +355,10 @@ def test_full_queue_gets_503_with_retry_after_at_once() -> None:
         assert metric(server, "gpufrag_serving_requests_total", outcome="ok") == 3
 
 
-def test_request_that_times_out_in_the_queue_gets_504_and_is_not_computed() -> None:
+@contextmanager
+def one_batch_held() -> Iterator[tuple[ThreadedServer, FakeBackend, threading.Event]]:
+    """A server of one batch slot, held by a request (row value 1) until the gate is set; the
+    gate is set and the held request answered on the way out."""
     gate = threading.Event()
     backend = FakeBackend(gate=gate)
     config = BatcherConfig(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=4,
@@ -363,9 +367,17 @@ def test_request_that_times_out_in_the_queue_gets_504_and_is_not_computed() -> N
         blocker = threading.Thread(target=post, args=(server, infer_body(1, start=1)))
         blocker.start()  # occupies the only batch slot until the gate opens
         _wait_for(lambda: server.call(lambda: server.state.batcher.inflight_batches) == 1)  # type: ignore[union-attr]
+        try:
+            yield server, backend, gate
+        finally:
+            gate.set()
+            blocker.join(timeout=10)
+
+
+def test_request_that_times_out_in_the_queue_gets_504_and_is_not_computed() -> None:
+    with one_batch_held() as (server, backend, gate):
         response = post(server, infer_body(1, start=500), headers={"Timeout-Ms": "50"})
         gate.set()
-        blocker.join(timeout=10)
         assert response.status_code == 504
         assert "not computed" in response.json()["error"]
         assert all(float(b["x"][0, 0]) != 500 for b in backend.batch_inputs)
@@ -378,21 +390,13 @@ def test_triton_timeout_parameter_is_a_deadline_in_microseconds(timeout_us: int,
     """``tritonclient``'s ``infer(timeout=...)``: 50 000 us expires in the queue behind a held
     batch (504, never computed); 0 is Triton's "no timeout of its own", so the request waits
     for the held batch and is answered."""
-    gate = threading.Event()
-    backend = FakeBackend(gate=gate)
-    config = BatcherConfig(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=4,
-                           default_timeout_s=10.0)
-    with ThreadedServer(backend, config) as server:
-        blocker = threading.Thread(target=post, args=(server, infer_body(1, start=1)))
-        blocker.start()
-        _wait_for(lambda: server.call(lambda: server.state.batcher.inflight_batches) == 1)  # type: ignore[union-attr]
+    with one_batch_held() as (server, backend, gate):
         released = threading.Timer(0.3, gate.set)
         released.start()
         started = time.monotonic()
         response = post(server, infer_body(1, start=500, parameters={"timeout": timeout_us}))
         elapsed = time.monotonic() - started
         released.join()
-        blocker.join(timeout=10)
         assert response.status_code == status, response.text
         computed = any(float(b["x"][0, 0]) == 500 for b in backend.batch_inputs)
         if status == 504:
@@ -412,14 +416,7 @@ def test_backend_error_is_500_for_that_batch_and_the_next_request_succeeds() -> 
 
 
 def test_disconnected_client_is_dropped_before_compute() -> None:
-    gate = threading.Event()
-    backend = FakeBackend(gate=gate)
-    config = BatcherConfig(max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=4,
-                           default_timeout_s=10.0)
-    with ThreadedServer(backend, config) as server:
-        blocker = threading.Thread(target=post, args=(server, infer_body(1, start=1)))
-        blocker.start()
-        _wait_for(lambda: server.call(lambda: server.state.batcher.inflight_batches) == 1)  # type: ignore[union-attr]
+    with one_batch_held() as (server, backend, gate):
         host, port = server.url.removeprefix("http://").split(":")
         payload = json.dumps(infer_body(1, start=700)).encode()
         with socket.create_connection((host, int(port)), timeout=5) as raw:
@@ -432,7 +429,6 @@ def test_disconnected_client_is_dropped_before_compute() -> None:
         _wait_for(lambda: metric(server, "gpufrag_serving_requests_total",
                                  outcome="cancelled") == 1)
         gate.set()
-        blocker.join(timeout=10)
         assert post(server, infer_body(1, start=2)).status_code == 200
         assert all(float(b["x"][0, 0]) != 700 for b in backend.batch_inputs)
 

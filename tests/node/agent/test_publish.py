@@ -74,9 +74,9 @@ def test_a_failed_write_is_retried_at_the_next_interval() -> None:
     assert publisher.publish(reading(T0 + 15)) == "first"
 
 
-def test_report_leak_creates_a_warning_event() -> None:
+def test_report_pod_creates_a_warning_event() -> None:
     writer = RecordingWriter()
-    Publisher(writer, POLICY).report_leak(POD_A, "grew", T0)
+    Publisher(writer, POLICY).report_pod(POD_A, "GPUMemoryGrowth", "grew", T0)
     assert writer.events == [{"pod": POD_A, "reason": "GPUMemoryGrowth", "message": "grew",
                               "type": "Warning", "now": T0}]
 

@@ -13,6 +13,8 @@ from scheduler.kube.convert import (
     bound_gpus,
     controller_ref,
     device_gap,
+    gpu_labels,
+    mig_offers,
     mig_request,
     node_from_k8s,
     owner_uid,
@@ -134,6 +136,23 @@ def test_a_mig_pod_reads_as_its_cpu_and_its_profiles_summed_over_containers() ->
     # containers: 1 + 1 of 1g.10gb (the init container's 3 is more) and one 3g.40gb
     assert mig_request(obj) == {"1g.10gb": 3, "3g.40gb": 1}
     assert mig_request(k8s_pod({"cpu": "1", "nvidia.com/gpu": "1"})) == {}
+
+
+def test_a_node_offers_each_mig_profile_it_advertises_a_whole_count_of() -> None:
+    node = {"metadata": {"name": "n"}, "status": {"allocatable": {
+        "nvidia.com/mig-1g.10gb": "7", "nvidia.com/mig-3g.40gb": "0",
+        "nvidia.com/mig-2g.20gb": "500m", "nvidia.com/mig-1g.10gb+me": "1",
+        "nvidia.com/mig-4g.40gb": "lots", "nvidia.com/gpu": "2"}}}
+    assert mig_offers(node) == {"1g.10gb": 7}
+    assert mig_offers({"metadata": {"name": "n"}}) == {}
+
+
+def test_gpu_labels_read_as_zero_where_absent_or_not_a_number() -> None:
+    labels = {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+              "nvidia.com/gpu.memory": "81920", "nvidia.com/gpu.count": "eight"}
+    gpu = gpu_labels(labels)
+    assert (gpu.product, gpu.memory_mib, gpu.count) == ("NVIDIA-A100-SXM4-80GB", 81920, 0)
+    assert gpu_labels({}) == gpu_labels({"nvidia.com/gpu.memory": "-1"})
 
 
 def test_a_mig_count_that_is_not_whole_is_bad_input_naming_the_resource() -> None:
