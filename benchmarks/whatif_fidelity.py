@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import results
 from gpufrag.dataroot import ENV, data_root
 from scheduler.core import TargetWorkload, fragkernel
 from scheduler.policies import POLICY_NAMES
@@ -77,7 +78,7 @@ def _command_peak_rss_mib(nodes_csv: Path, pods_csv: Path,
     return wall, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--data", type=Path, default=data_root() / "openb")
     parser.add_argument("--seeds", type=int, default=10)
@@ -85,7 +86,9 @@ def main() -> int:
     parser.add_argument("--kss-compat", action="store_true",
                         help="replay as the FGD authors' simulator does "
                         "(gpufrag whatif --kss-compat)")
-    args = parser.parse_args()
+    results.add_arguments(parser, "whatif_fidelity")
+    args = parser.parse_args(argv)
+    start = results.Start.now()
     nodes_csv = args.data / "openb_node_list_gpu_node.csv"
     pods_csv = args.data / "openb_pod_list_default.csv"
     if not nodes_csv.exists():
@@ -106,6 +109,16 @@ def main() -> int:
     wall, rss = _command_peak_rss_mib(nodes_csv, pods_csv, args.kss_compat)
     print(f"whole `gpufrag whatif` command for it (load, replay, CSVs, plots): {wall:.2f} s wall, "
           f"peak RSS {rss:.0f} MiB ({rss * 1.048576:.0f} MB)")
+    figures = [
+        results.Figure(f"one FGD replay{mode}, {fragkernel.engine()} kernel, CPU on one core, "
+                       "second run in the process", round(jit[1], 3), "s",
+                       results.Target("<=", 1.0)),
+        results.Figure(f"one FGD replay{mode}, {fragkernel.engine()} kernel, first run in a "
+                       "fresh process", round(jit[0], 3), "s"),
+        results.Figure(f"one FGD replay{mode}, numpy form, second run", round(plain[1], 3), "s"),
+        results.Figure("whole `gpufrag whatif` command for one FGD replay, peak RSS",
+                       round(rss), "MiB", results.Target("<", 1024)),
+    ]
 
     nodes = load_nodes(nodes_csv)
     pods = load_pods(pods_csv)
@@ -137,6 +150,16 @@ def main() -> int:
     print(f"\nranking (ours):  {' > '.join(ours)}\nranking (paper): {' > '.join(paper)}")
     within = sum(abs(means[p] - PUBLISHED_130[p]) <= 0.5 for p in POLICY_NAMES)
     print(f"within 0.5 pp of the paper at 130%: {within}/{len(POLICY_NAMES)} policies")
+    figures.append(results.Figure(
+        f"{len(POLICY_NAMES)} policies x {len(seeds)} seeds, wall on {args.jobs} processes",
+        round(sweep_s, 1), "s", results.Target("<=", 300.0)))
+    figures += [results.Figure(f"{p}: alloc @130%, distance from the paper's {PUBLISHED_130[p]}",
+                               round(abs(means[p] - PUBLISHED_130[p]), 2), "pp",
+                               results.Target("<=", 0.5)) for p in POLICY_NAMES]
+    figures.append(results.Figure("policies ranked in the paper's order (1 = yes)",
+                                  float(ours == paper), "", results.Target(">=", 1.0)))
+    results.record(args, "whatif_fidelity", start, figures,
+                   ["alloc @130%: " + ", ".join(f"{p} {means[p]:.2f}" for p in POLICY_NAMES)])
     return 0
 
 
