@@ -120,14 +120,16 @@ class Commit:
 
 @dataclass(frozen=True)
 class Start:
-    """What is taken when a benchmark starts: the UTC time and the load average then."""
+    """What is taken when a benchmark starts: the UTC time, the load average then, and the
+    commit (the code that runs is the code at the start, whatever changes meanwhile)."""
 
     utc: str
     load_average: float
+    commit: Commit
 
     @classmethod
     def now(cls) -> Start:
-        return cls(utc=_utc_now(), load_average=_load_average())
+        return cls(utc=_utc_now(), load_average=_load_average(), commit=Commit.of_checkout())
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,7 @@ def record(args: argparse.Namespace, benchmark: str, start: Start,
     and the computed verdict, so the printed output and the file never disagree."""
     arguments = {k: _plain(v) for k, v in sorted(vars(args).items())
                  if k not in ("results", "no_results")}
-    results = Results(benchmark=benchmark, commit=Commit.of_checkout(),
+    results = Results(benchmark=benchmark, commit=start.commit,
                       machine=Machine.this_one(), started_utc=start.utc,
                       load_average_start=start.load_average,
                       load_average_end=_load_average(), arguments=arguments,
