@@ -56,7 +56,7 @@ class Target:
                              f"got {self.comparison!r}")
 
     def met_by(self, value: float) -> bool:
-        return _COMPARE[self.comparison](value, self.bound)
+        return bool(_COMPARE[self.comparison](value, self.bound))
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,10 @@ class Figure:
     value: float
     unit: str
     target: Target | None = None
+
+    def __post_init__(self) -> None:
+        # A plain float whatever the benchmark computed it with (numpy scalars are not JSON).
+        object.__setattr__(self, "value", float(self.value))
 
     @property
     def met(self) -> bool | None:

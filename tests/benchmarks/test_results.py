@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks import results
@@ -96,3 +97,10 @@ def test_results_and_no_results_exclude_each_other(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         _parsed(["--no-results", "--results", "x.json"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_a_numpy_figure_is_written_as_a_plain_number() -> None:
+    figure = Figure("sweep", np.float64(44.0), "s", Target("<=", 300.0))
+    record = json.loads(make_results(figure).to_json())
+    assert record["figures"][0] == {"name": "sweep", "value": 44.0, "unit": "s", "met": True,
+                                    "target": {"comparison": "<=", "bound": 300.0}}
