@@ -16,6 +16,7 @@ the whole ``gpufrag whatif`` command for that replay.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import resource
 import subprocess
@@ -55,10 +56,13 @@ def _one_fgd_replay(nodes_csv: str, pods_csv: str, kss_compat: bool) -> list[flo
 
 def _timed_in_fresh_process(nodes_csv: Path, pods_csv: Path, kss_compat: bool,
                             jit: bool) -> list[float]:
-    # Read by the worker at first use: the preferred compiled engine, or the numpy form.
+    # Read by the worker at first use: the preferred compiled engine, or the numpy form. The
+    # worker is spawned, not forked: a fork inherits this process's engine, chosen once (by
+    # fragkernel.engine() here), and would time the compiled kernel as "the numpy form".
     os.environ["GPUFRAG_KERNEL"] = fragkernel.engine() if jit else "numpy"
     try:
-        with ProcessPoolExecutor(max_workers=1) as pool:
+        with ProcessPoolExecutor(max_workers=1,
+                                 mp_context=multiprocessing.get_context("spawn")) as pool:
             return pool.submit(_one_fgd_replay, str(nodes_csv), str(pods_csv),
                                kss_compat).result()
     finally:
