@@ -68,19 +68,21 @@ def _target(figure: Figure) -> str:
             f"{_with_unit(figure.target.bound, figure.unit)}")
 
 
-def _verdict(verdict: str | bool | None) -> str:
-    if verdict is None:
-        return ""
-    text = {True: "met", False: "missed"}.get(verdict, verdict) if isinstance(verdict, bool) \
-        else verdict
-    return "**missed**" if text == "missed" else str(text)
+def _met(met: bool | None) -> str:
+    """A figure's verdict; a miss stands out."""
+    return "" if met is None else "met" if met else "**missed**"
+
+
+def _verdict(verdict: str) -> str:
+    """A benchmark's verdict (met, missed or no target); a miss stands out."""
+    return _met(False) if verdict == "missed" else verdict
 
 
 def _provenance(results: Results) -> str:
     if results.provenance == "transcribed":
-        return (f"**transcribed, not re-run**: copied from {results.source or 'an earlier run'}"
-                "; ")
-    return "measured "
+        return (f"**Transcribed, not re-run**: copied from {results.source or 'an earlier run'}"
+                "; dated ")
+    return "Measured "
 
 
 def _header(results: Results) -> list[str]:
@@ -105,7 +107,7 @@ def _header(results: Results) -> list[str]:
 def figure_table(results: Results) -> list[str]:
     """One benchmark's figures as a Markdown table, targets and per-figure verdicts beside."""
     rows = ["| figure | value | target | |", "|---|---:|---|---|"]
-    rows += [f"| {f.name} | {_with_unit(f.value, f.unit)} | {_target(f)} | {_verdict(f.met)} |"
+    rows += [f"| {f.name} | {_with_unit(f.value, f.unit)} | {_target(f)} | {_met(f.met)} |"
              for f in results.figures]
     return rows
 
@@ -146,7 +148,7 @@ def render_summary(found: Mapping[str, Results], names: Sequence[str],
         judged = [f for f in results.figures if f.target is not None]
         for f in judged:
             rows.append(f"| {link}{marked} | {f.name} | {_with_unit(f.value, f.unit)} | "
-                        f"{_target(f)} | {_verdict(f.met)} |")
+                        f"{_target(f)} | {_met(f.met)} |")
         if not judged:
             rows.append(f"| {link}{marked} | {len(results.figures)} figures, no target | | | "
                         f"{_verdict(results.verdict)} |")

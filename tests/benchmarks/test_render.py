@@ -68,7 +68,7 @@ def test_a_transcribed_record_is_marked_as_not_re_run(tmp_path: Path) -> None:
                                "source": "README at commit 927c561"})
     (results_dir / "deviceplugin_soak.json").write_text(transcribed.to_json(), encoding="utf-8")
     rendered = render.rendered(root, results_dir)
-    assert ("**transcribed, not re-run**: copied from README at commit 927c561"
+    assert ("**Transcribed, not re-run**: copied from README at commit 927c561"
             in rendered[root / "docs" / "benchmarks.md"])
     assert "[`deviceplugin_soak`](docs/benchmarks.md#deviceplugin_soak) (transcribed)" in \
         rendered[root / "README.md"]
