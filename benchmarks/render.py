@@ -166,8 +166,11 @@ def render_block(name: str | None, found: Mapping[str, Results], names: Sequence
         lines = [_no_results(name)]
     else:
         results = found[name]
-        lines = [f"{_verdict(results.verdict)}: {results.started_utc[:10]}, commit "
-                 f"`{results.commit.sha[:7]}`, load average {results.load_average_start:g}; "
+        how = "transcribed from an earlier run" if results.provenance == "transcribed" \
+            else "measured"
+        lines = [f"Verdict: {_verdict(results.verdict)}; {how} {results.started_utc[:10]} at "
+                 f"commit `{results.commit.sha[:7]}`, load average "
+                 f"{results.load_average_start:g}; "
                  f"[details]({page}#{name})", "", *figure_table(results)]
     return "\n".join(lines) + "\n"
 
