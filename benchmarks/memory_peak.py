@@ -384,9 +384,11 @@ def main(argv: list[str] | None = None) -> int:
         figures += [
             results.Figure(f"{r.case} ({r.component}, limit {r.limit_mib:g} MiB): peak RSS",
                            r.peak_rss_mib, "MiB", results.Target("<=", r.target_mib)),
-            results.Figure(f"{r.case}: settled RSS", r.settled_rss_mib, "MiB"),
-            results.Figure(f"{r.case}: requests not answered, of {r.requests}",
-                           r.statuses.get("0", 0), "", results.Target("<=", 0))]
+            results.Figure(f"{r.case}: settled RSS", r.settled_rss_mib, "MiB")]
+    # A refused or reset request sent less load than the case says: no case may have one.
+    figures.append(results.Figure(
+        f"requests not answered, all cases ({sum(r.requests for r in measured)} sent)",
+        sum(r.statuses.get("0", 0) for r in measured), "", results.Target("<=", 0)))
     memory_met = all(r.memory_met for r in measured)
     print(f"{'met' if memory_met else 'MISSED'}: every peak under its limit x {1 - MARGIN:g}"
           + ("" if all(r.met for r in measured) or not memory_met
