@@ -51,6 +51,7 @@ class Target:
     bound: float
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "bound", float(self.bound))  # 0 and 0.0 are written alike
         if self.comparison not in _COMPARE:
             raise ValueError(f"target comparison must be one of {sorted(_COMPARE)}, "
                              f"got {self.comparison!r}")
