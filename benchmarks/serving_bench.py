@@ -477,7 +477,7 @@ def benchmark_model(model: str, args: argparse.Namespace,
               f"{verdict(r.p99, bound, unit=' ms')}"
               + (f"; {r.failed} requests failed" if r.failed else ""))
 
-    figures += overload(name, cache, payloads[primary.protocol], rows[-1], primary, args)
+    figures += overload(model, cache, payloads[primary.protocol], rows[-1], primary, args)
     handoff(requests[primary.protocol], rows[-1], primary)
     print(f"\n({model}: {time.perf_counter() - began:.0f} s into the benchmark)", flush=True)
     return [f for f in figures if math.isfinite(f.value)]  # a phase with no answers has none
