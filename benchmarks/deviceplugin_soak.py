@@ -41,6 +41,7 @@ from typing import Any
 
 import grpc
 
+from benchmarks import results
 from benchmarks.deviceplugin_allocate import MemoryPods, NoWrites
 from benchmarks.procstat import cpu_seconds
 from devkit.procs import ComponentProcess, wait_until
@@ -184,7 +185,7 @@ def slope_kib_per_1000(points: Sequence[tuple[int, int]]) -> float:
     return 1000 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var
 
 
-def soak(args: argparse.Namespace, folder: Path) -> int:
+def soak(args: argparse.Namespace, folder: Path, start: results.Start) -> int:
     path = folder / "nvml.json"
     write_recording(path, 0)
     kubelet = Kubelet(folder)
@@ -280,7 +281,20 @@ def soak(args: argparse.Namespace, folder: Path) -> int:
     for problem in problems:
         print(f"  problem: {problem}")
     print(f"ListAndWatch soak over {args.duration_s:.0f} s: {'PASS' if ok else 'FAIL'}")
-    return 0 if ok else 1
+    what = f"{args.duration_s:,.0f} s of health changes every {args.flip_s:g} s"
+    recorded = results.record(args, "deviceplugin_soak", start, [
+        results.Figure(f"RSS growth after the reference, {what}", round(growth_mib, 2), "MiB",
+                       results.Target("<", args.max_rss_growth_mib)),
+        results.Figure("open fds growth", final.fds - reference.fds, "",
+                       results.Target("<=", MAX_FD_GROWTH)),
+        results.Figure("threads growth", final.threads - reference.threads, "",
+                       results.Target("<=", MAX_THREAD_GROWTH)),
+        results.Figure("stream problems (wrong lists, early ends, lists missing)",
+                       len(problems), "", results.Target("<=", 0)),
+        results.Figure("health changes", flips, ""),
+        results.Figure("plugin CPU per change", round(1000 * cpu_s / max(changes, 1), 2), "ms"),
+    ], problems[:5])
+    return 0 if recorded.verdict == "met" and ok else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -301,14 +315,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "most a quarter of the duration)")
     parser.add_argument("--max-rss-growth-mib", type=float, default=4.0,
                         help="RSS growth allowed after the reference (default: %(default)s)")
+    results.add_arguments(parser, "deviceplugin_soak")
     args = parser.parse_args(argv)
     for name in ("duration_s", "flip_s", "health_interval_s"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
     if args.sample_s <= 0:
         args.sample_s = max(args.duration_s / 10, 1.0)
+    start = results.Start.now()
     with tempfile.TemporaryDirectory(prefix="dps-") as folder:
-        return soak(args, Path(folder))
+        return soak(args, Path(folder), start)
 
 
 if __name__ == "__main__":

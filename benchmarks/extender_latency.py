@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from benchmarks import results
 from scheduler.core import ClusterState
 from scheduler.core.feasibility import feasible_mask
 from scheduler.core.gpus import NO_GPU, gpus_for
@@ -231,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of GPU capacity allocated before the run")
     parser.add_argument("--log-level", default="info", help="the extender's log level")
     parser.add_argument("--seed", type=int, default=1)
+    results.add_arguments(parser, "extender_latency")
     args = parser.parse_args(argv)
+    start = results.Start.now()
+    figures: list[results.Figure] = []
 
     print(f"gpufrag extender over HTTP (Hypercorn, {args.threads} threads), "
           f"nodeCacheCapable, {os.cpu_count()} CPUs on this machine, log level "
@@ -273,6 +277,11 @@ def main(argv: list[str] | None = None) -> int:
             for verb, lat, first in (("filter", lat_f, first_f),
                                      ("prioritize", lat_p, first_p),
                                      ("filter*", lat_d, first_d)):
+                name = "filter (decide)" if verb == "filter*" else verb
+                figures += [
+                    results.Figure(f"{name} p50, {size:,} nodes", round(ms(lat, 50), 2), "ms"),
+                    results.Figure(f"{name} p99, {size:,} nodes", round(ms(lat, 99), 2), "ms",
+                                   results.Target("<=", target))]
                 rows.append(f"{size:>6} {cluster.pods_placed:>6} "
                             f"{cluster.gpu_allocated:>8.0%}  {verb:<10} {ms(lat, 50):>7.2f} "
                             f"{ms(lat, 99):>7.2f} {lat.max() * 1000:>7.2f} "
@@ -285,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(rows))
     print("filter: filter.answer feasible (every node the pod fits); filter*: filter.answer "
           "decide (the default: one node, assumed)")
+    results.record(args, "extender_latency", start, figures)
     return 0
 
 

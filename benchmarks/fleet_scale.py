@@ -47,6 +47,7 @@ from typing import Any
 import kubernetes
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks import results
 from benchmarks.procstat import peak_rss_command, read_peak_rss_mib
 from benchmarks.scheduling_throughput import ROWS, Row, Served, cpu_by_process
 from devkit.build import build_control_plane
@@ -432,7 +433,8 @@ def met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
-def print_size(result: SizeResult) -> None:
+def print_size(result: SizeResult) -> list[results.Figure]:
+    """Print one size's table and targets; return its figures (judged at the target's size)."""
     fleet, rows = result.fleet, result.rows
     gpus = fleet.capacity_milli // 1000
     residents = f", among {result.residents}" if result.residents else ""
@@ -506,6 +508,40 @@ def print_size(result: SizeResult) -> None:
     print(f"    FGD gain over the default scheduler: {gain:+.2f} points of fragmentation "
           f"(gpufrag {rows['gpufrag-decide'].placed.frag_pct:.2f}% vs default "
           f"{rows['default'].placed.frag_pct:.2f}%; the what-if's FGD {result.whatif[1]:.2f}%)")
+    size = f"{len(fleet.nodes):,} nodes"
+    judged = len(fleet.nodes) >= 5000  # issue 26's targets are for 5,000 nodes / 50,000 pods
+
+    def target(comparison: results.Comparison, bound: float) -> results.Target | None:
+        return results.Target(comparison, bound) if judged else None
+
+    figures = [
+        results.Figure(f"{size}: extender RSS", round(g["rss_mib"]), "MiB",
+                       target("<", TARGET_RSS_MIB)),
+        results.Figure(f"{size}: extender ready after a restart", round(g["ready_s"], 1), "s",
+                       target("<=", TARGET_READY_S)),
+        results.Figure(f"{size}: watch lag, max of {LAG_PROBES}", round(g["lag_max_ms"]), "ms",
+                       target("<", TARGET_LAG_P99_MS)),
+        results.Figure(f"{size}: extender's own filter p99", round(g["filter_p99_ms"], 2), "ms",
+                       target("<=", TARGET_FILTER_P99_MS)),
+        results.Figure(f"{size}: gpufrag ÷ zero-cost extender",
+                       round(rate["gpufrag-decide"] / rate["zero-one"], 2), "",
+                       target(">=", TARGET_VS_ZERO)),
+        results.Figure(f"{size}: defrag dry-run cycle", round(g["defrag_s"], 1), "s",
+                       target("<", TARGET_DEFRAG_S)),
+        results.Figure(f"{size}: fragmentation, gpufrag", rows["gpufrag-decide"].placed.frag_pct,
+                       "%"),
+        results.Figure(f"{size}: fragmentation, default scheduler",
+                       rows["default"].placed.frag_pct, "%"),
+        results.Figure(f"{size}: fragmentation, what-if FGD", result.whatif[1], "%")]
+    if result.failover is not None:
+        f = result.failover
+        figures += [
+            results.Figure(f"{size}: failover, pods lost", f.lost, "", results.Target("<=", 0)),
+            results.Figure(f"{size}: failover, GPUs given twice", f.double_assigned, "",
+                           results.Target("<=", 0)),
+            results.Figure(f"{size}: failover, pods on the reserved GPUs", f.reserved_taken, "",
+                           results.Target("<=", 0))]
+    return figures
 
 
 def print_growth(results: Sequence[SizeResult]) -> None:
@@ -566,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(two replicas) while the pods arrive again")
     parser.add_argument("--arrivals-per-s", default=str(DEFAULT_ARRIVALS_PER_S),
                         help="pods created per second during the failover run")
+    results.add_arguments(parser, "fleet_scale")
     args = parser.parse_args(argv)
+    start = results.Start.now()
     nodes = _counts(args.nodes, "--nodes", MAX_NODES)
     pods = _counts(args.pods, "--pods", MAX_PODS)
     residents = (_counts(args.residents, "--residents", MAX_PODS, low=0) if args.residents
@@ -587,19 +625,20 @@ def main(argv: list[str] | None = None) -> int:
         _usage(f"--failover-kills must be 0..{MAX_KILLS} and --arrivals-per-s in "
                f"(0, {MAX_ARRIVALS_PER_S}], got {kills}, {arrivals_per_s}")
     binary = build_control_plane()
-    results = []
+    done: list[SizeResult] = []
+    figures: list[results.Figure] = []
     for n, p, r in zip(nodes, pods, residents, strict=True):
         fleet = make_fleet(n, p, seed=seed, data_dir=Path(args.data), max_demand=max_demand,
                            residents=r)
         if fleet.source == "synthetic":
             print(f"fleet_scale: {fallback_line(Path(args.data), 'openb trace')}",
                   file=sys.stderr)
-        results.append(run_size(binary, fleet, seed, kills=kills,
-                                arrivals_per_s=arrivals_per_s))
-        print_size(results[-1])
+        done.append(run_size(binary, fleet, seed, kills=kills, arrivals_per_s=arrivals_per_s))
+        figures += print_size(done[-1])
         sys.stdout.flush()
-    if len(results) > 1:
-        print_growth(results)
+    if len(done) > 1:
+        print_growth(done)
+    results.record(args, "fleet_scale", start, figures)
     return 0
 
 

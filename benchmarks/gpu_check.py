@@ -59,6 +59,7 @@ from typing import Any, Final
 import numpy as np
 import structlog
 
+from benchmarks import results
 from benchmarks.serving_bench import (
     Server,
     closed_loop,
@@ -496,6 +497,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cache", type=Path,
                    help="model and engine cache (default: a fresh temporary directory)")
     p.add_argument("--mps-client", help=argparse.SUPPRESS)  # WITHIN,PAST MiB: the MPS child
+    results.add_arguments(p, "gpu_check")
     args = p.parse_args(argv)
     try:
         args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -513,6 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(mps_client(within, past)))
         return 0
     began = time.perf_counter()
+    start = results.Start.now()
     machine = find_machine()
     print(f"gpu check: {', '.join(machine.gpu_names) or machine.no_gpu}; "
           f"{'GPU run' if machine.no_gpu is None else 'CPU half only'}", flush=True)
@@ -537,7 +540,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {args.out / 'report.json'} and report.md in {seconds:.0f} s"
           + (f"; skipped: {', '.join(skipped)}" if skipped else "")
           + (f"; FAILED: {', '.join(failed)}" if failed else ""), flush=True)
+    results.record(args, "gpu_check", start, figures_of(machine, steps),
+                   [f"{s.name}: {s.status}" + (f" ({s.why})" if s.why else "") for s in steps])
     return 1 if failed else 0
+
+
+def figures_of(machine: Machine, steps: Sequence[Step]) -> list[results.Figure]:
+    """The serving step's figures for the results file. Issue 29's targets are for ResNet-50
+    with TensorRT on a GPU, so they judge a GPU run only; a CPU half's figures are context."""
+    on_gpu = machine.no_gpu is None
+    figures: list[results.Figure] = []
+    for step in steps:
+        if step.status != "ran" or step.name != "serving":
+            continue
+        where = f"{step.figures['model']} on {step.figures['backend_kind']}"
+        floor = 3 * A100_TRT_FP16_BATCH32_IMG_S
+        for r in step.figures["rows"]:
+            size = r["max_batch"]
+            if r["server_over_direct"] is not None:
+                figures.append(results.Figure(
+                    f"{where}, max batch {size}: server/direct", r["server_over_direct"], "",
+                    results.Target(">=", 0.9) if on_gpu else None))
+            figures.append(results.Figure(
+                f"{where}, max batch {size}: p99", r["p99_ms"], "ms",
+                results.Target("<", 20.0) if on_gpu and size == 8 else None))
+            figures.append(results.Figure(
+                f"{where}, max batch {size}: direct", r["direct_img_s"], "img/s",
+                results.Target(">=", floor) if on_gpu and size == 32 else None))
+    return figures
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import results
 from benchmarks.extender_latency import build_cluster
 from benchmarks.procstat import peak_rss_command, read_peak_rss_mib
 
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--occupancy", type=float, default=0.75)
     p.add_argument("--seed", type=int, default=0)
+    results.add_arguments(p, "inspect_scale")
     args = p.parse_args(argv)
+    start = results.Start.now()
     if args.nodes < 1 or args.rounds < 1 or not 0.0 < args.occupancy < 1.0:
         p.error("--nodes and --rounds must be >= 1, --occupancy in (0, 1)")
     with tempfile.TemporaryDirectory() as folder:
@@ -67,6 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpufrag inspect -o json:            {ins:.2f} s median of {args.rounds} "
           f"{[round(s, 2) for s in inspect]}, peak RSS {rss_inspect:.0f} MiB")
     print(f"inspect / reference: {ins / ref:.2f}x")
+    size = f"{args.nodes:,} nodes, {cluster.pods_placed:,} pods"
+    # No target figure was ever set for inspect: the figures are said, not judged.
+    results.record(args, "inspect_scale", start, [
+        results.Figure(f"gpufrag inspect -o json, {size}, median of {args.rounds}",
+                       round(ins, 2), "s"),
+        results.Figure("gpufrag inspect -o json, peak RSS", round(rss_inspect), "MiB"),
+        results.Figure("reading the snapshot alone (reference)", round(ref, 2), "s"),
+        results.Figure("reading the snapshot alone, peak RSS", round(rss_ref), "MiB"),
+    ])
     return 0
 
 

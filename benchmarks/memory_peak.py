@@ -19,11 +19,11 @@ requests, and reads the peak and the memory still held once they are answered:
   its body limit over many connections at once (JSON made of millions of empty objects,
   deep nesting, long strings, cut-off documents, ...).
 
-Prints one line per case and writes every figure to ``--out`` (JSON): the commit, the
-machine, each case's peak and settled RSS, the limit, the target (peak <= limit x (1 -
-MARGIN)) and whether it was met; the run is met only when every case is.
+Prints one line per case and writes its figures through :mod:`benchmarks.results`: each case's
+peak RSS against its target (peak <= limit x (1 - MARGIN)), its settled RSS and its requests
+that got no answer (target 0); the run is met only when every case is.
 
-    python -m benchmarks.memory_peak [--nodes 5000] [--out memory_peak.json]
+    python -m benchmarks.memory_peak [--nodes 5000] [--results PATH | --no-results]
         [--cases filter-nodes-1,...] [--fuzz-rounds 4]
 """
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -40,13 +39,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 import yaml
 
+from benchmarks import results
 from benchmarks.extender_latency import build_cluster, free_port, stop_server, wait_ready
 from scheduler.kube.quantity import parse_quantity
 from scheduler.kube.snapshot import read_snapshot
@@ -314,20 +314,6 @@ def start_webhook(folder: Path, port: int) -> subprocess.Popen[bytes]:
     return wait_ready(server, port, 120, "webhook", path="/healthz")
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def machine() -> dict[str, Any]:
-    return {"python": platform.python_version(), "cpus": os.cpu_count(),
-            "platform": platform.platform(), "memory_mib": round(
-                os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20)}
-
-
 def one_server(start: Callable[[int], subprocess.Popen[bytes]], case: Case,
                bodies: list[bytes], limit_mib: float, timeout_s: float) -> Result:
     port = free_port()
@@ -358,10 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fuzz-rounds", type=int, default=4)
     parser.add_argument("--cases", help="comma-separated case names (default: all)")
     parser.add_argument("--timeout-s", type=float, default=120.0, help="per request")
-    parser.add_argument("--out", type=Path, default=Path("memory_peak.json"))
     parser.add_argument("--no-manifest-env", action="store_true",
                         help="run the components without their manifests' env values")
+    results.add_arguments(parser, "memory_peak")
     args = parser.parse_args(argv)
+    start = results.Start.now()
     if not args.no_manifest_env:
         EXTENDER_ENV.update(container_env(EXTENDER_MANIFEST, "extender"))
         WEBHOOK_ENV.update(container_env(WEBHOOK_MANIFEST, "admission"))
@@ -376,37 +363,40 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for c in cases if c.name in wanted]
     limits = {"extender": memory_limit_mib(EXTENDER_MANIFEST, "extender"),
               "webhook": memory_limit_mib(WEBHOOK_MANIFEST, "admission")}
-    results: list[Result] = []
+    measured: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="gpufrag-memory-") as tmp:
         folder = Path(tmp)
         if any(c.component == "extender" for c in cases):
             cluster = build_cluster(args.nodes, 0.75, 1, folder)
             bodies = extender_bodies(cluster.snapshot, int(args.names_mib * 2**20))
             for case in (c for c in cases if c.component == "extender"):
-                results.append(one_server(
+                measured.append(one_server(
                     lambda port: start_extender(cluster.snapshot, port, args.threads), case,
                     [bodies[case.body]], limits["extender"], args.timeout_s))
-                print_result(results[-1])
+                print_result(measured[-1])
             del bodies
         for case in (c for c in cases if c.component == "webhook"):
-            results.append(one_server(lambda port: start_webhook(folder, port), case,
-                                      fuzz_bodies(), limits["webhook"], args.timeout_s))
-            print_result(results[-1])
-    met = all(r.met for r in results)
-    report = {"benchmark": "memory_peak", "commit": commit(), "machine": machine(),
-              "load": {"nodes": args.nodes, "extender_threads": args.threads,
-                       "names_mib": args.names_mib, "fuzz_rounds": args.fuzz_rounds},
-              "target": f"each component's peak RSS <= its manifest memory limit x "
-                        f"{1 - MARGIN:g}", "margin": MARGIN,
-              "limits_mib": limits, "env": {"extender": EXTENDER_ENV, "webhook": WEBHOOK_ENV},
-              "memory_met": all(r.memory_met for r in results), "met": met,
-              "cases": [asdict(r) for r in results]}
-    args.out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2) + b"\n")
-    memory_met = all(r.memory_met for r in results)
+            measured.append(one_server(lambda port: start_webhook(folder, port), case,
+                                       fuzz_bodies(), limits["webhook"], args.timeout_s))
+            print_result(measured[-1])
+    figures: list[results.Figure] = []
+    for r in measured:
+        figures += [
+            results.Figure(f"{r.case} ({r.component}, limit {r.limit_mib:g} MiB): peak RSS",
+                           r.peak_rss_mib, "MiB", results.Target("<=", r.target_mib)),
+            results.Figure(f"{r.case}: settled RSS", r.settled_rss_mib, "MiB")]
+    # A refused or reset request sent less load than the case says: no case may have one.
+    figures.append(results.Figure(
+        f"requests not answered, all cases ({sum(r.requests for r in measured)} sent)",
+        sum(r.statuses.get("0", 0) for r in measured), "", results.Target("<=", 0)))
+    memory_met = all(r.memory_met for r in measured)
     print(f"{'met' if memory_met else 'MISSED'}: every peak under its limit x {1 - MARGIN:g}"
-          + ("" if met or not memory_met else "; but not every request was answered")
-          + f"; wrote {args.out}")
-    return 0 if met else 1
+          + ("" if all(r.met for r in measured) or not memory_met
+             else "; but not every request was answered"))
+    notes = [f"{component} env: " + " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+             for component, env in (("extender", EXTENDER_ENV), ("webhook", WEBHOOK_ENV))]
+    recorded = results.record(args, "memory_peak", start, figures, notes)
+    return 0 if recorded.verdict == "met" else 1
 
 
 if __name__ == "__main__":

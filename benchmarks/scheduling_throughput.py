@@ -50,6 +50,7 @@ from typing import Any
 import kubernetes
 import orjson
 
+from benchmarks import results
 from benchmarks.procstat import cpu_seconds
 from devkit.build import build_control_plane
 from devkit.controlplane import ControlPlane
@@ -189,9 +190,12 @@ def ratios(times: dict[str, list[float]], row: str, reference: str) -> list[floa
     return [ref / mine for mine, ref in zip(times[row], times[reference], strict=True)]
 
 
-def print_rates(rows: list[Row], times: dict[str, list[float]], nodes: int, pods: int) -> None:
+def print_rates(rows: list[Row], times: dict[str, list[float]], nodes: int,
+                pods: int) -> list[results.Figure]:
     """Per row: the median round's seconds and pods/s, and its ratios to the default and to
-    the zero-cost extender (median round, and every round's in brackets)."""
+    the zero-cost extender (median round, and every round's in brackets); returned as the
+    run's figures, each ratio judged against its target."""
+    figures: list[results.Figure] = []
     def ratio_text(row: str, reference: str) -> str:
         if reference not in times:
             return "-"
@@ -210,6 +214,9 @@ def print_rates(rows: list[Row], times: dict[str, list[float]], nodes: int, pods
         vs_zero = ratio_text(row.name, row.reference) if row.reference else ""
         print(f"  {row.label:<52} {seconds:>7.1f} {pods / seconds:>8.1f}  {vs_default:<24} "
               f"{vs_zero:<24}")
+        figures.append(results.Figure(f"{row.name}: {pods:,} pods on {nodes:,} nodes, "
+                                      "pods/s (median round)", round(pods / seconds, 1),
+                                      "pods/s"))
     print("  targets: gpufrag ÷ default >= 1.0, gpufrag ÷ zero-cost >= 1.0 in each mode "
           "(median round)")
     for row in rows:
@@ -220,6 +227,10 @@ def print_rates(rows: list[Row], times: dict[str, list[float]], nodes: int, pods
                 got = statistics.median(ratios(times, row.name, reference))
                 print(f"  {row.name} ÷ {reference}: {got:.2f}: "
                       f"{'met' if got >= 1.0 else f'missed by {1.0 - got:.2f}'}")
+                figures.append(results.Figure(
+                    f"{row.name} ÷ {reference} (median round)", round(got, 2), "",
+                    results.Target(">=", 1.0)))
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,7 +242,9 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(EXTRA_ROWS)})")
     parser.add_argument("--rounds", type=int, default=3,
                         help="every row once per round, the order rotated each round")
+    results.add_arguments(parser, "scheduling_throughput")
     args = parser.parse_args(argv)
+    start = results.Start.now()
     known = ROWS | EXTRA_ROWS
     unknown = [r for r in args.rows.split(",") if r and r not in known]
     if unknown or args.rounds < 1:
@@ -274,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 if row.name.startswith("gpufrag"):
                     refused[row.name] = refused_binds(Path(tmp), row.name)
     cpu = {name: {k: v / args.rounds for k, v in c.items()} for name, c in cpu.items()}
-    print_rates(rows, times, args.nodes, args.pods)
+    figures = print_rates(rows, times, args.nodes, args.pods)
     print(f"  load average at the end: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} "
           f"(1 / 5 / 15 min) on {os.cpu_count()} CPUs")
     for name, count in refused.items():
@@ -286,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         print(f"  {name:<22} " + " ".join(f"{cpu[r.name].get(name, 0.0):>16.1f}" for r in rows))
     print(f"  {'total':<22} " + " ".join(f"{sum(cpu[r.name].values()):>16.1f}" for r in rows))
+    results.record(args, "scheduling_throughput", start, figures)
     return 0
 
 

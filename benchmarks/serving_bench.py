@@ -57,6 +57,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from benchmarks import results
 from benchmarks.procstat import cpu_seconds, thread_cpu_seconds
 from benchmarks.serving_ipc import handoff_cost
 from benchmarks.serving_load import LoadGenerator, Outcome, raw_request
@@ -396,7 +397,8 @@ def verdict(value: float, limit: float, *, at_most: bool = True, unit: str = "")
     return f"missed by {limit - value:.2f}{unit} ({value / limit:.0%} of it)"
 
 
-def benchmark_model(model: str, args: argparse.Namespace, began: float) -> None:
+def benchmark_model(model: str, args: argparse.Namespace,
+                    began: float) -> list[results.Figure]:
     name = model_name(model)
     cache = Path(tempfile.mkdtemp(prefix="gpufrag-bench-"))
     path = materialize(model, cache)
@@ -419,6 +421,7 @@ def benchmark_model(model: str, args: argparse.Namespace, began: float) -> None:
           "generator (benchmarks/serving_load.py: one thread, raw asyncio protocols on uvloop) "
           "on the same machine", flush=True)
     rows = []
+    figures: list[results.Figure] = []
     for size in args.sizes:
         rows.append(measure_size(model, name, path, cache, image_size, size, payloads,
                                  variants, args))
@@ -446,10 +449,14 @@ def benchmark_model(model: str, args: argparse.Namespace, began: float) -> None:
                   f"{r.cpu_ms(variant, 'compute_ms'):>14.3f} | "
                   f"{r.cpu_efficiency(variant):>8.2f} | {r.model_busy(variant):>10.0%} | "
                   f"{r.cpu_ms(variant, 'client_ms'):>13.3f} | {runs}")
+        figures.append(results.Figure(
+            f"{name}, max batch {r.size}: server/direct ({primary.label})",
+            round(r.ratio(primary), 2), "", results.Target(">=", 0.9)))
         print(f"{'':>9}   direct CPU {r.direct_cpu_ms:.3f} ms per image; target "
               f"server/direct >= 0.90 ({primary.label}): "
               f"{verdict(r.ratio(primary), 0.9, at_most=False)}")
     client_cores = max(c.client_cores for r in rows for c in r.cpu[primary])
+
     print(f"load generator: at most {client_cores:.2f} of one core in any saturation run")
 
     print(f"\nlatency at 70% of saturation ({primary.label}; open-loop Poisson arrivals, "
@@ -462,14 +469,18 @@ def benchmark_model(model: str, args: argparse.Namespace, began: float) -> None:
     print("-" * len(header))
     for r in rows:
         bound = args.delay_ms + 2 * r.batch_ms
+        figures.append(results.Figure(
+            f"{name}, max batch {r.size}: p99 at 70% of saturation (bound: queue delay + 2 x "
+            "full-batch compute)", round(r.p99, 1), "ms", results.Target("<=", round(bound, 1))))
         print(f"{r.size:>9} | {r.rate:>13.0f} | {r.sent:>10.0f} | {r.p50:>7.1f} | "
               f"{r.p99:>7.1f} | {r.mean_batch:>10.2f} | {r.batch_ms:>8.1f} | {bound:>12.1f} | "
               f"{verdict(r.p99, bound, unit=' ms')}"
               + (f"; {r.failed} requests failed" if r.failed else ""))
 
-    overload(model, cache, payloads[primary.protocol], rows[-1], primary, args)
+    figures += overload(model, cache, payloads[primary.protocol], rows[-1], primary, args)
     handoff(requests[primary.protocol], rows[-1], primary)
     print(f"\n({model}: {time.perf_counter() - began:.0f} s into the benchmark)", flush=True)
+    return [f for f in figures if math.isfinite(f.value)]  # a phase with no answers has none
 
 
 def handoff(request: EncodedRequest, best: SizeResult, primary: Variant) -> None:
@@ -489,7 +500,7 @@ def handoff(request: EncodedRequest, best: SizeResult, primary: Variant) -> None
 
 
 def overload(model: str, cache: Path, payload: bytes, best: SizeResult, primary: Variant,
-             args: argparse.Namespace) -> None:
+             args: argparse.Namespace) -> list[results.Figure]:
     """2x the measured saturation through a bounded queue, each request with a deadline."""
     size, rate = best.size, 2 * best.saturation(primary)
     queue = 2 * size
@@ -546,9 +557,17 @@ def overload(model: str, cache: Path, payload: bytes, best: SizeResult, primary:
     print(f"  targets          rejection p50 < 5 ms: {verdict(reject_p50, 5, unit=' ms')}; "
           f"p99 < 5 ms: {verdict(reject_p99, 5, unit=' ms')}; admitted requests answered "
           f"within the deadline: {within:.1%}")
+    what = f"{model_name(model)}, 2x overload at max batch {size}"
+    return [
+        results.Figure(f"{what}: rejection (503) p50, server", round(reject_p50, 2), "ms",
+                       results.Target("<", 5.0)),
+        results.Figure(f"{what}: rejection (503) p99, server", round(reject_p99, 2), "ms",
+                       results.Target("<", 5.0)),
+        results.Figure(f"{what}: admitted requests answered within the deadline",
+                       round(100 * within, 1), "%")]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="builtin:resnet-medium,builtin:resnet-small",
                         help="comma-separated model references")
@@ -570,15 +589,18 @@ def main() -> int:
     parser.add_argument("--overload-connections", type=int, default=256,
                         help="keep-alive connections the overload is offered through, as an "
                         "ingress proxy pools them (0 = a new one per waiting request)")
-    args = parser.parse_args()
+    results.add_arguments(parser, "serving_bench")
+    args = parser.parse_args(argv)
+    start = results.Start.now()
     args.sizes = [int(s) for s in args.batch_sizes.split(",")]
     args.loops = [loop.strip() for loop in args.event_loops.split(",") if loop.strip()]
     began = time.perf_counter()
-    for model in args.models.split(","):
-        benchmark_model(model.strip(), args, began)
+    figures = [f for model in args.models.split(",")
+               for f in benchmark_model(model.strip(), args, began)]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\ntotal benchmark time {time.perf_counter() - began:.0f} s (load average {load} "
           "at the end)")
+    results.record(args, "serving_bench", start, figures)
     return 0
 
 

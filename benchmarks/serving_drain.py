@@ -46,7 +46,9 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import cast
 
+from benchmarks import results
 from gpufrag.loops import loop_factory
 from serving.backends.select import LoadedBackend
 from serving.config import BatcherConfig, ServerConfig
@@ -232,7 +234,7 @@ async def one_run(args: argparse.Namespace) -> dict[str, object]:
                                 if load.first_refused_at else None)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--connections", choices=["new", "keep-alive"], default="new")
@@ -248,13 +250,27 @@ def main() -> None:
     parser.add_argument("--event-loop", "--server-loop", dest="server_loop",
                         choices=["uvloop", "asyncio"], default="uvloop")
     parser.add_argument("--runs", type=int, default=1)
-    args = parser.parse_args()
+    results.add_arguments(parser, "serving_drain")
+    args = parser.parse_args(argv)
     if args.serve:
         run_server(args.drain_delay_s, args.server_loop)
         return
-    for _ in range(args.runs):
+    start = results.Start.now()
+    figures: list[results.Figure] = []
+    for number in range(1, args.runs + 1):
         with asyncio.Runner(loop_factory=loop_factory("uvloop")) as runner:
-            print(json.dumps(runner.run(one_run(args))), flush=True)
+            run = runner.run(one_run(args))
+        print(json.dumps(run), flush=True)
+        outcomes = cast(dict[str, int], run["outcomes"])
+        what = f"run {number}, {args.connections} connections, {args.clients} clients"
+        figures += [
+            results.Figure(f"{what}: requests sent", cast(int, run["sent"]), ""),
+            results.Figure(f"{what}: answered", cast(int, run["answered"]), ""),
+            # The defect a drain must not have: a request that reached the server, no answer.
+            results.Figure(f"{what}: reset after sending (lost)",
+                           sum(n for k, n in outcomes.items() if k.rsplit(":", 1)[-1] == "reset"),
+                           "", results.Target("<=", 0))]
+    results.record(args, "serving_drain", start, figures)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from benchmarks import results
 from benchmarks.procstat import cpu_seconds
 from benchmarks.serving_load import LoadGenerator, raw_request
 from gpufrag.loops import loop_factory, new_event_loop
@@ -183,15 +184,17 @@ def measure(process: subprocess.Popen[bytes], port: int, payload: bytes,
         return runner.run(phase())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="per run")
     parser.add_argument("--serve", nargs=3, metavar=("STACK", "LOOP", "PORT"),
                         help=argparse.SUPPRESS)  # the child process's entry
-    args = parser.parse_args()
+    results.add_arguments(parser, "serving_http_stacks")
+    args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve[0], args.serve[1], int(args.serve[2]))
         return 0
+    start = results.Start.now()
     image = np.random.default_rng(0).random((1, 3, 32, 32), dtype=np.float32)
     request = encode_inputs({"input": image}, binary=True)
     payload = raw_request("127.0.0.1", "/v2/models/m/infer", request.body, request.headers())
@@ -206,10 +209,10 @@ def main() -> int:
                                          port)
         for _, port in children.values():
             _wait_listening(port)
-        results: dict[tuple[str, str], list[tuple[float, float]]] = {k: [] for k in children}
+        measured: dict[tuple[str, str], list[tuple[float, float]]] = {k: [] for k in children}
         for _ in range(3):
             for key, (process, port) in children.items():
-                results[key].append(measure(process, port, payload, args.seconds))
+                measured[key].append(measure(process, port, payload, args.seconds))
     finally:
         for process, _ in children.values():
             process.terminate()
@@ -219,11 +222,17 @@ def main() -> int:
     header = f"{'stack':>16} | {'loop':>7} | {'req/s':>7} | {'server CPU us/req':>17} | runs us"
     print(header)
     print("-" * len(header))
-    for (stack, loop), runs in results.items():
+    figures: list[results.Figure] = []
+    for (stack, loop), runs in measured.items():
         rate = float(np.median([r for r, _ in runs]))
         cpu = float(np.median([c for _, c in runs]))
         print(f"{stack:>16} | {loop:>7} | {rate:>7.0f} | {cpu:>17.1f} | "
               + "/".join(f"{c:.0f}" for _, c in runs))
+        # A comparison of stacks, no target: the figures say what each costs.
+        figures += [results.Figure(f"{stack} on {loop}: server CPU per request", round(cpu, 1),
+                                   "µs"),
+                    results.Figure(f"{stack} on {loop}: requests/s", round(rate), "req/s")]
+    results.record(args, "serving_http_stacks", start, figures)
     return 0
 
 

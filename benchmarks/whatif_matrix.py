@@ -24,6 +24,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from benchmarks import results
 from gpufrag.dataroot import ENV, data_root
 from scheduler.core import TargetWorkload
 from scheduler.core.types import NodeSpec, PodRequest
@@ -37,6 +38,7 @@ PAPER_TRACES = ("default", "cpu050", "cpu100", "cpu200", "cpu250",
                 "multigpu20", "multigpu30", "multigpu40", "multigpu50")
 PAPER_SEEDS = 10
 FULL = len(PAPER_TRACES) * len(POLICY_NAMES) * PAPER_SEEDS  # 1,020
+TARGET_S = 900.0  # the whole matrix on 2 cores
 
 _loaded: dict[str, tuple[list[NodeSpec], list[PodRequest], TargetWorkload]] = {}
 
@@ -62,14 +64,16 @@ def _replay(data: str, trace: str, policy: str,
             float(record.series("allocation", 131)[130]))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--data", type=Path, default=data_root() / "openb")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=PAPER_SEEDS)
     parser.add_argument("--traces", help="comma-separated subset of the paper's traces")
     parser.add_argument("--policies", help="comma-separated subset of the policies")
-    args = parser.parse_args()
+    results.add_arguments(parser, "whatif_matrix")
+    args = parser.parse_args(argv)
+    start = results.Start.now()
     wanted = args.traces.split(",") if args.traces else list(PAPER_TRACES)
     policies = args.policies.split(",") if args.policies else list(POLICY_NAMES)
     unknown = [t for t in wanted if t not in PAPER_TRACES] + [
@@ -87,31 +91,43 @@ def main() -> int:
     print(f"running {len(runs)} replays: {len(present)} traces ({', '.join(present)}) x "
           f"{len(policies)} policies x {args.seeds} seeds, {args.jobs} processes", flush=True)
     started = time.perf_counter()
-    results = []
+    replays = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [pool.submit(_replay, str(args.data), *run) for run in runs]
         for fut in as_completed(futures):
-            results.append(fut.result())
+            replays.append(fut.result())
     wall = time.perf_counter() - started
-    cpu_total = sum(r[4] for r in results)
+    cpu_total = sum(r[4] for r in replays)
     print(f"\nmeasured: {len(runs)} replays in {wall:.1f} s wall on {args.jobs} processes "
           f"({wall / len(runs):.3f} s of wall per replay), {cpu_total:.1f} s of CPU in all; "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the end")
     for trace in present:
-        mine = [r for r in results if r[0] == trace]
+        mine = [r for r in replays if r[0] == trace]
         print(f"  {trace:<12} {len(mine):>4} replays: {sum(r[3] for r in mine) / len(mine):.2f} s "
               f"wall, {sum(r[4] for r in mine) / len(mine):.2f} s CPU each (load excluded)")
+    figures = [
+        results.Figure(f"{len(runs)} replays measured, wall on {args.jobs} processes",
+                       round(wall, 1), "s"),
+        results.Figure(f"{len(runs)} replays measured, CPU in all", round(cpu_total, 1), "s")]
     if len(runs) == FULL:
-        print(f"the whole matrix ({FULL} replays): {wall:.1f} s wall (target: <= 900 s)")
+        print(f"the whole matrix ({FULL} replays): {wall:.1f} s wall (target: <= {TARGET_S:g} s)")
+        figures.append(results.Figure(f"the whole matrix ({FULL} replays), wall",
+                                      round(wall, 1), "s", results.Target("<=", TARGET_S)))
     else:
         estimate = wall * FULL / len(runs)
         print(f"EXTRAPOLATED whole matrix ({FULL} replays = {len(PAPER_TRACES)} traces x "
               f"{len(POLICY_NAMES)} policies x {PAPER_SEEDS} seeds) from these {len(runs)}: "
-              f"~{estimate:.0f} s wall on {args.jobs} processes (target: <= 900 s)")
+              f"~{estimate:.0f} s wall on {args.jobs} processes (target: <= {TARGET_S:g} s)")
         print(f"  CPU-bound estimate on {args.jobs} otherwise idle cores: "
               f"~{cpu_total * FULL / len(runs) / args.jobs:.0f} s (the measured CPU per replay)")
         if absent:
             print(f"  not under {args.data}, so not measured: {', '.join(absent)}")
+        figures.append(results.Figure(
+            f"the whole matrix ({FULL} replays), wall EXTRAPOLATED from the {len(runs)} "
+            "measured", round(estimate), "s", results.Target("<=", TARGET_S)))
+    results.record(args, "whatif_matrix", start, figures,
+                   [f"traces measured: {', '.join(present)}"]
+                   + ([f"traces absent, not measured: {', '.join(absent)}"] if absent else []))
     return 0
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import results
 from benchmarks.extender_latency import (
     build_cluster,
     call,
@@ -152,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
+    results.add_arguments(parser, "wsgi_servers")
     args = parser.parse_args(argv)
+    start = results.Start.now()
     servers = ["gpufrag", "gunicorn", "granian"]
     for name in ("gunicorn", "granian"):
         if importlib.util.find_spec(name) is None:
@@ -161,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             servers.remove(name)
     starters = {"gunicorn": start_gunicorn, "granian": start_granian}
-    results = {}
+    measured = {}
     with tempfile.TemporaryDirectory(prefix="gpufrag-bench-") as folder:
         cluster = build_cluster(args.size, 0.75, args.seed, Path(folder))
         for name in servers:
@@ -176,15 +179,27 @@ def main(argv: list[str] | None = None) -> int:
                 probe_s = probe_while_stalled(port, 2 * args.threads)
             finally:
                 stop_server(server)
-            results[name] = (kept, fresh, rps, probe_s)
+            measured[name] = (kept, fresh, rps, probe_s)
     print(f"the extender's app, {args.size} nodes, filter (decide), {os.cpu_count()} CPUs, "
           f"{args.threads} threads, log level info:")
     print(f"  {'server':<10} {'keep-alive p50/p99 ms':>22} {'new conn. p50/p99 ms':>21} "
           f"{'req/s (4 clients, half new conn.)':>34}  {'probe, stalled bodies':>21}")
-    for name, (kept, fresh, rps, probe_s) in results.items():
+    figures: list[results.Figure] = []
+    for name, (kept, fresh, rps, probe_s) in measured.items():
         print(f"  {name:<10} {ms(kept, 50):>10.2f} / {ms(kept, 99):<9.2f} "
               f"{ms(fresh, 50):>9.2f} / {ms(fresh, 99):<9.2f} {rps:>20.0f} "
-              f"({rps / results['gpufrag'][2]:.2f} x gpufrag) {probe_s * 1000:>12.0f} ms")
+              f"({rps / measured['gpufrag'][2]:.2f} x gpufrag) {probe_s * 1000:>12.0f} ms")
+        figures += [
+            results.Figure(f"{name}: keep-alive p50", round(ms(kept, 50), 2), "ms"),
+            results.Figure(f"{name}: keep-alive p99", round(ms(kept, 99), 2), "ms"),
+            results.Figure(f"{name}: new connection p99", round(ms(fresh, 99), 2), "ms"),
+            results.Figure(f"{name}: requests/s, {args.clients} clients", round(rps), "req/s"),
+            # The product must answer a probe while slow clients hold connections; the other
+            # servers are measured beside it, not judged.
+            results.Figure(f"{name}: a probe while {2 * args.threads} clients hold half-sent "
+                           "bodies", round(probe_s * 1000, 1), "ms",
+                           results.Target("<=", 2000.0) if name == "gpufrag" else None)]
+    results.record(args, "wsgi_servers", start, figures)
     return 0
 
 

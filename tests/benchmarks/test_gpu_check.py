@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.gpu_check import compare_inventories, main, nvidia_smi_inventory, targets
+from benchmarks.results import Results
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlReader
 from node.deviceplugin.inventory import Gpu
 from tests import skips
@@ -29,7 +30,7 @@ def test_the_cpu_half_runs_and_says_what_it_skipped(tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
     code = main(["--out", str(out), "--sizes", "1,2", "--seconds", "0.4",
-                 "--cache", str(tmp_path / "cache")])
+                 "--cache", str(tmp_path / "cache"), "--results", str(tmp_path / "r.json")])
     stdout = capsys.readouterr().out
     assert code == 0, stdout
     report = json.loads((out / "report.json").read_text())
@@ -65,6 +66,10 @@ def test_the_cpu_half_runs_and_says_what_it_skipped(tmp_path: Path,
     assert verdicts["p99"]["met"] is None and verdicts["batch"]["met"] is None  # no 8, no 32
     assert verdicts["GPU"]["met"] is None  # no GPU: no memory readings
     assert "| GPU memory growth alarm silent over 10,000 batches | 0 alarms over" in markdown
+    # Issue 29's targets are for a GPU: a CPU half records its figures and judges none.
+    recorded = Results.from_json((tmp_path / "r.json").read_text(encoding="utf-8"))
+    assert recorded.verdict == "no target"
+    assert "serving: ran" in recorded.notes and len(recorded.figures) == 6
 
 
 SMI = """<?xml version="1.0" ?>
