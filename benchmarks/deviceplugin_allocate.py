@@ -200,9 +200,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 core: Any = kubernetes.client.CoreV1Api(plane.api_client())  # dict bodies
                 for body in bodies:
                     meta = body["metadata"]
-                    core.create_namespaced_pod("default", {
-                        "metadata": {"name": meta["name"], "annotations": meta["annotations"]},
+                    # The API server gives each pod its own UID, and the record is bound to
+                    # it: sign it once the pod exists, as the extender signs at bind.
+                    created = core.create_namespaced_pod("default", {
+                        "metadata": {"name": meta["name"], "annotations": {
+                            ANNOTATION_GPU_INDICES: meta["annotations"][ANNOTATION_GPU_INDICES]}},
                         "spec": body["spec"]})
+                    gpus_text = meta["annotations"][ANNOTATION_GPU_INDICES]
+                    core.patch_namespaced_pod(meta["name"], "default", {"metadata": {
+                        "annotations": {ANNOTATION_GPU_RECORD: SIGNER.sign(
+                            uid=created.metadata.uid, node=NODE, gpus_text=gpus_text)}}})
                 api = plane.new_api_client()
                 cache = NodePods(DEFAULT_NAMES, annotation_allocated=ANNOTATION_GPU_ALLOCATED)
                 watcher = KubeNodePods(api, NODE, cache)
