@@ -51,7 +51,7 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, Final
@@ -291,14 +291,12 @@ def _found(archive: Path, ref: str, key: str, started: float) -> BuiltImage | No
                       archive.stat().st_size)
 
 
-def build_base(packages: Sequence[str] = BASE_PACKAGES, prefix: str = "base") -> BuiltImage:
-    """The Debian base with ``packages`` as an OCI archive (cached by :func:`base_key`, as
-    ``<prefix>-<key>.oci.tar``): the runtime base by default, the build stage's with
-    :func:`build_build_base`."""
-    started = time.monotonic()
-    key = base_key(packages)
-    root = cache_root()
-    archive, ref = root / f"{prefix}-{key}.oci.tar", f"{BASE_NAME}:{key}"
+def _cached_or_built(root: Path, prefix: str, ref: str, key: str, started: float,
+                     build: Callable[[Path], BuiltImage]) -> BuiltImage:
+    """The archive ``<prefix>-<key>.oci.tar`` under ``root`` when it is there; else ``build``
+    makes it, one builder per entry (a second caller waits on the entry's lock, then finds
+    what the first made)."""
+    archive = root / f"{prefix}-{key}.oci.tar"
     found = _found(archive, ref, key, started)
     if found is not None:
         return found
@@ -306,6 +304,19 @@ def build_base(packages: Sequence[str] = BASE_PACKAGES, prefix: str = "base") ->
         found = _found(archive, ref, key, started)  # made while this caller waited
         if found is not None:
             return found
+        return build(archive)
+
+
+def build_base(packages: Sequence[str] = BASE_PACKAGES, prefix: str = "base") -> BuiltImage:
+    """The Debian base with ``packages`` as an OCI archive (cached by :func:`base_key`, as
+    ``<prefix>-<key>.oci.tar``): the runtime base by default, the build stage's with
+    :func:`build_build_base`."""
+    started = time.monotonic()
+    key = base_key(packages)
+    root = cache_root()
+    ref = f"{BASE_NAME}:{key}"
+
+    def build(archive: Path) -> BuiltImage:
         with tempfile.TemporaryDirectory(prefix=f"gpufrag-{prefix}-", dir=root) as tmp, \
                 (root / f"{prefix}-{key}.log").open("w") as out:
             rootfs = Path(tmp) / "rootfs.tar"
@@ -317,8 +328,10 @@ def build_base(packages: Sequence[str] = BASE_PACKAGES, prefix: str = "base") ->
                 "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
                 "Cmd": ["/bin/sh"]})
         _prune(root, f"{prefix}-*.oci.tar", archive)
-    return BuiltImage(archive, ref, key, True, time.monotonic() - started,
-                      archive.stat().st_size)
+        return BuiltImage(archive, ref, key, True, time.monotonic() - started,
+                          archive.stat().st_size)
+
+    return _cached_or_built(root, prefix, ref, key, started, build)
 
 
 def build_build_base() -> BuiltImage:
@@ -335,17 +348,10 @@ def build_image(repo: Path = REPO_ROOT, variant: Variant = CLUSTER) -> BuiltImag
     base = build_base()
     build = build_build_base()
     key = image_key(f"{base.key}:{build.key}", repo, variant)
-    root = cache_root()
-    archive = root / f"{variant.archive_prefix}-{key}.oci.tar"
     ref = f"{variant.image_name}:{key}"
-    found = _found(archive, ref, key, started)
-    if found is not None:
-        return found
-    with exclusive(root / f"{variant.archive_prefix}-{key}.lock"):
-        found = _found(archive, ref, key, started)  # made while this caller waited
-        if found is not None:
-            return found
-        return _buildah(repo, variant, base, build, archive, ref, key, started)
+    return _cached_or_built(
+        cache_root(), variant.archive_prefix, ref, key, started,
+        lambda archive: _buildah(repo, variant, base, build, archive, ref, key, started))
 
 
 def _buildah(repo: Path, variant: Variant, base: BuiltImage, build: BuiltImage, archive: Path,
@@ -395,32 +401,33 @@ def build_profiler_image(repo: Path = REPO_ROOT) -> BuiltImage:
     base = build_base()
     key = profiler_key(base.key, repo)
     root = cache_root()
-    archive, ref = root / f"profiler-{key}.oci.tar", f"{PROFILER_IMAGE_NAME}:{key}"
-    found = _found(archive, ref, key, started)
-    if found is not None:
-        return found
-    with tempfile.TemporaryDirectory(prefix="gpufrag-profiler-", dir=root) as tmp, \
-            (root / f"profiler-{key}.log").open("w") as out:
-        wheels = Path(tmp) / "wheels"
-        _run("pip download", [sys.executable, "-m", "pip", "download", "--require-hashes",
-                              "--no-deps", "--only-binary=:all:",
-                              f"--platform={PROFILER_PLATFORM}", f"--dest={wheels}",
-                              "--disable-pip-version-check", "-r", str(repo / PROFILER_LOCK)],
-             log=out)
-        base_layer = Path(tmp) / "base-layer.tar"
-        with tarfile.open(base.archive) as outer, base_layer.open("wb") as f:
-            (layer,) = _manifest(outer)["layers"]
-            shutil.copyfileobj(_member(outer, _blob_name(layer["digest"])), f)
-        with tarfile.open(base.archive) as outer:
-            config = json.load(_member(outer, _blob_name(_manifest(outer)["config"]["digest"])))
-        write_oci_archive(archive, ref, [base_layer, _py_spy_layer(wheels)], {
-            **config["config"],
-            "Labels": {"org.opencontainers.image.title": "gpufrag-profiler",
-                       "org.opencontainers.image.description":
-                           "py-spy beside a gpufrag process (kubectl debug --target)"}})
-    _prune(root, "profiler-*.oci.tar", archive)
-    return BuiltImage(archive, ref, key, True, time.monotonic() - started,
-                      archive.stat().st_size)
+    ref = f"{PROFILER_IMAGE_NAME}:{key}"
+
+    def build(archive: Path) -> BuiltImage:
+        with tempfile.TemporaryDirectory(prefix="gpufrag-profiler-", dir=root) as tmp, \
+                (root / f"profiler-{key}.log").open("w") as out:
+            wheels = Path(tmp) / "wheels"
+            _run("pip download", [sys.executable, "-m", "pip", "download", "--require-hashes",
+                                  "--no-deps", "--only-binary=:all:",
+                                  f"--platform={PROFILER_PLATFORM}", f"--dest={wheels}",
+                                  "--disable-pip-version-check", "-r", str(repo / PROFILER_LOCK)],
+                 log=out)
+            base_layer = Path(tmp) / "base-layer.tar"
+            with tarfile.open(base.archive) as outer, base_layer.open("wb") as f:
+                (layer,) = _manifest(outer)["layers"]
+                shutil.copyfileobj(_member(outer, _blob_name(layer["digest"])), f)
+            with tarfile.open(base.archive) as outer:
+                config = json.load(_member(outer, _blob_name(_manifest(outer)["config"]["digest"])))
+            write_oci_archive(archive, ref, [base_layer, _py_spy_layer(wheels)], {
+                **config["config"],
+                "Labels": {"org.opencontainers.image.title": "gpufrag-profiler",
+                           "org.opencontainers.image.description":
+                               "py-spy beside a gpufrag process (kubectl debug --target)"}})
+        _prune(root, "profiler-*.oci.tar", archive)
+        return BuiltImage(archive, ref, key, True, time.monotonic() - started,
+                          archive.stat().st_size)
+
+    return _cached_or_built(root, "profiler", ref, key, started, build)
 
 
 def _py_spy_layer(wheels: Path) -> bytes:
