@@ -12,6 +12,9 @@ loop:
 - ``aiohttp-lowlevel``: aiohttp's low-level ``web.Server`` (one handler, no router);
 - ``httptools``: ``asyncio.Protocol`` + httptools' parser (the parser uvicorn uses), the
   response written as bytes: roughly the floor for an HTTP/1.1 server in Python;
+- ``uvicorn``: a bare ASGI app (read the body, send the answer) on uvicorn with httptools, the
+  server every other gpufrag listener runs on (gpufrag/httpserve.py): what serve's front end
+  would cost on it before any of serve's own work;
 - ``gpufrag-serve``: not a bare stack but the whole server without a model: the real front end
   (``serving/frontend.py``), routes, v2 parsing and checks, the batcher (max batch 32, no queue
   delay), response encoding and metrics, over a backend that answers zeros at no cost. Its CPU
@@ -51,7 +54,7 @@ from serving.metrics import ServingMetrics
 from serving.protocol import ModelInfo
 from serving.tensors import TensorSpec
 
-STACKS = ("aiohttp-app", "aiohttp-lowlevel", "httptools", "gpufrag-serve")
+STACKS = ("aiohttp-app", "aiohttp-lowlevel", "httptools", "uvicorn", "gpufrag-serve")
 LOOPS = ("uvloop", "asyncio")
 HEADER = b'{"model_name":"m","model_version":"1","outputs":[{"name":"logits","datatype":"FP32",' \
          b'"shape":[1,10],"parameters":{"binary_data_size":40}}]}'
@@ -107,6 +110,26 @@ async def _serve_httptools(port: int) -> None:
     await asyncio.Event().wait()
 
 
+async def _serve_uvicorn(port: int) -> None:
+    import uvicorn
+
+    headers = [(b"content-type", b"application/octet-stream"),
+               (b"inference-header-content-length", str(len(HEADER)).encode()),
+               (b"content-length", str(len(ANSWER)).encode())]
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        more = True
+        while more:
+            more = (await receive()).get("more_body", False)
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": ANSWER})
+
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, http="httptools", ws="none",
+                            lifespan="off", interface="asgi3", loop="none", log_config=None,
+                            access_log=False, server_header=False, date_header=False)
+    await uvicorn.Server(config).serve()
+
+
 class ZeroCostBackend:
     """resnet-small's inputs and outputs, answered with zeros: the server without a model."""
 
@@ -140,6 +163,7 @@ async def _serve_gpufrag(port: int) -> None:
 
 def serve(stack: str, loop: str, port: int) -> None:
     main = (_serve_httptools(port) if stack == "httptools"
+            else _serve_uvicorn(port) if stack == "uvicorn"
             else _serve_gpufrag(port) if stack == "gpufrag-serve"
             else _serve_aiohttp(port, lowlevel=stack == "aiohttp-lowlevel"))
     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:

@@ -1,5 +1,5 @@
-"""Why the extender is served by Hypercorn: its Flask app on the candidate WSGI servers, side
-by side on the same snapshot, for kube-scheduler's traffic (many short POSTs, about half on a
+"""Why the extender is served by uvicorn: its Flask app on the candidate servers, side by side
+on the same snapshot, for kube-scheduler's traffic (many short POSTs, about half on a
 new connection: kube-scheduler keeps only two idle connections to an extender) and for slow
 clients.
 
@@ -11,8 +11,11 @@ for every other request, and how long a ``GET /readyz`` waits while twice as man
 the server has threads each hold a half-sent body (the slow-client case: a server that gives
 each request a thread while its body arrives stalls here until the bodies time out). The app,
 its state and the request bodies are the same; only the server differs. ``gpufrag`` is the
-product (``gpufrag extender``, Hypercorn through :mod:`gpufrag.httpserve`); gunicorn (gthread)
-and granian (WSGI) are measured here only, when installed, and their rows left out otherwise.
+product (``gpufrag extender``: uvicorn on httptools, through :mod:`gpufrag.httpserve`, behind
+its gateway and connection door). The others are measured here only, when installed, and
+their rows left out otherwise: the same gateway (bodies read within their deadline, then the
+WSGI app) on Hypercorn, the server gpufrag used before (``hypercorn``), and on granian's ASGI
+(``granian-asgi``); and the WSGI app straight on gunicorn (gthread) and granian (WSGI).
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 
@@ -43,8 +48,11 @@ from benchmarks.extender_latency import (
     stop_server,
     wait_ready,
 )
+from gpufrag.httpserve import Gateway
+from scheduler.extender.app import inline_verbs
 from scheduler.extender.config import load_config
 from scheduler.extender.runtime import snapshot_runtime
+from scheduler.extender.server import limits
 from scheduler.kube.snapshot import read_snapshot
 
 SNAPSHOT_ENV = "GPUFRAG_BENCH_SNAPSHOT"
@@ -57,6 +65,57 @@ def granian_app() -> object:
     runtime = snapshot_runtime(read_snapshot(os.environ[SNAPSHOT_ENV]), config)
     runtime.start()
     return runtime.app
+
+
+def gateway_app() -> Gateway:
+    """The same app behind the same gateway as ``gpufrag extender`` serves it (the verbs'
+    limits, filter and prioritize answered inline), for a reference ASGI server to run
+    (granian's ``--factory`` target, and Hypercorn's below)."""
+    config = load_config(overrides=[("bind.enabled", "false"), ("hints.enabled", "false")])
+    runtime = snapshot_runtime(read_snapshot(os.environ[SNAPSHOT_ENV]), config)
+    runtime.start()
+    server = config.server
+    return Gateway(runtime.app, limits(server),
+                   ThreadPoolExecutor(server.threads, thread_name_prefix="verbs"),
+                   inline=inline_verbs(server.url_prefix))
+
+
+def serve_hypercorn(port: int) -> None:
+    """Serve :func:`gateway_app` on Hypercorn (``--serve-hypercorn PORT``), the extender's
+    settings as they were when it served them."""
+    from hypercorn.asyncio import serve  # measured only where installed
+    from hypercorn.config import Config
+
+    from gpufrag.loops import new_event_loop
+
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.keep_alive_timeout = 75.0
+    config.include_server_header = False
+    config.accesslog = None
+    app = gateway_app()
+    loop = new_event_loop(choice="auto")
+    # (Hypercorn's ASGI type and the gateway's signature differ only in their annotations.)
+    loop.run_until_complete(serve(cast(Any, app), config, mode="asgi"))
+
+
+def start_hypercorn(snapshot: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "benchmarks.wsgi_servers", "--serve-hypercorn", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True, env={**os.environ,
+                                                           SNAPSHOT_ENV: str(snapshot)})
+    return wait_ready(server, port, 600, "hypercorn")
+
+
+def start_granian_asgi(snapshot: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "granian", "--interface", "asgi", "--factory",
+               "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+               "--no-access-log", "--log-level", "warning", "--loop", "uvloop",
+               "benchmarks.wsgi_servers:gateway_app"]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True, env={**os.environ,
+                                                           SNAPSHOT_ENV: str(snapshot)})
+    return wait_ready(server, port, 600, "granian (ASGI)")
 
 
 def start_gunicorn(snapshot: Path, port: int, threads: int) -> subprocess.Popen[bytes]:
@@ -153,17 +212,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=5.0)
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--serve-hypercorn", type=int, metavar="PORT", help=argparse.SUPPRESS)
     results.add_arguments(parser, "wsgi_servers")
     args = parser.parse_args(argv)
+    if args.serve_hypercorn is not None:
+        serve_hypercorn(args.serve_hypercorn)
+        return 0
     start = results.Start.now()
-    servers = ["gpufrag", "gunicorn", "granian"]
-    for name in ("gunicorn", "granian"):
-        if importlib.util.find_spec(name) is None:
-            print(f"wsgi_servers: {name} is not installed (pip install {name}; it is measured "
-                  "here only, not a dependency of gpufrag): its row is left out",
+    modules = {"hypercorn": "hypercorn", "granian-asgi": "granian", "gunicorn": "gunicorn",
+               "granian": "granian"}
+    servers = ["gpufrag", *modules]
+    for name, module in modules.items():
+        if importlib.util.find_spec(module) is None:
+            print(f"wsgi_servers: {module} is not installed (pip install {module}; it is "
+                  "measured here only, not a dependency of gpufrag): its row is left out",
                   file=sys.stderr)
             servers.remove(name)
-    starters = {"gunicorn": start_gunicorn, "granian": start_granian}
+    starters = {"hypercorn": start_hypercorn, "granian-asgi": start_granian_asgi,
+                "gunicorn": start_gunicorn, "granian": start_granian}
     measured = {}
     with tempfile.TemporaryDirectory(prefix="gpufrag-bench-") as folder:
         cluster = build_cluster(args.size, 0.75, args.seed, Path(folder))
@@ -182,11 +248,11 @@ def main(argv: list[str] | None = None) -> int:
             measured[name] = (kept, fresh, rps, probe_s)
     print(f"the extender's app, {args.size} nodes, filter (decide), {os.cpu_count()} CPUs, "
           f"{args.threads} threads, log level info:")
-    print(f"  {'server':<10} {'keep-alive p50/p99 ms':>22} {'new conn. p50/p99 ms':>21} "
+    print(f"  {'server':<12} {'keep-alive p50/p99 ms':>22} {'new conn. p50/p99 ms':>21} "
           f"{'req/s (4 clients, half new conn.)':>34}  {'probe, stalled bodies':>21}")
     figures: list[results.Figure] = []
     for name, (kept, fresh, rps, probe_s) in measured.items():
-        print(f"  {name:<10} {ms(kept, 50):>10.2f} / {ms(kept, 99):<9.2f} "
+        print(f"  {name:<12} {ms(kept, 50):>10.2f} / {ms(kept, 99):<9.2f} "
               f"{ms(fresh, 50):>9.2f} / {ms(fresh, 99):<9.2f} {rps:>20.0f} "
               f"({rps / measured['gpufrag'][2]:.2f} x gpufrag) {probe_s * 1000:>12.0f} ms")
         figures += [

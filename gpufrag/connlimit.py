@@ -1,17 +1,15 @@
 """A listener's door: how many connections it holds at once, and how long a request's headers
 may take to arrive, for every listener of the project (:mod:`gpufrag.httpserve`).
 
-Why: each connection a server holds costs memory whatever its client does (Hypercorn's
-per-connection task and parser, the stream reader, and the incomplete request headers it
-buffers), so without a cap any pod that reaches a port can hold enough slow connections to
-run the process past its memory limit: 3,000 of them cost ~246 MiB on a probe listener, past
-the device plugin's 256 Mi. Hypercorn 0.18 bounds the bytes of an incomplete request's
-headers (``h11_max_incomplete_size``) and how long a connection may sit idle
-(``keep_alive_timeout``), but has no setting for how many connections it holds, and none for
-how long a request's headers may take: its idle timer runs from the connection's opening or
-previous answer for the whole keep-alive (75 s on the verbs, for kube-scheduler's idle
-connections), and its ``read_timeout`` is per read, so a client that sends a byte a second
-stays.
+Why: each connection a server holds costs memory whatever its client does (the server's
+per-connection protocol and parser, and the incomplete request headers it buffers), so
+without a cap any pod that reaches a port can hold enough slow connections to run the process
+past its memory limit: 3,000 of them cost ~246 MiB on a probe listener, past the device
+plugin's 256 Mi. uvicorn bounds how long a connection may sit idle between requests
+(``timeout_keep_alive``), but has no setting for how many connections it holds, none for how
+long a request's headers may take (its keep-alive timer stops at a request's first byte, so a
+client that sends a byte a second stays), and its parser (llhttp) none for how many bytes of
+headers it keeps.
 
 How, with public APIs only: the project's servers run on event loops of their own, and such a
 loop hands the protocol factory of each listener started on it to :meth:`Connections.wrap`
@@ -27,19 +25,21 @@ before the server does:
   keeps the count and the deadline.
 - **Headers on time**: a request's line and headers must be in within
   :attr:`Connections.header_timeout_s` of the connection's opening, or of the first byte
-  that follows the previous answer; else the connection is closed unanswered. Only the HTTP
-  parser knows where headers end, and Hypercorn's tells the app, so the app (the gateway)
+  that follows the previous answer; else the connection is closed unanswered. The HTTP
+  parser knows where headers end and tells the app, so the app (the gateway)
   says when a request starts and when it is answered (:meth:`Connections.request_started`,
   :meth:`Connections.request_finished`, with the request's ASGI scope, whose client and
   server addresses name the connection). A connection kept open between requests sends
   nothing: closing it is the keep-alive's business.
+- **Headers of bounded size**: until a request's headers end (their blank line), the door
+  counts its bytes; past :attr:`Connections.max_header_bytes` unfinished, it answers 431 and
+  closes, and the parser never sees more of them. While a request is in flight its connection
+  is the server's (its body is bounded by the gateway, in size and time).
 - **A place is given back when the connection is gone**: the server ended it (an answer with
   ``Connection: close``, the keep-alive's end, an error), it broke, or the client closed its
-  side with no request in flight. Hypercorn 0.18 notices a client's close of an idle
-  kept-alive connection only when the keep-alive ends, and keeps a little of the connection's
-  state (its task) until then; counting the place as long would lock out every client that
-  closes first once ``max_connections`` of them had come within a keep-alive, so the place
-  is given back at the client's close, and that state is bounded by the keep-alive.
+  side with no request in flight (a server that noticed such a close only when its
+  keep-alive ended, as the one before uvicorn did, would otherwise lock out every client that
+  closes first once ``max_connections`` of them had come within a keep-alive).
 
 TLS: the door begins the handshake on a connection paused in ``connection_made``, which the
 standard library's loop honours (CPython gh-103607) and uvloop does not (it starts reading as
@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from http import HTTPStatus
 from typing import Any, cast
 
 import structlog
@@ -82,17 +83,30 @@ class Connections:
     for headers past the deadline) are what a test or a metric reads."""
 
     def __init__(self, *, max_connections: int, header_timeout_s: float,
+                 max_header_bytes: int = 16 * 1024, handshake_timeout_s: float | None = None,
                  name: str = "http") -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections is {max_connections}: at least 1")
         if not header_timeout_s > 0:
             raise ValueError(f"header_timeout_s is {header_timeout_s}: more than 0")
+        if max_header_bytes < 1:
+            raise ValueError(f"max_header_bytes is {max_header_bytes}: at least 1")
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s
+        self.max_header_bytes = max_header_bytes
+        # A TLS handshake's deadline where the server starting the listener names none.
+        self.handshake_timeout_s = handshake_timeout_s
+        # The answer to headers that pass max_header_bytes unfinished, written by the door.
+        message = f"request headers over {max_header_bytes} bytes\n".encode()
+        self.too_large = (
+            f"HTTP/1.1 431 {HTTPStatus(431).phrase}\r\n"
+            "content-type: text/plain; charset=utf-8\r\n"
+            f"content-length: {len(message)}\r\nconnection: close\r\n\r\n").encode() + message
         self.name = name
         self.held = 0
         self.refused = 0
         self.late = 0
+        self.oversized = 0
         self._doors: dict[Peer, Door] = {}
         self._refused_logged = 0
         self._next_full_log = float("-inf")
@@ -170,6 +184,11 @@ class Door(asyncio.Protocol):
         self._early_eof = False
         self._requests = 0  # requests started and not yet answered
         self._deadline: asyncio.TimerHandle | None = None
+        # The next request's line and headers so far: bytes read, whether their end (the
+        # blank line) has come, and the last bytes read (an end split over two reads).
+        self._head = 0
+        self._head_done = False
+        self._tail = b""
 
     # -------------------------------------------------------------- the transport's calls
 
@@ -206,6 +225,9 @@ class Door(asyncio.Protocol):
             return
         if self._requests == 0:
             self._arm()
+            if not self._head_done and not self._head_within(data):
+                self._refuse_head()
+                return
         self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -213,12 +235,10 @@ class Door(asyncio.Protocol):
             self._early_eof = True
             return None
         if self._requests == 0:
-            # The client closed its side with no request in flight: it is gone. Hypercorn
-            # ends such a connection only when its keep-alive runs out (75 s on the verbs),
-            # and counting it until then would lock out clients that close first (curl, a
-            # blackbox probe, any client without keep-alive) after max_connections requests.
-            # Its place is given back now; what Hypercorn keeps of it until then (a task, a
-            # few KiB) is bounded by the keep-alive, as before there was a cap.
+            # The client closed its side with no request in flight: it is gone, and its place
+            # is given back now, whenever the server ends the connection: counting it until
+            # a keep-alive ran out would lock out clients that close first (curl, a blackbox
+            # probe, any client without keep-alive) after max_connections requests.
             self._disarm()
             self._release()
         return self._inner.eof_received()
@@ -248,6 +268,8 @@ class Door(asyncio.Protocol):
 
     def request_finished(self) -> None:
         self._requests = max(0, self._requests - 1)
+        if self._requests == 0:
+            self._head, self._head_done, self._tail = 0, False, b""
 
     # ------------------------------------------------------------------------------ inside
 
@@ -259,7 +281,8 @@ class Door(asyncio.Protocol):
         try:
             transport = await self._loop.start_tls(
                 raw, self, tls.context, server_side=True,
-                ssl_handshake_timeout=tls.handshake_timeout_s,
+                ssl_handshake_timeout=(tls.handshake_timeout_s
+                                       or self._connections.handshake_timeout_s),
                 ssl_shutdown_timeout=tls.shutdown_timeout_s)
         except OSError:  # a failed or late handshake, a client gone: the client's doing
             pass
@@ -289,6 +312,26 @@ class Door(asyncio.Protocol):
             inner.data_received(data)
         if self._early_eof and not inner.eof_received():
             transport.close()
+
+    def _head_within(self, data: bytes) -> bool:
+        """Count ``data`` toward the next request's line and headers: False once they pass
+        ``max_header_bytes`` with their end not yet read. (Headers that end within the read
+        that passes the bound are the gateway's to refuse: the parser has them whole.)"""
+        seen = self._tail + data
+        if seen.find(b"\r\n\r\n") >= 0:
+            self._head_done = True
+            return True
+        self._head += len(data)
+        self._tail = seen[-3:]
+        return self._head <= self._connections.max_header_bytes
+
+    def _refuse_head(self) -> None:
+        """Answer 431 and close: the headers would grow past the bound in the parser."""
+        self._connections.oversized += 1
+        self._disarm()
+        if self._transport is not None and not self._lost:
+            self._transport.write(self._connections.too_large)
+            self._transport.close()
 
     def _arm(self) -> None:
         if (self._deadline is None and self._requests == 0 and self._transport is not None

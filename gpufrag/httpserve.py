@@ -1,16 +1,19 @@
 """Serving a WSGI app over HTTP/1.1: the one way every gpufrag component listens (the
 extender's verbs and probes, the admission webhook, the node agent's and device plugin's
-probes), on Hypercorn, a maintained asyncio server.
+probes), on uvicorn with httptools, a maintained asyncio server on a native (llhttp) parser.
 
-Why Hypercorn: a slow client must not take the server from everyone else. In thread-per-
-connection WSGI servers (gunicorn's gthread, cheroot, granian's WSGI) a request whose body
-stalls holds a thread until its socket times out, so a few such clients block the probes and
-the verbs; measured here with four threads and eight stalled bodies, a health check waited
-past 5 s on each of them, and 6 ms on Hypercorn (docs/extender.md, "The server"). Hypercorn
-reads and parses on its event loop (h11), so a connection costs a coroutine, not a thread.
-Waitress buffers as well but has no TLS.
+Why uvicorn: measured side by side (``benchmarks/wsgi_servers.py``, docs/extender.md, "The
+server"), on the extender's own app and traffic. A slow client must not take the server from
+everyone else: in thread-per-connection WSGI servers (gunicorn's gthread, cheroot, granian's
+WSGI) a request whose body stalls holds a thread until its socket times out, so a few such
+clients block the probes and the verbs. An asyncio server reads and parses on its event loop,
+so a connection costs a coroutine, not a thread. Of those, Hypercorn (which served here
+before) parses with h11 in Python and wrote each answer's head and body apart; uvicorn's
+parser is C, which is what the extender's short requests spend most of a server's time on.
+Granian (Rust) parses natively too, but runs the app's loop in a worker of its own, so the
+project's connection door (below) and reloading TLS context cannot stand in front of it.
 
-What Hypercorn leaves to the app, this module's :class:`Gateway` does, in front of the app:
+What uvicorn leaves to the app, this module's :class:`Gateway` does, in front of the app:
 
 - **The whole body is read before the app runs**, within ``read_timeout_s`` of the headers
   (however slowly it trickles: the deadline is for the body, not each read), so the app's
@@ -38,19 +41,19 @@ What Hypercorn leaves to the app, this module's :class:`Gateway` does, in front 
   ``close`` runs once it is sent (PEP 3333), so what the app holds for it lasts until then.
 
 Before any of that, the connection itself is bounded, since each one held costs memory
-whatever its client sends (:mod:`gpufrag.connlimit`, standing in front of Hypercorn on the
+whatever its client sends (:mod:`gpufrag.connlimit`, standing in front of uvicorn on the
 server's own event loop):
 
 - **At most ``max_connections`` at once** (a TLS handshake in progress counts): one more is
   closed as soon as it is accepted, unread and with no handshake; those held are answered as
   before. Each listener kind has its own cap: few for the probes, more for the verbs.
-- **Request headers of at most ``max_header_bytes``** (line and headers): Hypercorn's parser
-  keeps no more of an incomplete request than that (``h11_max_incomplete_size``; HTTP/2's
-  ``h2_max_header_list_size`` alike) and answers 431, and one that arrived whole in one read
-  past it is answered 431 here.
+- **Request headers of at most ``max_header_bytes``** (line and headers): the door counts
+  a request's bytes until the blank line that ends its headers and answers 431 once they pass
+  the bound unfinished (llhttp keeps no bound of its own); headers that arrived whole in one
+  read past it are answered 431 here.
 - **Within ``header_timeout_s``** of the connection's opening, or of the first byte after the
   previous answer; else the connection is closed unanswered. Between requests, a connection
-  that sends nothing lives for ``keepalive_s`` (Hypercorn's keep-alive); a TLS handshake must
+  that sends nothing lives for ``keepalive_s`` (uvicorn's keep-alive); a TLS handshake must
   finish within ``read_timeout_s``.
 """
 
@@ -62,7 +65,6 @@ import io
 import logging
 import signal
 import socket
-import ssl
 import sys
 import threading
 import time
@@ -73,8 +75,7 @@ from http import HTTPStatus
 from typing import Any
 
 import structlog
-from hypercorn.asyncio import serve as hypercorn_serve
-from hypercorn.config import Config
+import uvicorn
 
 from gpufrag.connlimit import Connections
 from gpufrag.loops import new_event_loop
@@ -141,7 +142,7 @@ class Limits:
     # A request's line and headers, in bytes. Their real ones are under 1 KiB (a POST with a
     # content type, a length, a host; a bearer token would be the largest part); 16 KiB is
     # Node.js's default bound and leaves room for proxies' headers (nginx's per-line bound
-    # is 8 KiB), a quarter of the 64 KiB that Hypercorn keeps of an incomplete request.
+    # is 8 KiB); the listener's door enforces it (gpufrag.connlimit).
     max_header_bytes: int = 16 * 1024
     # How long a request's line and headers may take, from the connection's opening or the
     # first byte after the previous answer: clients send them in one write, so seconds are
@@ -219,7 +220,7 @@ def _environ(scope: dict[str, Any], body: io.RawIOBase | io.BytesIO) -> dict[str
 
 
 class Gateway:
-    """The ASGI app Hypercorn serves: reads each body within its bounds, then runs the WSGI
+    """The ASGI app uvicorn serves: reads each body within its bounds, then runs the WSGI
     ``app`` on ``pool`` (or inline) and sends its answer (see the module docstring)."""
 
     def __init__(self, app: WSGIApp, limits: Limits, pool: ThreadPoolExecutor, *,
@@ -314,6 +315,10 @@ class Gateway:
                     held = 0
                     await self._discard(receive)
                     answer = _closing(answer)
+                elif isinstance(body, LateBody):
+                    # The rest of a late body may still come: the connection cannot carry
+                    # another request after it, so it ends with the answer.
+                    answer = _closing(answer)
                 await self._send(send, answer)
             finally:
                 close()  # once sent (PEP 3333): what the app holds for its answer goes now
@@ -348,7 +353,7 @@ class Gateway:
     def _announced(scope: dict[str, Any]) -> int | None:
         for name, value in scope["headers"]:
             if name == b"content-length":
-                return int(value)  # h11 accepts only digits here
+                return int(value)  # the parser accepts only digits here
         return None
 
     async def _read_body(self, receive: Callable[[], Any], reserved: int
@@ -372,8 +377,11 @@ class Gateway:
                         return None
                     chunk = message.get("body", b"")
                     if chunk:
-                        kept.write(chunk)
-                        read += len(chunk)
+                        # Kept to one byte past the limit, however much one message holds
+                        # (the server hands on what it has buffered, up to its high water).
+                        room = limits.max_body_bytes + 1 - read
+                        kept.write(chunk if len(chunk) <= room else memoryview(chunk)[:room])
+                        read += min(len(chunk), room)
                         if read > counted:
                             self.buffered += read - counted
                             counted = read
@@ -429,7 +437,7 @@ def _nothing() -> None:
 
 def _header_bytes(scope: dict[str, Any]) -> int:
     """About the bytes of the request's line and headers as they came (each header line is
-    ``name: value`` and CRLF; h11 keeps the names and values as sent, less spaces)."""
+    ``name: value`` and CRLF; the parser keeps the names and values as sent, less spaces)."""
     line = (len(scope["method"]) + len(scope.get("raw_path") or b"") + len(scope["query_string"])
             + len("  HTTP/1.1?\r\n"))
     return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"]) + 2
@@ -457,48 +465,40 @@ def reason(status: int) -> str:
 
 
 class _ToStructlog(logging.Handler):
-    """Hypercorn's error log, as the component's JSON lines (warnings and worse)."""
+    """The server's error log, as the component's JSON lines (warnings and worse)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         log.warning("http server", message=record.getMessage())
 
 
-def _config(sock: socket.socket, limits: Limits, tls: ServerTLS | None) -> Config:
-    errorlog = logging.getLogger("gpufrag.hypercorn")
-    if not errorlog.handlers:
-        errorlog.addHandler(_ToStructlog())
+def _quiet_server_logs() -> None:
+    """Uvicorn logs to the ``uvicorn`` loggers; the project logs JSON lines through
+    structlog. Its warnings and errors are passed on; its start and stop lines are not."""
+    for name in ("uvicorn", "uvicorn.error"):
+        errorlog = logging.getLogger(name)
+        if not any(isinstance(h, _ToStructlog) for h in errorlog.handlers):
+            errorlog.addHandler(_ToStructlog())
+        errorlog.setLevel(logging.WARNING)
         errorlog.propagate = False
-    config = _TLSConfig(tls) if tls is not None else Config()
-    # Hypercorn makes its own socket object on the descriptor and closes it when it stops:
-    # hand the descriptor over (detach), or ``sock`` would close it again, or a reused one.
-    config.bind = [f"fd://{sock.detach()}"]
-    config.keep_alive_timeout = limits.keepalive_s
-    config.h11_max_incomplete_size = limits.max_header_bytes
-    # HTTP/2 by prior knowledge or h2c upgrade (Hypercorn offers both on plain TCP; the TLS
-    # listeners offer HTTP/1.1 only, gpufrag.tls): the same bound on a request's headers.
-    config.h2_max_header_list_size = limits.max_header_bytes
-    config.ssl_handshake_timeout = limits.read_timeout_s
-    config.graceful_timeout = limits.grace_s
-    config.include_server_header = False
-    config.accesslog = None
-    config.errorlog = errorlog
-    config.loglevel = "WARNING"
-    if tls is not None:
-        # Hypercorn serves TLS when these are set; the context itself is tls's (reloading).
-        config.certfile, config.keyfile = tls.cert_file, tls.key_file
+
+
+def _config(app: Gateway, limits: Limits, tls: ServerTLS | None) -> uvicorn.Config:
+    """Uvicorn's settings for one listener: the native (llhttp) parser, no lifespan, no
+    websockets, no server or date header, no access log; TLS from ``tls``'s reloading
+    context."""
+    _quiet_server_logs()
+    context = None if tls is None else tls.context
+    config = uvicorn.Config(
+        app, http="httptools", ws="none", lifespan="off", interface="asgi3", loop="none",
+        log_config=None, log_level=logging.WARNING, access_log=False, server_header=False,
+        date_header=False, proxy_headers=False,
+        # Typed int, used as a float (call_later): the limits' own value, not rounded.
+        timeout_keep_alive=limits.keepalive_s,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=limits.grace_s,  # type: ignore[arg-type]
+        ssl_context_factory=(None if context is None
+                             else lambda _config, _default: context))
+    config.load()
     return config
-
-
-class _TLSConfig(Config):
-    """A Config whose ``create_ssl_context`` (the public method Hypercorn asks for its
-    context) answers the reloading :class:`~gpufrag.tls.ServerTLS` context."""
-
-    def __init__(self, tls: ServerTLS) -> None:
-        super().__init__()
-        self.tls = tls
-
-    def create_ssl_context(self) -> ssl.SSLContext:
-        return self.tls.context
 
 
 class Server:
@@ -516,7 +516,9 @@ class Server:
         self.name = name
         self.pool = ThreadPoolExecutor(max(1, limits.threads), thread_name_prefix=name)
         self.connections = Connections(max_connections=limits.max_connections,
-                                       header_timeout_s=limits.header_timeout_s, name=name)
+                                       header_timeout_s=limits.header_timeout_s,
+                                       max_header_bytes=limits.max_header_bytes,
+                                       handshake_timeout_s=limits.read_timeout_s, name=name)
         self.gateway = Gateway(app, limits, self.pool, inline=inline,
                                connections=self.connections)
         self._ticked_at = time.monotonic()
@@ -537,13 +539,20 @@ class Server:
         if self._stop_asked.is_set():
             self._stop.set()
         ticker = asyncio.create_task(self._tick())
+        server = uvicorn.Server(_config(self.gateway, self.limits, self.tls))
+        stopper = asyncio.create_task(self._stop_on(server))
         self._listening.set()
         try:
-            await hypercorn_serve(self.gateway,  # type: ignore[arg-type]
-                                  _config(self.sock, self.limits, self.tls),
-                                  shutdown_trigger=self._stop.wait, mode="asgi")
+            await server.serve(sockets=[self.sock])
         finally:
             ticker.cancel()
+            stopper.cancel()
+
+    async def _stop_on(self, server: uvicorn.Server) -> None:
+        """Tell uvicorn to stop (it finishes the answers in flight) once :meth:`stop` asks."""
+        assert self._stop is not None
+        await self._stop.wait()
+        server.should_exit = True
 
     async def _tick(self) -> None:
         while True:

@@ -10,14 +10,13 @@ debugging, or where uvloop cannot be installed); ``uvloop`` insists on it and fa
 with a one-line error when it is missing.
 
 A loop of either kind can also stand in front of every listener started on it
-(:func:`new_event_loop` with ``server_wrap``): Hypercorn starts its listeners with
-``asyncio.start_server``, which asks the running loop's ``create_server`` (a public method of
-the loop) for them, so a loop that wraps the protocol factory it is given sees every
-connection first, before the server does, without a private name of Hypercorn's or of
-asyncio's. :mod:`gpufrag.connlimit` is what stands there (a cap on connections, a deadline on
-request headers); TLS is handed to the wrapper too (:class:`TLSStart`), so that a connection
-it refuses costs no handshake. A wrapper that begins TLS itself needs a loop that reads nothing
-of a connection paused in ``connection_made``: the standard library's does (CPython
+(:func:`new_event_loop` with ``server_wrap``): uvicorn starts its listeners with the running loop's
+``create_server`` (a public method of the loop), so a loop that wraps the protocol factory it is
+given sees every connection first, before the server does, without a private name of uvicorn's or of
+asyncio's. :mod:`gpufrag.connlimit` is what stands there (a cap on connections, a deadline and a
+size bound on request headers); TLS is handed to the wrapper too (:class:`TLSStart`), so that a
+connection it refuses costs no handshake. A wrapper that begins TLS itself needs a loop that reads
+nothing of a connection paused in ``connection_made``: the standard library's does (CPython
 gh-103607), uvloop does not.
 """
 

@@ -241,7 +241,7 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
 
 
 # Settings earlier releases had, and what to do instead (an upgrade's config says why it fails).
-REMOVED = {"server.engine": "the extender has one server (Hypercorn, docs/extender.md); "
+REMOVED = {"server.engine": "the extender has one server (uvicorn, docs/extender.md); "
                             "remove it"}
 
 

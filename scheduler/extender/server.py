@@ -1,5 +1,5 @@
 """Serving the extender's Flask app: the project's one HTTP server (:mod:`gpufrag.httpserve`,
-Hypercorn), one process (the cluster state lives in it).
+uvicorn), one process (the cluster state lives in it).
 
 - **The verbs** (and the probes, for ``curl``) on ``server.host:server.port``, over TLS with
   client certificates when ``server.tls_*`` are set (kube-scheduler's ``enableHTTPS`` and

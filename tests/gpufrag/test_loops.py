@@ -44,7 +44,7 @@ def test_the_factory_makes_the_loop_it_names(kind: str) -> None:
 
 @pytest.mark.parametrize("choice", ["uvloop", "asyncio"])
 def test_a_wrapping_loop_hands_each_listener_to_its_wrap_first(choice: str) -> None:
-    """What gpufrag.connlimit stands on: asyncio.start_server (Hypercorn's way to listen)
+    """What gpufrag.connlimit stands on: asyncio.start_server (how an asyncio server listens)
     reaches the wrap with its protocol factory, and the connections it accepts are made by
     the factory the wrap returns."""
     seen: list[loops.TLSStart | None] = []

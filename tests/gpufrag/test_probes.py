@@ -165,19 +165,18 @@ def _rss_bytes() -> int:
 # With the cap, 16 at most are held at once, each for as long as one read of up to 64 KiB
 # takes the parser to refuse it; the rest is what the allocator keeps of those reads once
 # freed, a few MiB however many senders come. Without the cap and the 8 KiB bound, each one
-# held its ~60 KiB and Hypercorn's state (~130 KiB in all) until the keep-alive ended it:
-# 400 of them are several times this bound.
+# held its ~60 KiB and the server's state (~130 KiB in all, measured on the server before
+# uvicorn) until the keep-alive ended it: 400 of them are several times this bound.
 SLOW_SENDERS = 400
 GROWTH_BOUND_BYTES = 16 * 1024 * 1024
 
 
 def test_slow_header_senders_grow_the_probe_listeners_process_by_a_bounded_amount(
         listener: Server) -> None:
-    # Each sends 60 KiB of headers that never end (under the 64 KiB Hypercorn keeps of an
-    # incomplete request by default) and waits. The peak of the process's resident memory is
-    # read as each sender is added and while the server answers them, until it has closed
-    # every one (refused over the cap, or 431 past the 8 KiB bound) or the growth is past
-    # the bound.
+    # Each sends 60 KiB of headers that never end and waits (the parser keeps them all: the door
+    # refuses them past the listener's 8 KiB, gpufrag.connlimit). The peak of the process's resident
+    # memory is read as each sender is added and while the server answers them, until it has closed
+    # every one (refused over the cap, or 431 past the 8 KiB bound) or the growth is past the bound.
     head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * (60 * 1024)
     before = peak = _rss_bytes()
     watched = selectors.DefaultSelector()

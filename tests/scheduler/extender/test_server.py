@@ -1,5 +1,5 @@
 """The real server: ``gpufrag extender --cluster-snapshot`` on 127.0.0.1, on the project's one
-HTTP server (Hypercorn, :mod:`gpufrag.httpserve`): body limits and deadlines, slow clients,
+HTTP server (uvicorn, :mod:`gpufrag.httpserve`): body limits and deadlines, slow clients,
 TLS with client certificates, and the probe listener. The gateway's own bounds are pinned in
 tests/gpufrag/test_httpserve.py.
 """
