@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import uvicorn
 from aiohttp import web
 
 from benchmarks import results
@@ -113,8 +114,6 @@ async def _serve_httptools(port: int) -> None:
 
 
 async def _serve_uvicorn(port: int) -> None:
-    import uvicorn
-
     headers = [(b"content-type", b"application/octet-stream"),
                (b"inference-header-content-length", str(len(HEADER)).encode()),
                (b"content-length", str(len(ANSWER)).encode())]

@@ -52,6 +52,7 @@ from benchmarks.extender_latency import (
     wait_ready,
 )
 from gpufrag.httpserve import Gateway
+from gpufrag.loops import new_event_loop
 from scheduler.extender.app import inline_verbs
 from scheduler.extender.config import load_config
 from scheduler.extender.runtime import snapshot_runtime
@@ -92,8 +93,6 @@ def serve_hypercorn(port: int) -> None:
     settings as they were when it served them."""
     from hypercorn.asyncio import serve  # measured only where installed
     from hypercorn.config import Config
-
-    from gpufrag.loops import new_event_loop
 
     config = Config()
     config.bind = [f"127.0.0.1:{port}"]

@@ -66,6 +66,12 @@ FULL_LOG_EVERY_S = 60.0
 log = structlog.get_logger("gpufrag.http")
 
 
+def headers_too_large(max_header_bytes: int) -> str:
+    """The one text of a 431: the door's (headers unfinished past the bound) and the
+    gateway's (headers that arrived whole past it)."""
+    return f"request headers over {max_header_bytes} bytes"
+
+
 def _peer(client: object, server: object) -> Peer | None:
     """``(client host, client port, server host, server port)`` from two socket addresses (a
     transport's ``peername`` and ``sockname``, or an ASGI scope's ``client`` and ``server``)."""
@@ -97,7 +103,7 @@ class Connections:
         # A TLS handshake's deadline where the server starting the listener names none.
         self.handshake_timeout_s = handshake_timeout_s
         # The answer to headers that pass max_header_bytes unfinished, written by the door.
-        message = f"request headers over {max_header_bytes} bytes\n".encode()
+        message = f"{headers_too_large(max_header_bytes)}\n".encode()
         self.too_large = (
             f"HTTP/1.1 431 {HTTPStatus(431).phrase}\r\n"
             "content-type: text/plain; charset=utf-8\r\n"
@@ -356,4 +362,4 @@ class Door(asyncio.Protocol):
             self._connections.release()
 
 
-__all__ = ["FULL_LOG_EVERY_S", "Connections", "Door", "Peer"]
+__all__ = ["FULL_LOG_EVERY_S", "Connections", "Door", "Peer", "headers_too_large"]

@@ -77,7 +77,7 @@ from typing import Any
 import structlog
 import uvicorn
 
-from gpufrag.connlimit import Connections
+from gpufrag.connlimit import Connections, headers_too_large
 from gpufrag.loops import new_event_loop
 from gpufrag.tls import ServerTLS
 
@@ -255,7 +255,7 @@ class Gateway:
                 # body (if any) is drained, as a refused body is.
                 await self._discard(receive)
                 await self._send(send, _closing(_text(
-                    431, f"request headers over {self.limits.max_header_bytes} bytes")))
+                    431, headers_too_large(self.limits.max_header_bytes))))
                 return
             await self._serve(scope, receive, send)
         finally:
