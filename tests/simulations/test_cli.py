@@ -128,3 +128,21 @@ def test_kss_compat_without_gpu_pods_is_bad_input(tmp_path: Path,
                  "--out", str(tmp_path / "o"), "--no-plots", "--jobs", "1", "--kss-compat"])
     assert code == 2
     assert "no pod asks for a GPU" in capsys.readouterr().err
+
+
+def test_device_choice_runs_are_labelled_and_recorded(tmp_path: Path) -> None:
+    code = main(["whatif", "--synthetic-nodes", "20", "--seeds", "1", "--out", str(tmp_path),
+                 "--jobs", "1", "--no-plots", "--policies", "fgd,kube-default",
+                 "--device-choice", "first-fit"])
+    assert code == 0
+    with (tmp_path / "allocation.csv").open() as handle:
+        labels = [row[1] for row in list(csv.reader(handle))[1:]]
+    assert labels == ["fgd/first-fit", "kube-default/first-fit"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["device_choice"] == "first-fit"
+
+
+def test_a_default_run_records_no_device_choice(tmp_path: Path) -> None:
+    assert main(["whatif", "--synthetic-nodes", "20", "--seeds", "1", "--out", str(tmp_path),
+                 "--jobs", "1", "--no-plots", "--policies", "fgd"]) == 0
+    assert "device_choice" not in json.loads((tmp_path / "summary.json").read_text())
