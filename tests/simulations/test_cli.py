@@ -41,6 +41,8 @@ def test_trace_files(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--policies", "fgd,magic"], "unknown policy magic"),
+        (["--policies", "kube-defaults"], "choose from random,dotprod,gpu-clustering,"
+                                          "gpu-packing,bestfit,fgd,kube-default"),
         (["--tune", "0"], "--tune 0.0 outside"),
         (["--nodes", "x.csv"], "--nodes and --pods go together"),
         (["--nodes", "missing.csv", "--pods", "missing.csv"], "missing.csv: cannot read"),
@@ -79,6 +81,7 @@ def test_unknown_command_and_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["--policies", "fgd,fgd"], "argument --policies: fgd given more than once"),
         (["--jobs"], "argument --jobs: expected one argument"),
         (["--synthetic-nodes", "10000000"], "--synthetic-nodes 10000000 outside 1..100000"),
+        (["--device-choice", "best"], "argument --device-choice: invalid choice: 'best'"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args: list[str], message: str, tmp_path: Path,
