@@ -305,10 +305,10 @@ def _grid(args: argparse.Namespace) -> dict[str, list[object]]:
         knob, values = sweep.parse_assignment(text)
         grid[knob] = values
     if args.policies:
-        unknown = [p for p in args.policies if p not in POLICY_NAMES]
+        unknown = [p for p in args.policies if p not in ALL_POLICY_NAMES]
         if unknown:
             raise BadInput(f"unknown policy {', '.join(unknown)}; choose from "
-                           f"{','.join(POLICY_NAMES)}", field="--policies")
+                           f"{','.join(ALL_POLICY_NAMES)}", field="--policies")
         grid["policy"] = list(args.policies)
     if args.seeds:
         grid["seed"] = list(args.seeds)

@@ -79,7 +79,8 @@ def test_mig_extender_latency_names_a_bad_argument(argv: list[str], words: str,
 
 @pytest.mark.parametrize(("argv", "words"), [
     (["--traces", "default,gpushare55"], "--traces: unknown gpushare55; choose from default,"),
-    (["--seeds", "0"], "--seeds must be 1..100 and --jobs at least 1"),
+    (["--seeds", "0"], "--seeds must be 1..100, --jobs at least 1 and --hours in (0, 168]"),
+    (["--loads", "0.9,lots"], "loads in (0, 2] separated by commas, got '0.9,lots'"),
 ])
 def test_dra_device_choice_names_a_bad_argument(argv: list[str], words: str,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
