@@ -43,7 +43,10 @@ TARGET_S = 900.0  # the whole matrix on 2 cores
 _loaded: dict[str, tuple[list[NodeSpec], list[PodRequest], TargetWorkload]] = {}
 
 
-def _load(data: str, trace: str) -> tuple[list[NodeSpec], list[PodRequest], TargetWorkload]:
+def load_trace(data: str,
+               trace: str) -> tuple[list[NodeSpec], list[PodRequest], TargetWorkload]:
+    """One of the paper's traces on the GPU node list, with its FGD target workload, read once
+    per process (worker processes call it for every replay)."""
     if trace not in _loaded:
         base = Path(data)
         nodes = load_nodes(base / "openb_node_list_gpu_node.csv")
@@ -57,7 +60,7 @@ def _replay(data: str, trace: str, policy: str,
             seed: int) -> tuple[str, str, int, float, float, float]:
     """One replay in a worker (traces loaded once per worker): its wall and CPU seconds and
     its allocation at 130%."""
-    nodes, pods, target = _load(data, trace)
+    nodes, pods, target = load_trace(data, trace)
     started, cpu = time.perf_counter(), time.process_time()
     record = run_one(trace, nodes, pods, policy, seed, 1.3, target)
     return (trace, policy, seed, time.perf_counter() - started, time.process_time() - cpu,

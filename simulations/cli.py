@@ -25,12 +25,12 @@ from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, BadInputArgumentPa
 from gpufrag.plotting import plots_wanted
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
-from scheduler.policies import POLICY_NAMES
+from scheduler.policies import ALL_POLICY_NAMES, POLICY_NAMES
 from simulations import defrag_whatif, genai, mig_whatif, report, sweep, timeline
 from simulations.events import EventConfig
 from simulations.kss import kss_target, kss_workload
 from simulations.openb import gpu_spec_texts, load_nodes, load_pods
-from simulations.replay import replay
+from simulations.replay import DEVICE_MODES, replay, run_label
 from simulations.synthetic import synthetic_nodes, synthetic_pods
 from simulations.workload import MAX_ARRIVALS, expected_arrivals, tune_workload
 
@@ -78,7 +78,8 @@ def build_parser() -> BadInputArgumentParser:
     p.add_argument("--nodes", type=Path, help="openb node CSV (sn,cpu_milli,memory_mib,gpu,model)")
     p.add_argument("--pods", type=Path, help="openb pod CSV (name,cpu_milli,...,gpu_spec)")
     p.add_argument("--policies", type=_names, default=list(POLICY_NAMES),
-                   help=f"comma-separated, from {','.join(POLICY_NAMES)} (default: all)")
+                   help=f"comma-separated, from {','.join(ALL_POLICY_NAMES)} (default: "
+                   f"{','.join(POLICY_NAMES)}, the paper's six)")
     p.add_argument("--seeds", type=_seeds, default=[42],
                    help="comma-separated seeds (default: 42)")
     p.add_argument("--tune", type=float, default=1.3,
@@ -96,6 +97,10 @@ def build_parser() -> BadInputArgumentParser:
                    help="replay exactly as the FGD authors' simulator (KSS) does for the same "
                    "seed: its arrival order, tuned pods, node tie order, target workload and "
                    "scoring rules (docs/whatif.md)")
+    p.add_argument("--device-choice", choices=list(DEVICE_MODES), default="policy",
+                   help="who picks the GPU on the chosen node: the policy (default, the device "
+                   "plugin path), DRA's first fit ('first-fit'), or DRA's first fit with the "
+                   "policy scoring each node for that GPU ('first-fit-scored'; docs/dra.md)")
     p.add_argument("--defrag", action="store_true",
                    help="run the defrag what-if instead (gpufrag whatif --defrag --help)")
     p.add_argument("--mig", action="store_true",
@@ -116,10 +121,10 @@ def _load(args: argparse.Namespace) -> tuple[str, list[NodeSpec], list[PodReques
 
 
 def _validate(args: argparse.Namespace) -> None:
-    unknown = [p for p in args.policies if p not in POLICY_NAMES]
+    unknown = [p for p in args.policies if p not in ALL_POLICY_NAMES]
     if unknown:
-        raise BadInput(f"unknown policy {', '.join(unknown)}; choose from {','.join(POLICY_NAMES)}",
-                       field="--policies")
+        raise BadInput(f"unknown policy {', '.join(unknown)}; choose from "
+                       f"{','.join(ALL_POLICY_NAMES)}", field="--policies")
     if not 0 < args.tune <= 10:
         raise BadInput(f"--tune {args.tune} outside (0, 10]")
     if args.jobs < 1:
@@ -131,19 +136,22 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def run_one(workload: str, nodes: list[NodeSpec], pods: list[PodRequest], policy: str, seed: int,
-            tune: float, target: TargetWorkload, kss_compat: bool = False) -> report.RunRecord:
+            tune: float, target: TargetWorkload, kss_compat: bool = False,
+            device_mode: str = "policy") -> report.RunRecord:
     """One replay; a top-level function so worker processes can run it. With ``kss_compat``
     the arrivals and tie order are the reference simulator's for ``seed``
-    (:mod:`simulations.kss`) and ``target`` should be :func:`~simulations.kss.kss_target`'s."""
+    (:mod:`simulations.kss`) and ``target`` should be :func:`~simulations.kss.kss_target`'s.
+    ``device_mode``: who picks the GPU on the chosen node
+    (:data:`~simulations.replay.DEVICE_MODES`)."""
     start = time.perf_counter()
     if kss_compat:
         kss = kss_workload(nodes, pods, tune, seed)
         result = replay(nodes, kss.arrivals, policy, seed, target, tie_rank=kss.tie_rank,
-                        kss_compat=True)
+                        kss_compat=True, device_mode=device_mode)
         return report.RunRecord(workload, tune, result, time.perf_counter() - start)
     capacity = sum(n.gpu_count for n in nodes) * MILLI_PER_GPU
     arrivals = tune_workload(pods, capacity, tune, seed)
-    result = replay(nodes, arrivals, policy, seed, target)
+    result = replay(nodes, arrivals, policy, seed, target, device_mode=device_mode)
     return report.RunRecord(workload, tune, result, time.perf_counter() - start)
 
 
@@ -196,16 +204,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.jobs == 1 or len(runs) == 1:
         for i, (policy, seed) in enumerate(runs, 1):
             records.append(run_one(workload, nodes, pods, policy, seed, args.tune, target,
-                                   args.kss_compat))
+                                   args.kss_compat, args.device_choice))
             _progress(i, len(runs), records[-1])
     else:
         with ProcessPoolExecutor(max_workers=min(args.jobs, len(runs))) as pool:
             futures = [pool.submit(run_one, workload, nodes, pods, p, s, args.tune, target,
-                                   args.kss_compat) for p, s in runs]
+                                   args.kss_compat, args.device_choice) for p, s in runs]
             for i, fut in enumerate(as_completed(futures), 1):
                 records.append(fut.result())
                 _progress(i, len(runs), records[-1])
-    records.sort(key=lambda r: (args.policies.index(r.result.policy), r.result.seed))
+    labels = [run_label(p, args.device_choice) for p in args.policies]
+    records.sort(key=lambda r: (labels.index(r.result.policy), r.result.seed))
     columns = report.columns_for(args.tune)
     summaries = report.summarise(records, columns)
     try:
@@ -213,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report.write_summary(summaries, args.out, {
             "workload": workload, "nodes": len(nodes), "trace_pods": len(pods),
             "tune": args.tune, "seeds": args.seeds, "kss_compat": args.kss_compat,
+            **({} if args.device_choice == "policy" else {"device_choice": args.device_choice}),
             "wall_seconds": round(time.perf_counter() - started, 2),
         })
         if not args.no_plots:
@@ -295,10 +305,10 @@ def _grid(args: argparse.Namespace) -> dict[str, list[object]]:
         knob, values = sweep.parse_assignment(text)
         grid[knob] = values
     if args.policies:
-        unknown = [p for p in args.policies if p not in POLICY_NAMES]
+        unknown = [p for p in args.policies if p not in ALL_POLICY_NAMES]
         if unknown:
             raise BadInput(f"unknown policy {', '.join(unknown)}; choose from "
-                           f"{','.join(POLICY_NAMES)}", field="--policies")
+                           f"{','.join(ALL_POLICY_NAMES)}", field="--policies")
         grid["policy"] = list(args.policies)
     if args.seeds:
         grid["seed"] = list(args.seeds)

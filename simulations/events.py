@@ -30,6 +30,11 @@ Every figure is integrated event by event (GPU-hours, pending pod-seconds) or sa
 ``sample_s`` (fragmentation, idle ratio, replicas). With ``departures=False``, no defrag, no serving
 and the static replay's pod order, the replay makes exactly the static replay's decisions and
 ``as_replay_result`` gives exactly its numbers (``tests/simulations/test_events.py``).
+
+``device_mode`` (a keyword of :class:`EventReplay`, not a sweep knob) says who picks the GPU
+inside the chosen node, as in the static replay (:data:`~simulations.replay.DEVICE_MODES`):
+with departures, DRA's first fit meets the holes they leave (docs/dra.md). Defrag moves still
+land on the planner's GPUs.
 """
 
 from __future__ import annotations
@@ -64,12 +69,12 @@ from scheduler.core.placement import (
 from scheduler.core.policy import Policy
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
-from scheduler.policies import POLICY_NAMES, make_policy
+from scheduler.policies import ALL_POLICY_NAMES, BASELINE_NAMES, POLICY_NAMES, make_policy
 from scheduler.policies.affinity import AffinityParams, blended_key
 from simulations.autoscale import Hpa, HpaSpec, Load, Signals, prewarm_minimum
 from simulations.defrag_whatif import SilentLog, sampler, with_gpu_memory
 from simulations.genai import ServingTrace
-from simulations.replay import ReplayResult, tie_order
+from simulations.replay import DEVICE_MODES, ReplayResult, tie_order
 from simulations.timed import TimedPod
 
 FloatArray = npt.NDArray[np.float64]
@@ -130,7 +135,8 @@ class EventConfig:
             if not ok:
                 raise BadInput(f"{getattr(self, knob)!r}: {what}", field=knob)
 
-        need(self.policy in POLICY_NAMES, "policy", f"choose from {','.join(POLICY_NAMES)}")
+        need(self.policy in ALL_POLICY_NAMES, "policy",
+             f"choose from {','.join(ALL_POLICY_NAMES)}")
         need(self.defrag_policy in ("", *POLICY_NAMES) and self.defrag_policy != "random",
              "defrag_policy", f"'' or one of {','.join(p for p in POLICY_NAMES if p != 'random')}")
         need(0 <= self.seed < 2**63, "seed", "must be in 0..2^63-1")
@@ -164,7 +170,8 @@ class EventConfig:
     def defrag(self) -> DefragConfig:
         """The controller's settings for this run (one budget for both namespaces)."""
         total = self.max_evictions_total
-        planner = self.defrag_policy or ("fgd" if self.policy == "random" else self.policy)
+        planner = self.defrag_policy or ("fgd" if self.policy in ("random", *BASELINE_NAMES)
+                                         else self.policy)
         return DefragConfig(threshold=self.threshold, policy=planner, coverage=self.coverage,
                             limits=Limits(per_node=self.max_evictions_per_node,
                                           per_namespace=total, total=total), dry_run=True)
@@ -278,8 +285,12 @@ class EventReplay:
                  config: EventConfig, *, serving_trace: ServingTrace | None = None,
                  memory_fractions: FloatArray | None = None, target: TargetWorkload | None = None,
                  workload: str = "trace", record_arrivals: bool = False,
-                 default_gpu_gib: int = 32) -> None:
+                 default_gpu_gib: int = 32, device_mode: str = "policy") -> None:
         self.config = config.validate()
+        if device_mode not in DEVICE_MODES:
+            raise ValueError(f"unknown device mode {device_mode!r}; choose from "
+                             f"{', '.join(DEVICE_MODES)}")
+        self.device_choice, scored_on = DEVICE_MODES[device_mode]
         self.workload = workload
         self.timed = list(timed)
         self.state = ClusterState(with_gpu_memory(nodes, default_gpu_gib))
@@ -288,7 +299,8 @@ class EventReplay:
         requests = [t.pod for t in self.timed]
         self.target = target or TargetWorkload.from_pods(
             requests or [self._replica_request("x", "x")], coverage=config.coverage)
-        self.policy: Policy = make_policy(config.policy, workload=self.target, seed=config.seed)
+        self.policy: Policy = make_policy(config.policy, workload=self.target, seed=config.seed,
+                                          device_choice=scored_on)
         self.cache = ScoreCache(self.policy) if self.policy.node_local else None
         self.affinity = AffinityParams(warm_window_s=config.warm_window_s,
                                        max_replicas_per_node=config.max_replicas_per_node)
@@ -362,7 +374,8 @@ class EventReplay:
         core's fixed order."""
         config = self.config
         if not pod.model or config.affinity_weight == 0:
-            return choose(self.state, self.policy, pod, None, self.cache)  # all rows: incremental
+            return choose(self.state, self.policy, pod, None, self.cache,  # all rows: incremental
+                          self.device_choice)
         state = self.state
         candidates, scores = rank_candidates(state, self.policy, pod, self.rows, self.cache)
         if candidates.size == 0:
@@ -372,7 +385,7 @@ class EventReplay:
                           affinity_weight=config.affinity_weight)
         i = best_index(state, candidates, key)
         row = int(candidates[i])
-        gpus = gpus_for(state, pod, row, int(scores.share_gpu[i]))
+        gpus = gpus_for(state, pod, row, int(scores.share_gpu[i]), self.device_choice)
         return Decision(row=row, node=state.names[row], gpus=gpus, score=float(key[i]))
 
     def _refrag(self, row: int) -> None:

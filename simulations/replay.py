@@ -3,6 +3,10 @@
 The replay calls the same ``choose`` the extender calls, on the same ``ClusterState``, so what
 the simulator predicts is what the live scheduler decides. After every pod it records allocated
 GPU share, cluster fragmentation and the fragmentation ratio against arrived demand.
+
+``device_mode`` says who picks the GPU inside the chosen node (:data:`DEVICE_MODES`): the
+policy (the device plugin path, the default), DRA's first fit under the policy's node choice,
+or DRA's first fit with the policy scoring each node for the GPU first fit will give there.
 """
 
 from __future__ import annotations
@@ -13,12 +17,26 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler.core.fragmentation import TargetWorkload, fragmentation_of, node_fragmentation
+from scheduler.core.gpus import FIRST_FIT, POLICY_CHOICE, DeviceChoice
 from scheduler.core.placement import ScoreCache, choose
 from scheduler.core.state import ClusterState
 from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.policies import make_policy
 
 FloatArray = npt.NDArray[np.float64]
+
+# mode -> (who picks the GPU on the chosen node, which GPU the policy scores a node for).
+DEVICE_MODES: dict[str, tuple[DeviceChoice, DeviceChoice]] = {
+    "policy": (POLICY_CHOICE, POLICY_CHOICE),
+    "first-fit": (FIRST_FIT, POLICY_CHOICE),
+    "first-fit-scored": (FIRST_FIT, FIRST_FIT),
+}
+
+
+def run_label(policy_name: str, device_mode: str) -> str:
+    """How a run is named in tables and CSVs: the policy, plus the device mode unless it is
+    the policy's own (so a default run reads as it always has)."""
+    return policy_name if device_mode == "policy" else f"{policy_name}/{device_mode}"
 
 
 @dataclass(frozen=True)
@@ -52,16 +70,22 @@ def tie_order(node_count: int, seed: int) -> npt.NDArray[np.int64]:
 def replay(nodes: list[NodeSpec], pods: list[PodRequest], policy_name: str, seed: int,
            target: TargetWorkload, state: ClusterState | None = None, *,
            tie_rank: npt.NDArray[np.int64] | None = None, kss_compat: bool = False,
-           decisions: list[str] | None = None) -> ReplayResult:
+           decisions: list[str] | None = None, device_mode: str = "policy") -> ReplayResult:
     """Place ``pods`` in order on ``nodes`` (or on a given, possibly pre-loaded ``state``).
 
     ``tie_rank`` replaces the seed's tie order (the KSS-compatible replay passes KSS's);
     ``kss_compat`` builds the policy with the reference simulator's rules; ``decisions``, when
-    given, receives each pod's node name ("" when it failed), in order."""
+    given, receives each pod's node name ("" when it failed), in order. ``device_mode`` is a
+    key of :data:`DEVICE_MODES`."""
+    if device_mode not in DEVICE_MODES:
+        raise ValueError(f"unknown device mode {device_mode!r}; choose from "
+                         f"{', '.join(DEVICE_MODES)}")
+    device_choice, scored_on = DEVICE_MODES[device_mode]
     if state is None:
         state = ClusterState(nodes)
     state.set_tie_order(tie_order(state.size, seed) if tie_rank is None else tie_rank)
-    policy = make_policy(policy_name, workload=target, seed=seed, kss_compat=kss_compat)
+    policy = make_policy(policy_name, workload=target, seed=seed, kss_compat=kss_compat,
+                         device_choice=scored_on)
     cache = ScoreCache(policy) if policy.node_local else None
     rows = state.active_rows()
     capacity = state.total_gpu_milli
@@ -78,7 +102,8 @@ def replay(nodes: list[NodeSpec], pods: list[PodRequest], policy_name: str, seed
     placed = failed = failed_milli = 0
     for i, pod in enumerate(pods):
         arrived_milli += pod.gpu_demand_milli
-        decision = choose(state, policy, pod, None, cache)  # every active row: incremental
+        decision = choose(state, policy, pod, None, cache,  # every active row: incremental
+                          device_choice)
         if decisions is not None:
             decisions.append("" if decision is None else decision.node)
         if decision is None:
@@ -100,7 +125,7 @@ def replay(nodes: list[NodeSpec], pods: list[PodRequest], policy_name: str, seed
         frag_ratio[i] = frag_total / free_total if free_total else 0.0
     scale = 100.0 / capacity if capacity else 0.0
     return ReplayResult(
-        policy=policy_name, seed=seed, capacity_milli=capacity,
+        policy=run_label(policy_name, device_mode), seed=seed, capacity_milli=capacity,
         arrived_pct=arrived * scale, allocation_pct=allocation * scale,
         frag_amount_pct=frag_amount * scale, frag_ratio_pct=frag_ratio * 100.0,
         placed=placed, failed=failed, failed_gpu_milli=failed_milli,

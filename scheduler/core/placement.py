@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler.core.feasibility import feasible_mask
-from scheduler.core.gpus import NO_GPU, gpus_for
+from scheduler.core.gpus import NO_GPU, POLICY_CHOICE, DeviceChoice, gpus_for
 from scheduler.core.policy import Policy, Scores
 from scheduler.core.state import ClusterState, IntArray
 from scheduler.core.types import PodRequest
@@ -141,16 +141,19 @@ def best_index(state: ClusterState, candidates: IntArray, score: np.ndarray) -> 
 
 
 def choose(state: ClusterState, policy: Policy, pod: PodRequest, rows: IntArray | None = None,
-           cache: ScoreCache | None = None) -> Decision | None:
+           cache: ScoreCache | None = None,
+           device_choice: DeviceChoice = POLICY_CHOICE) -> Decision | None:
     """Where ``pod`` goes under ``policy`` (None when it fits nowhere among ``rows``; every
-    active row when ``rows`` is None, which a ``cache`` answers incrementally)."""
+    active row when ``rows`` is None, which a ``cache`` answers incrementally). The node is
+    always the policy's; ``device_choice`` says who picks the GPU on it
+    (:mod:`scheduler.core.gpus`: the policy, or DRA's first fit)."""
     if rows is None and cache is not None and not pod.gpu_memory_mib:
         found = cache.best_of_all(state, pod)
         if found is None:
             return None
         row, score, share_gpu = found
-        return Decision(row=row, node=state.names[row], gpus=gpus_for(state, pod, row, share_gpu),
-                        score=score)
+        return Decision(row=row, node=state.names[row],
+                        gpus=gpus_for(state, pod, row, share_gpu, device_choice), score=score)
     if rows is None:
         rows = state.active_rows()
     candidates, scores = rank_candidates(state, policy, pod, rows, cache)
@@ -158,5 +161,5 @@ def choose(state: ClusterState, policy: Policy, pod: PodRequest, rows: IntArray 
         return None
     i = best_index(state, candidates, scores.score)
     row = int(candidates[i])
-    gpus = gpus_for(state, pod, row, int(scores.share_gpu[i]))
+    gpus = gpus_for(state, pod, row, int(scores.share_gpu[i]), device_choice)
     return Decision(row=row, node=state.names[row], gpus=gpus, score=float(scores.score[i]))

@@ -13,6 +13,11 @@ policy reproduces the FGD authors' simulator bit for bit instead: the first GPU 
 integer score and its sigmoid ``1 / (1 + exp(-x))`` (F is summed in that simulator's order in
 both modes, see :func:`~scheduler.core.fragmentation.fragmentation_in_spec_order`). The two
 rules move the 10-seed mean allocation by under 0.1 pp.
+
+With ``device_choice=FIRST_FIT`` a share is scored on the GPU DRA's allocator will give it (the
+first that fits, :func:`~scheduler.core.gpus.first_fit_gpu`) instead of FGD's own pick: where
+the allocator chooses inside the node, FGD can still choose the node by the fragmentation that
+GPU will really cause (docs/dra.md measures what that keeps).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from scheduler.core.fragmentation import (
     fragmentation_after_share,
     fragmentation_after_whole,
 )
-from scheduler.core.gpus import NO_GPU
+from scheduler.core.gpus import FIRST_FIT, NO_GPU, POLICY_CHOICE, DeviceChoice, first_fit_gpu
 from scheduler.core.policy import Scores
 from scheduler.core.state import ClusterState, IntArray
 from scheduler.core.types import PodRequest
@@ -48,9 +53,17 @@ class FgdPolicy:
     name = "fgd"
     node_local = True
 
-    def __init__(self, workload: TargetWorkload, *, kss_compat: bool = False) -> None:
+    def __init__(self, workload: TargetWorkload, *, kss_compat: bool = False,
+                 device_choice: DeviceChoice = POLICY_CHOICE) -> None:
         self.workload = workload
         self.kss_compat = kss_compat
+        self.device_choice = device_choice
+
+    def _first_fit(self, state: ClusterState, pod: PodRequest, rows: IntArray) -> IntArray | None:
+        """The GPU a share is scored on when the allocator picks it (None: FGD picks)."""
+        if self.device_choice != FIRST_FIT:
+            return None
+        return first_fit_gpu(state.gpu_free[rows], pod.gpu_milli)
 
     def _candidates(self, state: ClusterState, pod: PodRequest,
                     rows: IntArray) -> tuple[FloatArray, FloatArray]:
@@ -73,7 +86,8 @@ class FgdPolicy:
         if pod.is_share:
             before, after_on = self._candidates(state, pod, rows)
             after = np.where(state.gpu_free[rows] >= pod.gpu_milli, after_on, np.inf)
-            share_gpu = after.argmin(axis=1).astype(np.int64)
+            forced = self._first_fit(state, pod, rows)
+            share_gpu = after.argmin(axis=1).astype(np.int64) if forced is None else forced
             return after[np.arange(rows.size), share_gpu] - before, share_gpu
         before, after = self._whole(state, pod, rows)
         return after - before, np.full(rows.size, NO_GPU, np.int64)
@@ -91,7 +105,9 @@ class FgdPolicy:
             before, after_on = self._candidates(state, pod, rows)
             per_gpu = np.floor(_sigmoid_kss((before[:, None] - after_on) / 1000.0) * 100.0)
             per_gpu = np.where(state.gpu_free[rows] >= pod.gpu_milli, per_gpu, -1.0)
-            share_gpu = per_gpu.argmax(axis=1).astype(np.int64)  # argmax: first of the best
+            forced = self._first_fit(state, pod, rows)
+            share_gpu = (per_gpu.argmax(axis=1).astype(np.int64)  # argmax: first of the best
+                         if forced is None else forced)
             return Scores(per_gpu[np.arange(rows.size), share_gpu], share_gpu)
         before, after = self._whole(state, pod, rows)
         score = np.floor(_sigmoid_kss((before - after) / 1000.0) * 100.0)

@@ -7,7 +7,13 @@ from collections.abc import Callable
 
 import pytest
 
-from benchmarks import fleet_scale, mig_extender_latency, preempt_latency, scheduling_throughput
+from benchmarks import (
+    dra_device_choice,
+    fleet_scale,
+    mig_extender_latency,
+    preempt_latency,
+    scheduling_throughput,
+)
 
 
 def _usage_error(main: Callable[[list[str]], int], argv: list[str],
@@ -69,3 +75,13 @@ def test_mig_extender_latency_names_a_bad_argument(argv: list[str], words: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     err = _usage_error(mig_extender_latency.main, argv, capsys)
     assert words in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--traces", "default,gpushare55"], "--traces: unknown gpushare55; choose from default,"),
+    (["--seeds", "0"], "--seeds must be 1..100, --jobs at least 1 and --hours in (0, 168]"),
+    (["--loads", "0.9,lots"], "loads in (0, 2] separated by commas, got '0.9,lots'"),
+])
+def test_dra_device_choice_names_a_bad_argument(argv: list[str], words: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert words in _usage_error(dra_device_choice.main, argv, capsys)

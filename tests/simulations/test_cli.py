@@ -41,6 +41,8 @@ def test_trace_files(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--policies", "fgd,magic"], "unknown policy magic"),
+        (["--policies", "kube-defaults"], "choose from random,dotprod,gpu-clustering,"
+                                          "gpu-packing,bestfit,fgd,kube-default"),
         (["--tune", "0"], "--tune 0.0 outside"),
         (["--nodes", "x.csv"], "--nodes and --pods go together"),
         (["--nodes", "missing.csv", "--pods", "missing.csv"], "missing.csv: cannot read"),
@@ -79,6 +81,7 @@ def test_unknown_command_and_help(capsys: pytest.CaptureFixture[str]) -> None:
         (["--policies", "fgd,fgd"], "argument --policies: fgd given more than once"),
         (["--jobs"], "argument --jobs: expected one argument"),
         (["--synthetic-nodes", "10000000"], "--synthetic-nodes 10000000 outside 1..100000"),
+        (["--device-choice", "best"], "argument --device-choice: invalid choice: 'best'"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args: list[str], message: str, tmp_path: Path,
@@ -128,3 +131,21 @@ def test_kss_compat_without_gpu_pods_is_bad_input(tmp_path: Path,
                  "--out", str(tmp_path / "o"), "--no-plots", "--jobs", "1", "--kss-compat"])
     assert code == 2
     assert "no pod asks for a GPU" in capsys.readouterr().err
+
+
+def test_device_choice_runs_are_labelled_and_recorded(tmp_path: Path) -> None:
+    code = main(["whatif", "--synthetic-nodes", "20", "--seeds", "1", "--out", str(tmp_path),
+                 "--jobs", "1", "--no-plots", "--policies", "fgd,kube-default",
+                 "--device-choice", "first-fit"])
+    assert code == 0
+    with (tmp_path / "allocation.csv").open() as handle:
+        labels = [row[1] for row in list(csv.reader(handle))[1:]]
+    assert labels == ["fgd/first-fit", "kube-default/first-fit"]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["device_choice"] == "first-fit"
+
+
+def test_a_default_run_records_no_device_choice(tmp_path: Path) -> None:
+    assert main(["whatif", "--synthetic-nodes", "20", "--seeds", "1", "--out", str(tmp_path),
+                 "--jobs", "1", "--no-plots", "--policies", "fgd"]) == 0
+    assert "device_choice" not in json.loads((tmp_path / "summary.json").read_text())

@@ -21,14 +21,16 @@ from tests.data import trace
 QUIET = dict(departures=False, defrag_interval_min=0.0, serving=False)
 
 
-def _assert_same_as_static(nodes: list, pods: list, policy: str, seed: int) -> None:
+def _assert_same_as_static(nodes: list, pods: list, policy: str, seed: int,
+                           device_mode: str = "policy") -> None:
     target = TargetWorkload.from_pods(pods)
     arrivals = tune_workload(pods, sum(n.gpu_count for n in nodes) * 1000, 1.3, seed)
     static_state = ClusterState(nodes)
-    static = replay(nodes, arrivals, policy, seed, target, state=static_state)
+    static = replay(nodes, arrivals, policy, seed, target, state=static_state,
+                    device_mode=device_mode)
     config = EventConfig(policy=policy, seed=seed, hours=len(arrivals) / 3600 + 1, **QUIET)
     timeline = run_events(nodes, static_order(arrivals), config, target=target,
-                          record_arrivals=True)
+                          record_arrivals=True, device_mode=device_mode)
     events = timeline.as_replay_result()
     for series in ("arrived_pct", "allocation_pct", "frag_amount_pct", "frag_ratio_pct"):
         assert np.array_equal(getattr(events, series), getattr(static, series)), series
@@ -41,6 +43,19 @@ def _assert_same_as_static(nodes: list, pods: list, policy: str, seed: int) -> N
                                     "bestfit", "fgd"])
 def test_without_departures_in_static_order_it_is_the_static_replay(policy: str) -> None:
     _assert_same_as_static(synthetic_nodes(40, seed=0), synthetic_pods(400, seed=0), policy, 7)
+
+
+@pytest.mark.parametrize(("policy", "device_mode"), [
+    ("fgd", "first-fit"), ("fgd", "first-fit-scored"), ("kube-default", "first-fit")])
+def test_every_device_mode_is_the_static_replays_too(policy: str, device_mode: str) -> None:
+    _assert_same_as_static(synthetic_nodes(40, seed=0), synthetic_pods(400, seed=0), policy, 7,
+                           device_mode)
+
+
+def test_an_unknown_device_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown device mode 'best-fit'"):
+        EventReplay(synthetic_nodes(2, seed=0), [], EventConfig(**QUIET),  # type: ignore[arg-type]
+                    device_mode="best-fit")
 
 
 @pytest.mark.slow

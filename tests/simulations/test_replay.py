@@ -56,3 +56,34 @@ def test_buckets_average_and_carry_forward() -> None:
 def test_tie_order_is_a_seeded_permutation() -> None:
     assert sorted(tie_order(5, 3).tolist()) == [0, 1, 2, 3, 4]
     assert tie_order(5, 3).tolist() == tie_order(5, 3).tolist()
+
+
+def test_device_modes_are_named_in_the_result_and_checked() -> None:
+    # Every mode places all four (one node, room for all); a run is labelled by its mode
+    # unless the policy picks the GPU, so a default run reads as it always has.
+    nodes = [node("a", gpu_count=4)]
+    pods = [pod("w", num_gpu=1, gpu_milli=1000), pod("s1", gpu_milli=300),
+            pod("s2", gpu_milli=300), pod("s3", gpu_milli=500)]
+    target = TargetWorkload.from_pods([pod(gpu_milli=500)])
+    runs = {mode: replay(nodes, pods, "fgd", 1, target, device_mode=mode)
+            for mode in ("policy", "first-fit", "first-fit-scored")}
+    assert {m: r.policy for m, r in runs.items()} == {
+        "policy": "fgd", "first-fit": "fgd/first-fit",
+        "first-fit-scored": "fgd/first-fit-scored"}
+    assert all(r.placed == 4 for r in runs.values())
+    with pytest.raises(ValueError, match="unknown device mode"):
+        replay(nodes, pods, "fgd", 1, target, device_mode="best-fit")
+
+
+
+def test_first_fit_strands_what_fgd_would_not() -> None:
+    # Typical task: 500 milli. A 500 share goes on GPU 0 (either way). A 200 share: FGD puts it
+    # on idle GPU 1 (800 left, still fits a typical task: F stays 0); first fit puts it on GPU 0
+    # (300 left, stranded: F = 300 of the node's 2,000 milli).
+    nodes = [node("a", gpu_count=2)]
+    pods = [pod("a", gpu_milli=500), pod("b", gpu_milli=200)]
+    target = TargetWorkload.from_pods([pod(gpu_milli=500)])
+    own = replay(nodes, pods, "fgd", 1, target)
+    dra = replay(nodes, pods, "fgd", 1, target, device_mode="first-fit")
+    assert own.frag_amount_pct[-1] == 0.0
+    assert dra.frag_amount_pct[-1] == pytest.approx(15.0)

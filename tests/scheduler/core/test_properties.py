@@ -17,7 +17,8 @@ from scheduler.core import (
     choose,
     node_fragmentation,
 )
-from scheduler.policies import POLICY_NAMES, make_policy
+from scheduler.core.gpus import DEVICE_CHOICES, FIRST_FIT, DeviceChoice
+from scheduler.policies import ALL_POLICY_NAMES, POLICY_NAMES, make_policy
 
 nodes_st = st.lists(
     st.builds(lambda i, cpu, gpus, prod: (cpu, gpus, prod),
@@ -113,3 +114,24 @@ def test_the_incremental_choice_over_all_rows_follows_every_kind_of_change(
                 state.add_node(gone)  # back, empty
         if step % 11 == 10:
             state.set_tie_order(np.array(rnd.sample(range(state.size), state.size), np.int64))
+
+
+@settings(max_examples=40, deadline=None)
+@given(nodes_st, pods_st(), st.sampled_from(ALL_POLICY_NAMES), st.sampled_from(DEVICE_CHOICES))
+def test_every_device_choice_places_within_capacity_and_first_fit_takes_the_first(
+        nodes: list[tuple[int, int, str]], pods: list[PodRequest], name: str,
+        device_choice: DeviceChoice) -> None:
+    """Whoever picks the GPU, the node is the policy's and nothing is over-committed; under
+    DRA's first fit a share never skips a GPU that could hold it."""
+    state = build(nodes)
+    policy = make_policy(name, workload=TargetWorkload.from_pods(pods), seed=1,
+                         device_choice=device_choice)
+    cache = ScoreCache(policy) if policy.node_local else None
+    for p in pods:
+        d = choose(state, policy, p, cache=cache, device_choice=device_choice)
+        if d is None:
+            continue
+        if device_choice == FIRST_FIT and p.is_share:
+            free = state.gpu_free[d.row]
+            assert (free[: d.gpus[0]] < p.gpu_milli).all() and free[d.gpus[0]] >= p.gpu_milli
+        state.place(p, d.row, d.gpus)  # checked placement: raises on any over-commit
