@@ -1,24 +1,25 @@
-"""Issue 14's defrag targets on the real traces: every figure before/after, and why.
+"""Issue 43's waste-loop targets over 14 simulated days, against the same run's bound and baseline.
 
-``gpufrag whatif --defrag`` on openb (``openb_pod_list_default``, filled by ``random`` to 85%)
-with the GenAI per-pod memory trace, seed 42, default knobs (right-sizing ``auto``,
-reservations on, a cycle every 15 min, cooldown 1 h, --min-gain-gpus 0.1), for ``--cycles``
-cycles. Side by side, in the same run, the reference: the same cluster and usage with
-right-sizing in ``recommend`` (nothing admitted smaller: moves only pack) and no least gain
-per eviction — the controller as it was before right-sizing reached defrag.
+``gpufrag whatif --defrag --days 14`` on openb (``openb_pod_list_default`` on its own timeline,
+rotated copies to 85% of GPU capacity on average) with the GenAI per-pod memory series, for
+seed 42 and two more seeds, default knobs: rollouts every 7 days, a cycle an hour, evictions at
+most 1% of the running GPU pods a day, a workload at most once a day, right-sizing evictions
+only for pods holding 1.5x their admitted share or more that have not restarted for 2 days.
+Each run has three arms (:mod:`simulations.waste_loop`): the baseline (random scheduler, no
+right-sizing, no defrag), the waste loop, and the bound (every eligible pod at its admitted
+share at every cycle, no eviction). "After 14 days" is the mean over the last simulated day.
 
-Printed: the target table (idle ratio, free whole GPUs, fragmentation ratio, evictions per
-cycle and in total, pods moved twice, nodes with the trigger off once settled), the per-cycle
-lines, and the bound right-sizing can reach: every share pod admitted with its recommendation
-at once, with no eviction budget. Where the bound is above a target, the target cannot be met
-by this mechanism on this trace; the bound says by how much.
+Targets, per seed: idle ratio within 2 pp of the bound; trigger off on at least the bound's
+share of nodes minus 5 pp; free whole GPUs at least the baseline's + 80%; pending GPU pods no
+more than the baseline's; evictions at most 1% of the running GPU pods in any day; no pod moved
+twice within a day; no node flapping (trigger on, off, on again within a day); readings of
+right-sized pods above the share they held at most 1% (out of sample); every over-share raised
+within a cycle (the replacement admitted at the raised share); no pod beyond its share for
+longer than a cycle. Then the sweep over the rollout cadence (1, 3, 7, 14, 30 days, seed 42):
+how many targets hold at each, as context (the verdict is the default cadence's).
 
-Then the frontier (issue 25): the same run for a few right-sizing headrooms, each judged out of
-sample (readings of right-sized pods above the share they held, which the recommender set from
-earlier readings): idle ratio and free whole GPUs against that risk, and the small pods placed
-on the room it opened. ``--out DIR`` also plots it (``defrag_frontier.png``).
-
-    .venv/bin/python -m benchmarks.defrag_targets [--data DIR] [--cycles 6] [--out D]
+    .venv/bin/python -m benchmarks.defrag_targets [--data DIR] [--days 14] [--seeds 42,43,44]
+        [--rollouts 1,3,7,14,30] [--jobs 2] [--out DIR]
 
 ``--data`` defaults to the data root (``GPUFRAG_DATA_ROOT``, see :mod:`gpufrag.dataroot`).
 """
@@ -26,47 +27,107 @@ on the room it opened. ``--out DIR`` also plots it (``defrag_frontier.png``).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from benchmarks import results
-from defrag.controller.config import DefragConfig
-from defrag.rightsizing.recommender import Mode
 from gpufrag.dataroot import ENV, data_root
-from simulations.defrag_whatif import (
-    DEFAULT_CYCLES,
-    GENAI_FILE,
-    GENAI_GPU_GIB,
-    WHATIF_RIGHTSIZING,
-    FrontierPoint,
-    WhatIfResult,
-    plot_frontier,
-    run_whatif,
+from scheduler.core.types import NodeSpec
+from simulations.defrag_whatif import GENAI_FILE, GENAI_GPU_GIB, with_gpu_memory
+from simulations.openb import load_nodes
+from simulations.rightsizing import MemoryTrace, read_memory_trace
+from simulations.waste_loop import (
+    BASELINE,
+    BOUND,
+    LOOP,
+    LoopResult,
+    LoopSettings,
+    load_window,
+    plot,
+    run_loop,
     table,
     targets,
-    with_gpu_memory,
 )
-from simulations.openb import load_nodes, load_pods
-from simulations.rightsizing import read_memory_trace
+
+DEFAULT_SEEDS = (42, 43, 44)
+DEFAULT_ROLLOUTS = (1.0, 3.0, 7.0, 14.0, 30.0)
+LOAD = 0.85
 
 
-def _line(name: str, result: WhatIfResult) -> str:
-    b, a = result.before, result.after
-    return (f"  {name:<34} idle {b.idle_ratio:.1%} -> {a.idle_ratio:.1%}, frag "
-            f"{b.frag_ratio:.1%} -> {a.frag_ratio:.1%}, free whole GPUs {b.free_whole_gpus} -> "
-            f"{a.free_whole_gpus}, evictions {result.evictions} "
-            f"({result.evictions / max(result.pods, 1):.2%}), moved twice {result.moved_twice}")
+def _numbers(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def _run(job: tuple[list[NodeSpec], Path, MemoryTrace, LoopSettings, str]
+         ) -> tuple[LoopResult, float]:
+    nodes, pods_csv, trace, settings, workload = job
+    started = time.perf_counter()
+    timed = load_window(nodes, pods_csv, days=settings.days, load=LOAD, seed=settings.seed)
+    result = run_loop(nodes, timed, trace, settings, workload=workload)
+    return result, time.perf_counter() - started
+
+
+def figures_of(result: LoopResult, seed: int) -> list[results.Figure]:
+    """The judged figures of one seed's run (each with the issue's target) and its context."""
+    days = result.settings.days
+    base, loop, bound = result.arms[BASELINE], result.arms[LOOP], result.arms[BOUND]
+    nodes = max(loop.gpu_nodes, 1)
+    idle, idle_bound = loop.mean("idle_ratio", days), bound.mean("idle_ratio", days)
+    off = 1 - loop.mean("trigger_on", days) / nodes
+    off_bound = 1 - bound.mean("trigger_on", days) / nodes
+    free, free_base = loop.mean("free_whole_gpus", days), base.mean("free_whole_gpus", days)
+    kills = loop.oom_kills
+    s = f"seed {seed}"
+    t = results.Target
+    return [
+        results.Figure(f"{s}: idle ratio above the bound's ({100 * idle:.1f}% vs "
+                       f"{100 * idle_bound:.1f}%; baseline "
+                       f"{100 * base.mean('idle_ratio', days):.1f}%)",
+                       100 * (idle - idle_bound), "pp", t("<=", 2.0)),
+        results.Figure(f"{s}: trigger off, below the bound's share of nodes ({100 * off:.1f}% vs "
+                       f"{100 * off_bound:.1f}%)", 100 * (off_bound - off), "pp", t("<=", 5.0)),
+        results.Figure(f"{s}: free whole GPUs over the baseline's ({free:.0f} vs "
+                       f"{free_base:.0f})", 100 * (free - free_base) / max(free_base, 1.0), "%",
+                       t(">=", 80.0)),
+        results.Figure(f"{s}: pending GPU pods over the baseline's ("
+                       f"{loop.mean('pending_gpu_pods', days):.1f} vs "
+                       f"{base.mean('pending_gpu_pods', days):.1f})",
+                       loop.mean("pending_gpu_pods", days) - base.mean("pending_gpu_pods", days),
+                       "pods", t("<=", 0.0)),
+        results.Figure(f"{s}: evictions in a day, the most ({loop.evictions} in "
+                       f"{days:g} days)", 100 * loop.max_day_eviction_ratio(),
+                       "% of running GPU pods", t("<=", 1.0)),
+        results.Figure(f"{s}: pods moved twice within a day", loop.moved_twice_within_day,
+                       "pods", t("<=", 0.0)),
+        results.Figure(f"{s}: nodes flapping (on, off, on within a day; baseline "
+                       f"{len(base.flapped)})", len(loop.flapped), "nodes", t("<=", 0.0)),
+        results.Figure(f"{s}: readings above the share held, out of sample "
+                       f"({loop.over_share.over} of {loop.over_share.samples})",
+                       100 * loop.over_share.ratio, "%", t("<=", 1.0)),
+        results.Figure(f"{s}: over-shares not raised within a cycle (of {kills} killed out "
+                       "of memory)", kills - loop.raised_within_cycle, "pods", t("<=", 0.0)),
+        results.Figure(f"{s}: pods beyond their share for longer than a cycle",
+                       loop.beyond_one_cycle, "pods", t("<=", 0.0)),
+        results.Figure(f"{s}: GPU-hours given back by right-sizing (bound "
+                       f"{bound.gpu_hours_given_back(result.settings.interval_s):,.0f})",
+                       loop.gpu_hours_given_back(result.settings.interval_s), "GPU-h"),
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=data_root())
-    p.add_argument("--cycles", type=int, default=DEFAULT_CYCLES)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--out", type=Path, help="write defrag_frontier.png here")
+    p.add_argument("--days", type=float, default=14.0)
+    p.add_argument("--seeds", type=lambda x: [int(v) for v in _numbers(x)],
+                   default=list(DEFAULT_SEEDS))
+    p.add_argument("--rollouts", type=_numbers, default=list(DEFAULT_ROLLOUTS),
+                   help="rollout cadences (days) of the sweep, at the first seed")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
+    p.add_argument("--out", type=Path, help="write each run's waste_loop.png here")
     results.add_arguments(p, "defrag_targets")
     args = p.parse_args(argv)
     start = results.Start.now()
@@ -79,58 +140,50 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     nodes = with_gpu_memory(load_nodes(nodes_csv), 32)
-    pods = load_pods(pods_csv, {n.gpu_product for n in nodes if n.gpu_count})
     trace = read_memory_trace(memory_csv, GENAI_GPU_GIB)
-    runs: dict[str, WhatIfResult] = {}
-    seconds: dict[str, float] = {}
-    for name, mode, min_gain in (("default knobs", Mode.AUTO, DefragConfig().min_gain_gpus),
-                                 ("reference (recommend, no least gain)", Mode.RECOMMEND, 0.0)):
-        started = time.perf_counter()
-        runs[name] = run_whatif(nodes, pods, workload=pods_csv.stem, seed=args.seed,
-                                cycles=args.cycles, trace=trace, rightsizing=mode,
-                                min_gain_gpus=min_gain)
-        seconds[name] = time.perf_counter() - started
-    ours = runs["default knobs"]
-    print(table(ours))
-    print("\nside by side (same cluster, same usage, same cycles):")
-    for name, result in runs.items():
-        print(_line(name, result) + f" ({seconds[name]:.1f}s)")
-    ref = runs["reference (recommend, no least gain)"]
-    saved = ref.after.idle_gib - ours.after.idle_gib
-    print(f"  right-sizing gave back {saved:.0f} GiB of reserved-but-unused memory against the "
-          f"reference ({saved / max(ref.after.idle_gib, 1e-9):.1%} of its idle memory), with "
-          f"{ours.evictions - ref.evictions:+d} evictions")
-    bound = ours.ceiling
-    if bound is not None:
-        print(f"\nbound: every single-GPU pod right-sized at once, no budget: idle ratio "
-              f"{bound.summary.idle_ratio:.1%}, {bound.triggered_idle} of {ours.gpu_nodes} "
-              f"nodes still above the trigger ({bound.rightsized} pods change)")
-    met = sum(t.met for t in targets(ours))
-    print(f"targets met: {met} of {len(targets(ours))}")
-
-    print("\nfrontier (right-sizing headroom; out of sample; default knobs marked *):")
-    default = WHATIF_RIGHTSIZING
-    points = []
-    for fraction, mib in HEADROOMS:
-        config = dataclasses.replace(default, headroom_fraction=fraction, headroom_mib=mib)
-        result = ours if config == default else run_whatif(
-            nodes, pods, workload=pods_csv.stem, seed=args.seed, cycles=args.cycles,
-            trace=trace, rightsizing_config=config)
-        points.append(FrontierPoint.of(config, result))
-        print(f"  {'*' if config == default else ' '} {points[-1].line()}")
-    if args.out is not None:
-        print(f"  plotted: {plot_frontier(points, args.out)}")
-    # Each target is judged where its logic lives (simulations.defrag_whatif.targets: several
-    # are two-sided or compare before with after); the record keeps its figure in the name and
-    # 1 for met, 0 for not, so one not met misses the whole benchmark.
-    results.record(args, "defrag_targets", start, [
-        results.Figure(f"{t.name}: {t.figure} (goal {t.goal}); 1 = met", float(t.met), "",
-                       results.Target(">=", 1.0)) for t in targets(ours)])
+    default = LoopSettings(days=args.days)
+    runs = [replace(default, seed=s) for s in args.seeds]
+    runs += [replace(default, seed=args.seeds[0], rollout_days=r) for r in args.rollouts
+             if r != default.rollout_days]
+    jobs = [(nodes, pods_csv, trace, s, pods_csv.stem) for s in runs]
+    started = time.perf_counter()
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            done = list(pool.map(_run, jobs))
+    else:
+        done = [_run(j) for j in jobs]
+    wall = time.perf_counter() - started
+    figures: list[results.Figure] = []
+    by_rollout: dict[float, LoopResult] = {}
+    for (result, seconds), settings in zip(done, runs, strict=True):
+        print(table(result))
+        print(f"  ({seconds:.0f} s)\n")
+        if args.out is not None:
+            plot(result, args.out / f"seed{settings.seed}-rollout{settings.rollout_days:g}")
+        if settings.rollout_days == default.rollout_days:
+            figures += figures_of(result, settings.seed)
+        if settings.seed == args.seeds[0]:
+            by_rollout[settings.rollout_days] = result
+    for rollout in sorted(by_rollout):
+        result = by_rollout[rollout]
+        found = targets(result)
+        missed = ", ".join(t.name for t in found if not t.met) or "none"
+        loop, bound = result.arms[LOOP], result.arms[BOUND]
+        line = (f"rollouts every {rollout:g} days (seed {args.seeds[0]}): targets met "
+                f"(of {len(found)}; missed: {missed})")
+        print(f"{line}: {sum(t.met for t in found)}; idle "
+              f"{loop.mean('idle_ratio', args.days):.1%} (bound "
+              f"{bound.mean('idle_ratio', args.days):.1%}), evictions {loop.evictions}")
+        figures.append(results.Figure(line, sum(t.met for t in found), "targets"))
+        figures.append(results.Figure(
+            f"rollouts every {rollout:g} days: idle ratio above the bound's", 100 * (
+                loop.mean("idle_ratio", args.days) - bound.mean("idle_ratio", args.days)),
+            "pp"))
+    figures.append(results.Figure(
+        f"wall time, {len(runs)} runs of {args.days:g} days x 3 arms on {args.jobs} "
+        f"process(es)", wall, "s"))
+    results.record(args, "defrag_targets", start, figures)
     return 0
-
-
-# The headrooms the frontier tries (fraction of the p95, MiB): none, the default, twice it.
-HEADROOMS = ((0.0, 0), (0.15, 256), (0.3, 512))
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 from types import ModuleType
-from typing import Final, TextIO
+from typing import Any, Final, TextIO
 
 PLOT_EXTRA: Final = "plot"
 
@@ -56,3 +57,13 @@ def plots_wanted(no_plots: bool, prog: str, *, stream: TextIO | None = None) -> 
         return True
     print(f"{prog}: plots skipped: {reason}", file=stream or sys.stderr)
     return False
+
+
+def save_figure(fig: Any, out: Path, name: str, *, dpi: int = 110) -> Path:
+    """Write ``fig`` as ``out/name`` (making ``out``) and close it: a figure left open keeps
+    its memory for the life of a process that draws many."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    fig.savefig(path, dpi=dpi)
+    importlib.import_module("matplotlib.pyplot").close(fig)
+    return path

@@ -26,7 +26,7 @@ from gpufrag.plotting import plots_wanted
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.policies import ALL_POLICY_NAMES, POLICY_NAMES
-from simulations import defrag_whatif, genai, mig_whatif, report, sweep, timeline
+from simulations import defrag_whatif, genai, mig_whatif, report, sweep, timeline, waste_loop
 from simulations.events import EventConfig
 from simulations.kss import kss_target, kss_workload
 from simulations.openb import gpu_spec_texts, load_nodes, load_pods
@@ -102,7 +102,8 @@ def build_parser() -> BadInputArgumentParser:
                    "plugin path), DRA's first fit ('first-fit'), or DRA's first fit with the "
                    "policy scoring each node for that GPU ('first-fit-scored'; docs/dra.md)")
     p.add_argument("--defrag", action="store_true",
-                   help="run the defrag what-if instead (gpufrag whatif --defrag --help)")
+                   help="run the defrag what-if instead (gpufrag whatif --defrag --help; over "
+                   "days with the baseline and the bound: --defrag --days N)")
     p.add_argument("--mig", action="store_true",
                    help="run the MIG what-if instead: whole GPUs vs fixed MIG layouts vs the "
                    "layout advisor's (gpufrag whatif --mig --help)")
@@ -162,7 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] == "merge":
         return merge_main(argv[1:])
     if "--defrag" in argv:
-        return defrag_whatif.main([a for a in argv if a != "--defrag"])
+        rest = [a for a in argv if a != "--defrag"]
+        if any(a == "--days" or a.startswith("--days=") for a in rest):
+            return waste_loop.main(rest)  # the waste loop over days, beside baseline and bound
+        return defrag_whatif.main(rest)
     if "--mig" in argv:
         return mig_whatif.main([a for a in argv if a != "--mig"])
     args = build_parser().parse_or_exit_code(argv)

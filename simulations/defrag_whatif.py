@@ -49,16 +49,16 @@ import numpy.typing as npt
 
 from defrag.controller.config import DefragConfig, Limits, add_trigger_cycle_flags
 from defrag.controller.convergence import Convergence, DefragState, convergence
-from defrag.controller.executor import Executor
+from defrag.controller.executor import CycleReport, Executor
 from defrag.controller.measure import Summary, comparison_rows, measure
 from defrag.controller.metrics import CycleMetrics
 from defrag.controller.model import PodInfo, Snapshot, snapshot_of_state
-from defrag.controller.planner import Move, plan
+from defrag.controller.planner import Move, Plan, plan
 from defrag.controller.trigger import find_triggers
 from defrag.rightsizing.recommender import Mode, RightsizingConfig
 from gpufrag.dataroot import data_root, fallback_line
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput
-from gpufrag.plotting import plots_wanted, pyplot
+from gpufrag.plotting import plots_wanted, pyplot, save_figure
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.placement import ScoreCache, choose
 from scheduler.core.policy import Policy
@@ -277,39 +277,47 @@ def place_pending(snapshot: Snapshot, policy: Policy, cache: ScoreCache | None,
                    sizing: Rightsizing, now_s: float) -> int:
     """The scheduler's retry of the pending pods, in order; returns how many were placed.
     A placed GPU pod starts using memory as its container of the trace does at ``now_s``."""
-    state = snapshot.state
     placed = 0
     waiting: list[PodInfo] = []
     for info in snapshot.pending:
-        decision = choose(state, policy, info.request, None, cache)
-        if decision is None:
+        if place_one(snapshot, policy, cache, sizing, info, now_s):
+            placed += 1
+        else:
             waiting.append(info)
-            continue
-        placement = state.place(info.request, decision.row, decision.gpus, check=False)
-        used = None
-        peak = None
-        if info.request.wants_gpu:
-            sizing.track(info.key, info.request, float(state.gpu_memory_mib[decision.row]),
-                         since_s=now_s)
-            used, peak = sizing.used_mib(info.key, now_s), sizing.peak_mib(info.key, now_s)
-        snapshot.usage.add(placement, decision.row, used, peak)
-        snapshot.pods[info.key] = replace(info, node=placement.node, running=True)
-        placed += 1
     snapshot.pending = waiting
     return placed
 
 
-def _gpu_memory_of_pods(state: ClusterState) -> dict[str, float]:
+def place_one(snapshot: Snapshot, policy: Policy, cache: ScoreCache | None,
+              sizing: Rightsizing, info: PodInfo, now_s: float) -> bool:
+    """The scheduler's one try at ``info`` (not in ``snapshot.pending``); True when placed."""
+    state = snapshot.state
+    decision = choose(state, policy, info.request, None, cache)
+    if decision is None:
+        return False
+    placement = state.place(info.request, decision.row, decision.gpus, check=False)
+    used = None
+    peak = None
+    if info.request.wants_gpu:
+        sizing.track(info.key, info.request, float(state.gpu_memory_mib[decision.row]),
+                     since_s=now_s)
+        used, peak = sizing.used_mib(info.key, now_s), sizing.peak_mib(info.key, now_s)
+    snapshot.usage.add(placement, decision.row, used, peak)
+    snapshot.pods[info.key] = replace(info, node=placement.node, running=True)
+    return True
+
+
+def gpu_memory_of_pods(state: ClusterState) -> dict[str, float]:
     return {k: float(state.gpu_memory_mib[state.index[p.node]])
             for k, p in state.pods.items() if p.pod.wants_gpu}
 
 
-def _shares_mib(state: ClusterState, gpu_mib: Mapping[str, float]) -> dict[str, float]:
+def shares_mib(state: ClusterState, gpu_mib: Mapping[str, float]) -> dict[str, float]:
     """What each GPU pod reserves per GPU now (MiB)."""
     return {k: state.pods[k].pod.gpu_milli / MILLI_PER_GPU * mib for k, mib in gpu_mib.items()}
 
 
-def _refresh_usage(snapshot: Snapshot, sizing: Rightsizing, now_s: float) -> None:
+def refresh_usage(snapshot: Snapshot, sizing: Rightsizing, now_s: float) -> None:
     """Every tracked pod's memory as its container of the trace uses it at ``now_s``, and its
     peak over the window."""
     usage, state = snapshot.usage, snapshot.state
@@ -426,29 +434,20 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
         started = time.perf_counter()
         now = history_s + (cycle - 1) * interval_s
         if cycle > 1:
-            _refresh_usage(snapshot, sizing, now)
+            refresh_usage(snapshot, sizing, now)
         # The controller's part of right-sizing: fold the readings, recommend; the webhook's
         # rule then says what each replacement would be admitted with.
-        gpu_mib = _gpu_memory_of_pods(state)
-        sizing.observe(now, gpu_mib, _shares_mib(state, gpu_mib))
+        gpu_mib = gpu_memory_of_pods(state)
+        sizing.observe(now, gpu_mib, shares_mib(state, gpu_mib))
         requests = {k: p.pod for k, p in state.pods.items()}
         snapshot.rightsized = sizing.rightsized(requests)
         snapshot.sizable = sizing.sizable(requests)
         if result.ceiling is None:
             result.ceiling = rightsizing_ceiling(snapshot, target, config.threshold)
-        snapshot.latched = memory.latched
-        snapshot.streaks = memory.streaks
-        snapshot.cooling = memory.cooling(now, config.cooldown_s)
-        the_plan = plan(snapshot, scheduler, target, config)
-        actions = WhatIfActions(snapshot, scheduler, cache,
-                                partial(place_pending, snapshot, scheduler, cache, sizing, now),
-                                reserving=reservations, log=SilentLog())
-        metrics = CycleMetrics(dry_run=True)
-        report = Executor(actions, config, metrics, clock=partial(float, now),
-                          log=SilentLog()).run(the_plan, snapshot, target)
-        placed = place_pending(snapshot, scheduler, cache, sizing, now)
-        carried_out = [r.move for r in report.results
-                       if r.outcome not in ("refused by PDB", "pod gone")]
+        the_plan, report, actions, placed = defrag_cycle(
+            snapshot, scheduler, cache, sizing, target, config, memory, now,
+            reservations=reservations)
+        carried_out = carried_out_moves(report)
         result.moves_per_pod.update(m.pod for m in carried_out)
         summary = convergence(
             triggered_idle=len(report.latched_after), triggered_blocking=report.blocking_after,
@@ -482,10 +481,37 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
             placed_in_window=actions.placed_in_window, moves=tuple(carried_out),
             admission_skips=dict(sizing.skips), not_actionable=len(the_plan.not_actionable)))
     # The readings after the last cycle's moves, judged like the others (out of sample).
-    gpu_mib = _gpu_memory_of_pods(state)
-    sizing.observe(history_s + cycles * interval_s, gpu_mib, _shares_mib(state, gpu_mib))
+    gpu_mib = gpu_memory_of_pods(state)
+    sizing.observe(history_s + cycles * interval_s, gpu_mib, shares_mib(state, gpu_mib))
     result.over_share = sizing.over_share
     return result
+
+
+def defrag_cycle(snapshot: Snapshot, scheduler: Policy, cache: ScoreCache | None,
+                 sizing: Rightsizing, target: TargetWorkload, config: DefragConfig,
+                 memory: DefragState, now: float, *, reservations: bool = True
+                 ) -> tuple[Plan, CycleReport, WhatIfActions, int]:
+    """One CronJob run on the what-if's cluster, with the controller's code: the state the last
+    cycles left, the plan, the executor with the what-if's writer (reservations, the
+    scheduler's turn in the window), then the scheduler's retry of the pending pods.
+    ``snapshot.rightsized`` (and ``rightsize_evictable``) are the caller's. Returns the plan,
+    the executor's report, the writer and how many pending pods the retry placed."""
+    snapshot.latched = memory.latched
+    snapshot.streaks = memory.streaks
+    snapshot.cooling = memory.cooling(now, config.cooldown_s)
+    the_plan = plan(snapshot, scheduler, target, config)
+    actions = WhatIfActions(snapshot, scheduler, cache,
+                            partial(place_pending, snapshot, scheduler, cache, sizing, now),
+                            reserving=reservations, log=SilentLog())
+    report = Executor(actions, config, CycleMetrics(dry_run=True), clock=partial(float, now),
+                      log=SilentLog()).run(the_plan, snapshot, target)
+    placed = place_pending(snapshot, scheduler, cache, sizing, now)
+    return the_plan, report, actions, placed
+
+
+def carried_out_moves(report: CycleReport) -> list[Move]:
+    """The moves whose pod was evicted (not refused by a PDB, not gone before)."""
+    return [r.move for r in report.results if r.outcome not in ("refused by PDB", "pod gone")]
 
 
 # ----------------------------------------------------------------------------- targets
@@ -628,11 +654,7 @@ def plot_frontier(points: Sequence[FrontierPoint], out: Path) -> Path:
         ax.legend()
     fig.suptitle("right-sizing headroom: what it gives back against what it risks")
     fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "defrag_frontier.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, "defrag_frontier.png")
 
 
 def plot(result: WhatIfResult, out: Path) -> Path:
@@ -777,14 +799,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             nodes = load_nodes(args.nodes)
             pods = load_pods(args.pods, {n.gpu_product for n in nodes if n.gpu_count})
         nodes = with_gpu_memory(nodes, args.default_gpu_gib)
-        genai = args.genai_memory
-        if genai is None and DEFAULT_GENAI.is_file():
-            genai = DEFAULT_GENAI
-        elif genai is None:
-            print(f"gpufrag whatif --defrag: "
-                  f"{fallback_line(DEFAULT_GENAI, 'GenAI memory trace')}", file=sys.stderr)
-        trace = (read_memory_trace(genai, args.genai_gpu_gib) if genai is not None
-                 else synthetic_memory_trace(args.seed))
+        trace = memory_trace(args.genai_memory, args.genai_gpu_gib, args.seed)
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
     except BadInput as e:
@@ -808,11 +823,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         reservations=not args.no_reservations)
     print(table(result))
     if args.out is not None:
-        (args.out / "defrag_summary.json").write_text(json.dumps(result.as_dict(), indent=2)
-                                                      + "\n")
-        written = ["defrag_summary.json"]
-        if plots_wanted(args.no_plots, "gpufrag whatif --defrag"):
-            plot(result, args.out)
-            written.append("defrag.png")
-        print(f"\nwrote {', '.join(str(args.out / w) for w in written)}")
+        write_outputs(args.out, "defrag_summary.json", result.as_dict(),
+                      None if args.no_plots else partial(plot, result))
     return EXIT_OK
+
+
+def write_outputs(out: Path, summary_name: str, summary: Mapping[str, Any],
+                  draw: Callable[[Path], Path] | None) -> None:
+    """The summary JSON in ``out``, and the plot ``draw`` makes there unless plots are off
+    (``None``: --no-plots) or matplotlib is missing; prints what was written."""
+    (out / summary_name).write_text(json.dumps(summary, indent=2) + "\n")
+    written = [out / summary_name]
+    if draw is not None and plots_wanted(False, "gpufrag whatif --defrag"):
+        written.append(draw(out))
+    print(f"\nwrote {', '.join(str(w) for w in written)}")
+
+
+def memory_trace(genai: Path | None, gpu_gib: float, seed: int) -> MemoryTrace:
+    """The GenAI memory trace: ``genai``, else the one under the data root when present, else
+    the seeded synthetic stand-in (saying so on stderr)."""
+    if genai is None and DEFAULT_GENAI.is_file():
+        genai = DEFAULT_GENAI
+    elif genai is None:
+        print(f"gpufrag whatif --defrag: "
+              f"{fallback_line(DEFAULT_GENAI, 'GenAI memory trace')}", file=sys.stderr)
+    return (read_memory_trace(genai, gpu_gib) if genai is not None
+            else synthetic_memory_trace(seed))

@@ -46,6 +46,7 @@ from defrag.rightsizing.recommender import (
     WorkloadHistory,
     encode,
     recommend,
+    replacement_milli,
 )
 from defrag.rightsizing.workloads import Workload
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
@@ -134,6 +135,21 @@ def synthetic_memory_trace(seed: int = 0, *, containers: int = 64, hours: float 
                        f"with a daily swing of {SYNTHETIC_SWING:.0%}")
 
 
+def tiled(trace: MemoryTrace, until_s: float) -> MemoryTrace:
+    """``trace`` with each container's series repeated back to back until ``until_s``: the
+    GenAI containers cover about a day, a what-if over days reads each as a workload whose day
+    repeats (a lap is the container's span plus one median sample step)."""
+    times: list[FloatArray] = []
+    fractions: list[FloatArray] = []
+    for t, f in zip(trace.t_s, trace.fraction, strict=True):
+        step = float(np.median(np.diff(t))) if t.size > 1 else 60.0
+        lap = float(t[-1] - t[0]) + step
+        laps = max(1, math.ceil(until_s / lap))
+        times.append(np.concatenate([t + k * lap for k in range(laps)]))
+        fractions.append(np.tile(f, laps))
+    return MemoryTrace(tuple(times), tuple(fractions), source=f"{trace.source}, repeated")
+
+
 @dataclass
 class _Tracked:
     container: int
@@ -171,9 +187,12 @@ class Rightsizing:
 
     def __init__(self, trace: MemoryTrace, *, mode: Mode = Mode.AUTO,
                  config: RightsizingConfig | None = None, names: KubeNames = DEFAULT_NAMES,
-                 seed: int = 0) -> None:
+                 seed: int = 0, count_skips: bool = True) -> None:
         self.trace = trace
         self.mode = mode
+        # False: admitted shares straight from the webhook's share rule, without the annotation
+        # round trip that names each skip reason (a what-if over days asks thousands a cycle).
+        self.count_skips = count_skips
         self.config = (config or RightsizingConfig()).validated()
         self.names = names
         self.rng = np.random.default_rng(seed + 7)
@@ -181,6 +200,7 @@ class Rightsizing:
         self.observed_until_s = -math.inf
         self.skips: dict[str, int] = {}
         self.over_share = OverShare()
+        self.overran: set[str] = set()  # pods with a reading above their share at the last observe
 
     def track(self, key: str, request: PodRequest, gpu_memory_mib: float, *,
               since_s: float = -math.inf) -> None:
@@ -193,6 +213,22 @@ class Rightsizing:
         self.pods[key] = _Tracked(container, scale,
                                   request.gpu_milli if request.num_gpu == 1 else 0,
                                   since_s=since_s)
+
+    def restarted(self, key: str, now_s: float) -> None:
+        """A new replica of ``key``'s workload started at ``now_s``: its peaks count from then
+        (its history, recommendation and guard are the workload's and stay)."""
+        pod = self.pods.get(key)
+        if pod is not None:
+            pod.since_s = now_s
+
+    def forget(self, key: str) -> None:
+        """``key``'s workload ended: nothing more to read or recommend."""
+        self.pods.pop(key, None)
+
+    def asked_milli(self, key: str) -> int:
+        """What ``key``'s template asks per GPU if it is a tracked single-GPU pod, else 0."""
+        pod = self.pods.get(key)
+        return pod.asked_milli if pod is not None else 0
 
     def used_mib(self, key: str, t_s: float) -> float:
         pod = self.pods[key]
@@ -216,21 +252,23 @@ class Rightsizing:
         workload (:meth:`defrag.rightsizing.recommender.Raise.after_overrun`)."""
         start = self.observed_until_s
         shares = share_mib or {}
+        self.overran = set()
         for key, pod in self.pods.items():
             if not pod.asked_milli or key not in gpu_memory_mib:
                 continue
             times, fractions = self.trace.between(pod.container, start, until_s)
             gpu_mib = int(gpu_memory_mib[key])
-            ns, _, name = key.rpartition("/")
-            used = [int(f * pod.scale_mib) for f in fractions]
-            samples = [PodSample(ns, name, key, u, gpu_mib, float(t))
-                       for t, u in zip(times, used, strict=True)]
+            used = (fractions * pod.scale_mib).astype(np.int64)
             share = shares.get(key)
-            if share is not None and share < pod.scale_mib and used:
-                over = [u for u in used if u > share]
-                self.over_share.samples += len(used)
-                self.over_share.over += len(over)
-                if over:
+            # Right-sized: holding less than its template asks on this GPU (a pod on a smaller
+            # GPU than it first had holds less memory, but it is not right-sized).
+            asked_mib = pod.asked_milli / MILLI_PER_GPU * gpu_mib
+            if share is not None and share < min(pod.scale_mib, asked_mib) and used.size:
+                over = used[used > share]
+                self.over_share.samples += int(used.size)
+                self.over_share.over += int(over.size)
+                if over.size:
+                    self.overran.add(key)
                     if pod.raised_share_mib is None:
                         self.over_share.raised += 1
                         pod.raised_share_mib = share
@@ -238,10 +276,27 @@ class Rightsizing:
                         self.over_share.over_again += 1
                         pod.raised_share_mib = share
                     pod.raises += 1
-                    pod.guard = pod.guard.after_overrun(max(over), until_s, self.config)
-            pod.history = pod.history.add(samples, until_s, self.config)
+                    pod.guard = pod.guard.after_overrun(int(over.max()), until_s, self.config)
+            pod.history = pod.history.add(self._interval_peaks(key, times, used, gpu_mib),
+                                          until_s, self.config)
             pod.recommendation = recommend(pod.history, self.config, until_s, pod.guard)
         self.observed_until_s = until_s
+
+    def _interval_peaks(self, key: str, times: FloatArray, used: npt.NDArray[np.int64],
+                        gpu_mib: int) -> list[PodSample]:
+        """One reading per history interval, its largest (what the history keeps of them: the
+        node agent's peak), so a day of minute samples folds as 24 readings, not 1,440."""
+        if not used.size:
+            return []
+        interval = self.config.interval_s
+        buckets = np.floor(times / interval)
+        ns, _, name = key.rpartition("/")
+        out = []
+        for bucket in np.unique(buckets):
+            in_bucket = buckets == bucket
+            i = int(np.argmax(np.where(in_bucket, used, -1)))
+            out.append(PodSample(ns, name, key, int(used[i]), gpu_mib, float(times[i])))
+        return out
 
     def workload(self, key: str) -> Workload:
         """The workload's controller as the webhook reads it: mode and recommendation
@@ -266,13 +321,23 @@ class Rightsizing:
 
     def admitted_milli(self, key: str, request: PodRequest) -> int:
         """The share the webhook admits ``key``'s replacement with (0: as the template asks,
-        or not a share); each skip reason is counted in :attr:`skips`."""
+        or not a share); each skip reason is counted in :attr:`skips`, unless ``count_skips``
+        is off: then the share is the one the webhook's rule gives (``decide`` applies
+        :func:`~defrag.rightsizing.recommender.replacement_milli` to one GPU's ask, and keeps
+        the ask when that is not smaller), read off the recommendation without encoding it."""
+        pod = self.pods.get(key)
+        if not self.count_skips:
+            asked = pod.asked_milli if pod is not None else 0
+            rec = pod.recommendation if pod is not None else None
+            if self.mode is not Mode.AUTO or rec is None or not asked:
+                return asked
+            new = replacement_milli(rec, 1, asked, self.observed_until_s)
+            return new if new is not None and new < asked else asked
         decision = decide(self.template(key, request), self.workload(key), self.names,
                           self.observed_until_s)
         if decision.change is None:
             reason = decision.skip or "unchanged"
             self.skips[reason] = self.skips.get(reason, 0) + 1
-            pod = self.pods.get(key)
             return pod.asked_milli if pod is not None else 0
         return int(decision.change["to"])
 

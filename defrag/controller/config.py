@@ -77,6 +77,14 @@ class DefragConfig:
     # A move is worth its eviction only if it gives back at least this many GPUs (the plan's
     # gain: fragmentation, whole GPUs freed, reserved-but-unused memory, pods unblocked).
     min_gain_gpus: float = 0.1
+    # VPA's out-of-bounds rule: right-sizing is applied when pods restart (the webhook); a pod
+    # is evicted for its right-sizing alone only when the share it holds is at least this many
+    # times what its replacement would be admitted with ...
+    rightsize_evict_ratio: float = 1.5
+    # ... and it has not restarted for this long (its own rollouts right-size it first). Two
+    # days: one day of hourly peaks makes a whole GPU's recommendation (the recommender's
+    # whole_gpu_min_intervals), a second without a rollout says none is imminent.
+    rightsize_min_age_s: float = 2 * 86400.0
     # Take pods from nodes whose idle memory no right-sizing reclaims (defrag.controller.
     # actionable) too: their moves then only cut fragmentation and free whole GPUs.
     move_not_actionable: bool = False
@@ -153,6 +161,12 @@ class DefragConfig:
         if not 0.0 <= self.min_gain_gpus <= 100.0:
             raise BadInput(f"{self.min_gain_gpus} is outside 0..100 (GPUs per eviction; "
                            "e.g. 0.1)", field="--min-gain-gpus")
+        if not 1.0 <= self.rightsize_evict_ratio <= 100.0:
+            raise BadInput(f"{self.rightsize_evict_ratio} is outside 1..100 (held share over "
+                           "the admitted one; e.g. 1.5)", field="--rightsize-evict-ratio")
+        if not 0.0 <= self.rightsize_min_age_s <= 365 * 86400.0:
+            raise BadInput(f"{self.rightsize_min_age_s} is outside 0..31536000 seconds",
+                           field="--rightsize-min-age-s")
         if self.candidates_per_eviction < 1:
             raise BadInput(f"{self.candidates_per_eviction} must be >= 1",
                            field="--candidates-per-eviction")

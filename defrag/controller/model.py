@@ -91,6 +91,9 @@ class PodInfo:
     # A container of this right-sized pod (it carries the webhook's change annotation) ended
     # out of memory: the right-sizing guard raises its workload.
     out_of_memory: bool = False
+    # When the pod started (unix s, its status.startTime; None: not known): its age decides
+    # whether right-sizing alone may evict it (defrag.controller.rightsize.out_of_bounds).
+    started_s: float | None = None
 
     @property
     def namespace(self) -> str:
@@ -192,6 +195,10 @@ class Snapshot:
     sizable: Mapping[str, tuple[str, bool]] | None = None
     # The node agent's fresh readings by node (per pod, per GPU): what right-sizing learns from.
     readings: Mapping[str, NodeGpuUsage] = field(default_factory=dict)
+    # Pods whose right-sizing alone pays an eviction (VPA's out-of-bounds rule,
+    # defrag.controller.rightsize.out_of_bounds); the others' right-sized replacements count
+    # only when the move packs. None: every right-sized pod (no rule applied).
+    rightsize_evictable: frozenset[str] | None = None
 
     def latched_rows(self) -> frozenset[int]:
         index = self.state.index

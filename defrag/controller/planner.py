@@ -321,8 +321,10 @@ class _Planner:
         # A right-sized replacement gives back the share it no longer reserves (in GPUs, as
         # the score's idle memory term counts it), wherever it lands.
         rightsized = self.snapshot.rightsized
+        evictable = self.snapshot.rightsize_evictable
         reclaim = np.fromiter((max(c.placement.pod.gpu_milli
                                    - rightsized.get(c.info.key, c.placement.pod.gpu_milli), 0)
+                               if evictable is None or c.info.key in evictable else 0
                                for c in cands), np.int64, k)
         gain = (self.frag[rows] - after) / MILLI_PER_GPU + freed + reclaim / MILLI_PER_GPU
         keys = np.array([c.info.key for c in cands])
@@ -390,10 +392,15 @@ class _Planner:
         idle_delta = round(self._idle_delta(placement, src, dst, dst_gpus, pod), 3) + 0.0
         unblocks = self._unblocks(src, free_src, pod)
         cuts_idle = pod.gpu_milli < old_pod.gpu_milli and idle_delta < 0
+        # Under VPA's out-of-bounds rule (Snapshot.rightsize_evictable) the memory a right-sized
+        # replacement gives back pays for the eviction only for pods far outside their
+        # recommendation; the others move only when the move packs (it still gives it back).
+        evictable = self.snapshot.rightsize_evictable
+        idle_pays = evictable is None or c.info.key in evictable
         improves = ((frag_delta < -FRAG_EPSILON_MILLI or freed > 0 or bool(unblocks)
-                     or cuts_idle) and (freed >= 0 or bool(unblocks)))
+                     or (cuts_idle and idle_pays)) and (freed >= 0 or bool(unblocks)))
         gain = (-frag_delta / MILLI_PER_GPU + freed + len(unblocks)
-                - (idle_delta / src_mem if src_mem > 0 else 0.0))
+                - (idle_delta / src_mem if src_mem > 0 and idle_pays else 0.0))
         if not improves or gain <= 0:
             return "no landing improves the cluster"
         if gain < self.config.min_gain_gpus:

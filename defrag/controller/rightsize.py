@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from defrag.controller.config import DefragConfig
 from defrag.controller.model import PodInfo, Snapshot
 from defrag.rightsizing.recommender import (
     Mode,
@@ -209,4 +210,24 @@ def _raise(report: RightsizingReport, workloads: Workloads, workload: Workload, 
                                f"failed: {e}")
 
 
-__all__ = ["Published", "RightsizingReport", "Workloads", "overrun_mib", "publish"]
+def out_of_bounds(snapshot: Snapshot, now: float, config: DefragConfig) -> frozenset[str]:
+    """The right-sized pods whose right-sizing alone pays an eviction: VPA's updater evicts only
+    pods far outside their recommendation, and leaves the rest to be right-sized when they
+    restart. Here: the share held is at least ``config.rightsize_evict_ratio`` times the share
+    its replacement would be admitted with (``Snapshot.rightsized``), and the pod has run for
+    ``config.rightsize_min_age_s`` or more (a pod whose start is not known is not evicted for
+    its size: it may be about to roll out)."""
+    out = set()
+    for key, milli in snapshot.rightsized.items():
+        info = snapshot.pods.get(key)
+        placement = snapshot.state.pods.get(key)
+        if info is None or placement is None or milli <= 0 or info.started_s is None:
+            continue
+        if (placement.pod.gpu_milli >= config.rightsize_evict_ratio * milli
+                and now - info.started_s >= config.rightsize_min_age_s):
+            out.add(key)
+    return frozenset(out)
+
+
+__all__ = ["Published", "RightsizingReport", "Workloads", "out_of_bounds", "overrun_mib",
+           "publish"]

@@ -44,7 +44,7 @@ from scheduler.kube.convert import (
     node_name_of,
     pod_from_k8s,
 )
-from scheduler.kube.reservations import ReservationBook, reservation_from_k8s
+from scheduler.kube.reservations import ReservationBook, parse_rfc3339, reservation_from_k8s
 
 Obj = Mapping[str, Any]
 
@@ -173,7 +173,19 @@ def pod_info(obj: Obj, request: PodRequest, names: KubeNames = DEFAULT_NAMES) ->
         scheduler_name=str(spec.get("schedulerName") or ""),
         labels=labels_of(obj), constraints=constraints_of(obj),
         out_of_memory=(names.annotation_rightsizing_change in annotations_of(obj)
-                       and _ran_out_of_memory(status)))
+                       and _ran_out_of_memory(status)),
+        started_s=_start_time(status))
+
+
+def _start_time(status: object) -> float | None:
+    """The pod's ``status.startTime`` in unix seconds (None when absent or not a time)."""
+    text = status.get("startTime") if isinstance(status, Mapping) else None
+    if not isinstance(text, str):
+        return None
+    try:
+        return parse_rfc3339(text)
+    except ValueError:
+        return None
 
 
 def _ran_out_of_memory(status: object) -> bool:

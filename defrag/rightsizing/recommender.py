@@ -180,17 +180,39 @@ class WorkloadHistory:
     def add(self, samples: Iterable[PodSample], now: float,
             config: RightsizingConfig) -> WorkloadHistory:
         """This history with ``samples`` folded in and intervals outside the window dropped."""
-        peaks = {p.start_s: p for p in self.intervals}
+        fresh: dict[float, IntervalPeak] = {}
         gpu_mib = self.gpu_memory_mib
         for sample in samples:
             start = math.floor(sample.timestamp / config.interval_s) * config.interval_s
-            old = peaks.get(start)
-            peaks[start] = (IntervalPeak(start, sample.memory_used_mib, 1) if old is None else
+            old = fresh.get(start)
+            fresh[start] = (IntervalPeak(start, sample.memory_used_mib, 1) if old is None else
                             IntervalPeak(start, max(old.peak_mib, sample.memory_used_mib),
                                          old.samples + 1))
             if sample.gpu_memory_mib > 0:
                 gpu_mib = (sample.gpu_memory_mib if gpu_mib <= 0
                            else min(gpu_mib, sample.gpu_memory_mib))
+        intervals = self.intervals
+        oldest = now - config.window_s
+        if not intervals or min(fresh, default=math.inf) >= intervals[-1].start_s:
+            # Readings arrive in time order, each cycle's after the last: merge at the tail,
+            # trim at the head (the history stays sorted), instead of re-sorting a week.
+            merged = list(intervals)
+            for start in sorted(fresh):
+                new = fresh[start]
+                if merged and merged[-1].start_s == start:
+                    last = merged[-1]
+                    new = IntervalPeak(start, max(last.peak_mib, new.peak_mib),
+                                       last.samples + new.samples)
+                    merged[-1] = new
+                else:
+                    merged.append(new)
+            kept = tuple(p for p in merged if p.start_s + config.interval_s > oldest)
+            return WorkloadHistory(kept, gpu_mib)
+        peaks = {p.start_s: p for p in intervals}
+        for start, new in fresh.items():
+            old = peaks.get(start)
+            peaks[start] = new if old is None else IntervalPeak(
+                start, max(old.peak_mib, new.peak_mib), old.samples + new.samples)
         return WorkloadHistory(self.within(peaks.values(), now, config), gpu_mib)
 
     @staticmethod

@@ -135,3 +135,25 @@ def test_readings_above_a_right_sized_share_are_counted_out_of_sample_and_raise_
     assert rec.raised_mib == math.ceil(int(0.9 * full) * 1.2)
     assert sizing.rightsized({"ns/a": pod}) == {}  # held: the replacement asks 600 again
     assert sizing.skips == {"oom_cooloff": 1}
+
+
+@pytest.mark.parametrize("hours", [6.0, 30.0, 60.0])
+def test_shares_without_the_annotation_round_trip_are_the_webhooks(hours: float) -> None:
+    """``count_skips=False`` reads the webhook's share off the recommendation: the same
+    shares as the webhook's decide, for shares, whole GPUs and multi-GPU pods, before and
+    after the history allows a whole GPU to be shared and during the guard's cool-off."""
+    trace = one_series([0.1] * 100 + [0.9] * 10 + [0.1] * 300)
+    pods = {"ns/s": PodRequest("s", namespace="ns", num_gpu=1, gpu_milli=600),
+            "ns/w": PodRequest("w", namespace="ns", num_gpu=1, gpu_milli=1000),
+            "ns/m": PodRequest("m", namespace="ns", num_gpu=2, gpu_milli=1000)}
+    both = [Rightsizing(trace), Rightsizing(trace, count_skips=False)]
+    for sizing in both:
+        for key, pod in pods.items():
+            sizing.track(key, pod, GPU_MIB)
+        for t in np.arange(3600.0, hours * 3600.0 + 1, 3600.0):
+            gpu = {k: float(GPU_MIB) for k in pods}
+            sizing.observe(float(t), gpu, {"ns/s": 0.3 * GPU_MIB})
+    slow, fast = both
+    assert slow.rightsized(pods) == fast.rightsized(pods)
+    assert [slow.admitted_milli(k, p) for k, p in pods.items()] == [
+        fast.admitted_milli(k, p) for k, p in pods.items()]

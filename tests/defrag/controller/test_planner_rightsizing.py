@@ -141,3 +141,24 @@ def test_a_move_that_would_turn_its_target_on_is_not_planned() -> None:
     snap.rightsized = {"ns/a": 90}
     moves = run(snap, min_gain_gpus=0.0).moves
     assert ("ns/a", "n1") in [(m.pod, m.target) for m in moves]
+
+
+def test_under_the_out_of_bounds_rule_right_sizing_alone_evicts_only_the_listed_pods() -> None:
+    # b's move only gives memory back (n1 is empty: nothing packs). Without the rule it is
+    # planned; under it, only when b is listed (far outside its recommendation, old enough).
+    snap = two_over_reserved()
+    snap.rightsized = {"ns/a": 500, "ns/b": 320}
+    assert [m.pod for m in run(snap).moves] == ["ns/b"]
+    snap.rightsize_evictable = frozenset({"ns/b"})
+    assert [m.pod for m in run(snap).moves] == ["ns/b"]
+    snap.rightsize_evictable = frozenset({"ns/a"})
+    assert "ns/b" not in {m.pod for m in run(snap).moves}
+    snap.rightsize_evictable = frozenset()
+    assert run(snap).moves == ()
+
+
+@pytest.mark.parametrize(("field", "value"), [("rightsize_evict_ratio", 0.5),
+                                              ("rightsize_min_age_s", -1.0)])
+def test_the_out_of_bounds_rule_is_validated(field: str, value: float) -> None:
+    with pytest.raises(BadInput, match=f"--{field.replace('_', '-')}"):
+        config(**{field: value})

@@ -7,8 +7,9 @@ import dataclasses
 import math
 from typing import Any
 
+from defrag.controller.config import DefragConfig
 from defrag.controller.model import PodInfo, Snapshot
-from defrag.controller.rightsize import overrun_mib, publish
+from defrag.controller.rightsize import out_of_bounds, overrun_mib, publish
 from defrag.rightsizing.recommender import PodSample, RightsizingConfig, parse, update
 from defrag.rightsizing.workloads import Workload
 from gpufrag import conventions as cv
@@ -235,3 +236,19 @@ def test_an_overrun_is_judged_against_the_share_the_agent_holds_the_pod_to() -> 
     assert overrun_mib(info(memory), used(6000)) == 0
     assert overrun_mib(info(memory), used(9000)) == 9000
     assert overrun_mib(info(share("p", 1000)), used(T4_MIB)) == 0
+
+
+def test_out_of_bounds_lists_only_old_pods_far_above_their_admitted_share() -> None:
+    snap = snapshot([gpu_node("n0", gpus=4)],
+                    [(share(name, 600), "n0", (g,)) for g, name in enumerate("abcd")])
+    day = 86400.0
+    started = {"ns/a": NOW - 3 * day, "ns/b": NOW - 3 * day, "ns/c": NOW - 3600.0,
+               "ns/d": None}
+    snap.pods = {k: dataclasses.replace(p, started_s=started[k]) for k, p in snap.pods.items()}
+    # a holds 2x its admitted share, b only 1.2x; c is as far out but restarted an hour ago;
+    # d's start is not known (it may be about to roll out).
+    snap.rightsized = {"ns/a": 300, "ns/b": 500, "ns/c": 300, "ns/d": 300}
+    config = DefragConfig(rightsize_evict_ratio=1.5, rightsize_min_age_s=2 * day)
+    assert out_of_bounds(snap, NOW, config) == {"ns/a"}
+    assert out_of_bounds(snap, NOW, dataclasses.replace(config, rightsize_min_age_s=0.0)) == {
+        "ns/a", "ns/c"}

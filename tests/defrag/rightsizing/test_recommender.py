@@ -176,3 +176,18 @@ def test_the_guards_fields_are_checked_when_read(name: str, value: object) -> No
     with pytest.raises(BadInput) as e:
         parse(orjson.dumps(doc).decode())
     assert e.value.field == f"recommendations.*.{name}"
+
+
+def test_folding_in_time_order_or_out_of_it_gives_one_history() -> None:
+    """Readings folded cycle by cycle (the merge at the tail) and the same readings folded
+    newest first, one at a time, give the same peaks, counts and window."""
+    readings = [sample(100 + (i * 37) % 400, at=NOW + i * 700.0) for i in range(200)]
+    in_order = WorkloadHistory()
+    for i in range(0, len(readings), 7):
+        chunk = readings[i:i + 7]
+        in_order = in_order.add(chunk, chunk[-1].timestamp, CONFIG)
+    backwards = WorkloadHistory()
+    for reading in reversed(readings):
+        backwards = backwards.add([reading], readings[-1].timestamp, CONFIG)
+    assert in_order == backwards
+    assert 24 <= len(in_order.intervals) <= 25  # a day's window of hourly peaks (a partial one)

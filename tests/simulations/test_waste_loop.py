@@ -1,0 +1,121 @@
+"""The waste loop over days (``gpufrag whatif --defrag --days N``) on tiny synthetic traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpufrag.cli import main
+from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
+from simulations.rightsizing import MemoryTrace, tiled
+from simulations.timed import TimedPod
+from simulations.waste_loop import (
+    ARRIVE,
+    BASELINE,
+    BOUND,
+    DAY_S,
+    DEPART,
+    LOOP,
+    RESTART,
+    LoopResult,
+    LoopSettings,
+    rollout_events,
+    run_loop,
+    table,
+    targets,
+)
+
+
+def flat_trace(fraction: float) -> MemoryTrace:
+    """One container using ``fraction`` of what its pod asks, all day."""
+    t = np.arange(0.0, DAY_S, 600.0)
+    return MemoryTrace((t,), (np.full(t.size, fraction),), source="flat")
+
+
+def whole_gpu_pods(count: int) -> list[TimedPod]:
+    return [TimedPod(PodRequest(f"p{i}", cpu_milli=1000, num_gpu=1, gpu_milli=MILLI_PER_GPU),
+                     0.0, None) for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def flat() -> LoopResult:
+    """8 long-lived whole-GPU pods using a fifth of their GPU, 3 days, rollouts daily."""
+    nodes = [NodeSpec(f"n{i}", 64_000, 256_000, 4, "A10", 24 * 1024) for i in range(4)]
+    return run_loop(nodes, whole_gpu_pods(8), flat_trace(0.2),
+                    LoopSettings(days=3, rollout_days=1, seed=1))
+
+
+def test_baseline_keeps_what_pods_ask_and_never_evicts(flat: LoopResult) -> None:
+    base = flat.arms[BASELINE]
+    assert base.evictions == 0 and base.oom_kills == 0
+    assert all(s.given_back_gpus == 0 for s in base.samples)
+    assert base.mean("idle_ratio", 3) == pytest.approx(0.8, abs=0.01)
+
+
+def test_bound_holds_every_pod_at_its_recommendation_without_evicting(flat: LoopResult) -> None:
+    bound = flat.arms[BOUND]
+    assert bound.evictions == 0
+    # After a day of hourly peaks every whole GPU is a share near the fifth it uses.
+    last = bound.samples[-1]
+    assert last.running_gpu_pods == 8
+    assert last.given_back_gpus > 8 * 0.6
+    assert bound.mean("idle_ratio", 3) < 0.3
+    # Before the recommender has a day of history nothing changes.
+    assert bound.samples[0].given_back_gpus == 0
+
+
+def test_loop_right_sizes_at_restarts_between_baseline_and_bound(flat: LoopResult) -> None:
+    loop, base, bound = flat.arms[LOOP], flat.arms[BASELINE], flat.arms[BOUND]
+    assert loop.samples[-1].given_back_gpus > 0  # the daily rollouts were admitted smaller
+    assert (bound.mean("idle_ratio", 3) - 1e-9 <= loop.mean("idle_ratio", 3)
+            < base.mean("idle_ratio", 3))
+    assert loop.over_share.over == 0  # flat use never exceeds a share set from it
+
+
+def test_targets_and_table_name_every_arm(flat: LoopResult) -> None:
+    names = [t.name for t in targets(flat)]
+    assert "idle ratio vs the bound" in names and "pods beyond their share > 1 cycle" in names
+    text = table(flat)
+    for arm in (BASELINE, LOOP, BOUND):
+        assert arm in text
+
+
+def test_rollouts_restart_every_period_with_a_phase_for_running_pods() -> None:
+    pods = [TimedPod(PodRequest("old", num_gpu=1, gpu_milli=500), 0.0, None),
+            TimedPod(PodRequest("new", num_gpu=1, gpu_milli=500), 3600.0, 3 * DAY_S),
+            TimedPod(PodRequest("short", num_gpu=1, gpu_milli=500), 100.0, 200.0)]
+    events, started = rollout_events(pods, 5 * DAY_S, 2 * DAY_S, seed=0)
+    assert [e[0] for e in events] == sorted(e[0] for e in events)
+    old = [e for e in events if e[3] == "old" and e[1] == RESTART]
+    assert 0 <= old[0][0] < 2 * DAY_S and started["old"] == old[0][0] - 2 * DAY_S
+    assert [e[0] - old[0][0] for e in old] == [0.0, 2 * DAY_S, 4 * DAY_S][:len(old)]
+    new = [(e[0], e[1]) for e in events if e[3] == "new"]
+    assert new == [(3600.0, ARRIVE), (3600.0 + 2 * DAY_S, RESTART), (3 * DAY_S, DEPART)]
+    assert [e[1] for e in events if e[3] == "short"] == [ARRIVE, DEPART]
+
+
+def test_tiled_repeats_each_container_back_to_back() -> None:
+    trace = MemoryTrace((np.array([0.0, 60.0, 120.0]),), (np.array([0.1, 0.2, 0.3]),))
+    long = tiled(trace, 500.0)
+    assert long.at(0, 180.0) == pytest.approx(0.1)  # the second lap starts one step after
+    assert long.at(0, 300.0) == pytest.approx(0.3)
+    assert long.t_s[0][-1] >= 500.0 - 180.0
+
+
+def test_cli_days_writes_three_arms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    code = main(["whatif", "--defrag", "--days", "1", "--synthetic-nodes", "12",
+                 "--load", "0.5", "--out", str(out), "--no-plots"])
+    assert code == 0
+    assert "the last day (mean)" in capsys.readouterr().out
+    summary = json.loads((out / "waste_loop.json").read_text())
+    assert set(summary["arms"]) == {BASELINE, LOOP, BOUND}
+    assert len(summary["arms"][LOOP]["samples"]) == 24
+
+
+def test_cli_days_refuses_a_bad_rollout(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", "--defrag", "--days", "1", "--rollout-days", "0"]) == 2
+    assert "--rollout-days" in capsys.readouterr().err
