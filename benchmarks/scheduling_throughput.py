@@ -13,6 +13,10 @@ no idle scheduler's or extender's watches share the cores with the one measured)
   deciding filter, ``filter.answer: decide``; kube-scheduler skips scoring);
 - ``zero-all`` / ``gpufrag-feasible``: filter + prioritize + bind, the filter passing every
   node it fits (``filter.answer: feasible``);
+- ``pyzero-one`` / ``pyzero-all``: the zero-cost extender's verbs on gpufrag's own Python
+  stack (devkit/pyzero.py: the same server, Flask and binder, no logic): the floor of any
+  Flask extender here, read against the Go row (what the stack costs) and gpufrag against it
+  (what gpufrag's own work costs);
 - ``gpufrag-decide-0.5ms`` (only when named): the deciding filter with a 0.5 ms thread switch
   interval instead of ``server.switch_interval_s``' default (Python's 5 ms);
 
@@ -77,16 +81,22 @@ class Row:
     label: str
     reference: str = ""
     settings: tuple[str, ...] = ()  # gpufrag rows: extra ``--set`` assignments
+    floor: str = ""  # gpufrag rows: the Python zero-cost row of the same mode
 
 
 ROWS = {
     "default": Row("default", "default kube-scheduler (no extender)"),
     "zero-one": Row("zero-one", "zero-cost extender: filter (one node) + bind"),
+    "pyzero-one": Row("pyzero-one", "zero-cost on gpufrag's Python stack: one + bind",
+                      "zero-one"),
     "gpufrag-decide": Row("gpufrag-decide", "gpufrag: filter decides (one node) + bind",
-                          "zero-one"),
+                          "zero-one", floor="pyzero-one"),
     "zero-all": Row("zero-all", "zero-cost extender: filter (all) + prioritize + bind"),
+    "pyzero-all": Row("pyzero-all", "zero-cost on gpufrag's Python stack: all + prio + bind",
+                      "zero-all"),
     "gpufrag-feasible": Row("gpufrag-feasible",
-                            "gpufrag: filter (feasible) + prioritize + bind", "zero-all"),
+                            "gpufrag: filter (feasible) + prioritize + bind", "zero-all",
+                            floor="pyzero-all"),
 }
 # Rows run only when named in --rows: one setting's effect, read against the same mode's row.
 EXTRA_ROWS = {
@@ -111,9 +121,11 @@ class Served:
     def start(self) -> None:
         log = self.folder / f"{self.row.name}.log"
         config = PLAIN.format(name=self.scheduler_name)
-        if self.row.name.startswith("zero"):
-            mode = self.row.name.split("-", 1)[1]
-            self.extender = ZeroExtenderProcess(self.plane, log, mode=mode).start()
+        if self.row.name.startswith(("zero", "pyzero")):
+            engine, mode = self.row.name.split("-", 1)
+            self.extender = ZeroExtenderProcess(
+                self.plane, log, mode=mode,
+                engine="python" if engine == "pyzero" else "go").start()
             config = gpufrag_scheduler_config(self.extender.url, name=self.scheduler_name,
                                               prioritize=mode == "all")
         elif self.row.name.startswith("gpufrag"):
@@ -228,8 +240,19 @@ def print_rates(rows: list[Row], times: dict[str, list[float]], nodes: int,
     print(f"  targets (median round): gpufrag ÷ its zero-cost extender >= {ZERO_COST_TARGET} in "
           f"each mode; the deciding filter ÷ default >= {DEFAULT_TARGET}")
     for row in rows:
+        if row.name.startswith("pyzero") and row.reference in times:
+            got = statistics.median(ratios(times, row.name, row.reference))
+            print(f"  {row.name} ÷ {row.reference}: {got:.2f} (the floor of a Flask extender "
+                  "on gpufrag's server)")
+            figures.append(results.Figure(f"{row.name} ÷ {row.reference} (median round)",
+                                          round(got, 2), ""))
         if not row.name.startswith("gpufrag"):
             continue
+        if row.floor in times:
+            got = statistics.median(ratios(times, row.name, row.floor))
+            print(f"  {row.name} ÷ {row.floor}: {got:.2f}")
+            figures.append(results.Figure(f"{row.name} ÷ {row.floor} (median round)",
+                                          round(got, 2), ""))
         for reference in ("default", row.reference):
             if reference in times:
                 got = statistics.median(ratios(times, row.name, reference))
@@ -248,14 +271,20 @@ def extender_cpu(rows: list[Row], cpu: dict[str, dict[str, float]]) -> list[resu
     """The extender's CPU per pod beside its zero-cost extender's, for each gpufrag row (the
     deciding filter's judged: what the extender costs the cores kube-scheduler shares)."""
     figures: list[results.Figure] = []
+    named: set[str] = set()
+
+    def cpu_figure(name: str) -> None:
+        if name not in named:
+            named.add(name)
+            figures.append(results.Figure(f"{name}: extender CPU per pod (mean of rounds)",
+                                          round(cpu[name].get("extender", 0.0), 2), "ms"))
+
     for row in rows:
-        if not row.name.startswith("gpufrag") or row.reference not in cpu:
+        if not row.name.startswith(("gpufrag", "pyzero")) or row.reference not in cpu:
             continue
         mine, zero = cpu[row.name].get("extender", 0.0), cpu[row.reference].get("extender", 0.0)
-        figures.append(results.Figure(f"{row.name}: extender CPU per pod (mean of rounds)",
-                                      round(mine, 2), "ms"))
-        figures.append(results.Figure(f"{row.reference}: extender CPU per pod (mean of rounds)",
-                                      round(zero, 2), "ms"))
+        cpu_figure(row.name)
+        cpu_figure(row.reference)
         if zero > 0:
             got = mine / zero
             bound = CPU_TARGET if row.name == "gpufrag-decide" else None

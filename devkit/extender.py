@@ -181,6 +181,7 @@ class ExtenderProcess(_Served):
 
 
 ZERO_EXTENDER_MODES: Final = ("all", "one")
+ZERO_EXTENDER_ENGINES: Final = ("go", "python")
 
 
 @dataclass
@@ -195,15 +196,23 @@ class ZeroExtenderProcess(_Served):
     mode: str = "all"
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    # "go": the Go extender (the limit of the extender design); "python": the same verbs on
+    # gpufrag's own server, Flask and binder (devkit/pyzero.py: the limit of gpufrag's stack).
+    engine: str = "go"
     what = "zero extender"
 
     def start(self, timeout_s: float = 30.0) -> ZeroExtenderProcess:
         if self.mode not in ZERO_EXTENDER_MODES:
             raise ValueError(f"mode must be one of {', '.join(ZERO_EXTENDER_MODES)}, "
                              f"got {self.mode!r}")
+        if self.engine not in ZERO_EXTENDER_ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ZERO_EXTENDER_ENGINES)}, "
+                             f"got {self.engine!r}")
+        program = ([str(self.control_plane.binary), "zero-extender"] if self.engine == "go"
+                   else [sys.executable, "-m", "devkit.pyzero"])
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(self.control_plane.binary), "zero-extender", "--kubeconfig",
+                [*program, "--kubeconfig",
                  str(self.control_plane.kubeconfig_path), "--port", str(self.port),
                  "--mode", self.mode],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
