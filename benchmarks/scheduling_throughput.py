@@ -53,6 +53,7 @@ from typing import Any
 
 import kubernetes
 import orjson
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import results
 from benchmarks.procstat import cpu_seconds
@@ -145,6 +146,15 @@ class Served:
         self.plane.stop_scheduler(f"bench-{self.row.name}")
         if self.extender is not None:
             self.extender.stop()
+
+    def thread_cpu(self) -> dict[str, float]:
+        """gpufrag's extender CPU seconds by thread so far (empty for the other rows)."""
+        if not isinstance(self.extender, ExtenderProcess):
+            return {}
+        return {sample.labels["thread"]: sample.value
+                for family in text_string_to_metric_families(self.extender.metrics())
+                if family.name == "gpufrag_thread_cpu_seconds"
+                for sample in family.samples}
 
     def pids(self) -> dict[str, int]:
         found = {name: c.process.pid for name, c in self.plane.components.items()}
@@ -297,6 +307,22 @@ def extender_cpu(rows: list[Row], cpu: dict[str, dict[str, float]]) -> list[resu
     return figures
 
 
+def extender_threads(threads: dict[str, dict[str, float]]) -> list[results.Figure]:
+    """gpufrag's extender CPU per pod by thread (its ``gpufrag_thread_cpu_seconds_total``):
+    the event loop (HTTP for every verb, filter and prioritize themselves), the watches, the
+    bind threads; what the zero-cost extenders have no counterpart for is the watches."""
+    figures: list[results.Figure] = []
+    for row, by_thread in threads.items():
+        shown = {name: ms for name, ms in sorted(by_thread.items(), key=lambda kv: -kv[1])
+                 if ms >= 0.01}
+        print(f"  {row}: extender CPU per pod by thread: "
+              + ", ".join(f"{name} {ms:.2f} ms" for name, ms in shown.items()))
+        figures += [results.Figure(f"{row}: extender CPU per pod, thread {name} "
+                                   "(mean of rounds)", round(ms, 2), "ms")
+                    for name, ms in shown.items()]
+    return figures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -320,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {row.name: [] for row in rows}
     cpu: dict[str, dict[str, float]] = {row.name: {} for row in rows}
     refused: dict[str, int] = {}
+    threads: dict[str, dict[str, float]] = {}  # gpufrag rows: extender CPU ms per pod by thread
     with ControlPlane(binary, complete_pods=False) as plane, \
             tempfile.TemporaryDirectory() as tmp:
         print(f"control plane up in {plane.startup_s:.1f}s; creating {args.nodes} nodes",
@@ -341,8 +368,13 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     print(f"round {round_ + 1}/{args.rounds}: running {row.name} (load "
                           f"average {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+                    threads_before = served.thread_cpu()
                     elapsed, spent = run(plane, served.scheduler_name, pods, ns,
                                          partial(cpu_by_process, served.pids()))
+                    for name, seconds in served.thread_cpu().items():
+                        by_thread = threads.setdefault(row.name, {})
+                        by_thread[name] = by_thread.get(name, 0.0) + (
+                            seconds - threads_before.get(name, 0.0)) * 1000 / args.pods
                 finally:
                     served.stop()
                 times[row.name].append(elapsed)
@@ -364,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:<22} " + " ".join(f"{cpu[r.name].get(name, 0.0):>16.1f}" for r in rows))
     print(f"  {'total':<22} " + " ".join(f"{sum(cpu[r.name].values()):>16.1f}" for r in rows))
     figures += extender_cpu(rows, cpu)
+    figures += extender_threads({name: {k: v / args.rounds for k, v in by_thread.items()}
+                                 for name, by_thread in threads.items()})
     results.record(args, "scheduling_throughput", start, figures)
     return 0
 

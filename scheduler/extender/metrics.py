@@ -5,7 +5,9 @@ budget. Cluster figures (nodes, pods by state, fragmentation ratio, whether the 
 objects left out of the state because they could not be read) are read from the cache at scrape
 time, under its lock, so they are never stale and cost nothing between scrapes. The Events
 written about those objects (:class:`SkipEventCollector`) exist only where there is an API
-server to write to, so the runtime registers that collector for a live cluster only.
+server to write to, so the runtime registers that collector for a live cluster only. The
+process's CPU by thread (:class:`gpufrag.metrics.ThreadCPUCollector`) says where the extender's
+CPU goes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from gpufrag.metrics import new_registry
+from gpufrag.metrics import ThreadCPUCollector, new_registry
 from scheduler.extender.extender import Extender
 from scheduler.kube.cache import SKIPPED_KINDS
 from scheduler.kube.skipreport import SKIP_EVENT_OUTCOMES
@@ -148,6 +150,9 @@ class ExtenderMetrics:
                                  "Time to answer an extender request, by verb.", ["verb"],
                                  buckets=LATENCY_BUCKETS_S, registry=self.registry)
         self.registry.register(_ClusterCollector(extender))
+        # Where the extender's CPU goes: its event loop (HTTP and the inline verbs), watches,
+        # bind threads (docs/extender.md, Scheduling throughput).
+        self.registry.register(ThreadCPUCollector())
 
     def observe(self, verb: str, code: int, duration_s: float) -> None:
         self.requests.labels(verb, str(code)).inc()
