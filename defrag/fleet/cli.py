@@ -36,7 +36,7 @@ from defrag.fleet.summary import iso, summarize
 from gpufrag.conventions import KubeNames, names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
 from gpufrag.logs import configure
-from gpufrag.plotting import PlottingUnavailable
+from gpufrag.plotting import PlottingUnavailable, pyplot
 from scheduler.kube.client import api_client
 
 PROG = inspect.PROG
@@ -76,7 +76,7 @@ def _defrag_state(args: argparse.Namespace, names: KubeNames) -> tuple[DefragSta
     """The defrag state the cycles left on the hints ConfigMap, or None and why not."""
     where = f"ConfigMap {names.hints_namespace}/{names.hints_configmap}"
     if args.snapshot:
-        return None, "a snapshot holds no defrag state (it is on the hints ConfigMap)"
+        return None, "a snapshot holds no defrag state: it is on the hints ConfigMap"
     core: Any = k8s.CoreV1Api(api_client(args.kubeconfig, args.context))
     answer = call_api_or_refusal(f"reading {where}", lambda: core.read_namespaced_config_map(
         names.hints_configmap, names.hints_namespace, _preload_content=False), ok=(403, 404))
@@ -102,8 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure()
     names = names_from_environ()
     try:
-        if args.plot is not None:
+        if args.plot is not None:  # a picture that cannot be drawn is known before the read
             picture.check_target(args.plot)
+            pyplot()
         if not 0.0 <= args.threshold < 1.0:
             raise BadInput(f"{args.threshold!r} must be in [0, 1)", field="--threshold")
         if not 0.0 <= args.orphan_grace_s <= 86400.0:

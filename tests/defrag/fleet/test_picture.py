@@ -3,6 +3,8 @@ marked; compact at fleet scale; a bad FILE refused before anything is read, noth
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -13,6 +15,8 @@ import pytest
 
 from defrag.fleet import picture
 from defrag.fleet.cli import main
+from gpufrag.plotting import PLOT_EXTRA
+from tests.gpufrag.test_plotting import hide_matplotlib
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -106,3 +110,15 @@ def test_a_failure_while_writing_leaves_nothing_partial(
     assert main(["--snapshot", str(snapshot), "--plot", str(tmp_path / "f.png")]) == 1
     assert "No space left on device" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["cluster.json"]
+
+
+def test_without_matplotlib_a_plot_is_refused_naming_the_extra(snapshot: Path,
+                                                                 tmp_path: Path) -> None:
+    out = tmp_path / "f.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "gpufrag.cli", "inspect", "--snapshot", str(snapshot),
+         "--plot", str(out)], env=hide_matplotlib(tmp_path), capture_output=True, text=True,
+        timeout=120, check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("gpufrag inspect: cannot plot: matplotlib cannot be")
+    assert f"pip install 'gpufrag[{PLOT_EXTRA}]'" in result.stderr and not out.exists()
