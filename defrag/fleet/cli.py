@@ -137,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.summary:
         out["summary"] = summarize(doc, cluster=cluster, now=source.now,
                                    pod_objects=source.pods, pods=snapshot.pods, state=state,
-                                   state_note=state_note, names=names)
+                                   state_note=state_note, names=names,
+                                   namespace=args.namespace)
     if drawn is not None:
         out["plot"] = {"path": str(drawn.path), "form": drawn.form, "nodes": drawn.nodes,
                        "nodes_marked": drawn.marked, "bytes": drawn.size_bytes}

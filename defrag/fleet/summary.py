@@ -25,7 +25,7 @@ Where each figure comes from, and what the cluster does not record:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -132,16 +132,18 @@ def _given_back_milli(text: str | None) -> int:
 
 
 def rightsized(pod_objects: Sequence[Mapping[str, Any]], pods: Mapping[str, PodInfo],
-               now: float, names: KubeNames) -> Rightsized:
-    """The running pods admitted smaller by the webhook: GPUs given back now and GPU-hours
-    given back since each started."""
+               now: float, names: KubeNames, *, nodes: Collection[str],
+               namespace: str | None = None) -> Rightsized:
+    """The running pods on ``nodes`` (of ``namespace``, when given) admitted smaller by the
+    webhook: GPUs given back now and GPU-hours given back since each started."""
     count, gpus, hours, without = 0, 0.0, 0.0, 0
     for obj in pod_objects:
         milli = _given_back_milli(annotations_of(obj).get(names.annotation_rightsizing_change))
         meta = obj.get("metadata") or {}
         key = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
         info = pods.get(key)
-        if not milli or info is None or not info.node or not info.running:
+        if (not milli or info is None or info.node not in nodes or not info.running
+                or (namespace is not None and info.namespace != namespace)):
             continue
         given = milli * max(info.request.num_gpu, 1) / MILLI_PER_GPU
         count += 1
@@ -170,13 +172,16 @@ def evictions(state: DefragState | None, why_not: str, now: float) -> Figure:
 
 def summarize(doc: Mapping[str, Any], *, cluster: str, now: float,
               pod_objects: Sequence[Mapping[str, Any]], pods: Mapping[str, PodInfo],
-              state: DefragState | None, state_note: str, names: KubeNames) -> FleetSummary:
-    """The summary of inspect's document ``doc`` judged at ``now`` (unix seconds)."""
+              state: DefragState | None, state_note: str, names: KubeNames,
+              namespace: str | None = None) -> FleetSummary:
+    """The summary of inspect's document ``doc`` judged at ``now`` (unix seconds): of the
+    nodes it shows, and of ``namespace``'s pods when it was filtered so."""
     nodes: Sequence[Mapping[str, Any]] = doc["nodes"]
     splits = fleet_split(nodes)
     parts = (np.sum([s.sum(axis=0) for s in splits], axis=0) if splits
              else np.zeros(len(PARTS)))
-    sized = rightsized(pod_objects, pods, now, names)
+    sized = rightsized(pod_objects, pods, now, names, nodes={n["node"] for n in nodes},
+                       namespace=namespace)
     hours = Figure(sized.gpu_hours_given_back,
                    f"by the {sized.pods:,} right-sized pod(s) running now, since each started; "
                    "pods that ended are not recorded"

@@ -89,3 +89,11 @@ def test_without_summary_or_plot_it_is_inspect_unchanged(
     via_entry = capsys.readouterr().out
     assert inspect_main(["--snapshot", str(snapshot), "-o", "json"]) == 0
     assert via_entry == capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, pods", [([], 1), (["--namespace", "ns"], 1),
+                                        (["--namespace", "other"], 0), (["--node", "n1"], 0)])
+def test_the_right_sized_pods_counted_are_those_the_filters_show(
+        snapshot: Path, capsys: pytest.CaptureFixture[str], args: list[str], pods: int) -> None:
+    assert main(["--snapshot", str(snapshot), "--summary", "-o", "json", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"]["rightsized"]["pods"] == pods
