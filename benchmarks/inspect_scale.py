@@ -4,8 +4,10 @@ The cluster is the extender latency benchmark's (synthetic openb node mix, fille
 ``--occupancy`` of the GPU share), written as a snapshot. Each round runs, one after the other
 in new processes: the reference, which only reads the snapshot file
 (``benchmarks.snapshot_read``, the floor any command reading it pays), and
-``gpufrag inspect --snapshot FILE -o json``. Prints the median of ``--rounds`` rounds, the
-peak RSS of each, and inspect's ratio to the reference, with the load average.
+``gpufrag inspect --snapshot FILE -o json``, then the same with ``--summary --plot FILE.png``
+(the fleet in a few lines and in one picture, from the same read; the picture is the compact
+form, a pixel row per node). Prints the median of ``--rounds`` rounds, the peak RSS of each,
+inspect's ratio to the reference, and the picture's size, with the load average.
 
     python -m benchmarks.inspect_scale [--nodes 5000] [--rounds 3] [--occupancy 0.75]
 """
@@ -54,14 +56,21 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         cluster = build_cluster(args.nodes, args.occupancy, args.seed, Path(folder))
         snapshot = str(cluster.snapshot)
-        reference, inspect, rss_ref, rss_inspect = [], [], 0.0, 0.0
+        reference, inspect, fleet, rss_ref, rss_inspect, rss_fleet = [], [], [], 0.0, 0.0, 0.0
+        picture = Path(folder) / "fleet.png"
         for _ in range(args.rounds):
             seconds, rss_ref = run("benchmarks.snapshot_read", [snapshot], folder)
             reference.append(seconds)
             seconds, rss_inspect = run("gpufrag.cli", ["inspect", "--snapshot", snapshot,
                                                        "-o", "json"], folder)
             inspect.append(seconds)
+            seconds, rss_fleet = run("gpufrag.cli", ["inspect", "--snapshot", snapshot,
+                                                     "--summary", "--plot", str(picture),
+                                                     "-o", "json"], folder)
+            fleet.append(seconds)
+        picture_kib = picture.stat().st_size / 1024
     ref, ins = statistics.median(reference), statistics.median(inspect)
+    both = statistics.median(fleet)
     print(f"cluster: {args.nodes:,} nodes, {cluster.pods_placed:,} pods, "
           f"{cluster.gpu_allocated:.0%} of the GPU share allocated; "
           f"load average {os.getloadavg()[0]:.1f}")
@@ -69,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{[round(s, 2) for s in reference]}, peak RSS {rss_ref:.0f} MiB")
     print(f"gpufrag inspect -o json:            {ins:.2f} s median of {args.rounds} "
           f"{[round(s, 2) for s in inspect]}, peak RSS {rss_inspect:.0f} MiB")
+    print(f"gpufrag inspect --summary --plot:   {both:.2f} s median of {args.rounds} "
+          f"{[round(s, 2) for s in fleet]}, peak RSS {rss_fleet:.0f} MiB, picture "
+          f"{picture_kib:.0f} KiB")
     print(f"inspect / reference: {ins / ref:.2f}x")
     size = f"{args.nodes:,} nodes, {cluster.pods_placed:,} pods"
     # No target figure was ever set for inspect: the figures are said, not judged.
@@ -76,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         results.Figure(f"gpufrag inspect -o json, {size}, median of {args.rounds}",
                        round(ins, 2), "s"),
         results.Figure("gpufrag inspect -o json, peak RSS", round(rss_inspect), "MiB"),
+        results.Figure(f"gpufrag inspect --summary --plot FILE.png, {size}, median of "
+                       f"{args.rounds}", round(both, 2), "s"),
+        results.Figure("gpufrag inspect --summary --plot FILE.png, peak RSS", round(rss_fleet),
+                       "MiB"),
+        results.Figure("the picture (PNG, a pixel row per node)", round(picture_kib), "KiB"),
         results.Figure("reading the snapshot alone (reference)", round(ref, 2), "s"),
         results.Figure("reading the snapshot alone, peak RSS", round(rss_ref), "MiB"),
     ])

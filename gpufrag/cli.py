@@ -25,8 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "extender": ("scheduler.extender.cli", "run the kube-scheduler extender webhook"),
     "export-snapshot": ("scheduler.kube.export", "write a live cluster's nodes and pods to a file"),
     "defrag": ("defrag.controller.cli", "run one defragmentation cycle (CronJob)"),
-    "inspect": ("defrag.controller.inspect", "who holds each GPU, what it uses, what sits idle "
-                "(read-only; a live cluster or a snapshot)"),
+    "inspect": ("defrag.fleet.cli", "who holds each GPU, what it uses, what sits idle; the "
+                "fleet in a summary or a picture (read-only; a live cluster or a snapshot)"),
     "admission": ("defrag.admission.cli", "right-size GPU shares of new pods (mutating webhook)"),
     "agent": ("node.agent.cli", "publish per-GPU usage read through NVML (DaemonSet)"),
     "device-plugin": ("node.deviceplugin.cli", "hand each container the GPUs the extender "

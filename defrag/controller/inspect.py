@@ -248,7 +248,8 @@ def table(data: Mapping[str, Any], *, wide: bool) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """inspect's flags (their one home; ``--summary`` and ``--plot`` add theirs to it)."""
     p = BadInputArgumentParser(prog=PROG, description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     where = p.add_mutually_exclusive_group()
@@ -301,35 +302,55 @@ def read_source(args: argparse.Namespace, names: KubeNames) -> Source:
     return Source(nodes, pods, list(held or ()), time.time(), note)
 
 
+@dataclass(frozen=True, slots=True)
+class Inspected:
+    """What one read of the cluster gives every view of it: the objects read, the defrag
+    cycle's own snapshot of them, what could not be read, and inspect's document."""
+
+    source: Source
+    snapshot: Snapshot
+    problems: list[str]
+    doc: dict[str, Any]
+
+
+def inspect_cluster(args: argparse.Namespace, names: KubeNames) -> Inspected:
+    """Check the flags, read the cluster (or the snapshot) and build the document; the one
+    path of ``gpufrag inspect`` and of its ``--summary`` and ``--plot`` (defrag/fleet).
+    Raises ``BadInput`` for a bad flag, API and connection errors as they come."""
+    if not 0.0 <= args.threshold < 1.0:
+        raise BadInput(f"{args.threshold!r} must be in [0, 1)", field="--threshold")
+    if not 0.0 <= args.orphan_grace_s <= 86400.0:
+        raise BadInput(f"{args.orphan_grace_s!r} is outside 0..86400 seconds",
+                       field="--orphan-grace-s")
+    source = read_source(args, names)
+    usage = UsageSource(DEFAULTS.stale_intervals, source.now)
+    snapshot, problems = build_snapshot(source.nodes, source.pods, [], usage, names)
+    stale = stale_reservations(source.reservations, snapshot.pods,
+                               snapshot.state.index, source.now,
+                               grace_s=args.orphan_grace_s)
+    problems += hold_reservations(snapshot, source.reservations, source.now)
+    if args.node is not None and args.node not in snapshot.state.index:
+        raise BadInput(f"no node {args.node!r} in the cluster "
+                       f"({len(snapshot.state.index)} nodes read)", field="--node")
+    doc = view(snapshot, source.reservations, node=args.node, namespace=args.namespace,
+               threshold=args.threshold, stale=stale,
+               misallocated=misallocated_pods(source.pods, snapshot.readings, names))
+    return Inspected(source, snapshot, problems, doc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     configure()
     names = names_from_environ()
     try:
-        if not 0.0 <= args.threshold < 1.0:
-            raise BadInput(f"{args.threshold!r} must be in [0, 1)", field="--threshold")
-        source = read_source(args, names)
-        usage = UsageSource(DEFAULTS.stale_intervals, source.now)
-        snapshot, problems = build_snapshot(source.nodes, source.pods, [], usage, names)
-        if not 0.0 <= args.orphan_grace_s <= 86400.0:
-            raise BadInput(f"{args.orphan_grace_s!r} is outside 0..86400 seconds",
-                           field="--orphan-grace-s")
-        stale = stale_reservations(source.reservations, snapshot.pods,
-                                   snapshot.state.index, source.now,
-                                   grace_s=args.orphan_grace_s)
-        problems += hold_reservations(snapshot, source.reservations, source.now)
-        if args.node is not None and args.node not in snapshot.state.index:
-            raise BadInput(f"no node {args.node!r} in the cluster "
-                           f"({len(snapshot.state.index)} nodes read)", field="--node")
-        data = view(snapshot, source.reservations, node=args.node, namespace=args.namespace,
-                    threshold=args.threshold, stale=stale,
-                    misallocated=misallocated_pods(source.pods, snapshot.readings, names))
+        seen = inspect_cluster(args, names)
     except BadInput as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except Exception as e:  # API refusals, connection errors
         print(f"{PROG}: failed: {e}", file=sys.stderr)
         return EXIT_FAILURE
+    source, snapshot, problems, data = seen.source, seen.snapshot, seen.problems, seen.doc
     data["skipped"] = problems
     data["notes"] = [n for n in (source.note,) if n] + [
         f"{n.node}: {n.reason}" for n in snapshot.notes]

@@ -560,6 +560,33 @@ def test_inspect_shows_every_placement_and_a_reservation_as_created(
                      "expires": rsv.rfc3339(expires)}]
 
 
+def test_inspect_summary_and_plot_read_the_same_cluster(
+        cluster: Cluster, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """``gpufrag inspect --summary --plot FILE`` against the live cluster: the same nodes, idle
+    ratio and trigger as the per-node view, every GPU counted once, the defrag state read from
+    the hints ConfigMap (or said why not), and an SVG with a row per node."""
+    kubeconfig = str(cluster.plane.kubeconfig_path)
+    capsys.readouterr()
+    assert gpufrag(["inspect", "--kubeconfig", kubeconfig, "-o", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    picture = tmp_path / "fleet.svg"
+    assert gpufrag(["inspect", "--kubeconfig", kubeconfig, "--summary", "--plot",
+                    str(picture), "-o", "json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    summary = found["summary"]
+    assert summary["nodes"] == len(data["nodes"]) == found["plot"]["nodes"]
+    assert summary["gpus"] == sum(len(n["gpus"]) for n in data["nodes"])
+    assert sum(summary["gpus_by_part"].values()) == pytest.approx(summary["gpus"], abs=0.01)
+    assert summary["nodes_over_trigger"] == [
+        n["node"] for n in data["nodes"] if n["trigger"] == "over"]
+    assert summary["free_whole_gpus"] == data["cluster"]["free_whole_gpus"]
+    # the hints ConfigMap is read: a count, or why it holds no state yet; never a refusal
+    assert "may not get it" not in summary["evictions"]["detail"], summary["evictions"]
+    assert summary["free_whole_gpus_gained"]["value"] is None
+    svg = picture.read_text()
+    assert all(f">{n['node']}<" in svg for n in data["nodes"])
+
+
 def test_kubectl_runs_inspect_as_its_gpufrag_plugin(cluster: Cluster) -> None:
     """The real kubectl finds the installed ``kubectl-gpufrag`` entry point on PATH and runs
     ``inspect`` through it (kubectl forwards no global flag to a plugin: KUBECONFIG is read)."""

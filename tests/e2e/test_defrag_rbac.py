@@ -109,6 +109,11 @@ def test_inspect_runs_under_the_shipped_read_only_role_and_can_write_nothing(
         data = json.loads(capsys.readouterr().out)
         assert [n["node"] for n in data["nodes"]] == [NODE]
         assert not any("no GPUReservation" in n for n in data["notes"]), data["notes"]
+        # --summary also reads the defrag state on the hints ConfigMap, by its name only
+        assert gpufrag(["inspect", "--kubeconfig", str(client.kubeconfig_path), "--summary",
+                        "-o", "json"]) == 0
+        evictions = json.loads(capsys.readouterr().out)["summary"]["evictions"]
+        assert "may not get it" not in evictions["detail"], evictions
         core = kubernetes.client.CoreV1Api(client)
         custom = kubernetes.client.CustomObjectsApi(client)
         assert _forbidden(lambda: core.patch_node(NODE, {"metadata": {"labels": {"x": "y"}}}))
