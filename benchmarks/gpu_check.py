@@ -73,9 +73,10 @@ from benchmarks.serving_bench import (
 )
 from benchmarks.serving_load import raw_request
 from gpufrag.nvml import MIB, GpuReadError, NoGpuError, NvmlReader
-from node.deviceplugin.allocator import DeviceNodes, container_response
+from node.deviceplugin.allocator import container_response
 from node.deviceplugin.config import DevicePluginConfig, Kind
-from node.deviceplugin.inventory import Gpu, HealthBoard, HealthMonitor, read_inventory
+from node.deviceplugin.inventory import HealthBoard, HealthMonitor
+from node.gpus import DeviceNodes, Gpu, read_inventory
 from serving.backends.base import Backend
 from serving.backends.onnx_runtime import OnnxRuntimeBackend
 from serving.backends.select import load_backend

@@ -27,7 +27,7 @@ from gpufrag.nvml_recorded import RecordedNvml
 from gpufrag.probes import Liveness
 from node import daemon
 from node.daemon import NodeDaemon
-from node.deviceplugin.allocator import Allocator, DeviceNodes, PodSource
+from node.deviceplugin.allocator import Allocator, PodSource
 from node.deviceplugin.config import (
     DEFAULT_HEALTH_INTERVAL_S,
     DEFAULT_KUBELET_SOCKET,
@@ -42,7 +42,6 @@ from node.deviceplugin.inventory import (
     FollowedRecording,
     HealthBoard,
     HealthMonitor,
-    read_inventory,
 )
 from node.deviceplugin.metrics import PluginMetrics, start_http_server
 from node.deviceplugin.pods import KubeNodePods, NodePods
@@ -50,6 +49,7 @@ from node.deviceplugin.server import Supervisor
 from node.deviceplugin.service import DevicePluginServicer
 from node.deviceplugin.trust import KubeRecordKeys, RecordTrust
 from node.deviceplugin.writes import KubePodWriter, PodWriter
+from node.gpus import DeviceNodes, read_inventory
 
 
 def build_parser() -> BadInputArgumentParser:
