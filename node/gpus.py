@@ -26,6 +26,7 @@ single-driver node; the shared NVML adapter does not read ``nvmlDeviceGetMinorNu
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -75,6 +76,17 @@ class GrantSettings(Protocol):
 
     @property
     def control_devices(self) -> tuple[str, ...]: ...
+
+
+def add_grant_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of :class:`GrantSettings` (but the control devices), the same words on both
+    delivery paths: ``--mps``, ``--mps-pipe-dir``, ``--dev-root``."""
+    parser.add_argument("--mps", action="store_true",
+                        help="set CUDA_MPS_* limits for shares (an MPS control daemon runs)")
+    parser.add_argument("--mps-pipe-dir", default="",
+                        help="host directory of the MPS pipes, mounted into share containers")
+    parser.add_argument("--dev-root", default="/dev",
+                        help="where this daemon sees the host's /dev (default: %(default)s)")
 
 
 def check_grant_settings(config: GrantSettings) -> None:
