@@ -1,0 +1,153 @@
+"""``gpufrag dra-plugin`` with the real 1.36 kubelet, API server, kube-scheduler and resourceclaim
+controller: the driver registers through the kubelet's plugin watcher, publishes its slice, and a
+pod asking a share through a ResourceClaimTemplate is allocated by kube-scheduler's first fit,
+prepared by the driver (its CDI spec written with the share's environment) and runs; deleting
+the pod unprepares the claim.
+
+The environment inside the container is not checked: the node's containerd (Debian's 1.6)
+predates CDI in its CRI plugin (1.7), so it runs the container without the CDI edits
+(docs/dra.md says so); the CDI spec the runtime would apply is checked instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from devkit.controlplane import NOT_READY_TAINT, ControlPlane
+from devkit.node import BUSYBOX_IMAGE, Node
+from devkit.procs import ComponentProcess, wait_until
+from node.dra.config import DRIVER_NAME
+from tests.e2e.node.conftest import GPU_UUIDS, logged_events
+
+CDI_FILE = "gpufrag.io-gpu_{uid}.json"
+
+
+@dataclass
+class Driver:
+    log: Path
+    cdi_dir: Path
+
+
+@pytest.fixture
+def dra_driver(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Driver]:
+    recording = tmp_path / "nvml.json"
+    recording.write_text(json.dumps({"devices": [
+        {"name": "NVIDIA A100-SXM4-80GB", "uuid": uuid, "memory_total": 85_899_345_920,
+         "samples": [{"gpu": 0, "memory_used": 0}]} for uuid in GPU_UUIDS]}))
+    short = Path(tempfile.mkdtemp(prefix="dra-"))  # unix socket paths must stay short
+    cdi_dir = short / "cdi"
+    cdi_dir.mkdir()
+    log = tmp_path / "dra-plugin.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [str(Path(sys.executable).parent / "gpufrag"), "dra-plugin",
+             f"--node-name={node.name}", f"--nvml-recording={recording}",
+             f"--registry-dir={node.root_dir / 'plugins_registry'}",
+             f"--plugins-dir={short / 'plugins'}", f"--cdi-dir={cdi_dir}",
+             f"--kubeconfig={node_plane.kubeconfig_path}", "--metrics-port=0",
+             "--publish-interval-s=2"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "GPUFRAG_LOG_FORMAT": "json"})
+    try:
+        def registered() -> bool:
+            if process.poll() is not None:
+                raise AssertionError(f"the driver exited ({process.returncode}):\n"
+                                     f"{log.read_text(errors='replace')[-4000:]}")
+            return logged_events(log, "registered") >= 1
+
+        wait_until(registered, timeout_s=60, interval_s=0.1,
+                   what="the kubelet to register the DRA driver")
+        yield Driver(log, cdi_dir)
+    finally:
+        ComponentProcess("dra-plugin", process, log, 0).stop()
+        resource = kubernetes.client.ResourceV1Api(node_plane.api_client())
+        for found in resource.list_resource_slice(
+                field_selector=f"spec.driver={DRIVER_NAME}").items:
+            resource.delete_resource_slice(found.metadata.name)
+        shutil.rmtree(short)
+
+
+def _share_pod(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "quarter"}],
+            "containers": [{
+                "name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", "env | grep -e NVIDIA_ -e GPUFRAG_; sleep 3600"],
+                "resources": {"claims": [{"name": "gpu"}]}}],
+            # The dev plane runs no node-lifecycle controller to lift the not-ready taint.
+            "tolerations": [{"key": NOT_READY_TAINT, "operator": "Exists",
+                             "effect": "NoSchedule"}]}}
+
+
+def test_a_share_claimed_through_a_template_is_allocated_prepared_and_unprepared(
+        node: Node, node_plane: ControlPlane, node_namespace: str, dra_driver: Driver) -> None:
+    client = node_plane.api_client()
+    core = kubernetes.client.CoreV1Api(client)
+    resource = kubernetes.client.ResourceV1Api(client)
+
+    def published() -> Any:
+        found = resource.list_resource_slice(
+            field_selector=f"spec.driver={DRIVER_NAME},spec.nodeName={node.name}").items
+        return found or None
+
+    (found,) = wait_until(published, timeout_s=30, what="the node's ResourceSlice")
+    assert [d.name for d in found.spec.devices] == ["gpu-0", "gpu-1"]
+    assert found.spec.pool.name == node.name
+
+    with suppress(kubernetes.client.ApiException):
+        resource.delete_device_class(DRIVER_NAME)  # one a crashed run left
+    resource.create_device_class({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": DRIVER_NAME},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    try:
+        resource.create_namespaced_resource_claim_template(node_namespace, {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "quarter"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER_NAME,
+                "capacity": {"requests": {"milli": "250"}}}}]}}}})
+        core.create_namespaced_pod(node_namespace, _share_pod("share"))
+
+        def running() -> Any:
+            pod = core.read_namespaced_pod("share", node_namespace)
+            return pod if pod.status.phase == "Running" else None
+
+        pod = wait_until(running, timeout_s=90, what="the share pod to run")
+        (status,) = pod.status.resource_claim_statuses
+        claim = client.sanitize_for_serialization(resource.read_namespaced_resource_claim(
+            status.resource_claim_name, node_namespace))
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"], result["device"]) == (
+            DRIVER_NAME, node.name, "gpu-0")  # first fit: the lowest-index GPU
+        assert result["consumedCapacity"]["milli"] == "250"
+        spec_file = dra_driver.cdi_dir / CDI_FILE.format(uid=claim["metadata"]["uid"])
+        spec = json.loads(spec_file.read_text())
+        (device,) = spec["devices"]
+        assert sorted(device["containerEdits"]["env"]) == [
+            f"GPUFRAG_GPU_MEMORY_LIMIT_MIB={81_920 * 250 // 1000}", "GPUFRAG_GPU_MILLI=250",
+            f"NVIDIA_VISIBLE_DEVICES={GPU_UUIDS[0]}"]
+        assert logged_events(dra_driver.log, "claim_prepared") >= 1
+
+        core.delete_namespaced_pod("share", node_namespace, grace_period_seconds=0)
+        wait_until(lambda: not spec_file.exists(), timeout_s=60,
+                   what="the kubelet to unprepare the claim (its CDI spec removed)")
+    finally:
+        resource.delete_device_class(DRIVER_NAME)
