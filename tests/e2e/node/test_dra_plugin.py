@@ -2,7 +2,8 @@
 controller: the driver registers through the kubelet's plugin watcher, publishes its slice, and a
 pod asking a share through a ResourceClaimTemplate is allocated by kube-scheduler's first fit,
 prepared by the driver (its CDI spec written with the share's environment) and runs; deleting
-the pod unprepares the claim.
+the pod unprepares the claim. Three shares in turn check that first fit follows the slice's
+device order (docs/dra.md's first next step).
 
 The environment inside the container is not checked: the node's containerd (Debian's 1.6)
 predates CDI in its CRI plugin (1.7), so it runs the container without the CDI edits
@@ -30,7 +31,7 @@ from devkit.controlplane import NOT_READY_TAINT, ControlPlane
 from devkit.node import BUSYBOX_IMAGE, Node
 from devkit.procs import ComponentProcess, wait_until
 from node.dra.config import DRIVER_NAME
-from tests.e2e.node.conftest import GPU_UUIDS, logged_events
+from tests.e2e.node.conftest import GPU_UUIDS, logged_events, write_gpu_recording
 
 CDI_FILE = "gpufrag.io-gpu_{uid}.json"
 
@@ -43,10 +44,7 @@ class Driver:
 
 @pytest.fixture
 def dra_driver(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Driver]:
-    recording = tmp_path / "nvml.json"
-    recording.write_text(json.dumps({"devices": [
-        {"name": "NVIDIA A100-SXM4-80GB", "uuid": uuid, "memory_total": 85_899_345_920,
-         "samples": [{"gpu": 0, "memory_used": 0}]} for uuid in GPU_UUIDS]}))
+    recording = write_gpu_recording(tmp_path / "nvml.json")
     short = Path(tempfile.mkdtemp(prefix="dra-"))  # unix socket paths must stay short
     cdi_dir = short / "cdi"
     cdi_dir.mkdir()
@@ -81,12 +79,12 @@ def dra_driver(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator
         shutil.rmtree(short)
 
 
-def _share_pod(name: str) -> dict[str, Any]:
+def _share_pod(name: str, template: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": {
             "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "quarter"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
             "containers": [{
                 "name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                 "command": ["/bin/sh", "-c", "env | grep -e NVIDIA_ -e GPUFRAG_; sleep 3600"],
@@ -96,8 +94,18 @@ def _share_pod(name: str) -> dict[str, Any]:
                              "effect": "NoSchedule"}]}}
 
 
-def test_a_share_claimed_through_a_template_is_allocated_prepared_and_unprepared(
+def _template(name: str, milli: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER_NAME,
+                "capacity": {"requests": {"milli": str(milli)}}}}]}}}}
+
+
+def test_shares_claimed_through_templates_go_first_fit_and_are_prepared_and_unprepared(
         node: Node, node_plane: ControlPlane, node_namespace: str, dra_driver: Driver) -> None:
+    """Three shares in turn: 250 takes gpu-0, 900 does not fit beside it and takes gpu-1, the
+    next 250 takes gpu-0 again: first fit in the slice's index order (docs/dra.md)."""
     client = node_plane.api_client()
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
@@ -118,36 +126,38 @@ def test_a_share_claimed_through_a_template_is_allocated_prepared_and_unprepared
         "metadata": {"name": DRIVER_NAME},
         "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
     try:
-        resource.create_namespaced_resource_claim_template(node_namespace, {
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "quarter"},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRIVER_NAME,
-                "capacity": {"requests": {"milli": "250"}}}}]}}}})
-        core.create_namespaced_pod(node_namespace, _share_pod("share"))
+        for name, milli in (("quarter", 250), ("most", 900)):
+            resource.create_namespaced_resource_claim_template(node_namespace,
+                                                               _template(name, milli))
+        spec_files = []
+        for pod_name, template, milli, device in (("share-a", "quarter", 250, 0),
+                                                  ("share-b", "most", 900, 1),
+                                                  ("share-c", "quarter", 250, 0)):
+            core.create_namespaced_pod(node_namespace, _share_pod(pod_name, template))
 
-        def running() -> Any:
-            pod = core.read_namespaced_pod("share", node_namespace)
-            return pod if pod.status.phase == "Running" else None
+            def running(pod_name: str = pod_name) -> Any:
+                pod = core.read_namespaced_pod(pod_name, node_namespace)
+                return pod if pod.status.phase == "Running" else None
 
-        pod = wait_until(running, timeout_s=90, what="the share pod to run")
-        (status,) = pod.status.resource_claim_statuses
-        claim = client.sanitize_for_serialization(resource.read_namespaced_resource_claim(
-            status.resource_claim_name, node_namespace))
-        (result,) = claim["status"]["allocation"]["devices"]["results"]
-        assert (result["driver"], result["pool"], result["device"]) == (
-            DRIVER_NAME, node.name, "gpu-0")  # first fit: the lowest-index GPU
-        assert result["consumedCapacity"]["milli"] == "250"
-        spec_file = dra_driver.cdi_dir / CDI_FILE.format(uid=claim["metadata"]["uid"])
-        spec = json.loads(spec_file.read_text())
-        (device,) = spec["devices"]
-        assert sorted(device["containerEdits"]["env"]) == [
-            f"GPUFRAG_GPU_MEMORY_LIMIT_MIB={81_920 * 250 // 1000}", "GPUFRAG_GPU_MILLI=250",
-            f"NVIDIA_VISIBLE_DEVICES={GPU_UUIDS[0]}"]
-        assert logged_events(dra_driver.log, "claim_prepared") >= 1
+            pod = wait_until(running, timeout_s=90, what=f"{pod_name} to run")
+            (status,) = pod.status.resource_claim_statuses
+            claim = client.sanitize_for_serialization(resource.read_namespaced_resource_claim(
+                status.resource_claim_name, node_namespace))
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert (result["driver"], result["pool"], result["device"]) == (
+                DRIVER_NAME, node.name, f"gpu-{device}"), pod_name
+            assert result["consumedCapacity"]["milli"] == str(milli)
+            spec_file = dra_driver.cdi_dir / CDI_FILE.format(uid=claim["metadata"]["uid"])
+            (edited,) = json.loads(spec_file.read_text())["devices"]
+            assert sorted(edited["containerEdits"]["env"]) == [
+                f"GPUFRAG_GPU_MEMORY_LIMIT_MIB={81_920 * milli // 1000}",
+                f"GPUFRAG_GPU_MILLI={milli}", f"NVIDIA_VISIBLE_DEVICES={GPU_UUIDS[device]}"]
+            spec_files.append(spec_file)
+        assert logged_events(dra_driver.log, "claim_prepared") >= 3
 
-        core.delete_namespaced_pod("share", node_namespace, grace_period_seconds=0)
-        wait_until(lambda: not spec_file.exists(), timeout_s=60,
-                   what="the kubelet to unprepare the claim (its CDI spec removed)")
+        for pod_name in ("share-a", "share-b", "share-c"):
+            core.delete_namespaced_pod(pod_name, node_namespace, grace_period_seconds=0)
+        wait_until(lambda: not any(f.exists() for f in spec_files), timeout_s=60,
+                   what="the kubelet to unprepare the claims (their CDI specs removed)")
     finally:
         resource.delete_device_class(DRIVER_NAME)
