@@ -20,8 +20,7 @@ from node.dra.cli import main
 from node.dra.slices import Obj
 from tests.node.daemons import one_gpu_recording, ready_within
 from tests.node.dra.builders import UUIDS
-from tests.node.dra.test_publish import FakeSlices
-from tests.node.dra.test_service import FakeClaims
+from tests.node.dra.fakes import FakeClaims, FakeSlices
 
 
 class SignallingSlices(FakeSlices):

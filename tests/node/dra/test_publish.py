@@ -4,53 +4,15 @@ generation when the devices change, and stale slices of this driver on this node
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
 
 import structlog
 
 from node.dra.config import DRIVER_NAME
 from node.dra.publish import ANNOTATION_DIGEST, SlicePublisher
-from node.dra.slices import Obj
 from tests.node.dra.builders import NODE, build_gpus
+from tests.node.dra.fakes import FakeSlices
 
 NAME = f"{NODE}-{DRIVER_NAME}"
-
-
-@dataclass
-class FakeSlices:
-    """The API server's slices by name; quantities come back canonical, as the server's do."""
-
-    stored: dict[str, Obj] = field(default_factory=dict)
-    calls: list[str] = field(default_factory=list)
-    version: int = 0
-
-    def _store(self, body: Obj) -> None:
-        body = copy.deepcopy(body)
-        for device in body["spec"]["devices"]:
-            memory = device["capacity"]["memory"]
-            memory["value"] = memory["value"].replace("81920Mi", "80Gi")
-        self.version += 1
-        body["metadata"]["resourceVersion"] = str(self.version)
-        self.stored[body["metadata"]["name"]] = body
-
-    def list(self, *, driver: str, node_name: str) -> list[Obj]:
-        self.calls.append("list")
-        return [copy.deepcopy(s) for s in self.stored.values()
-                if s["spec"]["driver"] == driver and s["spec"]["nodeName"] == node_name]
-
-    def create(self, body: Obj) -> None:
-        self.calls.append(f"create {body['metadata']['name']}")
-        self._store(body)
-
-    def replace(self, name: str, body: Obj) -> None:
-        assert body["metadata"]["resourceVersion"] == self.stored[name]["metadata"][
-            "resourceVersion"]
-        self.calls.append(f"replace {name}")
-        self._store(body)
-
-    def delete(self, name: str) -> None:
-        self.calls.append(f"delete {name}")
-        del self.stored[name]
 
 
 def publisher(api: FakeSlices, gpus: int = 2) -> SlicePublisher:

@@ -7,10 +7,9 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -23,24 +22,8 @@ from node.dra.metrics import DriverMetrics
 from node.dra.server import DriverServer
 from node.dra.service import DraPluginServicer, RegistrationServicer
 from node.gpus import DeviceNodes
-from scheduler.kube.errors import ApiError
 from tests.node.dra.builders import NODE, UUIDS, build_claim, build_config, build_gpus, result
-
-
-@dataclass
-class FakeClaims:
-    """Claims by (namespace, name); a value that is an exception is raised."""
-
-    claims: dict[tuple[str, str], Any] = field(default_factory=dict)
-
-    def get(self, namespace: str, name: str) -> Mapping[str, Any]:
-        found = self.claims.get((namespace, name))
-        if found is None:
-            raise ApiError(f"reading ResourceClaim {namespace}/{name}", 404, "not found",
-                           reason="Not Found")
-        if isinstance(found, Exception):
-            raise found
-        return dict(found)
+from tests.node.dra.fakes import FakeClaims
 
 
 @dataclass
