@@ -3,7 +3,8 @@ controller: the driver registers through the kubelet's plugin watcher, publishes
 pod asking a share through a ResourceClaimTemplate is allocated by kube-scheduler's first fit,
 prepared by the driver (its CDI spec written with the share's environment) and runs; deleting
 the pod unprepares the claim. Three shares in turn check that first fit follows the slice's
-device order (docs/dra.md's first next step).
+device order (docs/dra.md's first next step). A pod asking an extended resource that a
+DeviceClass maps (KEP-5004) gets a whole GPU through the driver the same way.
 
 The environment inside the container is not checked: the node's containerd (Debian's 1.6)
 predates CDI in its CRI plugin (1.7), so it runs the container without the CDI edits
@@ -34,6 +35,7 @@ from node.dra.config import DRIVER_NAME
 from tests.e2e.node.conftest import GPU_UUIDS, logged_events, write_gpu_recording
 
 CDI_FILE = "gpufrag.io-gpu_{uid}.json"
+WHOLE_CLASS = "whole.gpu.gpufrag.io"
 
 
 @dataclass
@@ -161,3 +163,51 @@ def test_shares_claimed_through_templates_go_first_fit_and_are_prepared_and_unpr
                    what="the kubelet to unprepare the claims (their CDI specs removed)")
     finally:
         resource.delete_device_class(DRIVER_NAME)
+
+
+def test_a_pod_asking_an_extended_resource_gets_a_whole_gpu_through_the_driver(
+        node: Node, node_plane: ControlPlane, node_namespace: str, dra_driver: Driver) -> None:
+    """KEP-5004: a DeviceClass that names an extended resource serves pods that ask for it,
+    with no claim in their spec; kube-scheduler makes the claim, first fit takes a whole GPU
+    (a request with no capacity takes all of its milli) and the driver prepares it. The name
+    is the project's own, not ``nvidia.com/gpu``: the mapping only serves nodes that do not
+    advertise the resource themselves, and the device-plugin tests on this node do."""
+    client = node_plane.api_client()
+    core = kubernetes.client.CoreV1Api(client)
+    resource = kubernetes.client.ResourceV1Api(client)
+    wanted = "gpufrag.io/dra-gpu"
+    with suppress(kubernetes.client.ApiException):
+        resource.delete_device_class(WHOLE_CLASS)  # one a crashed run left
+    resource.create_device_class({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": WHOLE_CLASS},
+        "spec": {"extendedResourceName": wanted,
+                 "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    try:
+        pod_body = _share_pod("whole", "unused")
+        del pod_body["spec"]["resourceClaims"]
+        pod_body["spec"]["containers"][0]["resources"] = {"limits": {wanted: "1"},
+                                                          "requests": {wanted: "1"}}
+        core.create_namespaced_pod(node_namespace, pod_body)
+
+        def running() -> Any:
+            pod = core.read_namespaced_pod("whole", node_namespace)
+            return pod if pod.status.phase == "Running" else None
+
+        pod = client.sanitize_for_serialization(
+            wait_until(running, timeout_s=90, what="the extended-resource pod to run"))
+        claim_name = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        claim = client.sanitize_for_serialization(
+            resource.read_namespaced_resource_claim(claim_name, node_namespace))
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["device"]) == (DRIVER_NAME, "gpu-0")
+        assert result["consumedCapacity"]["milli"] == "1k"  # all of it: a whole GPU
+        spec_file = dra_driver.cdi_dir / CDI_FILE.format(uid=claim["metadata"]["uid"])
+        (edited,) = json.loads(spec_file.read_text())["devices"]
+        assert edited["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={GPU_UUIDS[0]}"]
+
+        core.delete_namespaced_pod("whole", node_namespace, grace_period_seconds=0)
+        wait_until(lambda: not spec_file.exists(), timeout_s=60,
+                   what="the kubelet to unprepare the claim (its CDI spec removed)")
+    finally:
+        resource.delete_device_class(WHOLE_CLASS)
