@@ -9,6 +9,7 @@ from gpufrag.conventions import dns_subdomain_problem
 from gpufrag.errors import BadInput
 from node.daemon import check_node_name
 from node.dra.api import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
+from node.dra.slices import slice_name
 from node.gpus import CONTROL_DEVICES, check_grant_settings
 
 DRIVER_NAME = "gpu.gpufrag.io"
@@ -49,6 +50,11 @@ class DraConfig:
         if problem is not None or len(self.driver_name) > 63:  # DriverNameMaxLength
             raise BadInput(f"{self.driver_name!r} is not a DRA driver name (a DNS subdomain of "
                            f"at most 63 characters): {problem or 'too long'}",
+                           field="driver_name")
+        name = slice_name(self.node_name, self.driver_name)
+        if dns_subdomain_problem(name) is not None:
+            raise BadInput(f"the slice name {name!r} (<node>-<driver>) is longer than an object "
+                           f"name may be (253); choose a shorter --driver-name",
                            field="driver_name")
         for name, path in (("registry_dir", self.registry_dir),
                            ("plugins_dir", self.plugins_dir), ("cdi_dir", self.cdi_dir)):

@@ -43,6 +43,7 @@ class SignallingSlices(FakeSlices):
     (["--node-name=n", "--mps-pipe-dir=/run/mps"], "only applies with --mps"),
     (["--node-name=n", "--registry-dir=/" + "x" * 120], "too long for a unix socket path"),
     (["--node-name=n", "--publish-interval-s=0"], "--publish-interval-s"),
+    ([f"--node-name={'n' * 63}.{'m' * 63}.{'o' * 63}.{'p' * 48}"], "is longer than an object name"),
 ])
 def test_bad_input_exits_2_at_start_with_the_reason(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
