@@ -33,6 +33,7 @@ from devkit.node import BUSYBOX_IMAGE, Node
 from devkit.procs import ComponentProcess, wait_until
 from node.dra.config import DRIVER_NAME
 from tests.e2e.node.conftest import GPU_UUIDS, logged_events, write_gpu_recording
+from tests.tenants import tenant_client
 
 CDI_FILE = "gpufrag.io-gpu_{uid}.json"
 WHOLE_CLASS = "whole.gpu.gpufrag.io"
@@ -94,6 +95,14 @@ def _share_pod(name: str, template: str) -> dict[str, Any]:
             # The dev plane runs no node-lifecycle controller to lift the not-ready taint.
             "tolerations": [{"key": NOT_READY_TAINT, "operator": "Exists",
                              "effect": "NoSchedule"}]}}
+
+
+def _delete_pods(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
+    """Delete the test's pods while the driver still runs: the kubelet unprepares their claims
+    before it lets them go, and the driver fixture stops before the namespace is deleted."""
+    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+    wait_until(lambda: not core.list_namespaced_pod(namespace).items, timeout_s=90,
+               what=f"the pods of {namespace} to be gone")
 
 
 def _template(name: str, milli: int) -> dict[str, Any]:
@@ -162,6 +171,7 @@ def test_shares_claimed_through_templates_go_first_fit_and_are_prepared_and_unpr
         wait_until(lambda: not any(f.exists() for f in spec_files), timeout_s=60,
                    what="the kubelet to unprepare the claims (their CDI specs removed)")
     finally:
+        _delete_pods(core, node_namespace)
         resource.delete_device_class(DRIVER_NAME)
 
 
@@ -210,4 +220,50 @@ def test_a_pod_asking_an_extended_resource_gets_a_whole_gpu_through_the_driver(
         wait_until(lambda: not spec_file.exists(), timeout_s=60,
                    what="the kubelet to unprepare the claim (its CDI spec removed)")
     finally:
+        _delete_pods(core, node_namespace)
         resource.delete_device_class(WHOLE_CLASS)
+
+
+def test_a_tenant_cannot_move_its_claims_allocation(
+        node: Node, node_plane: ControlPlane, node_namespace: str, dra_driver: Driver,
+        tmp_path: Path) -> None:
+    """The allocation record is the claim's status, which only kube-scheduler writes: a
+    namespace user with the built-in ``edit`` role may make claims but not rewrite where they
+    were allocated (issue 45's reason to prefer DRA's record to an annotation)."""
+    client = node_plane.api_client()
+    core = kubernetes.client.CoreV1Api(client)
+    resource = kubernetes.client.ResourceV1Api(client)
+    with suppress(kubernetes.client.ApiException):
+        resource.delete_device_class(DRIVER_NAME)  # one a crashed run left
+    resource.create_device_class({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": DRIVER_NAME},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    try:
+        resource.create_namespaced_resource_claim_template(node_namespace,
+                                                           _template("quarter", 250))
+        core.create_namespaced_pod(node_namespace, _share_pod("share", "quarter"))
+
+        def running() -> Any:
+            pod = core.read_namespaced_pod("share", node_namespace)
+            return pod if pod.status.phase == "Running" else None
+
+        (status,) = wait_until(running, timeout_s=90,
+                               what="the share pod to run").status.resource_claim_statuses
+        name = status.resource_claim_name
+        tenant = kubernetes.client.ResourceV1Api(tenant_client(node_plane, node_namespace,
+                                                               tmp_path))
+        claim = client.sanitize_for_serialization(
+            tenant.read_namespaced_resource_claim(name, node_namespace))
+        moved = claim["status"]["allocation"]
+        moved["devices"]["results"][0]["device"] = "gpu-1"
+        with pytest.raises(kubernetes.client.ApiException) as refused:
+            tenant.patch_namespaced_resource_claim_status(
+                name, node_namespace, {"status": {"allocation": moved}})
+        assert refused.value.status == 403, refused.value.body
+        (result,) = resource.read_namespaced_resource_claim(
+            name, node_namespace).status.allocation.devices.results
+        assert result.device == "gpu-0"
+    finally:
+        _delete_pods(core, node_namespace)
+        resource.delete_device_class(DRIVER_NAME)
