@@ -1,10 +1,10 @@
 """The driver's two unix sockets, served by one gRPC server.
 
 The plugin socket (``<plugins_dir>/<driver>/dra.sock``) serves the DRA plugin service; the
-registration socket (``<registry_dir>/<driver>-reg.sock``) serves ``Registration``. Both bind
-before the server starts, so by the time the kubelet's plugin watcher sees the registration
-socket and asks GetInfo, the endpoint it names already answers. Stopping removes both sockets:
-the kubelet takes a vanished registration socket as the driver leaving.
+registration socket (``<registry_dir>/<driver>-reg.sock``) serves ``Registration``. One
+server serves both, so the endpoint GetInfo names answers from the moment the kubelet's
+plugin watcher can see the registration socket. Stopping removes both sockets: the kubelet
+takes a vanished registration socket as the driver leaving.
 """
 
 from __future__ import annotations
