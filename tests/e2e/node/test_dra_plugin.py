@@ -97,6 +97,17 @@ def _share_pod(name: str, template: str) -> dict[str, Any]:
                              "effect": "NoSchedule"}]}}
 
 
+def _create_device_class(resource: kubernetes.client.ResourceV1Api, name: str,
+                         **spec: str) -> None:
+    """A DeviceClass ``name`` selecting the driver's devices (``spec``: more of its fields)."""
+    with suppress(kubernetes.client.ApiException):
+        resource.delete_device_class(name)  # one a crashed run left
+    resource.create_device_class({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+        "spec": {**spec,
+                 "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+
+
 def _delete_pods(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
     """Delete the test's pods while the driver still runs: the kubelet unprepares their claims
     before it lets them go, and the driver fixture stops before the namespace is deleted."""
@@ -130,12 +141,7 @@ def test_shares_claimed_through_templates_go_first_fit_and_are_prepared_and_unpr
     assert [d.name for d in found.spec.devices] == ["gpu-0", "gpu-1"]
     assert found.spec.pool.name == node.name
 
-    with suppress(kubernetes.client.ApiException):
-        resource.delete_device_class(DRIVER_NAME)  # one a crashed run left
-    resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": DRIVER_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    _create_device_class(resource, DRIVER_NAME)
     try:
         for name, milli in (("quarter", 250), ("most", 900)):
             resource.create_namespaced_resource_claim_template(node_namespace,
@@ -186,13 +192,7 @@ def test_a_pod_asking_an_extended_resource_gets_a_whole_gpu_through_the_driver(
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
     wanted = "gpufrag.io/dra-gpu"
-    with suppress(kubernetes.client.ApiException):
-        resource.delete_device_class(WHOLE_CLASS)  # one a crashed run left
-    resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": WHOLE_CLASS},
-        "spec": {"extendedResourceName": wanted,
-                 "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    _create_device_class(resource, WHOLE_CLASS, extendedResourceName=wanted)
     try:
         pod_body = _share_pod("whole", "unused")
         del pod_body["spec"]["resourceClaims"]
@@ -233,12 +233,7 @@ def test_a_tenant_cannot_move_its_claims_allocation(
     client = node_plane.api_client()
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
-    with suppress(kubernetes.client.ApiException):
-        resource.delete_device_class(DRIVER_NAME)  # one a crashed run left
-    resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": DRIVER_NAME},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    _create_device_class(resource, DRIVER_NAME)
     try:
         resource.create_namespaced_resource_claim_template(node_namespace,
                                                            _template("quarter", 250))
