@@ -5,13 +5,14 @@ real, in one go (under 8 minutes on one GPU with the defaults), and writes ``rep
 ``report.md`` to ``--out``:
 
 1. **inventory** — NVML read through the agent's reading (:meth:`gpufrag.nvml.NvmlReader.read`,
-   what the agent publishes) and the device plugin's (:func:`node.deviceplugin.inventory.
-   read_inventory` and one :class:`~node.deviceplugin.inventory.HealthMonitor` pass), compared
+   what the agent publishes) and the device plugin's (:func:`node.gpus.read_inventory` and one
+   :class:`~node.deviceplugin.inventory.HealthMonitor` pass), compared
    GPU by GPU (UUID, product, memory) with ``nvidia-smi -q`` (its XML form), which also gives
    each GPU's MIG mode (the shared NVML adapter does not read it).
 2. **mps** — an MPS control daemon started in a private pipe directory, two share containers'
    processes given the environment the device plugin hands a memory share
-   (:func:`node.deviceplugin.allocator.container_response` with ``mps=True``), each allocating
+   (:func:`node.deviceplugin.allocator.container_response`, over :func:`node.gpus.container_grant`,
+   with ``mps=True``), each allocating
    within its limit (must succeed) and past it (must be refused).
 3. **tensorrt** — the built-in ResNet-50 ONNX graph (:mod:`serving.models`, generated here:
    nothing is downloaded) built into an FP16 engine with the 1/8/32 profile through the
@@ -73,9 +74,10 @@ from benchmarks.serving_bench import (
 )
 from benchmarks.serving_load import raw_request
 from gpufrag.nvml import MIB, GpuReadError, NoGpuError, NvmlReader
-from node.deviceplugin.allocator import DeviceNodes, container_response
+from node.deviceplugin.allocator import container_response
 from node.deviceplugin.config import DevicePluginConfig, Kind
-from node.deviceplugin.inventory import Gpu, HealthBoard, HealthMonitor, read_inventory
+from node.deviceplugin.inventory import HealthBoard, HealthMonitor
+from node.gpus import DeviceNodes, Gpu, read_inventory
 from serving.backends.base import Backend
 from serving.backends.onnx_runtime import OnnxRuntimeBackend
 from serving.backends.select import load_backend

@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agent": ("node.agent.cli", "publish per-GPU usage read through NVML (DaemonSet)"),
     "device-plugin": ("node.deviceplugin.cli", "hand each container the GPUs the extender "
                       "chose (kubelet device plugin, DaemonSet)"),
+    "dra-plugin": ("node.dra.cli", "publish this node's GPUs as a DRA ResourceSlice and prepare "
+                   "the claims allocated on them (kubelet DRA plugin, DaemonSet)"),
     "serve": ("serving.cli", "serve a model with dynamic batching (v2 inference protocol)"),
     "dev-cluster": ("devkit.cli", "start or stop a local control plane to try by hand (dev kit)"),
     "demo": ("devkit.demo", "show the whole path on a local control plane"),

@@ -30,6 +30,7 @@ import structlog
 from structlog.typing import FilteringBoundLogger
 
 from gpufrag import diagnose, logs
+from gpufrag.conventions import dns_subdomain_problem
 from gpufrag.errors import (
     EXIT_BAD_INPUT,
     EXIT_FAILURE,
@@ -49,6 +50,16 @@ class NodeConfig(Protocol):
 
     @property
     def node_name(self) -> str: ...
+
+
+def check_node_name(node_name: str) -> None:
+    """Raise :class:`BadInput` (field ``node_name``) unless ``node_name`` is a Node's name."""
+    if not node_name:
+        raise BadInput("required: set --node-name or NODE_NAME (from spec.nodeName)",
+                       field="node_name")
+    problem = dns_subdomain_problem(node_name)
+    if problem is not None:
+        raise BadInput(f"{node_name!r} is not a Node name: {problem}", field="node_name")
 
 
 ConfigT = TypeVar("ConfigT", bound=NodeConfig)

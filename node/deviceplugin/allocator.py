@@ -14,33 +14,16 @@ a whole-GPU pod with no record (another scheduler placed it), the devices the ku
 (:func:`~node.deviceplugin.matching.kubelet_choice`), logged ``kubelet_choice`` once per pod
 and counted in ``gpufrag_deviceplugin_allocated_containers_total{source="kubelet"}``.
 
-What a container gets (:func:`container_response`):
-
-- ``NVIDIA_VISIBLE_DEVICES=<UUIDs of exactly the chosen GPUs>`` (read by the NVIDIA container
-  runtime), and the device nodes ``/dev/nvidia<index>`` of those GPUs plus the driver's control
-  devices, each only where it exists on this node;
-- for a share (below 1000 milli, or a GPU-memory ask beside ``gpufrag.io/gpu-milli`` or HAMi's
-  ``nvidia.com/gpu: 1``): ``GPUFRAG_GPU_MILLI`` and ``GPUFRAG_GPU_MEMORY_LIMIT_MIB`` for the
-  workload to honour (soft limits: the memory asked, else the milli share of the GPU's memory;
-  the compute at least that memory's share, as placement counts it); with ``--mps`` also
-  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the share in percent, rounded up) and
-  ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (``0=<MiB>M``: the container sees its one GPU as device
-  0), which CUDA enforces under an MPS control daemon, and with ``--mps-pipe-dir`` the pipe
-  directory mounted and named in ``CUDA_MPS_PIPE_DIRECTORY``.
-
-The ``/dev/nvidia<index>`` node uses NVML's index as the minor number, which holds on the usual
-single-driver node; the shared NVML adapter does not read ``nvmlDeviceGetMinorNumber``.
+What a container gets is :func:`node.gpus.container_grant` (the home both delivery paths
+share); :func:`container_response` puts it into the kubelet's message.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from structlog.typing import FilteringBoundLogger
@@ -48,7 +31,7 @@ from structlog.typing import FilteringBoundLogger
 from node.deviceplugin.api import pb
 from node.deviceplugin.config import DevicePluginConfig, Kind
 from node.deviceplugin.devices import gpu_of, preferred
-from node.deviceplugin.inventory import Gpu, HealthBoard
+from node.deviceplugin.inventory import HealthBoard
 from node.deviceplugin.matching import (
     Candidate,
     PodAsk,
@@ -63,8 +46,7 @@ from node.deviceplugin.matching import (
 from node.deviceplugin.metrics import PluginMetrics
 from node.deviceplugin.trust import RecordTrust
 from node.deviceplugin.writes import PodWriteError, PodWriter
-from scheduler.core.types import MILLI_PER_GPU, share_milli
-from scheduler.kube.convert import milli_memory_mib
+from node.gpus import DeviceNodes, Gpu, container_grant
 
 GRANTS_KEPT = 4096  # device-ID sets -> GPUs remembered for PreStartContainer
 
@@ -81,57 +63,20 @@ class AllocationRefused(RuntimeError):
     """The call gets no GPUs; the message goes to the kubelet and so to the pod's Events."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceNodes:
-    """The device nodes that exist on this node, found once at start."""
-
-    by_index: Mapping[int, str]
-    control: tuple[str, ...]
-    missing: tuple[str, ...]
-
-    @classmethod
-    def find(cls, gpus: Sequence[Gpu], config: DevicePluginConfig,
-             exists: Callable[[str], bool] = os.path.exists) -> DeviceNodes:
-        def seen(path: str) -> bool:
-            return exists(os.path.join(config.dev_root, os.path.relpath(path, "/dev")))
-
-        wanted = {gpu.index: f"/dev/nvidia{gpu.index}" for gpu in gpus}
-        by_index = {i: path for i, path in wanted.items() if seen(path)}
-        control = tuple(path for path in config.control_devices if seen(path))
-        missing = tuple(sorted({*wanted.values(), *config.control_devices}
-                               - {*by_index.values(), *control}))
-        return cls(by_index, control, missing)
-
-
 def container_response(gpus: Sequence[Gpu], kind: Kind, count: int, *, nodes: DeviceNodes,
                        config: DevicePluginConfig,
                        memory_mib: int = 0) -> pb.ContainerAllocateResponse:
-    """What the kubelet puts into the container (module docstring); ``memory_mib``: the
-    container's GPU-memory ask, which makes it a memory share of its one GPU."""
-    envs = {"NVIDIA_VISIBLE_DEVICES": ",".join(gpu.uuid for gpu in gpus)}
-    devices = [pb.DeviceSpec(container_path=path, host_path=path, permissions="rw")
-               for path in (*(nodes.by_index[g.index] for g in gpus if g.index in nodes.by_index),
-                            *nodes.control)]
-    mounts = []
-    share = kind is Kind.SHARE and count % MILLI_PER_GPU
-    if (share or memory_mib) and len(gpus) == 1:
-        gpu = gpus[0]
-        milli = count if share else 0
-        if memory_mib:  # the share's compute is counted at least as its memory (placement's rule)
-            limit_mib = memory_mib
-            milli = share_milli(milli, memory_mib, gpu.memory_total_mib)
-        else:
-            limit_mib = milli_memory_mib(count, gpu.memory_total_mib)
-        envs["GPUFRAG_GPU_MILLI"] = str(milli)
-        envs["GPUFRAG_GPU_MEMORY_LIMIT_MIB"] = str(limit_mib)
-        if config.mps:
-            envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, math.ceil(milli / 10)))
-            envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={limit_mib}M"
-            if config.mps_pipe_dir:
-                envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_pipe_dir
-                mounts.append(pb.Mount(container_path=config.mps_pipe_dir,
-                                       host_path=config.mps_pipe_dir, read_only=False))
-    return pb.ContainerAllocateResponse(envs=envs, devices=devices, mounts=mounts)
+    """What the kubelet puts into the container (:func:`node.gpus.container_grant`);
+    ``memory_mib``: the container's GPU-memory ask, which makes it a memory share of its one
+    GPU."""
+    grant = container_grant(gpus, milli=count if kind is Kind.SHARE else 0,
+                            memory_mib=memory_mib, nodes=nodes, config=config)
+    return pb.ContainerAllocateResponse(
+        envs=grant.envs,
+        devices=[pb.DeviceSpec(container_path=path, host_path=path, permissions="rw")
+                 for path in grant.device_paths],
+        mounts=[pb.Mount(container_path=path, host_path=path, read_only=False)
+                for path in grant.mount_paths])
 
 
 class Allocator:

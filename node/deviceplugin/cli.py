@@ -27,7 +27,7 @@ from gpufrag.nvml_recorded import RecordedNvml
 from gpufrag.probes import Liveness
 from node import daemon
 from node.daemon import NodeDaemon
-from node.deviceplugin.allocator import Allocator, DeviceNodes, PodSource
+from node.deviceplugin.allocator import Allocator, PodSource
 from node.deviceplugin.config import (
     DEFAULT_HEALTH_INTERVAL_S,
     DEFAULT_KUBELET_SOCKET,
@@ -42,7 +42,6 @@ from node.deviceplugin.inventory import (
     FollowedRecording,
     HealthBoard,
     HealthMonitor,
-    read_inventory,
 )
 from node.deviceplugin.metrics import PluginMetrics, start_http_server
 from node.deviceplugin.pods import KubeNodePods, NodePods
@@ -50,6 +49,7 @@ from node.deviceplugin.server import Supervisor
 from node.deviceplugin.service import DevicePluginServicer
 from node.deviceplugin.trust import KubeRecordKeys, RecordTrust
 from node.deviceplugin.writes import KubePodWriter, PodWriter
+from node.gpus import DeviceNodes, add_grant_flags, read_inventory
 
 
 def build_parser() -> BadInputArgumentParser:
@@ -71,10 +71,7 @@ def build_parser() -> BadInputArgumentParser:
     parser.add_argument("--watch-interval-s", type=float, default=DEFAULT_WATCH_INTERVAL_S,
                         help="seconds between looks for a restarted kubelet "
                              "(default: %(default)s)")
-    parser.add_argument("--mps", action="store_true",
-                        help="set CUDA_MPS_* limits for shares (an MPS control daemon runs)")
-    parser.add_argument("--mps-pipe-dir", default="",
-                        help="host directory of the MPS pipes, mounted into share containers")
+    add_grant_flags(parser)
     parser.add_argument("--kubelet-fallback", action=argparse.BooleanOptionalAction,
                         default=True,
                         help="give a whole-GPU pod that gpufrag-scheduler's bind did not place "
@@ -89,8 +86,6 @@ def build_parser() -> BadInputArgumentParser:
                              "--no-verify-records trusts any record, which lets anyone who "
                              "can write a pod name another pod's GPU (docs/security.md) "
                              "(default: on)")
-    parser.add_argument("--dev-root", default="/dev",
-                        help="where the plugin sees the host's /dev (default: %(default)s)")
     parser.add_argument("--stuck-call-s", type=positive_float, default=60.0,
                         help="a kubelet call (Allocate, GetPreferredAllocation, "
                              "PreStartContainer) in progress longer than this fails /healthz, "

@@ -16,18 +16,17 @@ from gpufrag.conventions import (
     ANNOTATION_GPU_ALLOCATED,
     DEFAULT_NAMES,
     KubeNames,
-    dns_subdomain_problem,
     qualified_name_problem,
 )
 from gpufrag.errors import BadInput
+from node.daemon import check_node_name
+from node.gpus import CONTROL_DEVICES, check_grant_settings
 
 DEFAULT_SOCKET_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_KUBELET_SOCKET = "kubelet.sock"
 DEFAULT_HEALTH_INTERVAL_S = 5.0
 DEFAULT_WATCH_INTERVAL_S = 1.0
 DEFAULT_METRICS_PORT = 9402  # beside the agent's 9401 and DCGM's 9400
-# The driver's control devices every CUDA container needs besides /dev/nvidiaN.
-CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 
 
 class Kind(Enum):
@@ -73,12 +72,7 @@ class DevicePluginConfig:
         return os.path.join(self.socket_dir, self.kubelet_socket)
 
     def validate(self) -> DevicePluginConfig:
-        if not self.node_name:
-            raise BadInput("required: set --node-name or NODE_NAME (from spec.nodeName)",
-                           field="node_name")
-        problem = dns_subdomain_problem(self.node_name)
-        if problem is not None:
-            raise BadInput(f"{self.node_name!r} is not a Node name: {problem}", field="node_name")
+        check_node_name(self.node_name)
         if not os.path.isabs(self.socket_dir):
             raise BadInput(f"{self.socket_dir!r} must be an absolute directory (the kubelet "
                            f"names plugin sockets relative to it)", field="socket_dir")
@@ -97,10 +91,7 @@ class DevicePluginConfig:
         if longest > 100:
             raise BadInput(f"{self.socket_dir!r} is too long for a unix socket path "
                            f"(plugin socket path {longest} > 100 bytes)", field="socket_dir")
-        if self.mps_pipe_dir and not os.path.isabs(self.mps_pipe_dir):
-            raise BadInput(f"{self.mps_pipe_dir!r} must be an absolute path", field="mps_pipe_dir")
-        if self.mps_pipe_dir and not self.mps:
-            raise BadInput("only applies with --mps", field="mps_pipe_dir")
+        check_grant_settings(self)
         problem = qualified_name_problem(self.annotation_allocated)
         if problem is not None:
             raise BadInput(problem, field="annotation_allocated")

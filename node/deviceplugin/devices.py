@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from node.deviceplugin.api import HEALTHY, MAX_DEVICE_ID_LENGTH, UNHEALTHY, pb
 from node.deviceplugin.config import Kind
-from node.deviceplugin.inventory import Gpu
+from node.gpus import Gpu
 from scheduler.core.types import MILLI_PER_GPU
 
 SHARE_SEPARATOR = "::"

@@ -1,12 +1,12 @@
-"""This node's GPUs and their health, read through the shared NVML adapter.
+"""The health of this node's GPUs, read through the shared NVML adapter.
 
-The inventory (index, UUID, product, total memory) is read once at start: it does not change
-while the driver is loaded. Health is re-read every ``health_interval_s``: one cheap NVML call
-per GPU (``nvmlDeviceGetMemoryInfo``); a GPU whose read fails (``GpuIsLost`` after an XID 79,
-a driver error) is unhealthy until a read succeeds again. This catches a GPU that fell off the
-bus or stopped answering; it does not watch NVML's XID event stream as NVIDIA's own plugin does
-(the shared adapter does not expose it), so an ECC error that leaves the GPU readable is not
-seen here.
+The inventory (index, UUID, product, total memory; :func:`node.gpus.read_inventory`) is read
+once at start: it does not change while the driver is loaded. Health is re-read every
+``health_interval_s``: one cheap NVML call per GPU (``nvmlDeviceGetMemoryInfo``); a GPU whose
+read fails (``GpuIsLost`` after an XID 79, a driver error) is unhealthy until a read succeeds
+again. This catches a GPU that fell off the bus or stopped answering; it does not watch NVML's
+XID event stream as NVIDIA's own plugin does (the shared adapter does not expose it), so an ECC
+error that leaves the GPU readable is not seen here.
 
 :class:`HealthBoard` is the one shared state between the health thread and the gRPC threads: a
 version number that moves on every change, and a condition variable that ListAndWatch streams
@@ -18,33 +18,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from structlog.typing import FilteringBoundLogger
 
 from gpufrag.errors import BadInput
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
-
-
-@dataclass(frozen=True, slots=True)
-class Gpu:
-    """One GPU of this node as the plugin advertises it."""
-
-    index: int
-    uuid: str
-    product: str
-    memory_total_mib: int
-
-
-def read_inventory(reader: NvmlReader) -> tuple[Gpu, ...]:
-    """Every GPU with its total memory; raises :class:`GpuReadError` when NVML fails."""
-    gpus = []
-    for identity in reader.inventory():
-        memory = reader.read_memory(identity.index)
-        gpus.append(Gpu(identity.index, identity.uuid, identity.product,
-                        memory.memory_total_mib))
-    return tuple(gpus)
+from node.gpus import Gpu
 
 
 class HealthBoard:

@@ -17,7 +17,7 @@ from prometheus_client.exposition import generate_latest
 from gpufrag import probes
 from gpufrag.httpserve import Server
 from gpufrag.metrics import new_registry
-from node.deviceplugin.inventory import Gpu
+from node.gpus import Gpu
 
 # Allocate must answer well inside the kubelet's patience; buckets resolve the 50 ms target.
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 2.5)

@@ -13,7 +13,7 @@ import pytest
 from benchmarks.gpu_check import compare_inventories, main, nvidia_smi_inventory, targets
 from benchmarks.results import Results
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlReader
-from node.deviceplugin.inventory import Gpu
+from node.gpus import Gpu
 from tests import skips
 
 

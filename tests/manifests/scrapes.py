@@ -38,8 +38,8 @@ from gpufrag.nvml import NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
 from node.agent import cli as agent_cli
 from node.agent.cgroup import PodRecord
-from node.deviceplugin.inventory import Gpu
 from node.deviceplugin.metrics import PluginMetrics
+from node.gpus import Gpu
 from scheduler.extender.metrics import ExtenderMetrics, SkipEventCollector
 from serving.config import BatcherConfig
 from serving.gpu import MemoryGrowthWatch, NvmlProbe

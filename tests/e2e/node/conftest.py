@@ -189,12 +189,17 @@ def wait_registered(log: Path, process: subprocess.Popen[bytes], *, before: int 
         raise
 
 
-@pytest.fixture
-def device_plugin(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Path]:
-    recording = tmp_path / "nvml.json"
-    recording.write_text(json.dumps({"devices": [
+def write_gpu_recording(path: Path) -> Path:
+    """The node's recorded GPUs (two A100s, ``GPU_UUIDS``) as an NVML recording at ``path``."""
+    path.write_text(json.dumps({"devices": [
         {"name": "NVIDIA A100-SXM4-80GB", "uuid": uuid, "memory_total": 85_899_345_920,
          "samples": [{"gpu": 0, "memory_used": 0}]} for uuid in GPU_UUIDS]}))
+    return path
+
+
+@pytest.fixture
+def device_plugin(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Path]:
+    recording = write_gpu_recording(tmp_path / "nvml.json")
     log = tmp_path / "device-plugin.log"
     publish_test_key(kubernetes.client.CoreV1Api(node_plane.api_client()))
     with log.open("ab") as out:

@@ -9,7 +9,7 @@ from typing import Any
 import structlog
 
 from gpufrag.conventions import ANNOTATION_GPU_ALLOCATED, DEFAULT_NAMES
-from node.deviceplugin.allocator import Allocator, DeviceNodes
+from node.deviceplugin.allocator import Allocator
 from node.deviceplugin.config import DevicePluginConfig
 from node.deviceplugin.inventory import HealthBoard
 from node.deviceplugin.matching import PodAsk
@@ -17,6 +17,7 @@ from node.deviceplugin.metrics import PluginMetrics
 from node.deviceplugin.pods import NodePods
 from node.deviceplugin.trust import FixedRecordKeys
 from node.deviceplugin.writes import PodWriteError
+from node.gpus import DeviceNodes
 from tests.node.deviceplugin.builders import build_board, build_config
 from tests.records import SIGNER
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 import threading
 import time
@@ -17,17 +16,10 @@ from gpufrag.errors import EXIT_BAD_INPUT, EXIT_NO_GPU, EXIT_OK
 from node.deviceplugin.cli import build_parser, main
 from node.deviceplugin.config import DevicePluginConfig
 from node.deviceplugin.trust import FixedRecordKeys
-from tests.node.deviceplugin.builders import UUIDS
+from tests.node.daemons import one_gpu_recording, ready_within
 from tests.node.deviceplugin.fakes import FakePods, RecordingWriter
 from tests.node.deviceplugin.test_server import FakeKubelet
 from tests.records import SIGNER
-
-
-def _recording(path: Path, **extra: object) -> Path:
-    path.write_text(json.dumps({**extra, "devices": [
-        {"name": "NVIDIA A100-SXM4-80GB", "uuid": UUIDS[0], "memory_total": 85_899_345_920,
-         "samples": [{"gpu": 0, "memory_used": 0}]}]}))
-    return path
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -58,7 +50,7 @@ def test_kubelet_fallback_is_on_unless_switched_off() -> None:
 
 
 def test_no_gpu_exits_3_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rec = _recording(tmp_path / "r.json", init_error="NVMLError_LibraryNotFound")
+    rec = one_gpu_recording(tmp_path / "r.json", init_error="NVMLError_LibraryNotFound")
     assert main(["--node-name=n", f"--nvml-recording={rec}", "--metrics-port=0",
                  f"--socket-dir={tmp_path}", f"--dev-root={tmp_path}"]) == EXIT_NO_GPU
     assert "no_gpu" in capsys.readouterr().err
@@ -69,18 +61,6 @@ def test_it_is_a_gpufrag_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     assert "gpufrag device-plugin" in capsys.readouterr().out
 
 
-def _ready_within(url: str, deadline: float) -> bool:
-    while True:
-        try:
-            if urllib.request.urlopen(url, timeout=5).status == 200:
-                return True
-        except OSError:  # 503 (HTTPError) until ready, or not listening yet
-            pass
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
 def test_recorded_mode_registers_and_says_it_is_recorded(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="dp-") as folder:
@@ -89,7 +69,8 @@ def test_recorded_mode_registers_and_says_it_is_recorded(
         stop = threading.Event()
         port = free_port()
         argv = ["--node-name=n", f"--socket-dir={folder}", "--watch-interval-s=0.05",
-                f"--nvml-recording={_recording(tmp_path / 'r.json')}", f"--metrics-port={port}"]
+                f"--nvml-recording={one_gpu_recording(tmp_path / 'r.json')}",
+                f"--metrics-port={port}"]
         result: list[int] = []
         thread = threading.Thread(target=lambda: result.append(
             main(argv, pods=FakePods(), writer=RecordingWriter(),
@@ -104,7 +85,7 @@ def test_recorded_mode_registers_and_says_it_is_recorded(
             base = f"http://127.0.0.1:{port}"
             # Ready follows registration by a moment (the kubelet opens ListAndWatch after
             # Register answers): poll within the same deadline instead of racing it.
-            assert _ready_within(f"{base}/readyz", deadline)
+            assert ready_within(f"{base}/readyz", deadline)
             metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
             assert "gpufrag_deviceplugin_inventory_recorded 1.0" in metrics
             assert 'gpufrag_deviceplugin_registered{resource="nvidia.com/gpu"} 1.0' in metrics

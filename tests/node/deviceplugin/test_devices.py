@@ -14,7 +14,7 @@ from node.deviceplugin.devices import (
     preferred,
     share_id,
 )
-from node.deviceplugin.inventory import Gpu
+from node.gpus import Gpu
 from tests.node.deviceplugin.builders import UUIDS, build_gpus
 
 

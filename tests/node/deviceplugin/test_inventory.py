@@ -14,8 +14,8 @@ from node.deviceplugin.inventory import (
     FollowedRecording,
     HealthBoard,
     HealthMonitor,
-    read_inventory,
 )
+from node.gpus import read_inventory
 from tests.node.deviceplugin.builders import UUIDS
 
 TOTAL = 85_899_345_920

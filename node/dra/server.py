@@ -1,0 +1,54 @@
+"""The driver's two unix sockets, served by one gRPC server.
+
+The plugin socket (``<plugins_dir>/<driver>/dra.sock``) serves the DRA plugin service; the
+registration socket (``<registry_dir>/<driver>-reg.sock``) serves ``Registration``. One
+server serves both, so the endpoint GetInfo names answers from the moment the kubelet's
+plugin watcher can see the registration socket. Stopping removes both sockets: the kubelet
+takes a vanished registration socket as the driver leaving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from concurrent import futures
+
+import grpc
+
+from node.dra.api import add_dra_plugin_service, add_registration_service
+from node.dra.config import DraConfig
+from node.dra.service import DraPluginServicer, RegistrationServicer
+
+WORKERS = 8
+
+
+class DriverServer:
+    """Serves :class:`DraPluginServicer` and :class:`RegistrationServicer` (module docstring)."""
+
+    def __init__(self, config: DraConfig, plugin: DraPluginServicer,
+                 registration: RegistrationServicer) -> None:
+        self._paths = (config.plugin_socket_path, config.registration_socket_path)
+        self._plugin = plugin
+        self._registration = registration
+        self._server: grpc.Server | None = None
+
+    def start(self) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS,
+                                                        thread_name_prefix="dra"))
+        add_dra_plugin_service(server, self._plugin)
+        add_registration_service(server, self._registration)
+        for path in self._paths:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # a stale socket from a previous run
+            server.add_insecure_port(f"unix://{path}")
+        server.start()
+        self._server = server
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace_s).wait(grace_s + 1)
+        for path in reversed(self._paths):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)

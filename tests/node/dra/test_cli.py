@@ -1,0 +1,103 @@
+"""``gpufrag dra-plugin`` end to end in one process: flags, exit codes, recorded mode."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from devkit.procs import free_port
+from gpufrag.cli import main as gpufrag_main
+from gpufrag.errors import EXIT_BAD_INPUT, EXIT_NO_GPU, EXIT_OK
+from node.dra.api import RegistrationClient, regpb
+from node.dra.cli import main
+from node.dra.slices import Obj
+from tests.node.daemons import one_gpu_recording, ready_within
+from tests.node.dra.builders import UUIDS
+from tests.node.dra.fakes import FakeClaims, FakeSlices
+
+
+class SignallingSlices(FakeSlices):
+    """Sets ``created`` when the first slice is created (the test waits on it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created = threading.Event()
+
+    def create(self, body: Obj) -> None:
+        super().create(body)
+        self.created.set()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--node-name="], "--node-name"),
+    (["--node-name=Not_A_Node"], "is not a Node name"),
+    (["--node-name=n", "--driver-name=Not A Driver"], "is not a DRA driver name"),
+    (["--node-name=n", "--cdi-dir=relative"], "must be an absolute directory"),
+    (["--node-name=n", "--mps-pipe-dir=/run/mps"], "only applies with --mps"),
+    (["--node-name=n", "--registry-dir=/" + "x" * 120], "too long for a unix socket path"),
+    (["--node-name=n", "--publish-interval-s=0"], "--publish-interval-s"),
+    ([f"--node-name={'n' * 63}.{'m' * 63}.{'o' * 63}.{'p' * 48}"], "is longer than an object name"),
+])
+def test_bad_input_exits_2_at_start_with_the_reason(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*argv, "--metrics-port=0"]) == EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err
+
+
+def test_no_gpu_exits_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rec = one_gpu_recording(tmp_path / "r.json", init_error="NVMLError_LibraryNotFound")
+    assert main(["--node-name=n", f"--nvml-recording={rec}", "--metrics-port=0"],
+                claims=FakeClaims(), slices=FakeSlices()) == EXIT_NO_GPU
+    assert "no_gpu" in capsys.readouterr().err
+
+
+def test_it_is_a_gpufrag_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpufrag_main(["dra-plugin", "--help"]) == EXIT_OK
+    assert "gpufrag dra-plugin" in capsys.readouterr().out
+
+
+def test_recorded_mode_publishes_its_slice_and_answers_registration(tmp_path: Path) -> None:
+    root = Path(tempfile.mkdtemp(prefix="dra-"))
+    slices = SignallingSlices()
+    stop = threading.Event()
+    port = free_port()
+    argv = ["--node-name=n", f"--registry-dir={root}/reg", f"--plugins-dir={root}/plugins",
+            f"--cdi-dir={root}", f"--nvml-recording={one_gpu_recording(tmp_path / 'r.json')}",
+            f"--metrics-port={port}", f"--dev-root={root}"]
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(
+        main(argv, claims=FakeClaims(), slices=slices, stop=stop)))
+    thread.start()
+    try:
+        assert slices.created.wait(20)
+        (published,) = slices.stored.values()
+        assert [d["attributes"]["uuid"] for d in published["spec"]["devices"]] == [
+            {"string": UUIDS[0]}]
+        base = f"http://127.0.0.1:{port}"
+        with pytest.raises(urllib.error.HTTPError):  # not registered with a kubelet yet
+            urllib.request.urlopen(f"{base}/readyz", timeout=5)
+        registration = RegistrationClient(f"{root}/reg/gpu.gpufrag.io-reg.sock")
+        try:
+            info = registration.get_info(regpb.InfoRequest(), timeout=10, wait_for_ready=True)
+            assert info.endpoint == f"{root}/plugins/gpu.gpufrag.io/dra.sock"
+            registration.notify_registration_status(
+                regpb.RegistrationStatus(plugin_registered=True), timeout=10)
+        finally:
+            registration.close()
+        # Ready also needs the first sync to have returned, a moment after the slice landed.
+        assert ready_within(f"{base}/readyz", time.monotonic() + 20)
+        metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
+        assert "gpufrag_dra_inventory_recorded 1.0" in metrics
+        assert 'gpufrag_dra_slice_syncs_total{result="created"} 1.0' in metrics
+    finally:
+        stop.set()
+        thread.join(20)
+        shutil.rmtree(root)
+    assert result == [EXIT_OK]
