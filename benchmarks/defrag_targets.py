@@ -126,6 +126,16 @@ def figures_of(result: LoopResult, seed: int) -> list[results.Figure]:
                        "of memory)", kills - loop.raised_within_cycle, "pods", t("<=", 0.0)),
         results.Figure(f"{s}: pods beyond their share for longer than a cycle",
                        loop.beyond_one_cycle, "pods", t("<=", 0.0)),
+        results.Figure(f"{s}: evictions that freed a whole GPU on their source (of "
+                       f"{loop.evictions}; only to right-size: "
+                       f"{loop.rightsizing_only_evictions})", loop.packing_evictions,
+                       "evictions"),
+        results.Figure(f"{s}: whole GPUs freed by the moves, net, over {days:g} days",
+                       loop.whole_gpus_freed_by_moves, "GPUs"),
+        *(results.Figure(f"{s}: idle memory at the end held by pods {holder} (bound "
+                         f"{100 * bound.idle_held_by.get(holder, 0.0):.1f}%)",
+                         100 * share, "% of reserved")
+          for holder, share in loop.idle_held_by.items()),
         results.Figure(f"{s}: GPU-hours given back by right-sizing (bound "
                        f"{bound.gpu_hours_given_back(result.settings.interval_s):,.0f})",
                        loop.gpu_hours_given_back(result.settings.interval_s), "GPU-h"),

@@ -218,6 +218,12 @@ class ArmResult:
     oom_kills: int = 0  # right-sized pods read above their share (killed, replaced)
     beyond_one_cycle: int = 0  # ... whose replacement was above its share at the next cycle too
     raised_within_cycle: int = 0  # overruns whose workload's next replica was admitted raised
+    packing_evictions: int = 0  # moves that freed a whole GPU on their source
+    whole_gpus_freed_by_moves: int = 0  # Σ of the moves' net whole GPUs freed
+    rightsizing_only_evictions: int = 0  # moves that only gave idle memory back
+    # At the last cycle: idle memory (reserved − peak over the window) over all reserved GPU
+    # memory, by why the pod holding it is not at its recommendation (IDLE_HOLDERS).
+    idle_held_by: dict[str, float] = field(default_factory=dict)
 
     def last_day(self, days: float) -> list[Sample]:
         """The samples of the last simulated day (what "after N days" is judged on)."""
@@ -274,6 +280,10 @@ class LoopResult:
                 "evictions_by_day": {str(d): c for d, c in sorted(arm.evictions_by_day.items())},
                 "moved_twice_within_day": arm.moved_twice_within_day,
                 "nodes_flapping": len(arm.flapped), "nodes_oscillating": len(arm.oscillated),
+                "packing_evictions": arm.packing_evictions,
+                "whole_gpus_freed_by_moves": arm.whole_gpus_freed_by_moves,
+                "rightsizing_only_evictions": arm.rightsizing_only_evictions,
+                "idle_held_by": {h: round(v, 4) for h, v in arm.idle_held_by.items()},
                 "oom_kills": arm.oom_kills,
                 "beyond_share_longer_than_a_cycle": arm.beyond_one_cycle,
                 "over_share": {"samples": arm.over_share.samples, "over": arm.over_share.over,
@@ -321,6 +331,17 @@ def rollout_events(timed: Sequence[TimedPod], end_s: float, rollout_s: float, se
             seq += 1
     events.sort(key=lambda e: (e[0], e[1], e[2]))
     return events, started
+
+
+# Why a right-sizing arm's pod still holds idle memory at the end (ArmResult.idle_held_by).
+AT_RECOMMENDATION = "at its recommendation (headroom; the bound keeps it too)"
+WAITS_FOR_RESTART = "above it, under --rightsize-evict-ratio x (waits for its restart)"
+TOO_YOUNG = "out of bounds, restarted within --rightsize-min-age-days"
+NOT_YET_EVICTED = "out of bounds and old enough (not evicted yet: budget, packing first)"
+NO_RECOMMENDATION = "no recommendation yet (admitted at its ask)"
+NOT_SIZABLE = "not right-sizable (multi-GPU or no memory series)"
+IDLE_HOLDERS = (AT_RECOMMENDATION, WAITS_FOR_RESTART, TOO_YOUNG, NOT_YET_EVICTED,
+                NO_RECOMMENDATION, NOT_SIZABLE)
 
 
 # ----------------------------------------------------------------------------- one arm
@@ -462,6 +483,11 @@ class _Arm:
                 result.moved_twice_within_day += 1
             self.moved_at[move.pod] = now
             self.flaps.moved(now, move.source, move.target)
+            if move.freed_gpus > 0:
+                result.packing_evictions += 1
+            result.whole_gpus_freed_by_moves += move.freed_gpus
+            if move.purposes == ("idle",):
+                result.rightsizing_only_evictions += 1
             info = snapshot.pods.get(move.pod)
             if info is not None:  # the replacement is a new pod: it starts now
                 snapshot.pods[move.pod] = replace(info, started_s=now)
@@ -470,6 +496,41 @@ class _Arm:
         self.memory = self.memory.after_cycle(now, config.cooldown_s, report.moved_owners,
                                               report.latched_after, report.streaks_after)
         return report.evicted
+
+    def idle_holders(self, now: float) -> dict[str, float]:
+        """Where the idle memory of a right-sizing arm sits at ``now``, as a share of all the
+        reserved GPU memory (IDLE_HOLDERS): what the loop has not reached yet and why."""
+        snapshot, settings = self.snapshot, self.settings
+        state, usage = snapshot.state, snapshot.usage
+        if not self.rightsizes:
+            return {}
+        evictable = out_of_bounds(snapshot, now, settings.defrag_config(1))
+        idle = dict.fromkeys(IDLE_HOLDERS, 0.0)
+        reserved = 0.0
+        for key, placement in state.pods.items():
+            pod = placement.pod
+            if not pod.wants_gpu:
+                continue
+            row = state.index[placement.node]
+            held_mib = pod.gpu_milli / MILLI_PER_GPU * float(state.gpu_memory_mib[row])
+            reserved += held_mib * len(placement.gpus)
+            if key not in usage.pod_used_mib:
+                continue
+            if pod.num_gpu != 1 or not self.sizing.asked_milli(key):
+                holder = NOT_SIZABLE
+            elif not self.sizing.has_recommendation(key):
+                holder = NO_RECOMMENDATION
+            else:
+                admitted = self.sizing.admitted_milli(key, pod)
+                if pod.gpu_milli <= admitted:
+                    holder = AT_RECOMMENDATION
+                elif pod.gpu_milli < settings.rightsize_evict_ratio * admitted:
+                    holder = WAITS_FOR_RESTART
+                else:
+                    holder = NOT_YET_EVICTED if key in evictable else TOO_YOUNG
+            idle[holder] += (max(held_mib - usage.pod_peak(placement, row), 0.0)
+                             * len(placement.gpus))
+        return {h: v / reserved if reserved > 0 else 0.0 for h, v in idle.items()}
 
     def sample(self, now: float, evicted: int) -> None:
         snapshot, settings = self.snapshot, self.settings
@@ -547,6 +608,7 @@ def run_loop(nodes: Sequence[NodeSpec], timed: Sequence[TimedPod], trace: Memory
             arm.cycle(now, templates)
         arm.result.over_share = arm.sizing.over_share
         arm.result.flapped, arm.result.oscillated = arm.flaps.flapped, arm.flaps.oscillated
+        arm.result.idle_held_by = arm.idle_holders(cycles * settings.interval_s)
         result.arms[name] = arm.result
     return result
 
@@ -637,6 +699,17 @@ def table(result: LoopResult) -> str:
         f"{result.arms[n].gpu_hours_given_back(s.interval_s):>14.0f}" for n in names))
     lines.append(f"  {'killed out of memory':<27}" + "".join(
         f"{result.arms[n].oom_kills:>14}" for n in names))
+    for title, attr in (("evictions freeing a GPU", "packing_evictions"),
+                        ("whole GPUs freed by moves", "whole_gpus_freed_by_moves"),
+                        ("evictions only to right-size", "rightsizing_only_evictions")):
+        lines.append(f"  {title:<27}" + "".join(
+            f"{getattr(result.arms[n], attr):>14}" for n in names))
+    if any(result.arms[n].idle_held_by for n in names):
+        lines.append("  idle memory at the end, % of reserved, held by pods ...")
+        for holder in IDLE_HOLDERS:
+            lines.append(f"    {holder}\n  {'':<27}" + "".join(
+                f"{result.arms[n].idle_held_by.get(holder, 0.0):>14.1%}"
+                if result.arms[n].idle_held_by else f"{'':>14}" for n in names))
     if LOOP in result.arms and BASELINE in result.arms:
         loop, base = result.arms[LOOP], result.arms[BASELINE]
         lines.append(

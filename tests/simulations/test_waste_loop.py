@@ -14,10 +14,12 @@ from simulations.rightsizing import MemoryTrace, tiled
 from simulations.timed import TimedPod
 from simulations.waste_loop import (
     ARRIVE,
+    AT_RECOMMENDATION,
     BASELINE,
     BOUND,
     DAY_S,
     DEPART,
+    IDLE_HOLDERS,
     LOOP,
     RESTART,
     ArmResult,
@@ -76,6 +78,20 @@ def test_loop_right_sizes_at_restarts_between_baseline_and_bound(flat: LoopResul
     assert (bound.mean("idle_ratio", 3) - 1e-9 <= loop.mean("idle_ratio", 3)
             < base.mean("idle_ratio", 3))
     assert loop.over_share.over == 0  # flat use never exceeds a share set from it
+
+
+def test_idle_holders_account_for_the_idle_memory_at_the_end(flat: LoopResult) -> None:
+    """Each right-sizing arm's idle memory at the end, split by why it is still there, adds
+    up to its idle ratio; the baseline right-sizes nothing and has no split."""
+    assert flat.arms[BASELINE].idle_held_by == {}
+    for name in (LOOP, BOUND):
+        arm = flat.arms[name]
+        assert set(arm.idle_held_by) == set(IDLE_HOLDERS)
+        assert sum(arm.idle_held_by.values()) == pytest.approx(arm.samples[-1].idle_ratio,
+                                                                abs=0.02)
+    # The bound resizes every pod in place: what idle memory it keeps is headroom.
+    bound = flat.arms[BOUND].idle_held_by
+    assert bound[AT_RECOMMENDATION] == max(bound.values()) > 0
 
 
 def test_targets_and_table_name_every_arm(flat: LoopResult) -> None:
