@@ -230,6 +230,12 @@ class Rightsizing:
         pod = self.pods.get(key)
         return pod.asked_milli if pod is not None else 0
 
+    def has_recommendation(self, key: str) -> bool:
+        """Whether ``key``'s workload has a recommendation yet (without one, its replacements
+        are admitted at the template's ask)."""
+        pod = self.pods.get(key)
+        return pod is not None and pod.recommendation is not None
+
     def used_mib(self, key: str, t_s: float) -> float:
         pod = self.pods[key]
         return self.trace.at(pod.container, t_s) * pod.scale_mib

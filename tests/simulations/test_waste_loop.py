@@ -14,14 +14,19 @@ from simulations.rightsizing import MemoryTrace, tiled
 from simulations.timed import TimedPod
 from simulations.waste_loop import (
     ARRIVE,
+    AT_RECOMMENDATION,
     BASELINE,
     BOUND,
     DAY_S,
     DEPART,
+    IDLE_HOLDERS,
     LOOP,
     RESTART,
+    ArmResult,
+    FlapWatch,
     LoopResult,
     LoopSettings,
+    Sample,
     rollout_events,
     run_loop,
     table,
@@ -75,9 +80,24 @@ def test_loop_right_sizes_at_restarts_between_baseline_and_bound(flat: LoopResul
     assert loop.over_share.over == 0  # flat use never exceeds a share set from it
 
 
+def test_idle_holders_account_for_the_idle_memory_at_the_end(flat: LoopResult) -> None:
+    """Each right-sizing arm's idle memory at the end, split by why it is still there, adds
+    up to its idle ratio; the baseline right-sizes nothing and has no split."""
+    assert flat.arms[BASELINE].idle_held_by == {}
+    for name in (LOOP, BOUND):
+        arm = flat.arms[name]
+        assert set(arm.idle_held_by) == set(IDLE_HOLDERS)
+        assert sum(arm.idle_held_by.values()) == pytest.approx(arm.samples[-1].idle_ratio,
+                                                                abs=0.02)
+    # The bound resizes every pod in place: what idle memory it keeps is headroom.
+    bound = flat.arms[BOUND].idle_held_by
+    assert bound[AT_RECOMMENDATION] == max(bound.values()) > 0
+
+
 def test_targets_and_table_name_every_arm(flat: LoopResult) -> None:
     names = [t.name for t in targets(flat)]
     assert "idle ratio vs the bound" in names and "pods beyond their share > 1 cycle" in names
+    assert "nodes defrag made flap" in names
     text = table(flat)
     for arm in (BASELINE, LOOP, BOUND):
         assert arm in text
@@ -95,6 +115,50 @@ def test_rollouts_restart_every_period_with_a_phase_for_running_pods() -> None:
     new = [(e[0], e[1]) for e in events if e[3] == "new"]
     assert new == [(3600.0, ARRIVE), (3600.0 + 2 * DAY_S, RESTART), (3 * DAY_S, DEPART)]
     assert [e[1] for e in events if e[3] == "short"] == [ARRIVE, DEPART]
+
+
+def test_a_trigger_swinging_on_its_own_oscillates_but_is_not_defrag_flapping() -> None:
+    watch = FlapWatch(recent_s=7200.0)
+    for hour, on in ((1, {"a"}), (2, set()), (3, {"a"})):
+        watch.triggers(hour * 3600.0, on)
+    assert watch.oscillated == {"a"} and watch.flapped == set()
+
+
+def test_a_landing_that_turns_a_trigger_on_again_within_a_day_is_flapping() -> None:
+    watch = FlapWatch(recent_s=7200.0)
+    watch.triggers(3600.0, {"a"})
+    watch.triggers(7200.0, set())
+    watch.moved(10800.0, "b", "a")  # lands on "a", which turns on at this cycle's end
+    watch.triggers(10800.0, {"a"})
+    assert watch.flapped == {"a"}
+    late = FlapWatch(recent_s=7200.0)  # a landing long before the turn on is not its cause
+    late.triggers(3600.0, {"a"})
+    late.moved(7200.0, "b", "a")
+    late.triggers(7200.0, set())
+    late.triggers(20 * 3600.0, {"a"})
+    assert late.oscillated == {"a"} and late.flapped == set()
+
+
+@pytest.mark.parametrize(("second_s", "flaps"), [(DAY_S - 3600.0, True), (DAY_S + 3600.0, False)])
+def test_a_node_both_source_and_target_within_a_day_flaps(second_s: float, flaps: bool) -> None:
+    watch = FlapWatch(recent_s=7200.0)
+    watch.moved(0.0, "a", "b")
+    watch.moved(second_s, "c", "a")  # pods taken off "a", then put back on it
+    assert watch.flapped == ({"a"} if flaps else set())
+
+
+def sample(free: int, pending_whole: int) -> Sample:
+    return Sample(t_s=DAY_S, idle_ratio=0.0, trigger_on=0, free_whole_gpus=free,
+                  pending_gpu_pods=1 if pending_whole else 0, pending_whole_gpus=pending_whole,
+                  running_gpu_pods=10, evictions=0, given_back_gpus=0.0)
+
+
+def test_spare_whole_gpus_compares_arms_at_equal_work() -> None:
+    """An arm that leaves an 8-GPU pod pending has its 8 free GPUs spoken for."""
+    spread = ArmResult("spread", 2, samples=[sample(free=10, pending_whole=8)])
+    packed = ArmResult("packed", 2, samples=[sample(free=4, pending_whole=0)])
+    assert spread.mean("free_whole_gpus", 1) > packed.mean("free_whole_gpus", 1)
+    assert (spread.spare_whole_gpus(1), packed.spare_whole_gpus(1)) == (2.0, 4.0)
 
 
 def test_tiled_repeats_each_container_back_to_back() -> None:
