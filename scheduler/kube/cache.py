@@ -394,21 +394,15 @@ class ClusterCache:
     # ------------------------------------------------------------------ claims (DRA)
     def apply_claim(self, obj: Obj) -> None:
         """A ResourceClaim was added or changed: the pods using it are placed again."""
-        with self.lock:
-            try:
-                key = key_of(obj)
-            except BadInput:
-                return
+        with self.lock, contextlib.suppress(BadInput):  # unnamed: no pod can name it
+            key = key_of(obj)
             self.claims[key] = obj
             self._claim_changed(key)
 
     def delete_claim_object(self, obj: Obj) -> None:
         """A ResourceClaim is gone: the GPUs it held are free."""
-        with self.lock:
-            try:
-                key = key_of(obj)
-            except BadInput:
-                return
+        with self.lock, contextlib.suppress(BadInput):
+            key = key_of(obj)
             if self.claims.pop(key, None) is not None:
                 self._claim_changed(key)
 

@@ -30,6 +30,7 @@ from gpufrag.errors import BadInput
 from scheduler.core.types import MILLI_PER_GPU
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
+DRIVER_NAME = "gpu.gpufrag.io"  # gpufrag's DRA driver, the one whose devices are GPUs we place
 CAPACITY_MILLI = "milli"
 CAPACITY_MEMORY = "memory"
 DEVICE_PREFIX = "gpu-"
