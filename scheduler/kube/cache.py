@@ -45,7 +45,7 @@ from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import Placement, PodRequest
 from scheduler.kube.bypass import BypassWatch
-from scheduler.kube.claims import held_gpus, pod_claim_names
+from scheduler.kube.claims import gpus_held, pod_claim_names
 from scheduler.kube.convert import (
     bound_gpus,
     is_terminal,
@@ -374,13 +374,9 @@ class ClusterCache:
         no annotation record); with none allocated (yet, or any more), its request before its
         claims and no GPUs. A malformed claim holds nothing and is logged: the pod stays."""
         base, claim_keys = self._dra_pods[key]
-        namespace = key.partition("/")[0]
-        claims = {k.partition("/")[2]: self.claims[k] for k in claim_keys if k in self.claims}
-        pod = {"metadata": {"namespace": namespace},
-               "spec": {"resourceClaims": [{"name": n, "resourceClaimName": n}
-                                           for n in claims]}}
+        claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
         try:
-            held = [gpu for gpu in held_gpus(pod, claims, driver=self.dra_driver)
+            held = [gpu for gpu in gpus_held(claims, driver=self.dra_driver)
                     if gpu.node == known.node]
         except BadInput as e:
             log.warning("claim not read", pod=key, reason=str(e))
@@ -637,9 +633,11 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ snapshot
     def load(self, nodes: Iterable[Obj], pods: Iterable[Obj],
-             hints: Obj | None = None) -> None:
-        """Fill the cache from static objects (a snapshot file)."""
+             hints: Obj | None = None, claims: Iterable[Obj] = ()) -> None:
+        """Fill the cache from static objects (a snapshot file; with no ResourceClaims, DRA
+        pods hold no GPUs, but the cache is synced)."""
         self.replace_nodes(nodes)
+        self.replace_claims(claims)
         self.replace_pods(pods)
         self.set_hints(hints)
 

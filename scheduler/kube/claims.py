@@ -22,7 +22,7 @@ Field names follow ``k8s.io/api/resource/v1/types.go`` and ``k8s.io/api/core/v1`
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,13 +184,17 @@ class HeldGpu:
 
 def held_gpus(pod: Obj, claims: Mapping[str, Obj], *, driver: str) -> tuple[HeldGpu, ...]:
     """The GPUs ``pod`` holds through ``driver``, from ``claims`` (the pod's namespace's
-    ResourceClaims by name; a claim not in it holds nothing yet). The shares of several
-    results on one GPU add up, capped at the whole GPU; sorted by node and index."""
+    ResourceClaims by name; a claim not in it holds nothing yet): :func:`gpus_held`."""
+    return gpus_held([(name, claims[name]) for name in pod_claim_names(pod) if name in claims],
+                     driver=driver)
+
+
+def gpus_held(claims: Iterable[tuple[str, Obj]], *, driver: str) -> tuple[HeldGpu, ...]:
+    """The GPUs a pod holds through ``driver`` from its ``claims`` ((name, ResourceClaim)
+    pairs, the name for messages). The shares of several results on one GPU add up, capped
+    at the whole GPU; sorted by node and index."""
     totals: dict[tuple[str, int], tuple[int, int]] = {}
-    for name in pod_claim_names(pod):
-        claim = claims.get(name)
-        if claim is None:
-            continue
+    for name, claim in claims:
         try:
             found = claimed_gpus(claim, driver=driver) or ()
         except BadInput as exc:

@@ -488,3 +488,11 @@ def test_with_dra_off_claims_change_nothing(cache: ClusterCache) -> None:
     cache.apply_pod(dra_pod("a", "n0", "c-a"))
     assert free(cache, "n0") == [1000] * 4
     assert cache.state.pods["default/a"].gpus == ()
+
+
+def test_a_snapshot_load_with_dra_on_is_synced_and_reads_its_claims(clock: FakeClock) -> None:
+    c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
+    c.load([node_to_k8s(node("n0", gpu_count=4))], [dra_pod("a", "n0", "c-a")],
+           claims=[dra_claim("c-a", dra_result("gpu-0", milli="100"))])
+    assert c.synced
+    assert free(c, "n0") == [900, 1000, 1000, 1000]
