@@ -17,17 +17,14 @@ this node's, and preparing it would hand the container the wrong GPU.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from node.dra.slices import CAPACITY_MEMORY, CAPACITY_MILLI, device_index
+from gpufrag.errors import BadInput
 from node.gpus import ContainerGrant, DeviceNodes, Gpu, GrantSettings, container_grant
 from scheduler.core.types import MILLI_PER_GPU
-from scheduler.kube.quantity import QuantityError, parse_quantity
-
-MIB = 1 << 20
+from scheduler.kube.claims import CAPACITY_MEMORY, claimed_gpus
 
 Obj = Mapping[str, Any]
 
@@ -57,73 +54,40 @@ class PreparedClaim:
     grants: Mapping[str, ContainerGrant]  # by request name
 
 
-def _consumed(result: Obj, name: str, where: str) -> Any:
-    consumed = result.get("consumedCapacity")
-    if consumed is None:
-        return None
-    if not isinstance(consumed, Mapping):
-        raise ClaimProblem(f"{where}.consumedCapacity: {consumed!r} is not a map")
-    return consumed.get(name)
-
-
-def _amount(value: Any, where: str) -> int:
-    """A consumed quantity as an integer in base units, rounded up."""
-    try:
-        return math.ceil(parse_quantity(value))
-    except QuantityError as exc:
-        raise ClaimProblem(f"{where}: {exc}") from None
-
-
 def allocated_devices(claim: Obj, *, uid: str, driver: str, pool: str,
                       gpus: Mapping[int, Gpu]) -> tuple[AllocatedDevice, ...]:
     """This driver's devices in ``claim``'s allocation; :class:`ClaimProblem` when the claim
-    is not the one the kubelet named (``uid``), is not allocated, or names what is not here."""
+    is not the one the kubelet named (``uid``), is not allocated, or names what is not here.
+
+    The results are parsed by :func:`scheduler.kube.claims.claimed_gpus`, the one parser the
+    extender's cache reads too; this adds what only the node can check."""
     found_uid = (claim.get("metadata") or {}).get("uid")
     if found_uid != uid:
         raise ClaimProblem(f"metadata.uid is {found_uid!r}, the kubelet asked for {uid!r}: the "
                            f"claim was deleted and made again; the kubelet retries with the "
                            f"new one")
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not isinstance(allocation, Mapping):
+    try:
+        claimed = claimed_gpus(claim, driver=driver)
+    except BadInput as exc:
+        raise ClaimProblem(str(exc)) from None
+    if claimed is None:
         raise ClaimProblem("status.allocation is not set: the claim is not allocated yet")
-    results = (allocation.get("devices") or {}).get("results") or []
-    if not isinstance(results, Sequence):
-        raise ClaimProblem("status.allocation.devices.results is not a list")
     devices = []
-    for i, result in enumerate(results):
-        where = f"status.allocation.devices.results[{i}]"
-        if not isinstance(result, Mapping):
-            raise ClaimProblem(f"{where} is not an object")
-        if result.get("driver") != driver:
-            continue  # another driver's device in the same claim: that driver prepares it
-        if result.get("pool") != pool:
-            raise ClaimProblem(f"{where}.pool is {result.get('pool')!r}, but this node's pool "
+    for found in claimed:
+        where = f"status.allocation.devices.results[{found.result}]"
+        if found.pool != pool:
+            raise ClaimProblem(f"{where}.pool is {found.pool!r}, but this node's pool "
                                f"is {pool!r}: the claim was allocated on another node")
-        name = result.get("device")
-        index = device_index(name) if isinstance(name, str) else None
-        if not isinstance(name, str) or index is None or index not in gpus:
-            raise ClaimProblem(f"{where}.device {name!r} is not a GPU of this node (devices "
-                               f"{', '.join(f'gpu-{i}' for i in sorted(gpus))})")
-        gpu = gpus[index]
-        milli_value = _consumed(result, CAPACITY_MILLI, where)
-        memory_value = _consumed(result, CAPACITY_MEMORY, where)
-        milli = (MILLI_PER_GPU if milli_value is None
-                 else _amount(milli_value, f"{where}.consumedCapacity.{CAPACITY_MILLI}"))
-        memory_bytes = (0 if memory_value is None
-                        else _amount(memory_value, f"{where}.consumedCapacity.{CAPACITY_MEMORY}"))
-        if not 0 < milli <= MILLI_PER_GPU:
-            raise ClaimProblem(f"{where}.consumedCapacity.{CAPACITY_MILLI} is {milli}; it must "
-                               f"be 1..{MILLI_PER_GPU}")
-        memory_mib = math.ceil(memory_bytes / MIB)
-        if not 0 <= memory_mib <= gpu.memory_total_mib:
-            raise ClaimProblem(f"{where}.consumedCapacity.{CAPACITY_MEMORY} is {memory_mib} "
-                               f"MiB; GPU {index} has {gpu.memory_total_mib} MiB")
-        request = result.get("request")
-        if not isinstance(request, str) or not request:
-            raise ClaimProblem(f"{where}.request is {request!r}; it must name the request")
-        share_id = result.get("shareID")
-        devices.append(AllocatedDevice(request, pool, name, gpu, milli, memory_mib,
-                                       share_id if isinstance(share_id, str) else None))
+        gpu = gpus.get(found.index)
+        if gpu is None:
+            raise ClaimProblem(f"{where}.device {found.device!r} is not a GPU of this node "
+                               f"(devices {', '.join(f'gpu-{i}' for i in sorted(gpus))})")
+        if found.memory_mib > gpu.memory_total_mib:
+            raise ClaimProblem(f"{where}.consumedCapacity.{CAPACITY_MEMORY} is "
+                               f"{found.memory_mib} MiB; GPU {found.index} has "
+                               f"{gpu.memory_total_mib} MiB")
+        devices.append(AllocatedDevice(found.request, pool, found.device, gpu, found.milli,
+                                       found.memory_mib, found.share_id))
     if not devices:
         raise ClaimProblem(f"the allocation has no device of driver {driver!r}")
     return tuple(devices)

@@ -11,8 +11,9 @@ from node.daemon import check_node_name
 from node.dra.api import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
 from node.dra.slices import slice_name
 from node.gpus import CONTROL_DEVICES, check_grant_settings
+from scheduler.kube.claims import DRIVER_NAME
 
-DRIVER_NAME = "gpu.gpufrag.io"
+__all__ = ["DRIVER_NAME", "DraConfig"]
 # CDI's kind (vendor/class) of the devices this driver writes; CDI device IDs are
 # "<kind>=<name>". Runtimes read specs from /etc/cdi and /var/run/cdi by default.
 CDI_KIND = "gpufrag.io/gpu"

@@ -32,28 +32,13 @@ from typing import Any
 
 from node.gpus import Gpu
 from scheduler.core.types import MILLI_PER_GPU
+from scheduler.kube.claims import CAPACITY_MEMORY, CAPACITY_MILLI, device_name
 from scheduler.kube.convert import memory_quantity
 
 API_VERSION = "resource.k8s.io/v1"
-CAPACITY_MILLI = "milli"
-CAPACITY_MEMORY = "memory"
 MAX_DEVICES = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures (consumable capacity is one)
-DEVICE_PREFIX = "gpu-"
 
 Obj = dict[str, Any]
-
-
-def device_name(index: int) -> str:
-    """The device name of GPU ``index`` (a DNS label, unique in the pool)."""
-    return f"{DEVICE_PREFIX}{index}"
-
-
-def device_index(name: str) -> int | None:
-    """The GPU index a device name stands for, or None when it is not one of ours."""
-    prefix, _, number = name.partition(DEVICE_PREFIX)
-    if prefix or not number.isdigit() or number != str(int(number)):
-        return None
-    return int(number)
 
 
 def slice_name(node_name: str, driver_name: str) -> str:

@@ -21,9 +21,10 @@ from typing import Any, TypeVar
 
 import yaml
 
-from gpufrag.conventions import KubeNames, names_from_environ
+from gpufrag.conventions import KubeNames, dns_subdomain_problem, names_from_environ
 from gpufrag.errors import BadInput
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU
+from scheduler.kube.claims import DRIVER_NAME
 from scheduler.kube.watch import WatchConfig
 from scheduler.policies import POLICY_NAMES
 from scheduler.policies.affinity import AffinityParams
@@ -116,6 +117,17 @@ class HintsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DraConfig:
+    """Whether pods hold GPUs through DRA ResourceClaims (docs/dra.md, "What reads claims"):
+    when on, the extender also lists and watches ResourceClaims and counts a pod on the GPUs
+    its claims' allocations name for ``driver`` (a DRA pod has no annotation record). Off by
+    default: it needs the resource.k8s.io/v1 API and list/watch on resourceclaims."""
+
+    enabled: bool = False
+    driver: str = DRIVER_NAME
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     """HTTP serving: routes are ``{url_prefix}/filter`` etc., in one process (the state lives
     in it), on the project's one server (:mod:`scheduler.extender.server`): filter and
@@ -180,6 +192,7 @@ class ExtenderConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     bind: BindConfig = field(default_factory=BindConfig)
     hints: HintsConfig = field(default_factory=HintsConfig)
+    dra: DraConfig = field(default_factory=DraConfig)
     watch: WatchConfig = field(default_factory=WatchConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
     maintenance_interval_s: float = 5.0
@@ -358,6 +371,8 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
         if not ok:
             found.append((where, message))
 
+    driver_problem = dns_subdomain_problem(config.dra.driver)
+    need(driver_problem is None, "dra.driver", f"{config.dra.driver!r}: {driver_problem}")
     need(config.policy in POLICY_NAMES, "policy",
          f"unknown policy {config.policy!r}; choose from {', '.join(POLICY_NAMES)}")
     for name in ("policy", "affinity"):
@@ -491,6 +506,7 @@ __all__ = [
     "AffinityParams",
     "BindConfig",
     "ConfigError",
+    "DraConfig",
     "ExtenderConfig",
     "FilterConfig",
     "HintsConfig",

@@ -45,6 +45,7 @@ from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import Placement, PodRequest
 from scheduler.kube.bypass import BypassWatch
+from scheduler.kube.claims import gpus_held, pod_claim_names
 from scheduler.kube.convert import (
     bound_gpus,
     is_terminal,
@@ -109,7 +110,7 @@ SkipListener = Callable[[SkippedObject], None]
 class ClusterCache:
     def __init__(self, names: KubeNames = DEFAULT_NAMES, *, clock: Clock = time.time,
                  assume_ttl_s: float = 30.0, on_skip: SkipListener | None = None,
-                 mig_reader: MigReader = no_agent) -> None:
+                 mig_reader: MigReader = no_agent, dra_driver: str = "") -> None:
         self.lock = threading.RLock()
         # Notified (with ``lock`` held) whenever the watch applies a pod: what
         # :meth:`await_pod` waits on.
@@ -152,11 +153,20 @@ class ClusterCache:
         self.reservations = ReservationBook(self.state, self.pods, clock=clock)
         # GPU pods of this scheduler bound without the extender's say (scheduler.kube.bypass).
         self.bypass = BypassWatch(clock=clock)
+        # DRA (docs/dra.md, "What reads claims"): with a driver name, a pod's GPUs are the ones
+        # its ResourceClaims' allocations name for that driver, read by scheduler.kube.claims.
+        # '' = off: claims are not read and pods are placed from their annotation record only.
+        self.dra_driver = dra_driver
+        self.claims: dict[str, Obj] = {}               # "namespace/name" -> ResourceClaim
+        self.claims_synced = not dra_driver
+        # pod key -> (its request before its claims, the keys of its claims): what a claim's
+        # change re-places the pod from.
+        self._dra_pods: dict[str, tuple[PodRequest, tuple[str, ...]]] = {}
 
     # ------------------------------------------------------------------ status
     @property
     def synced(self) -> bool:
-        return self.nodes_synced and self.pods_synced
+        return self.nodes_synced and self.pods_synced and self.claims_synced
 
     def count_apply_failure(self, kind: str) -> None:
         """A watch event of ``kind`` failed to apply (its reflector relists)."""
@@ -310,13 +320,28 @@ class ClusterCache:
                     return
                 if inputs is not None:
                     self._requests[key] = (inputs, request, ask)
-            self._unskip("pod", [key])
-            self.mig.set_ask(key, ask)
             known = KnownPod(request=request, node=node_name_of(obj), uid=uid_of(obj),
                              owner=owner_uid(obj), gpus=bound_gpus(obj, self.names),
                              scheduler_name=_scheduler_name(obj))
+            if self.dra_driver:
+                try:
+                    claim_keys = tuple(f"{key.partition('/')[0]}/{name}"
+                                       for name in pod_claim_names(obj))
+                except BadInput as e:
+                    self._drop_pod(key)
+                    self._skip("Pod", obj, key, str(e))
+                    return
+                if claim_keys:
+                    self._dra_pods[key] = (request, claim_keys)
+                    known = self._with_claims(key, known)
+                    request = known.request
+                else:
+                    self._dra_pods.pop(key, None)
+            self._unskip("pod", [key])
+            self.mig.set_ask(key, ask)
             previous = self.pods.get(key)
             if (previous is not None and previous.node and previous.node == known.node
+                    and key not in self._dra_pods  # its GPUs are its claims', not a record
                     and previous.uid == known.uid and previous.gpus is not None
                     and known.gpus != previous.gpus):
                 known = self._record_changed(key, previous, known)
@@ -343,6 +368,67 @@ class ClusterCache:
                     return
                 self.state.remove_pod(key)
             self._place_known(key)
+
+    def _with_claims(self, key: str, known: KnownPod) -> KnownPod:
+        """``known`` holding the GPUs its claims' allocations name on its node (a DRA pod has
+        no annotation record); with none allocated (yet, or any more), its request before its
+        claims and no GPUs. A malformed claim holds nothing and is logged: the pod stays."""
+        base, claim_keys = self._dra_pods[key]
+        claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
+        try:
+            held = [gpu for gpu in gpus_held(claims, driver=self.dra_driver)
+                    if gpu.node == known.node]
+        except BadInput as e:
+            log.warning("claim not read", pod=key, reason=str(e))
+            held = []
+        if not held:
+            return replace(known, request=base, gpus=None)
+        milli = held[0].milli if len(held) == 1 else 1000
+        request = replace(base, num_gpu=len(held), gpu_milli=milli, gpu_memory_mib=0)
+        return replace(known, request=request, gpus=tuple(gpu.index for gpu in held))
+
+    # ------------------------------------------------------------------ claims (DRA)
+    def apply_claim(self, obj: Obj) -> None:
+        """A ResourceClaim was added or changed: the pods using it are placed again."""
+        with self.lock, contextlib.suppress(BadInput):  # unnamed: no pod can name it
+            key = key_of(obj)
+            self.claims[key] = obj
+            self._claim_changed(key)
+
+    def delete_claim_object(self, obj: Obj) -> None:
+        """A ResourceClaim is gone: the GPUs it held are free."""
+        with self.lock, contextlib.suppress(BadInput):
+            key = key_of(obj)
+            if self.claims.pop(key, None) is not None:
+                self._claim_changed(key)
+
+    def replace_claims(self, objs: Iterable[Obj]) -> None:
+        """A full list of ResourceClaims: apply each, drop (and free) the ones not listed."""
+        with self.lock:
+            listed: set[str] = set()
+            for obj in objs:
+                self.apply_claim(obj)
+                with contextlib.suppress(BadInput):
+                    listed.add(key_of(obj))
+            for key in [k for k in self.claims if k not in listed]:
+                del self.claims[key]
+                self._claim_changed(key)
+            self.claims_synced = True
+
+    def _claim_changed(self, claim_key: str) -> None:
+        for key, (_, claim_keys) in list(self._dra_pods.items()):
+            known = self.pods.get(key)
+            if claim_key not in claim_keys or known is None:
+                continue
+            updated = self._with_claims(key, known)
+            if updated == known:
+                continue
+            self.pods[key] = updated
+            self.pod_changes += 1
+            if updated.node and key not in self.assumed:
+                if key in self.state.pods:
+                    self.state.remove_pod(key)
+                self._place_known(key)
 
     def _record_changed(self, key: str, previous: KnownPod, known: KnownPod) -> KnownPod:
         """A bound pod's GPU record changed. Only the bind writes it, once: a later change is
@@ -453,6 +539,7 @@ class ClusterCache:
         if self.pods.pop(key, None) is not None:
             self.pod_changes += 1
         self._requests.pop(key, None)
+        self._dra_pods.pop(key, None)
         self.mig.set_ask(key, {})
         self.assumed.pop(key, None)
         self.decided.discard(key)
@@ -546,9 +633,11 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ snapshot
     def load(self, nodes: Iterable[Obj], pods: Iterable[Obj],
-             hints: Obj | None = None) -> None:
-        """Fill the cache from static objects (a snapshot file)."""
+             hints: Obj | None = None, claims: Iterable[Obj] = ()) -> None:
+        """Fill the cache from static objects (a snapshot file; with no ResourceClaims, DRA
+        pods hold no GPUs, but the cache is synced)."""
         self.replace_nodes(nodes)
+        self.replace_claims(claims)
         self.replace_pods(pods)
         self.set_hints(hints)
 

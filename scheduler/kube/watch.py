@@ -111,6 +111,22 @@ class PodSink:
         self.cache.delete_pod_object(obj)
 
 
+class ClaimSink:
+    """ResourceClaims (DRA): what a pod's claims' allocations name is the GPUs it holds."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def replace(self, objs: Iterable[Obj]) -> None:
+        self.cache.replace_claims(objs)
+
+    def upsert(self, obj: Obj) -> None:
+        self.cache.apply_claim(obj)
+
+    def delete(self, obj: Obj) -> None:
+        self.cache.delete_claim_object(obj)
+
+
 class HintsSink:
     """The one hints ConfigMap (the list is filtered by name): absent = no hints."""
 
@@ -369,7 +385,8 @@ class Reflector:
 
 
 class ClusterWatcher:
-    """The reflectors for Nodes, Pods and (when enabled) the hints ConfigMap, each in a thread."""
+    """The reflectors for Nodes, Pods, GPU reservations and (when enabled) the hints ConfigMap
+    and ResourceClaims (the cache's ``dra_driver``), each in a thread."""
 
     def __init__(self, api_client: Any, cache: ClusterCache, w: WatchConfig, *,
                  names: KubeNames, hints: bool) -> None:
@@ -394,6 +411,11 @@ class ClusterWatcher:
                 "hints", functools.partial(core.list_namespaced_config_map, names.hints_namespace,
                                            field_selector=f"metadata.name={names.hints_configmap}"),
                 HintsSink(cache), w, self.stop_event, on_apply_failed=counted("hints")))
+        if cache.dra_driver:
+            self.reflectors.append(Reflector(
+                "resourceclaims", kubernetes.client.ResourceV1Api(
+                    api_client).list_resource_claim_for_all_namespaces,
+                ClaimSink(cache), w, self.stop_event, on_apply_failed=counted("resourceclaims")))
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -411,5 +433,5 @@ class ClusterWatcher:
             thread.join(timeout_s)
 
 
-__all__ = ["ApplyFailed", "Backoff", "ClusterWatcher", "EventSink", "PagedList", "Reflector",
-           "WatchConfig", "WatchError", "list_objects"]
+__all__ = ["ApplyFailed", "Backoff", "ClaimSink", "ClusterWatcher", "EventSink", "PagedList",
+           "Reflector", "WatchConfig", "WatchError", "list_objects"]

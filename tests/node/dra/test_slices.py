@@ -14,7 +14,7 @@ from gpufrag.nvml import NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
 from node.dra.cli import read_gpus
 from node.dra.config import DRIVER_NAME
-from node.dra.slices import MAX_DEVICES, build_slice, device_index, device_name
+from node.dra.slices import MAX_DEVICES, build_slice
 from node.gpus import Gpu
 from tests.node.dra.builders import NODE, build_gpus
 
@@ -85,12 +85,3 @@ def test_more_gpus_than_a_slice_holds_is_refused() -> None:
     gpus = [Gpu(i, f"GPU-{i}", "p", 1024) for i in range(MAX_DEVICES + 1)]
     with pytest.raises(ValueError, match="at most 64 devices"):
         build_slice(NODE, DRIVER_NAME, gpus, {})
-
-
-@pytest.mark.parametrize(("name", "index"), [
-    ("gpu-0", 0), ("gpu-15", 15), ("gpu-01", None), ("gpu-", None), ("cpu-1", None),
-    ("gpu-x", None), ("xgpu-1", None), ("gpu--1", None)])
-def test_device_names_read_back_to_their_index(name: str, index: int | None) -> None:
-    assert device_index(name) == index
-    if index is not None:
-        assert device_name(index) == name

@@ -101,6 +101,8 @@ def test_file_then_environment_then_flags(tmp_path: Path) -> None:
      "must be set too when server.tls_key_file is"),
     ({"server": {"tls_client_ca_file": "/etc/hostname"}}, "server.tls_client_ca_file",
      "needs server.tls_cert_file and server.tls_key_file"),
+    ({"dra": {"enabled": "yes"}}, "dra.enabled", "expected true or false"),
+    ({"dra": {"driver": "GPU driver"}}, "dra.driver", "'GPU driver'"),
 ])
 def test_invalid_settings_name_the_field(data: dict[str, object], field: str,
                                          message: str) -> None:

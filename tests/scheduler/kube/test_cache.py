@@ -402,3 +402,97 @@ def test_objects_not_shaped_like_json_are_left_to_the_converter(cache: ClusterCa
                           DEFAULT_NAMES) is None
     assert request_inputs({"metadata": {"name": "a"}, "spec": {"overhead": {"cpu": 2**70}}},
                           DEFAULT_NAMES) is None
+
+
+# ---------------------------------------------------------------------- DRA claims
+DRA_DRIVER = "gpu.gpufrag.io"
+
+
+def dra_pod(name: str, at: str, claim: str) -> dict[str, Any]:
+    """A pod that asks no extended resource and gets its GPU through ResourceClaim ``claim``."""
+    obj = gpu_pod(name, at, num_gpu=0)
+    obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
+    obj["status"] = {**obj.get("status", {}),
+                     "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]}
+    return obj
+
+
+def dra_claim(name: str, *results: dict[str, Any]) -> dict[str, Any]:
+    claim: dict[str, Any] = {"metadata": {"name": name, "namespace": "default"}, "status": {}}
+    if results:
+        claim["status"]["allocation"] = {"devices": {"results": list(results)}}
+    return claim
+
+
+def dra_result(device: str, pool: str = "n0", **consumed: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"request": "gpu", "driver": DRA_DRIVER, "pool": pool,
+                             "device": device}
+    if consumed:
+        entry["consumedCapacity"] = consumed
+    return entry
+
+
+@pytest.fixture
+def dra_cache(clock: FakeClock) -> ClusterCache:
+    c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
+    c.replace_nodes([node_to_k8s(node("n0", gpu_count=4))])
+    c.replace_pods([])
+    c.replace_claims([])
+    return c
+
+
+def test_with_dra_the_cache_syncs_only_once_claims_are_listed(clock: FakeClock) -> None:
+    c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
+    c.replace_nodes([])
+    c.replace_pods([])
+    assert not c.synced
+    c.replace_claims([])
+    assert c.synced
+
+
+def test_a_pod_holds_the_share_of_the_gpu_its_claim_is_allocated(
+        dra_cache: ClusterCache) -> None:
+    dra_cache.apply_claim(dra_claim("c-a", dra_result("gpu-1", milli="250")))
+    dra_cache.apply_pod(dra_pod("a", "n0", "c-a"))
+    assert dra_cache.state.pods["default/a"].gpus == (1,)
+    assert free(dra_cache, "n0") == [1000, 750, 1000, 1000]
+
+
+def test_a_claim_allocated_after_the_pod_is_seen_places_it_and_its_deletion_frees_it(
+        dra_cache: ClusterCache) -> None:
+    dra_cache.apply_pod(dra_pod("a", "n0", "c-a"))
+    assert free(dra_cache, "n0") == [1000] * 4
+    claim = dra_claim("c-a", dra_result("gpu-1"), {**dra_result("nic-0"), "driver": "nic.x"})
+    dra_cache.apply_claim(claim)
+    assert free(dra_cache, "n0") == [1000, 0, 1000, 1000]
+    dra_cache.delete_claim_object(claim)
+    assert free(dra_cache, "n0") == [1000] * 4
+    assert "default/a" in dra_cache.state.pods  # still running, holding no GPU
+
+
+def test_a_deallocated_claim_or_one_a_relist_misses_frees_its_gpus(
+        dra_cache: ClusterCache) -> None:
+    dra_cache.apply_claim(dra_claim("c-a", dra_result("gpu-2", memory="1Gi")))
+    dra_cache.apply_pod(dra_pod("a", "n0", "c-a"))
+    assert free(dra_cache, "n0") == [1000, 1000, 0, 1000]  # memory only: its milli unnamed
+    dra_cache.apply_claim(dra_claim("c-a"))
+    assert free(dra_cache, "n0") == [1000] * 4
+    dra_cache.apply_claim(dra_claim("c-a", dra_result("gpu-3", milli="500")))
+    assert free(dra_cache, "n0") == [1000, 1000, 1000, 500]
+    dra_cache.replace_claims([])
+    assert free(dra_cache, "n0") == [1000] * 4
+
+
+def test_with_dra_off_claims_change_nothing(cache: ClusterCache) -> None:
+    cache.apply_claim(dra_claim("c-a", dra_result("gpu-1", pool="n0")))
+    cache.apply_pod(dra_pod("a", "n0", "c-a"))
+    assert free(cache, "n0") == [1000] * 4
+    assert cache.state.pods["default/a"].gpus == ()
+
+
+def test_a_snapshot_load_with_dra_on_is_synced_and_reads_its_claims(clock: FakeClock) -> None:
+    c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
+    c.load([node_to_k8s(node("n0", gpu_count=4))], [dra_pod("a", "n0", "c-a")],
+           claims=[dra_claim("c-a", dra_result("gpu-0", milli="100"))])
+    assert c.synced
+    assert free(c, "n0") == [900, 1000, 1000, 1000]

@@ -14,13 +14,14 @@ import kubernetes
 import orjson
 import pytest
 
+from gpufrag.conventions import DEFAULT_NAMES
 from scheduler.extender.config import WatchConfig
 from scheduler.kube.cache import ClusterCache
 from scheduler.kube.convert import node_to_k8s, pod_to_k8s
 from scheduler.kube.skipreport import (
     SkipReporter,
 )
-from scheduler.kube.watch import Backoff, PodSink, Reflector, list_objects
+from scheduler.kube.watch import Backoff, ClusterWatcher, PodSink, Reflector, list_objects
 from tests.builders import node, pod
 
 
@@ -348,3 +349,14 @@ def bad_pod(name: str, quantity: str) -> dict[str, Any]:
 
 def pod_event(name: str, quantity: str) -> bytes:
     return orjson.dumps({"type": "ADDED", "object": bad_pod(name, quantity)}) + b"\n"
+
+
+def test_claims_are_watched_only_with_dra_on() -> None:
+    """With the cache's DRA driver set, one more reflector lists ResourceClaims into it."""
+    client = kubernetes.client.ApiClient()
+    for driver, kinds in (("", {"nodes", "pods", "reservations"}),
+                          ("gpu.gpufrag.io", {"nodes", "pods", "reservations",
+                                              "resourceclaims"})):
+        watcher = ClusterWatcher(client, ClusterCache(dra_driver=driver), WatchConfig(),
+                                 names=DEFAULT_NAMES, hints=False)
+        assert {r.kind for r in watcher.reflectors} == kinds

@@ -1,0 +1,207 @@
+"""Which GPUs a pod holds through gpufrag's DRA driver (pure: ResourceClaim and Pod dicts -> data).
+
+Under DRA, kube-scheduler writes what a pod got into its ResourceClaim's
+``status.allocation.devices.results``: one entry per device, with ``request``, ``driver``,
+``pool``, ``device`` and, for a device shared under consumable capacity, ``consumedCapacity``
+and ``shareID``. A DRA pod has no ``gpu-indices`` annotation, so every reader of "which GPUs
+does this pod hold" (the extender's cache, the node's driver) reads those results, and reads
+them here: one parser, so the node preparing a claim and the extender counting it can never
+disagree on what it holds.
+
+The driver publishes one pool per node, named after the node, with one device ``gpu-<index>``
+per GPU and two consumable capacities (``node/dra/slices.py``): ``milli`` (1000 a GPU) and
+``memory`` (bytes). A result that consumed no ``milli`` holds the whole GPU (the capacity has
+no request policy, so a request that does not name it takes all of it). Results of other
+drivers in the same claim are theirs and skipped. Malformed input is :class:`BadInput` naming
+the field, never a crash: a reader of the cluster must survive any object it is shown.
+
+Field names follow ``k8s.io/api/resource/v1/types.go`` and ``k8s.io/api/core/v1`` (Pod's
+``spec.resourceClaims`` and ``status.resourceClaimStatuses``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpufrag.errors import BadInput
+from scheduler.core.types import MILLI_PER_GPU
+from scheduler.kube.quantity import QuantityError, parse_quantity
+
+DRIVER_NAME = "gpu.gpufrag.io"  # gpufrag's DRA driver, the one whose devices are GPUs we place
+CAPACITY_MILLI = "milli"
+CAPACITY_MEMORY = "memory"
+DEVICE_PREFIX = "gpu-"
+MIB = 1 << 20
+
+Obj = Mapping[str, Any]
+
+
+def device_name(index: int) -> str:
+    """The device name of GPU ``index`` (a DNS label, unique in the pool)."""
+    return f"{DEVICE_PREFIX}{index}"
+
+
+def device_index(name: str) -> int | None:
+    """The GPU index a device name stands for, or None when it is not one of ours."""
+    prefix, _, number = name.partition(DEVICE_PREFIX)
+    if prefix or not number.isdigit() or number != str(int(number)):
+        return None
+    return int(number)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedGpu:
+    """One GPU of gpufrag's driver in a claim's allocation, and the share of it consumed."""
+
+    result: int  # its position in status.allocation.devices.results, for messages
+    request: str
+    pool: str  # the node's name: one pool per node
+    device: str
+    index: int
+    milli: int  # consumed of the GPU's milli, 1..1000 (1000: the whole GPU)
+    memory_mib: int  # consumed of its memory, rounded up (0: none named)
+    share_id: str | None
+
+
+def _mapping(value: Any, field: str) -> Obj:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise BadInput(f"{value!r} is not an object", field=field)
+    return value
+
+
+def _list(value: Any, field: str) -> Sequence[Any]:
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise BadInput(f"{value!r} is not a list", field=field)
+    return value
+
+
+def _amount(value: Any, field: str) -> int:
+    """A consumed quantity as an integer in base units, rounded up."""
+    try:
+        return math.ceil(parse_quantity(value))
+    except QuantityError as exc:
+        raise BadInput(str(exc), field=field) from None
+
+
+def _claimed_gpu(result: Obj, position: int, where: str) -> ClaimedGpu:
+    name = result.get("device")
+    index = device_index(name) if isinstance(name, str) else None
+    if not isinstance(name, str) or index is None:
+        raise BadInput(f"{name!r} is not a device of the form {DEVICE_PREFIX}<index>",
+                       field=f"{where}.device")
+    pool = result.get("pool")
+    if not isinstance(pool, str) or not pool:
+        raise BadInput(f"{pool!r}; it must name the node's pool", field=f"{where}.pool")
+    request = result.get("request")
+    if not isinstance(request, str) or not request:
+        raise BadInput(f"{request!r}; it must name the request", field=f"{where}.request")
+    consumed = _mapping(result.get("consumedCapacity"), f"{where}.consumedCapacity")
+    milli_field = f"{where}.consumedCapacity.{CAPACITY_MILLI}"
+    milli_value = consumed.get(CAPACITY_MILLI)
+    milli = MILLI_PER_GPU if milli_value is None else _amount(milli_value, milli_field)
+    if not 0 < milli <= MILLI_PER_GPU:
+        raise BadInput(f"{milli}; it must be 1..{MILLI_PER_GPU}", field=milli_field)
+    memory_field = f"{where}.consumedCapacity.{CAPACITY_MEMORY}"
+    memory_value = consumed.get(CAPACITY_MEMORY)
+    memory_bytes = 0 if memory_value is None else _amount(memory_value, memory_field)
+    if memory_bytes < 0:
+        raise BadInput(f"{memory_bytes}; it must not be negative", field=memory_field)
+    share_id = result.get("shareID")
+    return ClaimedGpu(position, request, pool, name, index, milli, math.ceil(memory_bytes / MIB),
+                      share_id if isinstance(share_id, str) else None)
+
+
+def claimed_gpus(claim: Obj, *, driver: str) -> tuple[ClaimedGpu, ...] | None:
+    """``driver``'s GPUs in ``claim``'s allocation, in result order; None when the claim is
+    not allocated (yet, or any more: a deallocated claim holds nothing)."""
+    status = _mapping(claim.get("status"), "status")
+    if status.get("allocation") is None:
+        return None
+    allocation = _mapping(status.get("allocation"), "status.allocation")
+    devices = _mapping(allocation.get("devices"), "status.allocation.devices")
+    results = _list(devices.get("results"), "status.allocation.devices.results")
+    found = []
+    for i, result in enumerate(results):
+        where = f"status.allocation.devices.results[{i}]"
+        if not isinstance(result, Mapping):
+            raise BadInput(f"{result!r} is not an object", field=where)
+        if result.get("driver") != driver:
+            continue  # another driver's device in the same claim: not a GPU we place
+        found.append(_claimed_gpu(result, i, where))
+    return tuple(found)
+
+
+def pod_claim_names(pod: Obj) -> tuple[str, ...]:
+    """The names of the ResourceClaims (in the pod's namespace) that ``pod`` uses.
+
+    A claim named in ``spec.resourceClaims[].resourceClaimName`` is used as is; one made from a
+    template is named by the entry of the same name in ``status.resourceClaimStatuses`` once
+    the claim controller has made it (until then, and when that status names none because
+    the claim was not needed, the pod holds nothing through it)."""
+    spec = _mapping(pod.get("spec"), "spec")
+    status = _mapping(pod.get("status"), "status")
+    generated: dict[str, str] = {}
+    for i, entry in enumerate(_list(status.get("resourceClaimStatuses"),
+                                    "status.resourceClaimStatuses")):
+        where = f"status.resourceClaimStatuses[{i}]"
+        entry = _mapping(entry, where)
+        name, claim_name = entry.get("name"), entry.get("resourceClaimName")
+        if not isinstance(name, str):
+            raise BadInput(f"{name!r} is not a name", field=f"{where}.name")
+        if claim_name is not None and not isinstance(claim_name, str):
+            raise BadInput(f"{claim_name!r} is not a name", field=f"{where}.resourceClaimName")
+        if claim_name:
+            generated[name] = claim_name
+    names = []
+    for i, entry in enumerate(_list(spec.get("resourceClaims"), "spec.resourceClaims")):
+        where = f"spec.resourceClaims[{i}]"
+        entry = _mapping(entry, where)
+        direct = entry.get("resourceClaimName")
+        if direct is not None and not isinstance(direct, str):
+            raise BadInput(f"{direct!r} is not a name", field=f"{where}.resourceClaimName")
+        claim_name = direct or generated.get(str(entry.get("name")))
+        if claim_name:
+            names.append(claim_name)
+    return tuple(names)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldGpu:
+    """A GPU a pod holds through its claims: on which node, and how much of it."""
+
+    node: str
+    index: int
+    milli: int  # 1..1000 (1000: the whole GPU)
+    memory_mib: int
+
+
+def held_gpus(pod: Obj, claims: Mapping[str, Obj], *, driver: str) -> tuple[HeldGpu, ...]:
+    """The GPUs ``pod`` holds through ``driver``, from ``claims`` (the pod's namespace's
+    ResourceClaims by name; a claim not in it holds nothing yet): :func:`gpus_held`."""
+    return gpus_held([(name, claims[name]) for name in pod_claim_names(pod) if name in claims],
+                     driver=driver)
+
+
+def gpus_held(claims: Iterable[tuple[str, Obj]], *, driver: str) -> tuple[HeldGpu, ...]:
+    """The GPUs a pod holds through ``driver`` from its ``claims`` ((name, ResourceClaim)
+    pairs, the name for messages). The shares of several results on one GPU add up, capped
+    at the whole GPU; sorted by node and index."""
+    totals: dict[tuple[str, int], tuple[int, int]] = {}
+    for name, claim in claims:
+        try:
+            found = claimed_gpus(claim, driver=driver) or ()
+        except BadInput as exc:
+            raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
+        for gpu in found:
+            milli, memory = totals.get((gpu.pool, gpu.index), (0, 0))
+            totals[(gpu.pool, gpu.index)] = (min(MILLI_PER_GPU, milli + gpu.milli),
+                                             memory + gpu.memory_mib)
+    return tuple(HeldGpu(node, index, milli, memory)
+                 for (node, index), (milli, memory) in sorted(totals.items()))

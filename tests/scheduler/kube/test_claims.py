@@ -1,0 +1,163 @@
+"""The one reader of DRA allocations: which GPUs, on which node, and how much of each a pod holds
+through gpufrag's driver; other drivers skipped; malformed input refused naming the field."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from gpufrag.errors import BadInput
+from scheduler.kube.claims import (
+    ClaimedGpu,
+    HeldGpu,
+    claimed_gpus,
+    device_index,
+    device_name,
+    held_gpus,
+    pod_claim_names,
+)
+
+DRIVER = "gpu.gpufrag.io"
+NODE = "gpu-node-1"
+
+
+def result(device: str = "gpu-0", *, driver: str = DRIVER, pool: str = NODE,
+           request: str = "gpu", consumed: dict[str, Any] | None = None,
+           share_id: str | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"request": request, "driver": driver, "pool": pool,
+                             "device": device}
+    if consumed is not None:
+        entry["consumedCapacity"] = consumed
+    if share_id is not None:
+        entry["shareID"] = share_id
+    return entry
+
+
+def build_claim(*results: dict[str, Any], allocated: bool = True) -> dict[str, Any]:
+    claim: dict[str, Any] = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                             "metadata": {"name": "claim-1", "namespace": "default"},
+                             "status": {}}
+    if allocated:
+        claim["status"]["allocation"] = {"devices": {"results": list(results)}}
+    return claim
+
+
+def build_pod(*claims: tuple[str, str | None, str | None]) -> dict[str, Any]:
+    """A pod whose ``spec.resourceClaims`` are (entry name, resourceClaimName, generated name
+    in ``status.resourceClaimStatuses``)."""
+    spec_claims, statuses = [], []
+    for name, direct, generated in claims:
+        entry: dict[str, Any] = {"name": name}
+        if direct:
+            entry["resourceClaimName"] = direct
+        else:
+            entry["resourceClaimTemplateName"] = "gpu-template"
+            if generated:
+                statuses.append({"name": name, "resourceClaimName": generated})
+        spec_claims.append(entry)
+    return {"metadata": {"name": "p", "namespace": "default"},
+            "spec": {"nodeName": NODE, "resourceClaims": spec_claims},
+            "status": {"resourceClaimStatuses": statuses}}
+
+
+def test_a_result_that_consumed_no_capacity_is_the_whole_gpu() -> None:
+    assert claimed_gpus(build_claim(result("gpu-1")), driver=DRIVER) == (
+        ClaimedGpu(0, "gpu", NODE, "gpu-1", 1, 1000, 0, None),)
+
+
+def test_a_milli_share_and_a_memory_share_read_their_consumed_capacity() -> None:
+    claim = build_claim(result("gpu-0", consumed={"milli": "250"}, share_id="s1"),
+                        result("gpu-2", request="mem", consumed={"milli": "500",
+                                                                 "memory": "40Gi"}))
+    first, second = claimed_gpus(claim, driver=DRIVER) or ()
+    assert (first.index, first.milli, first.memory_mib, first.share_id) == (0, 250, 0, "s1")
+    assert (second.index, second.milli, second.memory_mib, second.request) == (
+        2, 500, 40 * 1024, "mem")
+
+
+def test_memory_in_bytes_rounds_up_to_whole_mib() -> None:
+    (gpu,) = claimed_gpus(build_claim(result(consumed={"memory": "1048577"})),
+                          driver=DRIVER) or ()
+    assert gpu.memory_mib == 2
+
+
+def test_another_drivers_results_are_skipped() -> None:
+    claim = build_claim(result("nic-0", driver="nic.example.com", pool="x"), result("gpu-3"))
+    assert [(g.result, g.index) for g in claimed_gpus(claim, driver=DRIVER) or ()] == [(1, 3)]
+
+
+def test_an_unallocated_claim_holds_nothing() -> None:
+    assert claimed_gpus(build_claim(allocated=False), driver=DRIVER) is None
+
+
+@pytest.mark.parametrize(("claim", "field"), [
+    ({"status": "x"}, "status"),
+    ({"status": {"allocation": []}}, "status.allocation"),
+    ({"status": {"allocation": {"devices": {"results": "r"}}}},
+     "status.allocation.devices.results"),
+    (build_claim("r"), "status.allocation.devices.results[0]"),  # type: ignore[arg-type]
+    (build_claim(result("gpu-x")), "status.allocation.devices.results[0].device"),
+    (build_claim(result(pool="")), "status.allocation.devices.results[0].pool"),
+    (build_claim(result(request="")), "status.allocation.devices.results[0].request"),
+    (build_claim(result(consumed="all")),  # type: ignore[arg-type]
+     "status.allocation.devices.results[0].consumedCapacity"),
+    (build_claim(result(consumed={"milli": "lots"})),
+     "status.allocation.devices.results[0].consumedCapacity.milli"),
+    (build_claim(result(consumed={"milli": "1500"})),
+     "status.allocation.devices.results[0].consumedCapacity.milli"),
+    (build_claim(result(consumed={"milli": "0"})),
+     "status.allocation.devices.results[0].consumedCapacity.milli"),
+    (build_claim(result(consumed={"memory": "-1Gi"})),
+     "status.allocation.devices.results[0].consumedCapacity.memory"),
+])
+def test_malformed_allocations_are_bad_input_naming_the_field(claim: dict[str, Any],
+                                                               field: str) -> None:
+    with pytest.raises(BadInput, match=re.escape(f"field {field!r}")):
+        claimed_gpus(claim, driver=DRIVER)
+
+
+def test_a_pod_names_direct_claims_and_generated_ones_once_made() -> None:
+    pod = build_pod(("a", "shared-claim", None), ("b", None, "p-b-x7"), ("c", None, None))
+    assert pod_claim_names(pod) == ("shared-claim", "p-b-x7")
+
+
+@pytest.mark.parametrize(("pod", "field"), [
+    ({"spec": {"resourceClaims": {"a": 1}}}, "spec.resourceClaims"),
+    ({"spec": {"resourceClaims": ["a"]}}, "spec.resourceClaims[0]"),
+    ({"spec": {"resourceClaims": [{"name": "a", "resourceClaimName": 3}]}},
+     "spec.resourceClaims[0].resourceClaimName"),
+    ({"status": {"resourceClaimStatuses": [{"name": 1}]}},
+     "status.resourceClaimStatuses[0].name"),
+])
+def test_malformed_pod_claim_fields_are_bad_input_naming_the_field(pod: dict[str, Any],
+                                                                   field: str) -> None:
+    with pytest.raises(BadInput, match=re.escape(f"field {field!r}")):
+        pod_claim_names(pod)
+
+
+def test_a_pod_holds_its_claims_gpus_with_shares_on_one_gpu_added_up() -> None:
+    pod = build_pod(("a", None, "claim-a"), ("b", "claim-b", None), ("c", None, "missing"))
+    claims = {
+        "claim-a": build_claim(result("gpu-1", consumed={"milli": "300", "memory": "1Gi"})),
+        "claim-b": build_claim(result("gpu-1", consumed={"milli": "200"}), result("gpu-0")),
+        "unrelated": build_claim(result("gpu-5")),
+    }
+    assert held_gpus(pod, claims, driver=DRIVER) == (
+        HeldGpu(NODE, 0, 1000, 0), HeldGpu(NODE, 1, 500, 1024))
+
+
+def test_a_pod_whose_claim_is_malformed_is_bad_input_naming_the_claim() -> None:
+    pod = build_pod(("a", "claim-a", None))
+    with pytest.raises(BadInput, match="ResourceClaim 'claim-a'.*results\\[0\\].device"):
+        held_gpus(pod, {"claim-a": build_claim(result("gpu-x"))}, driver=DRIVER)
+
+
+@pytest.mark.parametrize(("name", "index"), [
+    ("gpu-0", 0), ("gpu-15", 15), ("gpu-01", None), ("gpu-", None), ("cpu-1", None),
+    ("gpu-x", None), ("xgpu-1", None), ("gpu--1", None)])
+def test_device_names_read_back_to_their_index(name: str, index: int | None) -> None:
+    assert device_index(name) == index
+    if index is not None:
+        assert device_name(index) == name
