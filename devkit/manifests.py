@@ -65,6 +65,9 @@ PARTS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "rightsizing-monitoring": (("monitoring.enabled", "true"), ("rightsizing.enabled", "true")),
     "scheduler-pdb": (("scheduler.disruptionBudget", "true"), ("scheduler.replicas", "2"),
                       ("scheduler.leaderElect", "true")),
+    # Its kustomization also patches the base's device plugin (hand-written, as the chart's
+    # affinity beside it): the device plugin leaves the nodes the DRA driver runs on.
+    "dra": (("dra.enabled", "true"),),
 }
 # A patch-only component: hand-written kustomize patches, the chart's value beside them.
 PATCH_PARTS: Final[dict[str, tuple[tuple[str, str], ...]]] = {

@@ -6,6 +6,7 @@ KubeSchedulerConfiguration each overlay ships is loaded by a real kube-scheduler
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,25 @@ def test_overlay_is_accepted_by_the_api_server(control_plane: ControlPlane,
     kinds = {d["kind"] for d in docs}
     assert {"Deployment", "CronJob", "DaemonSet", "HorizontalPodAutoscaler",
             "PodDisruptionBudget", "ClusterRole", "ServiceAccount", "ConfigMap"} <= kinds
+    result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-",
+                                   input_text=yaml.safe_dump_all(docs), check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("(server dry run)") == len(docs)
+
+
+def test_the_dra_component_is_accepted_by_the_api_server(
+        control_plane: ControlPlane, system_namespace: str, tmp_path: Path) -> None:
+    """The base with components/dra, as an overlay adds it: the resource.k8s.io/v1
+    DeviceClasses (one with an extended resource, KEP-5004) and the driver's DaemonSet and RBAC
+    pass the 1.36 API server's validation."""
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(MANIFESTS / "base", tmp_path)],
+        "components": [os.path.relpath(MANIFESTS / "components" / "dra", tmp_path)]}))
+    docs = render(control_plane, str(tmp_path))
+    assert {("DeviceClass", "gpu.gpufrag.io"), ("DeviceClass", "whole.gpu.gpufrag.io"),
+            ("DaemonSet", "gpufrag-dra-plugin"), ("ClusterRole", "gpufrag-dra-plugin")} <= {
+        (d["kind"], d["metadata"]["name"]) for d in docs}  # type: ignore[index]
     result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-",
                                    input_text=yaml.safe_dump_all(docs), check=False)
     assert result.returncode == 0, result.stderr

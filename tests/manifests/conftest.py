@@ -1,4 +1,4 @@
-"""Fixtures for the manifest tests: promtool (built from its Go module, cached), each
+"""Fixtures for the manifest tests: promtool, helm and kubectl (built, cached), each
 component's metrics as it exports them, and the PrometheusRule's groups.
 
 A failed promtool build FAILS the tests that need it, with the build's output: a rule test that
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devkit.build import build_control_plane
 from devkit.toolbuild import build_tool
 from tests.built import built_or_fail
 from tests.manifests import scrapes
@@ -27,6 +28,18 @@ DASHBOARDS = ROOT / "charts" / "gpufrag" / "dashboards"
 @pytest.fixture(scope="session")
 def promtool() -> Path:
     return built_or_fail("promtool build", lambda: build_tool("promtool"))
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    return built_or_fail("helm build", lambda: build_tool("helm"))
+
+
+@pytest.fixture(scope="session")
+def kubectl() -> list[str]:
+    """The control plane's kubectl, as a command (its kustomize renders the manifests)."""
+    binary = built_or_fail("control plane build", build_control_plane)
+    return [str(binary), "kubectl"]
 
 
 @pytest.fixture(scope="session")

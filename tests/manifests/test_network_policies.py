@@ -43,6 +43,7 @@ EXPECTED: dict[tuple[str, int], list[object]] = {
     ("gpufrag-scheduler", 10259): [PROMETHEUS],  # kube-scheduler's secure port
     ("gpufrag-agent", 9401): [PROMETHEUS],
     ("gpufrag-device-plugin", 9402): [PROMETHEUS],
+    ("gpufrag-dra-plugin", 9403): [PROMETHEUS],
     ("gpufrag-admission", 8443): [PROMETHEUS, ANY],  # /mutate, /healthz, /metrics
 }
 # The flags by which a component is told where to listen.
@@ -63,9 +64,11 @@ def helm() -> Path:
 
 @pytest.fixture(scope="module")
 def kustomized(kubectl: list[str]) -> list[Doc]:
-    """The base and the right-sizing component (the webhook's), as kustomize renders them."""
+    """The base and the right-sizing (the webhook's) and DRA (the driver's) components, as
+    kustomize renders them."""
     docs = []
-    for path in (manifests.BASE_DIR, manifests.COMPONENTS_DIR / "rightsizing"):
+    for path in (manifests.BASE_DIR, manifests.COMPONENTS_DIR / "rightsizing",
+                 manifests.COMPONENTS_DIR / "dra"):
         result = subprocess.run([*kubectl, "kustomize", str(path)], capture_output=True,
                                 text=True, timeout=120, check=False)
         assert result.returncode == 0, result.stderr
@@ -150,7 +153,8 @@ def test_kustomize_admits_only_each_listeners_callers(kustomized: list[Doc]) -> 
 
 
 def test_the_chart_admits_only_each_listeners_callers(helm: Path) -> None:
-    _check(helm_template(helm, "--set", "rightsizing.enabled=true"), EXPECTED)
+    _check(helm_template(helm, "--set", "rightsizing.enabled=true", "--set", "dra.enabled=true"),
+           EXPECTED)
 
 
 def test_the_charts_peers_are_its_values(helm: Path, tmp_path: Path) -> None:
@@ -159,7 +163,7 @@ def test_the_charts_peers_are_its_values(helm: Path, tmp_path: Path) -> None:
     control_plane = {"ipBlock": {"cidr": "10.0.0.0/28"}}
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({
-        "rightsizing": {"enabled": True},
+        "rightsizing": {"enabled": True}, "dra": {"enabled": True},
         "networkPolicy": {"prometheus": [scraper], "apiServer": [control_plane]}}))
     expected = {key: [scraper if p == PROMETHEUS else control_plane if p == ANY else p
                       for p in peers] for key, peers in EXPECTED.items()}

@@ -12,28 +12,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from devkit import manifests
-from devkit.build import build_control_plane
-from devkit.toolbuild import build_tool
-from tests.built import built_or_fail
 from tests.e2e.test_helm import BASE, find, helm_template, same_objects
 
 MIG_VALUES = manifests.set_flags(manifests.PATCH_PARTS["mig-monitor"])
 MONITOR_ENV = {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"}
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    return built_or_fail("helm build", lambda: build_tool("helm"))
-
-
-@pytest.fixture(scope="module")
-def kubectl() -> list[str]:
-    binary = built_or_fail("control plane build", build_control_plane)
-    return [str(binary), "kubectl"]
 
 
 def kustomize(kubectl: list[str], path: Path) -> list[dict[str, Any]]:
