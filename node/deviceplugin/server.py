@@ -16,7 +16,6 @@ the next tick.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from concurrent import futures
@@ -30,11 +29,11 @@ from node.deviceplugin.api import (
     RegistrationClient,
     add_device_plugin_service,
     pb,
-    unix_target,
 )
 from node.deviceplugin.config import DevicePluginConfig
 from node.deviceplugin.metrics import PluginMetrics
 from node.deviceplugin.service import OPTIONS, DevicePluginServicer
+from node.unixgrpc import listen_unix, stop_unix
 
 # One ListAndWatch stream per registration holds a thread; the rest serve unary calls.
 WORKERS_PER_ENDPOINT = 8
@@ -55,25 +54,20 @@ class Endpoint:
         return self._server is not None
 
     def start(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)  # a stale socket from a previous run
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=WORKERS_PER_ENDPOINT,
                                        thread_name_prefix=f"dp-{self.servicer.kind.value}"),
             options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                      ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
         add_device_plugin_service(server, self.servicer)
-        server.add_insecure_port(unix_target(self.socket_path))
+        listen_unix(server, self.socket_path)
         server.start()
         self._server = server
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving; open ListAndWatch streams are cancelled after ``grace_s``."""
         server, self._server = self._server, None
-        if server is not None:
-            server.stop(grace_s).wait(grace_s + 1)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        stop_unix(server, [self.socket_path], grace_s)
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -9,7 +9,6 @@ takes a vanished registration socket as the driver leaving.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from concurrent import futures
 
@@ -18,6 +17,7 @@ import grpc
 from node.dra.api import add_dra_plugin_service, add_registration_service
 from node.dra.config import DraConfig
 from node.dra.service import DraPluginServicer, RegistrationServicer
+from node.unixgrpc import listen_unix, stop_unix
 
 WORKERS = 8
 
@@ -39,16 +39,10 @@ class DriverServer:
         add_registration_service(server, self._registration)
         for path in self._paths:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)  # a stale socket from a previous run
-            server.add_insecure_port(f"unix://{path}")
+            listen_unix(server, path)
         server.start()
         self._server = server
 
     def stop(self, grace_s: float = 1.0) -> None:
         server, self._server = self._server, None
-        if server is not None:
-            server.stop(grace_s).wait(grace_s + 1)
-        for path in reversed(self._paths):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+        stop_unix(server, reversed(self._paths), grace_s)

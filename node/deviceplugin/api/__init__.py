@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import grpc
 
 from node.deviceplugin.api.v1beta1 import api_pb2 as pb
+from node.unixgrpc import unix_target
 
 # constants.go
 VERSION = "v1beta1"
@@ -95,11 +96,6 @@ def add_registration_service(server: grpc.Server, register: RegisterHandler) -> 
                                                   pb.Empty.SerializeToString)
     server.add_generic_rpc_handlers(
         [grpc.method_handlers_generic_handler(REGISTRATION, {"Register": handler})])
-
-
-def unix_target(path: str) -> str:
-    """A gRPC target for a unix socket at an absolute ``path``."""
-    return f"unix://{path}"
 
 
 class RegistrationClient:
