@@ -7,6 +7,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from devkit.procs import wait_until
+
 A100_UUID = "GPU-00000000-0000-4000-8000-000000000000"
 
 
@@ -19,13 +21,16 @@ def one_gpu_recording(path: Path, **extra: object) -> Path:
 
 
 def ready_within(url: str, deadline: float) -> bool:
-    """Poll ``url`` until it answers 200 or ``deadline`` (monotonic) passes."""
-    while True:
-        try:
-            if urllib.request.urlopen(url, timeout=5).status == 200:
-                return True
-        except OSError:  # 503 (HTTPError) until ready, or not listening yet
-            pass
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
+    """Whether ``url`` answers 200 before ``deadline`` (monotonic): the daemon's readiness
+    probe, polled through the dev kit's one wait (a 503 or a refused connection until ready)."""
+
+    def ready() -> bool:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return bool(answer.status == 200)
+
+    try:
+        wait_until(ready, timeout_s=max(0.0, deadline - time.monotonic()),
+                   what=f"{url} to answer 200", interval_s=0.05)
+    except TimeoutError:
+        return False
+    return True
