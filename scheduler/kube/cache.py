@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,9 +43,9 @@ from gpufrag.conventions import (
 from gpufrag.errors import BadInput
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
-from scheduler.core.types import Placement, PodRequest
+from scheduler.core.types import MILLI_PER_GPU, Placement, PodRequest
 from scheduler.kube.bypass import BypassWatch
-from scheduler.kube.claims import gpus_held, pod_claim_names
+from scheduler.kube.claims import DEVICE_CLASSES, HeldGpu, gpus_asked, gpus_held, pod_claim_names
 from scheduler.kube.convert import (
     bound_gpus,
     is_terminal,
@@ -110,7 +110,8 @@ SkipListener = Callable[[SkippedObject], None]
 class ClusterCache:
     def __init__(self, names: KubeNames = DEFAULT_NAMES, *, clock: Clock = time.time,
                  assume_ttl_s: float = 30.0, on_skip: SkipListener | None = None,
-                 mig_reader: MigReader = no_agent, dra_driver: str = "") -> None:
+                 mig_reader: MigReader = no_agent, dra_driver: str = "",
+                 dra_classes: Collection[str] = DEVICE_CLASSES) -> None:
         self.lock = threading.RLock()
         # Notified (with ``lock`` held) whenever the watch applies a pod: what
         # :meth:`await_pod` waits on.
@@ -157,6 +158,9 @@ class ClusterCache:
         # its ResourceClaims' allocations name for that driver, read by scheduler.kube.claims.
         # '' = off: claims are not read and pods are placed from their annotation record only.
         self.dra_driver = dra_driver
+        # The DeviceClasses whose requests ask the driver's GPUs (what a claim not allocated
+        # yet asks: scheduler.kube.claims.asked_gpus).
+        self.dra_classes = frozenset(dra_classes)
         self.claims: dict[str, Obj] = {}               # "namespace/name" -> ResourceClaim
         self.claims_synced = not dra_driver
         # pod key -> (its request before its claims, the keys of its claims): what a claim's
@@ -325,8 +329,7 @@ class ClusterCache:
                              scheduler_name=_scheduler_name(obj))
             if self.dra_driver:
                 try:
-                    claim_keys = tuple(f"{key.partition('/')[0]}/{name}"
-                                       for name in pod_claim_names(obj))
+                    claim_keys = self.pod_claims(obj)
                 except BadInput as e:
                     self._drop_pod(key)
                     self._skip("Pod", obj, key, str(e))
@@ -349,6 +352,9 @@ class ClusterCache:
             if previous != known:
                 self.pod_changes += 1
                 self._pod_applied.notify_all()
+            if key in self._dra_pods:
+                self._apply_dra_pod(key, previous)
+                return
             if not known.node:
                 # Pending. An assumed placement stays until the watch shows the binding or
                 # the assumption expires (an update made before the bind lands here).
@@ -371,21 +377,121 @@ class ClusterCache:
 
     def _with_claims(self, key: str, known: KnownPod) -> KnownPod:
         """``known`` holding the GPUs its claims' allocations name on its node (a DRA pod has
-        no annotation record); with none allocated (yet, or any more), its request before its
-        claims and no GPUs. A malformed claim holds nothing and is logged: the pod stays."""
+        no annotation record); with none allocated there (yet, or any more), asking what its
+        claims ask (:meth:`claims_request`) with no GPUs. A malformed claim holds nothing and
+        is logged: the pod stays."""
         base, claim_keys = self._dra_pods[key]
-        claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
+        held = [gpu for gpu in self._allocated(key) if gpu.node == known.node]
+        if not held:
+            return replace(known, request=self.claims_request(base, claim_keys), gpus=None)
+        return replace(known, request=_holding(base, held),
+                       gpus=tuple(gpu.index for gpu in held))
+
+    def _allocated(self, key: str) -> list[HeldGpu]:
+        """What the DRA pod ``key``'s claims are allocated, on any node ([] none, or a claim
+        that cannot be read: logged)."""
+        claims = [(k, self.claims[k]) for k in self._dra_pods[key][1] if k in self.claims]
         try:
-            held = [gpu for gpu in gpus_held(claims, driver=self.dra_driver)
-                    if gpu.node == known.node]
+            return list(gpus_held(claims, driver=self.dra_driver))
         except BadInput as e:
             log.warning("claim not read", pod=key, reason=str(e))
-            held = []
-        if not held:
-            return replace(known, request=base, gpus=None)
-        milli = held[0].milli if len(held) == 1 else 1000
-        request = replace(base, num_gpu=len(held), gpu_milli=milli, gpu_memory_mib=0)
-        return replace(known, request=request, gpus=tuple(gpu.index for gpu in held))
+            return []
+
+    def pod_claims(self, obj: Obj) -> tuple[str, ...]:
+        """The keys (``namespace/name``) of the ResourceClaims the pod ``obj`` uses, with DRA
+        on; () when off. Raises :class:`BadInput` for a pod that cannot be read."""
+        if not self.dra_driver:
+            return ()
+        namespace = key_of(obj).partition("/")[0]
+        return tuple(f"{namespace}/{name}" for name in pod_claim_names(obj))
+
+    def claim_keys(self, key: str) -> tuple[str, ...]:
+        """The claims of the pod ``key`` as the watch last showed it (() for none, or unseen)."""
+        with self.lock:
+            found = self._dra_pods.get(key)
+            return found[1] if found is not None else ()
+
+    def claims_request(self, request: PodRequest, claim_keys: Iterable[str]) -> PodRequest:
+        """``request`` asking the GPUs that the claims ``claim_keys`` (those the cache holds)
+        ask of the driver's classes (``dra_classes``), in place of any its containers ask; as
+        it is when they ask none. A claim whose ask cannot be placed is logged and asks none:
+        the pod is not the extender's to judge, and the allocator still places it."""
+        with self.lock:
+            claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
+        try:
+            count, milli = gpus_asked(claims, device_classes=self.dra_classes)
+        except BadInput as e:
+            log.warning("claim not read", pod=pod_key(request), reason=str(e))
+            return request
+        if not count:
+            return request
+        return replace(request, num_gpu=count, gpu_milli=milli, gpu_memory_mib=0)
+
+    def _apply_dra_pod(self, key: str, previous: KnownPod | None) -> None:
+        """Count the DRA pod ``key`` (:meth:`_place_dra`), with a bound pod's bookkeeping."""
+        known = self.pods[key]
+        if known.node:
+            if (self.pods_synced and not (previous is not None and previous.node)
+                    and known.request.wants_gpu
+                    and known.scheduler_name == self.names.scheduler_name):
+                self.bypass.bound(key, known.uid, known.node, self.state.index.get(known.node))
+            self.decided.discard(key)  # bound: the watch confirms (or corrects) the guess
+            self.reservations.pod_bound(key, known)
+        self._place_dra(key)
+
+    def _place_dra(self, key: str) -> None:
+        """Where the DRA pod ``key``'s GPUs are counted (docs/dra.md, "What reads claims"):
+
+        - its claims' allocation, once the watch shows it: on its node when it is bound, as
+          an assumption on the allocation's node while it is pending (kube-scheduler writes
+          the allocation before the binding);
+        - until then, the placement the extender assumed when it decided or bound it (the GPU
+          DRA's first fit takes, ``device_choice=FIRST_FIT``), for as long as that lives and
+          its claims still ask GPUs;
+        - otherwise none: a bound pod counts its CPU and memory only (its claim was deleted,
+          or it was bound without the extender), a pending pod nothing.
+        """
+        known = self.pods[key]
+        base = self._dra_pods[key][0]
+        allocated = self._allocated(key)
+        nodes = {gpu.node for gpu in allocated}
+        current = self.state.pods.get(key)
+        if len(nodes) == 1 and (not known.node or known.node in nodes):
+            node = next(iter(nodes))
+            request = _holding(base, allocated)
+            gpus = tuple(gpu.index for gpu in allocated)
+            if known.node:  # bound and allocated: counted for real, no assumption left
+                self.assumed.pop(key, None)
+                self.decided.discard(key)
+                if (current is not None and current.node == node and current.gpus == gpus
+                        and current.pod == request):
+                    return
+                if current is not None:
+                    self.state.remove_pod(key)
+                self._place_known(key)
+                return
+            row = self.state.index.get(node)
+            if row is None or not self.state.active[row]:
+                return
+            deadline = self.assumed.get(key, self.clock() + self.assume_ttl_s)
+            if current is None or (current.node, current.gpus, current.pod) != (
+                    node, gpus, request):
+                if current is not None:
+                    self.state.remove_pod(key)
+                self.state.place(request, row, gpus, check=False)
+            self.assumed[key] = deadline
+            self.decided.discard(key)
+            return
+        if (key in self.assumed and current is not None and known.request.wants_gpu
+                and (not known.node or current.node == known.node)):
+            return  # the extender's assumption stands until the allocation shows
+        if key in self.assumed:
+            self.assumed.pop(key)
+            self.decided.discard(key)
+        if current is not None:
+            self.state.remove_pod(key)
+        if known.node:
+            self._place_known(key, request=base, gpus=())
 
     # ------------------------------------------------------------------ claims (DRA)
     def apply_claim(self, obj: Obj) -> None:
@@ -394,6 +500,7 @@ class ClusterCache:
             key = key_of(obj)
             self.claims[key] = obj
             self._claim_changed(key)
+            self._pod_applied.notify_all()  # a filter may wait for it (await_pod)
 
     def delete_claim_object(self, obj: Obj) -> None:
         """A ResourceClaim is gone: the GPUs it held are free."""
@@ -421,14 +528,10 @@ class ClusterCache:
             if claim_key not in claim_keys or known is None:
                 continue
             updated = self._with_claims(key, known)
-            if updated == known:
-                continue
-            self.pods[key] = updated
-            self.pod_changes += 1
-            if updated.node and key not in self.assumed:
-                if key in self.state.pods:
-                    self.state.remove_pod(key)
-                self._place_known(key)
+            if updated != known:
+                self.pods[key] = updated
+                self.pod_changes += 1
+            self._place_dra(key)
 
     def _record_changed(self, key: str, previous: KnownPod, known: KnownPod) -> KnownPod:
         """A bound pod's GPU record changed. Only the bind writes it, once: a later change is
@@ -457,13 +560,17 @@ class ClusterCache:
             known = self.pods.get(key)
             return known is not None and not known.node and bool(known.uid) and known.uid == uid
 
-    def await_pod(self, key: str, uid: str, timeout_s: float) -> bool:
+    def await_pod(self, key: str, uid: str, timeout_s: float,
+                  claims: Iterable[str] = ()) -> bool:
         """Wait at most ``timeout_s`` for the watch to show the pod ``key`` with this UID (it
-        may be behind the API server: kube-scheduler's own informer saw the pod first); True
-        once it has. The lock is free while waiting, so the watch can apply it."""
+        may be behind the API server: kube-scheduler's own informer saw the pod first), and
+        the ResourceClaims ``claims`` (keys) it uses; True once it has. The lock is free while
+        waiting, so the watch can apply them."""
+        wanted = tuple(claims)
         with self._pod_applied:
             return self._pod_applied.wait_for(
-                lambda: (known := self.pods.get(key)) is not None and known.uid == uid,
+                lambda: ((known := self.pods.get(key)) is not None and known.uid == uid
+                         and all(k in self.claims for k in wanted)),
                 timeout=timeout_s)
 
     def request_of(self, obj: Obj) -> PodRequest:
@@ -481,23 +588,28 @@ class ClusterCache:
                     return memo[1]
         return pod_from_k8s(obj, self.names)
 
-    def _place_known(self, key: str) -> None:
+    def _place_known(self, key: str, *, request: PodRequest | None = None,
+                     gpus: tuple[int, ...] | None = None) -> None:
+        """Place the bound pod ``key`` on its node: its request (or ``request``) on its
+        recorded GPUs (or ``gpus``) where they make sense there, else the core's rule."""
         known = self.pods[key]
+        if request is None:
+            request, gpus = known.request, known.gpus
         self._drop_orphan(key)
         self.unaccounted.pop(key, None)
         row = self.state.index.get(known.node)
         if row is None or not self.state.active[row]:
             self.orphans.setdefault(known.node, set()).add(key)
             return
-        gpus = self._valid_gpus(known.request, row, known.gpus)
-        if gpus is None:
-            gpus = self._default_gpus(known.request, row)
-        if gpus is None:
-            self.unaccounted[key] = (f"asks for {known.request.num_gpu} GPUs, node "
+        found = self._valid_gpus(request, row, gpus)
+        if found is None:
+            found = self._default_gpus(request, row)
+        if found is None:
+            self.unaccounted[key] = (f"asks for {request.num_gpu} GPUs, node "
                                      f"{known.node} has {int(self.state.gpu_count[row])}")
             log.warning("pod not accounted", pod=key, reason=self.unaccounted[key])
             return
-        self.state.place(known.request, row, gpus, check=False)
+        self.state.place(request, row, found, check=False)
 
     def _valid_gpus(self, pod: PodRequest, row: int,
                     gpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
@@ -605,12 +717,15 @@ class ClusterCache:
             return placement.node if placement is not None else ""
 
     def forget(self, key: str) -> None:
-        """Undo an assumption (the bind failed)."""
+        """Undo an assumption (the bind failed, or it expired). A DRA pod is counted again
+        from what the watch shows of it (:meth:`_place_dra`)."""
         with self.lock:
             self.decided.discard(key)
             if self.assumed.pop(key, None) is not None and key in self.state.pods:
                 self.state.remove_pod(key)
             self.reservations.forgotten(key)
+            if key in self._dra_pods and key in self.pods:
+                self._place_dra(key)
 
     def expire(self, now: float | None = None) -> list[str]:
         """Drop assumptions the watch never confirmed within the TTL; returns their keys."""
@@ -640,6 +755,12 @@ class ClusterCache:
         self.replace_claims(claims)
         self.replace_pods(pods)
         self.set_hints(hints)
+
+
+def _holding(base: PodRequest, held: list[HeldGpu]) -> PodRequest:
+    """``base`` holding the GPUs ``held`` (on one node): one share, or whole GPUs."""
+    milli = held[0].milli if len(held) == 1 else MILLI_PER_GPU
+    return replace(base, num_gpu=len(held), gpu_milli=milli, gpu_memory_mib=0)
 
 
 def request_inputs(obj: Obj, names: KubeNames) -> bytes | None:

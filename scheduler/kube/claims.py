@@ -15,6 +15,10 @@ no request policy, so a request that does not name it takes all of it). Results 
 drivers in the same claim are theirs and skipped. Malformed input is :class:`BadInput` naming
 the field, never a crash: a reader of the cluster must survive any object it is shown.
 
+Before the allocation, what a claim *asks* is read here too (:func:`asked_gpus`, from
+``spec.devices.requests``): the extender judges a DRA pod for it and assumes the GPU DRA's
+first fit will take, until the allocation shows (docs/dra.md, "What reads claims").
+
 Field names follow ``k8s.io/api/resource/v1/types.go`` and ``k8s.io/api/core/v1`` (Pod's
 ``spec.resourceClaims`` and ``status.resourceClaimStatuses``).
 """
@@ -22,15 +26,18 @@ Field names follow ``k8s.io/api/resource/v1/types.go`` and ``k8s.io/api/core/v1`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpufrag.errors import BadInput
-from scheduler.core.types import MILLI_PER_GPU
+from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
 DRIVER_NAME = "gpu.gpufrag.io"  # gpufrag's DRA driver, the one whose devices are GPUs we place
+# The DeviceClasses the install ships for the driver's devices (manifests/components/dra): a
+# claim's request names a class, not a driver, so these names say which requests ask our GPUs.
+DEVICE_CLASSES = (DRIVER_NAME, f"whole.{DRIVER_NAME}")
 CAPACITY_MILLI = "milli"
 CAPACITY_MEMORY = "memory"
 DEVICE_PREFIX = "gpu-"
@@ -102,20 +109,28 @@ def _claimed_gpu(result: Obj, position: int, where: str) -> ClaimedGpu:
     request = result.get("request")
     if not isinstance(request, str) or not request:
         raise BadInput(f"{request!r}; it must name the request", field=f"{where}.request")
-    consumed = _mapping(result.get("consumedCapacity"), f"{where}.consumedCapacity")
-    milli_field = f"{where}.consumedCapacity.{CAPACITY_MILLI}"
-    milli_value = consumed.get(CAPACITY_MILLI)
+    milli, memory_mib = _capacity(result.get("consumedCapacity"), f"{where}.consumedCapacity")
+    share_id = result.get("shareID")
+    return ClaimedGpu(position, request, pool, name, index, milli, memory_mib,
+                      share_id if isinstance(share_id, str) else None)
+
+
+def _capacity(value: Any, where: str) -> tuple[int, int]:
+    """A device's ``milli`` and ``memory`` (MiB, rounded up) from its capacity amounts
+    (consumed, or requested) at ``where``: ``milli`` unnamed is the whole GPU (the capacity
+    has no request policy), ``memory`` unnamed none."""
+    amounts = _mapping(value, where)
+    milli_field = f"{where}.{CAPACITY_MILLI}"
+    milli_value = amounts.get(CAPACITY_MILLI)
     milli = MILLI_PER_GPU if milli_value is None else _amount(milli_value, milli_field)
     if not 0 < milli <= MILLI_PER_GPU:
         raise BadInput(f"{milli}; it must be 1..{MILLI_PER_GPU}", field=milli_field)
-    memory_field = f"{where}.consumedCapacity.{CAPACITY_MEMORY}"
-    memory_value = consumed.get(CAPACITY_MEMORY)
+    memory_field = f"{where}.{CAPACITY_MEMORY}"
+    memory_value = amounts.get(CAPACITY_MEMORY)
     memory_bytes = 0 if memory_value is None else _amount(memory_value, memory_field)
     if memory_bytes < 0:
         raise BadInput(f"{memory_bytes}; it must not be negative", field=memory_field)
-    share_id = result.get("shareID")
-    return ClaimedGpu(position, request, pool, name, index, milli, math.ceil(memory_bytes / MIB),
-                      share_id if isinstance(share_id, str) else None)
+    return milli, math.ceil(memory_bytes / MIB)
 
 
 def claimed_gpus(claim: Obj, *, driver: str) -> tuple[ClaimedGpu, ...] | None:
@@ -170,6 +185,83 @@ def pod_claim_names(pod: Obj) -> tuple[str, ...]:
         if claim_name:
             names.append(claim_name)
     return tuple(names)
+
+
+@dataclass(frozen=True, slots=True)
+class AskedGpus:
+    """One request of a claim for devices of our classes: ``count`` GPUs, each ``milli`` of
+    its 1000 (1000: whole) and ``memory_mib`` of its memory (0: none named)."""
+
+    request: str
+    count: int
+    milli: int
+    memory_mib: int
+
+
+def _ours(device_class: Any, device_classes: Collection[str]) -> bool:
+    return isinstance(device_class, str) and device_class in device_classes
+
+
+def asked_gpus(claim: Obj, *, device_classes: Collection[str]) -> tuple[AskedGpus, ...]:
+    """What ``claim``'s ``spec.devices.requests`` ask of devices in ``device_classes``, in
+    request order (other classes' requests skipped): the allocator's view before it allocates,
+    read the way :func:`claimed_gpus` reads what it allocated. A request that names no
+    ``milli`` takes all of it (the capacity has no request policy): a whole GPU. Requests the
+    placement cannot model are :class:`BadInput` naming the field: ``allocationMode: All``,
+    ``firstAvailable`` (KEP-4816's alternatives: which one the allocator takes depends on the
+    node), and several devices of a request that each take part of a GPU."""
+    spec = _mapping(claim.get("spec"), "spec")
+    devices = _mapping(spec.get("devices"), "spec.devices")
+    found = []
+    for i, entry in enumerate(_list(devices.get("requests"), "spec.devices.requests")):
+        where = f"spec.devices.requests[{i}]"
+        entry = _mapping(entry, where)
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadInput(f"{name!r}; it must name the request", field=f"{where}.name")
+        alternatives = _list(entry.get("firstAvailable"), f"{where}.firstAvailable")
+        if any(isinstance(a, Mapping) and _ours(a.get("deviceClassName"), device_classes)
+               for a in alternatives):
+            raise BadInput("a list of alternatives (firstAvailable) is not placed by gpufrag; "
+                           "ask one request of the class", field=f"{where}.firstAvailable")
+        exactly = _mapping(entry.get("exactly"), f"{where}.exactly")
+        if not _ours(exactly.get("deviceClassName"), device_classes):
+            continue
+        mode = exactly.get("allocationMode") or "ExactCount"
+        if mode != "ExactCount":
+            raise BadInput(f"{mode!r}; gpufrag places an exact count of GPUs",
+                           field=f"{where}.exactly.allocationMode")
+        count = exactly.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise BadInput(f"{count!r}; it must be a whole number >= 1",
+                           field=f"{where}.exactly.count")
+        capacity = _mapping(exactly.get("capacity"), f"{where}.exactly.capacity")
+        milli, memory_mib = _capacity(capacity.get("requests"),
+                                      f"{where}.exactly.capacity.requests")
+        if count > 1 and milli < MILLI_PER_GPU:
+            raise BadInput(f"{count} devices of {milli} milli each; a request for part of a "
+                           "GPU asks one device", field=f"{where}.exactly.count")
+        found.append(AskedGpus(name, count, milli, memory_mib))
+    return tuple(found)
+
+
+def gpus_asked(claims: Iterable[tuple[str, Obj]], *,
+               device_classes: Collection[str]) -> tuple[int, int]:
+    """How many GPUs a pod asks through its ``claims`` ((name, ResourceClaim) pairs) and how
+    much of each, in milli: one device of part of a GPU is a share; anything else counts as
+    whole GPUs, as :func:`gpus_held` counts several results. (0, 0): none."""
+    asks: list[AskedGpus] = []
+    for name, claim in claims:
+        try:
+            asks.extend(asked_gpus(claim, device_classes=device_classes))
+        except BadInput as exc:
+            raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
+    count = sum(ask.count for ask in asks)
+    if count > MAX_GPUS_PER_NODE:
+        raise BadInput(f"its claims ask {count} GPUs; a node has at most {MAX_GPUS_PER_NODE}")
+    if count == 1:
+        return 1, asks[0].milli
+    return count, MILLI_PER_GPU if count else 0
 
 
 @dataclass(frozen=True, slots=True)

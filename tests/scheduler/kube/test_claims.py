@@ -10,11 +10,14 @@ import pytest
 
 from gpufrag.errors import BadInput
 from scheduler.kube.claims import (
+    AskedGpus,
     ClaimedGpu,
     HeldGpu,
+    asked_gpus,
     claimed_gpus,
     device_index,
     device_name,
+    gpus_asked,
     held_gpus,
     pod_claim_names,
 )
@@ -161,3 +164,72 @@ def test_device_names_read_back_to_their_index(name: str, index: int | None) -> 
     assert device_index(name) == index
     if index is not None:
         assert device_name(index) == name
+
+
+# ---------------------------------------------------------------------- what a claim asks
+CLASSES = ("gpu.gpufrag.io", "whole.gpu.gpufrag.io")
+
+
+def ask(name: str = "gpu", device_class: str = "gpu.gpufrag.io", **exactly: Any
+        ) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": device_class, **exactly}}
+
+
+def asking(*requests: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": "claim-1", "namespace": "default"},
+            "spec": {"devices": {"requests": list(requests)}}}
+
+
+@pytest.mark.parametrize(("request_", "expected"), [
+    (ask(), AskedGpus("gpu", 1, 1000, 0)),  # no milli named: all of it, a whole GPU
+    (ask(capacity={"requests": {"milli": "250"}}), AskedGpus("gpu", 1, 250, 0)),
+    (ask(capacity={"requests": {"milli": "300", "memory": "20Gi"}}),
+     AskedGpus("gpu", 1, 300, 20_480)),
+    (ask(capacity={"requests": {"memory": "1Gi"}}), AskedGpus("gpu", 1, 1000, 1024)),
+    (ask(count=2, allocationMode="ExactCount"), AskedGpus("gpu", 2, 1000, 0)),
+    (ask(device_class="whole.gpu.gpufrag.io"), AskedGpus("gpu", 1, 1000, 0)),
+])
+def test_a_request_of_our_classes_asks_its_gpus(request_: dict[str, Any],
+                                                expected: AskedGpus) -> None:
+    assert asked_gpus(asking(request_), device_classes=CLASSES) == (expected,)
+
+
+def test_requests_of_other_classes_and_claims_without_a_spec_ask_nothing() -> None:
+    assert asked_gpus(asking(ask(device_class="nic.example.com")), device_classes=CLASSES) == ()
+    assert asked_gpus({"metadata": {"name": "c"}}, device_classes=CLASSES) == ()
+    assert gpus_asked([("c", asking(ask(device_class="nic.example.com")))],
+                      device_classes=CLASSES) == (0, 0)
+
+
+def test_a_pods_claims_ask_one_share_or_whole_gpus() -> None:
+    share = asking(ask(capacity={"requests": {"milli": "400"}}))
+    assert gpus_asked([("a", share)], device_classes=CLASSES) == (1, 400)
+    # Two shares (two claims) count as two whole GPUs, as two allocated results do.
+    assert gpus_asked([("a", share), ("b", share)], device_classes=CLASSES) == (2, 1000)
+    assert gpus_asked([("a", asking(ask(count=3)))], device_classes=CLASSES) == (3, 1000)
+
+
+@pytest.mark.parametrize(("request_", "field"), [
+    (ask(allocationMode="All"), "spec.devices.requests[0].exactly.allocationMode"),
+    (ask(count=0), "spec.devices.requests[0].exactly.count"),
+    (ask(count="2"), "spec.devices.requests[0].exactly.count"),
+    (ask(count=2, capacity={"requests": {"milli": "500"}}),
+     "spec.devices.requests[0].exactly.count"),
+    (ask(capacity={"requests": {"milli": "1500"}}),
+     "spec.devices.requests[0].exactly.capacity.requests.milli"),
+    (ask(capacity={"requests": {"milli": "lots"}}),
+     "spec.devices.requests[0].exactly.capacity.requests.milli"),
+    ({"name": "gpu", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.gpufrag.io"}]},
+     "spec.devices.requests[0].firstAvailable"),
+    ({"exactly": {"deviceClassName": "gpu.gpufrag.io"}}, "spec.devices.requests[0].name"),
+    ("gpu", "spec.devices.requests[0]"),
+])
+def test_an_ask_placement_cannot_model_is_refused_naming_the_field(
+        request_: Any, field: str) -> None:
+    with pytest.raises(BadInput, match=re.escape(field)):
+        asked_gpus(asking(request_), device_classes=CLASSES)
+
+
+def test_more_gpus_than_a_node_has_are_refused() -> None:
+    with pytest.raises(BadInput, match="claims ask 17 GPUs; a node has at most 16"):
+        gpus_asked([("big", asking(ask(count=17)))], device_classes=CLASSES)
