@@ -1,4 +1,5 @@
-"""Read the cluster for one cycle: Nodes, Pods and PodDisruptionBudgets as JSON dicts.
+"""Read the cluster for one cycle: Nodes, Pods, PodDisruptionBudgets and ResourceClaims as
+JSON dicts.
 
 Reads only (every write is in :mod:`defrag.controller.executor`). Lists are paged so a
 50,000-pod cluster is read in bounded chunks, and parsed with orjson straight from the
@@ -43,6 +44,25 @@ def read_cluster(api_client: Any) -> tuple[list[Obj], list[Obj], list[Obj]]:
     pdbs = _list_all("PodDisruptionBudgets",
                      policy.list_pod_disruption_budget_for_all_namespaces)
     return nodes, pods, pdbs
+
+
+def read_claims(api_client: Any) -> tuple[list[Obj], str]:
+    """Every ResourceClaim (DRA: what a pod that asks its GPUs through claims holds is its
+    claims' allocation, docs/dra.md), and a note when they could not be read: none where the
+    cluster serves no ``resource.k8s.io/v1`` (404: no DRA pod to count), the refusal where
+    the caller may not list them (403: DRA pods then hold no GPU in the picture)."""
+    resource = client.ResourceV1Api(api_client)
+    answer = call_api_or_refusal(
+        "listing ResourceClaims",
+        lambda: list_objects(resource.list_resource_claim_for_all_namespaces, PAGE,
+                             what="ResourceClaims", slim=True)[0],
+        ok=(403, 404))
+    if not isinstance(answer, ApiRefusal):
+        return answer, ""
+    if answer.status == 404:
+        return [], ""
+    return [], (f"ResourceClaims not readable (HTTP {answer.status}: {answer.message}): pods "
+                "that get their GPUs through DRA claims hold none in this picture")
 
 
 def read_reservations(api_client: Any, namespace: str) -> list[Obj] | None:

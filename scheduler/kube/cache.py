@@ -43,9 +43,16 @@ from gpufrag.conventions import (
 from gpufrag.errors import BadInput
 from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
-from scheduler.core.types import MILLI_PER_GPU, Placement, PodRequest
+from scheduler.core.types import Placement, PodRequest
 from scheduler.kube.bypass import BypassWatch
-from scheduler.kube.claims import DEVICE_CLASSES, HeldGpu, gpus_asked, gpus_held, pod_claim_names
+from scheduler.kube.claims import (
+    DEVICE_CLASSES,
+    HeldGpu,
+    asking,
+    gpus_held,
+    holding,
+    pod_claim_keys,
+)
 from scheduler.kube.convert import (
     bound_gpus,
     is_terminal,
@@ -384,7 +391,7 @@ class ClusterCache:
         held = [gpu for gpu in self._allocated(key) if gpu.node == known.node]
         if not held:
             return replace(known, request=self.claims_request(base, claim_keys), gpus=None)
-        return replace(known, request=_holding(base, held),
+        return replace(known, request=holding(base, held),
                        gpus=tuple(gpu.index for gpu in held))
 
     def _allocated(self, key: str) -> list[HeldGpu]:
@@ -400,10 +407,7 @@ class ClusterCache:
     def pod_claims(self, obj: Obj) -> tuple[str, ...]:
         """The keys (``namespace/name``) of the ResourceClaims the pod ``obj`` uses, with DRA
         on; () when off. Raises :class:`BadInput` for a pod that cannot be read."""
-        if not self.dra_driver:
-            return ()
-        namespace = key_of(obj).partition("/")[0]
-        return tuple(f"{namespace}/{name}" for name in pod_claim_names(obj))
+        return pod_claim_keys(obj) if self.dra_driver else ()
 
     def claim_keys(self, key: str) -> tuple[str, ...]:
         """The claims of the pod ``key`` as the watch last showed it (() for none, or unseen)."""
@@ -419,13 +423,10 @@ class ClusterCache:
         with self.lock:
             claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
         try:
-            count, milli = gpus_asked(claims, device_classes=self.dra_classes)
+            return asking(request, claims, device_classes=self.dra_classes)
         except BadInput as e:
             log.warning("claim not read", pod=pod_key(request), reason=str(e))
             return request
-        if not count:
-            return request
-        return replace(request, num_gpu=count, gpu_milli=milli, gpu_memory_mib=0)
 
     def _apply_dra_pod(self, key: str, previous: KnownPod | None) -> None:
         """Count the DRA pod ``key`` (:meth:`_place_dra`), with a bound pod's bookkeeping."""
@@ -458,7 +459,7 @@ class ClusterCache:
         current = self.state.pods.get(key)
         if len(nodes) == 1 and (not known.node or known.node in nodes):
             node = next(iter(nodes))
-            request = _holding(base, allocated)
+            request = holding(base, allocated)
             gpus = tuple(gpu.index for gpu in allocated)
             if known.node:  # bound and allocated: counted for real, no assumption left
                 self.assumed.pop(key, None)
@@ -755,12 +756,6 @@ class ClusterCache:
         self.replace_claims(claims)
         self.replace_pods(pods)
         self.set_hints(hints)
-
-
-def _holding(base: PodRequest, held: list[HeldGpu]) -> PodRequest:
-    """``base`` holding the GPUs ``held`` (on one node): one share, or whole GPUs."""
-    milli = held[0].milli if len(held) == 1 else MILLI_PER_GPU
-    return replace(base, num_gpu=len(held), gpu_milli=milli, gpu_memory_mib=0)
 
 
 def request_inputs(obj: Obj, names: KubeNames) -> bytes | None:

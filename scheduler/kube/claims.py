@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpufrag.errors import BadInput
-from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU
+from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, PodRequest
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
 DRIVER_NAME = "gpu.gpufrag.io"  # gpufrag's DRA driver, the one whose devices are GPUs we place
@@ -297,3 +297,55 @@ def gpus_held(claims: Iterable[tuple[str, Obj]], *, driver: str) -> tuple[HeldGp
                                              memory + gpu.memory_mib)
     return tuple(HeldGpu(node, index, milli, memory)
                  for (node, index), (milli, memory) in sorted(totals.items()))
+
+
+def pod_claim_keys(pod: Obj) -> tuple[str, ...]:
+    """:func:`pod_claim_names` as ``namespace/name`` keys (claims live in the pod's
+    namespace)."""
+    meta = _mapping(pod.get("metadata"), "metadata")
+    namespace = meta.get("namespace") or ""
+    if not isinstance(namespace, str):
+        raise BadInput(f"{namespace!r} is not a name", field="metadata.namespace")
+    return tuple(f"{namespace}/{name}" for name in pod_claim_names(pod))
+
+
+def holding(request: PodRequest, held: Sequence[HeldGpu]) -> PodRequest:
+    """``request`` holding the GPUs ``held`` (on one node) instead of any its containers
+    ask: one share, or whole GPUs (several results that are not one share count whole)."""
+    milli = held[0].milli if len(held) == 1 else MILLI_PER_GPU
+    return replace(request, num_gpu=len(held), gpu_milli=milli, gpu_memory_mib=0)
+
+
+def asking(request: PodRequest, claims: Iterable[tuple[str, Obj]], *,
+           device_classes: Collection[str]) -> PodRequest:
+    """``request`` asking what ``claims`` ask of ``device_classes`` (:func:`gpus_asked`),
+    instead of any its containers ask; as it is when they ask none. Raises BadInput."""
+    count, milli = gpus_asked(claims, device_classes=device_classes)
+    if not count:
+        return request
+    return replace(request, num_gpu=count, gpu_milli=milli, gpu_memory_mib=0)
+
+
+def listed_pod_gpus(pod: Obj, request: PodRequest, claims: Mapping[str, Obj], *,
+                    driver: str = DRIVER_NAME, device_classes: Collection[str] = DEVICE_CLASSES
+                    ) -> tuple[PodRequest, tuple[int, ...] | None] | None:
+    """How a reader of a listed cluster (the defrag snapshot, ``gpufrag inspect``) counts a
+    pod that uses ResourceClaims, as the extender's cache counts it once its watch has caught
+    up; None for a pod that uses none. ``claims``: the ResourceClaims by ``namespace/name``.
+
+    A bound pod holds the GPUs its claims' allocations name on its node (their indices are
+    its record); with none there, its CPU and memory only (``()``). A pending pod asks what
+    its claims ask (no record). Raises BadInput naming the claim for one that cannot be
+    read."""
+    keys = pod_claim_keys(pod)
+    if not keys:
+        return None
+    listed = [(key, claims[key]) for key in keys if key in claims]
+    spec = _mapping(pod.get("spec"), "spec")
+    node = spec.get("nodeName")
+    if not node:
+        return asking(request, listed, device_classes=device_classes), None
+    held = [gpu for gpu in gpus_held(listed, driver=driver) if gpu.node == node]
+    if not held:
+        return replace(request, num_gpu=0, gpu_milli=0, gpu_memory_mib=0), ()
+    return holding(request, held), tuple(gpu.index for gpu in held)

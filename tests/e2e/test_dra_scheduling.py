@@ -9,21 +9,25 @@ What is checked: every pod lands on the node and the GPU that FGD's node choice 
 first fit inside the node predicts, replayed here through the same core in the order the
 extender decided (``first-fit-scored``, docs/dra.md); no bind is refused; and once the burst
 is allocated the extender holds no assumption, and one more pod goes where the state the
-claims describe predicts.
+claims describe predicts; ``gpufrag inspect`` (the defrag cycle's snapshot) shows every pod on
+the GPU its claim's allocation names.
 
 The nodes have no kubelet, so the pods are bound and allocated but never run.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import suppress
 from typing import Any
 
 import kubernetes
 import pytest
+import structlog
 import yaml
 
+from defrag.controller.inspect import main as inspect_main
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
@@ -114,7 +118,8 @@ def _metric(text: str, name: str, **labels: str) -> float:
 
 
 def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
-        control_plane: ControlPlane, extender: ExtenderProcess, namespace: str) -> None:
+        control_plane: ControlPlane, extender: ExtenderProcess, namespace: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
     client = control_plane.api_client()
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
@@ -210,6 +215,22 @@ def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
         decision = choose(state, policy, request, device_choice=FIRST_FIT)
         assert decision is not None
         assert (last["node"], (gpu.index,)) == (decision.node, decision.gpus)
+
+        # gpufrag inspect (the defrag cycle's own snapshot) lists the claims and shows each
+        # pod on the GPU its allocation names.
+        try:
+            assert inspect_main(["--kubeconfig", str(control_plane.kubeconfig_path),
+                                 "--namespace", namespace, "-o", "json"]) == 0
+        finally:
+            structlog.reset_defaults()  # inspect configures logging for its process
+        shown = json.loads(capsys.readouterr().out)
+        holders = {h["pod"].partition("/")[2]: (n["node"], g["index"], h["milli"])
+                   for n in shown["nodes"] for g in n["gpus"] for h in g["holders"]
+                   if "pod" in h}
+        want = {name: (node, gpus[0], milli) for name, (node, gpus, milli) in got.items()}
+        want[SEED] = (nodes[-1], 0, 500)
+        want[LAST] = (last["node"], gpu.index, 250)
+        assert holders == want
     finally:
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         delete_nodes(control_plane, nodes)  # their slices go with them (owned by the Node)

@@ -10,6 +10,7 @@ from typing import Any
 from scheduler.core import choose
 from scheduler.core.gpus import FIRST_FIT
 from scheduler.extender.runtime import Runtime
+from scheduler.kube.reservations import Reservation
 from scheduler.policies import make_policy
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import (
@@ -25,9 +26,9 @@ DRIVER = "gpu.gpufrag.io"
 DRA = make_config(dra={"enabled": True})
 
 
-def dra_pod(name: str) -> dict[str, Any]:
+def dra_pod(name: str, owner: str = "") -> dict[str, Any]:
     """A pending pod of gpufrag's scheduler whose GPU comes through claim ``c-<name>``."""
-    obj = k8s_pod(pod(name, num_gpu=0, gpu_milli=0), uid=f"uid-{name}")
+    obj = k8s_pod(pod(name, num_gpu=0, gpu_milli=0), uid=f"uid-{name}", owner=owner)
     obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "t"}]
     obj["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": f"c-{name}"}]}
     return obj
@@ -96,3 +97,15 @@ def test_with_dra_off_a_claim_pod_is_not_the_extenders_to_judge() -> None:
     runtime.cache.apply_claim(claim("a", 250))
     reply = filtered(runtime, dra_pod("a"), ["n0"])
     assert reply["NodeNames"] == ["n0"] and "default/a" not in runtime.cache.state.pods
+
+
+def test_a_reservation_keeps_its_gpu_from_other_dra_pods_and_gives_it_to_its_owners() -> None:
+    runtime = serve([node("n0", gpu_count=1)], [dra_pod("x"), dra_pod("mine", owner="rs-1")],
+                    config=DRA)
+    for name in ("x", "mine"):
+        runtime.cache.apply_claim(claim(name, 1000))
+    runtime.cache.reservations.replace([Reservation(
+        name="r", node="n0", gpus=(0,), gpu_milli=1000, owner_uid="rs-1", namespace="default")])
+    assert filtered(runtime, dra_pod("x"), ["n0"])["NodeNames"] == []
+    assert filtered(runtime, dra_pod("mine", owner="rs-1"), ["n0"])["NodeNames"] == ["n0"]
+    assert runtime.cache.state.pods["default/mine"].gpus == (0,)

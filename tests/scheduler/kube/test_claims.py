@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gpufrag.errors import BadInput
+from scheduler.core.types import PodRequest
 from scheduler.kube.claims import (
     AskedGpus,
     ClaimedGpu,
@@ -19,6 +20,7 @@ from scheduler.kube.claims import (
     device_name,
     gpus_asked,
     held_gpus,
+    listed_pod_gpus,
     pod_claim_names,
 )
 
@@ -233,3 +235,40 @@ def test_an_ask_placement_cannot_model_is_refused_naming_the_field(
 def test_more_gpus_than_a_node_has_are_refused() -> None:
     with pytest.raises(BadInput, match="claims ask 17 GPUs; a node has at most 16"):
         gpus_asked([("big", asking(ask(count=17)))], device_classes=CLASSES)
+
+
+# ---------------------------------------------------------------------- a listed cluster's pods
+def listed_pod(node: str = "") -> dict[str, Any]:
+    pod = build_pod(("gpu", None, "claim-1"))
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+def allocated_asking(*results: dict[str, Any]) -> dict[str, Any]:
+    claim = build_claim(*results, allocated=bool(results))
+    claim["spec"] = asking(ask(capacity={"requests": {"milli": "250"}}))["spec"]
+    return claim
+
+
+BASE = PodRequest("p", cpu_milli=1000, namespace="default")
+
+
+def test_a_listed_pod_without_claims_is_not_read_through_them() -> None:
+    assert listed_pod_gpus({"metadata": {"name": "p", "namespace": "default"}, "spec": {}},
+                           BASE, {}) is None
+
+
+def test_a_bound_pod_holds_its_allocation_on_its_node_and_a_pending_one_asks() -> None:
+    claims = {"default/claim-1": allocated_asking(result("gpu-3", consumed={"milli": "250"}))}
+    request, record = listed_pod_gpus(listed_pod(NODE), BASE, claims) or (None, None)
+    assert request is not None and (request.num_gpu, request.gpu_milli, record) == (1, 250, (3,))
+    pending = {"default/claim-1": allocated_asking()}
+    request, record = listed_pod_gpus(listed_pod(), BASE, pending) or (None, None)
+    assert request is not None and (request.num_gpu, request.gpu_milli, record) == (1, 250, None)
+
+
+def test_a_bound_pod_whose_claims_show_no_allocation_there_holds_no_gpu() -> None:
+    for claims in ({}, {"default/claim-1": allocated_asking()},
+                   {"default/claim-1": allocated_asking(result("gpu-0", pool="other-node"))}):
+        request, record = listed_pod_gpus(listed_pod(NODE), BASE, claims) or (None, None)
+        assert request is not None and (request.num_gpu, record) == (0, ()), claims
