@@ -10,7 +10,7 @@ first fit inside the node predicts, replayed here through the same core in the o
 extender decided (``first-fit-scored``, docs/dra.md); no bind is refused; and once the burst
 is allocated the extender holds no assumption, and one more pod goes where the state the
 claims describe predicts; ``gpufrag inspect`` (the defrag cycle's snapshot) shows every pod on
-the GPU its claim's allocation names.
+the GPU its claim's allocation names, and so does the node agent's ledger of pods.
 
 The nodes have no kubelet, so the pods are bound and allocated but never run.
 """
@@ -33,6 +33,7 @@ from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
 from devkit.stack import GROUP_LABEL, delete_nodes, make_nodes
 from gpufrag.conventions import SCHEDULER_NAME
+from node.agent.cgroup import KubePodLister
 from node.dra.slices import build_slice
 from node.gpus import Gpu
 from scheduler.core import ClusterState, choose
@@ -231,6 +232,16 @@ def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
         want[SEED] = (nodes[-1], 0, 500)
         want[LAST] = (last["node"], gpu.index, 250)
         assert holders == want
+
+        # The node agent's ledger (its pod list) reads each DRA pod's share and GPU from its
+        # claim, on every node.
+        ledger = {}
+        for node in nodes:
+            for record in KubePodLister(control_plane.new_api_client(), node).list_pods():
+                if record.share is not None and record.ref.namespace == namespace:
+                    ledger[record.ref.name] = (node, *(record.share.gpus or ()),
+                                               record.share.request.gpu_milli)
+        assert ledger == want
     finally:
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         delete_nodes(control_plane, nodes)  # their slices go with them (owned by the Node)

@@ -82,6 +82,15 @@ def _forbidden(call: Callable[[], object]) -> bool:
     return False
 
 
+def _absent_ok(call: Callable[[], object]) -> None:
+    """``call``, a 404 (the object is not there, but the call was allowed) taken as done."""
+    try:
+        call()
+    except kubernetes.client.ApiException as e:
+        if e.status != 404:
+            raise
+
+
 def test_extender_watches_and_binds_with_its_service_account(
         control_plane: ControlPlane, as_service_account: Clients, namespace: str) -> None:
     # The extender binds only its own scheduler's pods; "nobody" keeps kube-scheduler away.
@@ -156,6 +165,11 @@ def test_agent_publishes_with_its_service_account(
     KubeClusterWriter(client, node_name=NODE).patch_node_annotation(
         NODE, cv.ANNOTATION_GPU_USAGE, "{}")
     assert KubePodLister(client, NODE).list_pods() is not None
+    # A DRA pod's share is its claim's allocation: get, and no more, on resourceclaims.
+    resource = kubernetes.client.ResourceV1Api(client)
+    assert not _forbidden(lambda: _absent_ok(
+        lambda: resource.read_namespaced_resource_claim("none", "default")))
+    assert _forbidden(lambda: resource.list_resource_claim_for_all_namespaces())
     core = kubernetes.client.CoreV1Api(client)
     assert _forbidden(lambda: core.delete_node(NODE))
     assert _forbidden(lambda: core.patch_namespaced_pod("x", "default", {"metadata": {}}))
