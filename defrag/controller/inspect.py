@@ -1,6 +1,7 @@
 """``gpufrag inspect``: who holds each GPU, what it uses and what sits idle, node by node.
 
-One read of the cluster (Nodes, Pods, ResourceClaims, GPUReservations; a list each, paged) or
+One read of the cluster (Nodes, Pods, ResourceClaims and ResourceSlices, GPUReservations; a
+list each, paged) or
 of a file that ``gpufrag export-snapshot`` wrote (it holds no ResourceClaims: a pod that gets
 its GPUs through DRA claims holds none there), then the defrag cycle's own reading of it: the
 placement state the extender would build (:func:`defrag.controller.snapshot.build_snapshot`,
@@ -41,7 +42,7 @@ import numpy as np
 import orjson
 import yaml
 
-from defrag.controller.cluster import read_claims, read_nodes_and_pods, read_reservations
+from defrag.controller.cluster import read_dra, read_nodes_and_pods, read_reservations
 from defrag.controller.config import DefragConfig
 from defrag.controller.ledger import (
     MisallocatedPod,
@@ -75,6 +76,7 @@ class Source:
     now: float
     note: str = ""
     claims: list[Mapping[str, Any]] = field(default_factory=list)  # ResourceClaims (DRA)
+    slices: list[Mapping[str, Any]] = field(default_factory=list)  # the driver's slices (DRA)
 
 
 def asked(pod: PodRequest) -> str:
@@ -301,12 +303,13 @@ def read_source(args: argparse.Namespace, names: KubeNames) -> Source:
         return Source(snap.nodes, snap.pods, [], newest or time.time(), note)
     client = api_client(args.kubeconfig, args.context)
     nodes, pods = read_nodes_and_pods(client)
-    claims, claims_note = read_claims(client)
+    dra = read_dra(client)
     held = read_reservations(client, names.hints_namespace)
-    notes = [claims_note] if claims_note else []
+    notes = [dra.note] if dra.note else []
     if held is None:
         notes.append("no GPUReservation CRD: no reservation shown")
-    return Source(nodes, pods, list(held or ()), time.time(), "; ".join(notes), claims)
+    return Source(nodes, pods, list(held or ()), time.time(), "; ".join(notes), dra.claims,
+                  dra.slices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,7 +335,7 @@ def inspect_cluster(args: argparse.Namespace, names: KubeNames) -> Inspected:
     source = read_source(args, names)
     usage = UsageSource(DEFAULTS.stale_intervals, source.now)
     snapshot, problems = build_snapshot(source.nodes, source.pods, [], usage, names,
-                                        source.claims)
+                                        source.claims, source.slices)
     stale = stale_reservations(source.reservations, snapshot.pods,
                                snapshot.state.index, source.now,
                                grace_s=args.orphan_grace_s)

@@ -34,7 +34,13 @@ from gpufrag.gpu_usage import NodeGpuUsage, parse
 from scheduler.core.state import ClusterState
 from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.kube.cache import KnownPod
-from scheduler.kube.claims import listed_pod_gpus
+from scheduler.kube.claims import (
+    DRIVER_NAME,
+    SliceGpus,
+    listed_pod_gpus,
+    slice_gpus,
+    with_slice_gpus,
+)
 from scheduler.kube.convert import (
     annotations_of,
     bound_gpus,
@@ -229,23 +235,27 @@ def _usage_by_node(nodes: Iterable[Obj], source: UsageSource, notes: list[UsageN
 
 def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj],
                    source: UsageSource, names: KubeNames = DEFAULT_NAMES,
-                   claims: Sequence[Obj] = ()) -> tuple[Snapshot, list[str]]:
+                   claims: Sequence[Obj] = (), slices: Sequence[Obj] = ()
+                   ) -> tuple[Snapshot, list[str]]:
     """The snapshot, and a line per object that could not be read (skipped). A pod that uses
     ResourceClaims (``claims``, DRA) holds what their allocations name on its node, read by
     :func:`scheduler.kube.claims.listed_pod_gpus` as the extender reads them; a pending one
-    asks what they ask."""
+    asks what they ask. A node that advertises no GPU has those its ResourceSlice
+    (``slices``, of gpufrag's driver) offers (:func:`scheduler.kube.claims.with_slice_gpus`)."""
     problems: list[str] = []
     notes: list[UsageNote] = []
     agent = _usage_by_node(nodes, source, notes, names) if source.dcgm is None else {}
     specs: list[NodeSpec] = []
     taints: dict[str, tuple[Taint, ...]] = {}
     cordoned: set[str] = set()
+    offered = _slices_by_node(slices, problems)
     for obj in nodes:
         try:
             spec = node_from_k8s(obj, names)
         except BadInput as e:
             problems.append(f"node {_meta(obj).get('name')}: {e}")
             continue
+        spec = with_slice_gpus(spec, offered.get(spec.name), names)
         reading = agent.get(spec.name)
         if spec.gpu_count and not spec.gpu_memory_mib and reading is not None and reading.gpus:
             spec = replace(spec, gpu_memory_mib=min(g.memory_total_mib for g in reading.gpus))
@@ -313,6 +323,22 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
                         pdbs=[pdb_from_k8s(p) for p in pdbs], notes=notes, taints=taints,
                         cordoned=frozenset(cordoned), readings=agent)
     return snapshot, problems
+
+
+def _slices_by_node(slices: Sequence[Obj], problems: list[str]) -> dict[str, SliceGpus]:
+    """What gpufrag's driver's slices offer, by node (the largest, if a node has several);
+    an unreadable slice is a problem line."""
+    found: dict[str, SliceGpus] = {}
+    for obj in slices:
+        try:
+            gpus = slice_gpus(obj, driver=DRIVER_NAME)
+        except BadInput as e:
+            problems.append(f"ResourceSlice {_meta(obj).get('name')}: {e}")
+            continue
+        if gpus is not None and gpus.count > (
+                found[gpus.node].count if gpus.node in found else -1):
+            found[gpus.node] = gpus
+    return found
 
 
 def _by_key(claims: Sequence[Obj], problems: list[str]) -> dict[str, Obj]:

@@ -48,10 +48,13 @@ from scheduler.kube.bypass import BypassWatch
 from scheduler.kube.claims import (
     DEVICE_CLASSES,
     HeldGpu,
+    SliceGpus,
     asking,
     gpus_held,
     holding,
     pod_claim_keys,
+    slice_gpus,
+    with_slice_gpus,
 )
 from scheduler.kube.convert import (
     bound_gpus,
@@ -170,6 +173,13 @@ class ClusterCache:
         self.dra_classes = frozenset(dra_classes)
         self.claims: dict[str, Obj] = {}               # "namespace/name" -> ResourceClaim
         self.claims_synced = not dra_driver
+        # The driver's ResourceSlices: node -> slice name -> the GPUs it offers. A Node that
+        # advertises no GPU (the device plugin left it) has these (claims.with_slice_gpus);
+        # the last Node object of each node is kept to apply again when its slice changes.
+        self.slices: dict[str, dict[str, SliceGpus]] = {}
+        self._slice_node: dict[str, str] = {}          # slice name -> its node
+        self._node_objs: dict[str, Obj] = {}
+        self.slices_synced = not dra_driver
         # pod key -> (its request before its claims, the keys of its claims): what a claim's
         # change re-places the pod from.
         self._dra_pods: dict[str, tuple[PodRequest, tuple[str, ...]]] = {}
@@ -177,7 +187,8 @@ class ClusterCache:
     # ------------------------------------------------------------------ status
     @property
     def synced(self) -> bool:
-        return self.nodes_synced and self.pods_synced and self.claims_synced
+        return (self.nodes_synced and self.pods_synced and self.claims_synced
+                and self.slices_synced)
 
     def count_apply_failure(self, kind: str) -> None:
         """A watch event of ``kind`` failed to apply (its reflector relists)."""
@@ -248,6 +259,9 @@ class ClusterCache:
                 self.delete_node(name)
                 self._skip("Node", obj, name, str(e))
                 return
+            if self.dra_driver:
+                self._node_objs[spec.name] = obj
+                spec = with_slice_gpus(spec, self._slice_gpus(spec.name), self.names)
             row = self.state.index.get(spec.name)
             if row is not None and self.state.active[row] and self.state.node_spec(row) == spec:
                 # A status heartbeat: nothing the state reads changed; the MIG side may have
@@ -265,6 +279,7 @@ class ClusterCache:
         """A Node is gone; its pods wait as orphans until they are deleted or it returns."""
         with self.lock:
             self._unskip("node", [name])
+            self._node_objs.pop(name, None)
             row = self.state.index.get(name)
             self.mig.delete_node(name, row)
             if row is None or not self.state.active[row]:
@@ -493,6 +508,58 @@ class ClusterCache:
             self.state.remove_pod(key)
         if known.node:
             self._place_known(key, request=base, gpus=())
+
+    # ------------------------------------------------------------------ slices (DRA)
+    def _slice_gpus(self, node: str) -> SliceGpus | None:
+        """The GPUs the driver's slices offer on ``node`` (the largest, if several)."""
+        found = self.slices.get(node)
+        return max(found.values(), key=lambda g: g.count) if found else None
+
+    def apply_slice(self, obj: Obj) -> None:
+        """A ResourceSlice was added or changed: its node is applied again."""
+        with self.lock:
+            name = _name_or_unknown(obj)
+            try:
+                found = slice_gpus(obj, driver=self.dra_driver)
+            except BadInput as e:
+                log.warning("resource slice not read", slice=name, reason=str(e))
+                found = None
+            self._drop_slice(name)
+            if found is not None:
+                self.slices.setdefault(found.node, {})[name] = found
+                self._slice_node[name] = found.node
+                self._reapply_node(found.node)
+
+    def delete_slice_object(self, obj: Obj) -> None:
+        """A ResourceSlice is gone: its node has the GPUs its Node advertises."""
+        with self.lock:
+            self._drop_slice(_name_or_unknown(obj))
+
+    def replace_slices(self, objs: Iterable[Obj]) -> None:
+        """A full list of the driver's ResourceSlices."""
+        with self.lock:
+            listed: set[str] = set()
+            for obj in objs:
+                self.apply_slice(obj)
+                listed.add(_name_or_unknown(obj))
+            for name in [n for n in self._slice_node if n not in listed]:
+                self._drop_slice(name)
+            self.slices_synced = True
+
+    def _drop_slice(self, name: str) -> None:
+        node = self._slice_node.pop(name, None)
+        if node is None:
+            return
+        found = self.slices.get(node, {})
+        found.pop(name, None)
+        if not found:
+            self.slices.pop(node, None)
+        self._reapply_node(node)
+
+    def _reapply_node(self, node: str) -> None:
+        obj = self._node_objs.get(node)
+        if obj is not None:
+            self.apply_node(obj)
 
     # ------------------------------------------------------------------ claims (DRA)
     def apply_claim(self, obj: Obj) -> None:
@@ -749,9 +816,11 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ snapshot
     def load(self, nodes: Iterable[Obj], pods: Iterable[Obj],
-             hints: Obj | None = None, claims: Iterable[Obj] = ()) -> None:
+             hints: Obj | None = None, claims: Iterable[Obj] = (),
+             slices: Iterable[Obj] = ()) -> None:
         """Fill the cache from static objects (a snapshot file; with no ResourceClaims, DRA
         pods hold no GPUs, but the cache is synced)."""
+        self.replace_slices(slices)
         self.replace_nodes(nodes)
         self.replace_claims(claims)
         self.replace_pods(pods)

@@ -30,8 +30,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
-from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, PodRequest
+from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, NodeSpec, PodRequest
+from scheduler.kube.convert import gpu_labels
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
 DRIVER_NAME = "gpu.gpufrag.io"  # gpufrag's DRA driver, the one whose devices are GPUs we place
@@ -349,3 +351,69 @@ def listed_pod_gpus(pod: Obj, request: PodRequest, claims: Mapping[str, Obj], *,
     if not held:
         return replace(request, num_gpu=0, gpu_milli=0, gpu_memory_mib=0), ()
     return holding(request, held), tuple(gpu.index for gpu in held)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceGpus:
+    """What a node's ResourceSlice of the driver offers: its GPUs (the devices ``gpu-<index>``
+    not in MIG mode), their product (NVML's name) and memory (MiB, the smallest)."""
+
+    node: str
+    count: int
+    product: str
+    memory_mib: int
+
+
+def slice_gpus(obj: Obj, *, driver: str) -> SliceGpus | None:
+    """The GPUs ``obj`` (a ``resource.k8s.io/v1`` ResourceSlice) offers on its node, as
+    ``node.dra.slices`` publishes them; None for another driver's slice or one of no node.
+    A node whose Node object advertises no GPU (the device plugin left it: DRA serves it)
+    holds these. Raises BadInput naming the field."""
+    spec = _mapping(obj.get("spec"), "spec")
+    if spec.get("driver") != driver:
+        return None
+    node = spec.get("nodeName")
+    if not isinstance(node, str) or not node:
+        return None
+    products: set[str] = set()
+    memory: list[int] = []
+    count = 0
+    for i, device in enumerate(_list(spec.get("devices"), "spec.devices")):
+        where = f"spec.devices[{i}]"
+        device = _mapping(device, where)
+        name = device.get("name")
+        if not isinstance(name, str) or device_index(name) is None:
+            continue
+        attributes = _mapping(device.get("attributes"), f"{where}.attributes")
+        if _mapping(attributes.get("migEnabled"), f"{where}.attributes.migEnabled").get("bool"):
+            continue  # a MIG GPU: its instances are not shares of a GPU
+        count += 1
+        product = _mapping(attributes.get("productName"),
+                           f"{where}.attributes.productName").get("string")
+        if isinstance(product, str) and product:
+            products.add(product)
+        capacity = _mapping(device.get("capacity"), f"{where}.capacity")
+        value = _mapping(capacity.get(CAPACITY_MEMORY),
+                         f"{where}.capacity.{CAPACITY_MEMORY}").get("value")
+        if value is not None:
+            memory.append(math.ceil(_amount(value, f"{where}.capacity.{CAPACITY_MEMORY}.value")
+                                    / MIB))
+    if count > MAX_GPUS_PER_NODE:
+        raise BadInput(f"{count} GPUs; a node has at most {MAX_GPUS_PER_NODE}",
+                       field="spec.devices")
+    return SliceGpus(node, count, min(products) if len(products) == 1 else "",
+                     min(memory, default=0))
+
+
+def with_slice_gpus(spec: NodeSpec, found: SliceGpus | None,
+                    names: KubeNames = DEFAULT_NAMES) -> NodeSpec:
+    """``spec`` (a Node as :func:`~scheduler.kube.convert.node_from_k8s` reads it) with the
+    GPUs its ResourceSlice offers, when the Node advertises none (``nvidia.com/gpu`` 0 or
+    absent: the device plugin left the node, DRA serves it); the product and memory from the
+    GPU feature discovery labels where the node has them (the names placement matches), else
+    from the slice. ``spec`` as it is otherwise."""
+    if spec.gpu_count or found is None or not found.count:
+        return spec
+    labels = gpu_labels(spec.labels, names)
+    return replace(spec, gpu_count=found.count, gpu_product=labels.product or found.product,
+                   gpu_memory_mib=spec.gpu_memory_mib or found.memory_mib)

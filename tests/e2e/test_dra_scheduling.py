@@ -1,9 +1,11 @@
 """The extender with ``dra.enabled`` on the real kube-scheduler, API server and resourceclaim
 controller (1.36): a burst of pods asking GPU shares and whole GPUs through
-ResourceClaimTemplates, on fake GPU nodes whose ResourceSlices are published the way the DRA
-driver builds them (``node.dra.slices``). kube-scheduler's own allocator writes every
-allocation; the extender chooses each node (its deciding filter) and assumes the GPU first fit
-will take there, so the next pod of the burst is judged against it.
+ResourceClaimTemplates, on fake GPU nodes that advertise no GPU themselves (as once the device
+plugin has left them) and whose ResourceSlices are published the way the DRA driver builds
+them (``node.dra.slices``): the extender reads their GPUs from the slices. kube-scheduler's
+own allocator writes every allocation; the extender chooses each node (its deciding filter)
+and assumes the GPU first fit will take there, so the next pod of the burst is judged
+against it.
 
 What is checked: every pod lands on the node and the GPU that FGD's node choice with DRA's
 first fit inside the node predicts, replayed here through the same core in the order the
@@ -31,8 +33,8 @@ from defrag.controller.inspect import main as inspect_main
 from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
 from devkit.procs import wait_until
-from devkit.stack import GROUP_LABEL, delete_nodes, make_nodes
-from gpufrag.conventions import SCHEDULER_NAME
+from devkit.stack import GROUP_LABEL, delete_nodes
+from gpufrag.conventions import LABEL_GPU_MEMORY_MIB, LABEL_GPU_PRODUCT, SCHEDULER_NAME
 from node.agent.cgroup import KubePodLister
 from node.dra.slices import build_slice
 from node.gpus import Gpu
@@ -124,8 +126,15 @@ def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
     client = control_plane.api_client()
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
-    nodes = make_nodes(control_plane, GROUP, {PRODUCT: GPU_MEMORY_MIB}, per_product=3,
-                       gpus=GPUS)
+    # Nodes as the device plugin leaves them when DRA takes over (docs/dra.md, "Install"): no
+    # GPU in their allocatable, GPU feature discovery's product and memory labels kept. The
+    # extender reads their GPUs from their ResourceSlices.
+    nodes = [f"{GROUP}-{i}" for i in range(3)]
+    for name in nodes:
+        control_plane.create_gpu_node(name, 0, PRODUCT, GPU_MEMORY_MIB, cpu_milli=128_000,
+                                      memory_mib=1024 * 1024, labels={
+                                          GROUP_LABEL: GROUP, LABEL_GPU_PRODUCT: PRODUCT,
+                                          LABEL_GPU_MEMORY_MIB: str(GPU_MEMORY_MIB)})
     with suppress(kubernetes.client.ApiException):
         resource.delete_device_class(DEVICE_CLASS)  # one a crashed run left
     resource.create_device_class({

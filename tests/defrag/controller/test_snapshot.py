@@ -17,6 +17,8 @@ from defrag.controller.snapshot import (
 )
 from gpufrag import conventions as cv
 from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from node.dra.slices import build_slice
+from node.gpus import Gpu
 from scheduler.kube.reservations import Reservation, body
 from tests.builders import workload
 from tests.defrag.controller.builders import k8s_node, k8s_pdb, k8s_pod
@@ -230,3 +232,20 @@ def test_a_reservation_holds_its_share_beside_a_dra_allocation() -> None:
 def test_an_unnamed_claim_is_a_problem_line() -> None:
     _, problems = build_snapshot([k8s_node("n0")], [], [], AGENT, claims=[{"metadata": {}}])
     assert len(problems) == 1 and problems[0].startswith("ResourceClaim None:")
+
+
+def test_a_node_the_device_plugin_left_has_the_gpus_of_its_slice() -> None:
+    bare = k8s_node("n0", gpus=0)  # allocatable nvidia.com/gpu 0: DRA serves the node
+    published = build_slice("n0", "gpu.gpufrag.io",
+                            [Gpu(i, f"GPU-{i}", "Tesla-T4", 16_384) for i in range(2)], {})
+    snap, problems = build_snapshot([bare], [dra_pod("b", "n0")], [], AGENT,
+                                    claims=[dra_claim("b", 250, "gpu-1")], slices=[published])
+    assert problems == []
+    row = snap.state.index["n0"]
+    assert snap.state.gpu_free[row, :2].tolist() == [1000, 750]
+    alone, _ = build_snapshot([bare], [], [], AGENT)
+    assert int(alone.state.gpu_count[alone.state.index["n0"]]) == 0
+    broken = {**published, "spec": {**published["spec"], "devices": "none"}}
+    _, problems = build_snapshot([bare], [], [], AGENT, slices=[broken])
+    assert problems == ["ResourceSlice n0-gpu.gpufrag.io: field 'spec.devices': 'none' is not "
+                        "a list"]

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
+from node.dra.slices import build_slice
+from node.gpus import Gpu
 from scheduler.core.types import PodRequest
 from scheduler.kube import cache as cache_module
 from scheduler.kube.cache import ClusterCache, SkippedObject, request_inputs
@@ -441,12 +443,15 @@ def dra_cache(clock: FakeClock) -> ClusterCache:
     return c
 
 
-def test_with_dra_the_cache_syncs_only_once_claims_are_listed(clock: FakeClock) -> None:
+def test_with_dra_the_cache_syncs_only_once_claims_and_slices_are_listed(
+        clock: FakeClock) -> None:
     c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
     c.replace_nodes([])
     c.replace_pods([])
     assert not c.synced
     c.replace_claims([])
+    assert not c.synced
+    c.replace_slices([])
     assert c.synced
 
 
@@ -588,3 +593,26 @@ def test_a_filter_waits_for_the_claims_of_its_pod(dra_cache: ClusterCache) -> No
     assert not dra_cache.await_pod("default/a", "uid-a", 0.0, ["default/c-a"])
     dra_cache.apply_claim(asking_claim("c-a", 250))
     assert dra_cache.await_pod("default/a", "uid-a", 0.0, ["default/c-a"])
+
+
+def test_a_node_the_device_plugin_left_has_the_gpus_of_its_slice(clock: FakeClock) -> None:
+    c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
+    gpus = [Gpu(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 81_920) for i in range(2)]
+    published = build_slice("n0", DRA_DRIVER, gpus, {})
+    c.replace_slices([published])  # the slice may come before its node
+    assert not c.synced  # nodes, pods and claims not listed yet
+    c.replace_nodes([node_to_k8s(node("n0", gpu_count=0, gpu_product=""))])
+    c.replace_pods([])
+    c.replace_claims([])
+    assert c.synced
+    row = c.state.index["n0"]
+    assert (int(c.state.gpu_count[row]), int(c.state.gpu_memory_mib[row])) == (2, 81_920)
+    c.apply_claim(dra_claim("c-a", dra_result("gpu-1", milli="250")))
+    c.apply_pod(dra_pod("a", "n0", "c-a"))
+    assert free(c, "n0") == [1000, 750]
+    c.delete_slice_object(published)  # the driver left too: no GPU there
+    assert int(c.state.gpu_count[row]) == 0
+    c.apply_slice(published)
+    assert int(c.state.gpu_count[row]) == 2
+    c.replace_slices([])
+    assert int(c.state.gpu_count[row]) == 0

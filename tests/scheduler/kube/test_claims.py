@@ -9,11 +9,14 @@ from typing import Any
 import pytest
 
 from gpufrag.errors import BadInput
-from scheduler.core.types import PodRequest
+from node.dra.slices import build_slice
+from node.gpus import Gpu
+from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.kube.claims import (
     AskedGpus,
     ClaimedGpu,
     HeldGpu,
+    SliceGpus,
     asked_gpus,
     claimed_gpus,
     device_index,
@@ -22,6 +25,8 @@ from scheduler.kube.claims import (
     held_gpus,
     listed_pod_gpus,
     pod_claim_names,
+    slice_gpus,
+    with_slice_gpus,
 )
 
 DRIVER = "gpu.gpufrag.io"
@@ -272,3 +277,38 @@ def test_a_bound_pod_whose_claims_show_no_allocation_there_holds_no_gpu() -> Non
                    {"default/claim-1": allocated_asking(result("gpu-0", pool="other-node"))}):
         request, record = listed_pod_gpus(listed_pod(NODE), BASE, claims) or (None, None)
         assert request is not None and (request.num_gpu, record) == (0, ()), claims
+
+
+# ---------------------------------------------------------------------- what a slice offers
+def a100s(count: int) -> list[Gpu]:
+    return [Gpu(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 81_920) for i in range(count)]
+
+
+def test_a_slice_offers_its_gpus_as_the_driver_publishes_them() -> None:
+    published = build_slice(NODE, DRIVER, a100s(4), {3: True})  # GPU 3 in MIG mode
+    assert slice_gpus(published, driver=DRIVER) == SliceGpus(NODE, 3, "NVIDIA A100-SXM4-80GB",
+                                                             81_920)
+    assert slice_gpus(published, driver="other.example.com") is None
+
+
+def test_a_node_without_gpus_takes_its_slices_and_keeps_its_labels_names() -> None:
+    offered = SliceGpus(NODE, 2, "NVIDIA A100-SXM4-80GB", 81_920)
+    bare = NodeSpec(NODE, cpu_milli=1000, memory_mib=1024, gpu_count=0)
+    assert with_slice_gpus(bare, offered) == NodeSpec(
+        NODE, cpu_milli=1000, memory_mib=1024, gpu_count=2,
+        gpu_product="NVIDIA A100-SXM4-80GB", gpu_memory_mib=81_920)
+    labelled = NodeSpec(NODE, cpu_milli=1000, memory_mib=1024, gpu_count=0, gpu_memory_mib=80_000,
+                        labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
+    merged = with_slice_gpus(labelled, offered)
+    assert (merged.gpu_count, merged.gpu_product, merged.gpu_memory_mib) == (
+        2, "NVIDIA-A100-SXM4-80GB", 80_000)
+    advertised = NodeSpec(NODE, cpu_milli=1000, memory_mib=1024, gpu_count=4, gpu_product="T4")
+    assert with_slice_gpus(advertised, offered) is advertised  # the Node's own GPUs stand
+    assert with_slice_gpus(bare, None) is bare
+
+
+def test_an_unreadable_slice_is_refused_naming_the_field() -> None:
+    broken = build_slice(NODE, DRIVER, a100s(1), {})
+    broken["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
+    with pytest.raises(BadInput, match=re.escape("spec.devices[0].capacity.memory.value")):
+        slice_gpus(broken, driver=DRIVER)
