@@ -183,6 +183,7 @@ class ClusterCache:
         # pod key -> (its request before its claims, the keys of its claims): what a claim's
         # change re-places the pod from.
         self._dra_pods: dict[str, tuple[PodRequest, tuple[str, ...]]] = {}
+        self._claim_users: dict[str, set[str]] = {}    # claim key -> keys of pods using it
 
     # ------------------------------------------------------------------ status
     @property
@@ -357,11 +358,11 @@ class ClusterCache:
                     self._skip("Pod", obj, key, str(e))
                     return
                 if claim_keys:
-                    self._dra_pods[key] = (request, claim_keys)
+                    self._set_dra_pod(key, request, claim_keys)
                     known = self._with_claims(key, known)
                     request = known.request
                 else:
-                    self._dra_pods.pop(key, None)
+                    self._drop_dra_pod(key)
             self._unskip("pod", [key])
             self.mig.set_ask(key, ask)
             previous = self.pods.get(key)
@@ -590,10 +591,27 @@ class ClusterCache:
                 self._claim_changed(key)
             self.claims_synced = True
 
+    def _set_dra_pod(self, key: str, request: PodRequest, claim_keys: tuple[str, ...]) -> None:
+        previous = self._dra_pods.get(key)
+        if previous is not None and previous[1] != claim_keys:
+            self._drop_dra_pod(key)
+        self._dra_pods[key] = (request, claim_keys)
+        for claim_key in claim_keys:
+            self._claim_users.setdefault(claim_key, set()).add(key)
+
+    def _drop_dra_pod(self, key: str) -> None:
+        found = self._dra_pods.pop(key, None)
+        for claim_key in found[1] if found is not None else ():
+            users = self._claim_users.get(claim_key)
+            if users is not None:
+                users.discard(key)
+                if not users:
+                    del self._claim_users[claim_key]
+
     def _claim_changed(self, claim_key: str) -> None:
-        for key, (_, claim_keys) in list(self._dra_pods.items()):
+        for key in sorted(self._claim_users.get(claim_key, ())):
             known = self.pods.get(key)
-            if claim_key not in claim_keys or known is None:
+            if known is None:
                 continue
             updated = self._with_claims(key, known)
             if updated != known:
@@ -719,7 +737,7 @@ class ClusterCache:
         if self.pods.pop(key, None) is not None:
             self.pod_changes += 1
         self._requests.pop(key, None)
-        self._dra_pods.pop(key, None)
+        self._drop_dra_pod(key)
         self.mig.set_ask(key, {})
         self.assumed.pop(key, None)
         self.decided.discard(key)

@@ -616,3 +616,16 @@ def test_a_node_the_device_plugin_left_has_the_gpus_of_its_slice(clock: FakeCloc
     assert int(c.state.gpu_count[row]) == 2
     c.replace_slices([])
     assert int(c.state.gpu_count[row]) == 0
+
+
+def test_a_claim_moves_only_the_pods_that_use_it_now(dra_cache: ClusterCache) -> None:
+    dra_cache.apply_claim(dra_claim("c-a", dra_result("gpu-0")))
+    dra_cache.apply_claim(dra_claim("c-b", dra_result("gpu-1")))
+    dra_cache.apply_pod(dra_pod("a", "n0", "c-a"))
+    dra_cache.apply_pod(dra_pod("a", "n0", "c-b"))  # its status now names another claim
+    assert free(dra_cache, "n0") == [1000, 0, 1000, 1000]
+    dra_cache.apply_claim(dra_claim("c-a", dra_result("gpu-2")))
+    assert free(dra_cache, "n0") == [1000, 0, 1000, 1000]
+    dra_cache.delete_pod("default/a")
+    dra_cache.apply_claim(dra_claim("c-b", dra_result("gpu-3")))
+    assert free(dra_cache, "n0") == [1000] * 4
