@@ -159,6 +159,25 @@ def test_defrag_cycle_runs_with_its_service_account(
         NS, {"metadata": {"name": "not-hints"}}))
 
 
+def test_extender_in_dra_mode_lists_claims_and_slices_with_its_service_account(
+        as_service_account: Clients) -> None:
+    """DRA mode turns ready under the SA's rights. (The SA is also bound to kube-scheduler's
+    own role, which reads claims and slices for its allocator too: this checks the extender
+    can run in DRA mode as installed, not that its own rule alone grants it.)"""
+    config = config_from_mapping({"maintenance_interval_s": 0.2, "watch": {"timeout_s": 5},
+                                  "names": {"scheduler_name": "nobody"},
+                                  "dra": {"enabled": True}})
+    runtime = cluster_runtime(lambda: as_service_account("gpufrag-scheduler"), config)
+    runtime.start()
+    try:
+        # Ready only once every watch, the ResourceClaims' and ResourceSlices' too, has listed.
+        wait_until(lambda: runtime.extender.ready or None, timeout_s=60,
+                   what="the extender to list claims and slices as gpufrag-scheduler")
+        assert runtime.cache.claims_synced and runtime.cache.slices_synced
+    finally:
+        runtime.stop()
+
+
 def test_agent_publishes_with_its_service_account(
         control_plane: ControlPlane, as_service_account: Clients) -> None:
     client = as_service_account("gpufrag-agent")
