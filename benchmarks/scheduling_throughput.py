@@ -63,6 +63,7 @@ from devkit.extender import ExtenderProcess, ZeroExtenderProcess, gpufrag_schedu
 from devkit.procs import wait_until
 from devkit.stack import gpu_pod
 from gpufrag.conventions import SCHEDULER_NAME
+from scheduler.core.types import MILLI_PER_GPU
 
 QPS = "clientConnection:\n  qps: 1000\n  burst: 2000\n"
 PLAIN = """\
@@ -83,6 +84,10 @@ class Row:
     reference: str = ""
     settings: tuple[str, ...] = ()  # gpufrag rows: extra ``--set`` assignments
     floor: str = ""  # gpufrag rows: the Python zero-cost row of the same mode
+    baseline: str = "default"  # the kube-scheduler-alone row its rate is divided by
+    # Pods ask their GPUs through DRA claims (benchmarks/dra_throughput.py): gpufrag's
+    # extender is asked about every pod (no managedResources: a DRA pod requests none).
+    dra: bool = False
 
 
 ROWS = {
@@ -139,7 +144,8 @@ class Served:
                     timeout_s=self.ready_timeout_s)
             self.extender_ready_s = time.perf_counter() - started
             config = gpufrag_scheduler_config(self.extender.url, name=self.scheduler_name,
-                                              prioritize=answer == "feasible")
+                                              prioritize=answer == "feasible",
+                                              managed=not self.row.dra)
         self.plane.start_scheduler(f"bench-{self.row.name}", config + QPS)
 
     def stop(self) -> None:
@@ -240,15 +246,17 @@ def print_rates(rows: list[Row], times: dict[str, list[float]], nodes: int,
     print(f"  {'row':<52} {'s':>7} {'pods/s':>8}  {'÷ default':<24} {'÷ zero-cost':<24}")
     for row in rows:
         seconds = statistics.median(times[row.name])
-        vs_default = ratio_text(row.name, "default")
+        vs_default = ratio_text(row.name, row.baseline)
         vs_zero = ratio_text(row.name, row.reference) if row.reference else ""
         print(f"  {row.label:<52} {seconds:>7.1f} {pods / seconds:>8.1f}  {vs_default:<24} "
               f"{vs_zero:<24}")
         figures.append(results.Figure(f"{row.name}: {pods:,} pods on {nodes:,} nodes, "
                                       "pods/s (median round)", round(pods / seconds, 1),
                                       "pods/s"))
-    print(f"  targets (median round): gpufrag ÷ its zero-cost extender >= {ZERO_COST_TARGET} in "
-          f"each mode; the deciding filter ÷ default >= {DEFAULT_TARGET}")
+    if any(row.reference or row.name == "gpufrag-decide" for row in rows):
+        print(f"  targets (median round): gpufrag ÷ its zero-cost extender >= "
+              f"{ZERO_COST_TARGET} in each mode; the deciding filter ÷ default >= "
+              f"{DEFAULT_TARGET}")
     for row in rows:
         if row.name.startswith("pyzero") and row.reference in times:
             got = statistics.median(ratios(times, row.name, row.reference))
@@ -263,8 +271,8 @@ def print_rates(rows: list[Row], times: dict[str, list[float]], nodes: int,
             print(f"  {row.name} ÷ {row.floor}: {got:.2f}")
             figures.append(results.Figure(f"{row.name} ÷ {row.floor} (median round)",
                                           round(got, 2), ""))
-        for reference in ("default", row.reference):
-            if reference in times:
+        for reference in (row.baseline, row.reference):
+            if reference and reference in times:
                 got = statistics.median(ratios(times, row.name, reference))
                 bound = (ZERO_COST_TARGET if reference == row.reference
                          else DEFAULT_TARGET if row.name == "gpufrag-decide" else None)
@@ -323,6 +331,92 @@ def extender_threads(threads: dict[str, dict[str, float]]) -> list[results.Figur
     return figures
 
 
+PRODUCTS = ("T4", "A10", "V100M32", "G2")
+GPUS_PER_NODE = 8
+GPU_MEMORY_MIB = 16_384
+SHARES = (230, 470, 650, 810)
+
+
+def create_nodes(plane: ControlPlane, count: int) -> list[str]:
+    """The fake cluster: ``count`` nodes of 8 GPUs, the products in turn."""
+    names = [f"bench-{i:05d}" for i in range(count)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda i: plane.create_gpu_node(
+            names[i], GPUS_PER_NODE, PRODUCTS[i % len(PRODUCTS)], GPU_MEMORY_MIB,
+            cpu_milli=96_000, memory_mib=512 * 1024), range(count)))
+    return names
+
+
+def pod_shapes(count: int) -> list[int]:
+    """Each pod's GPU in milli, the same every run: half whole GPUs (1000), half shares."""
+    rng = random.Random(1)
+    return [MILLI_PER_GPU if rng.random() < 0.5 else rng.choice(SHARES) for _ in range(count)]
+
+
+@dataclass
+class Measured:
+    """What the rounds measured, per row: seconds per round, CPU ms per pod by process (mean
+    of rounds), binds refused (gpufrag rows) and the extender's CPU ms per pod by thread (mean
+    of rounds; gpufrag rows)."""
+
+    times: dict[str, list[float]]
+    cpu: dict[str, dict[str, float]]
+    refused: dict[str, int]
+    threads: dict[str, dict[str, float]]
+
+
+def measure_rows(plane: ControlPlane, rows: list[Row], pods: list[dict[str, Any]], ns: str,
+                 rounds: int, folder: Path,
+                 settle: Callable[[], None] | None = None) -> Measured:
+    """Every row once per round, the order rotated each round, each with its own scheduler
+    (and extender) started just before its run and stopped after. ``settle``: called after
+    each run, once its pods are gone (what a row leaves behind that the next must not see)."""
+    times: dict[str, list[float]] = {row.name: [] for row in rows}
+    cpu: dict[str, dict[str, float]] = {row.name: {} for row in rows}
+    refused: dict[str, int] = {}
+    threads: dict[str, dict[str, float]] = {}
+    count = len(pods)
+    for round_ in range(rounds):
+        shift = round_ % len(rows)
+        for row in rows[shift:] + rows[:shift]:
+            served = Served(plane, row, folder)
+            served.start()
+            try:
+                print(f"round {round_ + 1}/{rounds}: running {row.name} (load "
+                      f"average {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+                threads_before = served.thread_cpu()
+                elapsed, spent = run(plane, served.scheduler_name, pods, ns,
+                                     partial(cpu_by_process, served.pids()))
+                for name, seconds in served.thread_cpu().items():
+                    by_thread = threads.setdefault(row.name, {})
+                    by_thread[name] = by_thread.get(name, 0.0) + (
+                        seconds - threads_before.get(name, 0.0)) * 1000 / count
+            finally:
+                served.stop()
+            if settle is not None:
+                settle()
+            times[row.name].append(elapsed)
+            for k, v in spent.items():
+                cpu[row.name][k] = cpu[row.name].get(k, 0.0) + v * 1000 / count
+            if row.name.startswith("gpufrag"):
+                refused[row.name] = refused_binds(folder, row.name)
+    return Measured(
+        times, {name: {k: v / rounds for k, v in c.items()} for name, c in cpu.items()},
+        refused, {name: {k: v / rounds for k, v in by_thread.items()}
+                  for name, by_thread in threads.items()})
+
+
+def print_cpu(rows: list[Row], cpu: dict[str, dict[str, float]], rounds: int) -> None:
+    """CPU per pod by process, a column per row."""
+    print(f"\nCPU per pod (ms), each run including its pods' deletion, mean of "
+          f"{rounds} rounds:")
+    names = sorted({k for c in cpu.values() for k in c})
+    print(f"  {'process':<22} " + " ".join(f"{r.name:>16}" for r in rows))
+    for name in names:
+        print(f"  {name:<22} " + " ".join(f"{cpu[r.name].get(name, 0.0):>16.1f}" for r in rows))
+    print(f"  {'total':<22} " + " ".join(f"{sum(cpu[r.name].values()):>16.1f}" for r in rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -342,62 +436,25 @@ def main(argv: list[str] | None = None) -> int:
                      else "--rounds must be at least 1")
     rows = [known[r] for r in args.rows.split(",") if r]
     binary = build_control_plane()
-    rng = random.Random(1)
-    times: dict[str, list[float]] = {row.name: [] for row in rows}
-    cpu: dict[str, dict[str, float]] = {row.name: {} for row in rows}
-    refused: dict[str, int] = {}
-    threads: dict[str, dict[str, float]] = {}  # gpufrag rows: extender CPU ms per pod by thread
     with ControlPlane(binary, complete_pods=False) as plane, \
             tempfile.TemporaryDirectory() as tmp:
         print(f"control plane up in {plane.startup_s:.1f}s; creating {args.nodes} nodes",
               file=sys.stderr)
-        products = ["T4", "A10", "V100M32", "G2"]
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda i: plane.create_gpu_node(
-                f"bench-{i:05d}", 8, products[i % 4], 16_384, cpu_milli=96_000,
-                memory_mib=512 * 1024), range(args.nodes)))
+        create_nodes(plane, args.nodes)
         ns = plane.create_namespace("bench")
-        pods = [gpu_pod(f"p-{i:05d}", gpus=1, cpu="2") if rng.random() < 0.5 else
-                gpu_pod(f"p-{i:05d}", milli=rng.choice([230, 470, 650, 810]), cpu="2")
-                for i in range(args.pods)]
-        for round_ in range(args.rounds):
-            shift = round_ % len(rows)
-            for row in rows[shift:] + rows[:shift]:
-                served = Served(plane, row, Path(tmp))
-                served.start()
-                try:
-                    print(f"round {round_ + 1}/{args.rounds}: running {row.name} (load "
-                          f"average {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
-                    threads_before = served.thread_cpu()
-                    elapsed, spent = run(plane, served.scheduler_name, pods, ns,
-                                         partial(cpu_by_process, served.pids()))
-                    for name, seconds in served.thread_cpu().items():
-                        by_thread = threads.setdefault(row.name, {})
-                        by_thread[name] = by_thread.get(name, 0.0) + (
-                            seconds - threads_before.get(name, 0.0)) * 1000 / args.pods
-                finally:
-                    served.stop()
-                times[row.name].append(elapsed)
-                for k, v in spent.items():
-                    cpu[row.name][k] = cpu[row.name].get(k, 0.0) + v * 1000 / args.pods
-                if row.name.startswith("gpufrag"):
-                    refused[row.name] = refused_binds(Path(tmp), row.name)
-    cpu = {name: {k: v / args.rounds for k, v in c.items()} for name, c in cpu.items()}
+        pods = [gpu_pod(f"p-{i:05d}", gpus=1, cpu="2") if milli == MILLI_PER_GPU else
+                gpu_pod(f"p-{i:05d}", milli=milli, cpu="2")
+                for i, milli in enumerate(pod_shapes(args.pods))]
+        measured = measure_rows(plane, rows, pods, ns, args.rounds, Path(tmp))
+    times, cpu, refused, threads = measured.times, measured.cpu, measured.refused, measured.threads
     figures = print_rates(rows, times, args.nodes, args.pods)
     print(f"  load average at the end: {' / '.join(f'{x:.1f}' for x in os.getloadavg())} "
           f"(1 / 5 / 15 min) on {os.cpu_count()} CPUs")
     for name, count in refused.items():
         print(f"  {name}: {count} binds refused in all rounds (and retried by kube-scheduler)")
-    print(f"\nCPU per pod (ms), each run including its pods' deletion, mean of "
-          f"{args.rounds} rounds:")
-    names = sorted({k for c in cpu.values() for k in c})
-    print(f"  {'process':<22} " + " ".join(f"{r.name:>16}" for r in rows))
-    for name in names:
-        print(f"  {name:<22} " + " ".join(f"{cpu[r.name].get(name, 0.0):>16.1f}" for r in rows))
-    print(f"  {'total':<22} " + " ".join(f"{sum(cpu[r.name].values()):>16.1f}" for r in rows))
+    print_cpu(rows, cpu, args.rounds)
     figures += extender_cpu(rows, cpu)
-    figures += extender_threads({name: {k: v / args.rounds for k, v in by_thread.items()}
-                                 for name, by_thread in threads.items()})
+    figures += extender_threads(threads)
     results.record(args, "scheduling_throughput", start, figures)
     return 0
 

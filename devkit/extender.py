@@ -40,26 +40,29 @@ extenders:
     nodeCacheCapable: true
     httpTimeout: 5s
     ignorable: {ignorable}
-    managedResources:
 {managed}"""
 
 
 def gpufrag_scheduler_config(url: str, *, ignorable: bool = False, bind: bool = True,
-                             prioritize: bool = False, name: str = SCHEDULER_NAME) -> str:
+                             prioritize: bool = False, name: str = SCHEDULER_NAME,
+                             managed: bool = True) -> str:
     """A KubeSchedulerConfiguration whose profile ``name`` calls the extender at ``url``
     (filter, preempt and, with ``bind``, bind), for :meth:`ControlPlane.start_scheduler`.
 
     Without ``prioritize`` (the default) it is the configuration for the extender's deciding
     filter (``filter.answer: decide``), as in manifests/base/scheduler-config.yaml; with it,
     kube-scheduler also asks the extender to rank the nodes (for ``filter.answer: feasible``,
-    or ``filter.nodes`` > 1)."""
+    or ``filter.nodes`` > 1). Without ``managed``, no ``managedResources``: kube-scheduler
+    then asks the extender about every pod, which is how a pod that asks its GPUs through
+    DRA claims (no extended resource in its containers) reaches it (docs/dra.md)."""
     return _GPUFRAG_SCHEDULER_CONFIG.format(
         name=name, url=url, ignorable=str(ignorable).lower(),
         prioritize="    prioritizeVerb: prioritize\n" if prioritize else "",
         bind="    bindVerb: bind\n" if bind else "",
-        managed="".join(f"      - name: {resource}\n"
-                        f"        ignoredByScheduler: {str(ignored).lower()}\n"
-                        for resource, ignored in MANAGED_RESOURCES.items()))
+        managed=("    managedResources:\n" + "".join(
+            f"      - name: {resource}\n"
+            f"        ignoredByScheduler: {str(ignored).lower()}\n"
+            for resource, ignored in MANAGED_RESOURCES.items())) if managed else "")
 
 
 class _Served:

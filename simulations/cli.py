@@ -24,13 +24,14 @@ from gpufrag.argtypes import positive_float
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_OK, BadInput, BadInputArgumentParser
 from gpufrag.plotting import plots_wanted
 from scheduler.core.fragmentation import TargetWorkload
+from scheduler.core.gpus import DEVICE_MODES
 from scheduler.core.types import MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.policies import ALL_POLICY_NAMES, POLICY_NAMES
 from simulations import defrag_whatif, genai, mig_whatif, report, sweep, timeline, waste_loop
 from simulations.events import EventConfig
 from simulations.kss import kss_target, kss_workload
 from simulations.openb import gpu_spec_texts, load_nodes, load_pods
-from simulations.replay import DEVICE_MODES, replay, run_label
+from simulations.replay import replay, run_label
 from simulations.synthetic import synthetic_nodes, synthetic_pods
 from simulations.workload import MAX_ARRIVALS, expected_arrivals, tune_workload
 
@@ -143,7 +144,7 @@ def run_one(workload: str, nodes: list[NodeSpec], pods: list[PodRequest], policy
     the arrivals and tie order are the reference simulator's for ``seed``
     (:mod:`simulations.kss`) and ``target`` should be :func:`~simulations.kss.kss_target`'s.
     ``device_mode``: who picks the GPU on the chosen node
-    (:data:`~simulations.replay.DEVICE_MODES`)."""
+    (:data:`~scheduler.core.gpus.DEVICE_MODES`)."""
     start = time.perf_counter()
     if kss_compat:
         kss = kss_workload(nodes, pods, tune, seed)

@@ -32,7 +32,7 @@ and the static replay's pod order, the replay makes exactly the static replay's 
 ``as_replay_result`` gives exactly its numbers (``tests/simulations/test_events.py``).
 
 ``device_mode`` (a keyword of :class:`EventReplay`, not a sweep knob) says who picks the GPU
-inside the chosen node, as in the static replay (:data:`~simulations.replay.DEVICE_MODES`):
+inside the chosen node, as in the static replay (:data:`~scheduler.core.gpus.DEVICE_MODES`):
 with departures, DRA's first fit meets the holes they leave (docs/dra.md). Defrag moves still
 land on the planner's GPUs.
 """
@@ -58,7 +58,7 @@ from defrag.controller.planner import plan
 from gpufrag.errors import BadInput
 from scheduler.core.feasibility import feasible_mask
 from scheduler.core.fragmentation import TargetWorkload, node_fragmentation
-from scheduler.core.gpus import gpus_for
+from scheduler.core.gpus import DEVICE_MODES, gpus_for
 from scheduler.core.placement import (
     Decision,
     ScoreCache,
@@ -74,7 +74,7 @@ from scheduler.policies.affinity import AffinityParams, blended_key
 from simulations.autoscale import Hpa, HpaSpec, Load, Signals, prewarm_minimum
 from simulations.defrag_whatif import SilentLog, sampler, with_gpu_memory
 from simulations.genai import ServingTrace
-from simulations.replay import DEVICE_MODES, ReplayResult, tie_order
+from simulations.replay import ReplayResult, tie_order
 from simulations.timed import TimedPod
 
 FloatArray = npt.NDArray[np.float64]

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler.core.fragmentation import TargetWorkload, fragmentation_of, node_fragmentation
-from scheduler.core.gpus import FIRST_FIT, POLICY_CHOICE, DeviceChoice
+from scheduler.core.gpus import DEVICE_MODES
 from scheduler.core.placement import ScoreCache, choose
 from scheduler.core.state import ClusterState
 from scheduler.core.types import NodeSpec, PodRequest
@@ -25,12 +25,6 @@ from scheduler.policies import make_policy
 
 FloatArray = npt.NDArray[np.float64]
 
-# mode -> (who picks the GPU on the chosen node, which GPU the policy scores a node for).
-DEVICE_MODES: dict[str, tuple[DeviceChoice, DeviceChoice]] = {
-    "policy": (POLICY_CHOICE, POLICY_CHOICE),
-    "first-fit": (FIRST_FIT, POLICY_CHOICE),
-    "first-fit-scored": (FIRST_FIT, FIRST_FIT),
-}
 
 
 def run_label(policy_name: str, device_mode: str) -> str:

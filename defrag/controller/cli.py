@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import orjson
 import structlog
 
-from defrag.controller.cluster import read_cluster, read_reservations
+from defrag.controller.cluster import read_cluster, read_dra, read_reservations
 from defrag.controller.config import (
     DEFAULT_HYSTERESIS,
     OUTPUTS,
@@ -323,12 +323,16 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     """Read, plan, print, act, summarise. Raises CycleStopped if reading fails."""
     started = time.perf_counter()
     nodes, pods, pdbs = read_cluster(client)
+    dra = read_dra(client)
+    if dra.note:
+        log.warning("DRA objects not read", reason=dra.note)
     dcgm = None
     if args.prometheus:
         dcgm = fetch_samples(args.prometheus, peak_window_s=config.prometheus_peak_window_s)
     source = UsageSource(stale_intervals=config.stale_intervals, now=time.time(), dcgm=dcgm,
                          dcgm_interval_s=config.prometheus_interval_s)
-    snapshot, problems = build_snapshot(nodes, pods, pdbs, source, config.names)
+    snapshot, problems = build_snapshot(nodes, pods, pdbs, source, config.names, dra.claims,
+                                        dra.slices)
     now = time.time()
     held = read_reservations(client, config.names.hints_namespace)
     if held is None:

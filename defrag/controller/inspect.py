@@ -1,12 +1,16 @@
 """``gpufrag inspect``: who holds each GPU, what it uses and what sits idle, node by node.
 
-One read of the cluster (Nodes, Pods, GPUReservations; a list each, paged) or of a file that
-``gpufrag export-snapshot`` wrote, then the defrag cycle's own reading of it: the placement
-state the extender would build (:func:`defrag.controller.snapshot.build_snapshot`, with the
-reservations held as the extender holds them) and the cycle's measure (idle memory as DESIGN.md
-defines it: reserved minus peak use over the window; FGD fragmentation against the cluster's
-own workload). Nothing is written: it needs only ``get``/``list`` on nodes, pods and
-gpureservations (docs/operations.md, "Inspect").
+One read of the cluster (Nodes, Pods, ResourceClaims and ResourceSlices, GPUReservations; a
+list each, paged) or
+of a file that ``gpufrag export-snapshot`` wrote (it holds no ResourceClaims: a pod that gets
+its GPUs through DRA claims holds none there), then the defrag cycle's own reading of it: the
+placement state the extender would build (:func:`defrag.controller.snapshot.build_snapshot`,
+with the reservations held as the extender holds them) and the cycle's measure (idle memory
+as DESIGN.md defines it: reserved minus peak use over the window; FGD fragmentation against
+the cluster's own workload). A pod that gets its GPUs through DRA claims is shown on the GPUs their
+allocations name, read as the extender reads them (:mod:`scheduler.kube.claims`). Nothing is
+written: it needs only ``get``/``list`` on nodes, pods and gpureservations, and ``list`` on
+resourceclaims to show DRA pods' GPUs (docs/operations.md, "Inspect").
 
 Per node: product, GPU memory, GPUs, the idle ratio and whether it is over the defrag trigger,
 the node's FGD fragmentation (milli-GPU), cordoned. Per GPU: free milli, memory in use now and
@@ -30,7 +34,7 @@ import math
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,7 +42,7 @@ import numpy as np
 import orjson
 import yaml
 
-from defrag.controller.cluster import read_nodes_and_pods, read_reservations
+from defrag.controller.cluster import read_dra, read_nodes_and_pods, read_reservations
 from defrag.controller.config import DefragConfig
 from defrag.controller.ledger import (
     MisallocatedPod,
@@ -71,6 +75,8 @@ class Source:
     reservations: list[Mapping[str, Any]]
     now: float
     note: str = ""
+    claims: list[Mapping[str, Any]] = field(default_factory=list)  # ResourceClaims (DRA)
+    slices: list[Mapping[str, Any]] = field(default_factory=list)  # the driver's slices (DRA)
 
 
 def asked(pod: PodRequest) -> str:
@@ -297,9 +303,13 @@ def read_source(args: argparse.Namespace, names: KubeNames) -> Source:
         return Source(snap.nodes, snap.pods, [], newest or time.time(), note)
     client = api_client(args.kubeconfig, args.context)
     nodes, pods = read_nodes_and_pods(client)
+    dra = read_dra(client)
     held = read_reservations(client, names.hints_namespace)
-    note = "" if held is not None else "no GPUReservation CRD: no reservation shown"
-    return Source(nodes, pods, list(held or ()), time.time(), note)
+    notes = [dra.note] if dra.note else []
+    if held is None:
+        notes.append("no GPUReservation CRD: no reservation shown")
+    return Source(nodes, pods, list(held or ()), time.time(), "; ".join(notes), dra.claims,
+                  dra.slices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +334,8 @@ def inspect_cluster(args: argparse.Namespace, names: KubeNames) -> Inspected:
                        field="--orphan-grace-s")
     source = read_source(args, names)
     usage = UsageSource(DEFAULTS.stale_intervals, source.now)
-    snapshot, problems = build_snapshot(source.nodes, source.pods, [], usage, names)
+    snapshot, problems = build_snapshot(source.nodes, source.pods, [], usage, names,
+                                        source.claims, source.slices)
     stale = stale_reservations(source.reservations, snapshot.pods,
                                snapshot.state.index, source.now,
                                grace_s=args.orphan_grace_s)

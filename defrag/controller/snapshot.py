@@ -34,11 +34,19 @@ from gpufrag.gpu_usage import NodeGpuUsage, parse
 from scheduler.core.state import ClusterState
 from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.kube.cache import KnownPod
+from scheduler.kube.claims import (
+    DRIVER_NAME,
+    SliceGpus,
+    listed_pod_gpus,
+    slice_gpus,
+    with_slice_gpus,
+)
 from scheduler.kube.convert import (
     annotations_of,
     bound_gpus,
     controller_ref,
     is_terminal,
+    key_of,
     labels_of,
     node_from_k8s,
     node_name_of,
@@ -226,21 +234,28 @@ def _usage_by_node(nodes: Iterable[Obj], source: UsageSource, notes: list[UsageN
 
 
 def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj],
-                   source: UsageSource, names: KubeNames = DEFAULT_NAMES
+                   source: UsageSource, names: KubeNames = DEFAULT_NAMES,
+                   claims: Sequence[Obj] = (), slices: Sequence[Obj] = ()
                    ) -> tuple[Snapshot, list[str]]:
-    """The snapshot, and a line per object that could not be read (skipped)."""
+    """The snapshot, and a line per object that could not be read (skipped). A pod that uses
+    ResourceClaims (``claims``, DRA) holds what their allocations name on its node, read by
+    :func:`scheduler.kube.claims.listed_pod_gpus` as the extender reads them; a pending one
+    asks what they ask. A node that advertises no GPU has those its ResourceSlice
+    (``slices``, of gpufrag's driver) offers (:func:`scheduler.kube.claims.with_slice_gpus`)."""
     problems: list[str] = []
     notes: list[UsageNote] = []
     agent = _usage_by_node(nodes, source, notes, names) if source.dcgm is None else {}
     specs: list[NodeSpec] = []
     taints: dict[str, tuple[Taint, ...]] = {}
     cordoned: set[str] = set()
+    offered = _slices_by_node(slices, problems)
     for obj in nodes:
         try:
             spec = node_from_k8s(obj, names)
         except BadInput as e:
             problems.append(f"node {_meta(obj).get('name')}: {e}")
             continue
+        spec = with_slice_gpus(spec, offered.get(spec.name), names)
         reading = agent.get(spec.name)
         if spec.gpu_count and not spec.gpu_memory_mib and reading is not None and reading.gpus:
             spec = replace(spec, gpu_memory_mib=min(g.memory_total_mib for g in reading.gpus))
@@ -258,14 +273,18 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
         for gpu in reading.gpus:
             for p in gpu.pods:
                 seen_on_gpu.setdefault(p.uid, []).append(gpu.index)
+    claims_by_key = _by_key(claims, problems)
     for obj in pods:
         if is_terminal(obj):
             continue
         try:
             request = pod_from_k8s(obj, names)
+            through_claims = listed_pod_gpus(obj, request, claims_by_key)
         except BadInput as e:
             problems.append(f"{_pod_label(obj)}: {e}")
             continue
+        if through_claims is not None:
+            request = through_claims[0]
         try:
             info = pod_info(obj, request, names)
         except BadInput as e:
@@ -284,7 +303,8 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
         row = state.index.get(info.node)
         if row is None:
             continue  # bound to a node we were not shown (or that is gone)
-        recorded = bound_gpus(obj, names)
+        recorded = (bound_gpus(obj, names) if through_claims is None
+                    else through_claims[1])
         if recorded is None and info.uid in seen_on_gpu:
             recorded = tuple(sorted(seen_on_gpu[info.uid]))
         bound.append((info, row, recorded))
@@ -303,6 +323,33 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
                         pdbs=[pdb_from_k8s(p) for p in pdbs], notes=notes, taints=taints,
                         cordoned=frozenset(cordoned), readings=agent)
     return snapshot, problems
+
+
+def _slices_by_node(slices: Sequence[Obj], problems: list[str]) -> dict[str, SliceGpus]:
+    """What gpufrag's driver's slices offer, by node (the largest, if a node has several);
+    an unreadable slice is a problem line."""
+    found: dict[str, SliceGpus] = {}
+    for obj in slices:
+        try:
+            gpus = slice_gpus(obj, driver=DRIVER_NAME)
+        except BadInput as e:
+            problems.append(f"ResourceSlice {_meta(obj).get('name')}: {e}")
+            continue
+        if gpus is not None and gpus.count > (
+                found[gpus.node].count if gpus.node in found else -1):
+            found[gpus.node] = gpus
+    return found
+
+
+def _by_key(claims: Sequence[Obj], problems: list[str]) -> dict[str, Obj]:
+    """ResourceClaims by ``namespace/name``; an unnamed one is a problem line."""
+    found: dict[str, Obj] = {}
+    for obj in claims:
+        try:
+            found[key_of(obj)] = obj
+        except BadInput as e:
+            problems.append(f"ResourceClaim {_meta(obj).get('name')}: {e}")
+    return found
 
 
 def _usage_table(state: ClusterState, infos: Mapping[str, PodInfo],

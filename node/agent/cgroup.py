@@ -18,7 +18,10 @@ the directory also indexes pods by their ``kubernetes.io/config.hash`` annotatio
 The same list also reads each pod's GPU share (:class:`PodShare`: what it asks, converted by the
 extender's own :func:`scheduler.kube.convert.pod_from_k8s` with the shared names, and the GPU
 indices recorded at bind), so the isolation check (:mod:`node.agent.isolation`) holds measured
-memory against the share the pod was placed with, at no extra API call.
+memory against the share the pod was placed with, at no extra API call. A pod that gets its
+GPUs through DRA claims has no recorded indices: its share and GPUs are its claims'
+allocation, read (one ``get`` per claim of such a pod) through the one reader of claims,
+:mod:`scheduler.kube.claims`.
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
-from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client import ApiClient, CoreV1Api, ResourceV1Api
 from structlog.typing import FilteringBoundLogger
 
 from gpufrag.conventions import ANNOTATION_GPU_ALLOCATED, DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
-from gpufrag.records import Given, parse_allocated
+from gpufrag.records import Given, gpu_indices_text, parse_allocated
 from scheduler.core.types import PodRequest
+from scheduler.kube.claims import listed_pod_gpus, pod_claim_keys
 from scheduler.kube.convert import bound_gpus, pod_from_k8s
 from scheduler.kube.errors import ApiError, api_errors
 
@@ -117,13 +121,24 @@ class PodShare:
     given: Given | None = None
 
 
-def share_from_pod(obj: Mapping[str, Any], names: KubeNames = DEFAULT_NAMES) -> PodShare | None:
+def share_from_pod(obj: Mapping[str, Any], names: KubeNames = DEFAULT_NAMES,
+                   claims: Mapping[str, Mapping[str, Any]] | None = None) -> PodShare | None:
     """The share of a pod (API JSON shape); None when it asks no GPU or its request cannot be
-    read (the extender would not have placed it either)."""
+    read (the extender would not have placed it either). A pod that gets its GPUs through
+    DRA claims (``claims``: its ResourceClaims by ``namespace/name``) holds what their
+    allocations name on its node, read as the extender reads them
+    (:func:`scheduler.kube.claims.listed_pod_gpus`); its GPU indices are those."""
     try:
         request = pod_from_k8s(obj, names)
+        through_claims = listed_pod_gpus(obj, request, claims) if claims is not None else None
     except (BadInput, ValueError):
         return None
+    if through_claims is not None:
+        request, gpus = through_claims
+        if not request.wants_gpu:
+            return None
+        indices = gpus or ()
+        return PodShare(request, indices, gpu_indices_text(indices))
     if not request.wants_gpu:
         return None
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
@@ -263,6 +278,8 @@ class KubePodLister:
                  request_timeout_s: float = 10.0, names: KubeNames = DEFAULT_NAMES) -> None:
         self._api_client = api_client
         self._core = CoreV1Api(api_client)
+        self._resource = ResourceV1Api(api_client)
+        self._log = structlog.get_logger("gpufrag.agent.pods")
         self._node_name = node_name
         self._request_timeout_s = request_timeout_s
         self._names = names
@@ -286,7 +303,33 @@ class KubePodLister:
                 continue
             annotations = meta.annotations or {}
             # The API's JSON shape (camelCase), which the extender's converter reads.
-            share = share_from_pod(to_json(pod), self._names)
+            obj = to_json(pod)
+            share = share_from_pod(obj, self._names, self._claims_of(obj))
             records.append(PodRecord(PodRef(meta.namespace, meta.name, meta.uid),
                                      annotations.get(ANNOTATION_CONFIG_HASH), share))
         return records
+
+    def _claims_of(self, obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]] | None:
+        """The ResourceClaims a pod uses (DRA), each read by name (``get resourceclaims``:
+        claims have no field for their node, and a node's few DRA pods cost fewer calls than
+        the cluster's claims); None for a pod that uses none. A claim that cannot be read is
+        left out (the pod then holds no GPU through it) and logged."""
+        try:
+            keys = pod_claim_keys(obj)
+        except BadInput:
+            return None
+        if not keys:
+            return None
+        found: dict[str, Mapping[str, Any]] = {}
+        to_json: Callable[[object], Any] = self._api_client.sanitize_for_serialization  # untyped
+        for key in keys:
+            namespace, _, name = key.partition("/")
+            try:
+                with api_errors(f"reading ResourceClaim {key}"):
+                    claim = self._resource.read_namespaced_resource_claim(
+                        name, namespace, _request_timeout=self._request_timeout_s)
+            except ApiError as exc:
+                self._log.warning("claim_read_failed", claim=key, error=str(exc))
+                continue
+            found[key] = to_json(claim)
+        return found

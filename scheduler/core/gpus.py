@@ -32,6 +32,18 @@ POLICY_CHOICE: DeviceChoice = "policy"
 FIRST_FIT: DeviceChoice = "first-fit"
 DEVICE_CHOICES: tuple[DeviceChoice, ...] = (POLICY_CHOICE, FIRST_FIT)
 
+#: Device modes, by name: (who picks the GPU on the chosen node, which GPU the policy scores a
+#: node for). ``first-fit-scored`` is DRA's: the allocator picks by first fit, and the policy
+#: weighs each node for the GPU first fit gives there. The what-if's modes and the extender's
+#: DRA mode (docs/dra.md) are these.
+DEVICE_MODES: dict[str, tuple[DeviceChoice, DeviceChoice]] = {
+    "policy": (POLICY_CHOICE, POLICY_CHOICE),
+    "first-fit": (FIRST_FIT, POLICY_CHOICE),
+    "first-fit-scored": (FIRST_FIT, FIRST_FIT),
+}
+#: The mode of pods that get their GPUs through DRA claims in the extender.
+DRA_DEVICE_MODE = "first-fit-scored"
+
 
 def tightest_gpu(free: IntArray, milli: int) -> IntArray:
     """Per row of ``free`` (rows x GPUs), the index of the tightest GPU with >= ``milli`` free,

@@ -24,7 +24,7 @@ import yaml
 from gpufrag.conventions import KubeNames, dns_subdomain_problem, names_from_environ
 from gpufrag.errors import BadInput
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU
-from scheduler.kube.claims import DRIVER_NAME
+from scheduler.kube.claims import DEVICE_CLASSES, DRIVER_NAME
 from scheduler.kube.watch import WatchConfig
 from scheduler.policies import POLICY_NAMES
 from scheduler.policies.affinity import AffinityParams
@@ -121,10 +121,15 @@ class DraConfig:
     """Whether pods hold GPUs through DRA ResourceClaims (docs/dra.md, "What reads claims"):
     when on, the extender also lists and watches ResourceClaims and counts a pod on the GPUs
     its claims' allocations name for ``driver`` (a DRA pod has no annotation record). Off by
-    default: it needs the resource.k8s.io/v1 API and list/watch on resourceclaims."""
+    default: it needs the resource.k8s.io/v1 API and list/watch on resourceclaims.
+
+    ``device_classes``: the DeviceClasses whose requests ask the driver's GPUs. A pod whose
+    claims ask them is judged for those GPUs, its nodes scored for the GPU DRA's first fit
+    gives there, and that GPU assumed until its claim's allocation shows."""
 
     enabled: bool = False
     driver: str = DRIVER_NAME
+    device_classes: tuple[str, ...] = DEVICE_CLASSES
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +378,10 @@ def _problems(config: ExtenderConfig) -> list[tuple[str, str]]:
 
     driver_problem = dns_subdomain_problem(config.dra.driver)
     need(driver_problem is None, "dra.driver", f"{config.dra.driver!r}: {driver_problem}")
+    for i, device_class in enumerate(config.dra.device_classes):
+        class_problem = dns_subdomain_problem(device_class)
+        need(class_problem is None, f"dra.device_classes[{i}]",
+             f"{device_class!r}: {class_problem}")
     need(config.policy in POLICY_NAMES, "policy",
          f"unknown policy {config.policy!r}; choose from {', '.join(POLICY_NAMES)}")
     for name in ("policy", "affinity"):

@@ -18,12 +18,13 @@ import numpy as np
 
 from gpufrag.errors import BadInput
 from scheduler.core.fragmentation import TargetWorkload, fragmentation_ratio
+from scheduler.core.gpus import DEVICE_MODES, DRA_DEVICE_MODE
 from scheduler.core.mig import MigWorkload
 from scheduler.core.state import IntArray
 from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.migscoring import MigScorer
 from scheduler.extender.scoring import UNKNOWN, Scorer
-from scheduler.extender.subject import PodReader
+from scheduler.extender.subject import PodReader, PodSubject
 from scheduler.extender.wire import MAX_NAME_LISTS, NameChunks, NameSet, NodeJson, encode_reason
 from scheduler.kube.cache import ClusterCache
 from scheduler.policies import make_policy
@@ -44,18 +45,37 @@ class Placement:
         self.node_json = NodeJson()
         self.workload = workload
         self.scorer = self.scorer_for(workload)
+        # DRA pods' scorer (dra.enabled; None when off): the node scored for the GPU DRA's
+        # first fit gives there, and that GPU assumed (docs/dra.md, "What reads claims").
+        self.dra_scorer: Scorer | None = (self.scorer_for(workload, DRA_DEVICE_MODE)
+                                          if config.dra.enabled else None)
         # MIG pods' target workload: the profiles the pods seen ask (None: none yet).
         self.mig_workload: MigWorkload | None = None
         self.mig_scorer = MigScorer(cache.mig, self.scorer, None, encode_reason)
         # NodeNames set (the wire's key) -> (its rows, all of them known, state.index size).
         self._rows_by_list: dict[NameSet, tuple[IntArray, bool, int]] = {}
 
-    def scorer_for(self, workload: TargetWorkload) -> Scorer:
-        """A scorer of the configured policy and blend over ``workload``."""
-        policy = make_policy(self.config.policy, workload=workload, seed=self.config.seed)
+    def scorer_for(self, workload: TargetWorkload, device_mode: str = "policy") -> Scorer:
+        """A scorer of the configured policy and blend over ``workload``, its GPUs chosen and
+        scored as ``device_mode`` says (:data:`~scheduler.core.gpus.DEVICE_MODES`)."""
+        device_choice, scored_on = DEVICE_MODES[device_mode]
+        policy = make_policy(self.config.policy, workload=workload, seed=self.config.seed,
+                             device_choice=scored_on)
         return Scorer(policy, policy_weight=self.config.weights.policy,
                       affinity_weight=self.config.weights.affinity,
-                      affinity=self.config.affinity, render=encode_reason)
+                      affinity=self.config.affinity, render=encode_reason,
+                      device_choice=device_choice)
+
+    def set_workload(self, workload: TargetWorkload, scorer: Scorer,
+                     dra_scorer: Scorer | None) -> None:
+        """Swap in a new target workload and its scorers (call with the cache's lock held)."""
+        self.workload, self.scorer, self.dra_scorer = workload, scorer, dra_scorer
+
+    def scorer_of(self, pod: PodSubject) -> Scorer:
+        """The scorer that judges ``pod``: the DRA one for a pod asking GPUs through claims."""
+        if pod.claims and self.dra_scorer is not None:
+            return self.dra_scorer
+        return self.scorer
 
     def fragmentation_ratio(self) -> float:
         with self.cache.lock:

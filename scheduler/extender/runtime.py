@@ -114,7 +114,8 @@ def freeze_heap() -> None:
 def _cache(config: ExtenderConfig, clock: Clock) -> ClusterCache:
     return ClusterCache(config.names, clock=clock, assume_ttl_s=config.bind.assume_ttl_s,
                         mig_reader=agent_mig,
-                        dra_driver=config.dra.driver if config.dra.enabled else "")
+                        dra_driver=config.dra.driver if config.dra.enabled else "",
+                        dra_classes=config.dra.device_classes)
 
 
 def snapshot_runtime(snapshot: Snapshot, config: ExtenderConfig, *, clock: Clock = time.time,

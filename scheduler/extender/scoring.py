@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from scheduler.core.feasibility import explain, feasible_mask
 from scheduler.core.fragmentation import FloatArray
+from scheduler.core.gpus import POLICY_CHOICE, DeviceChoice
 from scheduler.core.placement import Decision, ScoreCache, best_index, choose, rank_candidates
 from scheduler.core.policy import Policy
 from scheduler.core.state import BoolArray, ClusterState, IntArray
@@ -134,8 +135,12 @@ class Scorer:
     """
 
     def __init__(self, policy: Policy, *, policy_weight: float, affinity_weight: float,
-                 affinity: AffinityParams, render: Render = str) -> None:
+                 affinity: AffinityParams, render: Render = str,
+                 device_choice: DeviceChoice = POLICY_CHOICE) -> None:
         self.policy = policy
+        # Who picks the GPU on the chosen node (scheduler.core.gpus): the policy, or DRA's
+        # first fit for pods whose GPUs come through claims.
+        self.device_choice = device_choice
         self.render = render
         self.policy_weight = policy_weight
         self.affinity_weight = affinity_weight
@@ -272,7 +277,7 @@ class Scorer:
     def place_on(self, state: ClusterState, pod: PodRequest, row: int) -> Decision | None:
         """The core's decision restricted to one node (its GPUs), None if it does not fit."""
         return choose(state, self.policy, pod, np.array([row], np.int64),
-                      self._score_cache(pod))
+                      self._score_cache(pod), self.device_choice)
 
 
 __all__ = ["MAX_PRIORITY", "UNKNOWN", "FilterVerdicts", "Priorities", "Scorer",

@@ -51,6 +51,9 @@ class PodSubject:
     request: PodRequest
     mig: Mapping[str, int]   # MIG instances asked, by profile ({}: none)
     device_gap: str | None   # why it would start without its GPU (names.gpu_memory alone)
+    # The keys of the ResourceClaims it uses, with dra.enabled (() off or none): its GPUs
+    # then come through them, chosen by DRA's first fit (docs/dra.md).
+    claims: tuple[str, ...] = ()
 
     @property
     def wants_placing(self) -> bool:
@@ -65,6 +68,7 @@ class PodReader:
 
     def __init__(self, cache: ClusterCache, names: KubeNames) -> None:
         self.names = names
+        self.cache = cache
         self._request_of: Callable[[Obj], PodRequest] = (
             cache.request_of if cache.names == names else self._convert)
 
@@ -85,13 +89,16 @@ class PodReader:
         if not isinstance(obj, Mapping):
             raise BadInput("Pod must be an object", field="Pod")
         request = self._request_of(obj)
+        claims = self.cache.pod_claims(obj)
+        if claims:  # its GPUs, if any, are asked through them, not by its containers
+            request = self.cache.claims_request(request, claims)
         if identity is None:
             identity = self.identify(obj)
         # Only a memory share without a compute share can lack a device plugin's resource.
         gap = (device_gap(obj, self.names) if request.gpu_memory_mib and not request.gpu_milli
                else None)
         return PodSubject(identity.key, identity.uid, identity.owner, request, mig_request(obj),
-                          gap)
+                          gap, claims)
 
 
 __all__ = ["PodIdentity", "PodReader", "PodSubject"]

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import structlog
 
 from scheduler.core.fragmentation import SpecKey, TargetWorkload, warm_up
+from scheduler.core.gpus import DRA_DEVICE_MODE
 from scheduler.core.types import MILLI_PER_GPU
 from scheduler.extender.config import ExtenderConfig
 from scheduler.extender.migscoring import MigScorer, mig_workload
@@ -110,8 +111,10 @@ class WorkloadUpkeep:
             except ValueError:  # no pods, or none with a node-independent spec
                 workload = fallback_workload()
         scorer = placement.scorer_for(workload)
+        dra_scorer = (placement.scorer_for(workload, DRA_DEVICE_MODE)
+                      if placement.dra_scorer is not None else None)
         with cache.lock:
-            placement.workload, placement.scorer = workload, scorer
+            placement.set_workload(workload, scorer, dra_scorer)
             self._set_mig_workload(scorer)
         self._at, self._changes = now, changes
         log.info("target workload set", specs=len(workload.gpu_spec),

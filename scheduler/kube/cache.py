@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,7 +45,17 @@ from scheduler.core.gpus import NO_GPU, gpus_for
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import Placement, PodRequest
 from scheduler.kube.bypass import BypassWatch
-from scheduler.kube.claims import gpus_held, pod_claim_names
+from scheduler.kube.claims import (
+    DEVICE_CLASSES,
+    HeldGpu,
+    SliceGpus,
+    asking,
+    gpus_held,
+    holding,
+    pod_claim_keys,
+    slice_gpus,
+    with_slice_gpus,
+)
 from scheduler.kube.convert import (
     bound_gpus,
     is_terminal,
@@ -110,7 +120,8 @@ SkipListener = Callable[[SkippedObject], None]
 class ClusterCache:
     def __init__(self, names: KubeNames = DEFAULT_NAMES, *, clock: Clock = time.time,
                  assume_ttl_s: float = 30.0, on_skip: SkipListener | None = None,
-                 mig_reader: MigReader = no_agent, dra_driver: str = "") -> None:
+                 mig_reader: MigReader = no_agent, dra_driver: str = "",
+                 dra_classes: Collection[str] = DEVICE_CLASSES) -> None:
         self.lock = threading.RLock()
         # Notified (with ``lock`` held) whenever the watch applies a pod: what
         # :meth:`await_pod` waits on.
@@ -157,16 +168,28 @@ class ClusterCache:
         # its ResourceClaims' allocations name for that driver, read by scheduler.kube.claims.
         # '' = off: claims are not read and pods are placed from their annotation record only.
         self.dra_driver = dra_driver
+        # The DeviceClasses whose requests ask the driver's GPUs (what a claim not allocated
+        # yet asks: scheduler.kube.claims.asked_gpus).
+        self.dra_classes = frozenset(dra_classes)
         self.claims: dict[str, Obj] = {}               # "namespace/name" -> ResourceClaim
         self.claims_synced = not dra_driver
+        # The driver's ResourceSlices: node -> slice name -> the GPUs it offers. A Node that
+        # advertises no GPU (the device plugin left it) has these (claims.with_slice_gpus);
+        # the last Node object of each node is kept to apply again when its slice changes.
+        self.slices: dict[str, dict[str, SliceGpus]] = {}
+        self._slice_node: dict[str, str] = {}          # slice name -> its node
+        self._node_objs: dict[str, Obj] = {}
+        self.slices_synced = not dra_driver
         # pod key -> (its request before its claims, the keys of its claims): what a claim's
         # change re-places the pod from.
         self._dra_pods: dict[str, tuple[PodRequest, tuple[str, ...]]] = {}
+        self._claim_users: dict[str, set[str]] = {}    # claim key -> keys of pods using it
 
     # ------------------------------------------------------------------ status
     @property
     def synced(self) -> bool:
-        return self.nodes_synced and self.pods_synced and self.claims_synced
+        return (self.nodes_synced and self.pods_synced and self.claims_synced
+                and self.slices_synced)
 
     def count_apply_failure(self, kind: str) -> None:
         """A watch event of ``kind`` failed to apply (its reflector relists)."""
@@ -237,6 +260,9 @@ class ClusterCache:
                 self.delete_node(name)
                 self._skip("Node", obj, name, str(e))
                 return
+            if self.dra_driver:
+                self._node_objs[spec.name] = obj
+                spec = with_slice_gpus(spec, self._slice_gpus(spec.name), self.names)
             row = self.state.index.get(spec.name)
             if row is not None and self.state.active[row] and self.state.node_spec(row) == spec:
                 # A status heartbeat: nothing the state reads changed; the MIG side may have
@@ -254,6 +280,7 @@ class ClusterCache:
         """A Node is gone; its pods wait as orphans until they are deleted or it returns."""
         with self.lock:
             self._unskip("node", [name])
+            self._node_objs.pop(name, None)
             row = self.state.index.get(name)
             self.mig.delete_node(name, row)
             if row is None or not self.state.active[row]:
@@ -325,18 +352,17 @@ class ClusterCache:
                              scheduler_name=_scheduler_name(obj))
             if self.dra_driver:
                 try:
-                    claim_keys = tuple(f"{key.partition('/')[0]}/{name}"
-                                       for name in pod_claim_names(obj))
+                    claim_keys = self.pod_claims(obj)
                 except BadInput as e:
                     self._drop_pod(key)
                     self._skip("Pod", obj, key, str(e))
                     return
                 if claim_keys:
-                    self._dra_pods[key] = (request, claim_keys)
+                    self._set_dra_pod(key, request, claim_keys)
                     known = self._with_claims(key, known)
                     request = known.request
                 else:
-                    self._dra_pods.pop(key, None)
+                    self._drop_dra_pod(key)
             self._unskip("pod", [key])
             self.mig.set_ask(key, ask)
             previous = self.pods.get(key)
@@ -349,6 +375,9 @@ class ClusterCache:
             if previous != known:
                 self.pod_changes += 1
                 self._pod_applied.notify_all()
+            if key in self._dra_pods:
+                self._apply_dra_pod(key, previous)
+                return
             if not known.node:
                 # Pending. An assumed placement stays until the watch shows the binding or
                 # the assumption expires (an update made before the bind lands here).
@@ -371,21 +400,167 @@ class ClusterCache:
 
     def _with_claims(self, key: str, known: KnownPod) -> KnownPod:
         """``known`` holding the GPUs its claims' allocations name on its node (a DRA pod has
-        no annotation record); with none allocated (yet, or any more), its request before its
-        claims and no GPUs. A malformed claim holds nothing and is logged: the pod stays."""
+        no annotation record); with none allocated there (yet, or any more), asking what its
+        claims ask (:meth:`claims_request`) with no GPUs. A malformed claim holds nothing and
+        is logged: the pod stays."""
         base, claim_keys = self._dra_pods[key]
-        claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
+        held = [gpu for gpu in self._allocated(key) if gpu.node == known.node]
+        if not held:
+            return replace(known, request=self.claims_request(base, claim_keys), gpus=None)
+        return replace(known, request=holding(base, held),
+                       gpus=tuple(gpu.index for gpu in held))
+
+    def _allocated(self, key: str) -> list[HeldGpu]:
+        """What the DRA pod ``key``'s claims are allocated, on any node ([] none, or a claim
+        that cannot be read: logged)."""
+        claims = [(k, self.claims[k]) for k in self._dra_pods[key][1] if k in self.claims]
         try:
-            held = [gpu for gpu in gpus_held(claims, driver=self.dra_driver)
-                    if gpu.node == known.node]
+            return list(gpus_held(claims, driver=self.dra_driver))
         except BadInput as e:
             log.warning("claim not read", pod=key, reason=str(e))
-            held = []
-        if not held:
-            return replace(known, request=base, gpus=None)
-        milli = held[0].milli if len(held) == 1 else 1000
-        request = replace(base, num_gpu=len(held), gpu_milli=milli, gpu_memory_mib=0)
-        return replace(known, request=request, gpus=tuple(gpu.index for gpu in held))
+            return []
+
+    def pod_claims(self, obj: Obj) -> tuple[str, ...]:
+        """The keys (``namespace/name``) of the ResourceClaims the pod ``obj`` uses, with DRA
+        on; () when off. Raises :class:`BadInput` for a pod that cannot be read."""
+        return pod_claim_keys(obj) if self.dra_driver else ()
+
+    def claim_keys(self, key: str) -> tuple[str, ...]:
+        """The claims of the pod ``key`` as the watch last showed it (() for none, or unseen)."""
+        with self.lock:
+            found = self._dra_pods.get(key)
+            return found[1] if found is not None else ()
+
+    def claims_request(self, request: PodRequest, claim_keys: Iterable[str]) -> PodRequest:
+        """``request`` asking the GPUs that the claims ``claim_keys`` (those the cache holds)
+        ask of the driver's classes (``dra_classes``), in place of any its containers ask; as
+        it is when they ask none. A claim whose ask cannot be placed is logged and asks none:
+        the pod is not the extender's to judge, and the allocator still places it."""
+        with self.lock:
+            claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
+        try:
+            return asking(request, claims, device_classes=self.dra_classes)
+        except BadInput as e:
+            log.warning("claim not read", pod=pod_key(request), reason=str(e))
+            return request
+
+    def _apply_dra_pod(self, key: str, previous: KnownPod | None) -> None:
+        """Count the DRA pod ``key`` (:meth:`_place_dra`), with a bound pod's bookkeeping."""
+        known = self.pods[key]
+        if known.node:
+            if (self.pods_synced and not (previous is not None and previous.node)
+                    and known.request.wants_gpu
+                    and known.scheduler_name == self.names.scheduler_name):
+                self.bypass.bound(key, known.uid, known.node, self.state.index.get(known.node))
+            self.decided.discard(key)  # bound: the watch confirms (or corrects) the guess
+            self.reservations.pod_bound(key, known)
+        self._place_dra(key)
+
+    def _place_dra(self, key: str) -> None:
+        """Where the DRA pod ``key``'s GPUs are counted (docs/dra.md, "What reads claims"):
+
+        - its claims' allocation, once the watch shows it: on its node when it is bound, as
+          an assumption on the allocation's node while it is pending (kube-scheduler writes
+          the allocation before the binding);
+        - until then, the placement the extender assumed when it decided or bound it (the GPU
+          DRA's first fit takes, ``device_choice=FIRST_FIT``), for as long as that lives and
+          its claims still ask GPUs;
+        - otherwise none: a bound pod counts its CPU and memory only (its claim was deleted,
+          or it was bound without the extender), a pending pod nothing.
+        """
+        known = self.pods[key]
+        base = self._dra_pods[key][0]
+        allocated = self._allocated(key)
+        nodes = {gpu.node for gpu in allocated}
+        current = self.state.pods.get(key)
+        if len(nodes) == 1 and (not known.node or known.node in nodes):
+            node = next(iter(nodes))
+            request = holding(base, allocated)
+            gpus = tuple(gpu.index for gpu in allocated)
+            if known.node:  # bound and allocated: counted for real, no assumption left
+                self.assumed.pop(key, None)
+                self.decided.discard(key)
+                if (current is not None and current.node == node and current.gpus == gpus
+                        and current.pod == request):
+                    return
+                if current is not None:
+                    self.state.remove_pod(key)
+                self._place_known(key)
+                return
+            row = self.state.index.get(node)
+            if row is None or not self.state.active[row]:
+                return
+            deadline = self.assumed.get(key, self.clock() + self.assume_ttl_s)
+            if current is None or (current.node, current.gpus, current.pod) != (
+                    node, gpus, request):
+                if current is not None:
+                    self.state.remove_pod(key)
+                self.state.place(request, row, gpus, check=False)
+            self.assumed[key] = deadline
+            self.decided.discard(key)
+            return
+        if (key in self.assumed and current is not None and known.request.wants_gpu
+                and (not known.node or current.node == known.node)):
+            return  # the extender's assumption stands until the allocation shows
+        if key in self.assumed:
+            self.assumed.pop(key)
+            self.decided.discard(key)
+        if current is not None:
+            self.state.remove_pod(key)
+        if known.node:
+            self._place_known(key, request=base, gpus=())
+
+    # ------------------------------------------------------------------ slices (DRA)
+    def _slice_gpus(self, node: str) -> SliceGpus | None:
+        """The GPUs the driver's slices offer on ``node`` (the largest, if several)."""
+        found = self.slices.get(node)
+        return max(found.values(), key=lambda g: g.count) if found else None
+
+    def apply_slice(self, obj: Obj) -> None:
+        """A ResourceSlice was added or changed: its node is applied again."""
+        with self.lock:
+            name = _name_or_unknown(obj)
+            try:
+                found = slice_gpus(obj, driver=self.dra_driver)
+            except BadInput as e:
+                log.warning("resource slice not read", slice=name, reason=str(e))
+                found = None
+            self._drop_slice(name)
+            if found is not None:
+                self.slices.setdefault(found.node, {})[name] = found
+                self._slice_node[name] = found.node
+                self._reapply_node(found.node)
+
+    def delete_slice_object(self, obj: Obj) -> None:
+        """A ResourceSlice is gone: its node has the GPUs its Node advertises."""
+        with self.lock:
+            self._drop_slice(_name_or_unknown(obj))
+
+    def replace_slices(self, objs: Iterable[Obj]) -> None:
+        """A full list of the driver's ResourceSlices."""
+        with self.lock:
+            listed: set[str] = set()
+            for obj in objs:
+                self.apply_slice(obj)
+                listed.add(_name_or_unknown(obj))
+            for name in [n for n in self._slice_node if n not in listed]:
+                self._drop_slice(name)
+            self.slices_synced = True
+
+    def _drop_slice(self, name: str) -> None:
+        node = self._slice_node.pop(name, None)
+        if node is None:
+            return
+        found = self.slices.get(node, {})
+        found.pop(name, None)
+        if not found:
+            self.slices.pop(node, None)
+        self._reapply_node(node)
+
+    def _reapply_node(self, node: str) -> None:
+        obj = self._node_objs.get(node)
+        if obj is not None:
+            self.apply_node(obj)
 
     # ------------------------------------------------------------------ claims (DRA)
     def apply_claim(self, obj: Obj) -> None:
@@ -394,6 +569,7 @@ class ClusterCache:
             key = key_of(obj)
             self.claims[key] = obj
             self._claim_changed(key)
+            self._pod_applied.notify_all()  # a filter may wait for it (await_pod)
 
     def delete_claim_object(self, obj: Obj) -> None:
         """A ResourceClaim is gone: the GPUs it held are free."""
@@ -415,20 +591,33 @@ class ClusterCache:
                 self._claim_changed(key)
             self.claims_synced = True
 
+    def _set_dra_pod(self, key: str, request: PodRequest, claim_keys: tuple[str, ...]) -> None:
+        previous = self._dra_pods.get(key)
+        if previous is not None and previous[1] != claim_keys:
+            self._drop_dra_pod(key)
+        self._dra_pods[key] = (request, claim_keys)
+        for claim_key in claim_keys:
+            self._claim_users.setdefault(claim_key, set()).add(key)
+
+    def _drop_dra_pod(self, key: str) -> None:
+        found = self._dra_pods.pop(key, None)
+        for claim_key in found[1] if found is not None else ():
+            users = self._claim_users.get(claim_key)
+            if users is not None:
+                users.discard(key)
+                if not users:
+                    del self._claim_users[claim_key]
+
     def _claim_changed(self, claim_key: str) -> None:
-        for key, (_, claim_keys) in list(self._dra_pods.items()):
+        for key in sorted(self._claim_users.get(claim_key, ())):
             known = self.pods.get(key)
-            if claim_key not in claim_keys or known is None:
+            if known is None:
                 continue
             updated = self._with_claims(key, known)
-            if updated == known:
-                continue
-            self.pods[key] = updated
-            self.pod_changes += 1
-            if updated.node and key not in self.assumed:
-                if key in self.state.pods:
-                    self.state.remove_pod(key)
-                self._place_known(key)
+            if updated != known:
+                self.pods[key] = updated
+                self.pod_changes += 1
+            self._place_dra(key)
 
     def _record_changed(self, key: str, previous: KnownPod, known: KnownPod) -> KnownPod:
         """A bound pod's GPU record changed. Only the bind writes it, once: a later change is
@@ -457,13 +646,17 @@ class ClusterCache:
             known = self.pods.get(key)
             return known is not None and not known.node and bool(known.uid) and known.uid == uid
 
-    def await_pod(self, key: str, uid: str, timeout_s: float) -> bool:
+    def await_pod(self, key: str, uid: str, timeout_s: float,
+                  claims: Iterable[str] = ()) -> bool:
         """Wait at most ``timeout_s`` for the watch to show the pod ``key`` with this UID (it
-        may be behind the API server: kube-scheduler's own informer saw the pod first); True
-        once it has. The lock is free while waiting, so the watch can apply it."""
+        may be behind the API server: kube-scheduler's own informer saw the pod first), and
+        the ResourceClaims ``claims`` (keys) it uses; True once it has. The lock is free while
+        waiting, so the watch can apply them."""
+        wanted = tuple(claims)
         with self._pod_applied:
             return self._pod_applied.wait_for(
-                lambda: (known := self.pods.get(key)) is not None and known.uid == uid,
+                lambda: ((known := self.pods.get(key)) is not None and known.uid == uid
+                         and all(k in self.claims for k in wanted)),
                 timeout=timeout_s)
 
     def request_of(self, obj: Obj) -> PodRequest:
@@ -481,23 +674,28 @@ class ClusterCache:
                     return memo[1]
         return pod_from_k8s(obj, self.names)
 
-    def _place_known(self, key: str) -> None:
+    def _place_known(self, key: str, *, request: PodRequest | None = None,
+                     gpus: tuple[int, ...] | None = None) -> None:
+        """Place the bound pod ``key`` on its node: its request (or ``request``) on its
+        recorded GPUs (or ``gpus``) where they make sense there, else the core's rule."""
         known = self.pods[key]
+        if request is None:
+            request, gpus = known.request, known.gpus
         self._drop_orphan(key)
         self.unaccounted.pop(key, None)
         row = self.state.index.get(known.node)
         if row is None or not self.state.active[row]:
             self.orphans.setdefault(known.node, set()).add(key)
             return
-        gpus = self._valid_gpus(known.request, row, known.gpus)
-        if gpus is None:
-            gpus = self._default_gpus(known.request, row)
-        if gpus is None:
-            self.unaccounted[key] = (f"asks for {known.request.num_gpu} GPUs, node "
+        found = self._valid_gpus(request, row, gpus)
+        if found is None:
+            found = self._default_gpus(request, row)
+        if found is None:
+            self.unaccounted[key] = (f"asks for {request.num_gpu} GPUs, node "
                                      f"{known.node} has {int(self.state.gpu_count[row])}")
             log.warning("pod not accounted", pod=key, reason=self.unaccounted[key])
             return
-        self.state.place(known.request, row, gpus, check=False)
+        self.state.place(request, row, found, check=False)
 
     def _valid_gpus(self, pod: PodRequest, row: int,
                     gpus: tuple[int, ...] | None) -> tuple[int, ...] | None:
@@ -539,7 +737,7 @@ class ClusterCache:
         if self.pods.pop(key, None) is not None:
             self.pod_changes += 1
         self._requests.pop(key, None)
-        self._dra_pods.pop(key, None)
+        self._drop_dra_pod(key)
         self.mig.set_ask(key, {})
         self.assumed.pop(key, None)
         self.decided.discard(key)
@@ -605,12 +803,15 @@ class ClusterCache:
             return placement.node if placement is not None else ""
 
     def forget(self, key: str) -> None:
-        """Undo an assumption (the bind failed)."""
+        """Undo an assumption (the bind failed, or it expired). A DRA pod is counted again
+        from what the watch shows of it (:meth:`_place_dra`)."""
         with self.lock:
             self.decided.discard(key)
             if self.assumed.pop(key, None) is not None and key in self.state.pods:
                 self.state.remove_pod(key)
             self.reservations.forgotten(key)
+            if key in self._dra_pods and key in self.pods:
+                self._place_dra(key)
 
     def expire(self, now: float | None = None) -> list[str]:
         """Drop assumptions the watch never confirmed within the TTL; returns their keys."""
@@ -633,9 +834,11 @@ class ClusterCache:
 
     # ------------------------------------------------------------------ snapshot
     def load(self, nodes: Iterable[Obj], pods: Iterable[Obj],
-             hints: Obj | None = None, claims: Iterable[Obj] = ()) -> None:
+             hints: Obj | None = None, claims: Iterable[Obj] = (),
+             slices: Iterable[Obj] = ()) -> None:
         """Fill the cache from static objects (a snapshot file; with no ResourceClaims, DRA
         pods hold no GPUs, but the cache is synced)."""
+        self.replace_slices(slices)
         self.replace_nodes(nodes)
         self.replace_claims(claims)
         self.replace_pods(pods)

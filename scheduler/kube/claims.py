@@ -15,6 +15,10 @@ no request policy, so a request that does not name it takes all of it). Results 
 drivers in the same claim are theirs and skipped. Malformed input is :class:`BadInput` naming
 the field, never a crash: a reader of the cluster must survive any object it is shown.
 
+Before the allocation, what a claim *asks* is read here too (:func:`asked_gpus`, from
+``spec.devices.requests``): the extender judges a DRA pod for it and assumes the GPU DRA's
+first fit will take, until the allocation shows (docs/dra.md, "What reads claims").
+
 Field names follow ``k8s.io/api/resource/v1/types.go`` and ``k8s.io/api/core/v1`` (Pod's
 ``spec.resourceClaims`` and ``status.resourceClaimStatuses``).
 """
@@ -22,15 +26,20 @@ Field names follow ``k8s.io/api/resource/v1/types.go`` and ``k8s.io/api/core/v1`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
-from scheduler.core.types import MILLI_PER_GPU
+from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, NodeSpec, PodRequest
+from scheduler.kube.convert import gpu_labels
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
 DRIVER_NAME = "gpu.gpufrag.io"  # gpufrag's DRA driver, the one whose devices are GPUs we place
+# The DeviceClasses the install ships for the driver's devices (manifests/components/dra): a
+# claim's request names a class, not a driver, so these names say which requests ask our GPUs.
+DEVICE_CLASSES = (DRIVER_NAME, f"whole.{DRIVER_NAME}")
 CAPACITY_MILLI = "milli"
 CAPACITY_MEMORY = "memory"
 DEVICE_PREFIX = "gpu-"
@@ -102,20 +111,28 @@ def _claimed_gpu(result: Obj, position: int, where: str) -> ClaimedGpu:
     request = result.get("request")
     if not isinstance(request, str) or not request:
         raise BadInput(f"{request!r}; it must name the request", field=f"{where}.request")
-    consumed = _mapping(result.get("consumedCapacity"), f"{where}.consumedCapacity")
-    milli_field = f"{where}.consumedCapacity.{CAPACITY_MILLI}"
-    milli_value = consumed.get(CAPACITY_MILLI)
+    milli, memory_mib = _capacity(result.get("consumedCapacity"), f"{where}.consumedCapacity")
+    share_id = result.get("shareID")
+    return ClaimedGpu(position, request, pool, name, index, milli, memory_mib,
+                      share_id if isinstance(share_id, str) else None)
+
+
+def _capacity(value: Any, where: str) -> tuple[int, int]:
+    """A device's ``milli`` and ``memory`` (MiB, rounded up) from its capacity amounts
+    (consumed, or requested) at ``where``: ``milli`` unnamed is the whole GPU (the capacity
+    has no request policy), ``memory`` unnamed none."""
+    amounts = _mapping(value, where)
+    milli_field = f"{where}.{CAPACITY_MILLI}"
+    milli_value = amounts.get(CAPACITY_MILLI)
     milli = MILLI_PER_GPU if milli_value is None else _amount(milli_value, milli_field)
     if not 0 < milli <= MILLI_PER_GPU:
         raise BadInput(f"{milli}; it must be 1..{MILLI_PER_GPU}", field=milli_field)
-    memory_field = f"{where}.consumedCapacity.{CAPACITY_MEMORY}"
-    memory_value = consumed.get(CAPACITY_MEMORY)
+    memory_field = f"{where}.{CAPACITY_MEMORY}"
+    memory_value = amounts.get(CAPACITY_MEMORY)
     memory_bytes = 0 if memory_value is None else _amount(memory_value, memory_field)
     if memory_bytes < 0:
         raise BadInput(f"{memory_bytes}; it must not be negative", field=memory_field)
-    share_id = result.get("shareID")
-    return ClaimedGpu(position, request, pool, name, index, milli, math.ceil(memory_bytes / MIB),
-                      share_id if isinstance(share_id, str) else None)
+    return milli, math.ceil(memory_bytes / MIB)
 
 
 def claimed_gpus(claim: Obj, *, driver: str) -> tuple[ClaimedGpu, ...] | None:
@@ -173,6 +190,83 @@ def pod_claim_names(pod: Obj) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class AskedGpus:
+    """One request of a claim for devices of our classes: ``count`` GPUs, each ``milli`` of
+    its 1000 (1000: whole) and ``memory_mib`` of its memory (0: none named)."""
+
+    request: str
+    count: int
+    milli: int
+    memory_mib: int
+
+
+def _ours(device_class: Any, device_classes: Collection[str]) -> bool:
+    return isinstance(device_class, str) and device_class in device_classes
+
+
+def asked_gpus(claim: Obj, *, device_classes: Collection[str]) -> tuple[AskedGpus, ...]:
+    """What ``claim``'s ``spec.devices.requests`` ask of devices in ``device_classes``, in
+    request order (other classes' requests skipped): the allocator's view before it allocates,
+    read the way :func:`claimed_gpus` reads what it allocated. A request that names no
+    ``milli`` takes all of it (the capacity has no request policy): a whole GPU. Requests the
+    placement cannot model are :class:`BadInput` naming the field: ``allocationMode: All``,
+    ``firstAvailable`` (KEP-4816's alternatives: which one the allocator takes depends on the
+    node), and several devices of a request that each take part of a GPU."""
+    spec = _mapping(claim.get("spec"), "spec")
+    devices = _mapping(spec.get("devices"), "spec.devices")
+    found = []
+    for i, entry in enumerate(_list(devices.get("requests"), "spec.devices.requests")):
+        where = f"spec.devices.requests[{i}]"
+        entry = _mapping(entry, where)
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise BadInput(f"{name!r}; it must name the request", field=f"{where}.name")
+        alternatives = _list(entry.get("firstAvailable"), f"{where}.firstAvailable")
+        if any(isinstance(a, Mapping) and _ours(a.get("deviceClassName"), device_classes)
+               for a in alternatives):
+            raise BadInput("a list of alternatives (firstAvailable) is not placed by gpufrag; "
+                           "ask one request of the class", field=f"{where}.firstAvailable")
+        exactly = _mapping(entry.get("exactly"), f"{where}.exactly")
+        if not _ours(exactly.get("deviceClassName"), device_classes):
+            continue
+        mode = exactly.get("allocationMode") or "ExactCount"
+        if mode != "ExactCount":
+            raise BadInput(f"{mode!r}; gpufrag places an exact count of GPUs",
+                           field=f"{where}.exactly.allocationMode")
+        count = exactly.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise BadInput(f"{count!r}; it must be a whole number >= 1",
+                           field=f"{where}.exactly.count")
+        capacity = _mapping(exactly.get("capacity"), f"{where}.exactly.capacity")
+        milli, memory_mib = _capacity(capacity.get("requests"),
+                                      f"{where}.exactly.capacity.requests")
+        if count > 1 and milli < MILLI_PER_GPU:
+            raise BadInput(f"{count} devices of {milli} milli each; a request for part of a "
+                           "GPU asks one device", field=f"{where}.exactly.count")
+        found.append(AskedGpus(name, count, milli, memory_mib))
+    return tuple(found)
+
+
+def gpus_asked(claims: Iterable[tuple[str, Obj]], *,
+               device_classes: Collection[str]) -> tuple[int, int]:
+    """How many GPUs a pod asks through its ``claims`` ((name, ResourceClaim) pairs) and how
+    much of each, in milli: one device of part of a GPU is a share; anything else counts as
+    whole GPUs, as :func:`gpus_held` counts several results. (0, 0): none."""
+    asks: list[AskedGpus] = []
+    for name, claim in claims:
+        try:
+            asks.extend(asked_gpus(claim, device_classes=device_classes))
+        except BadInput as exc:
+            raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
+    count = sum(ask.count for ask in asks)
+    if count > MAX_GPUS_PER_NODE:
+        raise BadInput(f"its claims ask {count} GPUs; a node has at most {MAX_GPUS_PER_NODE}")
+    if count == 1:
+        return 1, asks[0].milli
+    return count, MILLI_PER_GPU if count else 0
+
+
+@dataclass(frozen=True, slots=True)
 class HeldGpu:
     """A GPU a pod holds through its claims: on which node, and how much of it."""
 
@@ -205,3 +299,121 @@ def gpus_held(claims: Iterable[tuple[str, Obj]], *, driver: str) -> tuple[HeldGp
                                              memory + gpu.memory_mib)
     return tuple(HeldGpu(node, index, milli, memory)
                  for (node, index), (milli, memory) in sorted(totals.items()))
+
+
+def pod_claim_keys(pod: Obj) -> tuple[str, ...]:
+    """:func:`pod_claim_names` as ``namespace/name`` keys (claims live in the pod's
+    namespace)."""
+    meta = _mapping(pod.get("metadata"), "metadata")
+    namespace = meta.get("namespace") or ""
+    if not isinstance(namespace, str):
+        raise BadInput(f"{namespace!r} is not a name", field="metadata.namespace")
+    return tuple(f"{namespace}/{name}" for name in pod_claim_names(pod))
+
+
+def holding(request: PodRequest, held: Sequence[HeldGpu]) -> PodRequest:
+    """``request`` holding the GPUs ``held`` (on one node) instead of any its containers
+    ask: one share, or whole GPUs (several results that are not one share count whole)."""
+    milli = held[0].milli if len(held) == 1 else MILLI_PER_GPU
+    return replace(request, num_gpu=len(held), gpu_milli=milli, gpu_memory_mib=0)
+
+
+def asking(request: PodRequest, claims: Iterable[tuple[str, Obj]], *,
+           device_classes: Collection[str]) -> PodRequest:
+    """``request`` asking what ``claims`` ask of ``device_classes`` (:func:`gpus_asked`),
+    instead of any its containers ask; as it is when they ask none. Raises BadInput."""
+    count, milli = gpus_asked(claims, device_classes=device_classes)
+    if not count:
+        return request
+    return replace(request, num_gpu=count, gpu_milli=milli, gpu_memory_mib=0)
+
+
+def listed_pod_gpus(pod: Obj, request: PodRequest, claims: Mapping[str, Obj], *,
+                    driver: str = DRIVER_NAME, device_classes: Collection[str] = DEVICE_CLASSES
+                    ) -> tuple[PodRequest, tuple[int, ...] | None] | None:
+    """How a reader of a listed cluster (the defrag snapshot, ``gpufrag inspect``) counts a
+    pod that uses ResourceClaims, as the extender's cache counts it once its watch has caught
+    up; None for a pod that uses none. ``claims``: the ResourceClaims by ``namespace/name``.
+
+    A bound pod holds the GPUs its claims' allocations name on its node (their indices are
+    its record); with none there, its CPU and memory only (``()``). A pending pod asks what
+    its claims ask (no record). Raises BadInput naming the claim for one that cannot be
+    read."""
+    keys = pod_claim_keys(pod)
+    if not keys:
+        return None
+    listed = [(key, claims[key]) for key in keys if key in claims]
+    spec = _mapping(pod.get("spec"), "spec")
+    node = spec.get("nodeName")
+    if not node:
+        return asking(request, listed, device_classes=device_classes), None
+    held = [gpu for gpu in gpus_held(listed, driver=driver) if gpu.node == node]
+    if not held:
+        return replace(request, num_gpu=0, gpu_milli=0, gpu_memory_mib=0), ()
+    return holding(request, held), tuple(gpu.index for gpu in held)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceGpus:
+    """What a node's ResourceSlice of the driver offers: its GPUs (the devices ``gpu-<index>``
+    not in MIG mode), their product (NVML's name) and memory (MiB, the smallest)."""
+
+    node: str
+    count: int
+    product: str
+    memory_mib: int
+
+
+def slice_gpus(obj: Obj, *, driver: str) -> SliceGpus | None:
+    """The GPUs ``obj`` (a ``resource.k8s.io/v1`` ResourceSlice) offers on its node, as
+    ``node.dra.slices`` publishes them; None for another driver's slice or one of no node.
+    A node whose Node object advertises no GPU (the device plugin left it: DRA serves it)
+    holds these. Raises BadInput naming the field."""
+    spec = _mapping(obj.get("spec"), "spec")
+    if spec.get("driver") != driver:
+        return None
+    node = spec.get("nodeName")
+    if not isinstance(node, str) or not node:
+        return None
+    products: set[str] = set()
+    memory: list[int] = []
+    count = 0
+    for i, device in enumerate(_list(spec.get("devices"), "spec.devices")):
+        where = f"spec.devices[{i}]"
+        device = _mapping(device, where)
+        name = device.get("name")
+        if not isinstance(name, str) or device_index(name) is None:
+            continue
+        attributes = _mapping(device.get("attributes"), f"{where}.attributes")
+        if _mapping(attributes.get("migEnabled"), f"{where}.attributes.migEnabled").get("bool"):
+            continue  # a MIG GPU: its instances are not shares of a GPU
+        count += 1
+        product = _mapping(attributes.get("productName"),
+                           f"{where}.attributes.productName").get("string")
+        if isinstance(product, str) and product:
+            products.add(product)
+        capacity = _mapping(device.get("capacity"), f"{where}.capacity")
+        value = _mapping(capacity.get(CAPACITY_MEMORY),
+                         f"{where}.capacity.{CAPACITY_MEMORY}").get("value")
+        if value is not None:
+            memory.append(math.ceil(_amount(value, f"{where}.capacity.{CAPACITY_MEMORY}.value")
+                                    / MIB))
+    if count > MAX_GPUS_PER_NODE:
+        raise BadInput(f"{count} GPUs; a node has at most {MAX_GPUS_PER_NODE}",
+                       field="spec.devices")
+    return SliceGpus(node, count, min(products) if len(products) == 1 else "",
+                     min(memory, default=0))
+
+
+def with_slice_gpus(spec: NodeSpec, found: SliceGpus | None,
+                    names: KubeNames = DEFAULT_NAMES) -> NodeSpec:
+    """``spec`` (a Node as :func:`~scheduler.kube.convert.node_from_k8s` reads it) with the
+    GPUs its ResourceSlice offers, when the Node advertises none (``nvidia.com/gpu`` 0 or
+    absent: the device plugin left the node, DRA serves it); the product and memory from the
+    GPU feature discovery labels where the node has them (the names placement matches), else
+    from the slice. ``spec`` as it is otherwise."""
+    if spec.gpu_count or found is None or not found.count:
+        return spec
+    labels = gpu_labels(spec.labels, names)
+    return replace(spec, gpu_count=found.count, gpu_product=labels.product or found.product,
+                   gpu_memory_mib=spec.gpu_memory_mib or found.memory_mib)

@@ -127,6 +127,22 @@ class ClaimSink:
         self.cache.delete_claim_object(obj)
 
 
+class SliceSink:
+    """The DRA driver's ResourceSlices: the GPUs of a node whose Node advertises none."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def replace(self, objs: Iterable[Obj]) -> None:
+        self.cache.replace_slices(objs)
+
+    def upsert(self, obj: Obj) -> None:
+        self.cache.apply_slice(obj)
+
+    def delete(self, obj: Obj) -> None:
+        self.cache.delete_slice_object(obj)
+
+
 class HintsSink:
     """The one hints ConfigMap (the list is filtered by name): absent = no hints."""
 
@@ -385,8 +401,9 @@ class Reflector:
 
 
 class ClusterWatcher:
-    """The reflectors for Nodes, Pods, GPU reservations and (when enabled) the hints ConfigMap
-    and ResourceClaims (the cache's ``dra_driver``), each in a thread."""
+    """The reflectors for Nodes, Pods, GPU reservations and (when enabled) the hints ConfigMap,
+    and the ResourceClaims and the driver's ResourceSlices (the cache's ``dra_driver``), each
+    in a thread."""
 
     def __init__(self, api_client: Any, cache: ClusterCache, w: WatchConfig, *,
                  names: KubeNames, hints: bool) -> None:
@@ -412,10 +429,14 @@ class ClusterWatcher:
                                            field_selector=f"metadata.name={names.hints_configmap}"),
                 HintsSink(cache), w, self.stop_event, on_apply_failed=counted("hints")))
         if cache.dra_driver:
+            resource = kubernetes.client.ResourceV1Api(api_client)
             self.reflectors.append(Reflector(
-                "resourceclaims", kubernetes.client.ResourceV1Api(
-                    api_client).list_resource_claim_for_all_namespaces,
+                "resourceclaims", resource.list_resource_claim_for_all_namespaces,
                 ClaimSink(cache), w, self.stop_event, on_apply_failed=counted("resourceclaims")))
+            self.reflectors.append(Reflector(
+                "resourceslices", functools.partial(
+                    resource.list_resource_slice, field_selector=f"spec.driver={cache.dra_driver}"),
+                SliceSink(cache), w, self.stop_event, on_apply_failed=counted("resourceslices")))
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
@@ -434,4 +455,4 @@ class ClusterWatcher:
 
 
 __all__ = ["ApplyFailed", "Backoff", "ClaimSink", "ClusterWatcher", "EventSink", "PagedList",
-           "Reflector", "WatchConfig", "WatchError", "list_objects"]
+           "Reflector", "SliceSink", "WatchConfig", "WatchError", "list_objects"]

@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks import (
     dra_device_choice,
+    dra_throughput,
     fleet_scale,
     mig_extender_latency,
     preempt_latency,
@@ -32,6 +33,13 @@ def test_scheduling_throughput_names_an_unknown_row(capsys: pytest.CaptureFixtur
 def test_scheduling_throughput_needs_a_round(capsys: pytest.CaptureFixture[str]) -> None:
     err = _usage_error(scheduling_throughput.main, ["--rounds", "0"], capsys)
     assert "--rounds must be at least 1" in err
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "0"], ["--nodes", "0"], ["--pods", "-1"]])
+def test_dra_throughput_needs_a_cluster_pods_and_a_round(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    err = _usage_error(dra_throughput.main, argv, capsys)
+    assert "--nodes, --pods and --rounds must be at least 1" in err
 
 
 @pytest.mark.parametrize(("argv", "words"), [

@@ -82,6 +82,15 @@ def _forbidden(call: Callable[[], object]) -> bool:
     return False
 
 
+def _absent_ok(call: Callable[[], object]) -> None:
+    """``call``, a 404 (the object is not there, but the call was allowed) taken as done."""
+    try:
+        call()
+    except kubernetes.client.ApiException as e:
+        if e.status != 404:
+            raise
+
+
 def test_extender_watches_and_binds_with_its_service_account(
         control_plane: ControlPlane, as_service_account: Clients, namespace: str) -> None:
     # The extender binds only its own scheduler's pods; "nobody" keeps kube-scheduler away.
@@ -150,12 +159,36 @@ def test_defrag_cycle_runs_with_its_service_account(
         NS, {"metadata": {"name": "not-hints"}}))
 
 
+def test_extender_in_dra_mode_lists_claims_and_slices_with_its_service_account(
+        as_service_account: Clients) -> None:
+    """DRA mode turns ready under the SA's rights. (The SA is also bound to kube-scheduler's
+    own role, which reads claims and slices for its allocator too: this checks the extender
+    can run in DRA mode as installed, not that its own rule alone grants it.)"""
+    config = config_from_mapping({"maintenance_interval_s": 0.2, "watch": {"timeout_s": 5},
+                                  "names": {"scheduler_name": "nobody"},
+                                  "dra": {"enabled": True}})
+    runtime = cluster_runtime(lambda: as_service_account("gpufrag-scheduler"), config)
+    runtime.start()
+    try:
+        # Ready only once every watch, the ResourceClaims' and ResourceSlices' too, has listed.
+        wait_until(lambda: runtime.extender.ready or None, timeout_s=60,
+                   what="the extender to list claims and slices as gpufrag-scheduler")
+        assert runtime.cache.claims_synced and runtime.cache.slices_synced
+    finally:
+        runtime.stop()
+
+
 def test_agent_publishes_with_its_service_account(
         control_plane: ControlPlane, as_service_account: Clients) -> None:
     client = as_service_account("gpufrag-agent")
     KubeClusterWriter(client, node_name=NODE).patch_node_annotation(
         NODE, cv.ANNOTATION_GPU_USAGE, "{}")
     assert KubePodLister(client, NODE).list_pods() is not None
+    # A DRA pod's share is its claim's allocation: get, and no more, on resourceclaims.
+    resource = kubernetes.client.ResourceV1Api(client)
+    assert not _forbidden(lambda: _absent_ok(
+        lambda: resource.read_namespaced_resource_claim("none", "default")))
+    assert _forbidden(lambda: resource.list_resource_claim_for_all_namespaces())
     core = kubernetes.client.CoreV1Api(client)
     assert _forbidden(lambda: core.delete_node(NODE))
     assert _forbidden(lambda: core.patch_namespaced_pod("x", "default", {"metadata": {}}))

@@ -2,8 +2,11 @@
 
 The GPUs are those decided at filter (``filter.answer: decide``, assumed then) or, without a
 decision, chosen on the node now and counted at once; they are recorded on the pod for the
-device plugin (:mod:`scheduler.kube.binder`, the one writer). A bind that cannot be done is
-refused with the reason (:class:`BindRefused`), which kube-scheduler reports on the pod.
+device plugin (:mod:`scheduler.kube.binder`, the one writer). A pod that gets its GPUs through
+DRA claims (``dra.enabled``) is bound with no record: the GPUs assumed are the ones DRA's first
+fit takes, and its claims' allocation replaces them once the watch shows it. A bind that
+cannot be done is refused with the reason (:class:`BindRefused`), which kube-scheduler reports
+on the pod.
 """
 
 from __future__ import annotations
@@ -87,16 +90,19 @@ class BindVerb:
                 gpus = ()
                 cache.assume(request, row, gpus)
             else:
-                decision = self.placement.scorer.place_on(state, request, row)
+                decision = self.placement.scorer_of(pod).place_on(state, request, row)
                 if decision is None:
                     reason = explain(state, request, row).reason or "does not fit"
                     raise BindRefused(f"pod {key} does not fit node {node} now: {reason}")
                 gpus = decision.gpus
                 cache.assume(request, row, gpus)
+        # A DRA pod's GPUs are its claims' allocation (kube-scheduler's, written before the
+        # bind): no record for a device plugin, which does not serve it.
+        recorded = request.wants_gpu and not pod.claims
         try:
-            extra = self._device_plugin_annotations(request, gpus, node, row, namespace, name,
-                                                    uid)
-            self.binder.bind(namespace, name, uid, node, gpus if request.wants_gpu else None,
+            extra = (self._device_plugin_annotations(request, gpus, node, row, namespace, name,
+                                                     uid) if recorded else {})
+            self.binder.bind(namespace, name, uid, node, gpus if recorded else None,
                              **({"extra": extra} if extra else {}))
         except (BindError, UnsupportedRequest) as e:
             cache.forget(key)
@@ -123,7 +129,7 @@ class BindVerb:
         if known is not None and uid and known.uid == uid:
             self._check_scheduler(key, known.scheduler_name)
             return PodSubject(key, known.uid, known.owner, known.request,
-                              cache.mig.asks.get(key, {}), None)
+                              cache.mig.asks.get(key, {}), None, cache.claim_keys(key))
         assert self.binder is not None
         try:
             obj = self.binder.read_pod(namespace, name)

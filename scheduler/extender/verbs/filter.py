@@ -9,6 +9,7 @@ core's reason and whether any eviction could help (kube-scheduler's unresolvable
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -68,8 +69,11 @@ class FilterVerb:
             return self._unplaceable(pod.device_gap, names)
         placement, cache = self.placement, self.placement.cache
         deciding = placement.config.filter.answer == "decide"
-        if deciding and pod.wants_placing:
+        if deciding and (pod.wants_placing or pod.claims):
             self._await_watch(pod)
+            if pod.claims:  # what they ask, now that the watch has shown them
+                pod = replace(pod, request=cache.claims_request(pod.request, pod.claims))
+        scorer = placement.scorer_of(pod)
         with cache.lock, cache.reservations.lifted_for_pod(pod.key, pod.owner, pod.uid):
             rows = placement.rows(names, name_set)
             placement.node_json.sync(cache.state.names)
@@ -87,7 +91,7 @@ class FilterVerb:
                 decided = self._decide(pod, rows)
                 if decided is not None:
                     return decided
-            return placement.scorer.filter(cache.state, pod.request, rows)
+            return scorer.filter(cache.state, pod.request, rows)
 
     def _await_watch(self, pod: PodSubject) -> None:
         """In a burst kube-scheduler's informer is ahead of the watch: a decision for a pod
@@ -95,7 +99,8 @@ class FilterVerb:
         the same GPU (a refused bind, a worse layout). Wait for the watch to show it, at most
         ``filter.await_watch_s`` (counted when that runs out)."""
         await_s = self.placement.config.filter.await_watch_s
-        if await_s > 0 and not self.placement.cache.await_pod(pod.key, pod.uid, await_s):
+        if await_s > 0 and not self.placement.cache.await_pod(pod.key, pod.uid, await_s,
+                                                                pod.claims):
             self.watch_waits_timed_out += 1
 
     def _decide(self, pod: PodSubject, rows: IntArray) -> FilterVerdicts | None:
@@ -116,15 +121,16 @@ class FilterVerb:
         now = placement.clock()
         hinted = cache.hints.nodes_for(pod.owner, now)
         count = placement.config.filter.nodes
+        scorer = placement.scorer_of(pod)
         chosen = (placement.mig_scorer.decide(state, pod.request, pod.mig, rows, now, hinted,
                                               count)
                   if pod.mig else
-                  placement.scorer.decide(state, pod.request, rows, now, hinted, count))
+                  scorer.decide(state, pod.request, rows, now, hinted, count))
         if chosen.size == 0:
             return None
         row = int(chosen[0])
         decision = (Decision(row, state.names[row], (), 0.0) if pod.mig else
-                    placement.scorer.place_on(state, pod.request, row))
+                    scorer.place_on(state, pod.request, row))
         if decision is None:  # pragma: no cover - decide ranks only rows the pod fits
             return None
         # Only a pod the watch has seen pending with this UID holds GPUs: one the cluster does

@@ -45,7 +45,8 @@ class PrioritizeVerb:
             result = (placement.mig_scorer.prioritize(cache.state, pod.request, pod.mig, rows,
                                                       now, hinted)
                       if pod.mig else
-                      placement.scorer.prioritize(cache.state, pod.request, rows, now, hinted))
+                      placement.scorer_of(pod).prioritize(cache.state, pod.request, rows, now,
+                                                          hinted))
             best = cache.state.names[result.best] if result.best >= 0 else ""
         return result, best
 

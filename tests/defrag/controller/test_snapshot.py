@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from defrag.controller.measure import measure
 from defrag.controller.model import Taint
-from defrag.controller.snapshot import GpuSample, UsageSource, build_snapshot, constraints_of
+from defrag.controller.snapshot import (
+    GpuSample,
+    UsageSource,
+    build_snapshot,
+    constraints_of,
+    hold_reservations,
+)
 from gpufrag import conventions as cv
 from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
+from node.dra.slices import build_slice
+from node.gpus import Gpu
+from scheduler.kube.reservations import Reservation, body
 from tests.builders import workload
 from tests.defrag.controller.builders import k8s_node, k8s_pdb, k8s_pod
 
@@ -165,3 +176,76 @@ def test_a_right_sized_pod_whose_container_was_oom_killed_is_marked() -> None:
     snap, _ = build_snapshot([k8s_node("n0")], pods, [], AGENT)
     # Only the pod right-sizing changed is the guard's business.
     assert snap.pods["ns/sized"].out_of_memory and not snap.pods["ns/asked"].out_of_memory
+
+
+def dra_pod(name: str, node: str = "") -> dict[str, Any]:
+    """A pod whose GPU comes through its claim ``c-<name>`` (made from a template)."""
+    obj = k8s_pod(name, node=node, spec_extra={
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "quarter"}]})
+    obj["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": f"c-{name}"}]
+    return obj
+
+
+def dra_claim(name: str, milli: int, device: str = "", pool: str = "n0") -> dict[str, Any]:
+    """Claim ``c-<name>`` asking ``milli`` of a GPU; allocated ``device`` of ``pool`` if any."""
+    claim: dict[str, Any] = {
+        "metadata": {"name": f"c-{name}", "namespace": "ns"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.gpufrag.io",
+            "capacity": {"requests": {"milli": str(milli)}}}}]}},
+        "status": {}}
+    if device:
+        claim["status"]["allocation"] = {"devices": {"results": [{
+            "request": "gpu", "driver": "gpu.gpufrag.io", "pool": pool, "device": device,
+            "consumedCapacity": {"milli": str(milli)}}]}}
+    return claim
+
+
+def test_dra_pods_hold_their_claims_allocation_and_pending_ones_ask_it() -> None:
+    # b's claim took gpu-1 although gpu-0 (where a share recorded by annotation sits) is the
+    # tightest: the allocation, not the default rule, says where it is.
+    pods = [k8s_pod("a", node="n0", milli=500, indices="0"), dra_pod("b", "n0"),
+            dra_pod("wait"), dra_pod("lost", "n0")]
+    claims = [dra_claim("b", 250, "gpu-1"), dra_claim("wait", 300), dra_claim("lost", 400)]
+    snap, problems = build_snapshot([k8s_node("n0")], pods, [], AGENT, claims=claims)
+    assert problems == []
+    assert {k: (p.node, p.gpus, p.pod.gpu_milli) for k, p in snap.state.pods.items()} == {
+        "ns/a": ("n0", (0,), 500), "ns/b": ("n0", (1,), 250),
+        "ns/lost": ("n0", (), 0)}  # bound, its claim not allocated: CPU and memory only
+    (wait,) = snap.pending
+    assert (wait.key, wait.request.num_gpu, wait.request.gpu_milli) == ("ns/wait", 1, 300)
+    # Without its claims, a DRA pod holds no GPU (and a pending one asks none).
+    bare, _ = build_snapshot([k8s_node("n0")], pods, [], AGENT)
+    assert bare.state.pods["ns/b"].gpus == () and bare.pending == []
+
+
+def test_a_reservation_holds_its_share_beside_a_dra_allocation() -> None:
+    snap, _ = build_snapshot([k8s_node("n0")], [dra_pod("b", "n0")], [], AGENT,
+                             claims=[dra_claim("b", 600, "gpu-0")])
+    held = Reservation(name="r", node="n0", gpus=(1,), gpu_milli=700, owner_uid="o",
+                       namespace="ns", expires=NOW + 60)
+    assert hold_reservations(snap, [body(held)], NOW) == []
+    row = snap.state.index["n0"]
+    assert snap.state.gpu_free[row, :2].tolist() == [400, 300]
+
+
+def test_an_unnamed_claim_is_a_problem_line() -> None:
+    _, problems = build_snapshot([k8s_node("n0")], [], [], AGENT, claims=[{"metadata": {}}])
+    assert len(problems) == 1 and problems[0].startswith("ResourceClaim None:")
+
+
+def test_a_node_the_device_plugin_left_has_the_gpus_of_its_slice() -> None:
+    bare = k8s_node("n0", gpus=0)  # allocatable nvidia.com/gpu 0: DRA serves the node
+    published = build_slice("n0", "gpu.gpufrag.io",
+                            [Gpu(i, f"GPU-{i}", "Tesla-T4", 16_384) for i in range(2)], {})
+    snap, problems = build_snapshot([bare], [dra_pod("b", "n0")], [], AGENT,
+                                    claims=[dra_claim("b", 250, "gpu-1")], slices=[published])
+    assert problems == []
+    row = snap.state.index["n0"]
+    assert snap.state.gpu_free[row, :2].tolist() == [1000, 750]
+    alone, _ = build_snapshot([bare], [], [], AGENT)
+    assert int(alone.state.gpu_count[alone.state.index["n0"]]) == 0
+    broken = {**published, "spec": {**published["spec"], "devices": "none"}}
+    _, problems = build_snapshot([bare], [], [], AGENT, slices=[broken])
+    assert problems == ["ResourceSlice n0-gpu.gpufrag.io: field 'spec.devices': 'none' is not "
+                        "a list"]

@@ -72,6 +72,35 @@ def test_the_share_is_read_as_the_extender_reads_it() -> None:
     assert share({RESOURCE_GPU_MILLI: "100"}, gpus="zero").gpus is None  # malformed: unchecked
 
 
+def dra_pod_obj(node: str = "gpu-node") -> dict[str, Any]:
+    """A pod on ``node`` whose GPU comes through its claim ``c`` (no extended resource)."""
+    obj = pod_obj("uid-0002", {"cpu": "1"}, None)
+    obj["spec"].update(nodeName=node, resourceClaims=[{"name": "gpu",
+                                                       "resourceClaimName": "c"}])
+    return obj
+
+
+def dra_claim(device: str = "", milli: str = "250") -> dict[str, Any]:
+    claim: dict[str, Any] = {"metadata": {"name": "c", "namespace": "serving"}, "status": {}}
+    if device:
+        claim["status"]["allocation"] = {"devices": {"results": [{
+            "request": "gpu", "driver": "gpu.gpufrag.io", "pool": "gpu-node",
+            "device": device, "consumedCapacity": {"milli": milli}}]}}
+    return claim
+
+
+def test_a_dra_pods_share_and_gpus_are_its_claims_allocation() -> None:
+    found = share_from_pod(dra_pod_obj(), KubeNames(), {"serving/c": dra_claim("gpu-1")})
+    assert found is not None
+    assert (found.request.gpu_milli, found.gpus, found.gpus_text) == (250, (1,), "1")
+    # Not allocated (or allocated on another node): nothing to hold it to.
+    assert share_from_pod(dra_pod_obj(), KubeNames(), {"serving/c": dra_claim()}) is None
+    assert share_from_pod(dra_pod_obj("other"), KubeNames(),
+                          {"serving/c": dra_claim("gpu-1")}) is None
+    # Without its claims read, a DRA pod asks nothing of its containers: no share.
+    assert share_from_pod(dra_pod_obj(), KubeNames()) is None
+
+
 @pytest.mark.parametrize("requests", [{}, {"cpu": "1"}, {RESOURCE_GPU_MILLI: "1500"},
                                       {"example.com/gpu": "1"}])
 def test_no_share_for_cpu_pods_and_unplaceable_requests(requests: dict[str, str]) -> None:

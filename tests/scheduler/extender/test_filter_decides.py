@@ -185,9 +185,10 @@ def test_a_filter_ahead_of_the_watch_waits_for_it_and_then_holds_the_gpu(
     cache, extender, client = watched([node("n0", gpu_count=1)], [], await_s=1.0)
     real = cache.await_pod
 
-    def the_watch_catches_up(key: str, uid: str, timeout_s: float) -> bool:
+    def the_watch_catches_up(key: str, uid: str, timeout_s: float,
+                             claims: tuple[str, ...] = ()) -> bool:
         threading.Thread(target=cache.apply_pod, args=(pending("late"),)).start()
-        return real(key, uid, timeout_s)
+        return real(key, uid, timeout_s, claims)
 
     monkeypatch.setattr(cache, "await_pod", the_watch_catches_up)
     status, reply = post(client, "/filter", {"Pod": pending("late"), "NodeNames": ["n0"]})

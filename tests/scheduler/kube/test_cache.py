@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
+from node.dra.slices import build_slice
+from node.gpus import Gpu
 from scheduler.core.types import PodRequest
 from scheduler.kube import cache as cache_module
 from scheduler.kube.cache import ClusterCache, SkippedObject, request_inputs
@@ -441,12 +443,15 @@ def dra_cache(clock: FakeClock) -> ClusterCache:
     return c
 
 
-def test_with_dra_the_cache_syncs_only_once_claims_are_listed(clock: FakeClock) -> None:
+def test_with_dra_the_cache_syncs_only_once_claims_and_slices_are_listed(
+        clock: FakeClock) -> None:
     c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
     c.replace_nodes([])
     c.replace_pods([])
     assert not c.synced
     c.replace_claims([])
+    assert not c.synced
+    c.replace_slices([])
     assert c.synced
 
 
@@ -496,3 +501,131 @@ def test_a_snapshot_load_with_dra_on_is_synced_and_reads_its_claims(clock: FakeC
            claims=[dra_claim("c-a", dra_result("gpu-0", milli="100"))])
     assert c.synced
     assert free(c, "n0") == [900, 1000, 1000, 1000]
+
+
+# ---------------------------------------------------------------------- DRA: assumed first fit
+def asking_claim(name: str, milli: int | None = None, *results: dict[str, Any]
+                 ) -> dict[str, Any]:
+    """Claim ``name`` asking one device of gpufrag's class (``milli`` of it; None: whole),
+    allocated ``results`` (none: not allocated yet)."""
+    claim = dra_claim(name, *results)
+    capacity = {"capacity": {"requests": {"milli": str(milli)}}} if milli else {}
+    claim["spec"] = {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER, **capacity}}]}}
+    return claim
+
+
+def test_a_pending_dra_pod_asks_what_its_claim_asks_and_holds_nothing_yet(
+        dra_cache: ClusterCache) -> None:
+    dra_cache.apply_pod(dra_pod("a", "", "c-a"))
+    assert not dra_cache.pods["default/a"].request.wants_gpu  # its claim is not seen yet
+    dra_cache.apply_claim(asking_claim("c-a", 250))
+    known = dra_cache.pods["default/a"]
+    assert (known.request.num_gpu, known.request.gpu_milli, known.gpus) == (1, 250, None)
+    assert "default/a" not in dra_cache.state.pods
+    assert [p.num_gpu for p in dra_cache.workload_pods()] == [1]  # FGD's target workload
+
+
+def test_the_assumed_gpu_holds_through_the_bind_until_the_allocation_replaces_it(
+        dra_cache: ClusterCache) -> None:
+    dra_cache.apply_claim(asking_claim("c-a", 250))
+    dra_cache.apply_pod(dra_pod("a", "", "c-a"))
+    dra_cache.assume(dra_cache.pods["default/a"].request, 0, (0,), decided=True)
+    # The watch shows the binding before the claim's allocation (two streams).
+    dra_cache.apply_pod(dra_pod("a", "n0", "c-a"))
+    assert free(dra_cache, "n0") == [750, 1000, 1000, 1000]
+    assert "default/a" in dra_cache.assumed and "default/a" not in dra_cache.decided
+    # The allocator took another GPU than assumed: the allocation wins.
+    dra_cache.apply_claim(asking_claim("c-a", 250, dra_result("gpu-2", milli="250")))
+    assert free(dra_cache, "n0") == [1000, 1000, 750, 1000]
+    assert "default/a" not in dra_cache.assumed
+    assert dra_cache.state.pods["default/a"].gpus == (2,)
+
+
+def test_an_allocation_seen_before_the_binding_is_held_on_its_node_then_for_real(
+        dra_cache: ClusterCache) -> None:
+    dra_cache.apply_pod(dra_pod("a", "", "c-a"))
+    dra_cache.apply_claim(asking_claim("c-a", None, dra_result("gpu-1")))
+    assert free(dra_cache, "n0") == [1000, 0, 1000, 1000]
+    assert dra_cache.assumed_node("default/a") == "n0"  # until the binding shows
+    dra_cache.apply_pod(dra_pod("a", "n0", "c-a"))
+    assert free(dra_cache, "n0") == [1000, 0, 1000, 1000]
+    assert "default/a" not in dra_cache.assumed
+    assert dra_cache.counts()["pods_placed"] == 1
+
+
+def test_an_assumption_no_allocation_confirms_expires_to_cpu_only(
+        dra_cache: ClusterCache, clock: FakeClock) -> None:
+    dra_cache.apply_claim(asking_claim("c-a", 500))
+    dra_cache.apply_pod(dra_pod("a", "", "c-a"))
+    dra_cache.assume(dra_cache.pods["default/a"].request, 0, (0,))
+    dra_cache.apply_pod(dra_pod("a", "n0", "c-a"))
+    clock.advance(dra_cache.assume_ttl_s)
+    assert dra_cache.expire() == ["default/a"]
+    assert free(dra_cache, "n0") == [1000] * 4
+    placed = dra_cache.state.pods["default/a"]  # bound all the same: its CPU counts
+    assert (placed.node, placed.gpus) == ("n0", ())
+
+
+@pytest.mark.parametrize("bound", [False, True])
+def test_an_assumption_goes_with_the_claim_or_the_pod(dra_cache: ClusterCache,
+                                                      bound: bool) -> None:
+    claim = asking_claim("c-a", 250)
+    dra_cache.apply_claim(claim)
+    dra_cache.apply_pod(dra_pod("a", "", "c-a"))
+    dra_cache.assume(dra_cache.pods["default/a"].request, 0, (0,), decided=True)
+    if bound:
+        dra_cache.apply_pod(dra_pod("a", "n0", "c-a"))
+    dra_cache.delete_claim_object(claim)
+    assert free(dra_cache, "n0") == [1000] * 4 and "default/a" not in dra_cache.assumed
+    assert ("default/a" in dra_cache.state.pods) == bound  # a bound pod's CPU still counts
+    dra_cache.apply_claim(claim)
+    if not bound:
+        dra_cache.assume(dra_cache.pods["default/a"].request, 0, (1,))
+    dra_cache.delete_pod("default/a")
+    assert free(dra_cache, "n0") == [1000] * 4 and not dra_cache.assumed
+    assert "default/a" not in dra_cache.state.pods
+
+
+def test_a_filter_waits_for_the_claims_of_its_pod(dra_cache: ClusterCache) -> None:
+    dra_cache.apply_pod({**dra_pod("a", "", "c-a"), "metadata": {
+        "name": "a", "namespace": "default", "uid": "uid-a"}})
+    assert not dra_cache.await_pod("default/a", "uid-a", 0.0, ["default/c-a"])
+    dra_cache.apply_claim(asking_claim("c-a", 250))
+    assert dra_cache.await_pod("default/a", "uid-a", 0.0, ["default/c-a"])
+
+
+def test_a_node_the_device_plugin_left_has_the_gpus_of_its_slice(clock: FakeClock) -> None:
+    c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
+    gpus = [Gpu(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 81_920) for i in range(2)]
+    published = build_slice("n0", DRA_DRIVER, gpus, {})
+    c.replace_slices([published])  # the slice may come before its node
+    assert not c.synced  # nodes, pods and claims not listed yet
+    c.replace_nodes([node_to_k8s(node("n0", gpu_count=0, gpu_product=""))])
+    c.replace_pods([])
+    c.replace_claims([])
+    assert c.synced
+    row = c.state.index["n0"]
+    assert (int(c.state.gpu_count[row]), int(c.state.gpu_memory_mib[row])) == (2, 81_920)
+    c.apply_claim(dra_claim("c-a", dra_result("gpu-1", milli="250")))
+    c.apply_pod(dra_pod("a", "n0", "c-a"))
+    assert free(c, "n0") == [1000, 750]
+    c.delete_slice_object(published)  # the driver left too: no GPU there
+    assert int(c.state.gpu_count[row]) == 0
+    c.apply_slice(published)
+    assert int(c.state.gpu_count[row]) == 2
+    c.replace_slices([])
+    assert int(c.state.gpu_count[row]) == 0
+
+
+def test_a_claim_moves_only_the_pods_that_use_it_now(dra_cache: ClusterCache) -> None:
+    dra_cache.apply_claim(dra_claim("c-a", dra_result("gpu-0")))
+    dra_cache.apply_claim(dra_claim("c-b", dra_result("gpu-1")))
+    dra_cache.apply_pod(dra_pod("a", "n0", "c-a"))
+    dra_cache.apply_pod(dra_pod("a", "n0", "c-b"))  # its status now names another claim
+    assert free(dra_cache, "n0") == [1000, 0, 1000, 1000]
+    dra_cache.apply_claim(dra_claim("c-a", dra_result("gpu-2")))
+    assert free(dra_cache, "n0") == [1000, 0, 1000, 1000]
+    dra_cache.delete_pod("default/a")
+    dra_cache.apply_claim(dra_claim("c-b", dra_result("gpu-3")))
+    assert free(dra_cache, "n0") == [1000] * 4

@@ -9,14 +9,24 @@ from typing import Any
 import pytest
 
 from gpufrag.errors import BadInput
+from node.dra.slices import build_slice
+from node.gpus import Gpu
+from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.kube.claims import (
+    AskedGpus,
     ClaimedGpu,
     HeldGpu,
+    SliceGpus,
+    asked_gpus,
     claimed_gpus,
     device_index,
     device_name,
+    gpus_asked,
     held_gpus,
+    listed_pod_gpus,
     pod_claim_names,
+    slice_gpus,
+    with_slice_gpus,
 )
 
 DRIVER = "gpu.gpufrag.io"
@@ -161,3 +171,144 @@ def test_device_names_read_back_to_their_index(name: str, index: int | None) -> 
     assert device_index(name) == index
     if index is not None:
         assert device_name(index) == name
+
+
+# ---------------------------------------------------------------------- what a claim asks
+CLASSES = ("gpu.gpufrag.io", "whole.gpu.gpufrag.io")
+
+
+def ask(name: str = "gpu", device_class: str = "gpu.gpufrag.io", **exactly: Any
+        ) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": device_class, **exactly}}
+
+
+def asking(*requests: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": "claim-1", "namespace": "default"},
+            "spec": {"devices": {"requests": list(requests)}}}
+
+
+@pytest.mark.parametrize(("request_", "expected"), [
+    (ask(), AskedGpus("gpu", 1, 1000, 0)),  # no milli named: all of it, a whole GPU
+    (ask(capacity={"requests": {"milli": "250"}}), AskedGpus("gpu", 1, 250, 0)),
+    (ask(capacity={"requests": {"milli": "300", "memory": "20Gi"}}),
+     AskedGpus("gpu", 1, 300, 20_480)),
+    (ask(capacity={"requests": {"memory": "1Gi"}}), AskedGpus("gpu", 1, 1000, 1024)),
+    (ask(count=2, allocationMode="ExactCount"), AskedGpus("gpu", 2, 1000, 0)),
+    (ask(device_class="whole.gpu.gpufrag.io"), AskedGpus("gpu", 1, 1000, 0)),
+])
+def test_a_request_of_our_classes_asks_its_gpus(request_: dict[str, Any],
+                                                expected: AskedGpus) -> None:
+    assert asked_gpus(asking(request_), device_classes=CLASSES) == (expected,)
+
+
+def test_requests_of_other_classes_and_claims_without_a_spec_ask_nothing() -> None:
+    assert asked_gpus(asking(ask(device_class="nic.example.com")), device_classes=CLASSES) == ()
+    assert asked_gpus({"metadata": {"name": "c"}}, device_classes=CLASSES) == ()
+    assert gpus_asked([("c", asking(ask(device_class="nic.example.com")))],
+                      device_classes=CLASSES) == (0, 0)
+
+
+def test_a_pods_claims_ask_one_share_or_whole_gpus() -> None:
+    share = asking(ask(capacity={"requests": {"milli": "400"}}))
+    assert gpus_asked([("a", share)], device_classes=CLASSES) == (1, 400)
+    # Two shares (two claims) count as two whole GPUs, as two allocated results do.
+    assert gpus_asked([("a", share), ("b", share)], device_classes=CLASSES) == (2, 1000)
+    assert gpus_asked([("a", asking(ask(count=3)))], device_classes=CLASSES) == (3, 1000)
+
+
+@pytest.mark.parametrize(("request_", "field"), [
+    (ask(allocationMode="All"), "spec.devices.requests[0].exactly.allocationMode"),
+    (ask(count=0), "spec.devices.requests[0].exactly.count"),
+    (ask(count="2"), "spec.devices.requests[0].exactly.count"),
+    (ask(count=2, capacity={"requests": {"milli": "500"}}),
+     "spec.devices.requests[0].exactly.count"),
+    (ask(capacity={"requests": {"milli": "1500"}}),
+     "spec.devices.requests[0].exactly.capacity.requests.milli"),
+    (ask(capacity={"requests": {"milli": "lots"}}),
+     "spec.devices.requests[0].exactly.capacity.requests.milli"),
+    ({"name": "gpu", "firstAvailable": [{"name": "a", "deviceClassName": "gpu.gpufrag.io"}]},
+     "spec.devices.requests[0].firstAvailable"),
+    ({"exactly": {"deviceClassName": "gpu.gpufrag.io"}}, "spec.devices.requests[0].name"),
+    ("gpu", "spec.devices.requests[0]"),
+])
+def test_an_ask_placement_cannot_model_is_refused_naming_the_field(
+        request_: Any, field: str) -> None:
+    with pytest.raises(BadInput, match=re.escape(field)):
+        asked_gpus(asking(request_), device_classes=CLASSES)
+
+
+def test_more_gpus_than_a_node_has_are_refused() -> None:
+    with pytest.raises(BadInput, match="claims ask 17 GPUs; a node has at most 16"):
+        gpus_asked([("big", asking(ask(count=17)))], device_classes=CLASSES)
+
+
+# ---------------------------------------------------------------------- a listed cluster's pods
+def listed_pod(node: str = "") -> dict[str, Any]:
+    pod = build_pod(("gpu", None, "claim-1"))
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+def allocated_asking(*results: dict[str, Any]) -> dict[str, Any]:
+    claim = build_claim(*results, allocated=bool(results))
+    claim["spec"] = asking(ask(capacity={"requests": {"milli": "250"}}))["spec"]
+    return claim
+
+
+BASE = PodRequest("p", cpu_milli=1000, namespace="default")
+
+
+def test_a_listed_pod_without_claims_is_not_read_through_them() -> None:
+    assert listed_pod_gpus({"metadata": {"name": "p", "namespace": "default"}, "spec": {}},
+                           BASE, {}) is None
+
+
+def test_a_bound_pod_holds_its_allocation_on_its_node_and_a_pending_one_asks() -> None:
+    claims = {"default/claim-1": allocated_asking(result("gpu-3", consumed={"milli": "250"}))}
+    request, record = listed_pod_gpus(listed_pod(NODE), BASE, claims) or (None, None)
+    assert request is not None and (request.num_gpu, request.gpu_milli, record) == (1, 250, (3,))
+    pending = {"default/claim-1": allocated_asking()}
+    request, record = listed_pod_gpus(listed_pod(), BASE, pending) or (None, None)
+    assert request is not None and (request.num_gpu, request.gpu_milli, record) == (1, 250, None)
+
+
+def test_a_bound_pod_whose_claims_show_no_allocation_there_holds_no_gpu() -> None:
+    for claims in ({}, {"default/claim-1": allocated_asking()},
+                   {"default/claim-1": allocated_asking(result("gpu-0", pool="other-node"))}):
+        request, record = listed_pod_gpus(listed_pod(NODE), BASE, claims) or (None, None)
+        assert request is not None and (request.num_gpu, record) == (0, ()), claims
+
+
+# ---------------------------------------------------------------------- what a slice offers
+def a100s(count: int) -> list[Gpu]:
+    return [Gpu(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 81_920) for i in range(count)]
+
+
+def test_a_slice_offers_its_gpus_as_the_driver_publishes_them() -> None:
+    published = build_slice(NODE, DRIVER, a100s(4), {3: True})  # GPU 3 in MIG mode
+    assert slice_gpus(published, driver=DRIVER) == SliceGpus(NODE, 3, "NVIDIA A100-SXM4-80GB",
+                                                             81_920)
+    assert slice_gpus(published, driver="other.example.com") is None
+
+
+def test_a_node_without_gpus_takes_its_slices_and_keeps_its_labels_names() -> None:
+    offered = SliceGpus(NODE, 2, "NVIDIA A100-SXM4-80GB", 81_920)
+    bare = NodeSpec(NODE, cpu_milli=1000, memory_mib=1024, gpu_count=0)
+    assert with_slice_gpus(bare, offered) == NodeSpec(
+        NODE, cpu_milli=1000, memory_mib=1024, gpu_count=2,
+        gpu_product="NVIDIA A100-SXM4-80GB", gpu_memory_mib=81_920)
+    labelled = NodeSpec(NODE, cpu_milli=1000, memory_mib=1024, gpu_count=0, gpu_memory_mib=80_000,
+                        labels={"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
+    merged = with_slice_gpus(labelled, offered)
+    assert (merged.gpu_count, merged.gpu_product, merged.gpu_memory_mib) == (
+        2, "NVIDIA-A100-SXM4-80GB", 80_000)
+    advertised = NodeSpec(NODE, cpu_milli=1000, memory_mib=1024, gpu_count=4, gpu_product="T4")
+    assert with_slice_gpus(advertised, offered) is advertised  # the Node's own GPUs stand
+    assert with_slice_gpus(bare, None) is bare
+
+
+def test_an_unreadable_slice_is_refused_naming_the_field() -> None:
+    broken = build_slice(NODE, DRIVER, a100s(1), {})
+    broken["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
+    with pytest.raises(BadInput, match=re.escape("spec.devices[0].capacity.memory.value")):
+        slice_gpus(broken, driver=DRIVER)
