@@ -45,6 +45,7 @@ from devkit.controlplane import ControlPlane
 from devkit.extender import ExtenderProcess
 from devkit.imageref import has_registry_host
 from devkit.procs import free_port
+from scheduler.extender.config import ExtenderConfig, config_from_mapping
 from scheduler.kube import reservations as rsv
 from scheduler.kube.reservations import Reservation
 
@@ -745,6 +746,32 @@ def test_two_scheduler_replicas_render_with_leader_election(helm: Path) -> None:
                          "scheduler.leaderElect=true", "--set", "defrag.threshold=0.3")
     scheduler = find(docs, "Deployment", "gpufrag-scheduler")
     assert scheduler["spec"]["replicas"] == 2  # type: ignore[index]
+
+
+def test_extender_dra_asks_the_extender_about_dra_pods_and_turns_its_claims_reader_on(
+        helm: Path) -> None:
+    """A DRA pod requests no resource a managedResources list could name, and kube-scheduler
+    asks an extender only about pods requesting one (docs/dra.md, "Scheduling DRA pods"): with
+    extender.dra the list is left out and the extender's own loader reads dra.enabled; by
+    default the list stays and DRA is off."""
+
+    def configs(*values: str) -> tuple[dict[str, Any], ExtenderConfig]:
+        docs = helm_template(helm, *values)
+        scheduler = yaml.safe_load(find(docs, "ConfigMap", "gpufrag-scheduler-config")["data"][
+            "config.yaml"])  # type: ignore[index]
+        extender = yaml.safe_load(find(docs, "ConfigMap", "gpufrag-extender-config")["data"][
+            "config.yaml"])  # type: ignore[index]
+        (entry,) = scheduler["extenders"]
+        return entry, config_from_mapping(extender)
+
+    entry, config = configs()
+    assert {"nvidia.com/gpu", "gpufrag.io/gpu-milli"} <= {
+        r["name"] for r in entry["managedResources"]}
+    assert not config.dra.enabled
+    entry, config = configs("--set", "extender.dra=true")
+    assert "managedResources" not in entry
+    assert entry["filterVerb"] == "filter"
+    assert config.dra.enabled
 
 
 def _install_as_users_do(helm: Path, plane: ControlPlane, release: str, namespace: str,
