@@ -161,7 +161,9 @@ def pod_claim_names(pod: Obj) -> tuple[str, ...]:
     A claim named in ``spec.resourceClaims[].resourceClaimName`` is used as is; one made from a
     template is named by the entry of the same name in ``status.resourceClaimStatuses`` once
     the claim controller has made it (until then, and when that status names none because
-    the claim was not needed, the pod holds nothing through it)."""
+    the claim was not needed, the pod holds nothing through it). A pod that asks an extended
+    resource a DeviceClass maps (KEP-5004) uses the claim kube-scheduler made for it while
+    binding, named in ``status.extendedResourceClaimStatus.resourceClaimName``."""
     spec = _mapping(pod.get("spec"), "spec")
     status = _mapping(pod.get("status"), "status")
     generated: dict[str, str] = {}
@@ -186,6 +188,13 @@ def pod_claim_names(pod: Obj) -> tuple[str, ...]:
         claim_name = direct or generated.get(str(entry.get("name")))
         if claim_name:
             names.append(claim_name)
+    where = "status.extendedResourceClaimStatus"
+    extended = _mapping(status.get("extendedResourceClaimStatus"), where)
+    claim_name = extended.get("resourceClaimName")
+    if claim_name is not None and not isinstance(claim_name, str):
+        raise BadInput(f"{claim_name!r} is not a name", field=f"{where}.resourceClaimName")
+    if claim_name:
+        names.append(claim_name)
     return tuple(names)
 
 

@@ -133,7 +133,24 @@ def test_a_pod_names_direct_claims_and_generated_ones_once_made() -> None:
     assert pod_claim_names(pod) == ("shared-claim", "p-b-x7")
 
 
+def test_a_pod_asking_a_mapped_extended_resource_names_the_claim_made_for_it() -> None:
+    """KEP-5004: kube-scheduler makes the claim while binding and names it in the pod's
+    status; until then the pod names none."""
+    pod = build_pod(("a", None, "p-a-x7"))
+    assert pod_claim_names(pod) == ("p-a-x7",)
+    pod["status"]["extendedResourceClaimStatus"] = {
+        "resourceClaimName": "p-extended-resources-k2",
+        "requestMappings": [{"containerName": "c", "resourceName": "gpufrag.io/dra-gpu",
+                             "requestName": "container-0-request-0"}]}
+    assert pod_claim_names(pod) == ("p-a-x7", "p-extended-resources-k2")
+    assert pod_claim_names({"spec": {}, "status": {"extendedResourceClaimStatus": {
+        "resourceClaimName": "only"}}}) == ("only",)
+
+
 @pytest.mark.parametrize(("pod", "field"), [
+    ({"status": {"extendedResourceClaimStatus": ["x"]}}, "status.extendedResourceClaimStatus"),
+    ({"status": {"extendedResourceClaimStatus": {"resourceClaimName": 7}}},
+     "status.extendedResourceClaimStatus.resourceClaimName"),
     ({"spec": {"resourceClaims": {"a": 1}}}, "spec.resourceClaims"),
     ({"spec": {"resourceClaims": ["a"]}}, "spec.resourceClaims[0]"),
     ({"spec": {"resourceClaims": [{"name": "a", "resourceClaimName": 3}]}},
