@@ -112,8 +112,9 @@ def figures_of(result: LoopResult, seed: int) -> list[results.Figure]:
                        f"{base.mean('pending_gpu_pods', days):.1f})",
                        loop.mean("pending_gpu_pods", days) - base.mean("pending_gpu_pods", days),
                        "pods", t("<=", 0.0)),
-        results.Figure(f"{s}: evictions in a day, the most ({loop.evictions} in "
-                       f"{days:g} days)", 100 * loop.max_day_eviction_ratio(),
+        results.Figure(f"{s}: evictions in any 24 hours, the most, over the running GPU pods "
+                       f"the cycle read ({loop.evictions} in {days:g} days)",
+                       100 * loop.max_day_eviction_ratio(),
                        "% of running GPU pods", t("<=", 1.0)),
         results.Figure(f"{s}: pods moved twice within a day", loop.moved_twice_within_day,
                        "pods", t("<=", 0.0)),
