@@ -17,15 +17,15 @@ arm's free whole GPUs less the whole GPUs its pending pods ask: the random basel
 multi-GPU pods pending, and the GPUs they wait for would count as free otherwise; the raw figure
 is reported beside it); pending GPU pods no more than the baseline's; evictions at most 1% of
 the running GPU pods in any day, counted as the controller's daily budget counts them
-(:func:`defrag.controller.budget.worst_day_ratio`: at every cycle, the evictions of the 24 hours
-up to it over the running GPU pods that cycle read); no pod moved twice within a day; no node
-defrag made flap (a move's source and target within a day, or a landing turned its trigger on
-again within a day of going off; the trigger's own swings, which the baseline shows as much, are
-reported without a target); readings of right-sized pods above the share they held at most 1%
-(out of sample); every over-share raised within a cycle (the replacement admitted at the raised
-share); no pod beyond its share for longer than a cycle. Then the sweep over the rollout cadence
-(1, 3, 7, 14, 30 days, seed 42): how many targets hold at each, as context (the verdict is the
-default cadence's).
+(:func:`defrag.controller.budget.worst_day_ratio`: at every cycle that evicts, the evictions of
+the 24 hours up to it over the running GPU pods that cycle read); no pod moved twice within a
+day; no node defrag made flap (a move's source and target within a day, or a landing turned its
+trigger on again within a day of going off; the trigger's own swings, which the baseline shows
+as much, are reported without a target); readings of right-sized pods above the share they held
+at most 1% (out of sample); every over-share raised within a cycle (the replacement admitted at
+the raised share); no pod beyond its share for longer than a cycle. Then the sweep over the
+rollout cadence (1, 3, 7, 14, 30 days, seed 42): how many targets hold at each, as context (the
+verdict is the default cadence's).
 
     .venv/bin/python -m benchmarks.defrag_targets [--data DIR] [--days 14] [--seeds 42,43,44]
         [--rollouts 1,3,7,14,30] [--jobs 2] [--out DIR]

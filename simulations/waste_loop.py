@@ -254,8 +254,8 @@ class ArmResult:
         return sum(self.evictions_by_day.values())
 
     def max_day_eviction_ratio(self) -> float:
-        """The most evictions in the 24 hours up to any cycle over the running GPU pods that
-        cycle read: the controller's daily budget's own figure
+        """The most evictions in the 24 hours up to a cycle that evicted over the running GPU
+        pods that cycle read: the controller's daily budget's own figure
         (:func:`defrag.controller.budget.worst_day_ratio`)."""
         return worst_day_ratio([(s.t_s, s.evictions, s.budget_running)
                                 for s in self.samples])

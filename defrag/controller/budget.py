@@ -11,9 +11,9 @@ that ask for a GPU, Running and not terminating, as the cycle reads them). Each 
 ``floor(pct / 100 x running GPU pods now)`` less the evictions of the last 24 hours; those are
 kept in the defrag state annotation (:mod:`defrag.controller.convergence`) so the window spans
 CronJob runs. The what-if's target is judged on the same figure
-(:func:`worst_day_ratio`): at every cycle, the evictions of the 24 hours up to it over the
-running GPU pods that cycle read, so a budget that holds is a target met by construction, and a
-budget that leaks shows there.
+(:func:`worst_day_ratio`): at every cycle that evicts, the evictions of the 24 hours up to it
+over the running GPU pods that cycle read, so a budget that holds is a target met by
+construction, and a budget that leaks shows there.
 """
 
 from __future__ import annotations
@@ -69,16 +69,18 @@ class DailyBudget:
 
 
 def worst_day_ratio(cycles: Sequence[tuple[float, int, int]]) -> float:
-    """The most evictions in the 24 hours up to any cycle over the running GPU pods that cycle
-    read: ``cycles`` are (time, evictions that cycle, running GPU pods it read), in time order
-    — the daily budget's own definition, applied to what was done."""
+    """At every cycle that evicted, the evictions of the 24 hours up to it (its own included)
+    over the running GPU pods that cycle read; the most of these. ``cycles`` are (time,
+    evictions that cycle, running GPU pods it read), in time order. This is the daily
+    budget's own definition, applied to what was done: a share of what runs when the
+    controller evicts. A window is judged at its evictions, not at a later cycle that evicts
+    nothing: pods leaving afterwards shrink the running count, not what was evicted."""
     worst = 0.0
     log: list[tuple[float, int]] = []
     for t, evicted, running in cycles:
         log.append((t, evicted))
-        spent = evictions_within(log, t)
-        if spent:
-            worst = max(worst, spent / max(running, 1))
+        if evicted:
+            worst = max(worst, evictions_within(log, t) / max(running, 1))
     return worst
 
 

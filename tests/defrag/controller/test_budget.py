@@ -92,6 +92,10 @@ def test_the_target_is_judged_on_the_budgets_own_figure() -> None:
     assert worst_day_ratio([(80_000.0, 2, 100), (90_000.0, 2, 100)]) == pytest.approx(0.04)
     assert worst_day_ratio([(1.0, 2, 100), (DAY_S + 1, 2, 100)]) == pytest.approx(0.02)
     assert worst_day_ratio([]) == 0.0
+    # Judged where the controller evicts: pods leaving afterwards (100 -> 50 running) do not
+    # turn a window that was within budget when its evictions were made into one over it.
+    assert worst_day_ratio([(1.0, 1, 100), (3600.0, 0, 50)]) == pytest.approx(0.01)
+    assert worst_day_ratio([(1.0, 1, 100), (3600.0, 1, 50)]) == pytest.approx(0.04)
 
 
 @pytest.mark.parametrize("pct", [-1.0, 100.5])
