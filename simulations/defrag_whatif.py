@@ -456,7 +456,9 @@ def run_whatif(nodes: list[NodeSpec], pods: list[PodRequest], *, workload: str =
             cooling=the_plan.skipped.get("owner moved within --cooldown-s", 0),
             waiting=report.waiting_after)
         memory = memory.after_cycle(now, config.cooldown_s, report.moved_owners,
-                                    report.latched_after, report.streaks_after)
+                                    report.latched_after, report.streaks_after,
+                                    node_cooldown_s=config.node_cooldown_s,
+                                    moves=report.moved_nodes)
         for node in set(report.latched_after) | set(turned_on):
             on = node in report.latched_after
             if on and node in turned_off:
@@ -496,9 +498,7 @@ def defrag_cycle(snapshot: Snapshot, scheduler: Policy, cache: ScoreCache | None
     scheduler's turn in the window), then the scheduler's retry of the pending pods.
     ``snapshot.rightsized`` (and ``rightsize_evictable``) are the caller's. Returns the plan,
     the executor's report, the writer and how many pending pods the retry placed."""
-    snapshot.latched = memory.latched
-    snapshot.streaks = memory.streaks
-    snapshot.cooling = memory.cooling(now, config.cooldown_s)
+    memory.carry_into(snapshot, now, config)
     the_plan = plan(snapshot, scheduler, target, config)
     actions = WhatIfActions(snapshot, scheduler, cache,
                             partial(place_pending, snapshot, scheduler, cache, sizing, now),

@@ -21,8 +21,10 @@ descheduler). Three arms replay the same pods on the same clock:
   (:func:`~simulations.defrag_whatif.defrag_cycle`): it evicts to pack, and evicts to right-size
   only pods far above their recommendation that have not restarted for
   ``--rightsize-min-age-days`` (:func:`defrag.controller.rightsize.out_of_bounds`), at most
-  ``--evictions-per-day-pct`` of the running GPU pods per simulated day, a workload at most once
-  per ``--cooldown-s``.
+  ``--evictions-per-day-pct`` of the running GPU pods in any 24 hours (the controller's daily
+  budget, :mod:`defrag.controller.budget`, judged on the same figure), a workload at most once
+  per ``--cooldown-s``, a node not a target within ``--node-cooldown-s`` of giving a pod nor a
+  source within it of receiving one.
 - **bound**: FGD, and every eligible pod holding its admitted share at every cycle, resized in
   place (no eviction, no budget): the most right-sizing can give back on this trace.
 
@@ -46,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from defrag.controller.budget import worst_day_ratio
 from defrag.controller.config import DefragConfig, Limits
 from defrag.controller.convergence import DefragState
 from defrag.controller.measure import UsageTable, measure
@@ -92,6 +95,9 @@ DEFAULT_ROLLOUT_DAYS = 7.0
 # most under a 1%-a-day budget, an hourly replay makes the same moves four times faster.
 DEFAULT_LOOP_INTERVAL_S = 3600.0
 DEFAULT_EVICTIONS_PER_DAY_PCT = 1.0
+# No per-cycle cap of its own: the day's budget is the what-if's limit (the planner scores
+# candidates for the evictions the day has left, not for this).
+UNCAPPED = 1_000_000
 DEFAULT_LOAD = 0.85
 _DEFAULTS = DefragConfig()
 BASELINE, LOOP, BOUND = "baseline", "waste loop", "bound"
@@ -115,33 +121,40 @@ class LoopSettings:
     rightsize_evict_ratio: float = _DEFAULTS.rightsize_evict_ratio
     rightsize_min_age_s: float = _DEFAULTS.rightsize_min_age_s
     cooldown_s: float = DAY_S  # no workload moved twice within a day
+    node_cooldown_s: float = _DEFAULTS.node_cooldown_s
     max_evictions_per_node: int = _DEFAULTS.limits.per_node
     coverage: float = 0.95
     rightsizing: RightsizingConfig = field(default_factory=RightsizingConfig)
 
-    def defrag_config(self, total: int) -> DefragConfig:
-        """The controller's settings for one cycle with ``total`` evictions left today."""
+    def defrag_config(self) -> DefragConfig:
+        """The controller's settings for every cycle of the waste loop."""
         return DefragConfig(
             threshold=self.threshold, policy=self.policy, cooldown_s=self.cooldown_s,
+            node_cooldown_s=self.node_cooldown_s,
+            max_evictions_per_day_pct=self.evictions_per_day_pct,
             coverage=self.coverage, dry_run=True,
             rightsize_evict_ratio=self.rightsize_evict_ratio,
             rightsize_min_age_s=self.rightsize_min_age_s,
-            limits=Limits(per_node=self.max_evictions_per_node, per_namespace=total,
-                          total=total), rightsizing=self.rightsizing)
+            limits=Limits(per_node=self.max_evictions_per_node, per_namespace=UNCAPPED,
+                          total=UNCAPPED), rightsizing=self.rightsizing)
 
     def validate(self) -> LoopSettings:
         checks = (("--days", 0 < self.days <= 366, self.days),
                   ("--rollout-days", 0 < self.rollout_days <= 366, self.rollout_days),
-                  ("--cycle-interval-s", 60 <= self.interval_s <= DAY_S, self.interval_s),
-                  ("--evictions-per-day-pct", 0 <= self.evictions_per_day_pct <= 100,
-                   self.evictions_per_day_pct))
+                  ("--cycle-interval-s", 60 <= self.interval_s <= DAY_S, self.interval_s))
         for flag, ok, value in checks:
             if not ok:
                 raise BadInput(f"{value} is out of range", field=flag)
         if self.baseline_policy not in POLICY_NAMES:
             raise BadInput(f"unknown policy {self.baseline_policy!r}; choose from "
                            f"{','.join(POLICY_NAMES)}", field="--baseline-policy")
-        self.defrag_config(1).validate()
+        try:
+            self.defrag_config().validate()
+        except BadInput as e:  # the what-if's own name for the controller's daily budget
+            if e.field != "--max-evictions-per-day-pct":
+                raise
+            raise BadInput(f"{self.evictions_per_day_pct} is out of range",
+                           field="--evictions-per-day-pct") from None
         return self
 
 
@@ -157,6 +170,8 @@ class Sample:
     pending_whole_gpus: int  # whole GPUs the pending GPU pods ask (they would take them)
     running_gpu_pods: int
     evictions: int  # this cycle
+    # The running GPU pods the cycle's daily budget read (defrag.controller.budget's count).
+    budget_running: int
     given_back_gpus: float  # Σ (share asked − share held) over the running single-GPU pods
 
 
@@ -239,13 +254,11 @@ class ArmResult:
         return sum(self.evictions_by_day.values())
 
     def max_day_eviction_ratio(self) -> float:
-        """The most evictions in one simulated day over the GPU pods running that day (the
-        mean over its cycles)."""
-        worst = 0.0
-        for day, count in self.evictions_by_day.items():
-            running = [s.running_gpu_pods for s in self.samples if _day(s.t_s) == day]
-            worst = max(worst, count / max(float(np.mean(running)) if running else 1.0, 1.0))
-        return worst
+        """The most evictions in the 24 hours up to a cycle that evicted over the running GPU
+        pods that cycle read: the controller's daily budget's own figure
+        (:func:`defrag.controller.budget.worst_day_ratio`)."""
+        return worst_day_ratio([(s.t_s, s.evictions, s.budget_running)
+                                for s in self.samples])
 
     def spare_whole_gpus(self, days: float) -> float:
         """Free whole GPUs on the last day once the pending pods took the whole GPUs they ask:
@@ -271,7 +284,8 @@ class LoopResult:
             "workload": self.workload, "pods": self.pods, "usage_source": self.usage_source,
             "settings": {"days": s.days, "rollout_days": s.rollout_days,
                          "cycle_interval_s": s.interval_s,
-                         "evictions_per_day_pct": s.evictions_per_day_pct, "policy": s.policy,
+                         "evictions_per_day_pct": s.evictions_per_day_pct,
+                         "node_cooldown_s": s.node_cooldown_s, "policy": s.policy,
                          "baseline_policy": s.baseline_policy, "seed": s.seed,
                          "rightsize_evict_ratio": s.rightsize_evict_ratio,
                          "rightsize_min_age_s": s.rightsize_min_age_s},
@@ -363,11 +377,11 @@ class _Arm:
                                   seed=settings.seed, config=settings.rightsizing,
                                   count_skips=False)
         self.memory = DefragState()
+        self.config = settings.defrag_config()
         self.latched: frozenset[int] = frozenset()
         self.flaps = FlapWatch(recent_s=2 * settings.interval_s)
         self.moved_at: dict[str, float] = {}
         self.overran_before: set[str] = set()
-        self.allowed_by_day: dict[int, int] = {}
         self.result = ArmResult(name, int((state.active[:state.size]
                                            & (state.gpu_count[:state.size] > 0)).sum()))
 
@@ -414,7 +428,7 @@ class _Arm:
         snapshot, sizing = self.snapshot, self.sizing
         place_pending(snapshot, self.policy, self.cache, sizing, now)
         refresh_usage(snapshot, sizing, now)
-        evicted = 0
+        evicted, budget_running = 0, 0
         if self.rightsizes:
             gpu_mib = gpu_memory_of_pods(snapshot.state)
             sizing.observe(now, gpu_mib, shares_mib(snapshot.state, gpu_mib))
@@ -424,8 +438,8 @@ class _Arm:
             if self.name == BOUND:
                 self.resize_in_place(now)
             else:
-                evicted = self.defrag(now)
-        self.sample(now, evicted)
+                evicted, budget_running = self.defrag(now)
+        self.sample(now, evicted, budget_running)
 
     def out_of_memory(self, now: float, templates: dict[str, PodRequest]) -> None:
         """Right-sized pods read above their share: killed; the replacement is admitted now
@@ -463,19 +477,15 @@ class _Arm:
                                self.sizing.peak_mib(key, now))
             snapshot.pods[key] = replace(info, request=pod)
 
-    def defrag(self, now: float) -> int:
-        """One controller cycle under the day's eviction budget; returns the evictions."""
-        snapshot, result, settings = self.snapshot, self.result, self.settings
+    def defrag(self, now: float) -> tuple[int, int]:
+        """One controller cycle (the controller's daily budget included); returns the
+        evictions and the running GPU pods the daily budget read."""
+        snapshot, result = self.snapshot, self.result
         day = _day(now)
-        # The day's budget: the share of the fewest GPU pods running at a cycle so far today.
-        running = sum(1 for p in snapshot.state.pods.values() if p.pod.wants_gpu)
-        allowed = int(settings.evictions_per_day_pct / 100.0 * running)
-        self.allowed_by_day[day] = min(self.allowed_by_day.get(day, allowed), allowed)
-        left = max(0, self.allowed_by_day[day] - result.evictions_by_day[day])
-        config = settings.defrag_config(left)
+        config = self.config
         snapshot.rightsize_evictable = out_of_bounds(snapshot, now, config)
-        _, report, _, _ = defrag_cycle(snapshot, self.policy, self.cache, self.sizing,
-                                       self.target, config, self.memory, now)
+        the_plan, report, _, _ = defrag_cycle(snapshot, self.policy, self.cache, self.sizing,
+                                              self.target, config, self.memory, now)
         moves = carried_out_moves(report)
         for move in moves:
             last = self.moved_at.get(move.pod)
@@ -494,8 +504,10 @@ class _Arm:
                 self.sizing.restarted(move.pod, now)
         result.evictions_by_day[day] += report.evicted
         self.memory = self.memory.after_cycle(now, config.cooldown_s, report.moved_owners,
-                                              report.latched_after, report.streaks_after)
-        return report.evicted
+                                              report.latched_after, report.streaks_after,
+                                              node_cooldown_s=config.node_cooldown_s,
+                                              moves=report.moved_nodes)
+        return report.evicted, the_plan.daily.running if the_plan.daily is not None else 0
 
     def idle_holders(self, now: float) -> dict[str, float]:
         """Where the idle memory of a right-sizing arm sits at ``now``, as a share of all the
@@ -504,7 +516,7 @@ class _Arm:
         state, usage = snapshot.state, snapshot.usage
         if not self.rightsizes:
             return {}
-        evictable = out_of_bounds(snapshot, now, settings.defrag_config(1))
+        evictable = out_of_bounds(snapshot, now, self.config)
         idle = dict.fromkeys(IDLE_HOLDERS, 0.0)
         reserved = 0.0
         for key, placement in state.pods.items():
@@ -532,7 +544,7 @@ class _Arm:
                              * len(placement.gpus))
         return {h: v / reserved if reserved > 0 else 0.0 for h, v in idle.items()}
 
-    def sample(self, now: float, evicted: int) -> None:
+    def sample(self, now: float, evicted: int, budget_running: int) -> None:
         snapshot, settings = self.snapshot, self.settings
         state = snapshot.state
         m = measure(state, snapshot.usage, self.target)
@@ -561,7 +573,7 @@ class _Arm:
             pending_gpu_pods=sum(1 for p in snapshot.pending if p.request.wants_gpu),
             pending_whole_gpus=sum(p.request.num_gpu for p in snapshot.pending
                                    if p.request.gpu_milli >= MILLI_PER_GPU),
-            running_gpu_pods=running, evictions=evicted,
+            running_gpu_pods=running, evictions=evicted, budget_running=budget_running,
             given_back_gpus=given_back / MILLI_PER_GPU))
 
 
@@ -785,7 +797,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout-days", type=float, default=DEFAULT_ROLLOUT_DAYS,
                    help="every workload restarts this often (default: 7, a weekly release)")
     p.add_argument("--cycle-interval-s", type=float, default=DEFAULT_LOOP_INTERVAL_S)
-    p.add_argument("--evictions-per-day-pct", type=float, default=DEFAULT_EVICTIONS_PER_DAY_PCT)
+    p.add_argument("--evictions-per-day-pct", type=float, default=DEFAULT_EVICTIONS_PER_DAY_PCT,
+                   help="the controller's --max-evictions-per-day-pct: over any 24 hours, at "
+                        "most this share (%%) of the running GPU pods is evicted (default: "
+                        f"{DEFAULT_EVICTIONS_PER_DAY_PCT:g})")
+    p.add_argument("--node-cooldown-s", type=float, default=_DEFAULTS.node_cooldown_s,
+                   help="the controller's --node-cooldown-s (default: "
+                        f"{_DEFAULTS.node_cooldown_s:g}, a day)")
     p.add_argument("--rightsize-min-age-days", type=float,
                    default=_DEFAULTS.rightsize_min_age_s / DAY_S,
                    help="evict to right-size only pods that have not restarted for this long")
@@ -807,7 +825,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = LoopSettings(
             days=args.days, rollout_days=args.rollout_days, interval_s=args.cycle_interval_s,
-            evictions_per_day_pct=args.evictions_per_day_pct, policy=args.policy,
+            evictions_per_day_pct=args.evictions_per_day_pct,
+            node_cooldown_s=args.node_cooldown_s, policy=args.policy,
             baseline_policy=args.baseline_policy, seed=args.seed,
             rightsize_evict_ratio=args.rightsize_evict_ratio,
             rightsize_min_age_s=args.rightsize_min_age_days * DAY_S).validate()

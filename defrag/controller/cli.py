@@ -144,6 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--cooldown-s", type=float, default=d.cooldown_s,
                    help="an owner one of whose pods moved less than this long ago is not "
                         f"moved again (default: {d.cooldown_s:g}; 0: no cooldown)")
+    s.add_argument("--node-cooldown-s", type=float, default=d.node_cooldown_s,
+                   help="a node a move took a pod off less than this long ago is not a "
+                        "target, and one a move landed a pod on is not a source: no node "
+                        "flaps between giving and receiving (default: "
+                        f"{d.node_cooldown_s:g}, a day; 0: none)")
+    s.add_argument("--max-evictions-per-day-pct", type=float, default=None,
+                   help="over any 24 hours, evict at most this share (%%) of the running GPU "
+                        "pods (pods asking for a GPU, Running, not terminating); the "
+                        "evictions are kept in the defrag state between runs (default: no "
+                        "daily budget; e.g. 1)")
     r = p.add_argument_group("right-sizing (recommendations published on workloads' controllers)")
     rd = d.rightsizing
     r.add_argument("--rightsizing-percentile", type=float, default=rd.percentile,
@@ -214,7 +224,8 @@ def config_from(args: argparse.Namespace) -> DefragConfig:
     return DefragConfig(
         threshold=args.threshold, threshold_off=args.threshold_off,
         trigger_on_cycles=args.trigger_on_cycles, trigger_off_cycles=args.trigger_off_cycles,
-        cooldown_s=args.cooldown_s,
+        cooldown_s=args.cooldown_s, node_cooldown_s=args.node_cooldown_s,
+        max_evictions_per_day_pct=args.max_evictions_per_day_pct,
         limits=Limits(per_node=args.max_evictions_per_node,
                       per_namespace=args.max_evictions_per_namespace,
                       total=args.max_evictions_total),
@@ -351,9 +362,7 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
     except BadInput as e:
         log.warning("defrag state unreadable: starting afresh", problem=str(e))
         previous = DefragState()
-    snapshot.latched = previous.latched
-    snapshot.streaks = previous.streaks
-    snapshot.cooling = previous.cooling(now, config.cooldown_s)
+    previous.carry_into(snapshot, now, config)
     rightsizing = publish(snapshot, WorkloadClient(client), config.rightsizing, config.names,
                           now, dry_run=config.dry_run)
     snapshot.rightsized = rightsizing.rightsized
@@ -415,7 +424,8 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
         try:
             actions.save_state(previous.after_cycle(
                 time.time(), config.cooldown_s, report.moved_owners,
-                report.latched_after, report.streaks_after).encode())
+                report.latched_after, report.streaks_after,
+                node_cooldown_s=config.node_cooldown_s, moves=report.moved_nodes).encode())
         except CycleStopped as e:
             report.error = report.error or str(e)
     metrics.phase("before", report.before)

@@ -49,7 +49,18 @@ class DefragConfig:
     trigger_off_cycles: int = 1
     # Cooldown: an owner one of whose pods moved less than this long ago is not moved again.
     cooldown_s: float = 3600.0
+    # Node cooldown: a node a move took a pod off less than this long ago is not a target, and
+    # one a move landed a pod on is not a source (each such move undoes part of another: the
+    # node flaps). A day: the idle ratio reads the peak over a window of a day or more, so a
+    # landing's effect on it settles only after a day, and the GenAI series swing daily
+    # (docs/defrag.md). 0: no node cooldown.
+    node_cooldown_s: float = 86400.0
     limits: Limits = field(default_factory=Limits)
+    # The daily budget (defrag.controller.budget): over any 24 hours, at most this share (%) of
+    # the running GPU pods is evicted. None: no daily budget (the per-cycle limits only): a
+    # percentage of a small or test cluster rounds to no eviction at all; a fleet sets it
+    # (the waste loop's what-if and its targets use 1, issue 43's rate).
+    max_evictions_per_day_pct: float | None = None
     # Pods whose priority is above this are never moved.
     max_priority: int = USER_PRIORITY_MAX
     # "Small" pods: GPU shares and pods of at most this many whole GPUs.
@@ -123,6 +134,13 @@ class DefragConfig:
         if not self.cooldown_s >= 0:
             raise BadInput(f"{self.cooldown_s} must be >= 0 (0: no cooldown)",
                            field="--cooldown-s")
+        if not 0.0 <= self.node_cooldown_s <= 7 * 86400.0:
+            raise BadInput(f"{self.node_cooldown_s} is outside 0..604800 seconds (0: no node "
+                           "cooldown; e.g. 86400, a day)", field="--node-cooldown-s")
+        pct = self.max_evictions_per_day_pct
+        if pct is not None and not 0.0 <= pct <= 100.0:
+            raise BadInput(f"{pct} is outside 0..100 (% of the running GPU pods; e.g. 1)",
+                           field="--max-evictions-per-day-pct")
         for flag, value in (("--max-evictions-per-node", self.limits.per_node),
                             ("--max-evictions-per-namespace", self.limits.per_namespace),
                             ("--max-evictions-total", self.limits.total)):

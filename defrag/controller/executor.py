@@ -504,6 +504,13 @@ class CycleReport:
     def evicted(self) -> int:
         return sum(1 for r in self.results if r.outcome not in ("refused by PDB", "pod gone"))
 
+    @property
+    def moved_nodes(self) -> list[tuple[str, str]]:
+        """(source, node the replacement landed on, else the planned target) of every pod
+        evicted this cycle: they start the node cooldown and spend the daily budget."""
+        return [(r.move.source, r.landed_on or r.move.target) for r in self.results
+                if r.outcome not in ("refused by PDB", "pod gone")]
+
 
 class Executor:
     def __init__(self, actions: ClusterActions, config: DefragConfig, metrics: CycleMetrics,

@@ -186,6 +186,12 @@ class Snapshot:
     latched: frozenset[str] = frozenset()
     streaks: Mapping[str, int] = field(default_factory=dict)  # node -> cycles in a row
     cooling: frozenset[str] = frozenset()
+    # Nodes a move took a pod off / landed a pod on within --node-cooldown-s: not a target /
+    # not a source this cycle.
+    gave_recently: frozenset[str] = frozenset()
+    received_recently: frozenset[str] = frozenset()
+    # The controller's evictions in the 24 hours before this cycle (the daily budget's spend).
+    evicted_last_day: int = 0
     # Right-sizing: pod key -> the GPU share (milli) its replacement will be admitted with (its
     # workload is in ``auto`` mode and the recommendation is below what it reserves).
     rightsized: Mapping[str, int] = field(default_factory=dict)

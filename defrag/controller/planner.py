@@ -2,11 +2,13 @@
 
 Which pods: small (GPU shares, or at most ``--max-pod-gpus`` whole GPUs), movable pods (owned
 by a ReplicaSet, StatefulSet or Job; not DaemonSet pods, not bare pods, not above
-``--max-priority``, not opted out with ``gpufrag.io/defrag-movable: "false"``) on triggered nodes.
+``--max-priority``, not opted out with ``gpufrag.io/defrag-movable: "false"``) on triggered nodes
+that no move landed a pod on within ``--node-cooldown-s``.
 
 Where to: the planner never decides placement itself. For each candidate it asks the core's
 ``choose`` — the same call the extender makes — where the evicted pod would land, on the state
-with the pod's source node (and every node already being drained this cycle) excluded. FGD, the
+with the pod's source node (and every node already being drained this cycle, or that gave a pod
+within ``--node-cooldown-s``) excluded. FGD, the
 scheduler's policy, lands a pod where fragmentation grows least, which is on fragmented nodes
 whose leftovers it fills. The move is then measured with the core's fragmentation functions and
 kept only if the cluster improves: fragmentation falls, or a whole GPU comes free, or a pending
@@ -23,7 +25,8 @@ In what order: greedily by gain per eviction, where gain is in GPUs:
 Scoring every pod with the policy would be slow on a large cluster, so candidates are first
 ranked by what freeing their share does to the source node alone plus the share a right-sized
 replacement gives back (one vectorised call), and only
-the best ``limits.total x candidates_per_eviction`` are scored in full. A lazy-greedy queue then
+the best ``evictions allowed x candidates_per_eviction`` are scored in full (the allowed: the
+per-cycle total, or the day's budget left when smaller). A lazy-greedy queue then
 re-scores a candidate only when the state changed since it was scored, so every kept move is
 predicted on the state the moves before it leave behind — the order the executor follows.
 
@@ -43,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from defrag.controller.actionable import not_actionable
-from defrag.controller.budget import EvictionBudget
+from defrag.controller.budget import DailyBudget, EvictionBudget, running_gpu_pods
 from defrag.controller.config import DefragConfig
 from defrag.controller.measure import Summary, measure
 from defrag.controller.model import MOVABLE_OWNERS, NodeConstraints, Pdb, PodInfo, Snapshot
@@ -65,6 +68,8 @@ NO_CONSTRAINTS = NodeConstraints()
 RESCORE_FACTOR = 3
 # A move that would lift its target node, whose idle trigger is off, over the threshold.
 TURNS_TARGET_ON = "it would turn its target node's idle trigger on"
+# The skip reason of every pod on a node a move landed a pod on within --node-cooldown-s.
+RECEIVED_RECENTLY = "node received a pod within --node-cooldown-s"
 # The skip reason of every pod on a node whose idle memory right-sizing cannot reclaim.
 NOT_ACTIONABLE = "source node not actionable (its idle memory is not right-sizable)"
 
@@ -149,6 +154,8 @@ class Plan:
     # Triggered on idle memory that right-sizing cannot reclaim: node -> the workloads holding
     # it (defrag.controller.actionable); no pod is taken from these.
     not_actionable: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The day's budget as this cycle saw it (None: no --max-evictions-per-day-pct).
+    daily: DailyBudget | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -158,6 +165,10 @@ class Plan:
             "before": self.before.as_dict(), "predicted_after": self.after.as_dict(),
             "unplaceable_pending": list(self.unplaceable), "scored": self.scored,
             "not_actionable": {n: list(w) for n, w in sorted(self.not_actionable.items())},
+            "daily_budget": None if self.daily is None else {
+                "pct": self.daily.pct, "running_gpu_pods": self.daily.running,
+                "allowed": self.daily.allowed, "spent": self.daily.spent,
+                "left": self.daily.left},
             "seconds": round(self.seconds, 4),
         }
 
@@ -235,6 +246,7 @@ def plan(snapshot: Snapshot, policy: Policy, workload: TargetWorkload,
         seconds=time.perf_counter() - started,
         idle_nodes=frozenset(state.names[r] for r in planner.triggers.idle),
         not_actionable={state.names[r]: w for r, w in sorted(planner.not_actionable.items())},
+        daily=planner.daily,
     )
 
 
@@ -261,13 +273,17 @@ class _Planner:
         self.allowed = workload.allowed(self.state)
         self.cache = ScoreCache(policy) if policy.node_local else None
         self.may_receive = self.state.active[:n].copy()
-        for name in snapshot.cordoned:
+        # Cordoned nodes take no pod; nor does a node that gave one within --node-cooldown-s.
+        for name in snapshot.cordoned | snapshot.gave_recently:
             if name in self.state.index:
                 self.may_receive[self.state.index[name]] = False
         self.tainted = any(t.repels for ts in snapshot.taints.values() for t in ts)
         self._constraint_masks: dict[NodeConstraints, BoolArray] = {}
         self.may_give = np.ones(n, np.bool_)
-        self.budget = EvictionBudget(config.limits, snapshot.pdbs)
+        pct = config.max_evictions_per_day_pct
+        self.daily = None if pct is None else DailyBudget(
+            pct, running_gpu_pods(snapshot.pods.values()), snapshot.evicted_last_day)
+        self.budget = EvictionBudget(config.limits, snapshot.pdbs, self.daily)
         self.skipped: Counter[str] = Counter()
         self.blocked_by = {r: list(p) for r, p in self.triggers.blocking.items()}
         self.unblocked: set[str] = set()
@@ -282,6 +298,9 @@ class _Planner:
         for row in self.triggers.rows:
             if row in self.not_actionable and not config.move_not_actionable:
                 self.skipped[NOT_ACTIONABLE] += len(state.pods_on_node[row])
+                continue
+            if state.names[row] in self.snapshot.received_recently:
+                self.skipped[RECEIVED_RECENTLY] += len(state.pods_on_node[row])
                 continue
             for key in state.pods_on_node[row]:
                 if key.startswith(HELD_SHARE_PREFIX):
@@ -426,11 +445,13 @@ class _Planner:
         """``dst``'s idle ratio once ``pod`` (``placement``'s replacement) is on ``dst_gpus``,
         over its GPUs with a reading. A move that lifts a node whose trigger is off over the
         threshold only makes the next cycle's source: the node flaps on again, and the pod
-        may be moved twice."""
+        may be moved twice. The replacement is a new pod: its peak over the window starts
+        from what it uses now (the agent's window, like the recommender's, restarts with the
+        pod), so right after landing it counts as idle all it reserves above that."""
         state, usage = self.state, self.usage
         memory = float(state.gpu_memory_mib[dst])
         moved_alloc = pod.gpu_milli / MILLI_PER_GPU * memory
-        moved_peak = usage.pod_peak(placement, src)
+        moved_peak = usage.pod_used(placement, src)
         idle = allocated = 0.0
         for g in range(int(state.gpu_count[dst])):
             if not usage.known[dst, g]:
@@ -492,10 +513,10 @@ class _Planner:
     # ---------------------------------------------------------------- the greedy loop
     def run(self) -> list[Move]:
         moves: list[Move] = []
-        if self.config.limits.total == 0:
+        if self.budget.cap == 0:
             return moves
         ranked = self.prerank(self.candidates())
-        first_round = max(16, self.config.limits.total * self.config.candidates_per_eviction)
+        first_round = max(16, self.budget.cap * self.config.candidates_per_eviction)
         heap: list[tuple[float, int, _Candidate]] = []
         seq = 0
         for i, c in enumerate(ranked):

@@ -46,6 +46,11 @@ def plan_table(plan: Plan, notes: Sequence[UsageNote] = (), *, dry_run: bool = F
     lines.append(f"  after (predicted): idle {a.idle_ratio:.1%} ({a.idle_gib:.1f} GiB), "
                  f"fragmentation {a.frag_ratio:.1%} ({a.frag_gpus:.2f} GPUs), "
                  f"{a.free_whole_gpus} free whole GPUs")
+    if plan.daily is not None:
+        d = plan.daily
+        lines.append(f"  daily budget: {d.left} eviction{'' if d.left == 1 else 's'} left "
+                     f"({d.pct:g}% of {d.running} running GPU pods = {d.allowed} in any 24 "
+                     f"hours; {d.spent} in the last 24 hours)")
     if plan.skipped:
         lines.append("  not moved:")
         ranked = sorted(plan.skipped.items(), key=lambda kv: (-kv[1], kv[0]))

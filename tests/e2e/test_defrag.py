@@ -43,6 +43,8 @@ from typing import Any
 import kubernetes
 import pytest
 
+from defrag.controller.budget import evictions_within
+from defrag.controller.convergence import parse_state
 from defrag.controller.measure import Summary, measure
 from defrag.controller.snapshot import UsageSource, build_snapshot
 from defrag.rightsizing.recommender import parse as parse_recommendation
@@ -479,7 +481,8 @@ def test_a_dry_run_then_one_cycle_then_a_rerun(
     before the dry run that needs the fragmented cluster): a dry run changes nothing, one cycle
     defragments and keeps every promise, a second cycle continues from the live state."""
     dry_run_changes_nothing(cluster, capsys)
-    one_cycle_defragments_and_keeps_every_promise(cluster, capsys)
+    moves = one_cycle_defragments_and_keeps_every_promise(cluster, capsys)
+    the_state_remembers_the_moves_for_the_next_run(cluster, moves, capsys)
     a_rerun_continues_from_the_live_state(cluster, capsys)
 
 
@@ -603,7 +606,7 @@ def test_kubectl_runs_inspect_as_its_gpufrag_plugin(cluster: Cluster) -> None:
 
 
 def one_cycle_defragments_and_keeps_every_promise(
-        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+        cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
     before = cluster.measure()
     before_layout = cluster.layout()
     watcher = Watcher(cluster, competitor=cluster.binder.via_extender)
@@ -711,6 +714,26 @@ def one_cycle_defragments_and_keeps_every_promise(
     assert after.free_whole_gpus >= before.free_whole_gpus + 2
     assert after.idle_ratio < before.idle_ratio
     assert result["after"]["free_whole_gpus"] == after.free_whole_gpus
+    return list(moves)
+
+
+def the_state_remembers_the_moves_for_the_next_run(
+        cluster: Cluster, moves: list[dict[str, Any]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The defrag state annotation, read back from the API server, holds each move's source
+    and target (the node cooldown) and the cycle's evictions (the daily budget); the next run
+    reads them: its daily budget counts the evictions already made."""
+    hints = cluster.core.read_namespaced_config_map(cv.HINTS_CONFIGMAP, cv.HINTS_NAMESPACE)
+    state = parse_state((hints.metadata.annotations or {}).get(cv.ANNOTATION_DEFRAG_STATE))
+    assert {m["source"] for m in moves} <= set(state.sources)
+    assert {m["target"] for m in moves} <= set(state.targets)
+    assert evictions_within(state.evictions, time.time()) >= len(moves)
+    code, plan, _ = run_defrag(cluster, "--dry-run", "--max-evictions-per-day-pct", "0",
+                               capsys=capsys)
+    assert code == 0 and plan["moves"] == []
+    daily = plan["daily_budget"]
+    assert daily["spent"] >= len(moves) and daily["allowed"] == daily["left"] == 0
+    assert daily["running_gpu_pods"] >= 3  # web x2 and api, Running
 
 
 def a_rerun_continues_from_the_live_state(

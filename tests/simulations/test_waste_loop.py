@@ -150,7 +150,20 @@ def test_a_node_both_source_and_target_within_a_day_flaps(second_s: float, flaps
 def sample(free: int, pending_whole: int) -> Sample:
     return Sample(t_s=DAY_S, idle_ratio=0.0, trigger_on=0, free_whole_gpus=free,
                   pending_gpu_pods=1 if pending_whole else 0, pending_whole_gpus=pending_whole,
-                  running_gpu_pods=10, evictions=0, given_back_gpus=0.0)
+                  running_gpu_pods=10, evictions=0, budget_running=10, given_back_gpus=0.0)
+
+
+def test_evictions_a_day_are_judged_as_the_controllers_daily_budget_counts_them() -> None:
+    """Over the 24 hours up to each cycle, against the running GPU pods that cycle's budget
+    read (defrag.controller.budget): not by calendar day, not by the day's mean."""
+    def at(t_s: float, evicted: int, running: int) -> Sample:
+        return Sample(t_s=t_s, idle_ratio=0.0, trigger_on=0, free_whole_gpus=0,
+                      pending_gpu_pods=0, pending_whole_gpus=0, running_gpu_pods=running,
+                      evictions=evicted, budget_running=running, given_back_gpus=0.0)
+
+    arm = ArmResult(LOOP, 2, samples=[at(DAY_S - 3600.0, 1, 100), at(DAY_S, 0, 100),
+                                      at(DAY_S + 3600.0, 1, 100)])
+    assert arm.max_day_eviction_ratio() == pytest.approx(0.02)  # two within 24 hours
 
 
 def test_spare_whole_gpus_compares_arms_at_equal_work() -> None:
@@ -183,3 +196,12 @@ def test_cli_days_writes_three_arms(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_cli_days_refuses_a_bad_rollout(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["whatif", "--defrag", "--days", "1", "--rollout-days", "0"]) == 2
     assert "--rollout-days" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--evictions-per-day-pct", "101"),
+                                             ("--node-cooldown-s", "-5")])
+def test_cli_days_refuses_a_bad_budget_or_node_cooldown(
+        flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", "--defrag", "--days", "1", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and "Traceback" not in err

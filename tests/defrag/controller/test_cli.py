@@ -38,6 +38,11 @@ from gpufrag.cli import main
         (["--hint-ttl-s", "10"], "shorter than --bind-timeout-s"),
         (["--stale-intervals", "0"], "--stale-intervals"),
         (["--coverage", "2"], "--coverage"),
+        (["--node-cooldown-s", "-1"], "'--node-cooldown-s': -1.0 is outside 0..604800"),
+        (["--node-cooldown-s", "nan"], "--node-cooldown-s"),
+        (["--max-evictions-per-day-pct", "101"], "'--max-evictions-per-day-pct': 101.0 is "
+                                                 "outside 0..100"),
+        (["--max-evictions-per-day-pct", "nan"], "--max-evictions-per-day-pct"),
         (["--frobnicate"], "unrecognized arguments: --frobnicate"),
         (["--kubeconfig", "/nonexistent/kubeconfig"], "no usable Kubernetes configuration"),
     ],
@@ -55,7 +60,8 @@ def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for flag in ("--threshold", "--max-evictions-per-node", "--max-evictions-per-namespace",
                  "--max-evictions-total", "--max-priority", "--dry-run", "--output",
-                 "--prometheus", "--pushgateway", "--max-mig-relabels"):
+                 "--prometheus", "--pushgateway", "--max-mig-relabels",
+                 "--node-cooldown-s", "--max-evictions-per-day-pct"):
         assert flag in out
 
 
@@ -66,6 +72,11 @@ def test_defaults_and_flags_make_the_config() -> None:
                                       "--pushgateway", "gw:9091"])
     config = config_from(args)
     assert (config.threshold, config.limits.total, config.limits.per_node) == (0.4, 3, 2)
+    # No daily budget unless asked; a node cooldown of a day.
+    assert (config.max_evictions_per_day_pct, config.node_cooldown_s) == (None, 86400.0)
+    set_both = config_from(build_parser().parse_args(["--max-evictions-per-day-pct", "1",
+                                                      "--node-cooldown-s", "0"]))
+    assert (set_both.max_evictions_per_day_pct, set_both.node_cooldown_s) == (1.0, 0.0)
     assert config.excluded_namespaces == frozenset({"a", "b"}) and config.dry_run
     assert config.namespaces == frozenset({"serving"})
 

@@ -8,6 +8,7 @@ import pytest
 from defrag.controller.config import DefragConfig
 from defrag.controller.convergence import DefragState, convergence, parse_state
 from defrag.controller.measure import measure
+from defrag.controller.planner import RECEIVED_RECENTLY
 from defrag.controller.trigger import find_triggers, idle_rows, next_streaks
 from gpufrag.errors import BadInput
 from tests.defrag.controller.builders import config, gpu_node, share, snapshot
@@ -122,3 +123,52 @@ def test_convergence_summary() -> None:
     busy = convergence(triggered_idle=3, triggered_blocking=1, triggered=4, nodes=10,
                        planned=2, evicted=2, cooling=0)
     assert not busy.settled and busy.as_dict()["evicted"] == 2
+
+
+def test_the_state_remembers_each_nodes_last_move_for_the_node_cooldown() -> None:
+    state = DefragState(sources={"old": 0.0}, targets={"old": 0.0})
+    after = state.after_cycle(90_000.0, 3600.0, ["o"], [], node_cooldown_s=86_400.0,
+                              moves=[("n0", "n1")])
+    assert (after.sources, after.targets) == ({"n0": 90_000.0}, {"n1": 90_000.0})
+    assert parse_state(after.encode()) == after
+    assert after.recent_sources(90_000.0 + 86_399.0, 86_400.0) == frozenset({"n0"})
+    assert after.recent_targets(90_000.0 + 86_400.0, 86_400.0) == frozenset()
+    # No node cooldown: nothing is kept.
+    none = state.after_cycle(90_000.0, 3600.0, [], [], node_cooldown_s=0.0,
+                             moves=[("n0", "n1")])
+    assert (none.sources, none.targets) == ({}, {})
+    # An older state without the keys reads as no node cooling.
+    assert parse_state('{"version": 1}').sources == {}
+    with pytest.raises(BadInput, match="targets.n1"):
+        parse_state('{"version": 1, "targets": {"n1": "soon"}}')
+    with pytest.raises(BadInput, match=r"evictions\[0\]"):
+        parse_state('{"version": 1, "evictions": [[1.0, -2]]}')
+
+
+def test_a_node_that_received_a_pod_within_the_node_cooldown_is_no_source() -> None:
+    snap = three_nodes()  # a (n0) would move to n1
+    DefragState(targets={"n0": 1000.0}).carry_into(snap, 1000.0 + 3600.0, config())
+    assert snap.received_recently == frozenset({"n0"})
+    result = run(snap)
+    assert all(m.source != "n0" for m in result.moves)
+    assert result.skipped[RECEIVED_RECENTLY] == 1
+    # Once the node cooldown is over, it gives again.
+    DefragState(targets={"n0": 1000.0}).carry_into(snap, 1000.0 + 86_400.0, config())
+    assert [m.source for m in run(snap).moves] == ["n0"]
+
+
+def test_a_node_that_gave_a_pod_within_the_node_cooldown_is_no_target() -> None:
+    snap = three_nodes()
+    assert [m.target for m in run(snap).moves] == ["n1"]
+    DefragState(sources={"n1": 1000.0}).carry_into(snap, 1000.0 + 60.0, config())
+    assert all(m.target != "n1" for m in run(snap).moves)
+    # --node-cooldown-s 0 switches the rule off.
+    DefragState(sources={"n1": 1000.0}).carry_into(snap, 1000.0 + 60.0,
+                                                   config(node_cooldown_s=0.0))
+    assert [m.target for m in run(snap).moves] == ["n1"]
+
+
+@pytest.mark.parametrize("value", [-1.0, 7 * 86_400.0 + 1])
+def test_a_bad_node_cooldown_names_its_flag(value: float) -> None:
+    with pytest.raises(BadInput, match="--node-cooldown-s"):
+        DefragConfig(node_cooldown_s=value).validate()

@@ -162,3 +162,25 @@ def test_under_the_out_of_bounds_rule_right_sizing_alone_evicts_only_the_listed_
 def test_the_out_of_bounds_rule_is_validated(field: str, value: float) -> None:
     with pytest.raises(BadInput, match=f"--{field.replace('_', '-')}"):
         config(**{field: value})
+
+
+def test_a_landing_counts_the_replacement_fresh_its_peak_starts_from_what_it_uses_now() -> None:
+    # n1: c (300 milli) uses all of its share. a (300 on n0) uses 50 milli's worth now and
+    # peaked at 200 over the window; its replacement is admitted at 200. With a's old peak,
+    # n1 would stay 0% idle; but the replacement is a new pod whose window starts now: n1
+    # would read 150 of 500 milli idle (30%), over the trigger. Not planned.
+    state = ClusterState([gpu_node("n0"), gpu_node("n1")])
+    for pod, where, gpus in ((share("a", 300), "n0", (0,)), (share("b", 600), "n0", (1,)),
+                             (share("c", 300), "n1", (0,))):
+        state.place(pod, where, gpus)
+    mib = float(state.gpu_memory_mib[0]) / 1000
+    used = {"ns/a": 50 * mib, "ns/b": 0.3 * 600 * mib, "ns/c": 300 * mib}
+    snap = snapshot_of_state(state, used, pod_peak_mib={"ns/a": 200 * mib})
+    snap.rightsized = {"ns/a": 200}
+    result = run(snap, min_gain_gpus=0.0)
+    assert "ns/a" not in [m.pod for m in result.moves]
+    assert result.skipped[TURNS_TARGET_ON] >= 1
+    # Used at its peak now, the same landing keeps n1 at 0%: planned.
+    snap = snapshot_of_state(state, {**used, "ns/a": 200 * mib}, pod_peak_mib={"ns/a": 200 * mib})
+    snap.rightsized = {"ns/a": 200}
+    assert ("ns/a", "n1") in [(m.pod, m.target) for m in run(snap, min_gain_gpus=0.0).moves]

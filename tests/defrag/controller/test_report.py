@@ -45,3 +45,14 @@ def test_metrics_summary_and_registry() -> None:
     value = metrics.registry.get_sample_value("gpufrag_defrag_free_whole_gpus",
                                               {"phase": "after"})
     assert value == 4.0
+
+
+def test_the_table_says_what_the_daily_budget_left() -> None:
+    snap = three_nodes()
+    snap.evicted_last_day = 1
+    the_plan = plan(snap, make_policy("fgd", workload=WORKLOAD), WORKLOAD,
+                    config(max_evictions_per_day_pct=50.0))
+    assert ("daily budget: 0 evictions left (50% of 3 running GPU pods = 1 in any 24 hours; "
+            "1 in the last 24 hours)") in plan_table(the_plan)
+    no_budget = plan(snap, make_policy("fgd", workload=WORKLOAD), WORKLOAD, config())
+    assert "daily budget" not in plan_table(no_budget)
