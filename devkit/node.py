@@ -3,11 +3,14 @@
 The kubelet is the ``kubelet`` entry of the multi-call binary ``devkit/cluster/build`` makes (the
 same ``k8s.io/kubernetes`` module as the control plane). The runtime is either
 
-- ``"containerd"``: Debian's containerd, runc and containernetworking-plugins
-  (``scripts/install-node-deps``), with a private config, state and socket under the node's
-  directory and its root (the image store) kept between runs (see below); pods get a bridge
-  network (``gpufrag0``, 10.244.0.0/24, host-local IPAM) and really run; images are imported
-  into containerd's store from OCI archives (no registry, no pull); or
+- ``"containerd"``: containerd 2 (the daemon, its runc shim and ``ctr``, built from the
+  containerd module as the dev-kit tool ``devkit/tools/containerd``) with Debian's runc and
+  containernetworking-plugins (``scripts/install-node-deps``), with a private config, state and
+  socket under the node's directory and its root (the image store) kept between runs (see
+  below); pods get a bridge network (``gpufrag0``, 10.244.0.0/24, host-local IPAM) and really
+  run; images are imported into containerd's store from OCI archives (no registry, no pull);
+  its CRI plugin applies CDI devices from :attr:`Node.cdi_dir` (containerd 2 always does;
+  Debian's 1.6 predates CDI), so a DRA driver's container edits reach the container; or
 - ``"fake"``: upstream's fake CRI (``k8s.io/cri-client/pkg/fake``, the ``fake-cri`` entry of
   the same binary): admission, the device manager and the pod lifecycle run, no container does.
 
@@ -26,7 +29,8 @@ exclusive lock (``/run/gpufrag-node.lock``) while it runs.
 Settings that this machine needs (cgroup v1 hierarchy, no systemd) are in :func:`kubelet_config`.
 
 containerd's root (its content store, image metadata and unpacked snapshots) is kept between
-runs in ``$GPUFRAG_CACHE_DIR/node/containerd-root`` (:func:`containerd_root_cache`): importing
+runs in ``$GPUFRAG_CACHE_DIR/node/containerd2-root`` (:func:`containerd_root_cache`; not the
+``containerd-root`` that Debian's 1.6 used, whose metadata 2.x would migrate): importing
 the project's image into an empty store costs ~20-50 s (unpacking ~260 MiB of layers), into one
 that has it ~2 s (the archive is read and checked, nothing is unpacked). The node lock makes it
 one containerd's at a time; a node removes its containers at stop (at start, a crashed run's,
@@ -51,6 +55,7 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -75,6 +80,7 @@ from devkit.procs import (
     start_all_or_none,
     wait_until,
 )
+from devkit.toolbuild import build_tool
 
 DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 NODE_LOCK: Final = Path("/run/gpufrag-node.lock")
@@ -98,7 +104,32 @@ class NodeError(ControlPlaneError):
 
 def containerd_root_cache() -> Path:
     """containerd's root, kept between runs (see the module doc)."""
-    return gpufrag_cache_dir() / "node" / "containerd-root"
+    return gpufrag_cache_dir() / "node" / "containerd2-root"
+
+
+@dataclass(frozen=True)
+class ContainerdBinaries:
+    """containerd 2's daemon, runc shim and ``ctr``, side by side where the tool build put them."""
+
+    folder: Path
+
+    @classmethod
+    def build(cls) -> ContainerdBinaries:
+        """Build them (cached by content, ``devkit/tools/build containerd``); a failed build
+        raises :class:`devkit.build.BuildError` with its output."""
+        return cls(build_tool("containerd").parent)
+
+    @property
+    def containerd(self) -> Path:
+        return self.folder / "containerd"
+
+    @property
+    def shim(self) -> Path:
+        return self.folder / "containerd-shim-runc-v2"
+
+    @property
+    def ctr(self) -> Path:
+        return self.folder / "ctr"
 
 
 # -- images --------------------------------------------------------------------------------------
@@ -163,9 +194,9 @@ def kubectl_oci_archive(path: Path, ref: str, binary: Path) -> Path:
 # -- what this machine allows --------------------------------------------------------------------
 
 def containerd_installed() -> list[str]:
-    """The node-runtime binaries that are missing (empty when containerd can be used)."""
-    need = ["containerd", "containerd-shim-runc-v2", "ctr", "runc"]
-    missing = [b for b in need if shutil.which(b) is None]
+    """The Debian binaries of the node runtime that are missing (empty when containerd can be
+    used; containerd itself is built, :class:`ContainerdBinaries`)."""
+    missing = [b for b in ("runc",) if shutil.which(b) is None]
     missing += [str(CNI_BIN_DIR / p) for p in ("bridge", "host-local", "loopback")
                 if not (CNI_BIN_DIR / p).exists()]
     if not BUSYBOX_BINARY.exists():
@@ -260,11 +291,13 @@ def kubelet_config(*, runtime_endpoint: str, port: int, healthz_port: int, ca_fi
     }
 
 
-def containerd_config(node_dir: Path, *, root: Path, cgroup_driver: str = "cgroupfs") -> str:
-    """containerd 1.6 (config version 2): its store in ``root``, the rest (state, sockets)
-    private to ``node_dir``."""
+def containerd_config(node_dir: Path, *, root: Path, shim: Path, cdi_dir: Path,
+                      cgroup_driver: str = "cgroupfs") -> str:
+    """containerd 2 (config version 3): its store in ``root``, the rest (state, sockets)
+    private to ``node_dir``; the runc shim at ``shim`` (built beside the daemon, so never a
+    packaged one on PATH); CDI specs read from ``cdi_dir``."""
     c = node_dir / "containerd"
-    return f"""version = 2
+    return f"""version = 3
 root = "{root}"
 state = "{c / 'state'}"
 [grpc]
@@ -275,22 +308,29 @@ state = "{c / 'state'}"
   level = "info"
 [metrics]
   address = ""
-[plugins."io.containerd.internal.v1.opt"]
+[plugins.'io.containerd.internal.v1.opt']
   path = "{c / 'opt'}"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
+# NRI's socket is machine-wide (/var/run/nri) and nothing here uses it.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.runtime']
   enable_selinux = false
   disable_apparmor = true
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  cdi_spec_dirs = ["{cdi_dir}"]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      runtime_path = "{shim}"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         SystemdCgroup = {"true" if cgroup_driver == "systemd" else "false"}
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{CNI_BIN_DIR}"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{CNI_BIN_DIR}"]
     conf_dir = "{node_dir / 'cni' / 'net.d'}"
     max_conf_num = 1
 """
@@ -331,9 +371,12 @@ class Node:
         self.logs_dir = self.node_dir / "logs"
         self.root_dir = self.node_dir / "kubelet"
         self.pod_logs_dir = self.node_dir / "pod-logs"
+        # Where containerd reads CDI specs: a DRA driver on this node writes them here.
+        self.cdi_dir = self.node_dir / "cdi"
         self.start_timeout_s = start_timeout_s
         self.labels = labels or {}
         self.containerd_root = containerd_root or containerd_root_cache()
+        self._containerd: ContainerdBinaries | None = None  # built when the runtime starts
         self.components: dict[str, ComponentProcess] = {}
         self.startup_s: float | None = None
         self._lock: io.TextIOWrapper | None = None
@@ -472,10 +515,16 @@ class Node:
     def containerd_address(self) -> str:
         return str(self.node_dir / "containerd" / "containerd.sock")
 
+    @property
+    def containerd_binaries(self) -> ContainerdBinaries:
+        if self._containerd is None:
+            raise NodeError(f"the {self.runtime or 'unstarted'} runtime has no containerd")
+        return self._containerd
+
     def _ctr(self, *args: str, timeout_s: float = 60,
              address: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            ["ctr", "--address", address or self.containerd_address,
+            [str(self.containerd_binaries.ctr), "--address", address or self.containerd_address,
              "--namespace", "k8s.io", *args], capture_output=True, text=True,
             timeout=timeout_s, check=False)
 
@@ -510,17 +559,24 @@ class Node:
         if missing:
             raise NodeError(f"containerd runtime: missing {', '.join(missing)}; "
                             "run scripts/install-node-deps")
+        try:
+            self._containerd = binaries = ContainerdBinaries.build()
+        except ControlPlaneError as exc:
+            raise NodeError(f"containerd runtime: {exc}") from exc
         (self.node_dir / "containerd").mkdir(parents=True, exist_ok=True)
+        self.cdi_dir.mkdir(parents=True, exist_ok=True)
         (self.node_dir / "cni" / "net.d").mkdir(parents=True, exist_ok=True)
         (self.node_dir / "cni" / "net.d" / "10-gpufrag.conflist").write_text(
             json.dumps(cni_conflist(self.node_dir), indent=1))
         config = self.node_dir / "containerd" / "config.toml"
         self.containerd_root.mkdir(parents=True, exist_ok=True)
-        config.write_text(containerd_config(self.node_dir, root=self.containerd_root))
+        config.write_text(containerd_config(self.node_dir, root=self.containerd_root,
+                                            shim=binaries.shim, cdi_dir=self.cdi_dir))
         sock = self.node_dir / "containerd" / "containerd.sock"
 
         def launch() -> ComponentProcess:
-            containerd = self._launch("containerd", ["containerd", "--config", str(config)])
+            containerd = self._launch("containerd",
+                                      [str(binaries.containerd), "--config", str(config)])
             try:
                 wait_until(lambda: True if (sock.exists() and
                                             self._ctr("version").returncode == 0)

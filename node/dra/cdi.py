@@ -9,9 +9,12 @@ bind mounts). One device per request rather than per GPU, because ``NVIDIA_VISIB
 must list every GPU of the request at once: two devices each setting it would overwrite each
 other.
 
-The spec declares CDI 0.3.0, the oldest version that has every field used here (``env``,
+The spec declares CDI 0.5.0, the oldest version that allows a device name to start with a
+digit, as a claim UID may (the CDI library refuses a 0.3.0 or 0.4.0 spec with such a name: seen
+with containerd 2, whose pod then never started); every field used here (``env``,
 ``deviceNodes`` with ``path`` and ``permissions``, ``mounts`` with ``hostPath``,
-``containerPath`` and ``options``), so every runtime that reads CDI accepts it.
+``containerPath`` and ``options``) is older. Runtimes that read CDI at all (containerd 1.7+,
+CRI-O) accept it.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 
 from node.gpus import ContainerGrant
 
-CDI_VERSION = "0.3.0"
+CDI_VERSION = "0.5.0"
 
 
 def device_name(claim_uid: str, request: str) -> str:

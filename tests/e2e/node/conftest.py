@@ -17,6 +17,8 @@ Fixtures:
 - ``gpufrag_image`` (session): the project's image built here (``devkit.image``: mmdebstrap base
   + buildah, cached) and imported into the node's containerd (``Node.import_project_image``,
   as ``gpufrag dev-cluster up --node`` does); its reference.
+- :data:`GPU_ENV_COMMAND` / :func:`container_environment`: a container command that prints its
+  GPU environment, and what it printed (its log), for the tests of what a container is given.
 - ``node_manifests`` (session): a function rendering a kustomization of ``manifests/`` (e.g.
   ``"overlays/production"``) by kubectl's kustomize with the images replaced by the node's (the
   project's image, the plane's kube-scheduler) and ``imagePullPolicy: Never`` everywhere: the
@@ -50,6 +52,12 @@ RUNTIME_ENV = "GPUFRAG_NODE_RUNTIME"
 # The device plugin's recorded GPUs (two A100s).
 GPU_UUIDS = ["GPU-6f1c1d3e-0000-4000-8000-000000000000", "GPU-6f1c1d3e-0000-4000-8000-000000000001"]
 MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
+# The last line GPU_ENV_COMMAND prints: the environment before it is all in the log.
+ENV_PRINTED = "gpufrag-env-printed"
+# A container command printing the GPU environment it was given (the device plugin's or the
+# DRA driver's CDI edits), then staying up.
+GPU_ENV_COMMAND = ("env | grep -e NVIDIA_ -e GPUFRAG_ -e CUDA_MPS_ | sort; "
+                   f"echo {ENV_PRINTED}; sleep 3600")
 
 
 @pytest.fixture(scope="session")
@@ -156,6 +164,25 @@ def _containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
     template = (spec.get("jobTemplate", {}).get("spec", spec)).get("template") or {}
     pod = template.get("spec") or {}
     return [*pod.get("initContainers", []), *pod.get("containers", [])]
+
+
+def container_environment(node: Node, namespace: str, pod: str,
+                          container: str = "main") -> dict[str, str]:
+    """The variables a container running :data:`GPU_ENV_COMMAND` printed, from its log (the
+    kubelet's CRI log file: containerd runs it for real)."""
+    def printed() -> str | None:
+        log = node.container_log(namespace, pod, container)
+        return log if ENV_PRINTED in log else None
+
+    log = wait_until(printed, timeout_s=20, what=f"pod {pod}'s environment in its log")
+    found = {}
+    for line in log.splitlines():
+        # CRI log lines: "<time> stdout F <text>".
+        text = line.split(" ", 3)[-1]
+        key, sep, value = text.partition("=")
+        if sep:
+            found[key] = value
+    return found
 
 
 def logged_events(log: Path, event: str) -> int:

@@ -1,19 +1,22 @@
 """``gpufrag dra-plugin`` with the real 1.36 kubelet, API server, kube-scheduler and resourceclaim
-controller: the driver registers through the kubelet's plugin watcher, publishes its slice, and a
-pod asking a share through a ResourceClaimTemplate is allocated by kube-scheduler's first fit,
-prepared by the driver (its CDI spec written with the share's environment) and runs; deleting
-the pod unprepares the claim. Three shares in turn check that first fit follows the slice's
-device order (docs/dra.md's first next step). A pod asking an extended resource that a
-DeviceClass maps (KEP-5004) gets a whole GPU through the driver the same way.
+controller, on containerd 2 (whose CRI plugin applies CDI devices): the driver registers through
+the kubelet's plugin watcher, publishes its slice, and pods asking GPUs are allocated by
+kube-scheduler's first fit, prepared by the driver (a CDI spec per claim) and run with the
+environment the device plugin sets, read from inside the container (its ``env``, in its log):
+the visible GPU UUIDs, the memory limit and, the driver running with ``--mps``, the MPS limits
+and the pipe directory mounted. Deleting the pods unprepares the claims.
 
-The environment inside the container is not checked: the node's containerd (Debian's 1.6)
-predates CDI in its CRI plugin (1.7), so it runs the container without the CDI edits
-(docs/dra.md says so); the CDI spec the runtime would apply is checked instead.
+- Compute shares and a memory share through ResourceClaimTemplates: shares of 250, 900 and 250
+  milli in turn land on gpu-0, gpu-1, gpu-0 (first fit follows the slice's device order,
+  docs/dra.md's first next step), and a memory share beside them on gpu-0.
+- Whole GPUs: one through a template, one through extended-resource mapping (KEP-5004: a pod
+  asking an extended resource that a DeviceClass maps, with no claim in its spec). Shares
+  cannot come this way: the mapping counts devices (docs/dra.md).
+- A tenant cannot rewrite its claim's allocation.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -32,32 +35,47 @@ from devkit.controlplane import NOT_READY_TAINT, ControlPlane
 from devkit.node import BUSYBOX_IMAGE, Node
 from devkit.procs import ComponentProcess, wait_until
 from node.dra.config import DRIVER_NAME
-from tests.e2e.node.conftest import GPU_UUIDS, logged_events, write_gpu_recording
+from tests.e2e.node.conftest import (
+    GPU_ENV_COMMAND,
+    GPU_UUIDS,
+    container_environment,
+    logged_events,
+    require_containers,
+    write_gpu_recording,
+)
 from tests.tenants import tenant_client
 
 CDI_FILE = "gpufrag.io-gpu_{uid}.json"
 WHOLE_CLASS = "whole.gpu.gpufrag.io"
+GPU_MIB = 81_920  # the recorded A100s' memory
+# A file in the MPS pipe directory: a share's container sees it where the CDI mount puts it.
+PIPE_PROBE = "gpufrag-pipe-probe"
+POD_COMMAND = (f'test -f "$CUDA_MPS_PIPE_DIRECTORY/{PIPE_PROBE}" && echo MPS_PIPE_MOUNTED=yes; '
+               f"{GPU_ENV_COMMAND}")
 
 
 @dataclass
 class Driver:
     log: Path
     cdi_dir: Path
+    mps_pipe_dir: Path
 
 
 @pytest.fixture
 def dra_driver(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Driver]:
     recording = write_gpu_recording(tmp_path / "nvml.json")
     short = Path(tempfile.mkdtemp(prefix="dra-"))  # unix socket paths must stay short
-    cdi_dir = short / "cdi"
-    cdi_dir.mkdir()
+    mps_pipe_dir = short / "mps"
+    mps_pipe_dir.mkdir()
+    (mps_pipe_dir / PIPE_PROBE).write_text("")
     log = tmp_path / "dra-plugin.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "gpufrag"), "dra-plugin",
              f"--node-name={node.name}", f"--nvml-recording={recording}",
              f"--registry-dir={node.root_dir / 'plugins_registry'}",
-             f"--plugins-dir={short / 'plugins'}", f"--cdi-dir={cdi_dir}",
+             f"--plugins-dir={short / 'plugins'}", f"--cdi-dir={node.cdi_dir}",
+             "--mps", f"--mps-pipe-dir={mps_pipe_dir}",
              f"--kubeconfig={node_plane.kubeconfig_path}", "--metrics-port=0",
              "--publish-interval-s=2"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -72,7 +90,7 @@ def dra_driver(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator
 
         wait_until(registered, timeout_s=60, interval_s=0.1,
                    what="the kubelet to register the DRA driver")
-        yield Driver(log, cdi_dir)
+        yield Driver(log, node.cdi_dir, mps_pipe_dir)
     finally:
         ComponentProcess("dra-plugin", process, log, 0).stop()
         resource = kubernetes.client.ResourceV1Api(node_plane.api_client())
@@ -82,19 +100,23 @@ def dra_driver(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator
         shutil.rmtree(short)
 
 
-def _share_pod(name: str, template: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [{
-                "name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", "env | grep -e NVIDIA_ -e GPUFRAG_; sleep 3600"],
-                "resources": {"claims": [{"name": "gpu"}]}}],
-            # The dev plane runs no node-lifecycle controller to lift the not-ready taint.
-            "tolerations": [{"key": NOT_READY_TAINT, "operator": "Exists",
-                             "effect": "NoSchedule"}]}}
+def _gpu_pod(name: str, template: str | None = None,
+             extended: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod whose container prints its GPU environment: asking a claim made from ``template``,
+    or the ``extended`` resources (a DeviceClass maps them to claims) with no claim at all."""
+    container: dict[str, Any] = {
+        "name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+        "command": ["/bin/sh", "-c", POD_COMMAND]}
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": 1, "containers": [container],
+        # The dev plane runs no node-lifecycle controller to lift the not-ready taint.
+        "tolerations": [{"key": NOT_READY_TAINT, "operator": "Exists", "effect": "NoSchedule"}]}
+    if template is not None:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+    else:
+        container["resources"] = {"limits": extended, "requests": extended}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
 def _create_device_class(resource: kubernetes.client.ResourceV1Api, name: str,
@@ -116,18 +138,44 @@ def _delete_pods(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
                what=f"the pods of {namespace} to be gone")
 
 
-def _template(name: str, milli: int) -> dict[str, Any]:
+def _template(name: str, capacity: dict[str, str] | None = None) -> dict[str, Any]:
+    """A ResourceClaimTemplate of one request: a share of ``capacity`` (``milli``, ``memory``),
+    or with none, a whole GPU."""
+    exactly: dict[str, Any] = {"deviceClassName": DRIVER_NAME}
+    if capacity is not None:
+        exactly["capacity"] = {"requests": capacity}
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": name},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-                "deviceClassName": DRIVER_NAME,
-                "capacity": {"requests": {"milli": str(milli)}}}}]}}}}
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}
 
 
-def test_shares_claimed_through_templates_go_first_fit_and_are_prepared_and_unprepared(
+def _running(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> Any:
+    def running() -> Any:
+        pod = core.read_namespaced_pod(name, namespace)
+        return pod if pod.status.phase == "Running" else None
+
+    return wait_until(running, timeout_s=90, what=f"{name} to run")
+
+
+def _share_env(device: int, milli: int, limit_mib: int, threads: int,
+               pipe_dir: Path) -> dict[str, str]:
+    """What a share's container is given with ``--mps`` (the device plugin's own grant)."""
+    return {"NVIDIA_VISIBLE_DEVICES": GPU_UUIDS[device], "GPUFRAG_GPU_MILLI": str(milli),
+            "GPUFRAG_GPU_MEMORY_LIMIT_MIB": str(limit_mib),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(threads),
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={limit_mib}M",
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe_dir), "MPS_PIPE_MOUNTED": "yes"}
+
+
+def test_shares_claimed_through_templates_go_first_fit_and_get_their_environment(
         node: Node, node_plane: ControlPlane, node_namespace: str, dra_driver: Driver) -> None:
-    """Three shares in turn: 250 takes gpu-0, 900 does not fit beside it and takes gpu-1, the
-    next 250 takes gpu-0 again: first fit in the slice's index order (docs/dra.md)."""
+    """Three compute shares in turn: 250 takes gpu-0, 900 does not fit beside it and takes
+    gpu-1, the next 250 takes gpu-0 again: first fit in the slice's index order
+    (docs/dra.md). A memory share (300 milli and 10Gi) then fits on gpu-0 beside them. Each
+    container's environment, read from inside it, is its share's: the GPU's UUID, the memory
+    limit (the compute share's part of the GPU's memory, the memory share's own ask) and the
+    MPS limits, with the pipe directory mounted."""
+    require_containers(node)
     client = node_plane.api_client()
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
@@ -142,37 +190,38 @@ def test_shares_claimed_through_templates_go_first_fit_and_are_prepared_and_unpr
     assert found.spec.pool.name == node.name
 
     _create_device_class(resource, DRIVER_NAME)
+    pipe = dra_driver.mps_pipe_dir
     try:
-        for name, milli in (("quarter", 250), ("most", 900)):
+        for name, capacity in (("quarter", {"milli": "250"}), ("most", {"milli": "900"}),
+                               ("memory", {"milli": "300", "memory": "10Gi"})):
             resource.create_namespaced_resource_claim_template(node_namespace,
-                                                               _template(name, milli))
+                                                               _template(name, capacity))
         spec_files = []
-        for pod_name, template, milli, device in (("share-a", "quarter", 250, 0),
-                                                  ("share-b", "most", 900, 1),
-                                                  ("share-c", "quarter", 250, 0)):
-            core.create_namespaced_pod(node_namespace, _share_pod(pod_name, template))
-
-            def running(pod_name: str = pod_name) -> Any:
-                pod = core.read_namespaced_pod(pod_name, node_namespace)
-                return pod if pod.status.phase == "Running" else None
-
-            pod = wait_until(running, timeout_s=90, what=f"{pod_name} to run")
+        for pod_name, template, device, consumed, env in (
+                ("share-a", "quarter", 0, {"milli": "250"},
+                 _share_env(0, 250, GPU_MIB * 250 // 1000, 25, pipe)),
+                ("share-b", "most", 1, {"milli": "900"},
+                 _share_env(1, 900, GPU_MIB * 900 // 1000, 90, pipe)),
+                ("share-c", "quarter", 0, {"milli": "250"},
+                 _share_env(0, 250, GPU_MIB * 250 // 1000, 25, pipe)),
+                ("memory-d", "memory", 0, {"milli": "300", "memory": "10Gi"},
+                 _share_env(0, 300, 10_240, 30, pipe))):
+            core.create_namespaced_pod(node_namespace, _gpu_pod(pod_name, template))
+            pod = _running(core, node_namespace, pod_name)
             (status,) = pod.status.resource_claim_statuses
             claim = client.sanitize_for_serialization(resource.read_namespaced_resource_claim(
                 status.resource_claim_name, node_namespace))
             (result,) = claim["status"]["allocation"]["devices"]["results"]
             assert (result["driver"], result["pool"], result["device"]) == (
                 DRIVER_NAME, node.name, f"gpu-{device}"), pod_name
-            assert result["consumedCapacity"]["milli"] == str(milli)
+            assert {k: result["consumedCapacity"][k] for k in consumed} == consumed, pod_name
             spec_file = dra_driver.cdi_dir / CDI_FILE.format(uid=claim["metadata"]["uid"])
-            (edited,) = json.loads(spec_file.read_text())["devices"]
-            assert sorted(edited["containerEdits"]["env"]) == [
-                f"GPUFRAG_GPU_MEMORY_LIMIT_MIB={81_920 * milli // 1000}",
-                f"GPUFRAG_GPU_MILLI={milli}", f"NVIDIA_VISIBLE_DEVICES={GPU_UUIDS[device]}"]
+            assert spec_file.is_file(), pod_name
             spec_files.append(spec_file)
-        assert logged_events(dra_driver.log, "claim_prepared") >= 3
+            assert container_environment(node, node_namespace, pod_name) == env, pod_name
+        assert logged_events(dra_driver.log, "claim_prepared") >= 4
 
-        for pod_name in ("share-a", "share-b", "share-c"):
+        for pod_name in ("share-a", "share-b", "share-c", "memory-d"):
             core.delete_namespaced_pod(pod_name, node_namespace, grace_period_seconds=0)
         wait_until(lambda: not any(f.exists() for f in spec_files), timeout_s=60,
                    what="the kubelet to unprepare the claims (their CDI specs removed)")
@@ -181,47 +230,53 @@ def test_shares_claimed_through_templates_go_first_fit_and_are_prepared_and_unpr
         resource.delete_device_class(DRIVER_NAME)
 
 
-def test_a_pod_asking_an_extended_resource_gets_a_whole_gpu_through_the_driver(
+def test_whole_gpus_through_a_template_and_an_extended_resource_get_their_environment(
         node: Node, node_plane: ControlPlane, node_namespace: str, dra_driver: Driver) -> None:
-    """KEP-5004: a DeviceClass that names an extended resource serves pods that ask for it,
-    with no claim in their spec; kube-scheduler makes the claim, first fit takes a whole GPU
-    (a request with no capacity takes all of its milli) and the driver prepares it. The name
+    """A template whose request names no capacity takes a whole GPU (all of its milli): gpu-0.
+    KEP-5004: a DeviceClass that names an extended resource serves pods that ask for it, with
+    no claim in their spec; kube-scheduler makes the claim and first fit takes the next whole
+    GPU, gpu-1. Both containers see their GPU's UUID and no share limits. The extended resource
     is the project's own, not ``nvidia.com/gpu``: the mapping only serves nodes that do not
     advertise the resource themselves, and the device-plugin tests on this node do."""
+    require_containers(node)
     client = node_plane.api_client()
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
     wanted = "gpufrag.io/dra-gpu"
+    _create_device_class(resource, DRIVER_NAME)
     _create_device_class(resource, WHOLE_CLASS, extendedResourceName=wanted)
     try:
-        pod_body = _share_pod("whole", "unused")
-        del pod_body["spec"]["resourceClaims"]
-        pod_body["spec"]["containers"][0]["resources"] = {"limits": {wanted: "1"},
-                                                          "requests": {wanted: "1"}}
-        core.create_namespaced_pod(node_namespace, pod_body)
-
-        def running() -> Any:
-            pod = core.read_namespaced_pod("whole", node_namespace)
-            return pod if pod.status.phase == "Running" else None
-
+        resource.create_namespaced_resource_claim_template(node_namespace, _template("whole"))
+        core.create_namespaced_pod(node_namespace, _gpu_pod("by-template", template="whole"))
+        (status,) = _running(core, node_namespace, "by-template").status.resource_claim_statuses
+        by_template = status.resource_claim_name
+        core.create_namespaced_pod(node_namespace, _gpu_pod("by-extended-resource",
+                                                            extended={wanted: "1"}))
         pod = client.sanitize_for_serialization(
-            wait_until(running, timeout_s=90, what="the extended-resource pod to run"))
-        claim_name = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
-        claim = client.sanitize_for_serialization(
-            resource.read_namespaced_resource_claim(claim_name, node_namespace))
-        (result,) = claim["status"]["allocation"]["devices"]["results"]
-        assert (result["driver"], result["device"]) == (DRIVER_NAME, "gpu-0")
-        assert result["consumedCapacity"]["milli"] == "1k"  # all of it: a whole GPU
-        spec_file = dra_driver.cdi_dir / CDI_FILE.format(uid=claim["metadata"]["uid"])
-        (edited,) = json.loads(spec_file.read_text())["devices"]
-        assert edited["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={GPU_UUIDS[0]}"]
+            _running(core, node_namespace, "by-extended-resource"))
+        by_extended = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
 
-        core.delete_namespaced_pod("whole", node_namespace, grace_period_seconds=0)
-        wait_until(lambda: not spec_file.exists(), timeout_s=60,
-                   what="the kubelet to unprepare the claim (its CDI spec removed)")
+        spec_files = []
+        for pod_name, claim_name, device in (("by-template", by_template, 0),
+                                             ("by-extended-resource", by_extended, 1)):
+            claim = client.sanitize_for_serialization(
+                resource.read_namespaced_resource_claim(claim_name, node_namespace))
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert (result["driver"], result["device"]) == (DRIVER_NAME, f"gpu-{device}")
+            assert result["consumedCapacity"]["milli"] == "1k"  # all of it: a whole GPU
+            spec_files.append(dra_driver.cdi_dir / CDI_FILE.format(uid=claim["metadata"]["uid"]))
+            assert container_environment(node, node_namespace, pod_name) == {
+                "NVIDIA_VISIBLE_DEVICES": GPU_UUIDS[device]}, pod_name
+
+        core.delete_namespaced_pod("by-template", node_namespace, grace_period_seconds=0)
+        core.delete_namespaced_pod("by-extended-resource", node_namespace,
+                                   grace_period_seconds=0)
+        wait_until(lambda: not any(f.exists() for f in spec_files), timeout_s=60,
+                   what="the kubelet to unprepare the claims (their CDI specs removed)")
     finally:
         _delete_pods(core, node_namespace)
         resource.delete_device_class(WHOLE_CLASS)
+        resource.delete_device_class(DRIVER_NAME)
 
 
 def test_a_tenant_cannot_move_its_claims_allocation(
@@ -235,16 +290,10 @@ def test_a_tenant_cannot_move_its_claims_allocation(
     resource = kubernetes.client.ResourceV1Api(client)
     _create_device_class(resource, DRIVER_NAME)
     try:
-        resource.create_namespaced_resource_claim_template(node_namespace,
-                                                           _template("quarter", 250))
-        core.create_namespaced_pod(node_namespace, _share_pod("share", "quarter"))
-
-        def running() -> Any:
-            pod = core.read_namespaced_pod("share", node_namespace)
-            return pod if pod.status.phase == "Running" else None
-
-        (status,) = wait_until(running, timeout_s=90,
-                               what="the share pod to run").status.resource_claim_statuses
+        resource.create_namespaced_resource_claim_template(
+            node_namespace, _template("quarter", {"milli": "250"}))
+        core.create_namespaced_pod(node_namespace, _gpu_pod("share", "quarter"))
+        (status,) = _running(core, node_namespace, "share").status.resource_claim_statuses
         name = status.resource_claim_name
         tenant = kubernetes.client.ResourceV1Api(tenant_client(node_plane, node_namespace,
                                                                tmp_path))

@@ -62,7 +62,12 @@ from gpufrag.conventions import (
 from node.agent.cgroup import pod_uid_for_pid
 from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED
 from tests import skips
-from tests.e2e.node.conftest import logged_events, wait_registered
+from tests.e2e.node.conftest import (
+    GPU_ENV_COMMAND,
+    container_environment,
+    logged_events,
+    wait_registered,
+)
 from tests.records import place_as_the_extender, publish_test_key
 from tests.webhooks import recommendation, registered_webhook
 
@@ -162,8 +167,7 @@ def _gpu_pod(name: str, resource: str, count: str) -> dict[str, Any]:
         "spec": {"schedulerName": SCHEDULER_NAME, "terminationGracePeriodSeconds": 1,
                  "containers": [{
                      "name": "main", "image": BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                     "command": ["/bin/sh", "-c",
-                                 "env | grep -e NVIDIA_ -e GPUFRAG_ | sort; sleep 3600"],
+                     "command": ["/bin/sh", "-c", GPU_ENV_COMMAND],
                      "resources": {"limits": limits, "requests": limits}}]}}
     # The dev plane runs no node-lifecycle controller, so nothing lifts the not-ready taint
     # admission put on the new Node (devkit/controlplane.py); the kubelet says it is Ready.
@@ -192,23 +196,6 @@ def _settled(core: kubernetes.client.CoreV1Api, namespace: str, name: str,
         print(plugin.log()[-6000:])
         raise
     return pod
-
-
-def _environment(node: Node, namespace: str, name: str) -> dict[str, str]:
-    """The container's GPU variables, from its log (containerd runs it for real)."""
-    def printed() -> str | None:
-        log = node.container_log(namespace, name, "main")
-        return log if "NVIDIA_VISIBLE_DEVICES=" in log else None
-
-    log = wait_until(printed, timeout_s=20, what=f"pod {name}'s environment in its log")
-    found = {}
-    for line in log.splitlines():
-        # CRI log lines: "<time> stdout F <text>".
-        text = line.split(" ", 3)[-1]
-        key, sep, value = text.partition("=")
-        if sep:
-            found[key] = value
-    return found
 
 
 def _given(pod: kubernetes.client.V1Pod) -> dict[str, list[str]]:
@@ -254,7 +241,7 @@ def test_pods_placed_by_gpufrag_scheduler_get_exactly_the_gpus_it_chose(
                           or None, timeout_s=20, what=f"{name}'s allocation mark") == {
             "main": [UUIDS[index]]}
         if node.runtime == "containerd":
-            assert _environment(node, node_namespace, name)["NVIDIA_VISIBLE_DEVICES"] == \
+            assert container_environment(node, node_namespace, name)["NVIDIA_VISIBLE_DEVICES"] == \
                 UUIDS[index]
 
 
@@ -280,7 +267,7 @@ def test_two_share_pods_on_one_gpu_get_the_same_uuid(
                           or None, timeout_s=20, what=f"{name}'s allocation mark") == {
             "main": [UUIDS[1]]}
         if node.runtime == "containerd":
-            env = _environment(node, node_namespace, name)
+            env = container_environment(node, node_namespace, name)
             assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS[1], env
             assert (env["GPUFRAG_GPU_MILLI"], env["GPUFRAG_GPU_MEMORY_LIMIT_MIB"]) == (
                 "300", str(81_920 * 300 // 1000)), env
@@ -330,7 +317,7 @@ def test_the_plugin_registers_again_after_a_kubelet_restart(
     assert _given(core.read_namespaced_pod("after-restart", node_namespace)) == {
         "main": [UUIDS[0]]}
     if node.runtime == "containerd":
-        assert _environment(node, node_namespace, "after-restart")[
+        assert container_environment(node, node_namespace, "after-restart")[
             "NVIDIA_VISIBLE_DEVICES"] == UUIDS[0]
 
 
@@ -423,7 +410,7 @@ def test_a_pod_of_the_default_scheduler_gets_the_gpu_the_kubelet_chose(
     assert list(given) == ["main"] and len(given["main"]) == 1 and given["main"][0] in UUIDS
     assert plugin.events("kubelet_choice") == choices + 1
     if node.runtime == "containerd":
-        assert _environment(node, node_namespace, "default-scheduled")[
+        assert container_environment(node, node_namespace, "default-scheduled")[
             "NVIDIA_VISIBLE_DEVICES"] == given["main"][0]
 
 
@@ -482,7 +469,7 @@ def test_a_whole_gpu_deployment_in_auto_mode_runs_two_replicas_on_one_gpu(
                 assert RESOURCE_GPU not in limits and limits[RESOURCE_GPU_MILLI] == "100"
                 gpus.add(pod.metadata.annotations[ANNOTATION_GPU_INDICES])
                 if node.runtime == "containerd":
-                    env = _environment(node, node_namespace, pod.metadata.name)
+                    env = container_environment(node, node_namespace, pod.metadata.name)
                     assert (env["GPUFRAG_GPU_MILLI"], env["GPUFRAG_GPU_MEMORY_LIMIT_MIB"]) == (
                         "100", str(81_920 * 100 // 1000)), env
             assert len(gpus) == 1, gpus  # both replicas share one GPU
@@ -568,7 +555,7 @@ def test_a_replica_over_its_share_raises_its_workload_and_the_next_is_admitted_r
             change = json.loads(second.metadata.annotations[
                 DEFAULT_NAMES.annotation_rightsizing_change])
             assert (change["to"], change["memory_mib"]) == (milli, rec.memory_mib), change
-            env = _environment(node, node_namespace, second.metadata.name)
+            env = container_environment(node, node_namespace, second.metadata.name)
             assert int(env["GPUFRAG_GPU_MEMORY_LIMIT_MIB"]) >= rec.raised_mib, env
     finally:
         node_plane.stop_scheduler("gpufrag")

@@ -108,7 +108,7 @@ def test_a_share_is_prepared_as_one_cdi_device_with_the_device_plugins_env(
             list(device.cdi_device_ids), device.share_id) == (
         ["gpu"], NODE, "gpu-0", ["gpufrag.io/gpu=uid-1-gpu"], "s1")
     spec = json.loads((driver.cdi_dir / "gpufrag.io-gpu_uid-1.json").read_text())
-    assert spec == {"cdiVersion": "0.3.0", "kind": "gpufrag.io/gpu", "devices": [{
+    assert spec == {"cdiVersion": "0.5.0", "kind": "gpufrag.io/gpu", "devices": [{
         "name": "uid-1-gpu", "containerEdits": {
             "env": ["GPUFRAG_GPU_MEMORY_LIMIT_MIB=20480", "GPUFRAG_GPU_MILLI=250",
                     f"NVIDIA_VISIBLE_DEVICES={UUIDS[0]}"],
