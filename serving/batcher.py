@@ -124,7 +124,7 @@ class BatchStart:
     started: bool = False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PendingRequest:
     """One admitted request: its inputs, deadline and the future its handler awaits."""
 
@@ -178,7 +178,10 @@ class Wait:
 
 
 def signature_of(inputs: Mapping[str, Array]) -> Signature:
-    return tuple(sorted((name, a.dtype.str, tuple(a.shape[1:])) for name, a in inputs.items()))
+    if len(inputs) == 1:  # the common case, without the sort
+        for name, a in inputs.items():
+            return ((name, a.dtype.str, a.shape[1:]),)
+    return tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items()))
 
 
 def plan_batch(queue: Iterable[Queued], now_s: float, config: BatcherConfig, *,
@@ -369,11 +372,13 @@ class DynamicBatcher:
     def admission_error(self) -> Unavailable | None:
         """Why a request would be refused now (closed, or the queue is full), or None. The
         HTTP layer asks before reading a body, so shedding load costs no parsing."""
+        return self._refusal(self.depth)
+
+    def _refusal(self, depth: int) -> Unavailable | None:
         config = self._config
         if not self._accepting:
             return ShuttingDown("server is not accepting requests (starting or shutting down)",
                                 retry_after_s=config.retry_after_s)
-        depth = self.depth
         if depth >= config.max_queue_size:
             return QueueFull(f"queue is full ({depth} requests waiting, --max-queue-size "
                              f"{config.max_queue_size}); retry after {config.retry_after_s}s",
@@ -399,7 +404,8 @@ class DynamicBatcher:
         request with more rows than ``max_batch_size`` or inconsistent batch dimensions.
         """
         config = self._config
-        refused = self.admission_error()
+        depth = self.depth
+        refused = self._refusal(depth)
         if refused is not None:
             self._observer.outcome(refused.outcome)
             raise refused
@@ -410,13 +416,12 @@ class DynamicBatcher:
         timeout = self._timeout(timeout_s)
         now = self._clock.now()
         future: asyncio.Future[dict[str, Array]] = asyncio.get_running_loop().create_future()
-        request = PendingRequest(inputs=inputs, rows=rows, signature=signature_of(inputs),
-                                 enqueued_s=now, deadline_s=now + timeout, future=future,
-                                 client_gone=client_gone or _never_gone, seq=next(self._seq))
+        request = PendingRequest(inputs, rows, signature_of(inputs), now, now + timeout, future,
+                                 client_gone or _never_gone, QUEUED, next(self._seq))
         future.add_done_callback(self._on_future_done)
         self._queue.append(request)
         self._deadlines.push(request)
-        self._observer.queue_depth(self.depth)
+        self._observer.queue_depth(depth + 1)  # (self.depth, with this request queued)
         self._poke()
         return future
 
@@ -636,11 +641,11 @@ class _Computed:
 def _rows_of(inputs: Mapping[str, Array]) -> int:
     if not inputs:
         raise InvalidRequest("request has no inputs")
-    rows = {name: (a.shape[0] if a.ndim else 0) for name, a in inputs.items()}
-    distinct = set(rows.values())
-    if len(distinct) != 1:
-        raise InvalidRequest(f"inputs disagree on the batch dimension (dim 0): {rows}")
-    (n,) = distinct
-    if n < 1:
+    counts = [a.shape[0] if a.ndim else 0 for a in inputs.values()]
+    n = counts[0]
+    if n < 1 or counts.count(n) != len(counts):
+        rows = {name: (a.shape[0] if a.ndim else 0) for name, a in inputs.items()}
+        if counts.count(n) != len(counts):
+            raise InvalidRequest(f"inputs disagree on the batch dimension (dim 0): {rows}")
         raise InvalidRequest(f"inputs need at least 1 row along dimension 0, got {rows}")
     return n
