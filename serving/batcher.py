@@ -119,9 +119,13 @@ def _never_gone() -> bool:
 
 @dataclass(eq=False)
 class BatchStart:
-    """Set by the executor's worker when a dispatched batch begins (read on the loop)."""
+    """Set by the executor's worker when a dispatched batch begins (read on the loop); what
+    ``depth`` counts of it until then."""
 
     started: bool = False
+    # its requests not yet finished (expired or dropped) while it has not started; written on
+    # the loop only, so ``depth`` need not walk the batch
+    unanswered: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -143,6 +147,12 @@ class PendingRequest:
         """The caller no longer wants the answer (handler cancelled or connection closed)."""
         return self.future.done() or self.client_gone()
 
+    def finish_waiting(self) -> None:
+        """Finished without computing (expired, or dropped) while :meth:`waiting`."""
+        if self.state == DISPATCHED and self.batch is not None:
+            self.batch.unanswered -= 1
+        self.state = FINISHED
+
     def waiting(self) -> bool:
         """Not computing yet: queued, or dispatched in a batch that has not started. Such a
         request can still expire (504) or be dropped (client gone) without being computed."""
@@ -157,8 +167,6 @@ class _Dispatched:
     requests: list[PendingRequest]
     start: BatchStart
 
-    def unanswered(self) -> list[PendingRequest]:
-        return [r for r in self.requests if r.state != FINISHED]
 
 
 @dataclass(frozen=True)
@@ -303,6 +311,7 @@ class DynamicBatcher:
         # of their computation
         self._inflight: dict[asyncio.Future[_Computed], _Dispatched] = {}
         self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop start() ran on
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
         self._timer_at: float | None = None
@@ -326,7 +335,10 @@ class DynamicBatcher:
             raise RuntimeError("batcher already started")
         self._wake = asyncio.Event()
         self._accepting = True
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="gpufrag-batcher")
+        # kept: asyncio.get_running_loop() makes a getpid() system call each time (CPython
+        # checks for a fork), once per request in submit()
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="gpufrag-batcher")
 
     def close_admission(self) -> None:
         """New submissions fail with :class:`ShuttingDown`; queued ones are still served."""
@@ -365,8 +377,9 @@ class DynamicBatcher:
         if not self._inflight:  # the common case on the hot path: nothing to walk
             return queued
         for dispatched in self._inflight.values():
-            if not dispatched.start.started:
-                queued += len(dispatched.unanswered())
+            start = dispatched.start
+            if not start.started:
+                queued += start.unanswered
         return queued
 
     def admission_error(self) -> Unavailable | None:
@@ -415,7 +428,8 @@ class DynamicBatcher:
                                  f"batch size {config.max_batch_size}; split it")
         timeout = self._timeout(timeout_s)
         now = self._clock.now()
-        future: asyncio.Future[dict[str, Array]] = asyncio.get_running_loop().create_future()
+        assert self._loop is not None  # (admission is open: started)
+        future: asyncio.Future[dict[str, Array]] = self._loop.create_future()
         request = PendingRequest(inputs, rows, signature_of(inputs), now, now + timeout, future,
                                  client_gone or _never_gone, QUEUED, next(self._seq))
         future.add_done_callback(self._on_future_done)
@@ -463,8 +477,8 @@ class DynamicBatcher:
     def _dispatch(self, batch: list[PendingRequest]) -> None:
         """Hand ``batch`` to the executor now (it starts as soon as a worker is free)."""
         dispatched = _Dispatched(batch, self._take(batch))
-        loop = asyncio.get_running_loop()
-        computed = loop.run_in_executor(self._executor, self._compute, dispatched)
+        assert self._loop is not None
+        computed = self._loop.run_in_executor(self._executor, self._compute, dispatched)
         self._inflight[computed] = dispatched
         # a callback, not a task per batch: answered as soon as the loop sees the result
         computed.add_done_callback(lambda done: self._finish(batch, done))
@@ -483,7 +497,8 @@ class DynamicBatcher:
             self._timer = None
         self._timer_at = at_s
         if at_s is not None:
-            self._timer = asyncio.get_running_loop().create_task(self._ring(at_s))
+            assert self._loop is not None
+            self._timer = self._loop.create_task(self._ring(at_s))
 
     async def _ring(self, at_s: float) -> None:
         await self._clock.sleep_until(at_s)
@@ -497,7 +512,7 @@ class DynamicBatcher:
         if expired:
             self._queue = deque(r for r in self._queue if id(r) not in expired)
         for request in due:
-            request.state = FINISHED
+            request.finish_waiting()
             if request.future.done():
                 self._observer.outcome("cancelled")
                 continue
@@ -520,7 +535,7 @@ class DynamicBatcher:
         for dispatched in self._inflight.values():  # dispatched, not started: drop it there too
             for request in dispatched.requests:
                 if request.waiting() and request.abandoned():
-                    request.state = FINISHED
+                    request.finish_waiting()
                     self._observer.outcome("cancelled")
 
     def _take(self, batch: Sequence[PendingRequest]) -> BatchStart:
@@ -531,7 +546,7 @@ class DynamicBatcher:
         else:
             taken = {id(r) for r in batch}
             self._queue = deque(r for r in self._queue if id(r) not in taken)
-        start = BatchStart()
+        start = BatchStart(unanswered=len(batch))
         for request in batch:
             request.state = DISPATCHED
             request.batch = start
