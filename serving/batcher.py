@@ -633,7 +633,8 @@ class DynamicBatcher:
         alone), skip those the loop already answered, set aside those that expired or whose
         client left while the batch waited (reads only: the loop owns every write), then
         concatenate, infer and cut the outputs back per request. Copying a batch's inputs
-        together (megabytes for images) stays off the event loop."""
+        together (megabytes for images) stays off the event loop's thread; a large one lets
+        the loop run meanwhile (:func:`assemble`)."""
         dispatched.start.started = True
         started = self._clock.now()
         live, expired, dropped = [], [], []
