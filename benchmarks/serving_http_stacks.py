@@ -20,6 +20,12 @@ loop:
   delay), response encoding and metrics, over a backend that answers zeros at no cost. Its CPU
   per request is what ``gpufrag serve`` adds to a model's own compute.
 
+And, for ``gpufrag-serve`` alone, its own code without the kernel's part: the same requests
+fed in process to 64 of its connections (``serving.http1.Connection``) whose transport only
+counts answers, the event loop thread's CPU per request. The whole-server figure swings with
+how busy the shared machine keeps it (an idle server wakes per request and per batch, and
+its batches shrink); this one shows what the front end itself costs.
+
 Each is driven by ``benchmarks/serving_load.py`` (one thread) with 64 keep-alive connections;
 three interleaved runs per stack, median of the server's CPU per request. Usage::
 
@@ -34,8 +40,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import numpy as np
 import uvicorn
@@ -51,6 +57,7 @@ from serving.batcher import DynamicBatcher
 from serving.client import encode_inputs
 from serving.config import BatcherConfig
 from serving.frontend import front_end
+from serving.http1 import Connection, HttpServer
 from serving.metrics import ServingMetrics
 from serving.protocol import ModelInfo
 from serving.tensors import TensorSpec
@@ -147,7 +154,8 @@ class ZeroCostBackend:
         pass
 
 
-async def _serve_gpufrag(port: int) -> None:
+def _gpufrag_front_end() -> HttpServer:
+    """gpufrag serve without a model, its batcher started on the running loop."""
     backend = ZeroCostBackend()
     config = BatcherConfig(max_batch_size=32, max_queue_delay_s=0.0)
     state = ServerState(model_name="m", metrics=ServingMetrics(model="m"),
@@ -158,8 +166,82 @@ async def _serve_gpufrag(port: int) -> None:
     state.model = ModelInfo(name="m", platform=backend.kind, inputs=backend.inputs,
                             outputs=backend.outputs, max_batch_size=config.max_batch_size)
     state.set_ready(True)
-    await front_end(state).start("127.0.0.1", port)
+    return front_end(state)
+
+
+async def _serve_gpufrag(port: int) -> None:
+    await _gpufrag_front_end().start("127.0.0.1", port)
     await asyncio.Event().wait()
+
+
+class _CountingTransport:
+    """A connection's transport that keeps nothing: counts the answers written to it."""
+
+    def __init__(self, answered: Callable[[], None]) -> None:
+        self._answered = answered
+
+    def write(self, data: bytes) -> None:
+        self._answered()
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def abort(self) -> None: ...
+
+    def can_write_eof(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+
+async def _in_process(payload: bytes, connections: int, rounds: int, repeats: int) -> float:
+    """The event loop thread's CPU per request of gpufrag serve's own code, without sockets:
+    ``connections`` connections (serving.http1.Connection on a transport that only counts
+    answers) are each fed one request per round, and the round ends when every answer is
+    written; the median over ``repeats`` of ``rounds`` rounds, in microseconds. What it leaves
+    out is the kernel's part (reads, writes, epoll) and the batch's compute thread."""
+    server = _gpufrag_front_end()
+    waiting = 0
+    all_answered = asyncio.Event()
+
+    def answered() -> None:
+        nonlocal waiting
+        waiting -= 1
+        if not waiting:
+            all_answered.set()
+
+    peers = []
+    for _ in range(connections):
+        peer = Connection(server)
+        peer.connection_made(cast(asyncio.Transport, _CountingTransport(answered)))
+        peers.append(peer)
+
+    async def one_round() -> None:
+        nonlocal waiting
+        all_answered.clear()
+        waiting = connections
+        for peer in peers:
+            peer.data_received(payload)
+        await all_answered.wait()
+
+    for _ in range(rounds):  # warm: request plans, the executor's thread
+        await one_round()
+    runs = []
+    for _ in range(repeats):
+        started = time.thread_time()
+        for _ in range(rounds):
+            await one_round()
+        runs.append(1e6 * (time.thread_time() - started) / (rounds * connections))
+    return float(np.median(runs))
+
+
+def in_process(payload: bytes, loop: str) -> float:
+    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+        return runner.run(_in_process(payload, connections=64, rounds=40, repeats=9))
 
 
 def serve(stack: str, loop: str, port: int) -> None:
@@ -260,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
         figures += [results.Figure(f"{stack} on {loop}: server CPU per request", round(cpu, 1),
                                    "µs", target),
                     results.Figure(f"{stack} on {loop}: requests/s", round(rate), "req/s")]
+    print("gpufrag-serve's own code in process, without sockets: event loop thread CPU per "
+          "request, 64 connections, median of 9 runs")
+    for loop in LOOPS:
+        own_us = in_process(payload, loop)
+        print(f"{'gpufrag-serve':>16} | {loop:>7} | {own_us:.1f} us")
+        figures.append(results.Figure(f"gpufrag-serve on {loop}, in process without sockets: "
+                                      "event loop thread CPU per request", round(own_us, 1),
+                                      "µs"))
     results.record(args, "serving_http_stacks", start, figures)
     return 0
 

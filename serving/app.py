@@ -113,7 +113,8 @@ class ServerState:
 
     def request_started(self) -> None:
         self.active_requests += 1
-        self._idle.clear()
+        if self.active_requests == 1:  # (set only while none is active)
+            self._idle.clear()
 
     def request_finished(self) -> None:
         self.active_requests -= 1
@@ -375,16 +376,16 @@ class InferCall:
             self._offload(body, encoding, timeout_header, header_length, client_gone)
             return
         json_bytes = len(body)  # only the JSON part costs parsing; binary tensors are views
-        if header_length is not None:
+        if json_bytes > PARSE_OFFLOAD_BYTES and header_length is not None:
             try:
-                json_bytes = parse_header_length(header_length, len(body))
+                json_bytes = parse_header_length(header_length, json_bytes)
             except InvalidRequest:
                 json_bytes = 0  # rejected at once by the parser below
-        model = self._model
-        plans = self._state.plans
         if json_bytes > PARSE_OFFLOAD_BYTES:
             self._offload(body, None, timeout_header, header_length, client_gone)
             return
+        model = self._model
+        plans = self._state.plans
         try:
             parsed = parse_infer_request(body, model, timeout_header=timeout_header,
                                          header_length=header_length, plans=plans)

@@ -119,12 +119,16 @@ def _never_gone() -> bool:
 
 @dataclass(eq=False)
 class BatchStart:
-    """Set by the executor's worker when a dispatched batch begins (read on the loop)."""
+    """Set by the executor's worker when a dispatched batch begins (read on the loop); what
+    ``depth`` counts of it until then."""
 
     started: bool = False
+    # its requests not yet finished (expired or dropped) while it has not started; written on
+    # the loop only, so ``depth`` need not walk the batch
+    unanswered: int = 0
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PendingRequest:
     """One admitted request: its inputs, deadline and the future its handler awaits."""
 
@@ -143,6 +147,12 @@ class PendingRequest:
         """The caller no longer wants the answer (handler cancelled or connection closed)."""
         return self.future.done() or self.client_gone()
 
+    def finish_waiting(self) -> None:
+        """Finished without computing (expired, or dropped) while :meth:`waiting`."""
+        if self.state == DISPATCHED and self.batch is not None:
+            self.batch.unanswered -= 1
+        self.state = FINISHED
+
     def waiting(self) -> bool:
         """Not computing yet: queued, or dispatched in a batch that has not started. Such a
         request can still expire (504) or be dropped (client gone) without being computed."""
@@ -157,8 +167,6 @@ class _Dispatched:
     requests: list[PendingRequest]
     start: BatchStart
 
-    def unanswered(self) -> list[PendingRequest]:
-        return [r for r in self.requests if r.state != FINISHED]
 
 
 @dataclass(frozen=True)
@@ -178,7 +186,10 @@ class Wait:
 
 
 def signature_of(inputs: Mapping[str, Array]) -> Signature:
-    return tuple(sorted((name, a.dtype.str, tuple(a.shape[1:])) for name, a in inputs.items()))
+    if len(inputs) == 1:  # the common case, without the sort
+        for name, a in inputs.items():
+            return ((name, a.dtype.str, a.shape[1:]),)
+    return tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items()))
 
 
 def plan_batch(queue: Iterable[Queued], now_s: float, config: BatcherConfig, *,
@@ -219,6 +230,11 @@ def plan_batch(queue: Iterable[Queued], now_s: float, config: BatcherConfig, *,
     return Wait(due_s)
 
 
+# A batch input up to this size is copied together holding the GIL (:func:`assemble`); a
+# larger one lets the event loop run while numpy copies it.
+_GIL_HELD_COPY_BYTES = 1 << 20
+
+
 def assemble(requests: Sequence[PendingRequest],
              pad_to: int | None) -> tuple[dict[str, Array], int]:
     """Concatenate requests' inputs along dim 0 (zero-padding rows up to ``pad_to``)."""
@@ -230,10 +246,25 @@ def assemble(requests: Sequence[PendingRequest],
     batch: dict[str, Array] = {}
     for name in names:
         parts = [r.inputs[name] for r in requests]
+        first = parts[0]
         if padding:
-            first = parts[0]
             parts.append(np.zeros((padding, *first.shape[1:]), dtype=first.dtype))
-        batch[name] = np.concatenate(parts, axis=0)
+        size = sum(part.nbytes for part in parts)
+        if size > _GIL_HELD_COPY_BYTES:
+            batch[name] = np.concatenate(parts, axis=0)
+            continue
+        # Small: copied holding the GIL. np.concatenate lets the GIL go around each part's
+        # copy, and with the event loop busy on the other core every release hands the GIL
+        # to the loop and back (a futex wake and a context switch each, several per request
+        # of the batch), which cost more than the copies themselves.
+        joined = np.empty((rows + padding, *first.shape[1:]), dtype=first.dtype)
+        into = joined.data.cast("B")
+        offset = 0
+        for part in parts:
+            data = np.ascontiguousarray(part).data.cast("B")
+            into[offset:offset + data.nbytes] = data
+            offset += data.nbytes
+        batch[name] = joined
     return batch, rows
 
 
@@ -300,6 +331,7 @@ class DynamicBatcher:
         # of their computation
         self._inflight: dict[asyncio.Future[_Computed], _Dispatched] = {}
         self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop start() ran on
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.Task[None] | None = None
         self._timer_at: float | None = None
@@ -323,7 +355,10 @@ class DynamicBatcher:
             raise RuntimeError("batcher already started")
         self._wake = asyncio.Event()
         self._accepting = True
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="gpufrag-batcher")
+        # kept: asyncio.get_running_loop() makes a getpid() system call each time (CPython
+        # checks for a fork), once per request in submit()
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name="gpufrag-batcher")
 
     def close_admission(self) -> None:
         """New submissions fail with :class:`ShuttingDown`; queued ones are still served."""
@@ -362,18 +397,21 @@ class DynamicBatcher:
         if not self._inflight:  # the common case on the hot path: nothing to walk
             return queued
         for dispatched in self._inflight.values():
-            if not dispatched.start.started:
-                queued += len(dispatched.unanswered())
+            start = dispatched.start
+            if not start.started:
+                queued += start.unanswered
         return queued
 
     def admission_error(self) -> Unavailable | None:
         """Why a request would be refused now (closed, or the queue is full), or None. The
         HTTP layer asks before reading a body, so shedding load costs no parsing."""
+        return self._refusal(self.depth)
+
+    def _refusal(self, depth: int) -> Unavailable | None:
         config = self._config
         if not self._accepting:
             return ShuttingDown("server is not accepting requests (starting or shutting down)",
                                 retry_after_s=config.retry_after_s)
-        depth = self.depth
         if depth >= config.max_queue_size:
             return QueueFull(f"queue is full ({depth} requests waiting, --max-queue-size "
                              f"{config.max_queue_size}); retry after {config.retry_after_s}s",
@@ -399,7 +437,8 @@ class DynamicBatcher:
         request with more rows than ``max_batch_size`` or inconsistent batch dimensions.
         """
         config = self._config
-        refused = self.admission_error()
+        depth = self.depth
+        refused = self._refusal(depth)
         if refused is not None:
             self._observer.outcome(refused.outcome)
             raise refused
@@ -409,14 +448,14 @@ class DynamicBatcher:
                                  f"batch size {config.max_batch_size}; split it")
         timeout = self._timeout(timeout_s)
         now = self._clock.now()
-        future: asyncio.Future[dict[str, Array]] = asyncio.get_running_loop().create_future()
-        request = PendingRequest(inputs=inputs, rows=rows, signature=signature_of(inputs),
-                                 enqueued_s=now, deadline_s=now + timeout, future=future,
-                                 client_gone=client_gone or _never_gone, seq=next(self._seq))
+        assert self._loop is not None  # (admission is open: started)
+        future: asyncio.Future[dict[str, Array]] = self._loop.create_future()
+        request = PendingRequest(inputs, rows, signature_of(inputs), now, now + timeout, future,
+                                 client_gone or _never_gone, QUEUED, next(self._seq))
         future.add_done_callback(self._on_future_done)
         self._queue.append(request)
         self._deadlines.push(request)
-        self._observer.queue_depth(self.depth)
+        self._observer.queue_depth(depth + 1)  # (self.depth, with this request queued)
         self._poke()
         return future
 
@@ -458,8 +497,8 @@ class DynamicBatcher:
     def _dispatch(self, batch: list[PendingRequest]) -> None:
         """Hand ``batch`` to the executor now (it starts as soon as a worker is free)."""
         dispatched = _Dispatched(batch, self._take(batch))
-        loop = asyncio.get_running_loop()
-        computed = loop.run_in_executor(self._executor, self._compute, dispatched)
+        assert self._loop is not None
+        computed = self._loop.run_in_executor(self._executor, self._compute, dispatched)
         self._inflight[computed] = dispatched
         # a callback, not a task per batch: answered as soon as the loop sees the result
         computed.add_done_callback(lambda done: self._finish(batch, done))
@@ -478,7 +517,8 @@ class DynamicBatcher:
             self._timer = None
         self._timer_at = at_s
         if at_s is not None:
-            self._timer = asyncio.get_running_loop().create_task(self._ring(at_s))
+            assert self._loop is not None
+            self._timer = self._loop.create_task(self._ring(at_s))
 
     async def _ring(self, at_s: float) -> None:
         await self._clock.sleep_until(at_s)
@@ -492,7 +532,7 @@ class DynamicBatcher:
         if expired:
             self._queue = deque(r for r in self._queue if id(r) not in expired)
         for request in due:
-            request.state = FINISHED
+            request.finish_waiting()
             if request.future.done():
                 self._observer.outcome("cancelled")
                 continue
@@ -515,7 +555,7 @@ class DynamicBatcher:
         for dispatched in self._inflight.values():  # dispatched, not started: drop it there too
             for request in dispatched.requests:
                 if request.waiting() and request.abandoned():
-                    request.state = FINISHED
+                    request.finish_waiting()
                     self._observer.outcome("cancelled")
 
     def _take(self, batch: Sequence[PendingRequest]) -> BatchStart:
@@ -526,7 +566,7 @@ class DynamicBatcher:
         else:
             taken = {id(r) for r in batch}
             self._queue = deque(r for r in self._queue if id(r) not in taken)
-        start = BatchStart()
+        start = BatchStart(unanswered=len(batch))
         for request in batch:
             request.state = DISPATCHED
             request.batch = start
@@ -593,7 +633,8 @@ class DynamicBatcher:
         alone), skip those the loop already answered, set aside those that expired or whose
         client left while the batch waited (reads only: the loop owns every write), then
         concatenate, infer and cut the outputs back per request. Copying a batch's inputs
-        together (megabytes for images) stays off the event loop."""
+        together (megabytes for images) stays off the event loop's thread; a large one lets
+        the loop run meanwhile (:func:`assemble`)."""
         dispatched.start.started = True
         started = self._clock.now()
         live, expired, dropped = [], [], []
@@ -636,11 +677,11 @@ class _Computed:
 def _rows_of(inputs: Mapping[str, Array]) -> int:
     if not inputs:
         raise InvalidRequest("request has no inputs")
-    rows = {name: (a.shape[0] if a.ndim else 0) for name, a in inputs.items()}
-    distinct = set(rows.values())
-    if len(distinct) != 1:
-        raise InvalidRequest(f"inputs disagree on the batch dimension (dim 0): {rows}")
-    (n,) = distinct
-    if n < 1:
+    counts = [a.shape[0] if a.ndim else 0 for a in inputs.values()]
+    n = counts[0]
+    if n < 1 or counts.count(n) != len(counts):
+        rows = {name: (a.shape[0] if a.ndim else 0) for name, a in inputs.items()}
+        if counts.count(n) != len(counts):
+            raise InvalidRequest(f"inputs disagree on the batch dimension (dim 0): {rows}")
         raise InvalidRequest(f"inputs need at least 1 row along dimension 0, got {rows}")
     return n

@@ -72,7 +72,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import Protocol, cast
+from typing import NamedTuple, Protocol, cast
 
 import httptools
 import structlog
@@ -84,6 +84,9 @@ log = structlog.get_logger("serving.http1")
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # Answers longer than this are written as their own buffer rather than copied onto the head.
 _COPY_BODY_BYTES = 64 * 1024
+# Encoded extra headers kept for reuse (an answer's Inference-Header-Content-Length or
+# Retry-After repeats); the cache is emptied when it reaches this many.
+_EXTRA_HEADS_KEPT = 256
 # The listening socket's accept queue; at close at most this many more are taken from it.
 _BACKLOG = 1024
 
@@ -91,9 +94,9 @@ _BACKLOG = 1024
 _IDLE, _HEADERS, _BODY, _DISCARD = range(4)
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """One response, as the transport writes it (it adds Content-Length and Connection)."""
+class Answer(NamedTuple):
+    """One response, as the transport writes it (it adds Content-Length and Connection). A
+    named tuple: one is made per request, and a tuple is the cheapest immutable record."""
 
     status: int
     body: bytes
@@ -126,7 +129,10 @@ class Site(Protocol):
     """What the requests mean: admission, routing, answers, and the error format."""
 
     @property
-    def max_body_bytes(self) -> int: ...
+    def max_body_bytes(self) -> int:
+        """The framing checks it only for a chunked body; a ``Content-Length`` over it is
+        :meth:`begin`'s to refuse (llhttp reads no more than a ``Content-Length`` says)."""
+        ...
 
     @property
     def captured_headers(self) -> frozenset[bytes]:
@@ -238,6 +244,9 @@ class HttpServer:
         self._listeners: list[socket.socket] = []
         self._sweeper: asyncio.TimerHandle | None = None
         self._prefixes: dict[tuple[int, str], bytes] = {}
+        self._extra_heads: dict[tuple[tuple[str, str], ...], bytes] = {}
+        # the header names on_header looks at; the rest are only counted
+        self.noted_headers = site.captured_headers | {b"content-length", b"expect"}
         self.date_line = b""
         self.refused_connections = 0
         self.buffered = 0  # body bytes held now (HttpLimits.max_buffered_bytes)
@@ -356,8 +365,14 @@ class HttpServer:
             prefix = self._prefixes[key] = (
                 f"HTTP/1.1 {answer.status} {reason_phrase(answer.status)}\r\n".encode()
                 + self.server_line + f"Content-Type: {answer.content_type}\r\n".encode())
-        extra = b"".join(f"{name}: {value}\r\n".encode("latin-1")
-                         for name, value in answer.headers) if answer.headers else b""
+        extra = b""
+        if answer.headers:
+            extra = self._extra_heads.get(answer.headers, b"")
+            if not extra:
+                if len(self._extra_heads) >= _EXTRA_HEADS_KEPT:
+                    self._extra_heads.clear()
+                extra = self._extra_heads[answer.headers] = b"".join(
+                    f"{name}: {value}\r\n".encode("latin-1") for name, value in answer.headers)
         connection = (b"Connection: close\r\n" if close
                       else b"Connection: keep-alive\r\n" if keep_alive_10 else b"")
         return b"%s%sContent-Length: %d\r\n%s%s\r\n" % (
@@ -373,6 +388,10 @@ class Connection(asyncio.Protocol):
         self._site = server.site
         self._limits = server.limits
         self._captured_names = server.site.captured_headers
+        self._noted_names = server.noted_headers
+        self._max_header_bytes = server.limits.max_header_bytes
+        self._max_headers = server.limits.max_headers
+        self._client_gone = self._gone  # (one bound method for every call)
         self._loop = asyncio.get_running_loop()
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
@@ -471,7 +490,8 @@ class Connection(asyncio.Protocol):
         self._phase = _HEADERS
         self._served = True
         self._since = self._loop.time()
-        self._free_body()  # (a body read for a call that went away meanwhile)
+        if self._body_held:
+            self._free_body()  # (a body read for a call that went away meanwhile)
         self._reset_request()
 
     def on_url(self, url: bytes) -> None:
@@ -485,14 +505,22 @@ class Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         self._header_bytes += len(name) + len(value) + 4
+        if (self._header_bytes > self._max_header_bytes
+                or self._header_count > self._max_headers):
+            self._headers_too_large()
+        key = name.lower()
+        if key in self._noted_names:
+            self._note_header(key, value)
+
+    def _headers_too_large(self) -> None:
         limits = self._limits
         if self._header_bytes > limits.max_header_bytes:
             self._stop(self._site.error(431, "request headers are larger than the "
                                              f"{limits.max_header_bytes} byte limit"))
-        if self._header_count > limits.max_headers:
-            self._stop(self._site.error(431, f"request has more than {limits.max_headers} "
-                                             "headers"))
-        key = name.lower()
+        self._stop(self._site.error(431, f"request has more than {limits.max_headers} "
+                                         "headers"))
+
+    def _note_header(self, key: bytes, value: bytes) -> None:
         if key == b"content-length":
             self._content_length = int(value)  # llhttp has checked it is a number
         elif key == b"expect":
@@ -538,7 +566,9 @@ class Connection(asyncio.Protocol):
             exchange = self._current
             server = self._server
             if exchange is not None and exchange.call is not None:
-                if self._body_size > self._site.max_body_bytes:  # chunked: no length to check
+                # (a Content-Length was checked at admission, and llhttp reads no further)
+                if (self._content_length is None
+                        and self._body_size > self._site.max_body_bytes):  # chunked
                     self._give_up_body(exchange).too_large()
                     return
                 if server.buffered + size > self._limits.max_buffered_bytes:
@@ -579,7 +609,7 @@ class Connection(asyncio.Protocol):
             self._body = []
             exchange.held, self._body_held = self._body_held, 0  # held until answered
             try:
-                call.run(body, self._captured, self._gone)
+                call.run(body, self._captured, self._client_gone)
             except Exception:
                 log.exception("request_start_failed")
                 exchange.call = None
@@ -632,7 +662,8 @@ class Connection(asyncio.Protocol):
             else:
                 transport.write(head)
                 transport.write(body)
-            self._release(exchange)
+            if exchange.held:
+                self._release(exchange)
             if exchange.counted:
                 exchange.counted = False
                 self._site.request_finished()
@@ -646,7 +677,8 @@ class Connection(asyncio.Protocol):
                 return
         if not exchanges and self._phase == _IDLE:
             self._since = self._loop.time()  # idle keep-alive from here
-        self._maybe_resume_reading()
+        if self._reading_paused:
+            self._maybe_resume_reading()
 
     def _write(self, data: bytes) -> None:
         if self._transport is not None and not self._closed:

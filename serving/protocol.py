@@ -39,8 +39,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -60,6 +62,8 @@ _ACCEPTED_KINDS: dict[str, str] = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 # Tokens that Python's json.dumps writes for non-finite floats but JSON does not allow; looked
 # for only in a body that failed to parse, to say why.
 _NON_JSON_NUMBERS = re.compile(rb"\b(?:NaN|Infinity)\b")
+_all_true = np.logical_and.reduce
+_LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,11 @@ class ModelInfo:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch_size: int
+
+    @cached_property
+    def output_specs(self) -> dict[str, TensorSpec]:
+        """The outputs by name (worked out once: every response reads it)."""
+        return {spec.name: spec for spec in self.outputs}
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -102,7 +111,38 @@ class EncodedResponse:
 
 def little_endian(dtype: np.dtype[Any]) -> np.dtype[Any]:
     """The wire dtype of the binary extension (little-endian; 1-byte types have no order)."""
-    return dtype.newbyteorder("<") if dtype.itemsize > 1 else dtype
+    if dtype.itemsize == 1 or (_LITTLE_ENDIAN_HOST and dtype.isnative):
+        return dtype  # (as it is: a new equal dtype per call costs more than the check)
+    return dtype.newbyteorder("<")
+
+
+@dataclass(frozen=True, slots=True)
+class WireLayout:
+    """How a tensor of one shape and dtype lies in a binary body, worked out once: what
+    :func:`decode_binary_tensor` reads per call, kept by a request plan so that a repeat
+    pays only for the read."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    wire: np.dtype[Any]  # the little-endian dtype on the wire
+    count: int  # elements
+    convert: bool  # a big-endian host converts after reading
+
+    @classmethod
+    def of(cls, shape: list[int] | tuple[int, ...], dtype: np.dtype[Any]) -> WireLayout:
+        wire = little_endian(dtype)
+        return cls(tuple(shape), dtype, wire, math.prod(shape), wire != dtype)
+
+    def read(self, buffer: bytes | bytearray | memoryview, offset: int) -> Array:
+        """The tensor at ``buffer[offset:]``, without a copy where possible: an unaligned
+        slice is copied (backends and numpy are faster on aligned data), a big-endian host
+        converts."""
+        array = np.frombuffer(buffer, dtype=self.wire, count=self.count, offset=offset)
+        if not array.flags.aligned:
+            array = array.copy()
+        if self.convert:
+            array = array.astype(self.dtype)
+        return array.reshape(self.shape)
 
 
 def parse_header_length(value: str, body_size: int) -> int:
@@ -117,16 +157,8 @@ def parse_header_length(value: str, body_size: int) -> int:
 
 def decode_binary_tensor(buffer: bytes | bytearray | memoryview, offset: int, shape: list[int],
                          dtype: np.dtype[Any]) -> Array:
-    """``shape`` x ``dtype`` read from ``buffer[offset:]`` without a copy where possible: an
-    unaligned slice is copied (backends and numpy are faster on aligned data), a big-endian
-    host converts."""
-    wire = little_endian(dtype)
-    array = np.frombuffer(buffer, dtype=wire, count=math.prod(shape), offset=offset)
-    if not array.flags.aligned:
-        array = array.copy()
-    if wire != dtype:
-        array = array.astype(dtype)
-    return array.reshape(shape)
+    """``shape`` x ``dtype`` read from ``buffer[offset:]`` (:meth:`WireLayout.read`)."""
+    return WireLayout.of(shape, dtype).read(buffer, offset)
 
 
 def error_body(message: str) -> bytes:
@@ -168,11 +200,34 @@ def parse_timeout_us(value: object) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class _BinaryInput:
+    """One binary input's place in a body and how to read and check it."""
+
     name: str
     offset: int
     size: int
-    shape: tuple[int, ...]
+    layout: WireLayout
+    boolean: bool  # BOOL: every byte must be 0 or 1
+    finite_only: bool  # a float input that rejects NaN/Inf (:func:`_check_finite`)
     spec: TensorSpec
+
+    @classmethod
+    def of(cls, name: str, offset: int, size: int, shape: list[int],
+           spec: TensorSpec) -> _BinaryInput:
+        dtype = spec.dtype
+        return cls(name, offset, size, WireLayout.of(shape, dtype), dtype.kind == "b",
+                   dtype.kind == "f" and not spec.allow_non_finite, spec)
+
+    def decode(self, body: bytes) -> Array:
+        """The input's checked bytes -> its array, NaN/Inf checked: what a binary input costs
+        once its place in the body is known."""
+        if self.boolean and self.size:  # one byte per element; else not a boolean
+            raw_bytes = np.frombuffer(body, dtype=np.uint8, count=self.size, offset=self.offset)
+            if int(raw_bytes.max()) > 1:
+                raise InvalidRequest(f"input {self.name!r} is BOOL: each byte must be 0 or 1")
+        array = self.layout.read(body, self.offset)
+        if self.finite_only:
+            _check_finite(self.name, array, self.spec)
+        return array
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,14 +238,11 @@ class _Plan:
     template: InferRequest  # everything but ``inputs``
 
     def apply(self, body: bytes) -> InferRequest:
-        inputs = {item.name: _decode_binary_input(item.name, body, item.offset, item.size,
-                                                  item.shape, item.spec)
-                  for item in self.inputs}
         template = self.template
-        return InferRequest(request_id=template.request_id, inputs=inputs,
-                            requested_outputs=template.requested_outputs,
-                            timeout_s=template.timeout_s,
-                            binary_outputs=template.binary_outputs)
+        return InferRequest(template.request_id, {item.name: item.decode(body)
+                                                  for item in self.inputs},
+                            template.requested_outputs, template.timeout_s,
+                            template.binary_outputs)
 
 
 class RequestPlans:
@@ -235,21 +287,18 @@ def parse_infer_request(body: bytes, model: ModelInfo, *,
     if header_length is None:
         return _parse(body, body, model, timeout_header, None)
     split = parse_header_length(header_length, len(body))
+    key = None
+    if plans is not None:
+        key = (body[:split], len(body), timeout_header)
+        plan = plans.get(model, key)
+        if plan is not None:
+            return plan.apply(body)
     binary = _BinaryData(body, split)
     header = memoryview(body)[:split]  # orjson reads buffers: no copy of the JSON part
-    if plans is None:
-        return _parse(body, header, model, timeout_header, binary)
-    key = (body[:split], len(body), timeout_header)
-    plan = plans.get(model, key)
-    if plan is not None:
-        return plan.apply(body)
     request = _parse(body, header, model, timeout_header, binary)
-    if len(binary.taken) == len(request.inputs):  # every input binary: a plan
-        plans.put(key, _Plan(tuple(_BinaryInput(name, offset, size,
-                                                tuple(request.inputs[name].shape),
-                                                next(s for s in model.inputs if s.name == name))
-                                   for name, offset, size in binary.taken),
-                             dataclasses.replace(request, inputs={})))
+    if key is not None and plans is not None and len(binary.taken) == len(request.inputs):
+        # every input binary: a plan
+        plans.put(key, _Plan(tuple(binary.taken), dataclasses.replace(request, inputs={})))
     return request
 
 
@@ -326,10 +375,10 @@ class _BinaryData:
         self.body = body
         self.start = start
         self.cursor = start
-        self.taken: list[tuple[str, int, int]] = []  # (input, offset, size), in body order
+        self.taken: list[_BinaryInput] = []  # in body order
 
-    def take(self, name: str, size: int) -> int:
-        """The offset of input ``name``'s ``size`` bytes; moves past them."""
+    def take(self, name: str, size: int, shape: list[int], spec: TensorSpec) -> _BinaryInput:
+        """Where input ``name``'s ``size`` bytes lie; moves past them."""
         offset, end = self.cursor, self.cursor + size
         if end > len(self.body):
             have = len(self.body) - self.start
@@ -337,8 +386,9 @@ class _BinaryData:
                                  f"{end - self.start} but the body has {have} bytes after its "
                                  f"{self.start}-byte JSON header ({HEADER_LENGTH})")
         self.cursor = end
-        self.taken.append((name, offset, size))
-        return offset
+        item = _BinaryInput.of(name, offset, size, shape, spec)
+        self.taken.append(item)
+        return item
 
     def check_all_used(self) -> None:
         extra = len(self.body) - self.cursor
@@ -410,22 +460,7 @@ def _binary_tensor(name: str, raw: dict[str, Any], size: object, shape: list[int
     if isinstance(size, bool) or not isinstance(size, int) or size != needed:
         raise InvalidRequest(f"input {name!r} has binary_data_size {size!r:.40}; shape {shape} "
                              f"{spec.datatype} is {needed} bytes")
-    offset = binary.take(name, size)
-    return _decode_binary_input(name, binary.body, offset, size, shape, spec)
-
-
-def _decode_binary_input(name: str, body: bytes, offset: int, size: int,
-                         shape: list[int] | tuple[int, ...], spec: TensorSpec) -> Array:
-    """An input's checked bytes -> its array, NaN/Inf checked: what a binary input costs once
-    its place in the body is known."""
-    dtype = spec.dtype
-    if dtype.kind == "b":  # one byte per element; anything but 0/1 is not a boolean
-        raw_bytes = np.frombuffer(body, dtype=np.uint8, count=size, offset=offset)
-        if size and int(raw_bytes.max()) > 1:
-            raise InvalidRequest(f"input {name!r} is BOOL: each byte must be 0 or 1")
-    array = decode_binary_tensor(body, offset, list(shape), dtype)
-    _check_finite(name, array, spec)
-    return array
+    return binary.take(name, size, shape, spec).decode(binary.body)
 
 
 def _to_array(name: str, data: list[Any], shape: list[int], spec: TensorSpec) -> Array:
@@ -469,9 +504,10 @@ def _check_finite(name: str, array: Array, spec: TensorSpec, *,
     """
     if array.dtype.kind != "f" or not array.size or (spec.allow_non_finite and sent is None):
         return
-    finite = np.isfinite(array).reshape(-1)
-    if finite.all():
+    finite = np.isfinite(array)
+    if _all_true(finite, axis=None):  # (ndarray.all() adds a Python call on top of this)
         return
+    finite = finite.reshape(-1)
     if sent is not None:
         overflowed = ~finite & np.isfinite(sent).reshape(-1)
         if overflowed.any():
@@ -532,8 +568,8 @@ def encode_infer_response(model: ModelInfo, request: InferRequest,
                           outputs: Mapping[str, Array]) -> EncodedResponse:
     """The v2 response: each output with its datatype and shape, its values flat and
     row-major, either as JSON ``data`` or (binary outputs) as raw bytes after the JSON."""
-    wanted = request.requested_outputs or tuple(spec.name for spec in model.outputs)
-    by_name = {spec.name: spec for spec in model.outputs}
+    by_name = model.output_specs
+    wanted = request.requested_outputs or by_name
     tensors = []
     chunks: list[bytes | memoryview] = []
     for name in wanted:
@@ -542,7 +578,7 @@ def encode_infer_response(model: ModelInfo, request: InferRequest,
                                   "shape": list(value.shape)}
         if name in request.binary_outputs:
             raw = np.ascontiguousarray(value, dtype=little_endian(value.dtype))
-            chunks.append(raw.reshape(-1).view(np.uint8).data)
+            chunks.append(raw.data)  # (C-contiguous: bytes.join reads it as it lies)
             tensor["parameters"] = {"binary_data_size": raw.nbytes}
         elif value.dtype == np.float16:  # orjson serialises fp16 only via a wider type
             tensor["data"] = value.astype(np.float32).ravel()

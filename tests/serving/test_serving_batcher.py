@@ -138,6 +138,34 @@ def test_assemble_concatenates_and_pads_rows_for_a_static_batch() -> None:
         loop.close()
 
 
+@pytest.mark.parametrize("features", [4, 300_000])  # small: copied under the GIL; > 1 MiB: numpy
+def test_assemble_copies_every_input_in_order_whatever_its_layout(features: int) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        from serving.batcher import PendingRequest, signature_of
+
+        def pending(n: int, start: int) -> PendingRequest:
+            # a non-contiguous float input and an integer one: both must arrive intact
+            wide = np.arange(start, start + 2 * n * features, dtype=np.float32)
+            inputs: dict[str, Any] = {"x": wide.reshape(n, 2 * features)[:, ::2],
+                      "k": np.full((n, 3), start, dtype=np.int64)}
+            return PendingRequest(inputs=inputs, rows=n, signature=signature_of(inputs),
+                                  enqueued_s=0, deadline_s=1, future=loop.create_future())
+
+        requests = [pending(1, 0), pending(2, 10**6), pending(3, 2 * 10**6)]
+        batch, n = assemble(requests, pad_to=8)
+        assert n == 6
+        for name in ("x", "k"):
+            parts = [r.inputs[name] for r in requests]
+            expected = np.concatenate([*parts, np.zeros((2, *parts[0].shape[1:]),
+                                                        dtype=parts[0].dtype)])
+            assert batch[name].dtype == expected.dtype
+            assert np.array_equal(batch[name], expected)
+            assert batch[name].flags.c_contiguous and batch[name].flags.writeable
+    finally:
+        loop.close()
+
+
 def test_split_outputs_gives_each_request_its_rows_and_drops_padding() -> None:
     out = {"y": np.arange(8).reshape(8, 1)}
     pieces = split_outputs(out, [1, 2], batch_rows=8)
@@ -474,6 +502,34 @@ def test_a_full_batch_is_handed_ahead_while_the_slot_is_busy_a_partial_one_is_no
         executor.finish_next()
         await settle()
         assert backend.batches == [4, 4, 1] and partial.result()["y"].shape == (1, 4)
+        await batcher.stop()
+
+    asyncio.run(main())
+
+
+def test_depth_stops_counting_requests_that_expire_or_leave_before_their_batch_starts() -> None:
+    async def main() -> None:
+        clock = FakeClock(start_s=0.0)
+        executor = ManualExecutor()
+        batcher = DynamicBatcher(FakeBackend(), cfg(), clock=clock, executor=executor)
+        batcher.start()
+        batcher.submit(rows(4, start=0))
+        await settle()
+        short = batcher.submit(rows(1, start=100), timeout_s=0.050)
+        gone = batcher.submit(rows(1, start=200))
+        batcher.submit(rows(2, start=300))  # 4 rows: handed ahead, not started
+        await settle()
+        assert len(executor.pending) == 2 and batcher.depth == 4
+        gone.cancel()
+        await settle()
+        assert batcher.depth == 3
+        clock.advance(0.060)  # short's deadline passes while it waits in the executor
+        await settle()
+        assert short.done() and batcher.depth == 2
+        executor.finish_next()
+        executor.finish_next()
+        await settle()
+        assert batcher.depth == 0
         await batcher.stop()
 
     asyncio.run(main())
