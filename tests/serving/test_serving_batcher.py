@@ -19,10 +19,12 @@ import pytest
 from serving.batcher import (
     Dispatch,
     DynamicBatcher,
+    PendingRequest,
     Signature,
     Wait,
     assemble,
     plan_batch,
+    signature_of,
     split_outputs,
 )
 from serving.config import BatcherConfig
@@ -120,7 +122,6 @@ def test_flush_sends_at_once_when_draining() -> None:
 def test_assemble_concatenates_and_pads_rows_for_a_static_batch() -> None:
     loop = asyncio.new_event_loop()
     try:
-        from serving.batcher import PendingRequest, signature_of
 
         def pending(inputs: dict[str, Any]) -> PendingRequest:
             return PendingRequest(inputs=inputs, rows=inputs["x"].shape[0],
@@ -142,7 +143,6 @@ def test_assemble_concatenates_and_pads_rows_for_a_static_batch() -> None:
 def test_assemble_copies_every_input_in_order_whatever_its_layout(features: int) -> None:
     loop = asyncio.new_event_loop()
     try:
-        from serving.batcher import PendingRequest, signature_of
 
         def pending(n: int, start: int) -> PendingRequest:
             # a non-contiguous float input and an integer one: both must arrive intact
