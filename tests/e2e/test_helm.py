@@ -774,6 +774,22 @@ def test_extender_dra_asks_the_extender_about_dra_pods_and_turns_its_claims_read
     assert config.dra.enabled
 
 
+def test_extender_dra_renders_exactly_the_base_with_the_dra_scheduling_component(
+        helm: Path, control_plane_binary: Path, tmp_path: Path) -> None:
+    """The kustomize side of extender.dra: the base with the dra-scheduling component is what
+    the chart renders with the value (its files are that render's ConfigMaps)."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(MANIFESTS / "base", overlay)],
+        "components": [os.path.relpath(MANIFESTS / "components" / "dra-scheduling", overlay)]}))
+    for values in manifests.OVERRIDE_PARTS.values():
+        assert values[0] == (("extender.dra", "true"),)
+    same_objects(helm_template(helm, *BASE, "--set", "extender.dra=true"),
+                 kustomize(control_plane_binary, str(overlay)))
+
+
 def _install_as_users_do(helm: Path, plane: ControlPlane, release: str, namespace: str,
                          *values: str) -> list[Doc]:
     """``helm install <release> charts/gpufrag -n <namespace> --create-namespace [values]``,
