@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from gpufrag.conventions import DELIVERY_DRA
 from node.dra.slices import build_slice
 from node.gpus import Gpu
 from scheduler.kube.claims import DRIVER_NAME, claimed_gpus
+from tests.deviceclasses import create_device_class
 from tests.webhooks import registered_webhook
 
 GROUP = "dra-claims"
@@ -59,12 +59,7 @@ def dra_nodes(control_plane: ControlPlane) -> Iterator[list[str]]:
     for name in nodes:
         control_plane.create_gpu_node(name, 0, PRODUCT, GPU_MEMORY_MIB, labels={
             GROUP_LABEL: GROUP, NAMES.label_delivery: DELIVERY_DRA})
-    with suppress(ApiException):
-        resource.delete_device_class(DEVICE_CLASS)  # one a crashed run left
-    resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    create_device_class(resource, DEVICE_CLASS)
     try:
         for name in nodes:
             uid = core.read_node(name).metadata.uid

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import suppress
 from typing import Any
 
 import kubernetes
@@ -44,6 +43,7 @@ from scheduler.core.gpus import FIRST_FIT
 from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.kube.claims import DRIVER_NAME, claimed_gpus
 from scheduler.policies import make_policy
+from tests.deviceclasses import create_device_class
 
 GROUP = "dra-burst"
 DEVICE_CLASS = "e2e-burst.gpu.gpufrag.io"
@@ -135,12 +135,7 @@ def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
                                       memory_mib=1024 * 1024, labels={
                                           GROUP_LABEL: GROUP, LABEL_GPU_PRODUCT: PRODUCT,
                                           LABEL_GPU_MEMORY_MIB: str(GPU_MEMORY_MIB)})
-    with suppress(kubernetes.client.ApiException):
-        resource.delete_device_class(DEVICE_CLASS)  # one a crashed run left
-    resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    create_device_class(resource, DEVICE_CLASS)
     try:
         _publish_slices(resource, core, nodes)
         for name, milli in TEMPLATES.items():
