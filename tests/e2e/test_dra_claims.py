@@ -14,6 +14,7 @@ NodePrepareResources on a real node: tests/e2e/node/test_dra_plugin.py).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from node.dra.slices import build_slice
 from node.gpus import Gpu
 from scheduler.kube.claims import DRIVER_NAME, claimed_gpus
 from tests.deviceclasses import create_device_class
+from tests.tenants import tenant_client
 from tests.webhooks import registered_webhook
 
 GROUP = "dra-claims"
@@ -174,16 +176,19 @@ def test_gpu_asks_in_a_dra_namespace_become_claims_that_are_allocated_and_bound(
 
 
 def test_a_template_made_under_the_webhooks_name_with_another_spec_refuses_the_pod(
-        control_plane: ControlPlane, namespace: str, webhook: AdmissionServer) -> None:
-    """A namespace user may create ResourceClaimTemplates; one that took the name the webhook
-    gives a shape, with a selector pinning one device, would steer every such pod's ask."""
+        control_plane: ControlPlane, namespace: str, webhook: AdmissionServer,
+        tmp_path: Path) -> None:
+    """A namespace user (the built-in ``edit`` role) may create ResourceClaimTemplates; one
+    that took the name the webhook gives a shape, with a selector pinning one device, would
+    steer every such pod's ask."""
     resource = kubernetes.client.ResourceV1Api(control_plane.api_client())
     core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    tenant = kubernetes.client.ResourceV1Api(tenant_client(control_plane, namespace, tmp_path))
     template = template_for(Shape(1, 300))
     steered = template.body(namespace)
     steered["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
         {"cel": {"expression": f'device.attributes["{DRIVER_NAME}"].index == 0'}}]
-    resource.create_namespaced_resource_claim_template(namespace, steered)
+    tenant.create_namespaced_resource_claim_template(namespace, steered)
     with pytest.raises(ApiException) as refused:
         core.create_namespaced_pod(namespace, _pod("steered", {NAMES.gpu_milli: "300"}))
     assert refused.value.status == 409
@@ -198,3 +203,17 @@ def test_a_template_made_under_the_webhooks_name_with_another_spec_refuses_the_p
         assert admitted.spec.resource_claims[0].resource_claim_template_name == template.name
     finally:
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+
+
+def test_while_the_webhook_is_down_pods_of_a_dra_namespace_are_refused_not_left_pending(
+        control_plane: ControlPlane, namespace: str, webhook: AdmissionServer) -> None:
+    """failurePolicy Fail (docs/dra.md): admitted unconverted, the pod would ask resources no
+    DRA node advertises and stay pending; refused, its controller retries."""
+    core = kubernetes.client.CoreV1Api(control_plane.api_client())
+    webhook.stop()
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod(namespace, _pod("unserved", {NAMES.gpu_milli: "250"}))
+    assert refused.value.status == 500
+    assert 'failed calling webhook "claims.gpufrag.io"' in json.loads(
+        refused.value.body)["message"]
+    assert not core.list_namespaced_pod(namespace).items
