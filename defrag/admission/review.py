@@ -29,7 +29,7 @@ stay pending on nodes that have no device plugin. Its counters:
   refused: ``bad_request`` (an ask the driver cannot serve), ``template_conflict`` (a template
   under the webhook's name holds another spec), ``template_failed`` (reading or creating the
   template failed), ``internal_error``;
-- ``gpufrag_admission_dra_templates_created_total`` — templates this webhook created.
+- ``gpufrag_admission_dra_templates_made_total`` — templates this webhook created.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class AdmissionMetrics:
         self.dra = Counter("gpufrag_admission_dra_conversions",
                            "Reviews of pods in namespaces with DRA delivery, by result",
                            ["result"], registry=r)
-        self.templates_created = Counter("gpufrag_admission_dra_templates_created",
+        self.templates_made = Counter("gpufrag_admission_dra_templates_made",
                                          "ResourceClaimTemplates created for converted pods",
                                          registry=r)
         for result in DRA_RESULTS:
@@ -222,7 +222,7 @@ def convert_request(request: Mapping[str, Any], decision: Decision, names: KubeN
     for template in conversion.templates:
         try:
             if templates.ensure(namespace, template, dry_run=dry_run):
-                metrics.templates_created.inc()
+                metrics.templates_made.inc()
         except TemplateConflict as e:
             return Converted("template_conflict", message=str(e))
         except ApiError as e:

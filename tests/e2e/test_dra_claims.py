@@ -169,7 +169,7 @@ def test_gpu_asks_in_a_dra_namespace_become_claims_that_are_allocated_and_bound(
         metric = webhook.metrics.registry.get_sample_value
         assert metric("gpufrag_admission_dra_conversions_total",
                       {"result": "converted"}) == len(ASKS) + 1
-        assert metric("gpufrag_admission_dra_templates_created_total") == len(ASKS)
+        assert metric("gpufrag_admission_dra_templates_made_total") == len(ASKS)
     finally:
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         core.delete_collection_namespaced_pod(plain_namespace, grace_period_seconds=0)

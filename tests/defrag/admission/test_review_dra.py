@@ -80,7 +80,7 @@ def test_a_share_is_moved_into_a_claim_of_a_template_the_store_now_holds() -> No
     assert store.found == {("ns", template.name): template.spec}
     assert result(metrics, "converted") == 1
     assert metrics.registry.get_sample_value(
-        "gpufrag_admission_dra_templates_created_total") == 1
+        "gpufrag_admission_dra_templates_made_total") == 1
     # The right-sizing step is counted as it always is.
     assert metrics.registry.get_sample_value("gpufrag_admission_skips_total",
                                              {"reason": "mode_off"}) == 1
@@ -145,7 +145,7 @@ def test_our_own_template_found_again_is_fine() -> None:
     response, metrics = run(pod("250"), None, Store({("ns", template.name): template.spec}))
     assert response["allowed"] is True and result(metrics, "converted") == 1
     assert metrics.registry.get_sample_value(
-        "gpufrag_admission_dra_templates_created_total") == 0
+        "gpufrag_admission_dra_templates_made_total") == 0
 
 
 @pytest.mark.parametrize(("resources", "code", "reason", "words"), [
