@@ -71,6 +71,9 @@ PARTS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     # Its kustomization also patches the base's device plugin (hand-written, as the chart's
     # affinity beside it): the device plugin leaves the nodes the DRA driver runs on.
     "dra": (("dra.enabled", "true"),),
+    # The webhook's conversion of GPU asks into claims: the rightsizing part's webhook serves
+    # it, so it renders only where both are on.
+    "dra-claims": (("dra.enabled", "true"), ("rightsizing.enabled", "true")),
 }
 # A patch-only component: hand-written kustomize patches, the chart's value beside them.
 PATCH_PARTS: Final[dict[str, tuple[tuple[str, str], ...]]] = {

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import suppress
 from typing import Any
 
 import kubernetes
@@ -44,6 +43,7 @@ from scheduler.core.gpus import FIRST_FIT
 from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.kube.claims import DRIVER_NAME, claimed_gpus
 from scheduler.policies import make_policy
+from tests.deviceclasses import create_device_class
 
 GROUP = "dra-burst"
 DEVICE_CLASS = "e2e-burst.gpu.gpufrag.io"
@@ -139,15 +139,6 @@ def _gpu_nodes(control_plane: ControlPlane, group: str, count: int) -> list[str]
     return nodes
 
 
-def _device_class(resource: Any, name: str, **spec: Any) -> None:
-    with suppress(kubernetes.client.ApiException):
-        resource.delete_device_class(name)  # one a crashed run left
-    resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}],
-                 **spec}})
-
-
 def _replay_policy() -> Any:
     """FGD with DRA's first fit inside the node, on the extender's fixed target workload."""
     workload = TargetWorkload.from_specs(
@@ -178,7 +169,7 @@ def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
     nodes = _gpu_nodes(control_plane, GROUP, 3)
-    _device_class(resource, DEVICE_CLASS)
+    create_device_class(resource, DEVICE_CLASS)
     try:
         _publish_slices(resource, core, nodes)
         for name, milli in TEMPLATES.items():
@@ -304,8 +295,8 @@ def test_pods_asking_a_mapped_extended_resource_go_where_fgd_predicts(
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
     nodes = _gpu_nodes(control_plane, MAPPED_GROUP, 2)
-    _device_class(resource, DEVICE_CLASS)  # the seed's template's
-    _device_class(resource, MAPPED_CLASS, extendedResourceName=MAPPED_RESOURCE)
+    create_device_class(resource, DEVICE_CLASS)  # the seed's template's
+    create_device_class(resource, MAPPED_CLASS, extendedResourceName=MAPPED_RESOURCE)
     try:
         _publish_slices(resource, core, nodes)
         resource.create_namespaced_resource_claim_template(namespace, _template("half", 500))

@@ -367,11 +367,13 @@ SELF_SIGNED = ["--set", "rightsizing.enabled=true", "--set", "rightsizing.certMa
 
 
 def self_signed(docs: Sequence[Doc], namespace: str) -> tuple[dict[str, str], list[str]]:
-    """The webhook's Secret's data (base64) and each webhook's caBundle."""
+    """The webhook's Secret's data (base64) and each webhook's caBundle (of every
+    configuration: right-sizing's, and with dra.enabled the conversion into claims)."""
     secret = tree(find(docs, "Secret", "gpufrag-admission-tls"))
     assert secret["type"] == "kubernetes.io/tls" and identity(secret)[2] == namespace
-    webhook = tree(next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration"))
-    return secret["data"], [w["clientConfig"]["caBundle"] for w in webhook["webhooks"]]
+    return secret["data"], [w["clientConfig"]["caBundle"] for d in docs
+                            if d["kind"] == "MutatingWebhookConfiguration"
+                            for w in tree(d)["webhooks"]]
 
 
 def test_the_chart_makes_the_webhooks_certificate_without_cert_manager(helm: Path) -> None:
@@ -379,9 +381,9 @@ def test_the_chart_makes_the_webhooks_certificate_without_cert_manager(helm: Pat
     names in the release's namespace, signed by that CA, in the Secret the webhook mounts, and
     that CA in every webhook's caBundle."""
     docs = helm_template(helm, *SELF_SIGNED, "--set", "namespace.name=team-b", "--set",
-                         "monitoring.enabled=true")
+                         "monitoring.enabled=true", "--set", "dra.enabled=true")
     data, bundles = self_signed(docs, "team-b")
-    assert bundles == [data["ca.crt"]]
+    assert bundles == [data["ca.crt"]] * 2  # one CA, made once, in both configurations
     ca = x509.load_pem_x509_certificate(base64.b64decode(data["ca.crt"]))
     cert = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
     cert.verify_directly_issued_by(ca)  # raises where the CA did not sign it
