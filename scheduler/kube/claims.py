@@ -264,18 +264,30 @@ def gpus_asked(claims: Iterable[tuple[str, Obj]], *, device_classes: Collection[
     before kube-scheduler made their claim: :func:`mapped_count`), and how much of each, in
     milli: one device of part of a GPU is a share; anything else counts as whole GPUs, as
     :func:`gpus_held` counts several results. (0, 0): none."""
+    count, milli, _ = _totals(_claims_asks(claims, device_classes), mapped)
+    return count, milli
+
+
+def _claims_asks(claims: Iterable[tuple[str, Obj]],
+                 device_classes: Collection[str]) -> list[AskedGpus]:
     asks: list[AskedGpus] = []
     for name, claim in claims:
         try:
             asks.extend(asked_gpus(claim, device_classes=device_classes))
         except BadInput as exc:
             raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
+    return asks
+
+
+def _totals(asks: Sequence[AskedGpus], mapped: int) -> tuple[int, int, int]:
+    """(GPUs, milli of each, memory MiB of the one share or 0) of ``asks`` and ``mapped``."""
     count = sum(ask.count for ask in asks) + mapped
     if count > MAX_GPUS_PER_NODE:
         raise BadInput(f"its claims ask {count} GPUs; a node has at most {MAX_GPUS_PER_NODE}")
     if count == 1 and asks:
-        return 1, asks[0].milli
-    return count, MILLI_PER_GPU if count else 0
+        share = asks[0].milli < MILLI_PER_GPU
+        return 1, asks[0].milli, asks[0].memory_mib if share else 0
+    return count, MILLI_PER_GPU if count else 0, 0
 
 
 def mapped_resource(device_class: Obj) -> str | None:
@@ -357,9 +369,13 @@ def pod_claim_keys(pod: Obj) -> tuple[str, ...]:
 
 def holding(request: PodRequest, held: Sequence[HeldGpu]) -> PodRequest:
     """``request`` holding the GPUs ``held`` (on one node) instead of any its containers
-    ask: one share, or whole GPUs (several results that are not one share count whole)."""
+    ask: one share (its milli and the memory it consumed: a memory share is counted for the
+    larger part of the GPU, as a device-plugin memory share is), or whole GPUs (several
+    results that are not one share count whole)."""
+    share = len(held) == 1 and held[0].milli < MILLI_PER_GPU
     milli = held[0].milli if len(held) == 1 else MILLI_PER_GPU
-    return replace(request, num_gpu=len(held), gpu_milli=milli, gpu_memory_mib=0)
+    return replace(request, num_gpu=len(held), gpu_milli=milli,
+                   gpu_memory_mib=held[0].memory_mib if share else 0)
 
 
 def asking(request: PodRequest, claims: Iterable[tuple[str, Obj]], *,
@@ -367,10 +383,10 @@ def asking(request: PodRequest, claims: Iterable[tuple[str, Obj]], *,
     """``request`` asking what ``claims`` ask of ``device_classes`` and the ``mapped`` whole
     GPUs (:func:`gpus_asked`), instead of any its containers ask; as it is when they ask
     none. Raises BadInput."""
-    count, milli = gpus_asked(claims, device_classes=device_classes, mapped=mapped)
+    count, milli, memory_mib = _totals(_claims_asks(claims, device_classes), mapped)
     if not count:
         return request
-    return replace(request, num_gpu=count, gpu_milli=milli, gpu_memory_mib=0)
+    return replace(request, num_gpu=count, gpu_milli=milli, gpu_memory_mib=memory_mib)
 
 
 def listed_pod_gpus(pod: Obj, request: PodRequest, claims: Mapping[str, Obj], *,

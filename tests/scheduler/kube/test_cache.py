@@ -690,3 +690,30 @@ def test_a_mapped_pod_bound_by_the_extender_holds_its_assumed_gpu_until_its_clai
     assert dra_cache.state.pods["default/a"].gpus == (2,)
     assert "default/a" not in dra_cache.assumed
     assert free(dra_cache, "n0") == [1000, 1000, 0, 1000]
+
+
+def test_a_memory_share_claim_counts_the_larger_part_of_its_gpu(clock: FakeClock) -> None:
+    """The admission webhook turns ``gpu-memory-mib: 10240`` into a claim for 1 milli and
+    10 GiB of memory: the cache counts it as a device-plugin memory share is counted, for the
+    larger of its milli and its memory's part of the GPU (a quarter of a 40 GiB GPU), both
+    while it waits (what its claim asks) and once allocated (what it consumed)."""
+    c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
+    c.replace_nodes([node_to_k8s(node("n0", gpu_count=2, gpu_memory_mib=40_960))])
+    c.replace_pods([])
+    c.replace_claims([])
+    c.replace_device_classes([])
+    claim = dra_claim("c-m")
+    claim["spec"] = {"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": DRA_DRIVER,
+        "capacity": {"requests": {"milli": "1", "memory": "10Gi"}}}}]}}
+    asked = c.claims_request(PodRequest("m", namespace="default"), ())
+    assert asked.num_gpu == 0
+    c.apply_claim(claim)
+    asked = c.claims_request(PodRequest("m", namespace="default"), ("default/c-m",))
+    assert (asked.num_gpu, asked.gpu_milli, asked.gpu_memory_mib) == (1, 1, 10_240)
+    assert asked.milli_on(40_960) == 250
+    claim["status"] = {"allocation": {"devices": {"results": [
+        dra_result("gpu-1", milli="1", memory="10Gi")]}}}
+    c.apply_claim(claim)
+    c.apply_pod(dra_pod("m", "n0", "c-m"))
+    assert free(c, "n0") == [1000, 750]
