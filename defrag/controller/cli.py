@@ -51,6 +51,7 @@ from defrag.rightsizing.workloads import WorkloadClient
 from gpufrag import diagnose, logs
 from gpufrag.conventions import names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput
+from scheduler.core.gpus import DEVICE_MODES, DRA_DEVICE_MODE
 from scheduler.core.state import ClusterState
 from scheduler.kube.client import api_client
 from scheduler.kube.reservations import Reservation, reservation_from_k8s
@@ -375,7 +376,10 @@ def run_cycle(config: DefragConfig, client: object, args: argparse.Namespace,
         log.warning("usage ignored", node=note.node, reason=note.reason)
     workload = snapshot.target_workload(config.coverage)
     policy = make_policy(config.policy, workload=workload)
-    the_plan = make_plan(snapshot, policy, workload, config)
+    # Pods with claims are scored as the extender's DRA mode scores them (docs/dra.md).
+    dra_policy = make_policy(config.policy, workload=workload,
+                             device_choice=DEVICE_MODES[DRA_DEVICE_MODE][1])
+    the_plan = make_plan(snapshot, policy, workload, config, dra_policy)
     log.info("plan made", moves=len(the_plan.moves), triggered=len(the_plan.triggered),
              scored=the_plan.scored, seconds=round(the_plan.seconds, 3))
     json_out = args.output == "json"

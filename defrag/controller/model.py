@@ -70,6 +70,12 @@ class NodeConstraints:
                    for taint in taints if taint.repels)
 
 
+# How a pod gets its GPUs (PodInfo.delivery).
+DELIVERY_DEVICE_PLUGIN = ""
+DELIVERY_CLAIMS = "claims"
+DELIVERY_DIRECT = "direct"
+
+
 @dataclass(frozen=True, slots=True)
 class PodInfo:
     """A pod as the planner sees it: its request plus what decides whether it may move."""
@@ -94,6 +100,11 @@ class PodInfo:
     # When the pod started (unix s, its status.startTime; None: not known): its age decides
     # whether right-sizing alone may evict it (defrag.controller.rightsize.out_of_bounds).
     started_s: float | None = None
+    # How it gets its GPUs (docs/dra.md): "" from the device plugin (its record), "claims"
+    # through ResourceClaims made for it (from templates, or by kube-scheduler for a mapped
+    # extended resource: a replacement gets new ones, allocated by DRA's first fit), "direct"
+    # through a claim its spec names (the claim, and its devices, stay with the claim).
+    delivery: str = ""  # DELIVERY_DEVICE_PLUGIN, DELIVERY_CLAIMS or DELIVERY_DIRECT
 
     @property
     def namespace(self) -> str:

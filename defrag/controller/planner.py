@@ -49,10 +49,19 @@ from defrag.controller.actionable import not_actionable
 from defrag.controller.budget import DailyBudget, EvictionBudget, running_gpu_pods
 from defrag.controller.config import DefragConfig
 from defrag.controller.measure import Summary, measure
-from defrag.controller.model import MOVABLE_OWNERS, NodeConstraints, Pdb, PodInfo, Snapshot
+from defrag.controller.model import (
+    DELIVERY_CLAIMS,
+    DELIVERY_DIRECT,
+    MOVABLE_OWNERS,
+    NodeConstraints,
+    Pdb,
+    PodInfo,
+    Snapshot,
+)
 from defrag.controller.trigger import Triggers, find_triggers
 from gpufrag.conventions import RESERVATION_PLACEMENT_NAMESPACE
 from scheduler.core.fragmentation import TargetWorkload, fragmentation_of, node_fragmentation
+from scheduler.core.gpus import FIRST_FIT
 from scheduler.core.placement import ScoreCache, choose
 from scheduler.core.policy import Policy
 from scheduler.core.state import BoolArray, IntArray
@@ -70,6 +79,9 @@ RESCORE_FACTOR = 3
 TURNS_TARGET_ON = "it would turn its target node's idle trigger on"
 # The skip reason of every pod on a node a move landed a pod on within --node-cooldown-s.
 RECEIVED_RECENTLY = "node received a pod within --node-cooldown-s"
+# A pod whose GPUs come through a ResourceClaim its spec names (not made from a template): the
+# claim and its allocation outlive the pod, so its replacement can only land where it is.
+NAMED_CLAIM = "its GPUs come through a ResourceClaim its spec names (the claim stays put)"
 # The skip reason of every pod on a node whose idle memory right-sizing cannot reclaim.
 NOT_ACTIONABLE = "source node not actionable (its idle memory is not right-sizable)"
 
@@ -198,6 +210,8 @@ def movability(pod: PodInfo, config: DefragConfig) -> str | None:
         return "priority above --max-priority"
     if req.num_gpu > config.max_pod_gpus:
         return "more GPUs than --max-pod-gpus"
+    if pod.delivery == DELIVERY_DIRECT:
+        return NAMED_CLAIM
     return None
 
 
@@ -223,10 +237,14 @@ class _Candidate:
 
 
 def plan(snapshot: Snapshot, policy: Policy, workload: TargetWorkload,
-         config: DefragConfig) -> Plan:
-    """The moves for one cycle. ``snapshot`` is left as it was given."""
+         config: DefragConfig, dra_policy: Policy | None = None) -> Plan:
+    """The moves for one cycle. ``snapshot`` is left as it was given. ``dra_policy``: the
+    policy as the extender scores pods whose GPUs come through claims (each node for the GPU
+    DRA's first fit gives there: ``DRA_DEVICE_MODE``); ``policy`` when None. Either way such a
+    pod's replacement is predicted on the GPU first fit takes, as kube-scheduler's allocator
+    gives it."""
     started = time.perf_counter()
-    planner = _Planner(snapshot, policy, workload, config)
+    planner = _Planner(snapshot, policy, workload, config, dra_policy)
     try:
         moves = planner.run()
         after = measure(snapshot.state, snapshot.usage, workload).summary
@@ -252,11 +270,12 @@ def plan(snapshot: Snapshot, policy: Policy, workload: TargetWorkload,
 
 class _Planner:
     def __init__(self, snapshot: Snapshot, policy: Policy, workload: TargetWorkload,
-                 config: DefragConfig) -> None:
+                 config: DefragConfig, dra_policy: Policy | None = None) -> None:
         self.snapshot = snapshot
         self.state = snapshot.state
         self.usage = snapshot.usage
         self.policy = policy
+        self.dra_policy = policy if dra_policy is None else dra_policy
         self.workload = workload
         self.config = config
         self.measurement = measure(self.state, self.usage, workload)
@@ -386,7 +405,10 @@ class _Planner:
         mask = self.may_receive & self.constraint_mask(c.info.constraints)
         mask[src] = False
         rows: IntArray = np.flatnonzero(mask).astype(np.int64)
-        decision = choose(state, self.policy, pod, rows, self.cache)
+        if c.info.delivery == DELIVERY_CLAIMS:  # new claims, allocated by first fit
+            decision = choose(state, self.dra_policy, pod, rows, device_choice=FIRST_FIT)
+        else:
+            decision = choose(state, self.policy, pod, rows, self.cache)
         if decision is None:
             return "no node can take it"
         dst, dst_gpus = decision.row, decision.gpus

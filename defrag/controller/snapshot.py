@@ -17,6 +17,9 @@ from typing import Any
 
 from defrag.controller.measure import GpuKey, UsageTable
 from defrag.controller.model import (
+    DELIVERY_CLAIMS,
+    DELIVERY_DEVICE_PLUGIN,
+    DELIVERY_DIRECT,
     LabelSelector,
     NodeConstraints,
     Pdb,
@@ -37,6 +40,7 @@ from scheduler.kube.cache import KnownPod
 from scheduler.kube.claims import (
     DRIVER_NAME,
     SliceGpus,
+    direct_claim_names,
     listed_pod_gpus,
     slice_gpus,
     with_slice_gpus,
@@ -280,6 +284,8 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
         try:
             request = pod_from_k8s(obj, names)
             through_claims = listed_pod_gpus(obj, request, claims_by_key)
+            delivery = (DELIVERY_DEVICE_PLUGIN if through_claims is None
+                        else DELIVERY_DIRECT if direct_claim_names(obj) else DELIVERY_CLAIMS)
         except BadInput as e:
             problems.append(f"{_pod_label(obj)}: {e}")
             continue
@@ -296,6 +302,7 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
                 info = pod_info({**obj, "metadata": meta}, request, names)
             except BadInput:
                 continue
+        info = replace(info, delivery=delivery)
         if not info.node:
             if request.wants_gpu or info.scheduler_name == names.scheduler_name:
                 pending.append(info)

@@ -199,6 +199,22 @@ def pod_claim_names(pod: Obj) -> tuple[str, ...]:
     return tuple(names)
 
 
+def direct_claim_names(pod: Obj) -> tuple[str, ...]:
+    """The claims ``pod`` names directly (``spec.resourceClaims[].resourceClaimName``), not
+    made from a template for it: such a claim, and its allocation, outlive the pod, so a
+    replacement of the pod uses the same claim on the same devices. Raises BadInput."""
+    spec = _mapping(pod.get("spec"), "spec")
+    names = []
+    for i, entry in enumerate(_list(spec.get("resourceClaims"), "spec.resourceClaims")):
+        where = f"spec.resourceClaims[{i}]"
+        direct = _mapping(entry, where).get("resourceClaimName")
+        if direct is not None and not isinstance(direct, str):
+            raise BadInput(f"{direct!r} is not a name", field=f"{where}.resourceClaimName")
+        if direct:
+            names.append(direct)
+    return tuple(names)
+
+
 @dataclass(frozen=True, slots=True)
 class AskedGpus:
     """One request of a claim for devices of our classes: ``count`` GPUs, each ``milli`` of

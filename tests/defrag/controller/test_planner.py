@@ -9,9 +9,18 @@ import numpy as np
 import pytest
 
 from defrag.controller.config import DefragConfig
-from defrag.controller.model import LabelSelector, NodeConstraints, Pdb, PodInfo, Snapshot
-from defrag.controller.planner import Plan, apply_moves, movability, plan
+from defrag.controller.model import (
+    DELIVERY_CLAIMS,
+    DELIVERY_DIRECT,
+    LabelSelector,
+    NodeConstraints,
+    Pdb,
+    PodInfo,
+    Snapshot,
+)
+from defrag.controller.planner import NAMED_CLAIM, Plan, apply_moves, movability, plan
 from scheduler.core import TargetWorkload
+from scheduler.core.gpus import FIRST_FIT
 from scheduler.policies import make_policy
 from tests.builders import workload
 from tests.defrag.controller.builders import config, gpu_node, positions, share, snapshot
@@ -248,3 +257,40 @@ def test_a_right_sized_replacement_cuts_idle_and_the_plan_says_so() -> None:
     before = positions(snap)
     apply_moves(snap, sized.moves)
     assert snap.state.pods["ns/a"].pod.gpu_milli == 300 and positions(snap) != before
+
+
+def dra_three_nodes() -> Snapshot:
+    """n0: a (300) alone on GPU0; n1: b (500) on GPU0, c (600) on GPU1, both bare (they stay);
+    n2: empty. FGD would put a on n1's GPU1 (the tighter leftover), DRA's first fit takes
+    n1's GPU0."""
+    snap = snapshot([gpu_node("n0"), gpu_node("n1"), gpu_node("n2")], [
+        (share("a", 300), "n0", (0,)), (share("b", 500), "n1", (0,)),
+        (share("c", 600), "n1", (1,))])
+    for key in ("ns/b", "ns/c"):
+        snap.pods[key] = dataclasses.replace(snap.pods[key], owner_kind="")
+    return snap
+
+
+def test_a_pod_with_claims_is_planned_onto_the_gpu_first_fit_gives() -> None:
+    """A replacement asking through new claims gets the GPU kube-scheduler's allocator takes
+    (first fit, in slice order), so the move and its reservation name that GPU, not the one
+    FGD would pick for a device-plugin pod."""
+    by_plugin = run(dra_three_nodes())
+    assert [(m.pod, m.target, m.target_gpus) for m in by_plugin.moves] == [
+        ("ns/a", "n1", (1,))]
+    snap = dra_three_nodes()
+    snap.pods["ns/a"] = dataclasses.replace(snap.pods["ns/a"], delivery=DELIVERY_CLAIMS)
+    wl = WORKLOAD
+    dra_policy = make_policy("fgd", workload=wl, device_choice=FIRST_FIT)
+    through_claims = plan(snap, make_policy("fgd", workload=wl), wl, config(), dra_policy)
+    assert [(m.pod, m.target, m.target_gpus) for m in through_claims.moves] == [
+        ("ns/a", "n1", (0,))]
+
+
+def test_a_pod_whose_spec_names_its_claim_is_not_moved() -> None:
+    snap = dra_three_nodes()
+    snap.pods["ns/a"] = dataclasses.replace(snap.pods["ns/a"], delivery=DELIVERY_DIRECT)
+    assert movability(snap.pods["ns/a"], config()) == NAMED_CLAIM
+    result = run(snap)
+    assert all(m.pod != "ns/a" for m in result.moves)
+    assert result.skipped.get(NAMED_CLAIM) == 1

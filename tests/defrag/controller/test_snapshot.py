@@ -7,7 +7,12 @@ from typing import Any
 import pytest
 
 from defrag.controller.measure import measure
-from defrag.controller.model import Taint
+from defrag.controller.model import (
+    DELIVERY_CLAIMS,
+    DELIVERY_DEVICE_PLUGIN,
+    DELIVERY_DIRECT,
+    Taint,
+)
 from defrag.controller.snapshot import (
     GpuSample,
     UsageSource,
@@ -217,6 +222,19 @@ def test_dra_pods_hold_their_claims_allocation_and_pending_ones_ask_it() -> None
     # Without its claims, a DRA pod holds no GPU (and a pending one asks none).
     bare, _ = build_snapshot([k8s_node("n0")], pods, [], AGENT)
     assert bare.state.pods["ns/b"].gpus == () and bare.pending == []
+
+
+def test_the_snapshot_says_how_each_pod_gets_its_gpus() -> None:
+    """Device plugin (its record), claims made for it (a replacement gets new ones), or a
+    claim its spec names (the claim stays: the planner does not move it)."""
+    direct = k8s_pod("d", node="n0", spec_extra={
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": "c-d"}]})
+    pods = [k8s_pod("a", node="n0", milli=500, indices="0"), dra_pod("b", "n0"), direct]
+    claims = [dra_claim("b", 250, "gpu-1"), dra_claim("d", 250, "gpu-1")]
+    snap, problems = build_snapshot([k8s_node("n0")], pods, [], AGENT, claims=claims)
+    assert problems == []
+    assert {k: p.delivery for k, p in snap.pods.items()} == {
+        "ns/a": DELIVERY_DEVICE_PLUGIN, "ns/b": DELIVERY_CLAIMS, "ns/d": DELIVERY_DIRECT}
 
 
 def test_a_reservation_holds_its_share_beside_a_dra_allocation() -> None:
