@@ -216,7 +216,23 @@ def test_shares_claimed_through_templates_go_first_fit_and_get_their_environment
             assert container_environment(node, node_namespace, pod_name) == env, pod_name
         assert logged_events(dra_driver.log, "claim_prepared") >= 4
 
-        for pod_name in ("share-a", "share-b", "share-c", "memory-d"):
+        # A deleted pod's device is free again: GPU 0 holds 800 milli of the others, so
+        # another 900 fits only on GPU 1, which share-b's deletion gives back.
+        core.delete_namespaced_pod("share-b", node_namespace, grace_period_seconds=0)
+        wait_until(lambda: not spec_files[1].exists(), timeout_s=60,
+                   what="the kubelet to unprepare share-b's claim")
+        core.create_namespaced_pod(node_namespace, _gpu_pod("again-b", "most"))
+        pod = _running(core, node_namespace, "again-b")
+        (status,) = pod.status.resource_claim_statuses
+        claim = client.sanitize_for_serialization(resource.read_namespaced_resource_claim(
+            status.resource_claim_name, node_namespace))
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "gpu-1"
+        spec_files.append(dra_driver.cdi_dir / CDI_FILE.format(uid=claim["metadata"]["uid"]))
+        assert container_environment(node, node_namespace, "again-b") == _share_env(
+            1, 900, GPU_MIB * 900 // 1000, 90, pipe)
+
+        for pod_name in ("share-a", "again-b", "share-c", "memory-d"):
             core.delete_namespaced_pod(pod_name, node_namespace, grace_period_seconds=0)
         wait_until(lambda: not any(f.exists() for f in spec_files), timeout_s=60,
                    what="the kubelet to unprepare the claims (their CDI specs removed)")
