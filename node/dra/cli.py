@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from gpufrag.argtypes import positive_float
 from gpufrag.errors import EXIT_OK, BadInputArgumentParser
+from gpufrag.mig_instances import MigInstances
 from gpufrag.nvml import NvmlApi, NvmlReader
 from gpufrag.probes import Liveness
 from node import daemon
@@ -27,6 +28,7 @@ from node.dra.cdi import SpecDir
 from node.dra.config import CDI_KIND, DEFAULT_CDI_DIR, DEFAULT_METRICS_PORT, DRIVER_NAME, DraConfig
 from node.dra.kube import KubeClaims, KubeSlices, node_uid
 from node.dra.metrics import DriverMetrics, start_http_server
+from node.dra.partitions import RECORD_KIND, Partitions
 from node.dra.publish import SliceApi, SlicePublisher
 from node.dra.server import DriverServer
 from node.dra.service import ClaimSource, DraPluginServicer, RegistrationServicer
@@ -91,12 +93,15 @@ def _start(started: NodeDaemon, nvml: NvmlApi | None, claims: ClaimSource | None
         lambda: _config(started),
         recorded_note="GPUs come from the recording {file}, not a driver: containers get no "
                       "real GPU")
-    with started.open_gpus(nvml, read_gpus) as (_reader, (gpus, mig)):
-        return _run(started, config, gpus, mig, claims, slices, stop)
+    with started.open_gpus(nvml, read_gpus) as (reader, (gpus, mig)):
+        # MIG instances are made through the NVML the GPUs were read with (the recording's,
+        # in recorded mode), only where a GPU is in MIG mode.
+        instances = MigInstances(reader.api) if any(mig.values()) else None
+        return _run(started, config, gpus, mig, instances, claims, slices, stop)
 
 
 def _run(started: NodeDaemon, config: DraConfig, gpus: tuple[Gpu, ...], mig: dict[int, bool],
-         claims: ClaimSource | None, slices: SliceApi | None,
+         instances: MigInstances | None, claims: ClaimSource | None, slices: SliceApi | None,
          stop: threading.Event | None) -> int:
     log = started.log
     owner = ""
@@ -111,8 +116,9 @@ def _run(started: NodeDaemon, config: DraConfig, gpus: tuple[Gpu, ...], mig: dic
                         effect="the slice is published without the Node as its owner")
     metrics = DriverMetrics(recorded=started.recorded)
     nodes = DeviceNodes.find(gpus, config)
+    partitions = Partitions(instances, SpecDir(config.partitions_dir, RECORD_KIND), log=log)
     plugin = DraPluginServicer(config, gpus, claims, SpecDir(config.cdi_dir, CDI_KIND), nodes,
-                               metrics, log=log)
+                               metrics, partitions=partitions, log=log)
     registration = RegistrationServicer(config, log=log)
     publisher = SlicePublisher(slices, driver=config.driver_name, node_name=config.node_name,
                                gpus=gpus, mig_enabled=mig, log=log, node_uid=owner)

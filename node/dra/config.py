@@ -45,6 +45,12 @@ class DraConfig:
     def plugin_socket_path(self) -> str:
         return os.path.join(self.plugins_dir, self.driver_name, "dra.sock")
 
+    @property
+    def partitions_dir(self) -> str:
+        """Where the MIG instances made for each claim are recorded (node.dra.partitions):
+        beside the socket, on the host, so a restarted driver finds them."""
+        return os.path.join(self.plugins_dir, self.driver_name, "partitions")
+
     def validate(self) -> DraConfig:
         check_node_name(self.node_name)
         problem = dns_subdomain_problem(self.driver_name)
