@@ -41,6 +41,28 @@ DRIVER_NAME = "gpu.gpufrag.io"  # gpufrag's DRA driver, the one whose devices ar
 # The DeviceClasses the install ships for the driver's devices (manifests/components/dra): a
 # claim's request names a class, not a driver, so these names say which requests ask our GPUs.
 DEVICE_CLASSES = (DRIVER_NAME, f"whole.{DRIVER_NAME}")
+MIG_CLASS_PREFIX = "mig-"
+
+
+def gpu_selector(driver: str = DRIVER_NAME) -> str:
+    """The CEL of the classes for whole GPUs and shares: the driver's devices outside MIG
+    mode (every device of the driver has ``migEnabled``; a MIG partition has it true, so a
+    request of the generic class never lands on a partition)."""
+    return f'device.driver == "{driver}" && !device.attributes["{driver}"].migEnabled'
+
+
+def mig_class_name(profile: str, driver: str = DRIVER_NAME) -> str:
+    """The DeviceClass of one MIG profile: ``mig-3g.40gb.gpu.gpufrag.io``."""
+    return f"{MIG_CLASS_PREFIX}{profile}.{driver}"
+
+
+def mig_selector(profile: str, driver: str = DRIVER_NAME) -> str:
+    """The CEL of a MIG profile's class: the driver's partitions of that profile (``in``
+    first: a device without the attribute is then no match rather than a CEL error, which
+    would fail the allocation)."""
+    attributes = f'device.attributes["{driver}"]'
+    return (f'device.driver == "{driver}" && "profile" in {attributes} && '
+            f'{attributes}.profile == "{profile}"')
 CAPACITY_MILLI = "milli"
 CAPACITY_MEMORY = "memory"
 DEVICE_PREFIX = "gpu-"
