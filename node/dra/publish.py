@@ -12,13 +12,16 @@ slices of the pool are outdated (a pool of several slices, as a node with GPUs i
 has, is only used once all its slices show one generation).
 
 It runs at start and every ``publish_interval_s`` after, so a slice someone deleted or edited
-comes back within one interval.
+comes back within one interval, and at once when a GPU's health changes (:meth:`mark`: an
+unhealthy GPU's devices carry a ``NoSchedule`` taint, :mod:`node.dra.slices`). A lock keeps
+the health thread's pass and the loop's apart.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -71,14 +74,29 @@ class SlicePublisher:
         self._node_uid = node_uid
         self._log = log
         self.name = slice_name(node_name, driver)
+        self._unhealthy: set[int] = set()
+        self._lock = threading.Lock()
+
+    def mark(self, index: int, healthy: bool) -> None:
+        """Record GPU ``index``'s health for the next :meth:`sync`."""
+        with self._lock:
+            if healthy:
+                self._unhealthy.discard(index)
+            else:
+                self._unhealthy.add(index)
 
     def sync(self) -> str:
         """One pass; returns what it did to this driver's slices: created (none was there),
         replaced or unchanged."""
+        with self._lock:
+            return self._sync()
+
+    def _sync(self) -> str:
         found = self._api.list(driver=self._driver, node_name=self._node_name)
         newest = max((_generation(obj) for obj in found), default=0)
         desired = build_slices(self._node_name, self._driver, self._gpus, self._mig_enabled,
-                               generation=newest + 1, node_uid=self._node_uid)
+                               generation=newest + 1, node_uid=self._node_uid,
+                               unhealthy=frozenset(self._unhealthy))
         digest = pool_digest(desired)
         names = {obj["metadata"]["name"] for obj in desired}
         current = {(obj.get("metadata") or {}).get("name"): obj for obj in found}

@@ -51,12 +51,18 @@ whose devices consume counters (:data:`MAX_DEVICES`). So a node's pool is
 A GPU in MIG mode whose product the MIG table does not cover stays one exclusive device with
 ``migEnabled: true`` and its memory as capacity (no partitions to offer for it).
 
+An unhealthy GPU (:mod:`node.health`, the device plugin's health source) keeps its devices,
+each with the device taint ``gpu.gpufrag.io/unhealthy`` of effect ``NoSchedule`` (KEP-5055,
+DRADeviceTaints): kube-scheduler allocates it to no new claim that does not tolerate the
+taint, and the claims already allocated keep it (``NoExecute`` would evict their pods; a
+GPU that stopped answering NVML may still be serving them).
+
 Field names follow ``k8s.io/api/resource/v1/types.go`` at v0.36.3 (the release devkit pins).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from node.gpus import Gpu
@@ -68,6 +74,7 @@ from scheduler.kube.convert import memory_quantity
 API_VERSION = "resource.k8s.io/v1"
 MAX_DEVICES = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures (consumable capacity is one)
 MAX_COUNTER_SETS = 8  # ResourceSliceMaxCounterSets
+TAINT_UNHEALTHY = "gpu.gpufrag.io/unhealthy"
 
 Obj = dict[str, Any]
 
@@ -156,13 +163,22 @@ def _packed(groups: Sequence[list[Obj]], limit: int) -> list[list[Obj]]:
     return slices
 
 
+def tainted(devices: list[Obj], unhealthy: bool) -> list[Obj]:
+    """``devices`` (one GPU's), with the unhealthy taint when the GPU is (module docstring)."""
+    if unhealthy:
+        for device in devices:
+            device["taints"] = [{"key": TAINT_UNHEALTHY, "effect": "NoSchedule"}]
+    return devices
+
+
 def build_slices(node_name: str, driver_name: str, gpus: Sequence[Gpu],
                  mig_enabled: Mapping[int, bool], *, generation: int = 1,
-                 node_uid: str = "") -> list[Obj]:
+                 node_uid: str = "", unhealthy: Collection[int] = ()) -> list[Obj]:
     """Every ResourceSlice of the node's pool (module docstring), GPUs sorted by index
     whatever order they come in. ``node_uid``: the Node's UID, which makes the Node each
-    slice's owner (garbage-collected with it); empty: no owner. Raises ValueError past the
-    API's device limit."""
+    slice's owner (garbage-collected with it); empty: no owner. ``unhealthy``: the indices
+    of GPUs whose devices carry the unhealthy taint. Raises ValueError past the API's device
+    limit."""
     ordered = sorted(gpus, key=lambda gpu: gpu.index)
     partitioned = [(gpu, model) for gpu in ordered if mig_enabled.get(gpu.index, False)
                    and (model := mig_model(gpu.product, gpu.memory_total_mib)) is not None]
@@ -175,11 +191,14 @@ def build_slices(node_name: str, driver_name: str, gpus: Sequence[Gpu],
     specs: list[tuple[str, Obj]] = []
     if whole or not partitioned:
         specs.append((name, {"devices": [
-            gpu_device(gpu, mig_enabled=mig_enabled.get(gpu.index, False)) for gpu in whole]}))
+            device for gpu in whole for device in tainted(
+                [gpu_device(gpu, mig_enabled=mig_enabled.get(gpu.index, False))],
+                gpu.index in unhealthy)]}))
     for k, sets in enumerate(_chunks([counter_set(gpu) for gpu, _ in partitioned],
                                      MAX_COUNTER_SETS)):
         specs.append((f"{name}-counters-{k}", {"sharedCounters": sets}))
-    for k, devices in enumerate(_packed([partitions_of(gpu, model)
+    for k, devices in enumerate(_packed([tainted(partitions_of(gpu, model),
+                                                 gpu.index in unhealthy)
                                          for gpu, model in partitioned], MAX_DEVICES)):
         specs.append((f"{name}-mig-{k}", {"devices": devices}))
     def metadata(each: str) -> Obj:

@@ -87,17 +87,28 @@ def mig_node(control_plane: ControlPlane) -> Iterator[list[dict[str, Any]]]:
                 resource.delete_device_class(name)
 
 
-def _pod(name: str, device_class: str) -> dict[str, Any]:
+def pod_using(name: str, device_class: str, group: str = GROUP) -> dict[str, Any]:
+    """A pod on the test's node using the claim ``name`` (made by :func:`claim_of`)."""
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"terminationGracePeriodSeconds": 0,
-                     "nodeSelector": {GROUP_LABEL: GROUP},
+                     "nodeSelector": {GROUP_LABEL: group},
                      "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
                      "containers": [{"name": "main", "image": "gpufrag-e2e:none",
                                      "resources": {"requests": {"cpu": "1"},
                                                    "claims": [{"name": "gpu"}]}}]}}
 
 
-def _claim(name: str, device_class: str) -> dict[str, Any]:
+def unschedulable(core: Any, namespace: str, name: str) -> bool | None:
+    """True once kube-scheduler found no devices for the pod's claims (not any other reason:
+    the message is the DynamicResources plugin's)."""
+    for condition in core.read_namespaced_pod(name, namespace).status.conditions or ():
+        if (condition.type == "PodScheduled" and condition.reason == "Unschedulable"
+                and "cannot allocate all claims" in (condition.message or "")):
+            return True
+    return None
+
+
+def claim_of(name: str, device_class: str) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
@@ -115,8 +126,8 @@ def test_mig_partitions_are_allocated_by_first_fit_without_sharing_a_slice(
 
     def ask(name: str, profile: str) -> None:
         device_class = GENERIC if profile == "generic" else f"{PREFIX}{mig_class_name(profile)}"
-        resource.create_namespaced_resource_claim(namespace, _claim(name, device_class))
-        core.create_namespaced_pod(namespace, _pod(name, device_class))
+        resource.create_namespaced_resource_claim(namespace, claim_of(name, device_class))
+        core.create_namespaced_pod(namespace, pod_using(name, device_class))
 
     def device_of(name: str) -> str | None:
         claim = client.sanitize_for_serialization(
@@ -131,12 +142,6 @@ def test_mig_partitions_are_allocated_by_first_fit_without_sharing_a_slice(
     def allocated(name: str) -> str:
         return wait_until(lambda: device_of(name), timeout_s=60,
                           what=f"the claim {name} allocated")
-
-    def unschedulable(name: str) -> bool | None:
-        for condition in core.read_namespaced_pod(name, namespace).status.conditions or ():
-            if condition.type == "PodScheduled" and condition.reason == "Unschedulable":
-                return True
-        return None
 
     def no_slice_shared() -> None:
         held = [consumes[device] for claim in resource.list_namespaced_resource_claim(
@@ -156,12 +161,12 @@ def test_mig_partitions_are_allocated_by_first_fit_without_sharing_a_slice(
     no_slice_shared()
     # A 7g needs all eight slices of a GPU: none is whole, so it stays unschedulable.
     ask("seven-early", "7g.80gb")
-    wait_until(lambda: unschedulable("seven-early"), timeout_s=60,
+    wait_until(lambda: unschedulable(core, namespace, "seven-early"), timeout_s=60,
                what="the early 7g found unschedulable")
     assert device_of("seven-early") is None
     # The generic class takes no partition: no GPU of the node is outside MIG mode.
     ask("whole", "generic")
-    wait_until(lambda: unschedulable("whole"), timeout_s=60,
+    wait_until(lambda: unschedulable(core, namespace, "whole"), timeout_s=60,
                what="the generic claim found unschedulable")
     for name in ("seven-early", "whole"):
         core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)

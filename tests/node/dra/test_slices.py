@@ -16,7 +16,13 @@ from gpufrag.nvml import NvmlReader
 from gpufrag.nvml_recorded import RecordedNvml
 from node.dra.cli import read_gpus
 from node.dra.config import DRIVER_NAME
-from node.dra.slices import MAX_COUNTER_SETS, MAX_DEVICES, build_slice, build_slices
+from node.dra.slices import (
+    MAX_COUNTER_SETS,
+    MAX_DEVICES,
+    TAINT_UNHEALTHY,
+    build_slice,
+    build_slices,
+)
 from node.gpus import Gpu
 from scheduler.core.mig import MIG_MODELS, placements, start_order
 from tests.node.dra.builders import NODE, build_gpus
@@ -162,3 +168,18 @@ def test_more_gpus_than_a_slice_holds_is_refused() -> None:
     gpus = [Gpu(i, f"GPU-{i}", "p", 1024) for i in range(MAX_DEVICES + 1)]
     with pytest.raises(ValueError, match="at most 64 devices"):
         build_slice(NODE, DRIVER_NAME, gpus, {})
+
+
+def test_an_unhealthy_gpus_devices_carry_a_noschedule_taint() -> None:
+    gpus = [Gpu(0, "GPU-0", A100, 81_920), Gpu(1, "GPU-1", A100, 81_920)]
+    taint = [{"key": TAINT_UNHEALTHY, "effect": "NoSchedule"}]
+    whole, _counters, partitions = build_slices(NODE, DRIVER_NAME, gpus, {1: True},
+                                                unhealthy={0, 1})
+    assert [d.get("taints") for d in whole["spec"]["devices"]] == [taint]
+    assert {str(d.get("taints")) for d in partitions["spec"]["devices"]} == {str(taint)}
+    healthy = build_slices(NODE, DRIVER_NAME, gpus, {1: True}, unhealthy={1})[0]
+    assert "taints" not in healthy["spec"]["devices"][0]
+    client: Any = ApiClient()  # the v1 models know the field
+    for built in (whole, partitions):
+        model = client.deserialize(json.dumps(built), "V1ResourceSlice", "application/json")
+        assert client.sanitize_for_serialization(model) == built
