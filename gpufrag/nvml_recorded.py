@@ -252,12 +252,10 @@ class _GpuInstanceProfileInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class _ComputeInstanceProfileInfo:
-    id: int
+class _IdInfo:
+    """What NVML answers where only an id is read: a compute instance profile's, or a
+    compute instance's."""
 
-
-@dataclass(frozen=True, slots=True)
-class _ComputeInstanceInfo:
     id: int
 
 
@@ -468,13 +466,13 @@ class RecordedNvml:
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(
             self, gpu_instance: object, profile: int,
-            engProfile: int) -> _ComputeInstanceProfileInfo:
+            engProfile: int) -> _IdInfo:
         gi, state = self._gpu_instance(gpu_instance,
                                        "nvmlGpuInstanceGetComputeInstanceProfileInfo")
         slices = COMPUTE_PROFILE_SLICES.get(profile)
         if slices is None or slices > self._profile_of(gi.index, state).slice_count:
             raise pynvml.NVMLError_NotSupported()
-        return _ComputeInstanceProfileInfo(profile)
+        return _IdInfo(profile)
 
     def nvmlGpuInstanceCreateComputeInstance(self, gpu_instance: object,
                                              profileId: int) -> object:
@@ -501,9 +499,9 @@ class RecordedNvml:
             raise pynvml.NVMLError_NotFound()
         return _ComputeInstance(gi.index, gi.gpu_instance_id, computeInstanceId)
 
-    def nvmlComputeInstanceGetInfo(self, compute_instance: object) -> _ComputeInstanceInfo:
+    def nvmlComputeInstanceGetInfo(self, compute_instance: object) -> _IdInfo:
         _, mig = self._compute_instance(compute_instance, "nvmlComputeInstanceGetInfo")
-        return _ComputeInstanceInfo(mig.compute_instance_id)
+        return _IdInfo(mig.compute_instance_id)
 
     def nvmlComputeInstanceDestroy(self, compute_instance: object) -> int:
         ci, mig = self._compute_instance(compute_instance, "nvmlComputeInstanceDestroy")
