@@ -6,10 +6,11 @@ placement), and pods asking MIG profiles through the install's DeviceClass shape
 
 What is checked: the API server keeps the slices as built (``sharedCounters`` and
 ``consumesCounters`` survive, so DRAPartitionableDevices is on); first fit follows the device
-order within the slice (a 4g at slice 0 of GPU 0, then a 3g at slice 4 beside it, the next 3g
-on GPU 1); no two allocations ever share a memory slice; a 7g stays unschedulable while
-every GPU is partly used; and once the pods of GPU 0 are deleted, their claims' slices are
-free again and a 7g takes GPU 0 whole. The generic class never hands out a partition.
+order within the slice (a 3g at slice 4 of GPU 0, the top first, then a 4g at slice 0 beside
+it, the next 3g on GPU 1); no two allocations ever share a memory slice; a 7g stays
+unschedulable while every GPU is partly used; and once the pods of GPU 0 are deleted, their
+claims' slices are free again and a 7g takes GPU 0 whole. The generic class never hands out
+a partition.
 
 The node has no kubelet, so the pods are bound and allocated but never run (the driver's
 prepare is covered by tests/node/dra/test_service.py, against a recorded NVML: no GPU here).
@@ -149,13 +150,13 @@ def test_mig_partitions_are_allocated_by_first_fit_without_sharing_a_slice(
         every = [c for taken in held for c in taken]
         assert len(every) == len(set(every)), held
 
-    # First fit in the slice's order: the 4g at 0 of GPU 0, then the top of GPU 0 for a 3g
-    # (its placement at 4 comes first), then GPU 1 for the next 3g (GPU 0's slices 4-7 taken,
-    # and a 3g at 0 would share the 4g's).
-    ask("four", "4g.40gb")
-    assert allocated("four") == "gpu-0-mig-4g-40gb-0"
+    # First fit in the slice's order: a 3g on an empty GPU takes the top (start_order puts
+    # its placement at 4 before 0; in start order it would take 0 and leave no room for a
+    # 4g), then the 4g at 0 beside it, then GPU 1 for the next 3g.
     ask("three-a", "3g.40gb")
     assert allocated("three-a") == "gpu-0-mig-3g-40gb-4"
+    ask("four", "4g.40gb")
+    assert allocated("four") == "gpu-0-mig-4g-40gb-0"
     ask("three-b", "3g.40gb")
     assert allocated("three-b") == "gpu-1-mig-3g-40gb-4"
     no_slice_shared()
