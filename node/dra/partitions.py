@@ -110,12 +110,22 @@ class Partitions:
             return destroyed
 
     def read(self, claim_uid: str) -> dict[str, Mapping[str, Any]]:
-        """The claim's record: device name -> what was made for it (empty: none)."""
+        """The claim's record: device name -> what was made for it (empty: none);
+        :class:`ClaimProblem` naming the file when it is not one this driver wrote."""
+        path = self._records.file_path(claim_uid)
         try:
-            with open(self._records.file_path(claim_uid)) as found:
-                partitions: dict[str, Mapping[str, Any]] = json.load(found)["partitions"]
+            with open(path) as found:
+                partitions = json.load(found)["partitions"]
+            if not isinstance(partitions, dict) or not all(
+                    isinstance(made, dict) and isinstance(made.get("gpu"), int)
+                    and isinstance(made.get("gpu_instance_id"), int)
+                    for made in partitions.values()):
+                raise ValueError("a partition without its GPU or GPU instance id")
         except FileNotFoundError:
             return {}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ClaimProblem(f"the MIG record {path!r} is unreadable ({exc}); the "
+                               f"instances it named must be destroyed by hand") from None
         return partitions
 
     def _write(self, claim_uid: str, record: Mapping[str, Mapping[str, Any]]) -> None:

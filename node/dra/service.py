@@ -115,7 +115,7 @@ class DraPluginServicer:
             try:
                 destroyed = self._partitions.unprepare(claim.uid)
                 removed = self._specs.remove(claim.uid)
-            except (OSError, MigWriteError) as exc:
+            except (OSError, MigWriteError, ClaimProblem) as exc:
                 answers[claim.uid] = drapb.NodeUnprepareResourceResponse(
                     error=f"claim {_key(claim)} (uid {claim.uid}): {exc}")
                 self._metrics.claims.labels("unprepare", "error").inc()

@@ -270,3 +270,14 @@ def test_unprepare_destroys_the_instances_once_no_process_runs_there(driver: Dri
     assert instances(driver) == [] and driver.nvml.devices[1].mig == []
     assert os.listdir(driver.cdi_dir) == []
     assert unprepare(driver, ref()).claims["uid-1"].error == ""  # nothing left: still fine
+
+
+def test_an_unreadable_mig_record_is_the_claims_error_naming_the_file(driver: Driver) -> None:
+    records = Path(driver.config.partitions_dir)
+    records.mkdir(parents=True)
+    (records / "gpufrag.io-partitions_uid-1.json").write_text("{not json")
+    error = unprepare(driver, ref()).claims["uid-1"].error
+    assert "gpufrag.io-partitions_uid-1.json" in error and "unreadable" in error
+    driver.claims.claims[("default", "claim-1")] = mig_claim("gpu-1-mig-1g-10gb-6")
+    assert "unreadable" in prepare(driver, ref()).claims["uid-1"].error
+    assert instances(driver) == []  # nothing made past a record it cannot read
