@@ -11,6 +11,9 @@ through, so the rendered files keep the reasons their objects say; what Helm alo
 standard labels, the Namespace's keep policy) is taken off, since kubectl, not Helm, applies
 them.
 
+A component of :data:`OVERRIDE_PARTS` holds base files as the chart renders them under other
+values, which its kustomization patches over the base's.
+
 The values (:data:`BASE_LAYOUT`): the release named ``gpufrag``, the base's namespace (created)
 and the example; the two images the kustomization's ``images:`` list retargets by their short
 names (:data:`SHORT_IMAGES`), so ``kustomize edit set image gpufrag=...`` keeps working. The
@@ -68,10 +71,22 @@ PARTS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     # Its kustomization also patches the base's device plugin (hand-written, as the chart's
     # affinity beside it): the device plugin leaves the nodes the DRA driver runs on.
     "dra": (("dra.enabled", "true"),),
+    # The webhook's conversion of GPU asks into claims: the rightsizing part's webhook serves
+    # it, so it renders only where both are on.
+    "dra-claims": (("dra.enabled", "true"), ("rightsizing.enabled", "true")),
 }
 # A patch-only component: hand-written kustomize patches, the chart's value beside them.
 PATCH_PARTS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
     "mig-monitor": (("agent.migMonitor", "true"),),
+}
+# Components that replace whole base files with what the chart renders for them under other
+# values, for a value that changes text kustomize cannot reach into (a ConfigMap's embedded
+# config file): the component's kustomization patches the base with these rendered objects.
+# ``extender.dra`` leaves kube-scheduler's managedResources out and turns the extender's DRA
+# reader on (docs/dra.md, "Scheduling DRA pods").
+OVERRIDE_PARTS: Final[dict[str, tuple[tuple[tuple[str, str], ...], tuple[str, ...]]]] = {
+    "dra-scheduling": ((("extender.dra", "true"),),
+                       ("scheduler-config.yaml", "extender-config.yaml")),
 }
 NAME_LABEL: Final = "app.kubernetes.io/name"
 # The labels the chart puts on every object and the rendered manifests leave out.
@@ -154,9 +169,14 @@ def split(rendered: str, keep: Path) -> dict[Path, list[str]]:
 
 
 def _header(path: Path) -> str:
-    source = ("templates/" + str(path.relative_to(COMPONENTS_DIR))
-              if path.is_relative_to(COMPONENTS_DIR) else
-              f"{'crds' if path.name.startswith('crd-') else 'templates'}/{path.name}")
+    override = path.parent.name if path.parent.parent == COMPONENTS_DIR else ""
+    if override in OVERRIDE_PARTS:
+        values = ", ".join(f"{k}={v}" for k, v in OVERRIDE_PARTS[override][0])
+        source = f"templates/{path.name} with {values}"
+    elif path.is_relative_to(COMPONENTS_DIR):
+        source = "templates/" + str(path.relative_to(COMPONENTS_DIR))
+    else:
+        source = f"{'crds' if path.name.startswith('crd-') else 'templates'}/{path.name}"
     return (f"# Rendered by `{REGENERATE}` from charts/gpufrag/{source};\n"
             f"# do not edit: change the chart, then run it.\n")
 
@@ -167,14 +187,18 @@ def render(helm: Path) -> dict[Path, str]:
     every_part = [value for values in PARTS.values() for value in values]
     components = split(helm_template(helm, [*BASE_LAYOUT, *SHORT_IMAGES, *every_part]),
                        COMPONENTS_DIR)
+    overrides: dict[Path, list[str]] = {}
+    for name, (values, files) in OVERRIDE_PARTS.items():
+        rendered = split(helm_template(helm, [*BASE_LAYOUT, *SHORT_IMAGES, *values]), BASE_DIR)
+        overrides |= {COMPONENTS_DIR / name / file: rendered[BASE_DIR / file] for file in files}
     return {path: _header(path) + "---\n".join(docs)
-            for path, docs in sorted((base | components).items())}
+            for path, docs in sorted((base | components | overrides).items())}
 
 
 def rendered_paths() -> set[Path]:
     """The files under manifests/ a render writes: every YAML file of the base and of each
     part's component but their kustomizations."""
-    folders = [BASE_DIR, *(COMPONENTS_DIR / name for name in PARTS)]
+    folders = [BASE_DIR, *(COMPONENTS_DIR / name for name in (*PARTS, *OVERRIDE_PARTS))]
     return {p for folder in folders for p in folder.glob("*.yaml")
             if p.name != "kustomization.yaml"}
 

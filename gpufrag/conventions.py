@@ -107,6 +107,12 @@ ANNOTATION_RIGHTSIZING_MODE = "gpufrag.io/rightsizing-mode"
 ANNOTATION_GPU_RECOMMENDATION = "gpufrag.io/gpu-recommendation"
 ANNOTATION_RIGHTSIZING_CHANGE = "gpufrag.io/rightsizing"
 
+# How GPUs reach a node's pods: on GPU nodes, the DRA driver runs where this label says
+# DELIVERY_DRA and the device plugin everywhere else; on a namespace, DELIVERY_DRA opts its pods
+# into the admission webhook's conversion of GPU asks into ResourceClaims (docs/dra.md).
+LABEL_DELIVERY = "gpufrag.io/delivery"
+DELIVERY_DRA = "dra"
+
 SCHEDULER_NAME = "gpufrag-scheduler"
 
 # Placement hints from the defrag controller to the extender: one ConfigMap whose data maps an
@@ -139,6 +145,7 @@ class KubeNames:
     label_gpu_memory: str = LABEL_GPU_MEMORY_MIB
     label_model: str = LABEL_MODEL
     label_model_version: str = LABEL_MODEL_VERSION
+    label_delivery: str = LABEL_DELIVERY
     annotation_gpu_spec: str = ANNOTATION_GPU_SPEC
     annotation_gpu_indices: str = ANNOTATION_GPU_INDICES
     annotation_gpu_record: str = ANNOTATION_GPU_RECORD

@@ -9,13 +9,15 @@ that CA bundle. :func:`registered_webhook` yields once the API server has called
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 
 from defrag.admission.server import AdmissionServer
+from defrag.admission.templates import TemplateStore
 from defrag.rightsizing.recommender import PodSample, RightsizingConfig, update
 from defrag.rightsizing.workloads import WorkloadClient
 from devkit.controlplane import ControlPlane
@@ -36,25 +38,36 @@ def recommendation(peak_mib: int, gpu_memory_mib: int, *, hours: int, now: float
 
 
 @contextmanager
-def registered_webhook(plane: ControlPlane, namespace: str, pki: Path
-                       ) -> Iterator[AdmissionServer]:
+def registered_webhook(plane: ControlPlane, namespace: str, pki: Path, *,
+                       templates: TemplateStore | None = None,
+                       selector: Mapping[str, Any] | None = None) -> Iterator[AdmissionServer]:
+    """The right-sizing webhook (``/mutate``, failurePolicy Ignore) for ``namespace``; with
+    ``templates``, the DRA conversion (``/mutate-dra``) as the dra-claims component registers
+    it (failurePolicy Fail, sideEffects NoneOnDryRun), for the namespaces ``selector`` names
+    (``namespace`` must be among them)."""
     ca, cert, key = make_serving_cert(pki)
     client = WorkloadClient(plane.new_api_client(), timeout_s=2.0)
     server = AdmissionServer(("127.0.0.1", 0), resolve=client.resolve, names=DEFAULT_NAMES,
-                             cert_file=str(cert), key_file=str(key)).start()
+                             cert_file=str(cert), key_file=str(key),
+                             templates=templates).start()
     api = kubernetes.client.AdmissionregistrationV1Api(plane.api_client())
-    name = f"gpufrag-rightsizing-{namespace}"
+    name = f"gpufrag-{'dra-claims' if templates else 'rightsizing'}-{namespace}"
+    rule: dict[str, Any] = {"failurePolicy": "Ignore", "sideEffects": "None"}
+    if templates is not None:
+        rule = {"failurePolicy": "Fail", "sideEffects": "NoneOnDryRun"}
     api.create_mutating_webhook_configuration({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": name},
         "webhooks": [{
-            "name": "rightsizing.gpufrag.io",
-            "clientConfig": {"url": f"https://127.0.0.1:{server.port}/mutate",
+            "name": "claims.gpufrag.io" if templates else "rightsizing.gpufrag.io",
+            "clientConfig": {"url": f"https://127.0.0.1:{server.port}/"
+                                    f"{'mutate-dra' if templates else 'mutate'}",
                              "caBundle": base64.b64encode(ca.read_bytes()).decode()},
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                        "resources": ["pods"], "scope": "Namespaced"}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            "failurePolicy": "Ignore", "sideEffects": "None", "timeoutSeconds": 5,
+            "namespaceSelector": selector or {
+                "matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            **rule, "timeoutSeconds": 5,
             "reinvocationPolicy": "Never", "admissionReviewVersions": ["v1"]}]})
     try:
         _wait_until_called(plane, namespace, server)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import structlog
 
 from defrag.admission.server import AdmissionServer
+from defrag.admission.templates import TemplateClient
 from defrag.rightsizing.workloads import WorkloadClient
 from gpufrag import diagnose, logs
 from gpufrag.conventions import names_from_environ
@@ -28,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = BadInputArgumentParser(prog=PROG, description=(
         "Serve the GPU right-sizing mutating admission webhook: pods of workloads in auto "
         "mode get the GPU share their controller's recommendation says (never above what "
-        "they asked, never below the observed peak)."))
+        "they asked, never below the observed peak). On POST /mutate-dra (namespaces with "
+        "DRA delivery) it also moves GPU asks into ResourceClaims made from templates it "
+        "creates."))
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default: 0.0.0.0)")
     p.add_argument("--port", type=int, default=8443, help="HTTPS port (default: 8443)")
     p.add_argument("--tls-cert-file", help="serving certificate (PEM); required unless "
@@ -39,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster)")
     p.add_argument("--context", help="kubeconfig context")
     p.add_argument("--lookup-timeout-s", type=float, default=2.0,
-                   help="timeout of each read of a pod's controller (default: 2; keep it "
-                        "under the webhook's timeoutSeconds)")
+                   help="timeout of each read of a pod's controller and of each read or "
+                        "create of a ResourceClaimTemplate (default: 2; keep it under the "
+                        "webhook's timeoutSeconds)")
     p.add_argument("--log-level", default=None, help="debug, info, warning, error")
     return p
 
@@ -64,14 +68,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     diagnose.install("admission")
     log = structlog.get_logger("gpufrag.admission")
     try:
-        client = WorkloadClient(api_client(args.kubeconfig, args.context),
-                                timeout_s=args.lookup_timeout_s)
+        api = api_client(args.kubeconfig, args.context)
+        client = WorkloadClient(api, timeout_s=args.lookup_timeout_s)
+        templates = TemplateClient(api, timeout_s=args.lookup_timeout_s)
     except Exception as e:
         print(f"{PROG}: no usable cluster credentials: {e}", file=sys.stderr)
         return EXIT_FAILURE
     try:
         server = AdmissionServer(
-            (args.host, args.port), resolve=client.resolve, names=names,
+            (args.host, args.port), resolve=client.resolve, names=names, templates=templates,
             cert_file=None if args.insecure_http else args.tls_cert_file,
             key_file=None if args.insecure_http else args.tls_key_file)
     except (ssl.SSLError, FileNotFoundError, IsADirectoryError) as e:

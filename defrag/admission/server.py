@@ -1,5 +1,9 @@
-"""The webhook's HTTPS server: a Flask app (``POST /mutate``, ``GET /healthz``,
-``GET /metrics``) on the project's one server (:mod:`gpufrag.httpserve`).
+"""The webhook's HTTPS server: a Flask app (``POST /mutate``, ``POST /mutate-dra``,
+``GET /healthz``, ``GET /metrics``) on the project's one server (:mod:`gpufrag.httpserve`).
+
+``/mutate-dra`` is the same review for namespaces with DRA delivery, which also moves GPU asks
+into ResourceClaims (:mod:`defrag.admission.review`); the webhook configuration sends those
+namespaces there and every other namespace to ``/mutate``.
 
 The API server only speaks HTTPS to webhooks. The serving certificate and key are files
 (mounted from a Secret that cert-manager, or ``scripts``-style openssl, keeps; see
@@ -15,8 +19,8 @@ unchanged: ``failurePolicy: Ignore``). A real pod's review costs a few MiB at mo
 the same size made of empty objects (``[{},{},...]``) costs 21 times its size, so without the
 budget four threads parsing such bodies took the webhook past its 256 Mi limit.
 
-Who may call it: the API server (``/mutate``) and the kubelet's probes; it only answers what a
-pod of a workload in auto mode should get, and writes nothing.
+Who may call it: the API server (``/mutate``, ``/mutate-dra``) and the kubelet's probes; it
+answers what a pod should get, and writes only the ResourceClaimTemplates converted pods name.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
 from defrag.admission.review import AdmissionMetrics, Resolver, answer
+from defrag.admission.templates import TemplateStore
 from gpufrag.conventions import KubeNames
 from gpufrag.httpserve import Limits, Server, listen
 from gpufrag.membudget import BudgetBusy, MemoryBudget, OverBudget, parse_cost
@@ -45,15 +50,26 @@ def _json(payload: object, status: int = 200) -> Response:
 
 
 def create_app(resolve: Resolver, names: KubeNames, metrics: AdmissionMetrics, *,
-               budget: MemoryBudget | None = None) -> Flask:
+               budget: MemoryBudget | None = None,
+               templates: TemplateStore | None = None) -> Flask:
     """The webhook's routes; ``budget``: what reviews may hold at once (a fresh
-    :data:`MEMORY_BUDGET_BYTES` one by default)."""
+    :data:`MEMORY_BUDGET_BYTES` one by default); ``templates``: where ``/mutate-dra`` makes
+    the templates of converted pods (None: that path answers 404)."""
     app = Flask("gpufrag.admission")
     budget = budget or MemoryBudget(MEMORY_BUDGET_BYTES, wait_s=BUDGET_WAIT_S,
                                     setting="the webhook's memory budget")
 
     @app.post("/mutate")
     def mutate() -> Response:
+        return review(None)
+
+    @app.post("/mutate-dra")
+    def mutate_dra() -> Response:
+        if templates is None:
+            return _json({"error": "no ResourceClaimTemplate client: /mutate-dra is off"}, 404)
+        return review(templates)
+
+    def review(store: TemplateStore | None) -> Response:
         try:
             length = int(request.environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
@@ -70,7 +86,7 @@ def create_app(resolve: Resolver, names: KubeNames, metrics: AdmissionMetrics, *
             return _json({"error": f"body over {MAX_BODY_BYTES} bytes"}, 413)
         try:
             with budget.reserve(parse_cost(body)):
-                review = answer(body, resolve, names, metrics)
+                reviewed = answer(body, resolve, names, metrics, templates=store)
         except OverBudget as e:
             return _json({"error": str(e)}, 413)
         except BudgetBusy as e:
@@ -79,7 +95,7 @@ def create_app(resolve: Resolver, names: KubeNames, metrics: AdmissionMetrics, *
             return busy
         except (ValueError, orjson.JSONDecodeError) as e:
             return _json({"error": str(e)}, 400)
-        return _json(review)
+        return _json(reviewed)
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -92,7 +108,8 @@ def create_app(resolve: Resolver, names: KubeNames, metrics: AdmissionMetrics, *
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException) -> Response:
         code = e.code or 500
-        return _json({"error": f"{code} {e.name}; the webhook path is POST /mutate"}, code)
+        return _json({"error": f"{code} {e.name}; the webhook paths are POST /mutate and "
+                               "POST /mutate-dra"}, code)
 
     return app
 
@@ -104,7 +121,8 @@ class AdmissionServer:
 
     def __init__(self, address: tuple[str, int], *, resolve: Resolver, names: KubeNames,
                  cert_file: str | None, key_file: str | None,
-                 metrics: AdmissionMetrics | None = None) -> None:
+                 metrics: AdmissionMetrics | None = None,
+                 templates: TemplateStore | None = None) -> None:
         self.metrics = metrics or AdmissionMetrics()
         tls = ServerTLS(cert_file, key_file) if cert_file and key_file else None
         sock = listen(address[0], address[1], setting="--host, --port")
@@ -112,8 +130,8 @@ class AdmissionServer:
         # 5 s); the API server, its one caller beside the probes, keeps a pool of a few.
         limits = Limits(max_body_bytes=MAX_BODY_BYTES, read_timeout_s=READ_TIMEOUT_S,
                         threads=4, setting="the webhook's read timeout")
-        self.server = Server(create_app(resolve, names, self.metrics), sock, limits, tls=tls,
-                             name="admission")
+        self.server = Server(create_app(resolve, names, self.metrics, templates=templates),
+                             sock, limits, tls=tls, name="admission")
 
     @property
     def port(self) -> int:

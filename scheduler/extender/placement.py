@@ -72,8 +72,8 @@ class Placement:
         self.workload, self.scorer, self.dra_scorer = workload, scorer, dra_scorer
 
     def scorer_of(self, pod: PodSubject) -> Scorer:
-        """The scorer that judges ``pod``: the DRA one for a pod asking GPUs through claims."""
-        if pod.claims and self.dra_scorer is not None:
+        """The scorer that judges ``pod``: the DRA one for a pod asking GPUs through DRA."""
+        if pod.dra and self.dra_scorer is not None:
             return self.dra_scorer
         return self.scorer
 

@@ -54,11 +54,19 @@ class PodSubject:
     # The keys of the ResourceClaims it uses, with dra.enabled (() off or none): its GPUs
     # then come through them, chosen by DRA's first fit (docs/dra.md).
     claims: tuple[str, ...] = ()
+    # Whole GPUs it asks through an extended resource a DeviceClass of the driver maps
+    # (KEP-5004), before kube-scheduler made their claim (0: none).
+    mapped: int = 0
 
     @property
     def wants_placing(self) -> bool:
         """It asks GPUs, shares of one or MIG instances: the extender's to judge."""
         return self.request.wants_gpu or bool(self.mig)
+
+    @property
+    def dra(self) -> bool:
+        """Its GPUs, if any, come through DRA: its claims, or a mapped extended resource."""
+        return bool(self.claims) or self.mapped > 0
 
 
 class PodReader:
@@ -90,15 +98,16 @@ class PodReader:
             raise BadInput("Pod must be an object", field="Pod")
         request = self._request_of(obj)
         claims = self.cache.pod_claims(obj)
-        if claims:  # its GPUs, if any, are asked through them, not by its containers
-            request = self.cache.claims_request(request, claims)
+        mapped = self.cache.mapped_ask(obj)
+        if claims or mapped:  # its GPUs, if any, are asked through them, not by its containers
+            request = self.cache.claims_request(request, claims, mapped)
         if identity is None:
             identity = self.identify(obj)
         # Only a memory share without a compute share can lack a device plugin's resource.
         gap = (device_gap(obj, self.names) if request.gpu_memory_mib and not request.gpu_milli
                else None)
         return PodSubject(identity.key, identity.uid, identity.owner, request, mig_request(obj),
-                          gap, claims)
+                          gap, claims, mapped)
 
 
 __all__ = ["PodIdentity", "PodReader", "PodSubject"]

@@ -52,6 +52,8 @@ from scheduler.kube.claims import (
     asking,
     gpus_held,
     holding,
+    mapped_count,
+    mapped_resource,
     pod_claim_keys,
     slice_gpus,
     with_slice_gpus,
@@ -173,6 +175,10 @@ class ClusterCache:
         self.dra_classes = frozenset(dra_classes)
         self.claims: dict[str, Obj] = {}               # "namespace/name" -> ResourceClaim
         self.claims_synced = not dra_driver
+        # Of those classes, the ones mapping an extended resource (KEP-5004): class name ->
+        # resource. A pod asking one is a DRA pod before its claim exists (mapped_count).
+        self.mapped: dict[str, str] = {}
+        self.device_classes_synced = not dra_driver
         # The driver's ResourceSlices: node -> slice name -> the GPUs it offers. A Node that
         # advertises no GPU (the device plugin left it) has these (claims.with_slice_gpus);
         # the last Node object of each node is kept to apply again when its slice changes.
@@ -180,16 +186,17 @@ class ClusterCache:
         self._slice_node: dict[str, str] = {}          # slice name -> its node
         self._node_objs: dict[str, Obj] = {}
         self.slices_synced = not dra_driver
-        # pod key -> (its request before its claims, the keys of its claims): what a claim's
-        # change re-places the pod from.
-        self._dra_pods: dict[str, tuple[PodRequest, tuple[str, ...]]] = {}
+        # pod key -> (its request before its claims, the keys of its claims, the whole GPUs
+        # it asks through a mapped extended resource before its claim exists): what a
+        # claim's change re-places the pod from.
+        self._dra_pods: dict[str, tuple[PodRequest, tuple[str, ...], int]] = {}
         self._claim_users: dict[str, set[str]] = {}    # claim key -> keys of pods using it
 
     # ------------------------------------------------------------------ status
     @property
     def synced(self) -> bool:
         return (self.nodes_synced and self.pods_synced and self.claims_synced
-                and self.slices_synced)
+                and self.slices_synced and self.device_classes_synced)
 
     def count_apply_failure(self, kind: str) -> None:
         """A watch event of ``kind`` failed to apply (its reflector relists)."""
@@ -353,12 +360,13 @@ class ClusterCache:
             if self.dra_driver:
                 try:
                     claim_keys = self.pod_claims(obj)
+                    mapped = self.mapped_ask(obj)
                 except BadInput as e:
                     self._drop_pod(key)
                     self._skip("Pod", obj, key, str(e))
                     return
-                if claim_keys:
-                    self._set_dra_pod(key, request, claim_keys)
+                if claim_keys or mapped:
+                    self._set_dra_pod(key, request, claim_keys, mapped)
                     known = self._with_claims(key, known)
                     request = known.request
                 else:
@@ -403,10 +411,11 @@ class ClusterCache:
         no annotation record); with none allocated there (yet, or any more), asking what its
         claims ask (:meth:`claims_request`) with no GPUs. A malformed claim holds nothing and
         is logged: the pod stays."""
-        base, claim_keys = self._dra_pods[key]
+        base, claim_keys, mapped = self._dra_pods[key]
         held = [gpu for gpu in self._allocated(key) if gpu.node == known.node]
         if not held:
-            return replace(known, request=self.claims_request(base, claim_keys), gpus=None)
+            return replace(known, request=self.claims_request(base, claim_keys, mapped),
+                           gpus=None)
         return replace(known, request=holding(base, held),
                        gpus=tuple(gpu.index for gpu in held))
 
@@ -425,21 +434,40 @@ class ClusterCache:
         on; () when off. Raises :class:`BadInput` for a pod that cannot be read."""
         return pod_claim_keys(obj) if self.dra_driver else ()
 
+    def mapped_ask(self, obj: Obj) -> int:
+        """The whole GPUs the pod ``obj`` asks through an extended resource one of the driver's
+        DeviceClasses maps, before its claim exists (:func:`claims.mapped_count`); 0 with DRA
+        off. Raises :class:`BadInput` for a pod that cannot be read."""
+        if not self.dra_driver:
+            return 0
+        with self.lock:
+            resources = set(self.mapped.values())
+        return mapped_count(obj, resources)
+
     def claim_keys(self, key: str) -> tuple[str, ...]:
         """The claims of the pod ``key`` as the watch last showed it (() for none, or unseen)."""
         with self.lock:
             found = self._dra_pods.get(key)
             return found[1] if found is not None else ()
 
-    def claims_request(self, request: PodRequest, claim_keys: Iterable[str]) -> PodRequest:
+    def mapped_of(self, key: str) -> int:
+        """The whole GPUs the pod ``key`` asked through a mapped extended resource, as the
+        watch last showed it, before its claim existed (0 for none, or unseen)."""
+        with self.lock:
+            found = self._dra_pods.get(key)
+            return found[2] if found is not None else 0
+
+    def claims_request(self, request: PodRequest, claim_keys: Iterable[str],
+                       mapped: int = 0) -> PodRequest:
         """``request`` asking the GPUs that the claims ``claim_keys`` (those the cache holds)
-        ask of the driver's classes (``dra_classes``), in place of any its containers ask; as
-        it is when they ask none. A claim whose ask cannot be placed is logged and asks none:
-        the pod is not the extender's to judge, and the allocator still places it."""
+        ask of the driver's classes (``dra_classes``) and the ``mapped`` whole GPUs
+        (:meth:`mapped_ask`), in place of any its containers ask; as it is when they ask none.
+        A claim whose ask cannot be placed is logged and asks none: the pod is not the
+        extender's to judge, and the allocator still places it."""
         with self.lock:
             claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
         try:
-            return asking(request, claims, device_classes=self.dra_classes)
+            return asking(request, claims, device_classes=self.dra_classes, mapped=mapped)
         except BadInput as e:
             log.warning("claim not read", pod=pod_key(request), reason=str(e))
             return request
@@ -509,6 +537,42 @@ class ClusterCache:
             self.state.remove_pod(key)
         if known.node:
             self._place_known(key, request=base, gpus=())
+
+    # ------------------------------------------------------------------ device classes (DRA)
+    def apply_device_class(self, obj: Obj) -> None:
+        """A DeviceClass was added or changed: which extended resource it maps, if it is one
+        of the driver's classes (``dra_classes``). Pods are read with the new mapping from
+        their next event (a filter reads the pod it is sent)."""
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not isinstance(name, str) or name not in self.dra_classes:
+            return
+        with self.lock:
+            try:
+                resource = mapped_resource(obj)
+            except BadInput as e:
+                self._skip("DeviceClass", obj, name, str(e))
+                resource = None
+            if resource is None:
+                self.mapped.pop(name, None)
+            else:
+                self.mapped[name] = resource
+
+    def delete_device_class_object(self, obj: Obj) -> None:
+        """A DeviceClass is gone: the resource it mapped asks no GPU of ours any more."""
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        with self.lock:
+            if isinstance(name, str):
+                self.mapped.pop(name, None)
+
+    def replace_device_classes(self, objs: Iterable[Obj]) -> None:
+        """A full list of DeviceClasses."""
+        with self.lock:
+            self.mapped.clear()
+            for obj in objs:
+                self.apply_device_class(obj)
+            self.device_classes_synced = True
 
     # ------------------------------------------------------------------ slices (DRA)
     def _slice_gpus(self, node: str) -> SliceGpus | None:
@@ -591,11 +655,12 @@ class ClusterCache:
                 self._claim_changed(key)
             self.claims_synced = True
 
-    def _set_dra_pod(self, key: str, request: PodRequest, claim_keys: tuple[str, ...]) -> None:
+    def _set_dra_pod(self, key: str, request: PodRequest, claim_keys: tuple[str, ...],
+                     mapped: int) -> None:
         previous = self._dra_pods.get(key)
         if previous is not None and previous[1] != claim_keys:
             self._drop_dra_pod(key)
-        self._dra_pods[key] = (request, claim_keys)
+        self._dra_pods[key] = (request, claim_keys, mapped)
         for claim_key in claim_keys:
             self._claim_users.setdefault(claim_key, set()).add(key)
 
@@ -835,9 +900,10 @@ class ClusterCache:
     # ------------------------------------------------------------------ snapshot
     def load(self, nodes: Iterable[Obj], pods: Iterable[Obj],
              hints: Obj | None = None, claims: Iterable[Obj] = (),
-             slices: Iterable[Obj] = ()) -> None:
+             slices: Iterable[Obj] = (), device_classes: Iterable[Obj] = ()) -> None:
         """Fill the cache from static objects (a snapshot file; with no ResourceClaims, DRA
         pods hold no GPUs, but the cache is synced)."""
+        self.replace_device_classes(device_classes)
         self.replace_slices(slices)
         self.replace_nodes(nodes)
         self.replace_claims(claims)

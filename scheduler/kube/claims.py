@@ -29,12 +29,13 @@ import math
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from typing import Any
 
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, NodeSpec, PodRequest
-from scheduler.kube.convert import gpu_labels
+from scheduler.kube.convert import effective_requests, gpu_labels
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
 DRIVER_NAME = "gpu.gpufrag.io"  # gpufrag's DRA driver, the one whose devices are GPUs we place
@@ -347,23 +348,69 @@ def asked_gpus(claim: Obj, *, device_classes: Collection[str]) -> tuple[AskedGpu
     return tuple(found)
 
 
-def gpus_asked(claims: Iterable[tuple[str, Obj]], *,
-               device_classes: Collection[str]) -> tuple[int, int]:
-    """How many GPUs a pod asks through its ``claims`` ((name, ResourceClaim) pairs) and how
-    much of each, in milli: one device of part of a GPU is a share; anything else counts as
-    whole GPUs, as :func:`gpus_held` counts several results. (0, 0): none."""
+def gpus_asked(claims: Iterable[tuple[str, Obj]], *, device_classes: Collection[str],
+               mapped: int = 0) -> tuple[int, int]:
+    """How many GPUs a pod asks through its ``claims`` ((name, ResourceClaim) pairs) and
+    ``mapped`` (whole GPUs asked through an extended resource one of our DeviceClasses maps,
+    before kube-scheduler made their claim: :func:`mapped_count`), and how much of each, in
+    milli: one device of part of a GPU is a share; anything else counts as whole GPUs, as
+    :func:`gpus_held` counts several results. (0, 0): none."""
+    count, milli, _ = _totals(_claims_asks(claims, device_classes), mapped)
+    return count, milli
+
+
+def _claims_asks(claims: Iterable[tuple[str, Obj]],
+                 device_classes: Collection[str]) -> list[AskedGpus]:
     asks: list[AskedGpus] = []
     for name, claim in claims:
         try:
             asks.extend(asked_gpus(claim, device_classes=device_classes))
         except BadInput as exc:
             raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
-    count = sum(ask.count for ask in asks)
+    return asks
+
+
+def _totals(asks: Sequence[AskedGpus], mapped: int) -> tuple[int, int, int]:
+    """(GPUs, milli of each, memory MiB of the one share or 0) of ``asks`` and ``mapped``."""
+    count = sum(ask.count for ask in asks) + mapped
     if count > MAX_GPUS_PER_NODE:
         raise BadInput(f"its claims ask {count} GPUs; a node has at most {MAX_GPUS_PER_NODE}")
-    if count == 1:
-        return 1, asks[0].milli
-    return count, MILLI_PER_GPU if count else 0
+    if count == 1 and asks:
+        share = asks[0].milli < MILLI_PER_GPU
+        return 1, asks[0].milli, asks[0].memory_mib if share else 0
+    return count, MILLI_PER_GPU if count else 0, 0
+
+
+def mapped_resource(device_class: Obj) -> str | None:
+    """The extended resource a DeviceClass maps to its devices (KEP-5004's
+    ``spec.extendedResourceName``), or None when it maps none. Raises BadInput."""
+    spec = _mapping(device_class.get("spec"), "spec")
+    name = spec.get("extendedResourceName")
+    if name is not None and not isinstance(name, str):
+        raise BadInput(f"{name!r} is not a resource name", field="spec.extendedResourceName")
+    return name or None
+
+
+def mapped_count(pod: Obj, resources: Collection[str]) -> int:
+    """How many devices ``pod`` asks through the extended ``resources`` (those our
+    DeviceClasses map, :func:`mapped_resource`) while kube-scheduler has not made their claim
+    yet: it makes it in the pod's binding cycle and names it in
+    ``status.extendedResourceClaimStatus``, from when on the claim itself is read
+    (:func:`pod_claim_names`), so 0 then, and 0 for a pod that asks none. Each device of a
+    mapped class is a whole GPU (the class's requests name no capacity). Raises BadInput."""
+    if not resources:
+        return 0
+    status = _mapping(pod.get("status"), "status")
+    extended = _mapping(status.get("extendedResourceClaimStatus"),
+                        "status.extendedResourceClaimStatus")
+    if extended.get("resourceClaimName"):
+        return 0
+    wanted = tuple(sorted(resources))
+    total = sum(effective_requests(pod, wanted).values(), Decimal(0))
+    if total != total.to_integral_value():
+        raise BadInput(f"{total} devices of {', '.join(wanted)}; extended resources are "
+                       "whole numbers", field="spec.containers[].resources")
+    return int(total)
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,19 +460,24 @@ def pod_claim_keys(pod: Obj) -> tuple[str, ...]:
 
 def holding(request: PodRequest, held: Sequence[HeldGpu]) -> PodRequest:
     """``request`` holding the GPUs ``held`` (on one node) instead of any its containers
-    ask: one share, or whole GPUs (several results that are not one share count whole)."""
+    ask: one share (its milli and the memory it consumed: a memory share is counted for the
+    larger part of the GPU, as a device-plugin memory share is), or whole GPUs (several
+    results that are not one share count whole)."""
+    share = len(held) == 1 and held[0].milli < MILLI_PER_GPU
     milli = held[0].milli if len(held) == 1 else MILLI_PER_GPU
-    return replace(request, num_gpu=len(held), gpu_milli=milli, gpu_memory_mib=0)
+    return replace(request, num_gpu=len(held), gpu_milli=milli,
+                   gpu_memory_mib=held[0].memory_mib if share else 0)
 
 
 def asking(request: PodRequest, claims: Iterable[tuple[str, Obj]], *,
-           device_classes: Collection[str]) -> PodRequest:
-    """``request`` asking what ``claims`` ask of ``device_classes`` (:func:`gpus_asked`),
-    instead of any its containers ask; as it is when they ask none. Raises BadInput."""
-    count, milli = gpus_asked(claims, device_classes=device_classes)
+           device_classes: Collection[str], mapped: int = 0) -> PodRequest:
+    """``request`` asking what ``claims`` ask of ``device_classes`` and the ``mapped`` whole
+    GPUs (:func:`gpus_asked`), instead of any its containers ask; as it is when they ask
+    none. Raises BadInput."""
+    count, milli, memory_mib = _totals(_claims_asks(claims, device_classes), mapped)
     if not count:
         return request
-    return replace(request, num_gpu=count, gpu_milli=milli, gpu_memory_mib=0)
+    return replace(request, num_gpu=count, gpu_milli=milli, gpu_memory_mib=memory_mib)
 
 
 def listed_pod_gpus(pod: Obj, request: PodRequest, claims: Mapping[str, Obj], *,

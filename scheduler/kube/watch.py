@@ -143,6 +143,22 @@ class SliceSink:
         self.cache.delete_slice_object(obj)
 
 
+class DeviceClassSink:
+    """The DeviceClasses: which extended resources the driver's classes map (KEP-5004)."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def replace(self, objs: Iterable[Obj]) -> None:
+        self.cache.replace_device_classes(objs)
+
+    def upsert(self, obj: Obj) -> None:
+        self.cache.apply_device_class(obj)
+
+    def delete(self, obj: Obj) -> None:
+        self.cache.delete_device_class_object(obj)
+
+
 class HintsSink:
     """The one hints ConfigMap (the list is filtered by name): absent = no hints."""
 
@@ -402,8 +418,8 @@ class Reflector:
 
 class ClusterWatcher:
     """The reflectors for Nodes, Pods, GPU reservations and (when enabled) the hints ConfigMap,
-    and the ResourceClaims and the driver's ResourceSlices (the cache's ``dra_driver``), each
-    in a thread."""
+    and the ResourceClaims, the driver's ResourceSlices and the DeviceClasses (the cache's
+    ``dra_driver``), each in a thread."""
 
     def __init__(self, api_client: Any, cache: ClusterCache, w: WatchConfig, *,
                  names: KubeNames, hints: bool) -> None:
@@ -437,6 +453,9 @@ class ClusterWatcher:
                 "resourceslices", functools.partial(
                     resource.list_resource_slice, field_selector=f"spec.driver={cache.dra_driver}"),
                 SliceSink(cache), w, self.stop_event, on_apply_failed=counted("resourceslices")))
+            self.reflectors.append(Reflector(
+                "deviceclasses", resource.list_device_class, DeviceClassSink(cache), w,
+                self.stop_event, on_apply_failed=counted("deviceclasses")))
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from contextlib import suppress
 from typing import Any
 
 import kubernetes
@@ -44,6 +43,7 @@ from scheduler.core.gpus import FIRST_FIT
 from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.kube.claims import DRIVER_NAME, claimed_gpus
 from scheduler.policies import make_policy
+from tests.deviceclasses import create_device_class
 
 GROUP = "dra-burst"
 DEVICE_CLASS = "e2e-burst.gpu.gpufrag.io"
@@ -60,6 +60,10 @@ BURST = [("p0", "half"), ("p1", "half"), ("p2", "half"), ("p3", "half"),
          ("p4", "quarter"), ("p5", "whole"), ("p6", "quarter")]
 TEMPLATES = {"quarter": 250, "half": 500, "whole": None}
 LAST = "last"  # sent once the burst is allocated
+# KEP-5004: a class mapping an extended resource to whole GPUs of the driver.
+MAPPED_CLASS = "e2e-mapped.gpu.gpufrag.io"
+MAPPED_RESOURCE = "e2e.gpufrag.io/dra-gpu"
+MAPPED_GROUP = "dra-mapped"
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +72,7 @@ def extender(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
     folder = tmp_path_factory.mktemp("extender-dra")
     config = folder / "extender.yaml"
     config.write_text(yaml.safe_dump({
-        "dra": {"enabled": True, "device_classes": [DEVICE_CLASS]},
+        "dra": {"enabled": True, "device_classes": [DEVICE_CLASS, MAPPED_CLASS]},
         "workload": {"specs": SPECS},
         # Long enough that no assumption expires within the test: a 0 assumed at the end
         # means every one was replaced by its claim's allocation.
@@ -100,15 +104,53 @@ def _template(name: str, milli: int | None) -> dict[str, Any]:
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}
 
 
-def _pod(name: str, template: str, node: str = "") -> dict[str, Any]:
+def _pod(name: str, template: str, node: str = "", *, group: str = GROUP,
+         cpu: str = "1") -> dict[str, Any]:
     pinned = {"kubernetes.io/hostname": node} if node else {}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
             "spec": {"schedulerName": SCHEDULER_NAME, "terminationGracePeriodSeconds": 0,
-                     "nodeSelector": {GROUP_LABEL: GROUP, **pinned},
+                     "nodeSelector": {GROUP_LABEL: group, **pinned},
                      "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
                      "containers": [{"name": "main", "image": "gpufrag-e2e:none",
-                                     "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                     "resources": {"requests": {"cpu": cpu, "memory": "1Gi"},
                                                    "claims": [{"name": "gpu"}]}}]}}
+
+
+def _mapped_pod(name: str) -> dict[str, Any]:
+    """A pod asking one GPU as an extended resource, with no claim in its spec (KEP-5004)."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"schedulerName": SCHEDULER_NAME, "terminationGracePeriodSeconds": 0,
+                     "nodeSelector": {GROUP_LABEL: MAPPED_GROUP},
+                     "containers": [{"name": "main", "image": "gpufrag-e2e:none",
+                                     "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                                   "limits": {MAPPED_RESOURCE: "1"}}}]}}
+
+
+def _gpu_nodes(control_plane: ControlPlane, group: str, count: int) -> list[str]:
+    """Nodes as the device plugin leaves them when DRA takes over (docs/dra.md, "Install"):
+    no GPU in their allocatable, GPU feature discovery's product and memory labels kept. The
+    extender reads their GPUs from their ResourceSlices."""
+    nodes = [f"{group}-{i}" for i in range(count)]
+    for name in nodes:
+        control_plane.create_gpu_node(name, 0, PRODUCT, GPU_MEMORY_MIB, cpu_milli=128_000,
+                                      memory_mib=1024 * 1024, labels={
+                                          GROUP_LABEL: group, LABEL_GPU_PRODUCT: PRODUCT,
+                                          LABEL_GPU_MEMORY_MIB: str(GPU_MEMORY_MIB)})
+    return nodes
+
+
+def _replay_policy() -> Any:
+    """FGD with DRA's first fit inside the node, on the extender's fixed target workload."""
+    workload = TargetWorkload.from_specs(
+        ((int(s["cpu_milli"]), int(s["num_gpu"]), int(s["gpu_milli"]), frozenset()),
+         float(s["popularity"])) for s in SPECS)
+    return make_policy("fgd", workload=workload, device_choice=FIRST_FIT)
+
+
+def _empty_state(nodes: list[str]) -> ClusterState:
+    return ClusterState([NodeSpec(n, cpu_milli=128_000, memory_mib=1024 * 1024,
+                                  gpu_count=GPUS, gpu_product=PRODUCT,
+                                  gpu_memory_mib=GPU_MEMORY_MIB) for n in nodes])
 
 
 def _metric(text: str, name: str, **labels: str) -> float:
@@ -126,21 +168,8 @@ def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
     client = control_plane.api_client()
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
-    # Nodes as the device plugin leaves them when DRA takes over (docs/dra.md, "Install"): no
-    # GPU in their allocatable, GPU feature discovery's product and memory labels kept. The
-    # extender reads their GPUs from their ResourceSlices.
-    nodes = [f"{GROUP}-{i}" for i in range(3)]
-    for name in nodes:
-        control_plane.create_gpu_node(name, 0, PRODUCT, GPU_MEMORY_MIB, cpu_milli=128_000,
-                                      memory_mib=1024 * 1024, labels={
-                                          GROUP_LABEL: GROUP, LABEL_GPU_PRODUCT: PRODUCT,
-                                          LABEL_GPU_MEMORY_MIB: str(GPU_MEMORY_MIB)})
-    with suppress(kubernetes.client.ApiException):
-        resource.delete_device_class(DEVICE_CLASS)  # one a crashed run left
-    resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": DEVICE_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
+    nodes = _gpu_nodes(control_plane, GROUP, 3)
+    create_device_class(resource, DEVICE_CLASS)
     try:
         _publish_slices(resource, core, nodes)
         for name, milli in TEMPLATES.items():
@@ -184,13 +213,8 @@ def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
 
         # FGD chooses the node, each node scored for the GPU first fit gives there, and
         # first fit takes that GPU: replayed through the core in the extender's order.
-        workload = TargetWorkload.from_specs(
-            ((int(s["cpu_milli"]), int(s["num_gpu"]), int(s["gpu_milli"]), frozenset()),
-             float(s["popularity"])) for s in SPECS)
-        policy = make_policy("fgd", workload=workload, device_choice=FIRST_FIT)
-        state = ClusterState([NodeSpec(n, cpu_milli=128_000, memory_mib=1024 * 1024,
-                                       gpu_count=GPUS, gpu_product=PRODUCT,
-                                       gpu_memory_mib=GPU_MEMORY_MIB) for n in nodes])
+        policy = _replay_policy()
+        state = _empty_state(nodes)
         (seed_gpu,) = claimed_gpus(seed["claim"], driver=DRIVER_NAME) or ()
         assert (seed["node"], seed_gpu.index) == (nodes[-1], 0)
         state.place(PodRequest(SEED, cpu_milli=1000, memory_mib=1024, num_gpu=1, gpu_milli=500,
@@ -254,4 +278,86 @@ def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
     finally:
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         delete_nodes(control_plane, nodes)  # their slices go with them (owned by the Node)
+        resource.delete_device_class(DEVICE_CLASS)
+
+
+def test_pods_asking_a_mapped_extended_resource_go_where_fgd_predicts(
+        control_plane: ControlPlane, extender: ExtenderProcess, namespace: str) -> None:
+    """KEP-5004: a pod asking an extended resource that a DeviceClass of the driver maps has
+    no claim until kube-scheduler makes one in its binding cycle. The extender reads the
+    class's mapping (its DeviceClass watch) and judges such a pod for the whole GPUs it asks,
+    first fit inside the node, as a pod with a claim: each pod lands on the node and GPU FGD
+    predicts. The first node holds a pod with most of its CPU, so kube-scheduler's own
+    scoring (least allocated) would send the pods elsewhere: without the extender's say they
+    would not land where FGD does. Once each pod's claim exists, the extender counts it from
+    the claim (no assumption left)."""
+    client = control_plane.api_client()
+    core = kubernetes.client.CoreV1Api(client)
+    resource = kubernetes.client.ResourceV1Api(client)
+    nodes = _gpu_nodes(control_plane, MAPPED_GROUP, 2)
+    create_device_class(resource, DEVICE_CLASS)  # the seed's template's
+    create_device_class(resource, MAPPED_CLASS, extendedResourceName=MAPPED_RESOURCE)
+    try:
+        _publish_slices(resource, core, nodes)
+        resource.create_namespaced_resource_claim_template(namespace, _template("half", 500))
+        # The seed: half of the first node's GPU 0 and most of its CPU.
+        core.create_namespaced_pod(namespace, _pod(SEED, "half", nodes[0], group=MAPPED_GROUP,
+                                                   cpu="100"))
+        names = [SEED]
+
+        def allocated() -> dict[str, tuple[str, int, int]] | None:
+            """Each pod's node, and its claim's GPU and milli, once all are allocated."""
+            found = {}
+            for name in names:
+                raw: Any = core.read_namespaced_pod(name, namespace, _preload_content=False)
+                pod = json.loads(raw.data)
+                node = pod["spec"].get("nodeName")
+                claim_names = [s.get("resourceClaimName") for s in
+                               pod.get("status", {}).get("resourceClaimStatuses") or []]
+                extended = pod.get("status", {}).get("extendedResourceClaimStatus") or {}
+                claim_names.append(extended.get("resourceClaimName"))
+                claim_names = [c for c in claim_names if c]
+                if not node or len(claim_names) != 1:
+                    return None
+                claim = client.sanitize_for_serialization(
+                    resource.read_namespaced_resource_claim(claim_names[0], namespace))
+                gpus = claimed_gpus(claim, driver=DRIVER_NAME)
+                if not gpus:
+                    return None
+                (gpu,) = gpus
+                assert gpu.pool == node, name
+                found[name] = (node, gpu.index, gpu.milli)
+            return found
+
+        wait_until(allocated, timeout_s=60, what="the seed bound and allocated")
+        wait_until(lambda: _metric(extender.metrics(), "gpufrag_extender_pods",
+                                   state="assumed") == 0 or None,
+                   timeout_s=30, what="the extender to count the seed's claim")
+        policy = _replay_policy()
+        state = _empty_state(nodes)
+        state.place(PodRequest(SEED, cpu_milli=100_000, memory_mib=1024, num_gpu=1,
+                               gpu_milli=500, namespace=namespace), nodes[0], (0,))
+        # One at a time: each decided on the state its predecessor's claim leaves.
+        for i in range(3):
+            name = f"m{i}"
+            core.create_namespaced_pod(namespace, _mapped_pod(name))
+            names.append(name)
+            got = wait_until(allocated, timeout_s=60, what=f"{name} bound and allocated")
+            request = PodRequest(name, cpu_milli=1000, memory_mib=1024, num_gpu=1,
+                                 gpu_milli=1000, namespace=namespace)
+            decision = choose(state, policy, request, device_choice=FIRST_FIT)
+            assert decision is not None
+            assert got[name] == (decision.node, decision.gpus[0], 1000), (name, decision)
+            state.place(request, decision.row, decision.gpus)
+        assert [r for r in extender.log_events("bind")
+                if r.get("pod") == f"{namespace}/m0" and r.get("refused")] == []
+        # The first pod had to pass the busy first node over on kube-scheduler's own score.
+        assert got["m0"][0] == nodes[0]
+        wait_until(lambda: _metric(extender.metrics(), "gpufrag_extender_pods",
+                                   state="assumed") == 0 or None,
+                   timeout_s=30, what="every assumption replaced by its claim")
+    finally:
+        core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        delete_nodes(control_plane, nodes)
+        resource.delete_device_class(MAPPED_CLASS)
         resource.delete_device_class(DEVICE_CLASS)

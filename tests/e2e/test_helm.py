@@ -367,11 +367,13 @@ SELF_SIGNED = ["--set", "rightsizing.enabled=true", "--set", "rightsizing.certMa
 
 
 def self_signed(docs: Sequence[Doc], namespace: str) -> tuple[dict[str, str], list[str]]:
-    """The webhook's Secret's data (base64) and each webhook's caBundle."""
+    """The webhook's Secret's data (base64) and each webhook's caBundle (of every
+    configuration: right-sizing's, and with dra.enabled the conversion into claims)."""
     secret = tree(find(docs, "Secret", "gpufrag-admission-tls"))
     assert secret["type"] == "kubernetes.io/tls" and identity(secret)[2] == namespace
-    webhook = tree(next(d for d in docs if d["kind"] == "MutatingWebhookConfiguration"))
-    return secret["data"], [w["clientConfig"]["caBundle"] for w in webhook["webhooks"]]
+    return secret["data"], [w["clientConfig"]["caBundle"] for d in docs
+                            if d["kind"] == "MutatingWebhookConfiguration"
+                            for w in tree(d)["webhooks"]]
 
 
 def test_the_chart_makes_the_webhooks_certificate_without_cert_manager(helm: Path) -> None:
@@ -379,9 +381,9 @@ def test_the_chart_makes_the_webhooks_certificate_without_cert_manager(helm: Pat
     names in the release's namespace, signed by that CA, in the Secret the webhook mounts, and
     that CA in every webhook's caBundle."""
     docs = helm_template(helm, *SELF_SIGNED, "--set", "namespace.name=team-b", "--set",
-                         "monitoring.enabled=true")
+                         "monitoring.enabled=true", "--set", "dra.enabled=true")
     data, bundles = self_signed(docs, "team-b")
-    assert bundles == [data["ca.crt"]]
+    assert bundles == [data["ca.crt"]] * 2  # one CA, made once, in both configurations
     ca = x509.load_pem_x509_certificate(base64.b64decode(data["ca.crt"]))
     cert = x509.load_pem_x509_certificate(base64.b64decode(data["tls.crt"]))
     cert.verify_directly_issued_by(ca)  # raises where the CA did not sign it
@@ -772,6 +774,22 @@ def test_extender_dra_asks_the_extender_about_dra_pods_and_turns_its_claims_read
     assert "managedResources" not in entry
     assert entry["filterVerb"] == "filter"
     assert config.dra.enabled
+
+
+def test_extender_dra_renders_exactly_the_base_with_the_dra_scheduling_component(
+        helm: Path, control_plane_binary: Path, tmp_path: Path) -> None:
+    """The kustomize side of extender.dra: the base with the dra-scheduling component is what
+    the chart renders with the value (its files are that render's ConfigMaps)."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(MANIFESTS / "base", overlay)],
+        "components": [os.path.relpath(MANIFESTS / "components" / "dra-scheduling", overlay)]}))
+    for values in manifests.OVERRIDE_PARTS.values():
+        assert values[0] == (("extender.dra", "true"),)
+    same_objects(helm_template(helm, *BASE, "--set", "extender.dra=true"),
+                 kustomize(control_plane_binary, str(overlay)))
 
 
 def _install_as_users_do(helm: Path, plane: ControlPlane, release: str, namespace: str,

@@ -64,6 +64,20 @@ def test_the_dra_component_is_accepted_by_the_api_server(
     assert result.stdout.count("(server dry run)") == len(docs)
 
 
+def test_the_dra_claims_component_is_accepted_by_the_api_server(
+        control_plane: ControlPlane, system_namespace: str) -> None:
+    """The conversion's webhook rule (sideEffects NoneOnDryRun, failurePolicy Fail, a
+    namespace selector on the delivery label) and its RBAC pass the API server's validation."""
+    docs = render(control_plane, "components/dra-claims")
+    assert {("MutatingWebhookConfiguration", "gpufrag-dra-claims"),
+            ("ClusterRole", "gpufrag-admission-dra-claims")} <= {
+        (d["kind"], d["metadata"]["name"]) for d in docs}  # type: ignore[index]
+    result = control_plane.kubectl("apply", "--dry-run=server", "-f", "-",
+                                   input_text=yaml.safe_dump_all(docs), check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("(server dry run)") == len(docs)
+
+
 # The device plugin connects to the kubelet's socket, which the kubelet creates root-only
 # (directory 0750, socket 0755; connecting needs write permission): docs/deviceplugin.md.
 RUNS_AS_ROOT = {"gpufrag-device-plugin"}

@@ -35,3 +35,25 @@ registry host where set. */}}
 {{- $repository -}}
 {{- with .image.tag -}}:{{ . }}{{- end -}}{{- with .image.digest -}}@{{ . }}{{- end -}}
 {{- end -}}
+
+{{/*
+The webhook's serving TLS where the chart makes it (rightsizing.selfSigned without
+cert-manager), as JSON {crt, key, ca}, base64: the Secret's, kept across upgrades (lookup), else
+made once per render. Every template that needs it (the Secret, the caBundle of each webhook
+configuration) reads this one result: it is kept in the values for the rest of the render, so
+the two webhook configurations never carry two different CAs.
+*/}}
+{{- define "gpufrag.admissionTLS" -}}
+{{- if not (hasKey .Values.rightsizing "_tls") }}
+{{- $ns := include "gpufrag.namespace" . }}
+{{- $found := (lookup "v1" "Secret" $ns "gpufrag-admission-tls").data | default dict }}
+{{- $tls := dict "crt" (index $found "tls.crt") "key" (index $found "tls.key") "ca" (index $found "ca.crt") }}
+{{- if not (and $tls.crt $tls.key $tls.ca) }}
+{{- $made := genCA "gpufrag-admission-ca" 3650 }}
+{{- $cert := genSignedCert (print "gpufrag-admission." $ns ".svc") nil (list (print "gpufrag-admission." $ns ".svc") (print "gpufrag-admission." $ns ".svc.cluster.local")) 3650 $made }}
+{{- $tls = dict "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc) "ca" ($made.Cert | b64enc) }}
+{{- end }}
+{{- $_ := set .Values.rightsizing "_tls" $tls }}
+{{- end }}
+{{- toJson (get .Values.rightsizing "_tls") }}
+{{- end }}

@@ -98,7 +98,7 @@ class BindVerb:
                 cache.assume(request, row, gpus)
         # A DRA pod's GPUs are its claims' allocation (kube-scheduler's, written before the
         # bind): no record for a device plugin, which does not serve it.
-        recorded = request.wants_gpu and not pod.claims
+        recorded = request.wants_gpu and not pod.dra
         try:
             extra = (self._device_plugin_annotations(request, gpus, node, row, namespace, name,
                                                      uid) if recorded else {})
@@ -129,7 +129,8 @@ class BindVerb:
         if known is not None and uid and known.uid == uid:
             self._check_scheduler(key, known.scheduler_name)
             return PodSubject(key, known.uid, known.owner, known.request,
-                              cache.mig.asks.get(key, {}), None, cache.claim_keys(key))
+                              cache.mig.asks.get(key, {}), None, cache.claim_keys(key),
+                              cache.mapped_of(key))
         assert self.binder is not None
         try:
             obj = self.binder.read_pod(namespace, name)

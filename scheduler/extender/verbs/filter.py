@@ -69,10 +69,11 @@ class FilterVerb:
             return self._unplaceable(pod.device_gap, names)
         placement, cache = self.placement, self.placement.cache
         deciding = placement.config.filter.answer == "decide"
-        if deciding and (pod.wants_placing or pod.claims):
+        if deciding and (pod.wants_placing or pod.dra):
             self._await_watch(pod)
             if pod.claims:  # what they ask, now that the watch has shown them
-                pod = replace(pod, request=cache.claims_request(pod.request, pod.claims))
+                pod = replace(pod, request=cache.claims_request(pod.request, pod.claims,
+                                                                 pod.mapped))
         scorer = placement.scorer_of(pod)
         with cache.lock, cache.reservations.lifted_for_pod(pod.key, pod.owner, pod.uid):
             rows = placement.rows(names, name_set)

@@ -13,6 +13,8 @@ and the pipe directory mounted. Deleting the pods unprepares the claims.
   asking an extended resource that a DeviceClass maps, with no claim in its spec). Shares
   cannot come this way: the mapping counts devices (docs/dra.md).
 - A tenant cannot rewrite its claim's allocation.
+- A pod asking ``gpufrag.io/gpu-milli`` in a namespace labelled for DRA delivery is converted
+  by the admission webhook and runs with its share's environment.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,11 +34,15 @@ from typing import Any
 import kubernetes
 import pytest
 
+from defrag.admission.templates import TemplateClient
+from defrag.admission.toclaims import Shape, template_for
 from devkit.controlplane import NOT_READY_TAINT, ControlPlane
 from devkit.node import BUSYBOX_IMAGE, Node
 from devkit.procs import ComponentProcess, wait_until
+from gpufrag.conventions import DEFAULT_NAMES, DELIVERY_DRA
 from node.dra.config import DRIVER_NAME
 from scheduler.kube.claims import mig_class_name, mig_selector
+from tests.deviceclasses import create_device_class
 from tests.e2e.node.conftest import (
     GPU_ENV_COMMAND,
     GPU_UUIDS,
@@ -47,6 +53,7 @@ from tests.e2e.node.conftest import (
 )
 from tests.node.dra.fakes import A100_80GB_PROFILES
 from tests.tenants import tenant_client
+from tests.webhooks import registered_webhook
 
 CDI_FILE = "gpufrag.io-gpu_{uid}.json"
 WHOLE_CLASS = "whole.gpu.gpufrag.io"
@@ -130,17 +137,6 @@ def _gpu_pod(name: str, template: str | None = None,
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def _create_device_class(resource: kubernetes.client.ResourceV1Api, name: str,
-                         **spec: str) -> None:
-    """A DeviceClass ``name`` selecting the driver's devices (``spec``: more of its fields)."""
-    with suppress(kubernetes.client.ApiException):
-        resource.delete_device_class(name)  # one a crashed run left
-    resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
-        "spec": {**spec,
-                 "selectors": [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]}})
-
-
 def _delete_pods(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
     """Delete the test's pods while the driver still runs: the kubelet unprepares their claims
     before it lets them go, and the driver fixture stops before the namespace is deleted."""
@@ -200,7 +196,7 @@ def test_shares_claimed_through_templates_go_first_fit_and_get_their_environment
     assert [d.name for d in found.spec.devices] == ["gpu-0", "gpu-1"]
     assert found.spec.pool.name == node.name
 
-    _create_device_class(resource, DRIVER_NAME)
+    create_device_class(resource, DRIVER_NAME)
     pipe = dra_driver.mps_pipe_dir
     try:
         for name, capacity in (("quarter", {"milli": "250"}), ("most", {"milli": "900"}),
@@ -254,8 +250,8 @@ def test_whole_gpus_through_a_template_and_an_extended_resource_get_their_enviro
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
     wanted = "gpufrag.io/dra-gpu"
-    _create_device_class(resource, DRIVER_NAME)
-    _create_device_class(resource, WHOLE_CLASS, extendedResourceName=wanted)
+    create_device_class(resource, DRIVER_NAME)
+    create_device_class(resource, WHOLE_CLASS, extendedResourceName=wanted)
     try:
         resource.create_namespaced_resource_claim_template(node_namespace, _template("whole"))
         core.create_namespaced_pod(node_namespace, _gpu_pod("by-template", template="whole"))
@@ -299,7 +295,7 @@ def test_a_tenant_cannot_move_its_claims_allocation(
     client = node_plane.api_client()
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
-    _create_device_class(resource, DRIVER_NAME)
+    create_device_class(resource, DRIVER_NAME)
     try:
         resource.create_namespaced_resource_claim_template(
             node_namespace, _template("quarter", {"milli": "250"}))
@@ -351,12 +347,7 @@ def test_a_mig_partition_is_made_prepared_and_destroyed_for_its_pod(
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
     mig_class = mig_class_name("3g.40gb")
-    with suppress(kubernetes.client.ApiException):
-        resource.delete_device_class(mig_class)  # one a crashed run left
-    resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": mig_class},
-        "spec": {"selectors": [{"cel": {"expression": mig_selector("3g.40gb")}}]}})
+    create_device_class(resource, mig_class, selector=mig_selector("3g.40gb"))
     with running_driver(node, node_plane, recording, tmp_path / "dra-plugin.log") as driver:
         try:
             template = _template("three")
@@ -383,3 +374,33 @@ def test_a_mig_partition_is_made_prepared_and_destroyed_for_its_pod(
         finally:
             _delete_pods(core, node_namespace)
             resource.delete_device_class(mig_class)
+def test_a_pod_asking_gpu_milli_in_a_dra_namespace_runs_with_its_share(
+        node: Node, node_plane: ControlPlane, node_namespace: str, dra_driver: Driver,
+        tmp_path: Path) -> None:
+    """Unchanged pod specs (docs/dra.md): in a namespace labelled for DRA delivery, the
+    admission webhook moves ``gpufrag.io/gpu-milli: 250`` into a claim made from a template it
+    creates; the pod runs with the share's environment, as one asking through a template of
+    its own does."""
+    require_containers(node)
+    client = node_plane.api_client()
+    core = kubernetes.client.CoreV1Api(client)
+    resource = kubernetes.client.ResourceV1Api(client)
+    core.patch_namespace(node_namespace, {"metadata": {"labels": {
+        DEFAULT_NAMES.label_delivery: DELIVERY_DRA}}})
+    selector = {"matchLabels": {"kubernetes.io/metadata.name": node_namespace,
+                                DEFAULT_NAMES.label_delivery: DELIVERY_DRA}}
+    create_device_class(resource, DRIVER_NAME)
+    templates = TemplateClient(node_plane.new_api_client(), timeout_s=2.0)
+    try:
+        with registered_webhook(node_plane, node_namespace, tmp_path / "pki",
+                                templates=templates, selector=selector):
+            core.create_namespaced_pod(node_namespace, _gpu_pod(
+                "converted", extended={DEFAULT_NAMES.gpu_milli: "250"}))
+            pod = _running(core, node_namespace, "converted")
+        (entry,) = pod.spec.resource_claims
+        assert entry.resource_claim_template_name == template_for(Shape(1, 250)).name
+        assert container_environment(node, node_namespace, "converted") == _share_env(
+            0, 250, GPU_MIB * 250 // 1000, 25, dra_driver.mps_pipe_dir)
+    finally:
+        _delete_pods(core, node_namespace)
+        resource.delete_device_class(DRIVER_NAME)

@@ -443,7 +443,7 @@ def dra_cache(clock: FakeClock) -> ClusterCache:
     return c
 
 
-def test_with_dra_the_cache_syncs_only_once_claims_and_slices_are_listed(
+def test_with_dra_the_cache_syncs_only_once_claims_slices_and_classes_are_listed(
         clock: FakeClock) -> None:
     c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
     c.replace_nodes([])
@@ -452,6 +452,8 @@ def test_with_dra_the_cache_syncs_only_once_claims_and_slices_are_listed(
     c.replace_claims([])
     assert not c.synced
     c.replace_slices([])
+    assert not c.synced
+    c.replace_device_classes([])
     assert c.synced
 
 
@@ -600,10 +602,11 @@ def test_a_node_the_device_plugin_left_has_the_gpus_of_its_slice(clock: FakeCloc
     gpus = [Gpu(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 81_920) for i in range(2)]
     published = build_slice("n0", DRA_DRIVER, gpus, {})
     c.replace_slices([published])  # the slice may come before its node
-    assert not c.synced  # nodes, pods and claims not listed yet
+    assert not c.synced  # nodes, pods, claims and classes not listed yet
     c.replace_nodes([node_to_k8s(node("n0", gpu_count=0, gpu_product=""))])
     c.replace_pods([])
     c.replace_claims([])
+    c.replace_device_classes([])
     assert c.synced
     row = c.state.index["n0"]
     assert (int(c.state.gpu_count[row]), int(c.state.gpu_memory_mib[row])) == (2, 81_920)
@@ -629,3 +632,88 @@ def test_a_claim_moves_only_the_pods_that_use_it_now(dra_cache: ClusterCache) ->
     dra_cache.delete_pod("default/a")
     dra_cache.apply_claim(dra_claim("c-b", dra_result("gpu-3")))
     assert free(dra_cache, "n0") == [1000] * 4
+
+
+MAPPED_RESOURCE = "gpufrag.io/dra-gpu"
+
+
+def mapped_class(name: str = "whole.gpu.gpufrag.io",
+                 resource: str | None = MAPPED_RESOURCE) -> dict[str, Any]:
+    spec: dict[str, Any] = {"selectors": []}
+    if resource is not None:
+        spec["extendedResourceName"] = resource
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": name}, "spec": spec}
+
+
+def mapped_gpu_pod(name: str, at: str = "") -> dict[str, Any]:
+    """A pod asking one GPU through the mapped extended resource, with no claim yet."""
+    obj = gpu_pod(name, at, num_gpu=0)
+    obj["spec"]["containers"][0]["resources"].setdefault("limits", {})[MAPPED_RESOURCE] = "1"
+    return obj
+
+
+def test_only_the_drivers_classes_map_extended_resources_to_its_gpus(
+        dra_cache: ClusterCache) -> None:
+    dra_cache.replace_device_classes([mapped_class(), mapped_class("other.example.com",
+                                                                   "example.com/gpu")])
+    assert dra_cache.mapped == {"whole.gpu.gpufrag.io": MAPPED_RESOURCE}
+    assert dra_cache.mapped_ask(mapped_gpu_pod("a")) == 1
+    dra_cache.apply_device_class(mapped_class(resource=None))  # the mapping taken off
+    assert dra_cache.mapped == {}
+    assert dra_cache.mapped_ask(mapped_gpu_pod("a")) == 0
+    dra_cache.apply_device_class(mapped_class())
+    dra_cache.delete_device_class_object(mapped_class())
+    assert dra_cache.mapped == {}
+
+
+def test_a_mapped_pod_bound_by_the_extender_holds_its_assumed_gpu_until_its_claim_shows(
+        dra_cache: ClusterCache) -> None:
+    """Before kube-scheduler makes its claim, a pod asking the mapped resource asks a whole
+    GPU: the extender's assumption stands for it once it is bound; when its status names the
+    claim kube-scheduler made, the claim's allocation replaces the assumption."""
+    dra_cache.replace_device_classes([mapped_class()])
+    request = dra_cache.claims_request(PodRequest("a", namespace="default"), (), 1)
+    assert (request.num_gpu, request.gpu_milli) == (1, 1000)
+    dra_cache.apply_pod(mapped_gpu_pod("a"))
+    assert dra_cache.mapped_of("default/a") == 1
+    dra_cache.assume(dra_cache.pods["default/a"].request, dra_cache.state.index["n0"], (0,))
+    dra_cache.apply_pod(mapped_gpu_pod("a", "n0"))  # bound, its claim not shown yet
+    assert dra_cache.state.pods["default/a"].gpus == (0,)
+    assert free(dra_cache, "n0") == [0, 1000, 1000, 1000]
+    dra_cache.apply_claim(dra_claim("a-extended", dra_result("gpu-2")))
+    made = mapped_gpu_pod("a", "n0")
+    made["status"] = {**made.get("status", {}),
+                      "extendedResourceClaimStatus": {"resourceClaimName": "a-extended"}}
+    dra_cache.apply_pod(made)
+    assert dra_cache.mapped_of("default/a") == 0
+    assert dra_cache.state.pods["default/a"].gpus == (2,)
+    assert "default/a" not in dra_cache.assumed
+    assert free(dra_cache, "n0") == [1000, 1000, 0, 1000]
+
+
+def test_a_memory_share_claim_counts_the_larger_part_of_its_gpu(clock: FakeClock) -> None:
+    """The admission webhook turns ``gpu-memory-mib: 10240`` into a claim for 1 milli and
+    10 GiB of memory: the cache counts it as a device-plugin memory share is counted, for the
+    larger of its milli and its memory's part of the GPU (a quarter of a 40 GiB GPU), both
+    while it waits (what its claim asks) and once allocated (what it consumed)."""
+    c = ClusterCache(clock=clock, dra_driver=DRA_DRIVER)
+    c.replace_nodes([node_to_k8s(node("n0", gpu_count=2, gpu_memory_mib=40_960))])
+    c.replace_pods([])
+    c.replace_claims([])
+    c.replace_device_classes([])
+    claim = dra_claim("c-m")
+    claim["spec"] = {"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": DRA_DRIVER,
+        "capacity": {"requests": {"milli": "1", "memory": "10Gi"}}}}]}}
+    asked = c.claims_request(PodRequest("m", namespace="default"), ())
+    assert asked.num_gpu == 0
+    c.apply_claim(claim)
+    asked = c.claims_request(PodRequest("m", namespace="default"), ("default/c-m",))
+    assert (asked.num_gpu, asked.gpu_milli, asked.gpu_memory_mib) == (1, 1, 10_240)
+    assert asked.milli_on(40_960) == 250
+    claim["status"] = {"allocation": {"devices": {"results": [
+        dra_result("gpu-1", milli="1", memory="10Gi")]}}}
+    c.apply_claim(claim)
+    c.apply_pod(dra_pod("m", "n0", "c-m"))
+    assert free(c, "n0") == [1000, 750]

@@ -11,7 +11,7 @@ import pytest
 from gpufrag.errors import BadInput
 from node.dra.slices import build_slice, build_slices
 from node.gpus import Gpu
-from scheduler.core.types import NodeSpec, PodRequest
+from scheduler.core.types import MAX_GPUS_PER_NODE, NodeSpec, PodRequest
 from scheduler.kube.claims import (
     AskedGpus,
     ClaimedGpu,
@@ -27,6 +27,8 @@ from scheduler.kube.claims import (
     gpus_asked,
     held_gpus,
     listed_pod_gpus,
+    mapped_count,
+    mapped_resource,
     mig_device_name,
     mig_partition,
     pod_claim_names,
@@ -358,3 +360,49 @@ def test_an_unreadable_slice_is_refused_naming_the_field() -> None:
     broken["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
     with pytest.raises(BadInput, match=re.escape("spec.devices[0].capacity.memory.value")):
         slice_gpus(broken, driver=DRIVER)
+
+
+MAPPED = "gpufrag.io/dra-gpu"
+
+
+def mapped_pod(*limits: str, init: str | None = None) -> dict[str, Any]:
+    """A pod whose containers ask ``limits`` of the mapped resource (limits only: Kubernetes
+    defaults requests to them), with no claim in its spec."""
+    pod: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "default"},
+        "spec": {"containers": [{"name": f"c{i}", "resources": {"limits": {MAPPED: n}}}
+                                for i, n in enumerate(limits)]}}
+    if init is not None:
+        pod["spec"]["initContainers"] = [{"name": "i", "resources": {"limits": {MAPPED: init}}}]
+    return pod
+
+
+def test_a_device_class_maps_the_extended_resource_it_names() -> None:
+    assert mapped_resource({"spec": {"extendedResourceName": MAPPED}}) == MAPPED
+    assert mapped_resource({"spec": {"selectors": []}}) is None
+    with pytest.raises(BadInput, match="spec.extendedResourceName"):
+        mapped_resource({"spec": {"extendedResourceName": 5}})
+
+
+def test_a_pod_asks_the_devices_of_a_mapped_resource_until_its_claim_is_made() -> None:
+    """Containers add up, an init container counts as the largest; once kube-scheduler names
+    the claim it made in the pod's status, the claim is what is read, not the resource."""
+    assert mapped_count(mapped_pod("1", "2"), {MAPPED}) == 3
+    assert mapped_count(mapped_pod("1", init="2"), {MAPPED}) == 2
+    assert mapped_count(mapped_pod("1"), {"example.com/other"}) == 0
+    assert mapped_count(mapped_pod("1"), set()) == 0
+    made = mapped_pod("1")
+    made["status"] = {"extendedResourceClaimStatus": {"resourceClaimName": "p-extended-k2"}}
+    assert mapped_count(made, {MAPPED}) == 0
+    with pytest.raises(BadInput, match="whole numbers"):
+        mapped_count(mapped_pod("500m"), {MAPPED})
+
+
+def test_mapped_gpus_are_whole_and_add_to_what_claims_ask() -> None:
+    share = {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": DRIVER, "capacity": {"requests": {"milli": "250"}}}}]}}}
+    assert gpus_asked([], device_classes={DRIVER}, mapped=1) == (1, 1000)
+    assert gpus_asked([("c", share)], device_classes={DRIVER}) == (1, 250)
+    assert gpus_asked([("c", share)], device_classes={DRIVER}, mapped=1) == (2, 1000)
+    with pytest.raises(BadInput, match="at most"):
+        gpus_asked([], device_classes={DRIVER}, mapped=MAX_GPUS_PER_NODE + 1)

@@ -351,13 +351,14 @@ def pod_event(name: str, quantity: str) -> bytes:
     return orjson.dumps({"type": "ADDED", "object": bad_pod(name, quantity)}) + b"\n"
 
 
-def test_claims_and_slices_are_watched_only_with_dra_on() -> None:
-    """With the cache's DRA driver set, two more reflectors list ResourceClaims and the
-    driver's ResourceSlices into it."""
+def test_claims_slices_and_classes_are_watched_only_with_dra_on() -> None:
+    """With the cache's DRA driver set, three more reflectors list ResourceClaims, the
+    driver's ResourceSlices and the DeviceClasses into it."""
     client = kubernetes.client.ApiClient()
     for driver, kinds in (("", {"nodes", "pods", "reservations"}),
                           ("gpu.gpufrag.io", {"nodes", "pods", "reservations",
-                                              "resourceclaims", "resourceslices"})):
+                                              "resourceclaims", "resourceslices",
+                                              "deviceclasses"})):
         watcher = ClusterWatcher(client, ClusterCache(dra_driver=driver), WatchConfig(),
                                  names=DEFAULT_NAMES, hints=False)
         assert {r.kind for r in watcher.reflectors} == kinds
