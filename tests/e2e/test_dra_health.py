@@ -7,7 +7,6 @@ again. The node has no kubelet: the pods are bound and allocated, never run."""
 
 from __future__ import annotations
 
-from contextlib import suppress
 from typing import Any
 
 import kubernetes
@@ -17,7 +16,8 @@ from devkit.procs import wait_until
 from devkit.stack import GROUP_LABEL, delete_nodes
 from node.dra.slices import TAINT_UNHEALTHY, build_slices
 from node.gpus import Gpu
-from scheduler.kube.claims import DRIVER_NAME, gpu_selector
+from scheduler.kube.claims import DRIVER_NAME
+from tests.deviceclasses import create_device_class
 from tests.e2e.test_dra_mig import claim_of, pod_using, unschedulable
 
 GROUP = "dra-health"
@@ -32,11 +32,7 @@ def test_a_tainted_gpu_is_not_allocated_until_it_is_healthy_again(
     resource = kubernetes.client.ResourceV1Api(client)
     control_plane.create_gpu_node(NODE, 0, "A100", 81_920, cpu_milli=64_000,
                                   memory_mib=512 * 1024, labels={GROUP_LABEL: GROUP})
-    with suppress(kubernetes.client.ApiException):
-        resource.delete_device_class(CLASS)  # one a crashed run left
-    resource.create_device_class({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": gpu_selector()}}]}})
+    create_device_class(resource, CLASS)  # the install's selector: GPUs outside MIG mode
     try:
         uid = core.read_node(NODE).metadata.uid
         gpus = [Gpu(i, f"GPU-{NODE}-{i}", "A100", 81_920) for i in range(2)]

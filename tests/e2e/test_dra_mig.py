@@ -37,6 +37,7 @@ from scheduler.kube.claims import (
     mig_partition,
     mig_selector,
 )
+from tests.deviceclasses import create_device_class
 
 GROUP = "dra-mig"
 NODE = f"{GROUP}-0"
@@ -44,12 +45,6 @@ PRODUCT, GPU_MEMORY_MIB, GPUS = "NVIDIA A100-SXM4-80GB", 81_920, 2
 PROFILES = ("3g.40gb", "4g.40gb", "7g.80gb")
 PREFIX = "e2e-"  # the install's class names, prefixed: the test's own, deleted after it
 GENERIC = f"{PREFIX}{DRIVER_NAME}"
-
-
-def _class(name: str, expression: str) -> dict[str, Any]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": name}, "spec": {"selectors": [{"cel": {
-                "expression": expression}}]}}
 
 
 @pytest.fixture
@@ -64,9 +59,7 @@ def mig_node(control_plane: ControlPlane) -> Iterator[list[dict[str, Any]]]:
                                   memory_mib=512 * 1024, labels={GROUP_LABEL: GROUP})
     try:
         for name, expression in classes.items():
-            with suppress(kubernetes.client.ApiException):
-                resource.delete_device_class(name)  # one a crashed run left
-            resource.create_device_class(_class(name, expression))
+            create_device_class(resource, name, selector=expression)
         uid = core.read_node(NODE).metadata.uid
         gpus = [Gpu(i, f"GPU-{NODE}-{i}", PRODUCT, GPU_MEMORY_MIB) for i in range(GPUS)]
         built = build_slices(NODE, DRIVER_NAME, gpus, {i: True for i in range(GPUS)},
