@@ -45,7 +45,6 @@ from node.deviceplugin.allocator import Allocator, PodSource
 from node.deviceplugin.api import DevicePluginClient, pb
 from node.deviceplugin.config import DevicePluginConfig, Kind
 from node.deviceplugin.devices import device_ids
-from node.deviceplugin.inventory import HealthBoard
 from node.deviceplugin.matching import PodAsk
 from node.deviceplugin.metrics import PluginMetrics
 from node.deviceplugin.pods import KubeNodePods, NodePods
@@ -54,6 +53,7 @@ from node.deviceplugin.service import DevicePluginServicer
 from node.deviceplugin.trust import FixedRecordKeys
 from node.deviceplugin.writes import KubePodWriter, PodWriter
 from node.gpus import DeviceNodes, Gpu
+from node.health import HealthBoard
 
 TARGET_P99_S = 0.050
 NODE = "bench-gpu-node"

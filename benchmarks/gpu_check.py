@@ -6,7 +6,7 @@ real, in one go (under 8 minutes on one GPU with the defaults), and writes ``rep
 
 1. **inventory** — NVML read through the agent's reading (:meth:`gpufrag.nvml.NvmlReader.read`,
    what the agent publishes) and the device plugin's (:func:`node.gpus.read_inventory` and one
-   :class:`~node.deviceplugin.inventory.HealthMonitor` pass), compared
+   :class:`~node.health.HealthMonitor` pass), compared
    GPU by GPU (UUID, product, memory) with ``nvidia-smi -q`` (its XML form), which also gives
    each GPU's MIG mode (the shared NVML adapter does not read it).
 2. **mps** — an MPS control daemon started in a private pipe directory, two share containers'
@@ -76,8 +76,8 @@ from benchmarks.serving_load import raw_request
 from gpufrag.nvml import MIB, GpuReadError, NoGpuError, NvmlReader
 from node.deviceplugin.allocator import container_response
 from node.deviceplugin.config import DevicePluginConfig, Kind
-from node.deviceplugin.inventory import HealthBoard, HealthMonitor
 from node.gpus import DeviceNodes, Gpu, read_inventory
+from node.health import HealthBoard, HealthMonitor
 from serving.backends.base import Backend
 from serving.backends.onnx_runtime import OnnxRuntimeBackend
 from serving.backends.select import load_backend

@@ -77,6 +77,13 @@ NOT_READY_TAINT: Final = "node.kubernetes.io/not-ready"
 # evict its pods, because fake nodes send no heartbeats. Everything else (deployment, replicaset,
 # disruption, garbage collector, service accounts, namespaces, ...) runs as on a real cluster.
 CONTROLLERS: Final = "*,-node-lifecycle-controller"
+# The DRA features the driver uses beyond DynamicResourceAllocation (GA, locked on), named on
+# every component that reads them so a change of defaults cannot turn one off unseen: all
+# beta and on by default in 1.36 (pkg/features/kube_features.go at v1.36.3), docs/dra.md.
+# Consumable capacity (KEP-5075), partitionable devices (KEP-4815: MIG), device taints
+# (KEP-5055) and extended-resource mapping (KEP-5004).
+DRA_FEATURE_GATES: Final = ("DRAConsumableCapacity=true,DRAPartitionableDevices=true,"
+                            "DRADeviceTaints=true,DRAExtendedResource=true")
 
 _MERGE_PATCH: Final = "application/merge-patch+json"
 _STRATEGIC_MERGE_PATCH: Final = "application/strategic-merge-patch+json"
@@ -343,6 +350,7 @@ class ControlPlane:
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             "--allow-privileged=true",
+            f"--feature-gates={DRA_FEATURE_GATES}",
             # The default admission plugins stay on: the tests should see what a cluster does.
         ], port)
         self.components["kube-apiserver"] = apiserver
@@ -365,6 +373,7 @@ class ControlPlane:
             f"--cluster-signing-cert-file={pki / 'ca.crt'}",
             f"--cluster-signing-key-file={pki / 'ca.key'}",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            f"--feature-gates={DRA_FEATURE_GATES}",
         ], port)
         self.components["kube-controller-manager"] = controller_manager
         return controller_manager
@@ -388,6 +397,7 @@ class ControlPlane:
             f"--authorization-kubeconfig={kubeconfig}",
             "--bind-address=127.0.0.1", f"--secure-port={port}",
             f"--cert-dir={self.pki_dir / ('scheduler-' + name)}",
+            f"--feature-gates={DRA_FEATURE_GATES}",
         ], port)
         self.schedulers[name] = scheduler
         return scheduler

@@ -105,6 +105,33 @@ class GpuInstanceInfo(Protocol):
     def placement(self) -> GpuInstancePlacement: ...
 
 
+class GpuInstanceProfileInfo(Protocol):
+    """``nvmlDeviceGetGpuInstanceProfileInfo``: a GPU instance profile's id on this GPU, its
+    compute slices and memory."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def sliceCount(self) -> int: ...
+    @property
+    def memorySizeMB(self) -> int: ...
+
+
+class ComputeInstanceProfileInfo(Protocol):
+    """``nvmlGpuInstanceGetComputeInstanceProfileInfo``: the profile id a compute instance is
+    created with."""
+
+    @property
+    def id(self) -> int: ...
+
+
+class ComputeInstanceInfo(Protocol):
+    """``nvmlComputeInstanceGetInfo``: the compute instance's id in its GPU instance."""
+
+    @property
+    def id(self) -> int: ...
+
+
 class NvmlApi(Protocol):
     """The pynvml calls gpufrag makes; the ``pynvml`` module itself conforms."""
 
@@ -126,6 +153,23 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetAttributes(self, handle: object) -> DeviceAttributes: ...
     def nvmlDeviceGetGpuInstanceById(self, handle: object, gpu_instance_id: int) -> object: ...
     def nvmlGpuInstanceGetInfo(self, gpu_instance: object) -> GpuInstanceInfo: ...
+    def nvmlDeviceGetComputeInstanceId(self, handle: object) -> int: ...
+    # MIG instances made and destroyed (the DRA driver's partitions, gpufrag.mig_instances).
+    # ``placement`` is a pointer to a ``c_nvmlGpuInstancePlacement_t``, as NVML takes it.
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: object,
+                                            profile: int) -> GpuInstanceProfileInfo: ...
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: object, profileId: int,
+                                                 placement: Any) -> object: ...
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            self, gpu_instance: object, profile: int,
+            engProfile: int) -> ComputeInstanceProfileInfo: ...
+    def nvmlGpuInstanceCreateComputeInstance(self, gpu_instance: object,
+                                             profileId: int) -> object: ...
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpu_instance: object,
+                                              computeInstanceId: int) -> object: ...
+    def nvmlComputeInstanceGetInfo(self, compute_instance: object) -> ComputeInstanceInfo: ...
+    def nvmlComputeInstanceDestroy(self, compute_instance: object) -> Any: ...
+    def nvmlGpuInstanceDestroy(self, gpu_instance: object) -> Any: ...
 
 
 # --- readings -----------------------------------------------------------------------------------
@@ -267,6 +311,11 @@ class NvmlReader:
     def device_count(self) -> int:
         return len(self._handles)
 
+    @property
+    def api(self) -> NvmlApi:
+        """The NVML it reads through, for a writer that shares it (:mod:`gpufrag.mig_instances`)."""
+        return self._api
+
     def open(self) -> int:
         """Initialise NVML and find the GPUs; returns how many. Raises :class:`NoGpuError`
         when there is no GPU to read, :class:`GpuReadError` when NVML fails otherwise."""
@@ -346,8 +395,8 @@ class NvmlReader:
 
     def _identity(self, index: int, handle: object) -> GpuIdentity:
         try:
-            uuid = _text(self._api.nvmlDeviceGetUUID(handle))
-            product = _text(self._api.nvmlDeviceGetName(handle))
+            uuid = nvml_text(self._api.nvmlDeviceGetUUID(handle))
+            product = nvml_text(self._api.nvmlDeviceGetName(handle))
         except pynvml.NVMLError as exc:
             raise GpuReadError(f"GPU {index}: reading identity/memory failed: {exc}") from None
         return GpuIdentity(index, uuid, product)
@@ -419,7 +468,7 @@ class NvmlReader:
                 except pynvml.NVMLError_NoPermission:
                     info = None  # a privileged user's call: the placement stays unknown
                 memory = api.nvmlDeviceGetMemoryInfo(device)
-                uuid = _text(api.nvmlDeviceGetUUID(device))
+                uuid = nvml_text(api.nvmlDeviceGetUUID(device))
                 if gi_id in found:
                     # A second compute instance of one GPU instance: one instance, its
                     # processes together (memory is the GPU instance's either way).
@@ -463,7 +512,8 @@ class NvmlReader:
         return tuple(ProcessReading(pid, used) for pid, used in sorted(used_by_pid.items()))
 
 
-def _text(value: str | bytes) -> str:
+def nvml_text(value: str | bytes) -> str:
+    """NVML's text as str."""
     # Older pynvml releases return bytes, newer ones str.
     return value.decode() if isinstance(value, bytes) else value
 

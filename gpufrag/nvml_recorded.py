@@ -28,6 +28,21 @@ script ``NVMLError_NotSupported`` for a GPU that has no MIG at all)::
               "uuid": "MIG-...", "memory_total": 42144366592, "memory_used": 20971520000,
               "processes": [{"pid": 4242, "used_bytes": 20971520000}]}]
 
+A GPU in MIG mode may also carry ``gpu_instance_profiles``, the GPU instance profiles NVML
+offers on it, for the calls that make and destroy MIG instances (the DRA driver's partitions,
+:mod:`gpufrag.mig_instances`)::
+
+     "gpu_instance_profiles": [{"profile": 0, "id": 19, "slice_count": 1,
+                                "memory_size_mb": 9728, "size": 1,
+                                "starts": [0, 1, 2, 3, 4, 5, 6]}]
+
+They follow NVML's rules: a GPU instance only at one of its profile's ``starts``, with its
+``size`` in memory slices, on slices no other instance holds (else
+``NVMLError_InsufficientResources``); one compute instance per GPU instance here, spanning at
+most its compute slices; a compute instance with processes on it, or a GPU instance with a
+compute instance, cannot be destroyed (``NVMLError_InUse``). A new compute instance is a new
+entry of ``mig`` (its uuid ``MIG-<n>``, ids the lowest free), so the reading calls see it.
+
 MIG device ``i`` of ``nvmlDeviceGetMigDeviceHandleByIndex`` is ``mig[i]`` (slots past the list up
 to :data:`MAX_MIG_DEVICES` raise ``NVMLError_NotFound``, as an empty slot does); its readings
 do not change with time. On a MIG device handle, utilisation and graphics processes raise
@@ -48,7 +63,7 @@ that wants the next answers to differ edits ``fake.devices`` (the remaining scri
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +90,23 @@ DEVICE_CALLS = (
     "nvmlDeviceGetAttributes",
     "nvmlDeviceGetGpuInstanceById",
     "nvmlGpuInstanceGetInfo",
+    "nvmlDeviceGetComputeInstanceId",
+    "nvmlDeviceGetGpuInstanceProfileInfo",
+    "nvmlDeviceCreateGpuInstanceWithPlacement",
+    "nvmlGpuInstanceGetComputeInstanceProfileInfo",
+    "nvmlGpuInstanceCreateComputeInstance",
+    "nvmlGpuInstanceGetComputeInstanceById",
+    "nvmlComputeInstanceGetInfo",
+    "nvmlComputeInstanceDestroy",
+    "nvmlGpuInstanceDestroy",
 )
+# Compute slices of each compute instance profile (pynvml's NVML_COMPUTE_INSTANCE_PROFILE_*).
+COMPUTE_PROFILE_SLICES = {pynvml.NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE: 1,
+                          pynvml.NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE: 2,
+                          pynvml.NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE: 3,
+                          pynvml.NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE: 4,
+                          pynvml.NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE: 7}
+MIB = 1 << 20
 MAX_MIG_DEVICES = 7  # nvmlDeviceGetMaxMigDeviceCount of an A100 or H100 in MIG mode
 MIG_SLICES = 8  # memory slices of a MIG-capable GPU: a placement ends by slice 8
 CALL_HISTORY = 1000  # calls kept in RecordedNvml.calls, so a long replay stays bounded
@@ -115,6 +146,20 @@ class RecordedMigDevice:
     memory_total_bytes: int
     memory_used_bytes: int
     processes: list[RecordedProcess] = field(default_factory=list)
+    compute_instance_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedGpuInstanceProfile:
+    """A GPU instance profile NVML offers on a GPU in MIG mode: ``profile`` is pynvml's
+    ``NVML_GPU_INSTANCE_PROFILE_*`` index, ``id`` the id NVML gives it on this GPU."""
+
+    profile: int
+    id: int
+    slice_count: int  # compute slices
+    memory_size_mb: int
+    size: int  # memory slices
+    starts: tuple[int, ...]
 
 
 @dataclass(slots=True)
@@ -131,6 +176,7 @@ class RecordedDevice:
     # NvmlApi function name -> per call, a pynvml error class name to raise or None to answer.
     errors: dict[str, list[str | None]] = field(default_factory=dict)
     mig: list[RecordedMigDevice] | None = None  # None: not in MIG mode
+    gpu_instance_profiles: list[RecordedGpuInstanceProfile] = field(default_factory=list)
 
 
 # --- what the calls return (pynvml's struct field names) -----------------------------------------
@@ -191,6 +237,37 @@ class _GpuInstance:
     gpu_instance_id: int
 
 
+@dataclass(frozen=True, slots=True)
+class _ComputeInstance:
+    index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuInstanceProfileInfo:
+    id: int
+    sliceCount: int
+    memorySizeMB: int
+
+
+@dataclass(frozen=True, slots=True)
+class _IdInfo:
+    """What NVML answers where only an id is read: a compute instance profile's, or a
+    compute instance's."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class _GpuInstanceState:
+    """A GPU instance that exists (with or without a compute instance)."""
+
+    profile_id: int
+    start: int
+    size: int
+
+
 # --- the fake NVML ------------------------------------------------------------------------------
 
 
@@ -211,6 +288,12 @@ class RecordedNvml:
         self.calls: list[str] = []
         self._inits = 0
         self._memory_read: set[int] = set()  # devices whose samples[0] a memory read has used
+        # GPU -> GPU instance id -> its profile and placement: the recording's MIG devices,
+        # then what the MIG calls make and destroy.
+        self.gpu_instances: dict[int, dict[int, _GpuInstanceState]] = {
+            index: {m.gpu_instance_id: _GpuInstanceState(m.profile_id, m.start, m.size)
+                    for m in device.mig or ()}
+            for index, device in enumerate(self.devices)}
         for index, device in enumerate(self.devices):
             _check_device(device, f"devices[{index}]", source=source)
         if init_error is not None:
@@ -346,17 +429,133 @@ class RecordedNvml:
         device = self._gpu(handle, "nvmlDeviceGetGpuInstanceById")
         if device.mig is None:
             raise pynvml.NVMLError_NotSupported()
-        if all(m.gpu_instance_id != gpu_instance_id for m in device.mig):
+        if gpu_instance_id not in self.gpu_instances[_index(handle)]:
             raise pynvml.NVMLError_NotFound()
         return _GpuInstance(_index(handle), gpu_instance_id)
 
     def nvmlGpuInstanceGetInfo(self, gpu_instance: object) -> _GpuInstanceInfo:
+        gi, state = self._gpu_instance(gpu_instance, "nvmlGpuInstanceGetInfo")
+        return _GpuInstanceInfo(gi.gpu_instance_id, state.profile_id,
+                                _Placement(state.start, state.size))
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: object) -> int:
+        return self._mig_only(handle, "nvmlDeviceGetComputeInstanceId").compute_instance_id
+
+    # -- MIG instances made and destroyed -------------------------------------------------------
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: object,
+                                            profile: int) -> _GpuInstanceProfileInfo:
+        found = self._offered(handle, "nvmlDeviceGetGpuInstanceProfileInfo",
+                              lambda p: p.profile == profile)
+        return _GpuInstanceProfileInfo(found.id, found.slice_count, found.memory_size_mb)
+
+    def nvmlDeviceCreateGpuInstanceWithPlacement(self, handle: object, profileId: int,
+                                                 placement: Any) -> object:
+        found = self._offered(handle, "nvmlDeviceCreateGpuInstanceWithPlacement",
+                              lambda p: p.id == profileId)
+        start, size = int(placement.contents.start), int(placement.contents.size)
+        if start not in found.starts or size != found.size:
+            raise pynvml.NVMLError_InvalidArgument()
+        instances = self.gpu_instances[_index(handle)]
+        wanted = set(range(start, start + size))
+        if any(wanted & set(range(gi.start, gi.start + gi.size)) for gi in instances.values()):
+            raise pynvml.NVMLError_InsufficientResources()
+        gi_id = min(set(range(1, len(instances) + 2)) - set(instances))
+        instances[gi_id] = _GpuInstanceState(profileId, start, size)
+        return _GpuInstance(_index(handle), gi_id)
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+            self, gpu_instance: object, profile: int,
+            engProfile: int) -> _IdInfo:
+        gi, state = self._gpu_instance(gpu_instance,
+                                       "nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        slices = COMPUTE_PROFILE_SLICES.get(profile)
+        if slices is None or slices > self._profile_of(gi.index, state).slice_count:
+            raise pynvml.NVMLError_NotSupported()
+        return _IdInfo(profile)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gpu_instance: object,
+                                             profileId: int) -> object:
+        gi, state = self._gpu_instance(gpu_instance, "nvmlGpuInstanceCreateComputeInstance")
+        index, gi_id = gi.index, gi.gpu_instance_id
+        device = self.devices[index]
+        migs = device.mig if device.mig is not None else []
+        if any(m.gpu_instance_id == gi_id for m in migs) or len(migs) >= MAX_MIG_DEVICES:
+            raise pynvml.NVMLError_InsufficientResources()
+        profile = self._profile_of(index, state)
+        taken = {m.uuid for d in self.devices for m in d.mig or ()}
+        uuid = next(f"MIG-{n}" for n in range(1, len(taken) + 2) if f"MIG-{n}" not in taken)
+        memory = profile.memory_size_mb * MIB
+        migs.append(RecordedMigDevice(
+            gi_id, state.profile_id, uuid, state.start, state.size,
+            COMPUTE_PROFILE_SLICES.get(profileId, profile.slice_count),
+            profile.memory_size_mb, memory, 0))
+        return _ComputeInstance(index, gi_id, 0)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gpu_instance: object,
+                                              computeInstanceId: int) -> object:
+        gi, _ = self._gpu_instance(gpu_instance, "nvmlGpuInstanceGetComputeInstanceById")
+        if self._compute(gi.index, gi.gpu_instance_id, computeInstanceId) is None:
+            raise pynvml.NVMLError_NotFound()
+        return _ComputeInstance(gi.index, gi.gpu_instance_id, computeInstanceId)
+
+    def nvmlComputeInstanceGetInfo(self, compute_instance: object) -> _IdInfo:
+        _, mig = self._compute_instance(compute_instance, "nvmlComputeInstanceGetInfo")
+        return _IdInfo(mig.compute_instance_id)
+
+    def nvmlComputeInstanceDestroy(self, compute_instance: object) -> int:
+        ci, mig = self._compute_instance(compute_instance, "nvmlComputeInstanceDestroy")
+        if mig.processes:
+            raise pynvml.NVMLError_InUse()
+        (self.devices[ci.index].mig or []).remove(mig)
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlGpuInstanceDestroy(self, gpu_instance: object) -> int:
+        gi, _ = self._gpu_instance(gpu_instance, "nvmlGpuInstanceDestroy")
+        if any(m.gpu_instance_id == gi.gpu_instance_id for m in self.devices[gi.index].mig or ()):
+            raise pynvml.NVMLError_InUse()
+        del self.gpu_instances[gi.index][gi.gpu_instance_id]
+        return int(pynvml.NVML_SUCCESS)
+
+    def _offered(self, handle: object, call: str,
+                 match: Callable[[RecordedGpuInstanceProfile], bool]
+                 ) -> RecordedGpuInstanceProfile:
+        """The GPU instance profile ``match`` picks on a GPU in MIG mode."""
+        device = self._gpu(handle, call)
+        found = next((p for p in device.gpu_instance_profiles if match(p)), None)
+        if device.mig is None or found is None:
+            raise pynvml.NVMLError_NotSupported()
+        return found
+
+    def _profile_of(self, index: int, state: _GpuInstanceState) -> RecordedGpuInstanceProfile:
+        return next(p for p in self.devices[index].gpu_instance_profiles
+                    if p.id == state.profile_id)
+
+    def _gpu_instance(self, gpu_instance: object,
+                      call: str) -> tuple[_GpuInstance, _GpuInstanceState]:
+        """A GPU instance handle that must still exist (a stale one is InvalidArgument)."""
         if not isinstance(gpu_instance, _GpuInstance):
             raise TypeError(f"not a GPU instance of this RecordedNvml: {gpu_instance!r}")
-        device = self._device(_Handle(gpu_instance.index), "nvmlGpuInstanceGetInfo")
-        mig = next(m for m in device.mig or () if m.gpu_instance_id == gpu_instance.gpu_instance_id)
-        return _GpuInstanceInfo(mig.gpu_instance_id, mig.profile_id,
-                                _Placement(mig.start, mig.size))
+        self._device(_Handle(gpu_instance.index), call)
+        state = self.gpu_instances[gpu_instance.index].get(gpu_instance.gpu_instance_id)
+        if state is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return gpu_instance, state
+
+    def _compute(self, index: int, gi_id: int, ci_id: int) -> RecordedMigDevice | None:
+        return next((m for m in self.devices[index].mig or ()
+                     if (m.gpu_instance_id, m.compute_instance_id) == (gi_id, ci_id)), None)
+
+    def _compute_instance(self, compute_instance: object,
+                          call: str) -> tuple[_ComputeInstance, RecordedMigDevice]:
+        if not isinstance(compute_instance, _ComputeInstance):
+            raise TypeError(f"not a compute instance of this RecordedNvml: {compute_instance!r}")
+        self._device(_Handle(compute_instance.index), call)
+        found = self._compute(compute_instance.index, compute_instance.gpu_instance_id,
+                              compute_instance.compute_instance_id)
+        if found is None:
+            raise pynvml.NVMLError_InvalidArgument()
+        return compute_instance, found
 
     def _gpu(self, handle: object, call: str) -> RecordedDevice:
         """A call NVML takes on a GPU's own handle only."""
@@ -547,7 +746,26 @@ def _device_from_json(raw: object, at: str, source: str) -> RecordedDevice:
         mig=None if "mig" not in raw else [
             _mig_from_json(m, f"{at}.mig[{i}]", source)
             for i, m in enumerate(_list(raw, "mig", at, source, required=True))],
+        gpu_instance_profiles=[
+            _gi_profile_from_json(p, f"{at}.gpu_instance_profiles[{i}]", source)
+            for i, p in enumerate(_list(raw, "gpu_instance_profiles", at, source,
+                                        required=False))],
     )
+
+
+def _gi_profile_from_json(raw: object, at: str, source: str) -> RecordedGpuInstanceProfile:
+    if not isinstance(raw, Mapping):
+        raise BadInput("must be an object with profile, id, slice_count, memory_size_mb, size "
+                       "and starts", source=source, field=at)
+    starts = _list(raw, "starts", at, source, required=True)
+    if not starts or not all(isinstance(s, int) and not isinstance(s, bool) for s in starts):
+        raise BadInput(f"{starts!r} must be a non-empty list of slice numbers", source=source,
+                       field=f"{at}.starts")
+    return RecordedGpuInstanceProfile(
+        profile=_int(raw, "profile", at, source), id=_int(raw, "id", at, source),
+        slice_count=_int(raw, "slice_count", at, source),
+        memory_size_mb=_int(raw, "memory_size_mb", at, source),
+        size=_int(raw, "size", at, source), starts=tuple(starts))
 
 
 def _mig_from_json(raw: object, at: str, source: str) -> RecordedMigDevice:
@@ -566,6 +784,8 @@ def _mig_from_json(raw: object, at: str, source: str) -> RecordedMigDevice:
         memory_total_bytes=_int(raw, "memory_total", at, source),
         memory_used_bytes=_int(raw, "memory_used", at, source),
         processes=_processes(raw, "processes", at, source),
+        compute_instance_id=(_int(raw, "compute_instance_id", at, source)
+                             if "compute_instance_id" in raw else 0),
     )
 
 

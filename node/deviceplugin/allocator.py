@@ -31,7 +31,6 @@ from structlog.typing import FilteringBoundLogger
 from node.deviceplugin.api import pb
 from node.deviceplugin.config import DevicePluginConfig, Kind
 from node.deviceplugin.devices import gpu_of, preferred
-from node.deviceplugin.inventory import HealthBoard
 from node.deviceplugin.matching import (
     Candidate,
     PodAsk,
@@ -47,6 +46,7 @@ from node.deviceplugin.metrics import PluginMetrics
 from node.deviceplugin.trust import RecordTrust
 from node.deviceplugin.writes import PodWriteError, PodWriter
 from node.gpus import DeviceNodes, Gpu, container_grant
+from node.health import HealthBoard
 
 GRANTS_KEPT = 4096  # device-ID sets -> GPUs remembered for PreStartContainer
 

@@ -29,7 +29,6 @@ from node import daemon
 from node.daemon import NodeDaemon
 from node.deviceplugin.allocator import Allocator, PodSource
 from node.deviceplugin.config import (
-    DEFAULT_HEALTH_INTERVAL_S,
     DEFAULT_KUBELET_SOCKET,
     DEFAULT_METRICS_PORT,
     DEFAULT_SOCKET_DIR,
@@ -38,11 +37,6 @@ from node.deviceplugin.config import (
     parse_kinds,
 )
 from node.deviceplugin.devices import check_ids
-from node.deviceplugin.inventory import (
-    FollowedRecording,
-    HealthBoard,
-    HealthMonitor,
-)
 from node.deviceplugin.metrics import PluginMetrics, start_http_server
 from node.deviceplugin.pods import KubeNodePods, NodePods
 from node.deviceplugin.server import Supervisor
@@ -50,6 +44,12 @@ from node.deviceplugin.service import DevicePluginServicer
 from node.deviceplugin.trust import KubeRecordKeys, RecordTrust
 from node.deviceplugin.writes import KubePodWriter, PodWriter
 from node.gpus import DeviceNodes, add_grant_flags, read_inventory
+from node.health import (
+    DEFAULT_HEALTH_INTERVAL_S,
+    FollowedRecording,
+    HealthBoard,
+    HealthMonitor,
+)
 
 
 def build_parser() -> BadInputArgumentParser:

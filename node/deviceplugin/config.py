@@ -21,10 +21,10 @@ from gpufrag.conventions import (
 from gpufrag.errors import BadInput
 from node.daemon import check_node_name
 from node.gpus import CONTROL_DEVICES, check_grant_settings
+from node.health import DEFAULT_HEALTH_INTERVAL_S
 
 DEFAULT_SOCKET_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_KUBELET_SOCKET = "kubelet.sock"
-DEFAULT_HEALTH_INTERVAL_S = 5.0
 DEFAULT_WATCH_INTERVAL_S = 1.0
 DEFAULT_METRICS_PORT = 9402  # beside the agent's 9401 and DCGM's 9400
 

@@ -52,8 +52,8 @@ from gpufrag.conventions import KubeNames
 from gpufrag.errors import BadInput
 from gpufrag.records import Given, parse_allocated
 from node.deviceplugin.config import Kind
-from node.deviceplugin.inventory import HealthBoard
 from node.gpus import Gpu
+from node.health import HealthBoard
 from scheduler.core.types import MILLI_PER_GPU
 from scheduler.kube.convert import annotations_of, bound_gpus, container_gpus, pod_from_k8s
 from scheduler.kube.quantity import QuantityError, parse_quantity

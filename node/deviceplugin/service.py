@@ -30,8 +30,8 @@ from node.deviceplugin.allocator import AllocationRefused, Allocator
 from node.deviceplugin.api import pb
 from node.deviceplugin.config import Kind
 from node.deviceplugin.devices import DeviceList
-from node.deviceplugin.inventory import HealthBoard
 from node.deviceplugin.metrics import PluginMetrics
+from node.health import HealthBoard
 
 OPTIONS = pb.DevicePluginOptions(pre_start_required=True,
                                  get_preferred_allocation_available=True)

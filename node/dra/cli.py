@@ -6,8 +6,11 @@ recording, 3 no GPU on this node.
 
 What it does, in order: read the GPUs (NVML, or ``--nvml-recording`` on a node without one),
 serve the kubelet's DRA plugin and registration sockets, then publish this node's
-ResourceSlice and check it every ``--publish-interval-s``. A failed publish is logged and
-retried at the next pass; the driver keeps serving the claims already allocated.
+ResourceSlices and check them every ``--publish-interval-s``; read each GPU's health every
+``--health-interval-s`` (the device plugin's health source, :mod:`node.health`) and
+republish at once when it changes, an unhealthy GPU's devices tainted ``NoSchedule``. A failed
+publish is logged and retried at the next pass; the driver keeps serving the claims already
+allocated.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 
 from gpufrag.argtypes import positive_float
 from gpufrag.errors import EXIT_OK, BadInputArgumentParser
+from gpufrag.mig_instances import MigInstances
 from gpufrag.nvml import NvmlApi, NvmlReader
 from gpufrag.probes import Liveness
 from node import daemon
@@ -27,10 +31,12 @@ from node.dra.cdi import SpecDir
 from node.dra.config import CDI_KIND, DEFAULT_CDI_DIR, DEFAULT_METRICS_PORT, DRIVER_NAME, DraConfig
 from node.dra.kube import KubeClaims, KubeSlices, node_uid
 from node.dra.metrics import DriverMetrics, start_http_server
+from node.dra.partitions import RECORD_KIND, Partitions
 from node.dra.publish import SliceApi, SlicePublisher
 from node.dra.server import DriverServer
 from node.dra.service import ClaimSource, DraPluginServicer, RegistrationServicer
 from node.gpus import DeviceNodes, Gpu, add_grant_flags, read_inventory
+from node.health import DEFAULT_HEALTH_INTERVAL_S, HealthBoard, HealthMonitor
 from scheduler.kube.errors import ApiError
 
 
@@ -54,6 +60,10 @@ def build_parser() -> BadInputArgumentParser:
     parser.add_argument("--publish-interval-s", type=positive_float, default=30.0,
                         help="seconds between checks of this node's ResourceSlice "
                              "(default: %(default)s)")
+    parser.add_argument("--health-interval-s", type=positive_float,
+                        default=DEFAULT_HEALTH_INTERVAL_S,
+                        help="seconds between GPU health reads; an unhealthy GPU's devices are "
+                             "tainted NoSchedule (default: %(default)s)")
     add_grant_flags(parser)
     return parser
 
@@ -73,7 +83,7 @@ def _config(started: NodeDaemon) -> DraConfig:
         node_name=args.node_name, driver_name=args.driver_name, registry_dir=args.registry_dir,
         plugins_dir=args.plugins_dir, cdi_dir=args.cdi_dir, mps=args.mps,
         mps_pipe_dir=args.mps_pipe_dir, dev_root=args.dev_root,
-        publish_interval_s=args.publish_interval_s,
+        publish_interval_s=args.publish_interval_s, health_interval_s=args.health_interval_s,
     ).validate()
 
 
@@ -91,12 +101,12 @@ def _start(started: NodeDaemon, nvml: NvmlApi | None, claims: ClaimSource | None
         lambda: _config(started),
         recorded_note="GPUs come from the recording {file}, not a driver: containers get no "
                       "real GPU")
-    with started.open_gpus(nvml, read_gpus) as (_reader, (gpus, mig)):
-        return _run(started, config, gpus, mig, claims, slices, stop)
+    with started.open_gpus(nvml, read_gpus) as (reader, (gpus, mig)):
+        return _run(started, config, reader, gpus, mig, claims, slices, stop)
 
 
-def _run(started: NodeDaemon, config: DraConfig, gpus: tuple[Gpu, ...], mig: dict[int, bool],
-         claims: ClaimSource | None, slices: SliceApi | None,
+def _run(started: NodeDaemon, config: DraConfig, reader: NvmlReader, gpus: tuple[Gpu, ...],
+         mig: dict[int, bool], claims: ClaimSource | None, slices: SliceApi | None,
          stop: threading.Event | None) -> int:
     log = started.log
     owner = ""
@@ -111,8 +121,12 @@ def _run(started: NodeDaemon, config: DraConfig, gpus: tuple[Gpu, ...], mig: dic
                         effect="the slice is published without the Node as its owner")
     metrics = DriverMetrics(recorded=started.recorded)
     nodes = DeviceNodes.find(gpus, config)
+    # MIG instances are made through the NVML the GPUs were read with (the recording's, in
+    # recorded mode), only where a GPU is in MIG mode.
+    instances = MigInstances(reader.api) if any(mig.values()) else None
+    partitions = Partitions(instances, SpecDir(config.partitions_dir, RECORD_KIND), log=log)
     plugin = DraPluginServicer(config, gpus, claims, SpecDir(config.cdi_dir, CDI_KIND), nodes,
-                               metrics, log=log)
+                               metrics, partitions=partitions, log=log)
     registration = RegistrationServicer(config, log=log)
     publisher = SlicePublisher(slices, driver=config.driver_name, node_name=config.node_name,
                                gpus=gpus, mig_enabled=mig, log=log, node_uid=owner)
@@ -129,19 +143,35 @@ def _run(started: NodeDaemon, config: DraConfig, gpus: tuple[Gpu, ...], mig: dic
     http = started.serve_probes(lambda port: start_http_server(
         port, metrics, liveness.live, lambda: registration.registered and published.is_set()))
     stop = started.stop_event(stop)
+
+    def publish() -> None:
+        try:
+            metrics.slice_syncs.labels(publisher.sync()).inc()
+            published.set()
+        except ApiError as exc:
+            metrics.slice_syncs.labels("failed").inc()
+            log.warning("slice_publish_failed", error=str(exc),
+                        retry_in_s=config.publish_interval_s)
+
+    def health_changed(gpu: Gpu, healthy: bool, _reason: str) -> None:
+        publisher.mark(gpu.index, healthy)
+        publish()  # the taint goes on (or off) now, not at the next interval
+
+    monitor = HealthMonitor(lambda: reader, HealthBoard(gpus), log=log,
+                            on_change=health_changed,
+                            effect="its devices are tainted NoSchedule in the ResourceSlice; "
+                                   "no new claim is allocated it")
+    health = threading.Thread(target=monitor.run, args=(stop.wait, config.health_interval_s),
+                              name="gpu-health", daemon=True)
+    health.start()
     try:
         while True:
             liveness.tick()
-            try:
-                metrics.slice_syncs.labels(publisher.sync()).inc()
-                published.set()
-            except ApiError as exc:
-                metrics.slice_syncs.labels("failed").inc()
-                log.warning("slice_publish_failed", error=str(exc), retry_in_s=
-                            config.publish_interval_s)
+            publish()
             if stop.wait(config.publish_interval_s):
                 break
     finally:
+        health.join(config.health_interval_s + 5)
         server.stop()
         if http is not None:
             http.stop()

@@ -11,6 +11,7 @@ from node.daemon import check_node_name
 from node.dra.api import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
 from node.dra.slices import slice_name
 from node.gpus import CONTROL_DEVICES, check_grant_settings
+from node.health import DEFAULT_HEALTH_INTERVAL_S
 from scheduler.kube.claims import DRIVER_NAME
 
 __all__ = ["DRIVER_NAME", "DraConfig"]
@@ -36,6 +37,7 @@ class DraConfig:
     dev_root: str = "/dev"  # where the driver sees the host's device nodes
     control_devices: tuple[str, ...] = CONTROL_DEVICES
     publish_interval_s: float = 30.0  # how often the slice is checked against the API
+    health_interval_s: float = DEFAULT_HEALTH_INTERVAL_S  # how often each GPU's health is read
 
     @property
     def registration_socket_path(self) -> str:
@@ -44,6 +46,12 @@ class DraConfig:
     @property
     def plugin_socket_path(self) -> str:
         return os.path.join(self.plugins_dir, self.driver_name, "dra.sock")
+
+    @property
+    def partitions_dir(self) -> str:
+        """Where the MIG instances made for each claim are recorded (node.dra.partitions):
+        beside the socket, on the host, so a restarted driver finds them."""
+        return os.path.join(self.plugins_dir, self.driver_name, "partitions")
 
     def validate(self) -> DraConfig:
         check_node_name(self.node_name)
@@ -67,7 +75,8 @@ class DraConfig:
                 raise BadInput(f"{path!r} is too long for a unix socket path "
                                f"({len(path)} > {SOCKET_PATH_MAX} bytes)", field=name)
         check_grant_settings(self)
-        if not self.publish_interval_s > 0:
-            raise BadInput(f"{self.publish_interval_s} must be > 0 seconds",
-                           field="publish_interval_s")
+        for name, value in (("publish_interval_s", self.publish_interval_s),
+                            ("health_interval_s", self.health_interval_s)):
+            if not value > 0:
+                raise BadInput(f"{value} must be > 0 seconds", field=name)
         return self

@@ -3,9 +3,11 @@ service (NodePrepareResources, NodeUnprepareResources).
 
 Prepare reads each claim from the API server (the kubelet sends only its namespace, name and
 UID), takes this driver's devices from the allocation kube-scheduler wrote
-(:mod:`node.dra.claims`), writes the claim's CDI spec (:mod:`node.dra.cdi`) and answers the CDI
-device IDs. Both calls are idempotent: the kubelet repeats them after a restart or a timeout,
-so a second prepare rewrites the same file and a second unprepare finds nothing to remove.
+(:mod:`node.dra.claims`), makes the MIG instances of its partitions (:mod:`node.dra.partitions`),
+writes the claim's CDI spec (:mod:`node.dra.cdi`) and answers the CDI device IDs. Unprepare
+destroys the MIG instances and removes the spec. Both calls are idempotent: the kubelet
+repeats them after a restart or a timeout, so a second prepare finds the instances it made
+and rewrites the same file, and a second unprepare finds nothing to remove.
 
 A claim that cannot be prepared is answered in its own ``error`` field, with a message that
 says which field and why, and the other claims of the call go on; the RPC itself fails
@@ -23,11 +25,13 @@ from typing import Any, Protocol
 import grpc
 from structlog.typing import FilteringBoundLogger
 
+from gpufrag.mig_instances import MigWriteError
 from node.dra import cdi
 from node.dra.api import DRA_PLUGIN_TYPE, DRA_V1_SERVICE, drapb, regpb
-from node.dra.claims import ClaimProblem, allocated_devices, prepare
+from node.dra.claims import ClaimProblem, allocated, prepare
 from node.dra.config import CDI_KIND, DraConfig
 from node.dra.metrics import DriverMetrics
+from node.dra.partitions import Partitions
 from node.gpus import DeviceNodes, Gpu
 from scheduler.kube.errors import ApiError
 
@@ -82,8 +86,9 @@ class DraPluginServicer:
 
     def __init__(self, config: DraConfig, gpus: tuple[Gpu, ...], claims: ClaimSource,
                  specs: cdi.SpecDir, nodes: DeviceNodes, metrics: DriverMetrics, *,
-                 log: FilteringBoundLogger) -> None:
+                 partitions: Partitions, log: FilteringBoundLogger) -> None:
         self._config = config
+        self._partitions = partitions
         self._metrics = metrics
         self._gpus = {gpu.index: gpu for gpu in gpus}
         self._claims = claims
@@ -108,15 +113,18 @@ class DraPluginServicer:
         answers = {}
         for claim in request.claims:
             try:
+                destroyed = self._partitions.unprepare(claim.uid)
                 removed = self._specs.remove(claim.uid)
-            except OSError as exc:
+            except (OSError, MigWriteError, ClaimProblem) as exc:
                 answers[claim.uid] = drapb.NodeUnprepareResourceResponse(
-                    error=f"removing the CDI spec {self._specs.file_path(claim.uid)!r}: {exc}")
+                    error=f"claim {_key(claim)} (uid {claim.uid}): {exc}")
                 self._metrics.claims.labels("unprepare", "error").inc()
+                self._log.warning("claim_not_unprepared", claim=_key(claim), uid=claim.uid,
+                                  error=str(exc))
                 continue
             self._metrics.claims.labels("unprepare", "ok").inc()
             self._log.info("claim_unprepared", claim=_key(claim), uid=claim.uid,
-                           removed=removed)
+                           removed=removed, mig_instances_destroyed=destroyed)
             answers[claim.uid] = drapb.NodeUnprepareResourceResponse()
         return drapb.NodeUnprepareResourcesResponse(claims=answers)
 
@@ -134,9 +142,11 @@ class DraPluginServicer:
 
     def _prepare(self, claim: drapb.Claim) -> drapb.NodePrepareResourceResponse:
         obj = self._claims.get(claim.namespace, claim.name)
-        devices = allocated_devices(obj, uid=claim.uid, driver=self._config.driver_name,
-                                    pool=self._config.node_name, gpus=self._gpus)
-        prepared = prepare(devices, nodes=self._nodes, config=self._config)
+        found = allocated(obj, uid=claim.uid, driver=self._config.driver_name,
+                          pool=self._config.node_name, gpus=self._gpus)
+        partitions = self._partitions.prepare(claim.uid, found.partitions)
+        prepared = prepare((*found.devices, *partitions), nodes=self._nodes,
+                           config=self._config)
         self._specs.write(claim.uid, cdi.claim_spec(CDI_KIND, claim.uid, prepared.grants))
         answered: set[str] = set()
         out = []

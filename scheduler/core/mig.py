@@ -435,3 +435,24 @@ def default_workload(model: MigGpuModel) -> MigWorkload:
     """The target workload before any pod asking a MIG profile is seen: every profile of the
     family equally popular (as the whole-GPU fallback spreads the common shapes evenly)."""
     return MigWorkload.from_counts((p.name, 1) for p in model.profiles)
+
+
+def start_order(model: MigGpuModel, profile: MigProfile,
+                workload: MigWorkload | None = None) -> tuple[int, ...]:
+    """``profile``'s starts in the order a first-fit allocator should try them: by how much F
+    (:func:`gpu_fragmentation`, ``workload`` or :func:`default_workload`) an instance there
+    leaves on an otherwise empty GPU, least first, ties to the lower start. One fixed order,
+    because DRA's allocator walks a slice's devices in order and takes the first that fits
+    (docs/dra.md): the top of the GPU first for the small profiles, keeping slices 0-3 for a
+    4g and the whole GPU as long as it can (a 3g at 4 before 0, a 1g at 6 before 0)."""
+    chosen = workload if workload is not None else default_workload(model)
+    return tuple(sorted(profile.starts, key=lambda start: (
+        gpu_fragmentation(model, profile.mask_at(start), chosen), start)))
+
+
+def all_profile_names() -> tuple[str, ...]:
+    """Every profile name of the table, each once, sorted by compute then memory: the names
+    a DeviceClass per profile covers (a name means one shape within a family, and families
+    share names: 1g.10gb is an A100 40GB's two-slice 1g and an A100 80GB's one-slice 1g)."""
+    names = {p.name for m in MIG_MODELS.values() for p in m.profiles}
+    return tuple(sorted(names, key=lambda n: tuple(int(x) for x in re.findall(r"\d+", n))))

@@ -26,6 +26,7 @@ Field names follow ``k8s.io/api/resource/v1/types.go`` and ``k8s.io/api/core/v1`
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
@@ -41,6 +42,28 @@ DRIVER_NAME = "gpu.gpufrag.io"  # gpufrag's DRA driver, the one whose devices ar
 # The DeviceClasses the install ships for the driver's devices (manifests/components/dra): a
 # claim's request names a class, not a driver, so these names say which requests ask our GPUs.
 DEVICE_CLASSES = (DRIVER_NAME, f"whole.{DRIVER_NAME}")
+MIG_CLASS_PREFIX = "mig-"
+
+
+def gpu_selector(driver: str = DRIVER_NAME) -> str:
+    """The CEL of the classes for whole GPUs and shares: the driver's devices outside MIG
+    mode (every device of the driver has ``migEnabled``; a MIG partition has it true, so a
+    request of the generic class never lands on a partition)."""
+    return f'device.driver == "{driver}" && !device.attributes["{driver}"].migEnabled'
+
+
+def mig_class_name(profile: str, driver: str = DRIVER_NAME) -> str:
+    """The DeviceClass of one MIG profile: ``mig-3g.40gb.gpu.gpufrag.io``."""
+    return f"{MIG_CLASS_PREFIX}{profile}.{driver}"
+
+
+def mig_selector(profile: str, driver: str = DRIVER_NAME) -> str:
+    """The CEL of a MIG profile's class: the driver's partitions of that profile (``in``
+    first: a device without the attribute is then no match rather than a CEL error, which
+    would fail the allocation)."""
+    attributes = f'device.attributes["{driver}"]'
+    return (f'device.driver == "{driver}" && "profile" in {attributes} && '
+            f'{attributes}.profile == "{profile}"')
 CAPACITY_MILLI = "milli"
 CAPACITY_MEMORY = "memory"
 DEVICE_PREFIX = "gpu-"
@@ -60,6 +83,33 @@ def device_index(name: str) -> int | None:
     if prefix or not number.isdigit() or number != str(int(number)):
         return None
     return int(number)
+
+
+# A MIG partition (KEP-4815): GPU index, profile (its dot a dash: a device name is a DNS
+# label) and start slice, e.g. gpu-0-mig-3g-40gb-4 for a 3g.40gb instance at slice 4 of GPU 0.
+_MIG_DEVICE = re.compile(r"^gpu-(0|[1-9][0-9]*)-mig-([0-9]+g)-([0-9]+gb)-([0-7])$")
+
+
+@dataclass(frozen=True, slots=True)
+class MigPartition:
+    """Which MIG placement a partition device stands for."""
+
+    index: int  # the GPU's
+    profile: str  # as scheduler.core.mig names it: 3g.40gb
+    start: int  # its first memory slice
+
+
+def mig_device_name(index: int, profile: str, start: int) -> str:
+    """The device name of ``profile``'s placement at ``start`` on GPU ``index``."""
+    return f"{DEVICE_PREFIX}{index}-mig-{profile.replace('.', '-')}-{start}"
+
+
+def mig_partition(name: str) -> MigPartition | None:
+    """The placement a device name stands for, or None when it is not a MIG partition."""
+    found = _MIG_DEVICE.match(name)
+    if found is None:
+        return None
+    return MigPartition(int(found[1]), f"{found[2]}.{found[3]}", int(found[4]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,18 +150,24 @@ def _amount(value: Any, field: str) -> int:
         raise BadInput(str(exc), field=field) from None
 
 
-def _claimed_gpu(result: Obj, position: int, where: str) -> ClaimedGpu:
-    name = result.get("device")
-    index = device_index(name) if isinstance(name, str) else None
-    if not isinstance(name, str) or index is None:
-        raise BadInput(f"{name!r} is not a device of the form {DEVICE_PREFIX}<index>",
-                       field=f"{where}.device")
+def _pool_and_request(result: Obj, where: str) -> tuple[str, str]:
+    """An allocation result's pool and request names, each required."""
     pool = result.get("pool")
     if not isinstance(pool, str) or not pool:
         raise BadInput(f"{pool!r}; it must name the node's pool", field=f"{where}.pool")
     request = result.get("request")
     if not isinstance(request, str) or not request:
         raise BadInput(f"{request!r}; it must name the request", field=f"{where}.request")
+    return pool, request
+
+
+def _claimed_gpu(result: Obj, position: int, where: str) -> ClaimedGpu:
+    name = result.get("device")
+    index = device_index(name) if isinstance(name, str) else None
+    if not isinstance(name, str) or index is None:
+        raise BadInput(f"{name!r} is not a device of the form {DEVICE_PREFIX}<index>",
+                       field=f"{where}.device")
+    pool, request = _pool_and_request(result, where)
     milli, memory_mib = _capacity(result.get("consumedCapacity"), f"{where}.consumedCapacity")
     share_id = result.get("shareID")
     return ClaimedGpu(position, request, pool, name, index, milli, memory_mib,
@@ -152,7 +208,42 @@ def claimed_gpus(claim: Obj, *, driver: str) -> tuple[ClaimedGpu, ...] | None:
             raise BadInput(f"{result!r} is not an object", field=where)
         if result.get("driver") != driver:
             continue  # another driver's device in the same claim: not a GPU we place
+        if isinstance(result.get("device"), str) and mig_partition(result["device"]):
+            continue  # a MIG partition: claimed_partitions reads it
         found.append(_claimed_gpu(result, i, where))
+    return tuple(found)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedPartition:
+    """One MIG partition of gpufrag's driver in a claim's allocation."""
+
+    result: int  # its position in status.allocation.devices.results, for messages
+    request: str
+    pool: str
+    device: str
+    partition: MigPartition
+
+
+def claimed_partitions(claim: Obj, *, driver: str) -> tuple[ClaimedPartition, ...]:
+    """``driver``'s MIG partitions in ``claim``'s allocation, in result order (none when the
+    claim is not allocated); malformed results are BadInput naming the field, as in
+    :func:`claimed_gpus`, which reads the rest of the same results."""
+    status = _mapping(claim.get("status"), "status")
+    allocation = _mapping(status.get("allocation"), "status.allocation")
+    devices = _mapping(allocation.get("devices"), "status.allocation.devices")
+    found = []
+    for i, result in enumerate(_list(devices.get("results"),
+                                     "status.allocation.devices.results")):
+        where = f"status.allocation.devices.results[{i}]"
+        if not isinstance(result, Mapping):
+            raise BadInput(f"{result!r} is not an object", field=where)
+        name = result.get("device")
+        partition = mig_partition(name) if isinstance(name, str) else None
+        if result.get("driver") != driver or partition is None or not isinstance(name, str):
+            continue
+        pool, request = _pool_and_request(result, where)
+        found.append(ClaimedPartition(i, request, pool, name, partition))
     return tuple(found)
 
 

@@ -122,7 +122,7 @@ def test_close_is_idempotent() -> None:
 def test_real_pynvml_has_every_call_the_protocol_names() -> None:
     api = load_pynvml()
     names = [n for n, _ in inspect.getmembers(NvmlApi) if n.startswith("nvml")]
-    assert len(names) == 17  # 10 whole-GPU calls + 7 MIG calls
+    assert len(names) == 26  # 10 whole-GPU calls + 8 MIG reads + 8 MIG writes
     for name in names:
         assert callable(getattr(api, name)), name
 

@@ -27,6 +27,8 @@ from gpufrag.conventions import DEFAULT_NAMES, DELIVERY_DRA
 from node.dra import kube as dra_kube
 from node.dra.api import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
 from node.dra.config import DEFAULT_CDI_DIR, DEFAULT_METRICS_PORT, DRIVER_NAME
+from scheduler.core.mig import all_profile_names
+from scheduler.kube.claims import DEVICE_CLASSES, gpu_selector, mig_class_name, mig_selector
 from tests.e2e.test_helm import BASE, find, helm_template, same_objects
 
 DRA_VALUES = manifests.set_flags(manifests.PARTS["dra"])
@@ -153,11 +155,15 @@ def test_the_device_classes_select_the_driver_and_map_the_whole_gpu_resource(
         helm: Path) -> None:
     docs: list[Any] = helm_template(helm, *BASE, *DRA_VALUES)
     classes = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "DeviceClass"}
-    selector = [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}]
-    assert classes == {
+    selector = [{"cel": {"expression": gpu_selector(DRIVER_NAME)}}]
+    assert {name: classes[name] for name in DEVICE_CLASSES} == {
         DRIVER_NAME: {"selectors": selector},
         f"whole.{DRIVER_NAME}": {"selectors": selector,
                                  "extendedResourceName": "gpufrag.io/dra-gpu"}}
+    # One class per profile name of the MIG table, selecting the driver's partitions of it.
+    assert {name: spec for name, spec in classes.items() if name not in DEVICE_CLASSES} == {
+        mig_class_name(profile): {"selectors": [{"cel": {"expression": mig_selector(profile)}}]}
+        for profile in all_profile_names()}
 
 
 def granted(role: Any) -> set[tuple[str, str, str]]:

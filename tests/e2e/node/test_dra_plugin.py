@@ -19,12 +19,14 @@ and the pipe directory mounted. Deleting the pods unprepares the claims.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from devkit.node import BUSYBOX_IMAGE, Node
 from devkit.procs import ComponentProcess, wait_until
 from gpufrag.conventions import DEFAULT_NAMES, DELIVERY_DRA
 from node.dra.config import DRIVER_NAME
+from scheduler.kube.claims import mig_class_name, mig_selector
 from tests.deviceclasses import create_device_class
 from tests.e2e.node.conftest import (
     GPU_ENV_COMMAND,
@@ -48,6 +51,7 @@ from tests.e2e.node.conftest import (
     require_containers,
     write_gpu_recording,
 )
+from tests.node.dra.fakes import A100_80GB_PROFILES
 from tests.tenants import tenant_client
 from tests.webhooks import registered_webhook
 
@@ -65,16 +69,17 @@ class Driver:
     log: Path
     cdi_dir: Path
     mps_pipe_dir: Path
+    own_dir: Path  # <plugins-dir>/<driver>: its socket and its MIG records
 
 
-@pytest.fixture
-def dra_driver(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Driver]:
-    recording = write_gpu_recording(tmp_path / "nvml.json")
+@contextmanager
+def running_driver(node: Node, node_plane: ControlPlane, recording: Path,
+                   log: Path) -> Iterator[Driver]:
+    """``gpufrag dra-plugin`` on the node, its GPUs from ``recording``, registered."""
     short = Path(tempfile.mkdtemp(prefix="dra-"))  # unix socket paths must stay short
     mps_pipe_dir = short / "mps"
     mps_pipe_dir.mkdir()
     (mps_pipe_dir / PIPE_PROBE).write_text("")
-    log = tmp_path / "dra-plugin.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
             [str(Path(sys.executable).parent / "gpufrag"), "dra-plugin",
@@ -96,7 +101,7 @@ def dra_driver(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator
 
         wait_until(registered, timeout_s=60, interval_s=0.1,
                    what="the kubelet to register the DRA driver")
-        yield Driver(log, node.cdi_dir, mps_pipe_dir)
+        yield Driver(log, node.cdi_dir, mps_pipe_dir, short / "plugins" / DRIVER_NAME)
     finally:
         ComponentProcess("dra-plugin", process, log, 0).stop()
         resource = kubernetes.client.ResourceV1Api(node_plane.api_client())
@@ -104,6 +109,13 @@ def dra_driver(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator
                 field_selector=f"spec.driver={DRIVER_NAME}").items:
             resource.delete_resource_slice(found.metadata.name)
         shutil.rmtree(short)
+
+
+@pytest.fixture
+def dra_driver(node: Node, node_plane: ControlPlane, tmp_path: Path) -> Iterator[Driver]:
+    recording = write_gpu_recording(tmp_path / "nvml.json")
+    with running_driver(node, node_plane, recording, tmp_path / "dra-plugin.log") as driver:
+        yield driver
 
 
 def _gpu_pod(name: str, template: str | None = None,
@@ -324,6 +336,60 @@ def test_a_tenant_cannot_move_its_claims_allocation(
         resource.delete_device_class(DRIVER_NAME)
 
 
+
+def write_mig_recording(path: Path) -> Path:
+    """The node's recorded GPUs with GPU 1 in MIG mode, holding no instance yet, and the GPU
+    instance profiles NVML offers on an A100 80GB (so the driver can make its partitions)."""
+    recording = json.loads(write_gpu_recording(path).read_text())
+    recording["devices"][1]["mig"] = []
+    recording["devices"][1]["gpu_instance_profiles"] = [
+        {"profile": p.profile, "id": p.id, "slice_count": p.slice_count,
+         "memory_size_mb": p.memory_size_mb, "size": p.size, "starts": list(p.starts)}
+        for p in A100_80GB_PROFILES]
+    path.write_text(json.dumps(recording))
+    return path
+
+
+def test_a_mig_partition_is_made_prepared_and_destroyed_for_its_pod(
+        node: Node, node_plane: ControlPlane, node_namespace: str, tmp_path: Path) -> None:
+    """GPU 1 in MIG mode (recorded NVML, which enforces NVML's placement rules: no GPU here):
+    the driver publishes it as partitions; a pod asking a 3g.40gb through the profile's class
+    is allocated the top of GPU 1 by kube-scheduler, the driver makes the instance there and
+    the container sees the MIG device's UUID; deleting the pod destroys the instance and
+    removes the claim's CDI spec and record."""
+    require_containers(node)
+    recording = write_mig_recording(tmp_path / "nvml-mig.json")
+    client = node_plane.api_client()
+    core = kubernetes.client.CoreV1Api(client)
+    resource = kubernetes.client.ResourceV1Api(client)
+    mig_class = mig_class_name("3g.40gb")
+    create_device_class(resource, mig_class, selector=mig_selector("3g.40gb"))
+    with running_driver(node, node_plane, recording, tmp_path / "dra-plugin.log") as driver:
+        try:
+            template = _template("three")
+            template["spec"]["spec"]["devices"]["requests"][0]["exactly"][
+                "deviceClassName"] = mig_class
+            resource.create_namespaced_resource_claim_template(node_namespace, template)
+            core.create_namespaced_pod(node_namespace, _gpu_pod("mig", "three"))
+            (status,) = _running(core, node_namespace, "mig").status.resource_claim_statuses
+            claim = client.sanitize_for_serialization(resource.read_namespaced_resource_claim(
+                status.resource_claim_name, node_namespace))
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert (result["pool"], result["device"]) == (node.name, "gpu-1-mig-3g-40gb-4")
+            assert container_environment(node, node_namespace, "mig") == {
+                "NVIDIA_VISIBLE_DEVICES": "MIG-1"}  # the recorded NVML's first new instance
+            uid = claim["metadata"]["uid"]
+            spec_file = driver.cdi_dir / CDI_FILE.format(uid=uid)
+            record = driver.own_dir / "partitions" / f"gpufrag.io-partitions_{uid}.json"
+            assert spec_file.is_file() and record.is_file()
+            assert logged_events(driver.log, "mig_instance_ready") >= 1
+            core.delete_namespaced_pod("mig", node_namespace, grace_period_seconds=0)
+            wait_until(lambda: not spec_file.exists() and not record.exists(), timeout_s=60,
+                       what="the kubelet to unprepare the claim (its spec and record gone)")
+            assert logged_events(driver.log, "mig_instance_destroyed") == 1
+        finally:
+            _delete_pods(core, node_namespace)
+            resource.delete_device_class(mig_class)
 def test_a_pod_asking_gpu_milli_in_a_dra_namespace_runs_with_its_share(
         node: Node, node_plane: ControlPlane, node_namespace: str, dra_driver: Driver,
         tmp_path: Path) -> None:

@@ -18,9 +18,9 @@ from gpufrag.conventions import (
     RESOURCE_GPU_MILLI,
 )
 from node.deviceplugin.config import ANNOTATION_GPU_ALLOCATED, DevicePluginConfig
-from node.deviceplugin.inventory import HealthBoard
 from node.deviceplugin.matching import PodAsk, pod_ask
 from node.gpus import Gpu
+from node.health import HealthBoard
 from tests.records import signed_record
 
 NODE = "gpu-node-1"

@@ -11,13 +11,13 @@ import structlog
 from gpufrag.conventions import ANNOTATION_GPU_ALLOCATED, DEFAULT_NAMES
 from node.deviceplugin.allocator import Allocator
 from node.deviceplugin.config import DevicePluginConfig
-from node.deviceplugin.inventory import HealthBoard
 from node.deviceplugin.matching import PodAsk
 from node.deviceplugin.metrics import PluginMetrics
 from node.deviceplugin.pods import NodePods
 from node.deviceplugin.trust import FixedRecordKeys
 from node.deviceplugin.writes import PodWriteError
 from node.gpus import DeviceNodes
+from node.health import HealthBoard
 from tests.node.deviceplugin.builders import build_board, build_config
 from tests.records import SIGNER
 

@@ -1,13 +1,22 @@
-"""Test doubles for the DRA driver: the API server's claims and slices."""
+"""Test doubles for the DRA driver: the API server's claims and slices, and NVML in MIG mode."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pynvml
+
+from gpufrag.nvml_recorded import (
+    RecordedDevice,
+    RecordedGpuInstanceProfile,
+    RecordedNvml,
+    RecordedSample,
+)
 from node.dra.slices import Obj
+from node.gpus import Gpu
 from scheduler.kube.errors import ApiError
 
 
@@ -37,7 +46,7 @@ class FakeSlices:
 
     def _store(self, body: Obj) -> None:
         body = copy.deepcopy(body)
-        for device in body["spec"]["devices"]:
+        for device in body["spec"].get("devices") or ():
             memory = device["capacity"]["memory"]
             memory["value"] = memory["value"].replace("81920Mi", "80Gi")
         self.version += 1
@@ -62,3 +71,29 @@ class FakeSlices:
     def delete(self, name: str) -> None:
         self.calls.append(f"delete {name}")
         del self.stored[name]
+
+
+# NVML's GPU instance profiles on an A100 80GB in MIG mode (``nvidia-smi mig -lgip`` and
+# ``-lgipp``): pynvml's profile index, NVML's id, compute slices, memory, memory slices, starts.
+A100_80GB_PROFILES = (
+    RecordedGpuInstanceProfile(pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE, 19, 1, 9728, 1,
+                               (0, 1, 2, 3, 4, 5, 6)),
+    RecordedGpuInstanceProfile(pynvml.NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, 15, 1, 19968, 2,
+                               (0, 2, 4, 6)),
+    RecordedGpuInstanceProfile(pynvml.NVML_GPU_INSTANCE_PROFILE_2_SLICE, 14, 2, 19968, 2,
+                               (0, 2, 4)),
+    RecordedGpuInstanceProfile(pynvml.NVML_GPU_INSTANCE_PROFILE_3_SLICE, 9, 3, 40192, 4, (0, 4)),
+    RecordedGpuInstanceProfile(pynvml.NVML_GPU_INSTANCE_PROFILE_4_SLICE, 5, 4, 40192, 4, (0,)),
+    RecordedGpuInstanceProfile(pynvml.NVML_GPU_INSTANCE_PROFILE_7_SLICE, 0, 7, 80896, 8, (0,)),
+)
+
+
+def mig_nvml(gpus: Sequence[Gpu]) -> RecordedNvml:
+    """An opened recorded NVML with ``gpus`` in MIG mode and no instance yet: the placement
+    rules NVML enforces on an A100 80GB, for the driver's partitions."""
+    nvml = RecordedNvml([RecordedDevice(
+        name=gpu.product, uuid=gpu.uuid, memory_total_bytes=gpu.memory_total_mib << 20,
+        samples=[RecordedSample(0, 0)], mig=[], gpu_instance_profiles=list(A100_80GB_PROFILES))
+        for gpu in gpus])
+    nvml.nvmlInit()
+    return nvml

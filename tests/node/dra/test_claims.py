@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from node.dra.claims import ClaimProblem, allocated_devices, prepare
+from node.dra.claims import ClaimProblem, allocated, prepare
 from node.dra.config import DRIVER_NAME
 from node.gpus import DeviceNodes
 from tests.node.dra.builders import (
@@ -27,7 +27,7 @@ NODES = DeviceNodes({0: "/dev/nvidia0", 1: "/dev/nvidia1", 2: "/dev/nvidia2"},
 
 
 def devices(claim: dict[str, Any], uid: str = "uid-1") -> Any:
-    return allocated_devices(claim, uid=uid, driver=DRIVER_NAME, pool=NODE, gpus=GPUS)
+    return allocated(claim, uid=uid, driver=DRIVER_NAME, pool=NODE, gpus=GPUS).devices
 
 
 def envs(claim: dict[str, Any], **config: Any) -> dict[str, str]:
@@ -104,3 +104,23 @@ def test_a_claim_that_is_not_this_nodes_to_prepare_is_refused_naming_the_field(
         claim: dict[str, Any], uid: str, message: str) -> None:
     with pytest.raises(ClaimProblem, match=re.escape(message)):
         devices(claim, uid)
+
+
+def test_a_mig_partition_is_read_as_its_placement_on_this_nodes_gpu() -> None:
+    claim = build_claim([result("gpu-1-mig-3g-40gb-4", request="mig")])
+    found = allocated(claim, uid="uid-1", driver=DRIVER_NAME, pool=NODE, gpus=GPUS)
+    assert found.devices == ()
+    (part,) = found.partitions
+    assert (part.request, part.gpu.index, part.profile.name, part.start) == (
+        "mig", 1, "3g.40gb", 4)
+
+
+@pytest.mark.parametrize(("device", "why"), [
+    ("gpu-1-mig-3g-40gb-2", "no MIG profile 3g.40gb at slice 2"),  # not a legal start
+    ("gpu-1-mig-1g-5gb-0", "no MIG profile 1g.5gb"),  # an A100 40GB's profile, not an 80GB's
+    ("gpu-9-mig-1g-10gb-0", "'gpu-9-mig-1g-10gb-0' is not a GPU of this node"),
+])
+def test_a_partition_this_node_cannot_hold_is_refused_by_name(device: str, why: str) -> None:
+    with pytest.raises(ClaimProblem, match=re.escape(why)):
+        allocated(build_claim([result(device)]), uid="uid-1", driver=DRIVER_NAME, pool=NODE,
+                  gpus=GPUS)

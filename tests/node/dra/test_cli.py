@@ -15,24 +15,31 @@ import pytest
 from devkit.procs import free_port
 from gpufrag.cli import main as gpufrag_main
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_NO_GPU, EXIT_OK
+from gpufrag.nvml_recorded import RecordedDevice, RecordedNvml, RecordedSample
 from node.dra.api import RegistrationClient, regpb
 from node.dra.cli import main
-from node.dra.slices import Obj
+from node.dra.slices import TAINT_UNHEALTHY, Obj
 from tests.node.daemons import one_gpu_recording, ready_within
-from tests.node.dra.builders import UUIDS
+from tests.node.dra.builders import UUIDS, build_gpus
 from tests.node.dra.fakes import FakeClaims, FakeSlices
 
 
 class SignallingSlices(FakeSlices):
-    """Sets ``created`` when the first slice is created (the test waits on it)."""
+    """Sets ``created`` when the first slice is created and ``replaced`` on each replace (the
+    tests wait on them)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.created = threading.Event()
+        self.replaced = threading.Event()
 
     def create(self, body: Obj) -> None:
         super().create(body)
         self.created.set()
+
+    def replace(self, name: str, body: Obj) -> None:
+        super().replace(name, body)
+        self.replaced.set()
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -96,6 +103,42 @@ def test_recorded_mode_publishes_its_slice_and_answers_registration(tmp_path: Pa
         metrics = urllib.request.urlopen(f"{base}/metrics", timeout=5).read().decode()
         assert "gpufrag_dra_inventory_recorded 1.0" in metrics
         assert 'gpufrag_dra_slice_syncs_total{result="created"} 1.0' in metrics
+    finally:
+        stop.set()
+        thread.join(20)
+        shutil.rmtree(root)
+    assert result == [EXIT_OK]
+
+
+def test_an_unhealthy_gpu_is_tainted_in_the_slice_at_once_and_untainted_on_recovery() -> None:
+    root = Path(tempfile.mkdtemp(prefix="dra-"))
+    nvml = RecordedNvml([RecordedDevice(gpu.product, gpu.uuid, gpu.memory_total_mib << 20,
+                                        [RecordedSample(0, 0)]) for gpu in build_gpus(2)])
+    slices = SignallingSlices()
+    stop = threading.Event()
+    # A publish interval far past the test: every replace below is the health thread's.
+    argv = ["--node-name=n", f"--registry-dir={root}/reg", f"--plugins-dir={root}/plugins",
+            f"--cdi-dir={root}", "--metrics-port=0", f"--dev-root={root}",
+            "--publish-interval-s=3600", "--health-interval-s=0.05"]
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(
+        main(argv, nvml=nvml, claims=FakeClaims(), slices=slices, stop=stop)))
+    thread.start()
+
+    def taints() -> list[object]:
+        (published,) = slices.stored.values()
+        return [d.get("taints") for d in published["spec"]["devices"]]
+
+    try:
+        assert slices.created.wait(20)
+        assert taints() == [None, None]
+        nvml.devices[1].errors["nvmlDeviceGetMemoryInfo"] = ["NVMLError_GpuIsLost"]
+        assert slices.replaced.wait(20)
+        assert taints() == [None, [{"key": TAINT_UNHEALTHY, "effect": "NoSchedule"}]]
+        slices.replaced.clear()
+        nvml.devices[1].errors.clear()
+        assert slices.replaced.wait(20)
+        assert taints() == [None, None]
     finally:
         stop.set()
         thread.join(20)

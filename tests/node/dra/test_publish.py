@@ -61,3 +61,20 @@ def test_stale_slices_of_this_driver_on_this_node_are_deleted() -> None:
     assert publisher(api).sync() == "replaced"
     assert sorted(api.stored) == sorted([NAME, "other-node"])
     assert api.stored[NAME]["spec"]["pool"]["generation"] == 6  # newer than any it replaced
+
+
+def test_a_mig_nodes_pool_is_published_as_all_its_slices_at_one_generation() -> None:
+    api = FakeSlices()
+    mig = SlicePublisher(api, driver=DRIVER_NAME, node_name=NODE, gpus=build_gpus(2),
+                         mig_enabled={1: True}, log=structlog.get_logger("test"))
+    assert mig.sync() == "created"
+    assert sorted(api.stored) == [NAME, f"{NAME}-counters-0", f"{NAME}-mig-0"]
+    assert mig.sync() == "unchanged"
+    # GPU 1 leaves MIG mode: its counters and partitions go, the GPU slice grows.
+    assert publisher(api).sync() == "replaced"
+    assert sorted(api.stored) == [NAME]
+    assert api.stored[NAME]["spec"]["pool"] == {"name": NODE, "generation": 2,
+                                                "resourceSliceCount": 1}
+    assert mig.sync() == "replaced"
+    assert {s["spec"]["pool"]["generation"] for s in api.stored.values()} == {3}
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in api.stored.values()} == {3}

@@ -9,16 +9,19 @@ from typing import Any
 import pytest
 
 from gpufrag.errors import BadInput
-from node.dra.slices import build_slice
+from node.dra.slices import build_slice, build_slices
 from node.gpus import Gpu
 from scheduler.core.types import MAX_GPUS_PER_NODE, NodeSpec, PodRequest
 from scheduler.kube.claims import (
     AskedGpus,
     ClaimedGpu,
+    ClaimedPartition,
     HeldGpu,
+    MigPartition,
     SliceGpus,
     asked_gpus,
     claimed_gpus,
+    claimed_partitions,
     device_index,
     device_name,
     gpus_asked,
@@ -26,6 +29,8 @@ from scheduler.kube.claims import (
     listed_pod_gpus,
     mapped_count,
     mapped_resource,
+    mig_device_name,
+    mig_partition,
     pod_claim_names,
     slice_gpus,
     with_slice_gpus,
@@ -304,10 +309,34 @@ def a100s(count: int) -> list[Gpu]:
 
 
 def test_a_slice_offers_its_gpus_as_the_driver_publishes_them() -> None:
-    published = build_slice(NODE, DRIVER, a100s(4), {3: True})  # GPU 3 in MIG mode
+    # GPU 3 in MIG mode: its partitions and counters are slices of their own, none a GPU.
+    published, counters, partitions = build_slices(NODE, DRIVER, a100s(4), {3: True})
     assert slice_gpus(published, driver=DRIVER) == SliceGpus(NODE, 3, "NVIDIA A100-SXM4-80GB",
                                                              81_920)
+    assert slice_gpus(counters, driver=DRIVER) == SliceGpus(NODE, 0, "", 0)
+    assert slice_gpus(partitions, driver=DRIVER) == SliceGpus(NODE, 0, "", 0)
     assert slice_gpus(published, driver="other.example.com") is None
+
+
+def test_a_mig_partitions_name_reads_back_as_its_placement() -> None:
+    name = mig_device_name(3, "3g.40gb", 4)
+    assert name == "gpu-3-mig-3g-40gb-4"
+    assert mig_partition(name) == MigPartition(3, "3g.40gb", 4)
+    assert device_index(name) is None  # not a GPU: no reader counts it as one
+    for other in ("gpu-3", "gpu-03-mig-3g-40gb-4", "gpu-3-mig-3g-40gb-8", "gpu-3-mig-3g.40gb-4"):
+        assert mig_partition(other) is None, other
+
+
+def test_a_claims_partitions_are_read_apart_from_its_gpus() -> None:
+    claim = build_claim(result("gpu-1-mig-1g-10gb-6", request="mig"), result("gpu-0"),
+                        result("gpu-2-mig-1g-10gb-6", driver="other.example.com"))
+    assert [g.device for g in claimed_gpus(claim, driver=DRIVER) or ()] == ["gpu-0"]
+    assert claimed_partitions(claim, driver=DRIVER) == (ClaimedPartition(
+        0, "mig", NODE, "gpu-1-mig-1g-10gb-6", MigPartition(1, "1g.10gb", 6)),)
+    assert claimed_partitions({"status": {}}, driver=DRIVER) == ()
+    broken = build_claim(result("gpu-1-mig-1g-10gb-6", pool=""))
+    with pytest.raises(BadInput, match=re.escape("status.allocation.devices.results[0].pool")):
+        claimed_partitions(broken, driver=DRIVER)
 
 
 def test_a_node_without_gpus_takes_its_slices_and_keeps_its_labels_names() -> None:

@@ -10,12 +10,12 @@ import structlog
 
 from gpufrag.nvml import NvmlReader
 from gpufrag.nvml_recorded import RecordedDevice, RecordedNvml, RecordedSample
-from node.deviceplugin.inventory import (
+from node.gpus import read_inventory
+from node.health import (
     FollowedRecording,
     HealthBoard,
     HealthMonitor,
 )
-from node.gpus import read_inventory
 from tests.node.deviceplugin.builders import UUIDS
 
 TOTAL = 85_899_345_920

@@ -1,4 +1,6 @@
-"""The health of this node's GPUs, read through the shared NVML adapter.
+"""The health of this node's GPUs, read through the shared NVML adapter: the one health
+source of both delivery paths (the device plugin reports it to the kubelet as device health,
+the DRA driver as a device taint in its ResourceSlices).
 
 The inventory (index, UUID, product, total memory; :func:`node.gpus.read_inventory`) is read
 once at start: it does not change while the driver is loaded. Health is re-read every
@@ -25,6 +27,8 @@ from structlog.typing import FilteringBoundLogger
 from gpufrag.errors import BadInput
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
 from node.gpus import Gpu
+
+DEFAULT_HEALTH_INTERVAL_S = 5.0
 
 
 class HealthBoard:
@@ -98,11 +102,14 @@ class HealthMonitor:
 
     def __init__(self, reader: Callable[[], NvmlReader], board: HealthBoard, *,
                  log: FilteringBoundLogger,
-                 on_change: Callable[[Gpu, bool, str], None] | None = None) -> None:
+                 on_change: Callable[[Gpu, bool, str], None] | None = None,
+                 effect: str = "reported Unhealthy to the kubelet; no new container is "
+                               "given it") -> None:
         self._reader = reader
         self._board = board
         self._log = log
         self._on_change = on_change
+        self._effect = effect
 
     def check(self) -> None:
         """One pass over every GPU."""
@@ -119,8 +126,7 @@ class HealthMonitor:
                     self._log.info("gpu_healthy", gpu=gpu.index, uuid=gpu.uuid)
                 else:
                     self._log.warning("gpu_unhealthy", gpu=gpu.index, uuid=gpu.uuid,
-                                      reason=reason, effect="reported Unhealthy to the "
-                                      "kubelet; no new container is given it")
+                                      reason=reason, effect=self._effect)
                 if self._on_change is not None:
                     self._on_change(gpu, healthy, reason)
 
