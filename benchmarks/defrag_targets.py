@@ -20,8 +20,9 @@ the running GPU pods in any day, counted as the controller's daily budget counts
 (:func:`defrag.controller.budget.worst_day_ratio`: at every cycle that evicts, the evictions of
 the 24 hours up to it over the running GPU pods that cycle read); no pod moved twice within a
 day; no node defrag made flap (a move's source and target within a day, or a landing turned its
-trigger on again within a day of going off; the trigger's own swings, which the baseline shows
-as much, are reported without a target); readings of right-sized pods above the share they held
+trigger on again within a day of going off: without the pods landed there, it would have stayed
+at or below the threshold; the trigger's own swings, which the baseline shows as much, are
+reported without a target); readings of right-sized pods above the share they held
 at most 1% (out of sample); every over-share raised within a cycle (the replacement admitted at
 the raised share); no pod beyond its share for longer than a cycle. Then the sweep over the
 rollout cadence (1, 3, 7, 14, 30 days, seed 42): how many targets hold at each, as context (the

@@ -40,7 +40,7 @@ import argparse
 import math
 import sys
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -51,7 +51,7 @@ import numpy as np
 from defrag.controller.budget import worst_day_ratio
 from defrag.controller.config import DefragConfig, Limits
 from defrag.controller.convergence import DefragState
-from defrag.controller.measure import UsageTable, measure
+from defrag.controller.measure import UsageTable, measure, node_idle_ratio
 from defrag.controller.model import PodInfo, Snapshot
 from defrag.controller.rightsize import out_of_bounds
 from defrag.controller.trigger import find_triggers
@@ -175,6 +175,10 @@ class Sample:
     given_back_gpus: float  # Σ (share asked − share held) over the running single-GPU pods
 
 
+# The idle ratio a node would read without some of its pods (``_Arm.ratio_without``).
+RatioWithout = Callable[[str, frozenset[str]], float]
+
+
 @dataclass
 class FlapWatch:
     """Nodes whose idle trigger flaps, and which of them defrag made flap.
@@ -186,38 +190,58 @@ class FlapWatch:
     figure with no target. What the controller must not do (``flapped``) is make a node flap
     itself: take pods off a node and put pods on it within a day (each move undoes part of
     another), or, by landing a pod on a node, turn its trigger on again less than a day after
-    it went off (the on, off, on whose last turn is the controller's doing)."""
+    it went off (the on, off, on whose last turn is the controller's doing).
+
+    A landing made that last turn only if the node would have stayed at or below ``threshold``
+    without the pods landed on it within ``recent_s`` (``without``: its idle ratio without
+    them). A node whose own pods lift it over the threshold while a landing of the last two
+    cycles sits there (one that even lowered its ratio) turned on by itself: it oscillated."""
 
     recent_s: float  # a landing turns a trigger on within this (the cycle's, or the one before)
+    threshold: float = _DEFAULTS.threshold  # the trigger turns on above this
     oscillated: set[str] = field(default_factory=set)  # on, off, on within a day: any cause
     flapped: set[str] = field(default_factory=set)  # ... made by defrag's own moves
     _on: set[str] = field(default_factory=set)
     _off_at: dict[str, float] = field(default_factory=dict)
     _gave_at: dict[str, float] = field(default_factory=dict)
     _landed_at: dict[str, float] = field(default_factory=dict)
+    _landed_pods: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
 
-    def moved(self, now: float, source: str, target: str) -> None:
-        """A move at ``now`` took a pod off ``source`` and landed it on ``target``."""
+    def moved(self, now: float, source: str, target: str, pod: str = "") -> None:
+        """A move at ``now`` took ``pod`` off ``source`` and landed it on ``target``."""
         if now - self._landed_at.get(source, -math.inf) < DAY_S:
             self.flapped.add(source)
         if now - self._gave_at.get(target, -math.inf) < DAY_S:
             self.flapped.add(target)
         self._gave_at[source] = now
         self._landed_at[target] = now
+        if pod:
+            recent = [(t, p) for t, p in self._landed_pods.get(target, [])
+                      if now - t <= self.recent_s]
+            self._landed_pods[target] = [*recent, (now, pod)]
 
-    def triggers(self, now: float, on: set[str]) -> None:
-        """The nodes whose trigger is on at the end of the cycle at ``now``."""
+    def triggers(self, now: float, on: set[str], without: RatioWithout | None = None) -> None:
+        """The nodes whose trigger is on at the end of the cycle at ``now``; ``without``: a
+        node's idle ratio without some of its pods (None: every recent landing is blamed)."""
         for node in on | self._on:
             if node in on and node not in self._on:  # it turns on now
                 off_at = self._off_at.pop(node, None)
                 if off_at is not None and now - off_at < DAY_S:
                     self.oscillated.add(node)  # on, off, and on again within a day
-                    if now - self._landed_at.get(node, -math.inf) <= self.recent_s:
+                    if self._landing_turned_on(now, node, without):
                         self.flapped.add(node)
                 self._on.add(node)
             elif node not in on:
                 self._on.discard(node)
                 self._off_at[node] = now
+
+    def _landing_turned_on(self, now: float, node: str, without: RatioWithout | None) -> bool:
+        """Whether a landing of the last ``recent_s`` turned ``node``'s trigger on now."""
+        if now - self._landed_at.get(node, -math.inf) > self.recent_s:
+            return False
+        landed = frozenset(p for t, p in self._landed_pods.get(node, [])
+                           if now - t <= self.recent_s)
+        return without is None or not landed or without(node, landed) <= self.threshold
 
 
 @dataclass
@@ -379,7 +403,7 @@ class _Arm:
         self.memory = DefragState()
         self.config = settings.defrag_config()
         self.latched: frozenset[int] = frozenset()
-        self.flaps = FlapWatch(recent_s=2 * settings.interval_s)
+        self.flaps = FlapWatch(recent_s=2 * settings.interval_s, threshold=settings.threshold)
         self.moved_at: dict[str, float] = {}
         self.overran_before: set[str] = set()
         self.result = ArmResult(name, int((state.active[:state.size]
@@ -492,7 +516,7 @@ class _Arm:
             if last is not None and now - last < DAY_S:
                 result.moved_twice_within_day += 1
             self.moved_at[move.pod] = now
-            self.flaps.moved(now, move.source, move.target)
+            self.flaps.moved(now, move.source, move.target, move.pod)
             if move.freed_gpus > 0:
                 result.packing_evictions += 1
             result.whole_gpus_freed_by_moves += move.freed_gpus
@@ -544,12 +568,32 @@ class _Arm:
                              * len(placement.gpus))
         return {h: v / reserved if reserved > 0 else 0.0 for h, v in idle.items()}
 
+    def ratio_without(self, node: str, pods: frozenset[str]) -> float:
+        """``node``'s idle ratio without those of ``pods`` still on it (what they reserve and
+        what they peaked at): what it would read had defrag not landed them."""
+        state, usage = self.snapshot.state, self.snapshot.usage
+        row = state.index[node]
+        memory = float(state.gpu_memory_mib[row])
+        change: dict[int, tuple[float, float]] = {}
+        for key in sorted(pods):
+            placement = state.pods.get(key)
+            if placement is None or placement.node != node:
+                continue
+            alloc = placement.pod.gpu_milli / MILLI_PER_GPU * memory
+            peak = usage.pod_peak(placement, row)
+            for g in placement.gpus:
+                a, p = change.get(g, (0.0, 0.0))
+                change[g] = (a - alloc, p - peak)
+        return node_idle_ratio(state, usage, row, change)
+
     def sample(self, now: float, evicted: int, budget_running: int) -> None:
         snapshot, settings = self.snapshot, self.settings
         state = snapshot.state
         m = measure(state, snapshot.usage, self.target)
+        without: RatioWithout | None = None
         if self.name == LOOP:
             on = set(self.memory.latched)
+            without = self.ratio_without
         else:
             triggers = find_triggers(state, m, [], settings.threshold, latched=self.latched,
                                      threshold_off=_DEFAULTS.off_threshold
@@ -557,7 +601,7 @@ class _Arm:
                                      else max(settings.threshold - 0.10, 0.0))
             self.latched = triggers.idle
             on = {state.names[r] for r in triggers.idle}
-        self.flaps.triggers(now, on)
+        self.flaps.triggers(now, on, without)
         given_back = 0
         running = 0
         for key, placement in state.pods.items():

@@ -229,6 +229,27 @@ def gpu_exists(state: ClusterState) -> BoolArray:
     return mask
 
 
+def node_idle_ratio(state: ClusterState, usage: UsageTable, row: int,
+                    change: Mapping[int, tuple[float, float]] | None = None) -> float:
+    """``row``'s idle ratio, the figure its trigger reads, with ``change[gpu]`` = (allocated
+    MiB, peak MiB) added on that GPU: a pod landing there (positive) or taken away (negative).
+    What a move would leave (the planner's landing check) or what a node would read without
+    some of its pods (the what-if's flap attribution); 0 with nothing allocated."""
+    memory = float(state.gpu_memory_mib[row])
+    change = change or {}
+    idle = allocated = 0.0
+    for g in range(int(state.gpu_count[row])):
+        if not usage.known[row, g]:
+            continue
+        alloc = (MILLI_PER_GPU - float(state.gpu_free[row, g])) / MILLI_PER_GPU * memory
+        peak = float(usage.peak_mib[row, g])
+        extra_alloc, extra_peak = change.get(g, (0.0, 0.0))
+        alloc, peak = alloc + extra_alloc, peak + extra_peak
+        idle += max(alloc - peak, 0.0)
+        allocated += alloc
+    return idle / allocated if allocated > 1e-9 else 0.0
+
+
 def measure(state: ClusterState, usage: UsageTable, workload: TargetWorkload) -> Measurement:
     """Idle memory and fragmentation of every node of ``state``."""
     n = state.size

@@ -48,7 +48,7 @@ import numpy as np
 from defrag.controller.actionable import not_actionable
 from defrag.controller.budget import DailyBudget, EvictionBudget, running_gpu_pods
 from defrag.controller.config import DefragConfig
-from defrag.controller.measure import Summary, measure
+from defrag.controller.measure import Summary, measure, node_idle_ratio
 from defrag.controller.model import (
     DELIVERY_CLAIMS,
     DELIVERY_DIRECT,
@@ -77,6 +77,10 @@ NO_CONSTRAINTS = NodeConstraints()
 RESCORE_FACTOR = 3
 # A move that would lift its target node, whose idle trigger is off, over the threshold.
 TURNS_TARGET_ON = "it would turn its target node's idle trigger on"
+# A move that would lift its target node, whose idle trigger is off, above --threshold-off.
+INTO_THE_BAND = "it would lift its target node's idle ratio above --threshold-off"
+# An idle-ratio change smaller than this is rounding, not a lift.
+RATIO_EPSILON = 1e-9
 # The skip reason of every pod on a node a move landed a pod on within --node-cooldown-s.
 RECEIVED_RECENTLY = "node received a pod within --node-cooldown-s"
 # A pod whose GPUs come through a ResourceClaim its spec names (not made from a template): the
@@ -446,11 +450,30 @@ class _Planner:
             return "no landing improves the cluster"
         if gain < self.config.min_gain_gpus:
             return "gain below --min-gain-gpus"
-        if dst not in self.triggers.idle and (
-                self._idle_ratio_with(placement, src, dst, dst_gpus, pod)
-                > self.config.threshold):
-            return TURNS_TARGET_ON
+        if dst not in self.triggers.idle:
+            refused = self._landing_refusal(placement, src, dst, dst_gpus, pod)
+            if refused is not None:
+                return refused
         return _Scored(dst, dst_gpus, frag_delta, idle_delta, freed, unblocks, gain)
+
+    def _landing_refusal(self, placement: Placement, src: int, dst: int,
+                         dst_gpus: tuple[int, ...], pod: PodRequest) -> str | None:
+        """Why ``pod`` may not land on ``dst``, whose idle trigger is off, or None.
+
+        Over ``--threshold`` it would turn the trigger on (TURNS_TARGET_ON). Between
+        ``--threshold-off`` and ``--threshold`` the trigger stays off, but the hysteresis band
+        is the node's margin against its own pods: their memory swings by tenths of the
+        node's ratio within hours (the GenAI series), so a landing that lifts an off node into
+        the band (or higher within it) hands that margin over, and the next swing turns the
+        node on again less than a day after it went off: a flap of the controller's making
+        (INTO_THE_BAND). A landing that lowers the node's ratio is always fine."""
+        after = self._idle_ratio_with(placement, src, dst, dst_gpus, pod)
+        if after > self.config.threshold:
+            return TURNS_TARGET_ON
+        if (after > self.config.off_threshold
+                and after > node_idle_ratio(self.state, self.usage, dst) + RATIO_EPSILON):
+            return INTO_THE_BAND
+        return None
 
     def replacement(self, key: str, pod: PodRequest) -> PodRequest:
         """The pod its replacement will be: the share the webhook admits it with. That is
@@ -470,21 +493,9 @@ class _Planner:
         may be moved twice. The replacement is a new pod: its peak over the window starts
         from what it uses now (the agent's window, like the recommender's, restarts with the
         pod), so right after landing it counts as idle all it reserves above that."""
-        state, usage = self.state, self.usage
-        memory = float(state.gpu_memory_mib[dst])
-        moved_alloc = pod.gpu_milli / MILLI_PER_GPU * memory
-        moved_peak = usage.pod_used(placement, src)
-        idle = allocated = 0.0
-        for g in range(int(state.gpu_count[dst])):
-            if not usage.known[dst, g]:
-                continue
-            alloc = (MILLI_PER_GPU - float(state.gpu_free[dst, g])) / MILLI_PER_GPU * memory
-            peak = float(usage.peak_mib[dst, g])
-            if g in dst_gpus:
-                alloc, peak = alloc + moved_alloc, peak + moved_peak
-            idle += max(alloc - peak, 0.0)
-            allocated += alloc
-        return idle / allocated if allocated > 0 else 0.0
+        moved = (pod.gpu_milli / MILLI_PER_GPU * float(self.state.gpu_memory_mib[dst]),
+                 self.usage.pod_used(placement, src))
+        return node_idle_ratio(self.state, self.usage, dst, dict.fromkeys(dst_gpus, moved))
 
     def _idle_delta(self, placement: Placement, src: int, dst: int,
                      dst_gpus: tuple[int, ...], new_pod: PodRequest | None = None) -> float:

@@ -139,6 +139,27 @@ def test_a_landing_that_turns_a_trigger_on_again_within_a_day_is_flapping() -> N
     assert late.oscillated == {"a"} and late.flapped == set()
 
 
+@pytest.mark.parametrize(("ratio_without", "flaps"), [(0.10, True), (0.30, False)])
+def test_a_landing_is_blamed_only_if_the_node_would_have_stayed_off_without_it(
+        ratio_without: float, flaps: bool) -> None:
+    # "a" went off, a pod landed on it, and it turns on again at the next cycle. Without the
+    # landed pod it would read 10%: the landing turned it on (flapping). Without it, it would
+    # read 30%: its own pods turned it on (it oscillated; the landing is not the cause).
+    asked: list[tuple[str, frozenset[str]]] = []
+
+    def without(node: str, pods: frozenset[str]) -> float:
+        asked.append((node, pods))
+        return ratio_without
+
+    watch = FlapWatch(recent_s=7200.0, threshold=0.25)
+    watch.triggers(3600.0, {"a"})
+    watch.triggers(7200.0, set())
+    watch.moved(7200.0, "b", "a", "ns/p")
+    watch.triggers(10800.0, {"a"}, without)
+    assert asked == [("a", frozenset({"ns/p"}))]
+    assert watch.oscillated == {"a"} and watch.flapped == ({"a"} if flaps else set())
+
+
 @pytest.mark.parametrize(("second_s", "flaps"), [(DAY_S - 3600.0, True), (DAY_S + 3600.0, False)])
 def test_a_node_both_source_and_target_within_a_day_flaps(second_s: float, flaps: bool) -> None:
     watch = FlapWatch(recent_s=7200.0)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from defrag.controller.measure import UsageTable, measure
+from defrag.controller.measure import UsageTable, measure, node_idle_ratio
 from defrag.controller.trigger import blocking_rows, find_triggers
 from scheduler.core import ClusterState
 from tests.builders import workload
@@ -33,6 +33,22 @@ def test_idle_ratio_per_node_and_cluster() -> None:
     assert m.summary.nodes_with_usage == 2
     # Whole-GPU spec: n0's 500 free milli are a fragment; n1 is all usable.
     assert m.frag_milli.tolist() == [500.0, 0.0]
+
+
+def test_a_node_idle_ratio_with_a_pod_added_or_taken_away() -> None:
+    # n0 as above: 6 of 24 GiB idle. Taking a away (8 GiB held, 2 GiB used) leaves b alone:
+    # 0 idle. Adding 8 GiB held and 8 used on GPU0 keeps 6 GiB idle of 32.
+    state = ClusterState([gpu_node("n0")])
+    state.place(share("a", 500), "n0", (0,))
+    state.place(share("b", 1000), "n0", (1,))
+    usage = UsageTable.from_readings(state, {(0, 0): 2048.0, (0, 1): 16_384.0},
+                                     {"ns/a": 2048.0, "ns/b": 16_384.0})
+    assert node_idle_ratio(state, usage, 0) == pytest.approx(
+        float(measure(state, usage, WORKLOAD).idle_ratio[0]))
+    assert node_idle_ratio(state, usage, 0, {0: (-8192.0, -2048.0)}) == pytest.approx(0.0)
+    assert node_idle_ratio(state, usage, 0, {0: (8192.0, 8192.0)}) == pytest.approx(6 / 32)
+    assert node_idle_ratio(state, usage, 0, {0: (-8192.0, -2048.0),
+                                             1: (-16_384.0, -16_384.0)}) == 0.0
 
 
 def test_idle_memory_is_what_was_not_touched_over_the_window() -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from defrag.controller.model import Snapshot, snapshot_of_state
 from defrag.controller.planner import (
+    INTO_THE_BAND,
     NOT_ACTIONABLE,
     TURNS_TARGET_ON,
     Plan,
@@ -58,15 +59,17 @@ def test_a_replacement_can_be_admitted_larger_than_a_right_sized_pod_holds() -> 
 
 def test_moves_worth_less_than_min_gain_are_not_planned() -> None:
     # Both pods use 72% of their 600 milli: n0 is over the trigger (28% idle), and a's
-    # right-sized 560 holds what it uses with 23% idle, so n1 stays under it after the move.
+    # right-sized 560 holds what it uses with 23% idle, so n1 stays under it after the move
+    # (with no hysteresis band: 23% would be above the default 15% --threshold-off, and this
+    # test is about the gain).
     snap = snapshot([gpu_node("n0"), gpu_node("n1")],
                     [(share("a", 600), "n0", (0,)), (share("b", 600), "n0", (1,))],
                     used_fraction=0.72)
     snap.rightsized = {"ns/a": 560}  # 40 milli back: a fraction of a GPU's worth
-    small = run(snap, min_gain_gpus=0.0)
+    small = run(snap, min_gain_gpus=0.0, threshold_off=0.25)
     assert small.moves
     gains = sorted(m.gain for m in small.moves)
-    strict = run(snap, min_gain_gpus=gains[-1] + 0.01)
+    strict = run(snap, min_gain_gpus=gains[-1] + 0.01, threshold_off=0.25)
     assert strict.moves == ()
     assert strict.skipped.get("gain below --min-gain-gpus", 0) >= 1
 
@@ -141,6 +144,26 @@ def test_a_move_that_would_turn_its_target_on_is_not_planned() -> None:
     snap.rightsized = {"ns/a": 90}
     moves = run(snap, min_gain_gpus=0.0).moves
     assert ("ns/a", "n1") in [(m.pod, m.target) for m in moves]
+
+
+@pytest.mark.parametrize(("milli", "lands"), [(150, True), (200, False)])
+def test_a_landing_keeps_an_off_target_at_or_below_the_off_threshold(milli: int,
+                                                                     lands: bool) -> None:
+    # As above, a (300, using 90 milli's worth) is worth moving beside c (300, all used; n1 0%
+    # idle, off). Right-sized to 150, n1 would read 60 of 450 milli idle (13%): below the 15%
+    # off threshold, planned. Right-sized to 200, 110 of 500 (22%): under the 25% trigger, but
+    # in the hysteresis band, which a swing of n1's own pods crosses within hours: not planned.
+    state = ClusterState([gpu_node("n0"), gpu_node("n1")])
+    for pod, where, gpus in ((share("a", 300), "n0", (0,)), (share("b", 600), "n0", (1,)),
+                             (share("c", 300), "n1", (0,))):
+        state.place(pod, where, gpus)
+    mib = float(state.gpu_memory_mib[0]) / 1000
+    snap = snapshot_of_state(state, {"ns/a": 90 * mib, "ns/b": 0.3 * 600 * mib,
+                                     "ns/c": 300 * mib})
+    snap.rightsized = {"ns/a": milli}
+    result = run(snap, min_gain_gpus=0.0)
+    assert (("ns/a", "n1") in [(m.pod, m.target) for m in result.moves]) is lands
+    assert (result.skipped.get(INTO_THE_BAND, 0) >= 1) is not lands
 
 
 def test_under_the_out_of_bounds_rule_right_sizing_alone_evicts_only_the_listed_pods() -> None:
