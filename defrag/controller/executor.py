@@ -702,5 +702,8 @@ def follow(snapshot: Snapshot, move: Move, landing: Landing) -> None:
         gpus = place_gpus(state, pod, row, move.target_gpus)
     else:
         gpus = place_gpus(state, pod, row, landing.gpus)
-    snapshot.usage.move(old, src, row, gpus)
+    # The replacement is a new pod: the trigger reads its peak from what it uses now, as the
+    # planner's landing check predicted it (the old pod's peak would read the node too busy
+    # this cycle and turn its trigger off, on again at the next).
+    snapshot.usage.move(old, src, row, gpus, fresh=True)
     state.place(pod, row, gpus, check=False)

@@ -152,12 +152,16 @@ class UsageTable:
         self.pod_peak_mib.pop(key, None)
 
     def move(self, placement: Placement, source_row: int, target_row: int,
-             target_gpus: tuple[int, ...]) -> None:
+             target_gpus: tuple[int, ...], *, fresh: bool = False) -> None:
         """Account ``placement``'s memory on ``target_row``/``target_gpus`` instead of where it
-        is. Call before ``ClusterState`` is updated (``placement`` is the old one)."""
+        is. Call before ``ClusterState`` is updated (``placement`` is the old one). ``fresh``:
+        it lands as a new pod (an evicted pod's replacement), whose peak over the window
+        starts from what it uses now, as the agent's window restarts with the pod."""
         for g in placement.gpus:
             self.used_mib[source_row, g] -= self.pod_used(placement, source_row)
             self.peak_mib[source_row, g] -= self.pod_peak(placement, source_row)
+        if fresh:
+            self.pod_peak_mib.pop(pod_key(placement.pod), None)
         for g in target_gpus:
             self.used_mib[target_row, g] += self.pod_used(placement, target_row)
             self.peak_mib[target_row, g] += self.pod_peak(placement, target_row)

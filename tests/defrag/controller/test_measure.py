@@ -51,6 +51,20 @@ def test_a_node_idle_ratio_with_a_pod_added_or_taken_away() -> None:
                                              1: (-16_384.0, -16_384.0)}) == 0.0
 
 
+def test_a_replacement_lands_with_its_window_restarted() -> None:
+    """An evicted pod's replacement is a new pod: on its target its peak is what it uses now
+    (the planner's landing check reads it so), not the old pod's peak over the window; a
+    plain move keeps the peak."""
+    state = ClusterState([gpu_node("n0"), gpu_node("n1")])
+    placed = state.place(share("a", 1000), "n0", (0,))
+    for fresh, peak in ((False, 12_288.0), (True, 4096.0)):
+        usage = UsageTable.from_readings(state, {(0, 0): 4096.0}, {"ns/a": 4096.0},
+                                         {"ns/a": 12_288.0})
+        usage.move(placed, 0, 1, (1,), fresh=fresh)
+        assert (usage.peak_mib[0, 0], usage.peak_mib[1, 1]) == (0.0, peak)
+        assert usage.used_mib[1, 1] == 4096.0
+
+
 def test_idle_memory_is_what_was_not_touched_over_the_window() -> None:
     # One pod holding a whole 16 GiB GPU, using 4 GiB now and 12 GiB at its peak over the
     # window: 4 GiB idle (never touched), 8 GiB burst headroom (used, just not now).
