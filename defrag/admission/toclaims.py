@@ -12,12 +12,17 @@ container's GPU ask into a claim made from a ResourceClaimTemplate of that shape
   ask that comes alone, the carrier the device-plugin path uses too) and ``memory`` (the
   memory share, in ``Mi``), the shape docs/dra.md and the e2e templates write;
 - whole GPUs (``names.gpu``, or ``names.gpu_milli`` in whole thousands): ``count`` devices
-  naming no capacity, which take all of each.
+  naming no capacity, which take all of each;
+- MIG partitions (``nvidia.com/mig-<profile>: N``, the device plugin's ``mixed`` resources):
+  ``count`` N devices of the profile's own class (``mig-<profile>.gpu.gpufrag.io``), which
+  selects the driver's partitions of that profile. A name the MIG table lacks, several
+  profiles in one container, or a MIG ask beside a GPU ask in one container is refused.
 
 The ask is removed from the container's requests and limits, the pod gets one
 ``spec.resourceClaims`` entry per converted container (``resourceClaimTemplateName``) and the
 container names it in ``resources.claims``. The template's name is derived from its spec
-(``gpufrag-250m-<hash>``, ``gpufrag-300m-10240mi-<hash>``, ``gpufrag-2gpu-<hash>``): the same
+(``gpufrag-250m-<hash>``, ``gpufrag-300m-10240mi-<hash>``, ``gpufrag-2gpu-<hash>``,
+``gpufrag-1mig-3g-40gb-<hash>``): the same
 shape always has the same name, in every namespace, so :func:`same_spec` can tell a template
 someone else made under that name (one that would steer these pods' asks) from ours.
 
@@ -37,9 +42,17 @@ import orjson
 
 from gpufrag.conventions import KubeNames
 from gpufrag.errors import BadInput
+from scheduler.core.mig import all_profile_names, most_per_gpu
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU
-from scheduler.kube.claims import CAPACITY_MEMORY, CAPACITY_MILLI, DRIVER_NAME
-from scheduler.kube.convert import ContainerGpus, container_gpus, share_resources
+from scheduler.kube.claims import CAPACITY_MEMORY, CAPACITY_MILLI, DRIVER_NAME, mig_class_name
+from scheduler.kube.convert import (
+    MIG_RESOURCE_PREFIX,
+    ContainerGpus,
+    container_gpus,
+    container_mig_asks,
+    mig_profile_of,
+    share_resources,
+)
 from scheduler.kube.quantity import QuantityError, parse_quantity
 
 # The DeviceClass every converted ask names: any of the driver's devices, a share by its
@@ -57,14 +70,18 @@ _KEYS = {"containers": "gpu", "initContainers": "init-gpu"}
 @dataclass(frozen=True, slots=True)
 class Shape:
     """What one container asks: ``count`` whole GPUs, or (``count`` 1) a share of one GPU of
-    ``milli`` compute and ``memory_mib`` memory (0: none named)."""
+    ``milli`` compute and ``memory_mib`` memory (0: none named), or ``count`` MIG partitions
+    of ``profile`` (empty: not a MIG ask)."""
 
     count: int
     milli: int = MILLI_PER_GPU
     memory_mib: int = 0
+    profile: str = ""
 
     @property
     def whole(self) -> bool:
+        """Whether the request names no capacity: whole GPUs, or MIG partitions (a partition
+        is allocated whole)."""
         return self.milli == MILLI_PER_GPU and not self.memory_mib
 
 
@@ -129,9 +146,55 @@ def shape_of(gpus: ContainerGpus, names: KubeNames, where: str) -> Shape | None:
     return Shape(count)
 
 
+def mig_shape_of(gpus: ContainerGpus, mig: Mapping[str, Decimal], names: KubeNames,
+                 where: str) -> Shape | None:
+    """What one container's MIG asks become (``mig``: its ``nvidia.com/mig-*`` resources and
+    amounts, :func:`~scheduler.kube.convert.container_mig_asks`; ``gpus``: its GPU ask), or
+    None when it asks no partition; BadInput naming ``where`` for a partition the driver
+    cannot serve as asked."""
+    asked = {resource: amount for resource, amount in mig.items() if amount}
+    if not asked:
+        return None
+    for resource in sorted(asked):
+        profile = mig_profile_of(resource)
+        if profile is None or not most_per_gpu(profile):
+            raise BadInput(
+                f"container {gpus.name!r} asks {resource}: "
+                f"{resource[len(MIG_RESOURCE_PREFIX):]!r} is not a MIG profile of any GPU "
+                f"gpufrag knows (media variants such as +me are not modelled); the DRA driver "
+                f"publishes partitions of {', '.join(all_profile_names())}",
+                field=f"{where}.{resource}")
+    first = min(asked)
+    if gpus.asks_gpu:
+        others = [r for r, n in ((names.gpu, gpus.count), (names.gpu_milli, gpus.milli),
+                                 (names.gpu_memory, gpus.memory_mib),
+                                 (names.gpu_cores, gpus.cores_percent)) if n]
+        raise BadInput(f"container {gpus.name!r} asks {first} and {', '.join(others)}: a "
+                       "container gets either MIG partitions or whole GPUs / a share of a "
+                       "GPU, not both (a MIG GPU hands out only its partitions); ask one "
+                       "kind, or each in its own container", field=f"{where}.{first}")
+    if len(asked) > 1:
+        raise BadInput(f"container {gpus.name!r} asks several MIG profiles "
+                       f"({', '.join(sorted(asked))}); its claim asks one profile: ask each "
+                       "in its own container", field=f"{where}.{sorted(asked)[1]}")
+    amount = asked[first]
+    if amount != amount.to_integral_value():
+        raise BadInput(f"container {gpus.name!r} asks {amount} {first}: not a whole number of "
+                       "MIG partitions", field=f"{where}.{first}")
+    profile = mig_profile_of(first) or ""
+    most = MAX_GPUS_PER_NODE * most_per_gpu(profile)
+    if amount > most:
+        raise BadInput(f"container {gpus.name!r} asks {amount} {first}; a node holds at most "
+                       f"{most} ({MAX_GPUS_PER_NODE} GPUs of {most_per_gpu(profile)} each)",
+                       field=f"{where}.{first}")
+    return Shape(int(amount), profile=profile)
+
+
 def template_spec(shape: Shape) -> dict[str, Any]:
-    """The ``spec`` of the template for ``shape``: one request of the driver's class."""
-    exactly: dict[str, Any] = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount",
+    """The ``spec`` of the template for ``shape``: one request of the driver's class (for
+    MIG partitions, the profile's class)."""
+    device_class = mig_class_name(shape.profile) if shape.profile else DEVICE_CLASS
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "allocationMode": "ExactCount",
                                "count": shape.count}
     if not shape.whole:
         requests = {CAPACITY_MILLI: str(shape.milli)}
@@ -145,7 +208,9 @@ def template_for(shape: Shape) -> ClaimTemplate:
     """The template for ``shape``, named from its spec: ``gpufrag-<shape>-<hash>``."""
     spec = template_spec(shape)
     digest = hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()
-    if shape.whole:
+    if shape.profile:
+        label = f"{shape.count}mig-{shape.profile.replace('.', '-')}"
+    elif shape.whole:
         label = f"{shape.count}gpu"
     else:
         label = f"{shape.milli}m" + (f"-{shape.memory_mib}mi" if shape.memory_mib else "")
@@ -195,9 +260,10 @@ def convert(pod: Mapping[str, Any], names: KubeNames) -> Conversion:
     templates: dict[str, ClaimTemplate] = {}
     converted: list[tuple[str, str]] = []
     for key, label in _KEYS.items():
+        migs = container_mig_asks(pod, key)
         for i, gpus in enumerate(container_gpus(pod, names, key)):
             where = f"spec.{key}[{i}].resources"
-            shape = shape_of(gpus, names, where)
+            shape = mig_shape_of(gpus, migs[i], names, where) or shape_of(gpus, names, where)
             if shape is None:
                 continue
             template = template_for(shape)
@@ -210,7 +276,7 @@ def convert(pod: Mapping[str, Any], names: KubeNames) -> Conversion:
             entries.append({"name": claim, "resourceClaimTemplateName": template.name})
             converted.append((gpus.name, template.name))
             patch.extend(_container_patch(spec[key][i], f"/spec/{key}/{i}/resources", claim,
-                                          resources_named))
+                                          (*resources_named, *migs[i])))
     if not entries:
         return Conversion([], (), ())
     head: list[dict[str, Any]]

@@ -130,6 +130,24 @@ def placements(profile: MigProfile, taken: int) -> Iterator[int]:
             yield start
 
 
+def most_per_gpu(name: str) -> int:
+    """The most instances of the profile ``name`` one GPU of the table holds, over the
+    families that have the name (``1g.10gb``: seven on an A100 80GB, four on an A100 40GB);
+    0 for a name no family has. What bounds a count of them one node can serve. Placing each
+    at its lowest free start is the most: the profile's placements are equal in length."""
+    most = 0
+    for model in MIG_MODELS.values():
+        profile = model.profile(name)
+        if profile is None:
+            continue
+        taken = held = 0
+        while (start := next(placements(profile, taken), None)) is not None:
+            taken |= profile.mask_at(start)
+            held += 1
+        most = max(most, held)
+    return most
+
+
 def covered(profile: MigProfile, taken: int) -> int:
     """The free slices some legal placement of ``profile`` would use, as a mask."""
     mask = 0

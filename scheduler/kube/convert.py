@@ -270,6 +270,16 @@ def container_gpus(obj: Obj, names: KubeNames = DEFAULT_NAMES,
     return tuple(found)
 
 
+def container_mig_asks(obj: Obj, key: str = "containers") -> tuple[dict[str, Decimal], ...]:
+    """Each container of ``spec[key]`` with its asks of the device plugin's MIG resources,
+    by resource name, in order: every ``nvidia.com/mig-*`` name, whether or not it reads as a
+    profile of the table (:func:`mig_profile_of` judges that), so a caller may refuse the
+    others by name rather than pass them over."""
+    spec = _mapping(obj, "spec", "pod")
+    wanted = tuple(sorted(r for r in _requested_names(obj) if r.startswith(MIG_RESOURCE_PREFIX)))
+    return tuple(_container_requests(spec, key, wanted))
+
+
 def _amount(requests: Mapping[str, Any], resource: str, path: str) -> Decimal:
     """One container's request of ``resource`` (0 when absent or the name is not mapped)."""
     if not resource or resource not in requests:

@@ -148,9 +148,28 @@ def test_our_own_template_found_again_is_fine() -> None:
         "gpufrag_admission_dra_templates_made_total") == 0
 
 
+def test_a_mig_ask_is_moved_into_a_claim_of_the_profiles_class() -> None:
+    store = Store()
+    obj = pod(None)
+    obj["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-3g.40gb": "1"}}
+    response, metrics = run(obj, workload("off"), store)
+    assert response["allowed"] is True
+    out = applied(obj, patch_of(response))
+    template = template_for(Shape(1, profile="3g.40gb"))
+    assert out["spec"]["resourceClaims"] == [
+        {"name": "gpufrag-gpu-0", "resourceClaimTemplateName": template.name}]
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {}
+    assert store.found == {("ns", template.name): template.spec}
+    assert result(metrics, "converted") == 1
+
+
 @pytest.mark.parametrize(("resources", "code", "reason", "words"), [
     ({NAMES.gpu_milli: "1500"}, 422, "bad_request", "a share is part of one GPU"),
     ({NAMES.gpu_milli: "half"}, 422, "bad_request", "gpu-milli"),
+    ({"nvidia.com/mig-5g.99gb": "1"}, 422, "bad_request",
+     "'5g.99gb' is not a MIG profile of any GPU gpufrag knows"),
+    ({"nvidia.com/mig-3g.40gb": "1", NAMES.gpu_milli: "250"}, 422, "bad_request",
+     "either MIG partitions or whole GPUs / a share of a GPU, not both"),
 ])
 def test_an_ask_the_driver_cannot_serve_refuses_the_pod_with_the_reason(
         resources: dict[str, str], code: int, reason: str, words: str) -> None:

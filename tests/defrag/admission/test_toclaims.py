@@ -9,6 +9,7 @@ import pytest
 from defrag.admission.jsonpatch import applied
 from defrag.admission.toclaims import (
     DEVICE_CLASS,
+    Conversion,
     Shape,
     convert,
     same_spec,
@@ -18,7 +19,10 @@ from defrag.admission.toclaims import (
 from gpufrag.conventions import DEFAULT_NAMES as NAMES
 from gpufrag.conventions import KubeNames
 from gpufrag.errors import BadInput
-from scheduler.kube.claims import DEVICE_CLASSES, asked_gpus
+from scheduler.core.mig import most_per_gpu
+from scheduler.core.types import MAX_GPUS_PER_NODE
+from scheduler.kube.claims import DEVICE_CLASSES, asked_gpus, mig_class_name
+from scheduler.kube.mignodes import mig_resource
 
 
 def pod(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
@@ -43,6 +47,23 @@ def asked(template_name: str, converted: Any) -> tuple[int, int, int]:
     return ask.count, ask.milli, ask.memory_mib
 
 
+def moved_into_one_claim(resources: dict[str, str], prefix: str) -> Conversion:
+    """The conversion of a one-container pod asking ``resources`` (and a CPU), checked to
+    move them all into one claim of one template named ``<prefix><hash>``."""
+    original = pod(container(limits=resources, requests={**resources, "cpu": "1"}))
+    converted = convert(original, NAMES)
+    (template,) = converted.templates
+    assert template.name.startswith(prefix) and len(template.name) == len(prefix) + 10
+    out = applied(original, converted.patch)
+    assert out["spec"]["resourceClaims"] == [
+        {"name": "gpufrag-gpu-0", "resourceClaimTemplateName": template.name}]
+    res = out["spec"]["containers"][0]["resources"]
+    assert res["requests"] == {"cpu": "1"} and res["limits"] == {}
+    assert res["claims"] == [{"name": "gpufrag-gpu-0"}]
+    assert converted.containers == (("main", template.name),)
+    return converted
+
+
 @pytest.mark.parametrize(("resources", "shape", "prefix"), [
     ({NAMES.gpu_milli: "250"}, (1, 250, 0), "gpufrag-250m-"),
     ({NAMES.gpu_memory: "10240"}, (1, 1, 10240), "gpufrag-1m-10240mi-"),
@@ -54,18 +75,8 @@ def asked(template_name: str, converted: Any) -> tuple[int, int, int]:
 ])
 def test_each_ask_becomes_a_claim_of_its_shape(resources: dict[str, str],
                                                shape: tuple[int, int, int], prefix: str) -> None:
-    original = pod(container(limits=resources, requests={**resources, "cpu": "1"}))
-    converted = convert(original, NAMES)
-    (template,) = converted.templates
-    assert template.name.startswith(prefix) and len(template.name) == len(prefix) + 10
-    assert asked(template.name, converted) == shape
-    out = applied(original, converted.patch)
-    assert out["spec"]["resourceClaims"] == [
-        {"name": "gpufrag-gpu-0", "resourceClaimTemplateName": template.name}]
-    res = out["spec"]["containers"][0]["resources"]
-    assert res["requests"] == {"cpu": "1"} and res["limits"] == {}
-    assert res["claims"] == [{"name": "gpufrag-gpu-0"}]
-    assert converted.containers == (("main", template.name),)
+    converted = moved_into_one_claim(resources, prefix)
+    assert asked(converted.templates[0].name, converted) == shape
 
 
 def test_the_template_is_what_docs_and_the_e2e_templates_write() -> None:
@@ -80,8 +91,53 @@ def test_the_template_is_what_docs_and_the_e2e_templates_write() -> None:
 def test_names_follow_the_spec_and_nothing_else() -> None:
     assert template_for(Shape(1, 250)) == template_for(Shape(1, 250))
     names = {template_for(s).name for s in (Shape(1, 250), Shape(1, 251), Shape(1, 250, 1),
-                                            Shape(1), Shape(2))}
-    assert len(names) == 5
+                                            Shape(1), Shape(2), Shape(1, profile="3g.40gb"),
+                                            Shape(2, profile="3g.40gb"),
+                                            Shape(1, profile="3g.20gb"))}
+    assert len(names) == 8
+
+
+@pytest.mark.parametrize(("profile", "count", "prefix"), [
+    ("3g.40gb", "1", "gpufrag-1mig-3g-40gb-"),
+    ("1g.10gb", "3", "gpufrag-3mig-1g-10gb-"),
+    ("7g.141gb", "2", "gpufrag-2mig-7g-141gb-"),
+])
+def test_a_mig_ask_becomes_an_exact_count_of_the_profiles_class(profile: str, count: str,
+                                                                prefix: str) -> None:
+    (template,) = moved_into_one_claim({mig_resource(profile): count}, prefix).templates
+    assert template.shape == Shape(int(count), profile=profile)
+    assert template.spec == {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+        "deviceClassName": mig_class_name(profile), "allocationMode": "ExactCount",
+        "count": int(count)}}]}}}
+    # Not a GPU or a share: the extender's reader of our GPU classes passes it over.
+    assert asked_gpus(template.spec, device_classes=DEVICE_CLASSES) == ()
+
+
+def test_mig_and_gpu_asks_in_separate_containers_each_get_their_claim() -> None:
+    mig = {mig_resource("1g.10gb"): "1"}
+    original = pod(container("a", limits=mig), container("b", limits={NAMES.gpu_milli: "250"}),
+                   initContainers=[container("init", limits=mig)])
+    converted = convert(original, NAMES)
+    entries = {c: t for c, t in converted.containers}
+    assert entries["a"] == entries["init"] == template_for(Shape(1, profile="1g.10gb")).name
+    assert entries["b"] == template_for(Shape(1, 250)).name
+    assert len(converted.templates) == 2
+    out = applied(original, converted.patch)
+    assert out["spec"]["initContainers"][0]["resources"] == {
+        "limits": {}, "claims": [{"name": "gpufrag-init-gpu-0"}]}
+
+
+def test_a_mig_ask_of_zero_is_no_ask() -> None:
+    converted = convert(pod(container(limits={mig_resource("3g.40gb"): "0"})), NAMES)
+    assert converted.patch == [] and converted.templates == ()
+
+
+def test_the_bound_on_a_count_is_what_a_node_of_the_table_holds() -> None:
+    most = MAX_GPUS_PER_NODE * most_per_gpu("1g.10gb")
+    convert(pod(container(limits={mig_resource("1g.10gb"): str(most)})), NAMES)
+    with pytest.raises(BadInput, match=f"asks {most + 1} nvidia.com/mig-1g.10gb; a node holds "
+                                       f"at most {most}"):
+        convert(pod(container(limits={mig_resource("1g.10gb"): str(most + 1)})), NAMES)
 
 
 def test_a_pod_without_gpu_asks_is_left_alone() -> None:
@@ -126,6 +182,23 @@ def test_claims_the_pod_has_are_kept_beside_the_new_ones() -> None:
     ({NAMES.gpu_milli: "250"}, {"resourceClaims": [{"name": "gpufrag-gpu-0",
                                                     "resourceClaimTemplateName": "t"}]},
      NAMES, "already has a claim named 'gpufrag-gpu-0'"),
+    ({"nvidia.com/mig-5g.99gb": "1"}, {}, NAMES,
+     "asks nvidia.com/mig-5g.99gb: '5g.99gb' is not a MIG profile of any GPU gpufrag knows"
+     ".*partitions of 1g.5gb, .*, 7g.141gb$"),
+    ({"nvidia.com/mig-1g.10gb+me": "1"}, {}, NAMES, "'1g.10gb\\+me' is not a MIG profile"),
+    ({mig_resource("3g.40gb"): "1", NAMES.gpu_milli: "250"}, {}, NAMES,
+     "asks nvidia.com/mig-3g.40gb and gpufrag.io/gpu-milli: a container gets either MIG "
+     "partitions or whole GPUs / a share of a GPU, not both"),
+    ({mig_resource("3g.40gb"): "1", NAMES.gpu: "1"}, {}, NAMES,
+     "asks nvidia.com/mig-3g.40gb and nvidia.com/gpu: "),
+    ({mig_resource("3g.40gb"): "1", NAMES.gpu_memory: "1024"}, {}, NAMES,
+     "asks nvidia.com/mig-3g.40gb and gpufrag.io/gpu-memory-mib: "),
+    ({mig_resource("3g.40gb"): "1", mig_resource("1g.10gb"): "2"}, {}, NAMES,
+     "several MIG profiles \\(nvidia.com/mig-1g.10gb, nvidia.com/mig-3g.40gb\\)"),
+    ({mig_resource("3g.40gb"): "1.5"}, {}, NAMES, "not a whole number of MIG partitions"),
+    ({mig_resource("3g.40gb"): "33"}, {}, NAMES,
+     "asks 33 nvidia.com/mig-3g.40gb; a node holds at most 32 \\(16 GPUs of 2 each\\)"),
+    ({mig_resource("3g.40gb"): "many"}, {}, NAMES, "mig-3g.40gb"),
 ])
 def test_asks_the_driver_cannot_serve_are_refused_naming_them(
         resources: dict[str, str], spec: dict[str, Any], names: KubeNames, words: str) -> None:

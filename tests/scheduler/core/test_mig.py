@@ -13,6 +13,7 @@ from scheduler.core.mig import (
     MILLI_PER_SLICE,
     MigInstance,
     MigWorkload,
+    all_profile_names,
     best_instances,
     best_placement,
     covered,
@@ -23,6 +24,7 @@ from scheduler.core.mig import (
     gpu_fragmentation,
     mark_in_use,
     mig_model,
+    most_per_gpu,
     pack_instances,
     placements,
     taken_mask,
@@ -297,3 +299,13 @@ def test_the_fragmentation_table_is_f_by_taken_mask(layout: tuple[str, int]) -> 
     workload = default_workload(model)
     assert fragmentation_table(model, workload)[taken] == gpu_fragmentation(model, taken,
                                                                             workload)
+
+
+def test_the_most_instances_of_a_profile_on_one_gpu_follow_its_placements() -> None:
+    # A one-slice 1g at every start 0-6, a two-slice 1g or a 2g at even starts, a 3g at 0
+    # or 4, a 4g and a 7g once; 1g.10gb is the A100 80GB's one-slice 1g (7), not the A100
+    # 40GB's two-slice one (4); a name no family has, none.
+    assert [most_per_gpu(p) for p in ("1g.10gb", "1g.5gb", "1g.20gb", "2g.20gb", "3g.40gb",
+                                      "4g.40gb", "7g.80gb", "5g.99gb")] == [7, 7, 4, 3, 2, 1,
+                                                                             1, 0]
+    assert all(most_per_gpu(p) for p in all_profile_names())

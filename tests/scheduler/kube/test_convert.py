@@ -11,6 +11,7 @@ from gpufrag.errors import BadInput
 from scheduler.kube.convert import (
     UnsupportedRequest,
     bound_gpus,
+    container_mig_asks,
     controller_ref,
     device_gap,
     gpu_labels,
@@ -136,6 +137,22 @@ def test_a_mig_pod_reads_as_its_cpu_and_its_profiles_summed_over_containers() ->
     # containers: 1 + 1 of 1g.10gb (the init container's 3 is more) and one 3g.40gb
     assert mig_request(obj) == {"1g.10gb": 3, "3g.40gb": 1}
     assert mig_request(k8s_pod({"cpu": "1", "nvidia.com/gpu": "1"})) == {}
+
+
+def test_each_containers_mig_asks_are_read_by_name_table_profile_or_not() -> None:
+    obj = k8s_pod({"cpu": "1", "nvidia.com/mig-1g.10gb": "2"})
+    obj["spec"]["containers"].append({"name": "b", "resources": {
+        "limits": {"nvidia.com/mig-1g.10gb+me": "1", "nvidia.com/gpu": "1"}}})
+    obj["spec"]["containers"].append({"name": "c"})
+    obj["spec"]["initContainers"] = [{"name": "i", "resources": {
+        "requests": {"nvidia.com/mig-3g.40gb": "1"}}}]
+    assert container_mig_asks(obj) == (
+        {"nvidia.com/mig-1g.10gb": 2}, {"nvidia.com/mig-1g.10gb+me": 1}, {})
+    assert container_mig_asks(obj, "initContainers") == ({"nvidia.com/mig-3g.40gb": 1},)
+    assert container_mig_asks(k8s_pod({"cpu": "1"})) == ({},)
+    with pytest.raises(BadInput) as e:
+        container_mig_asks(k8s_pod({"nvidia.com/mig-1g.10gb": "some"}))
+    assert e.value.field == "spec.containers[0].resources.requests.nvidia.com/mig-1g.10gb"
 
 
 def test_a_node_offers_each_mig_profile_it_advertises_a_whole_count_of() -> None:
