@@ -521,6 +521,36 @@ def listed_pod_gpus(pod: Obj, request: PodRequest, claims: Mapping[str, Obj], *,
     return holding(request, held), tuple(gpu.index for gpu in held)
 
 
+def partitions_held(claims: Iterable[tuple[str, Obj]], *, driver: str
+                    ) -> tuple[ClaimedPartition, ...]:
+    """The MIG partitions of ``driver`` a pod holds through its ``claims`` ((name,
+    ResourceClaim) pairs, the name for messages), in claim and result order: what
+    :func:`gpus_held` is for GPUs. Raises BadInput naming the claim."""
+    found: list[ClaimedPartition] = []
+    for name, claim in claims:
+        try:
+            found.extend(claimed_partitions(claim, driver=driver))
+        except BadInput as exc:
+            raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
+    return tuple(found)
+
+
+def listed_pod_partitions(pod: Obj, claims: Mapping[str, Obj], *, driver: str = DRIVER_NAME
+                          ) -> tuple[MigPartition, ...]:
+    """The MIG partitions a bound ``pod`` holds on its node through its claims (``claims``:
+    the ResourceClaims by ``namespace/name``, as for :func:`listed_pod_gpus`), sorted by GPU
+    and start; none for a pending pod, one that uses no claims, or one whose claims name
+    partitions of other nodes only. A DRA MIG pod asks no GPU of the placement state (its
+    request reads as CPU and memory): this is what it holds, the instance its GPU runs it
+    in. Raises BadInput naming the claim."""
+    node = _mapping(pod.get("spec"), "spec").get("nodeName")
+    if not node:
+        return ()
+    listed = [(key, claims[key]) for key in pod_claim_keys(pod) if key in claims]
+    held = {p.partition for p in partitions_held(listed, driver=driver) if p.pool == node}
+    return tuple(sorted(held, key=lambda p: (p.index, p.start, p.profile)))
+
+
 @dataclass(frozen=True, slots=True)
 class SliceGpus:
     """What a node's ResourceSlice of the driver offers: its GPUs (the devices ``gpu-<index>``
@@ -585,3 +615,50 @@ def with_slice_gpus(spec: NodeSpec, found: SliceGpus | None,
     labels = gpu_labels(spec.labels, names)
     return replace(spec, gpu_count=found.count, gpu_product=labels.product or found.product,
                    gpu_memory_mib=spec.gpu_memory_mib or found.memory_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceMigGpu:
+    """A GPU in MIG mode whose partitions a ResourceSlice of the driver publishes (KEP-4815):
+    its node, index, product (NVML's name) and memory (MiB: its largest partition's, the
+    whole-GPU profile's, which tells the MIG table's families apart as the GPU's does)."""
+
+    node: str
+    index: int
+    product: str
+    memory_mib: int
+
+
+def slice_mig_gpus(obj: Obj, *, driver: str) -> tuple[SliceMigGpu, ...]:
+    """The GPUs whose MIG partitions ``obj`` (a ``resource.k8s.io/v1`` ResourceSlice)
+    publishes, by index, as ``node.dra.slices`` publishes them (a device
+    ``gpu-<index>-mig-<profile>-<start>`` per legal placement); none for another driver's
+    slice, one of no node, or one without partitions. Such a GPU is a dynamic MIG GPU:
+    kube-scheduler's allocator hands out its placements and the driver makes the instance
+    when a claim is prepared. Raises BadInput naming the field."""
+    spec = _mapping(obj.get("spec"), "spec")
+    node = spec.get("nodeName")
+    if spec.get("driver") != driver or not isinstance(node, str) or not node:
+        return ()
+    products: dict[int, str] = {}
+    memory: dict[int, int] = {}
+    for i, device in enumerate(_list(spec.get("devices"), "spec.devices")):
+        where = f"spec.devices[{i}]"
+        device = _mapping(device, where)
+        name = device.get("name")
+        partition = mig_partition(name) if isinstance(name, str) else None
+        if partition is None:
+            continue
+        attributes = _mapping(device.get("attributes"), f"{where}.attributes")
+        product = _mapping(attributes.get("productName"),
+                           f"{where}.attributes.productName").get("string")
+        if isinstance(product, str) and product:
+            products.setdefault(partition.index, product)
+        capacity = _mapping(device.get("capacity"), f"{where}.capacity")
+        value = _mapping(capacity.get(CAPACITY_MEMORY),
+                         f"{where}.capacity.{CAPACITY_MEMORY}").get("value")
+        mib = 0 if value is None else math.ceil(
+            _amount(value, f"{where}.capacity.{CAPACITY_MEMORY}.value") / MIB)
+        memory[partition.index] = max(memory.get(partition.index, 0), mib)
+    return tuple(SliceMigGpu(node, index, products.get(index, ""), memory[index])
+                 for index in sorted(memory))

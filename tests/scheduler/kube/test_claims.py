@@ -19,6 +19,7 @@ from scheduler.kube.claims import (
     HeldGpu,
     MigPartition,
     SliceGpus,
+    SliceMigGpu,
     asked_gpus,
     claimed_gpus,
     claimed_partitions,
@@ -27,12 +28,14 @@ from scheduler.kube.claims import (
     gpus_asked,
     held_gpus,
     listed_pod_gpus,
+    listed_pod_partitions,
     mapped_count,
     mapped_resource,
     mig_device_name,
     mig_partition,
     pod_claim_names,
     slice_gpus,
+    slice_mig_gpus,
     with_slice_gpus,
 )
 
@@ -337,6 +340,36 @@ def test_a_claims_partitions_are_read_apart_from_its_gpus() -> None:
     broken = build_claim(result("gpu-1-mig-1g-10gb-6", pool=""))
     with pytest.raises(BadInput, match=re.escape("status.allocation.devices.results[0].pool")):
         claimed_partitions(broken, driver=DRIVER)
+
+
+def test_a_bound_pod_holds_its_claims_partitions_on_its_node_only() -> None:
+    claims = {"default/claim-1": build_claim(
+        result("gpu-1-mig-3g-40gb-4"), result("gpu-0-mig-1g-10gb-6"), result("gpu-0"),
+        result("gpu-0-mig-4g-40gb-0", pool="other-node"),
+        result("gpu-0-mig-7g-80gb-0", driver="other.example.com"))}
+    assert listed_pod_partitions(listed_pod(NODE), claims) == (
+        MigPartition(0, "1g.10gb", 6), MigPartition(1, "3g.40gb", 4))
+    assert listed_pod_partitions(listed_pod(), claims) == ()  # pending: holds nothing yet
+    assert listed_pod_partitions(listed_pod(NODE), {}) == ()  # its claim not listed
+    broken = {"default/claim-1": build_claim(result("gpu-1-mig-3g-40gb-4", request=""))}
+    with pytest.raises(BadInput, match=re.escape(
+            "ResourceClaim 'default/claim-1': field 'status.allocation.devices.results[0]"
+            ".request'")):
+        listed_pod_partitions(listed_pod(NODE), broken)
+
+
+def test_a_slice_of_partitions_names_its_mig_gpus_and_their_memory() -> None:
+    gpus = [*a100s(2), Gpu(2, "GPU-2", "NVIDIA A100-SXM4-40GB", 40_960)]
+    published, counters, partitions = build_slices(NODE, DRIVER, gpus, {1: True, 2: True})
+    assert slice_mig_gpus(partitions, driver=DRIVER) == (
+        SliceMigGpu(NODE, 1, "NVIDIA A100-SXM4-80GB", 81_920),
+        SliceMigGpu(NODE, 2, "NVIDIA A100-SXM4-40GB", 40_960))
+    assert slice_mig_gpus(published, driver=DRIVER) == ()  # whole GPUs: no partition
+    assert slice_mig_gpus(counters, driver=DRIVER) == ()
+    assert slice_mig_gpus(partitions, driver="other.example.com") == ()
+    partitions["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
+    with pytest.raises(BadInput, match=re.escape("spec.devices[0].capacity.memory.value")):
+        slice_mig_gpus(partitions, driver=DRIVER)
 
 
 def test_a_node_without_gpus_takes_its_slices_and_keeps_its_labels_names() -> None:
