@@ -34,6 +34,7 @@ from typing import Any
 
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
+from scheduler.core.mig import is_profile_name
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.kube.convert import effective_requests, gpu_labels
 from scheduler.kube.quantity import QuantityError, parse_quantity
@@ -55,6 +56,16 @@ def gpu_selector(driver: str = DRIVER_NAME) -> str:
 def mig_class_name(profile: str, driver: str = DRIVER_NAME) -> str:
     """The DeviceClass of one MIG profile: ``mig-3g.40gb.gpu.gpufrag.io``."""
     return f"{MIG_CLASS_PREFIX}{profile}.{driver}"
+
+
+def mig_class_profile(device_class: str, driver: str = DRIVER_NAME) -> str | None:
+    """The MIG profile whose class ``device_class`` is (:func:`mig_class_name`), or None
+    when it is not one."""
+    suffix = f".{driver}"
+    if not (device_class.startswith(MIG_CLASS_PREFIX) and device_class.endswith(suffix)):
+        return None
+    profile = device_class[len(MIG_CLASS_PREFIX):-len(suffix)]
+    return profile if is_profile_name(profile) else None
 
 
 def mig_selector(profile: str, driver: str = DRIVER_NAME) -> str:
@@ -362,6 +373,45 @@ def asked_gpus(claim: Obj, *, device_classes: Collection[str]) -> tuple[AskedGpu
                            "GPU asks one device", field=f"{where}.exactly.count")
         found.append(AskedGpus(name, count, milli, memory_mib))
     return tuple(found)
+
+
+def partitions_asked(claims: Iterable[tuple[str, Obj]], *, driver: str) -> dict[str, int]:
+    """The MIG instances a pod asks through its ``claims`` ((name, ResourceClaim) pairs), by
+    profile: each request of a MIG profile's class (:func:`mig_class_profile`) asks ``count``
+    partitions (an exact count; any other is BadInput naming the claim and field, as in
+    :func:`asked_gpus`). The extender judges such a pod on the nodes' MIG instances, as a
+    pod asking ``nvidia.com/mig-<profile>``."""
+    asked: dict[str, int] = {}
+    for name, claim in claims:
+        try:
+            for profile, count in _partitions_asked(claim, driver):
+                asked[profile] = asked.get(profile, 0) + count
+        except BadInput as exc:
+            raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
+    return asked
+
+
+def _partitions_asked(claim: Obj, driver: str) -> list[tuple[str, int]]:
+    spec = _mapping(claim.get("spec"), "spec")
+    devices = _mapping(spec.get("devices"), "spec.devices")
+    found = []
+    for i, entry in enumerate(_list(devices.get("requests"), "spec.devices.requests")):
+        where = f"spec.devices.requests[{i}].exactly"
+        exactly = _mapping(_mapping(entry, where).get("exactly"), where)
+        device_class = exactly.get("deviceClassName")
+        profile = (mig_class_profile(device_class, driver)
+                   if isinstance(device_class, str) else None)
+        if profile is None:
+            continue
+        mode = exactly.get("allocationMode") or "ExactCount"
+        if mode != "ExactCount":
+            raise BadInput(f"{mode!r}; gpufrag places an exact count of MIG partitions",
+                           field=f"{where}.allocationMode")
+        count = exactly.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise BadInput(f"{count!r}; it must be a whole number >= 1", field=f"{where}.count")
+        found.append((profile, count))
+    return found
 
 
 def gpus_asked(claims: Iterable[tuple[str, Obj]], *, device_classes: Collection[str],

@@ -31,8 +31,11 @@ from scheduler.kube.claims import (
     listed_pod_partitions,
     mapped_count,
     mapped_resource,
+    mig_class_name,
+    mig_class_profile,
     mig_device_name,
     mig_partition,
+    partitions_asked,
     pod_claim_names,
     slice_gpus,
     slice_mig_gpus,
@@ -439,3 +442,24 @@ def test_mapped_gpus_are_whole_and_add_to_what_claims_ask() -> None:
     assert gpus_asked([("c", share)], device_classes={DRIVER}, mapped=1) == (2, 1000)
     with pytest.raises(BadInput, match="at most"):
         gpus_asked([], device_classes={DRIVER}, mapped=MAX_GPUS_PER_NODE + 1)
+
+
+# ---------------------------------------------------------------------- MIG profiles asked
+def test_a_mig_class_names_its_profile() -> None:
+    assert mig_class_profile(mig_class_name("3g.40gb")) == "3g.40gb"
+    for other in (DRIVER, "whole.gpu.gpufrag.io", "mig-3g.40gb.other.example.com",
+                  "mig-lots.gpu.gpufrag.io"):
+        assert mig_class_profile(other) is None, other
+
+
+def test_claims_ask_mig_partitions_by_profile_and_nothing_else() -> None:
+    claims = [("a", asking(ask(device_class=mig_class_name("3g.40gb")),
+                           ask("two", device_class=mig_class_name("1g.10gb"), count=2),
+                           ask("share", capacity={"requests": {"milli": "250"}}))),
+              ("b", asking(ask(device_class=mig_class_name("3g.40gb"))))]
+    assert partitions_asked(claims, driver=DRIVER) == {"3g.40gb": 2, "1g.10gb": 2}
+    assert partitions_asked([("c", {})], driver=DRIVER) == {}
+    every = asking(ask(device_class=mig_class_name("3g.40gb"), allocationMode="All"))
+    with pytest.raises(BadInput, match=re.escape(
+            "ResourceClaim 'c': field 'spec.devices.requests[0].exactly.allocationMode'")):
+        partitions_asked([("c", every)], driver=DRIVER)
