@@ -441,6 +441,8 @@ class ClusterCache:
         of the driver's partitions, into the MIG book (nothing for a pod without claims, or
         one whose claim cannot be read: logged)."""
         found = self._dra_pods.get(key)
+        if found is None and key not in self.mig.claim_asks and key not in self.mig.held:
+            return  # the common case: no claims, and none before
         ask: dict[str, int] = {}
         held: tuple[tuple[str, MigPartition], ...] = ()
         if found is not None:

@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
@@ -81,6 +81,7 @@ DEVICE_PREFIX = "gpu-"
 MIB = 1 << 20
 
 Obj = Mapping[str, Any]
+_T = TypeVar("_T")
 
 
 def device_name(index: int) -> str:
@@ -357,14 +358,7 @@ def asked_gpus(claim: Obj, *, device_classes: Collection[str]) -> tuple[AskedGpu
         exactly = _mapping(entry.get("exactly"), f"{where}.exactly")
         if not _ours(exactly.get("deviceClassName"), device_classes):
             continue
-        mode = exactly.get("allocationMode") or "ExactCount"
-        if mode != "ExactCount":
-            raise BadInput(f"{mode!r}; gpufrag places an exact count of GPUs",
-                           field=f"{where}.exactly.allocationMode")
-        count = exactly.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise BadInput(f"{count!r}; it must be a whole number >= 1",
-                           field=f"{where}.exactly.count")
+        count = _exact_count(exactly, f"{where}.exactly", "GPUs")
         capacity = _mapping(exactly.get("capacity"), f"{where}.exactly.capacity")
         milli, memory_mib = _capacity(capacity.get("requests"),
                                       f"{where}.exactly.capacity.requests")
@@ -382,12 +376,8 @@ def partitions_asked(claims: Iterable[tuple[str, Obj]], *, driver: str) -> dict[
     :func:`asked_gpus`). The extender judges such a pod on the nodes' MIG instances, as a
     pod asking ``nvidia.com/mig-<profile>``."""
     asked: dict[str, int] = {}
-    for name, claim in claims:
-        try:
-            for profile, count in _partitions_asked(claim, driver):
-                asked[profile] = asked.get(profile, 0) + count
-        except BadInput as exc:
-            raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
+    for profile, count in _each_claim(claims, lambda claim: _partitions_asked(claim, driver)):
+        asked[profile] = asked.get(profile, 0) + count
     return asked
 
 
@@ -403,15 +393,21 @@ def _partitions_asked(claim: Obj, driver: str) -> list[tuple[str, int]]:
                    if isinstance(device_class, str) else None)
         if profile is None:
             continue
-        mode = exactly.get("allocationMode") or "ExactCount"
-        if mode != "ExactCount":
-            raise BadInput(f"{mode!r}; gpufrag places an exact count of MIG partitions",
-                           field=f"{where}.allocationMode")
-        count = exactly.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise BadInput(f"{count!r}; it must be a whole number >= 1", field=f"{where}.count")
-        found.append((profile, count))
+        found.append((profile, _exact_count(exactly, where, "MIG partitions")))
     return found
+
+
+def _exact_count(exactly: Obj, where: str, what: str) -> int:
+    """The ``count`` of a request's ``exactly`` (at ``where``) in ``ExactCount`` mode, the
+    one mode placement models; any other mode or count is BadInput naming the field."""
+    mode = exactly.get("allocationMode") or "ExactCount"
+    if mode != "ExactCount":
+        raise BadInput(f"{mode!r}; gpufrag places an exact count of {what}",
+                       field=f"{where}.allocationMode")
+    count = exactly.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise BadInput(f"{count!r}; it must be a whole number >= 1", field=f"{where}.count")
+    return count
 
 
 def gpus_asked(claims: Iterable[tuple[str, Obj]], *, device_classes: Collection[str],
@@ -425,15 +421,22 @@ def gpus_asked(claims: Iterable[tuple[str, Obj]], *, device_classes: Collection[
     return count, milli
 
 
-def _claims_asks(claims: Iterable[tuple[str, Obj]],
-                 device_classes: Collection[str]) -> list[AskedGpus]:
-    asks: list[AskedGpus] = []
+def _each_claim(claims: Iterable[tuple[str, Obj]], read: Callable[[Obj], Iterable[_T]]
+                ) -> list[_T]:
+    """What ``read`` finds in each of ``claims`` ((name, ResourceClaim) pairs), in order; a
+    BadInput it raises names the claim."""
+    found: list[_T] = []
     for name, claim in claims:
         try:
-            asks.extend(asked_gpus(claim, device_classes=device_classes))
+            found.extend(read(claim))
         except BadInput as exc:
             raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
-    return asks
+    return found
+
+
+def _claims_asks(claims: Iterable[tuple[str, Obj]],
+                 device_classes: Collection[str]) -> list[AskedGpus]:
+    return _each_claim(claims, lambda claim: asked_gpus(claim, device_classes=device_classes))
 
 
 def _totals(asks: Sequence[AskedGpus], mapped: int) -> tuple[int, int, int]:
@@ -576,13 +579,7 @@ def partitions_held(claims: Iterable[tuple[str, Obj]], *, driver: str
     """The MIG partitions of ``driver`` a pod holds through its ``claims`` ((name,
     ResourceClaim) pairs, the name for messages), in claim and result order: what
     :func:`gpus_held` is for GPUs. Raises BadInput naming the claim."""
-    found: list[ClaimedPartition] = []
-    for name, claim in claims:
-        try:
-            found.extend(claimed_partitions(claim, driver=driver))
-        except BadInput as exc:
-            raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
-    return tuple(found)
+    return tuple(_each_claim(claims, lambda claim: claimed_partitions(claim, driver=driver)))
 
 
 def listed_pod_partitions(pod: Obj, claims: Mapping[str, Obj], *, driver: str = DRIVER_NAME

@@ -11,6 +11,7 @@ from node.dra.slices import build_slices
 from node.gpus import Gpu
 from scheduler.core.mig import MigInstance
 from scheduler.extender.runtime import Runtime
+from scheduler.kube.claims import DRIVER_NAME as DRIVER
 from scheduler.kube.claims import mig_class_name, mig_device_name
 from tests.builders import node, pod
 from tests.scheduler.extender.helpers import (
@@ -22,9 +23,8 @@ from tests.scheduler.extender.helpers import (
 )
 from tests.scheduler.extender.helpers import bound as bind
 
-DRIVER = "gpu.gpufrag.io"
-DRA = make_config(dra={"enabled": True})
 A100 = "NVIDIA A100-SXM4-80GB"
+DRA = make_config(dra={"enabled": True})  # MIG pods reach it as any DRA pod (docs/dra.md)
 
 
 def mig_pod(name: str, node_name: str = "") -> dict[str, Any]:
