@@ -183,6 +183,17 @@ class ExtenderProcess(_Served):
             return str(reply.read().decode())
 
 
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sample of ``name`` with exactly ``labels`` (in the order the exposition writes
+    them) in the Prometheus text ``text``; AssertionError when there is none."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    head = f"{name}{{{wanted}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(head + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {head} in the extender's metrics")
+
+
 ZERO_EXTENDER_MODES: Final = ("all", "one")
 ZERO_EXTENDER_ENGINES: Final = ("go", "python")
 
