@@ -45,7 +45,9 @@ def extender(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
              ) -> Iterator[ExtenderProcess]:
     folder = tmp_path_factory.mktemp("extender-dra-mig")
     config = folder / "extender.yaml"
+    # The MIG target workload follows the profiles the pods seen ask, refreshed often here.
     config.write_text(yaml.safe_dump({"dra": {"enabled": True},
+                                      "workload": {"refresh_s": 0.5},
                                       "bind": {"assume_ttl_s": 600}}))
     ext = ExtenderProcess(control_plane, folder / "extender.log",
                           extra_args=("--config", str(config))).start()
@@ -135,6 +137,11 @@ def test_the_extender_sends_a_dra_mig_pod_where_its_partition_completes_a_gpu(
     # Pinned to the second node: a 3g at the top of GPU 0 (first fit), a 7g on GPU 1.
     assert run("seed", "3g.40gb", NODES[1]) == (NODES[1], "gpu-0-mig-3g-40gb-4")
     assert run("whole", "7g.80gb", NODES[1]) == (NODES[1], "gpu-1-mig-7g-80gb-0")
+    # Scored on the profiles seen (3g and 7g): on 3g alone a 3g strands nothing anywhere.
+    wait_until(lambda: any("7g.80gb" in (r.get("mig_profiles") or {})
+                           for event in ("target workload set", "MIG target workload set")
+                           for r in extender.log_events(event)) or None,
+               timeout_s=30, what="the MIG target workload to count the 7g")
     assert run("next", "3g.40gb") == (NODES[1], "gpu-0-mig-3g-40gb-0")
     decided = [r["node"] for r in extender.log_events("filter")
                if r.get("pod") == f"{namespace}/next" and "node" in r]
