@@ -22,10 +22,9 @@ from typing import Any
 
 import kubernetes
 import pytest
-import yaml
 
 from devkit.controlplane import ControlPlane
-from devkit.extender import ExtenderProcess, gpufrag_scheduler_config, metric_value
+from devkit.extender import ExtenderProcess, dra_scheduling, metric_value
 from devkit.procs import wait_until
 from devkit.stack import GROUP_LABEL, delete_nodes
 from gpufrag.conventions import SCHEDULER_NAME
@@ -44,18 +43,11 @@ PROFILES = ("3g.40gb", "7g.80gb")
 def extender(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[ExtenderProcess]:
     folder = tmp_path_factory.mktemp("extender-dra-mig")
-    config = folder / "extender.yaml"
     # The MIG target workload follows the profiles the pods seen ask, refreshed often here.
-    config.write_text(yaml.safe_dump({"dra": {"enabled": True},
-                                      "workload": {"refresh_s": 0.5},
-                                      "bind": {"assume_ttl_s": 600}}))
-    ext = ExtenderProcess(control_plane, folder / "extender.log",
-                          extra_args=("--config", str(config))).start()
-    control_plane.start_scheduler("gpufrag-scheduler", gpufrag_scheduler_config(
-        ext.url, managed=False))
-    yield ext
-    control_plane.stop_scheduler("gpufrag-scheduler")
-    ext.stop()
+    with dra_scheduling(control_plane, folder, {"dra": {"enabled": True},
+                                                "workload": {"refresh_s": 0.5},
+                                                "bind": {"assume_ttl_s": 600}}) as ext:
+        yield ext
 
 
 @pytest.fixture

@@ -26,11 +26,10 @@ from typing import Any
 import kubernetes
 import pytest
 import structlog
-import yaml
 
 from defrag.controller.inspect import main as inspect_main
 from devkit.controlplane import ControlPlane
-from devkit.extender import ExtenderProcess, gpufrag_scheduler_config, metric_value
+from devkit.extender import ExtenderProcess, dra_scheduling, metric_value
 from devkit.procs import wait_until
 from devkit.stack import GROUP_LABEL, delete_nodes
 from gpufrag.conventions import LABEL_GPU_MEMORY_MIB, LABEL_GPU_PRODUCT, SCHEDULER_NAME
@@ -70,22 +69,13 @@ MAPPED_GROUP = "dra-mapped"
 def extender(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[ExtenderProcess]:
     folder = tmp_path_factory.mktemp("extender-dra")
-    config = folder / "extender.yaml"
-    config.write_text(yaml.safe_dump({
+    with dra_scheduling(control_plane, folder, {
         "dra": {"enabled": True, "device_classes": [DEVICE_CLASS, MAPPED_CLASS]},
         "workload": {"specs": SPECS},
         # Long enough that no assumption expires within the test: a 0 assumed at the end
         # means every one was replaced by its claim's allocation.
-        "bind": {"assume_ttl_s": 600}}))
-    ext = ExtenderProcess(control_plane, folder / "extender.log",
-                          extra_args=("--config", str(config))).start()
-    # DRA pods ask no extended resource: with managedResources kube-scheduler would never
-    # ask the extender about them.
-    control_plane.start_scheduler("gpufrag-scheduler", gpufrag_scheduler_config(
-        ext.url, managed=False))
-    yield ext
-    control_plane.stop_scheduler("gpufrag-scheduler")
-    ext.stop()
+        "bind": {"assume_ttl_s": 600}}) as ext:
+        yield ext
 
 
 def _publish_slices(resource: Any, core: Any, nodes: list[str]) -> None:
