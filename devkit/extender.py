@@ -11,10 +11,13 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
+
+import yaml
 
 from devkit.controlplane import ControlPlane
 from devkit.procs import ControlPlaneError, free_port, tail, wait_until
@@ -181,6 +184,39 @@ class ExtenderProcess(_Served):
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as reply:
             return str(reply.read().decode())
+
+
+@contextmanager
+def dra_scheduling(control_plane: ControlPlane, folder: Path, settings: Mapping[str, Any]
+                   ) -> Iterator[ExtenderProcess]:
+    """An extender with ``settings`` (its configuration, written to ``folder``) behind a
+    ``gpufrag-scheduler`` whose configuration lists no ``managedResources``: DRA pods ask no
+    extended resource, and with the list kube-scheduler would never ask the extender about
+    them (docs/dra.md). Both stopped on leaving."""
+    config = folder / "extender.yaml"
+    config.write_text(yaml.safe_dump(dict(settings)))
+    ext = ExtenderProcess(control_plane, folder / "extender.log",
+                          extra_args=("--config", str(config))).start()
+    try:
+        control_plane.start_scheduler(SCHEDULER_NAME, gpufrag_scheduler_config(
+            ext.url, managed=False))
+        try:
+            yield ext
+        finally:
+            control_plane.stop_scheduler(SCHEDULER_NAME)
+    finally:
+        ext.stop()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The sample of ``name`` with exactly ``labels`` (in the order the exposition writes
+    them) in the Prometheus text ``text``; AssertionError when there is none."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    head = f"{name}{{{wanted}}}" if labels else name
+    for line in text.splitlines():
+        if line.startswith(head + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"no {head} in the extender's metrics")
 
 
 ZERO_EXTENDER_MODES: Final = ("all", "one")

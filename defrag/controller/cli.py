@@ -321,7 +321,8 @@ def plan_mig_step(config: DefragConfig, nodes: Sequence[Obj], pods: Sequence[Obj
                   now: float, log: structlog.typing.FilteringBoundLogger) -> MigPlan | None:
     """The MIG step's plan (None: the cluster has no MIG node)."""
     facts = mig_facts(nodes, pods, snapshot.readings, _live_reservations(reservations),
-                      cordoned=snapshot.cordoned, now=now, names=config.names)
+                      cordoned=snapshot.cordoned, now=now, names=config.names,
+                      dynamic=frozenset(n for n, m in snapshot.mig.items() if m.dynamic))
     for problem in facts.problems:
         log.warning("object skipped", problem=problem)
     if not facts.nodes:

@@ -15,7 +15,9 @@ resourceclaims to show DRA pods' GPUs (docs/operations.md, "Inspect").
 Per node: product, GPU memory, GPUs, the idle ratio and whether it is over the defrag trigger,
 the node's FGD fragmentation (milli-GPU), cordoned. Per GPU: free milli, memory in use now and
 at its peak (with a fresh agent reading), and each holder: a pod with its share and what it
-asked (``whole``, ``milli``, ``memory``), or a reservation with its expiry. Reservations that
+asked (``whole``, ``milli``, ``memory``), or a reservation with its expiry. Per GPU in MIG mode
+(``mig_gpus``): its instances and the pods holding each, from DRA claims' partitions and the
+agent's fresh reading (:mod:`defrag.controller.miginuse`). Reservations that
 hold capacity for nothing (expired, owner or node gone: :mod:`defrag.controller.ledger`) are
 marked where they sit and listed at the end with why; the next ``gpufrag defrag`` cycle
 releases the ones it made. GPU processes that belong to no live pod (the node agent's
@@ -51,7 +53,7 @@ from defrag.controller.ledger import (
     stale_reservations,
 )
 from defrag.controller.measure import measure
-from defrag.controller.model import Snapshot
+from defrag.controller.model import NodeMig, Snapshot
 from defrag.controller.snapshot import UsageSource, build_snapshot, hold_reservations
 from gpufrag.conventions import KubeNames, names_from_environ
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_OK, BadInput, BadInputArgumentParser
@@ -176,7 +178,8 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
             "idle_mib": _mib(measured.idle_mib[row]),
             "trigger": ("no reading" if not known else "over" if ratio > threshold else "under"),
             "frag_milli": _mib(measured.frag_milli[row]),
-            "cordoned": name in snapshot.cordoned})
+            "cordoned": name in snapshot.cordoned,
+            "mig_gpus": mig_gpus(snapshot.mig.get(name), namespace)})
     summary = measured.summary
     return {"nodes": nodes, "threshold": threshold,
             "pending_gpu_pods": sorted(p.key for p in snapshot.pending
@@ -197,6 +200,25 @@ def view(snapshot: Snapshot, reservations: Iterable[Mapping[str, Any]], *, node:
                  "detail": m.mismatch.message()}
                 for m in misallocated if (node is None or m.node == node)
                 and (namespace is None or m.namespace == namespace)]}
+
+
+def mig_gpus(mig: NodeMig | None, namespace: str | None) -> list[dict[str, Any]]:
+    """A node's GPUs in MIG mode, each with its instances and who holds them
+    (:mod:`defrag.controller.miginuse`); under a namespace filter, only the instances a pod
+    of that namespace holds. ``dynamic``: the DRA driver's partitions (instances made per
+    claim, every other placement free)."""
+    if mig is None:
+        return []
+    found = []
+    for index, product in mig.gpus.items():
+        instances = [
+            {"profile": held.instance.profile, "start": held.instance.start,
+             "pods": list(held.pods), "from": list(held.sources)}
+            for held in mig.instances if held.instance.gpu == index
+            and (namespace is None or any(p.startswith(f"{namespace}/") for p in held.pods))]
+        found.append({"index": index, "product": product, "dynamic": mig.dynamic,
+                      "instances": instances})
+    return found
 
 
 def _round_or_none(value: float | None) -> int | None:
@@ -239,6 +261,12 @@ def table(data: Mapping[str, Any], *, wide: bool) -> str:
             for s in g["strays"]:
                 lines.append(f"    process {s['pid']} (no live pod): {_figure(s['used_mib'])}, "
                              f"STRAY ({s['reason']})")
+        for m in n["mig_gpus"]:
+            kind = "DRA partitions, made per claim" if m["dynamic"] else "MIG"
+            lines.append(f"  mig gpu {m['index']} ({kind}): {len(m['instances'])} instance(s)")
+            for i in m["instances"]:
+                lines.append(f"    {i['profile']} at slice {i['start']}: "
+                             f"{', '.join(i['pods']) or 'free'}")
     for r in data["stale_reservations"]:
         lines.append(f"stale reservation {r['reservation']} ({r['reason']}): {r['detail']}")
     for s in data["strays"]:

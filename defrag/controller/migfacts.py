@@ -89,10 +89,13 @@ def _demand(pods: Iterable[Obj], facts: MigFacts) -> dict[str, dict[str, int]]:
 def mig_facts(nodes: Sequence[Obj], pods: Sequence[Obj],
               readings: Mapping[str, NodeGpuUsage], reservations: Iterable[Reservation], *,
               cordoned: frozenset[str], now: float,
-              names: KubeNames = DEFAULT_NAMES) -> MigFacts:
+              names: KubeNames = DEFAULT_NAMES,
+              dynamic: frozenset[str] = frozenset()) -> MigFacts:
     """The MIG step's facts of one cycle. ``readings``: the agent's fresh readings by node;
     ``reservations``: the GPUReservations read this cycle (expired ones hold nothing);
-    ``cordoned``: the snapshot's cordoned nodes."""
+    ``cordoned``: the snapshot's cordoned nodes; ``dynamic``: nodes whose MIG GPUs the DRA
+    driver cuts per claim (the snapshot's ``mig``), which no MIG manager relabel concerns:
+    left out, even where the agent reads their instances."""
     facts = MigFacts()
     asks = _demand(pods, facts)
     busy_pods = _gpu_pods(pods, names)
@@ -107,8 +110,8 @@ def mig_facts(nodes: Sequence[Obj], pods: Sequence[Obj],
         reading = readings.get(name)
         offers = mig_offers(obj)
         agent_mig = reading is not None and any(g.mig_mode for g in reading.gpus)
-        if not name or not (labels.get(LABEL_MIG_STRATEGY) == MIG_STRATEGY_MIXED or offers
-                            or agent_mig):
+        if not name or name in dynamic or not (
+                labels.get(LABEL_MIG_STRATEGY) == MIG_STRATEGY_MIXED or offers or agent_mig):
             continue
         gpu = gpu_labels(labels, names)
         product, memory_mib, gpus = gpu.product, gpu.memory_mib, gpu.count

@@ -16,6 +16,7 @@ from defrag.controller.measure import UsageTable
 from gpufrag.gpu_usage import NodeGpuUsage
 from scheduler.core.fragmentation import TargetWorkload
 from scheduler.core.gpus import NO_GPU, gpus_for
+from scheduler.core.mig import MigInstance
 from scheduler.core.state import ClusterState, pod_key
 from scheduler.core.types import MILLI_PER_GPU, PodRequest
 
@@ -179,6 +180,31 @@ class UsageNote:
     reason: str
 
 
+MIG_FROM_CLAIMS = "claims"  # a DRA allocation names the partition (a claim's result)
+MIG_FROM_AGENT = "agent"  # the node agent's fresh reading lists the instance
+
+
+@dataclass(frozen=True, slots=True)
+class HeldInstance:
+    """A MIG instance on a node and the pods that hold it (keys; none: made and unused),
+    with where it was read (:data:`MIG_FROM_CLAIMS`, :data:`MIG_FROM_AGENT`, or both)."""
+
+    instance: MigInstance  # its GPU, profile and start; in_use when a pod holds it
+    pods: tuple[str, ...]
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMig:
+    """A node's GPUs in MIG mode (index -> product) and the instances on them. ``dynamic``:
+    the GPUs are the DRA driver's partitionable devices, whose instances are made per claim,
+    so every placement not taken is free (docs/dra.md)."""
+
+    gpus: Mapping[int, str]
+    instances: tuple[HeldInstance, ...]
+    dynamic: bool = False
+
+
 @dataclass
 class Snapshot:
     """One consistent reading of the cluster: the placement state (bound pods placed), the pods
@@ -216,6 +242,9 @@ class Snapshot:
     # defrag.controller.rightsize.out_of_bounds); the others' right-sized replacements count
     # only when the move packs. None: every right-sized pod (no rule applied).
     rightsize_evictable: frozenset[str] | None = None
+    # Nodes with GPUs in MIG mode, and the instances pods hold there: from DRA allocations
+    # (the claims' partitions) and the agent's fresh readings (defrag.controller.miginuse).
+    mig: Mapping[str, NodeMig] = field(default_factory=dict)
 
     def latched_rows(self) -> frozenset[int]:
         index = self.state.index

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from defrag.controller.measure import GpuKey, UsageTable
+from defrag.controller.miginuse import mig_in_use
 from defrag.controller.model import (
     DELIVERY_CLAIMS,
     DELIVERY_DEVICE_PLUGIN,
@@ -39,10 +40,14 @@ from scheduler.core.types import NodeSpec, PodRequest
 from scheduler.kube.cache import KnownPod
 from scheduler.kube.claims import (
     DRIVER_NAME,
+    MigPartition,
     SliceGpus,
+    SliceMigGpu,
     direct_claim_names,
     listed_pod_gpus,
+    listed_pod_partitions,
     slice_gpus,
+    slice_mig_gpus,
     with_slice_gpus,
 )
 from scheduler.kube.convert import (
@@ -245,14 +250,16 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
     ResourceClaims (``claims``, DRA) holds what their allocations name on its node, read by
     :func:`scheduler.kube.claims.listed_pod_gpus` as the extender reads them; a pending one
     asks what they ask. A node that advertises no GPU has those its ResourceSlice
-    (``slices``, of gpufrag's driver) offers (:func:`scheduler.kube.claims.with_slice_gpus`)."""
+    (``slices``, of gpufrag's driver) offers (:func:`scheduler.kube.claims.with_slice_gpus`).
+    The MIG instances pods hold (their claims' partitions, the agent's readings) and the
+    driver's MIG GPUs are the snapshot's ``mig`` (:mod:`defrag.controller.miginuse`)."""
     problems: list[str] = []
     notes: list[UsageNote] = []
     agent = _usage_by_node(nodes, source, notes, names) if source.dcgm is None else {}
     specs: list[NodeSpec] = []
     taints: dict[str, tuple[Taint, ...]] = {}
     cordoned: set[str] = set()
-    offered = _slices_by_node(slices, problems)
+    offered, dynamic_mig = _slices_by_node(slices, problems)
     for obj in nodes:
         try:
             spec = node_from_k8s(obj, names)
@@ -278,6 +285,7 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
             for p in gpu.pods:
                 seen_on_gpu.setdefault(p.uid, []).append(gpu.index)
     claims_by_key = _by_key(claims, problems)
+    held_mig: dict[str, list[tuple[str, MigPartition]]] = {}
     for obj in pods:
         if is_terminal(obj):
             continue
@@ -286,6 +294,8 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
             through_claims = listed_pod_gpus(obj, request, claims_by_key)
             delivery = (DELIVERY_DEVICE_PLUGIN if through_claims is None
                         else DELIVERY_DIRECT if direct_claim_names(obj) else DELIVERY_CLAIMS)
+            partitions = (listed_pod_partitions(obj, claims_by_key)
+                          if through_claims is not None else ())
         except BadInput as e:
             problems.append(f"{_pod_label(obj)}: {e}")
             continue
@@ -310,6 +320,7 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
         row = state.index.get(info.node)
         if row is None:
             continue  # bound to a node we were not shown (or that is gone)
+        held_mig.setdefault(info.node, []).extend((info.key, p) for p in partitions)
         recorded = (bound_gpus(obj, names) if through_claims is None
                     else through_claims[1])
         if recorded is None and info.uid in seen_on_gpu:
@@ -326,26 +337,35 @@ def build_snapshot(nodes: Sequence[Obj], pods: Sequence[Obj], pdbs: Sequence[Obj
         infos[info.key] = info
 
     usage = _usage_table(state, infos, agent, source, notes)
+    key_by_uid = {i.uid: k for k, i in infos.items() if i.uid}
+    mig = mig_in_use({n: g for n, g in dynamic_mig.items() if n in state.index},
+                     {n: h for n, h in held_mig.items() if h}, agent, key_by_uid)
     snapshot = Snapshot(state=state, pods=infos, pending=pending, usage=usage,
                         pdbs=[pdb_from_k8s(p) for p in pdbs], notes=notes, taints=taints,
-                        cordoned=frozenset(cordoned), readings=agent)
+                        cordoned=frozenset(cordoned), readings=agent, mig=mig)
     return snapshot, problems
 
 
-def _slices_by_node(slices: Sequence[Obj], problems: list[str]) -> dict[str, SliceGpus]:
-    """What gpufrag's driver's slices offer, by node (the largest, if a node has several);
-    an unreadable slice is a problem line."""
+def _slices_by_node(slices: Sequence[Obj], problems: list[str]
+                    ) -> tuple[dict[str, SliceGpus], dict[str, dict[int, SliceMigGpu]]]:
+    """What gpufrag's driver's slices offer, by node: the GPUs (the largest slice, if a node
+    has several) and the MIG GPUs whose partitions they publish, by index; an unreadable
+    slice is a problem line."""
     found: dict[str, SliceGpus] = {}
+    mig: dict[str, dict[int, SliceMigGpu]] = {}
     for obj in slices:
         try:
             gpus = slice_gpus(obj, driver=DRIVER_NAME)
+            partitioned = slice_mig_gpus(obj, driver=DRIVER_NAME)
         except BadInput as e:
             problems.append(f"ResourceSlice {_meta(obj).get('name')}: {e}")
             continue
+        for gpu in partitioned:
+            mig.setdefault(gpu.node, {})[gpu.index] = gpu
         if gpus is not None and gpus.count > (
                 found[gpus.node].count if gpus.node in found else -1):
             found[gpus.node] = gpus
-    return found
+    return found, mig
 
 
 def _by_key(claims: Sequence[Obj], problems: list[str]) -> dict[str, Obj]:

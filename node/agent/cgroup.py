@@ -41,7 +41,12 @@ from gpufrag.conventions import ANNOTATION_GPU_ALLOCATED, DEFAULT_NAMES, KubeNam
 from gpufrag.errors import BadInput
 from gpufrag.records import Given, gpu_indices_text, parse_allocated
 from scheduler.core.types import PodRequest
-from scheduler.kube.claims import listed_pod_gpus, pod_claim_keys
+from scheduler.kube.claims import (
+    MigPartition,
+    listed_pod_gpus,
+    listed_pod_partitions,
+    pod_claim_keys,
+)
 from scheduler.kube.convert import bound_gpus, pod_from_k8s
 from scheduler.kube.errors import ApiError, api_errors
 
@@ -119,6 +124,9 @@ class PodShare:
     # What the device plugin says it gave each container (gpu-allocated; gpufrag.records);
     # None when it has not marked the pod, or the mark cannot be read (the plugin says so).
     given: Given | None = None
+    # The MIG partitions its DRA claims were allocated on this node (their GPUs are in
+    # ``gpus``): the instance, profile and start it runs in. Empty for any other pod.
+    partitions: tuple[MigPartition, ...] = ()
 
 
 def share_from_pod(obj: Mapping[str, Any], names: KubeNames = DEFAULT_NAMES,
@@ -127,18 +135,23 @@ def share_from_pod(obj: Mapping[str, Any], names: KubeNames = DEFAULT_NAMES,
     read (the extender would not have placed it either). A pod that gets its GPUs through
     DRA claims (``claims``: its ResourceClaims by ``namespace/name``) holds what their
     allocations name on its node, read as the extender reads them
-    (:func:`scheduler.kube.claims.listed_pod_gpus`); its GPU indices are those."""
+    (:func:`scheduler.kube.claims.listed_pod_gpus`); its GPU indices are those. A DRA MIG
+    pod asks no GPU of the placement state: it holds the GPUs of the MIG partitions its
+    claims were allocated there, each with its profile and start
+    (:func:`scheduler.kube.claims.listed_pod_partitions`)."""
     try:
         request = pod_from_k8s(obj, names)
         through_claims = listed_pod_gpus(obj, request, claims) if claims is not None else None
+        partitions = (listed_pod_partitions(obj, claims)
+                      if claims is not None and through_claims is not None else ())
     except (BadInput, ValueError):
         return None
     if through_claims is not None:
         request, gpus = through_claims
-        if not request.wants_gpu:
+        if not request.wants_gpu and not partitions:
             return None
-        indices = gpus or ()
-        return PodShare(request, indices, gpu_indices_text(indices))
+        indices = tuple(sorted({*(gpus or ()), *(p.index for p in partitions)}))
+        return PodShare(request, indices, gpu_indices_text(indices), partitions=partitions)
     if not request.wants_gpu:
         return None
     annotations = (obj.get("metadata") or {}).get("annotations") or {}

@@ -436,6 +436,8 @@ def best_instances(model: MigGpuModel, instances: Sequence[MigInstance],
                         or instance.start not in profile.starts):
                     continue  # (an instance at a start NVML never gives is not one to use)
                 taken = masks[instance.gpu]
+                if taken & profile.mask_at(instance.start):
+                    continue  # overlaps one in use or just chosen (free DRA placements do)
                 grow = frag[taken | profile.mask_at(instance.start)] - frag[taken]
                 key = (grow, instance.gpu, instance.start, k)
                 if best is None or key < best:
@@ -466,6 +468,54 @@ def start_order(model: MigGpuModel, profile: MigProfile,
     chosen = workload if workload is not None else default_workload(model)
     return tuple(sorted(profile.starts, key=lambda start: (
         gpu_fragmentation(model, profile.mask_at(start), chosen), start)))
+
+
+@cache
+def slice_order(model: MigGpuModel) -> tuple[tuple[MigProfile, int], ...]:
+    """One GPU's placements in the order the DRA driver publishes them (``node.dra.slices``:
+    profiles smallest first, each profile's starts in :func:`start_order`), which is the
+    order kube-scheduler's first fit walks them in."""
+    return tuple((profile, start) for profile in model.profiles
+                 for start in start_order(model, profile))
+
+
+def dynamic_instances(model: MigGpuModel, gpus: Sequence[int],
+                      held: Iterable[tuple[int, str, int]], ask: Mapping[str, int]
+                      ) -> tuple[MigInstance, ...]:
+    """The instances of a node whose MIG GPUs (``gpus``, by index) are cut per claim (DRA's
+    partitionable devices, docs/dra.md): nothing exists until it is allocated, so every
+    legal placement that overlaps none in use is free.
+
+    In use: the ``held`` placements (GPU, profile, start: the claims' allocations; one the
+    model lacks, on another GPU, or overlapping one before it is left out), then ``ask``
+    (profile -> instances allocated nowhere yet: a pod assumed before its allocation shows),
+    each where first fit takes it: the lowest GPU, and there the first free placement in
+    :func:`slice_order` (largest profiles first; one that fits nowhere is left out). Then
+    every free placement, in that order on each GPU, overlapping one another as placements
+    do: a caller choosing several (:func:`best_instances`) never takes two that overlap."""
+    by_name = profiles_by_name(model)
+    taken = dict.fromkeys(gpus, 0)
+    used: list[MigInstance] = []
+    for gpu, name, start in held:
+        profile = by_name.get(name)
+        if (profile is None or gpu not in taken or start not in profile.starts
+                or taken[gpu] & profile.mask_at(start)):
+            continue
+        taken[gpu] |= profile.mask_at(start)
+        used.append(MigInstance(gpu, name, start, True))
+    order = slice_order(model)
+    for profile in sorted((by_name[n] for n in ask if n in by_name),
+                          key=lambda p: (-p.slices, p.name)):
+        for _ in range(ask[profile.name]):
+            spot = next(((g, start) for g in sorted(taken) for p, start in order
+                         if p is profile and not taken[g] & p.mask_at(start)), None)
+            if spot is None:
+                break
+            taken[spot[0]] |= profile.mask_at(spot[1])
+            used.append(MigInstance(spot[0], profile.name, spot[1], True))
+    free = [MigInstance(g, p.name, start) for g in sorted(taken) for p, start in order
+            if not taken[g] & p.mask_at(start)]
+    return (*sorted(used, key=lambda i: (i.gpu, i.start)), *free)
 
 
 def all_profile_names() -> tuple[str, ...]:

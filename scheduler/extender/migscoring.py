@@ -1,7 +1,11 @@
 """Filter and prioritize for pods asking MIG instances (``nvidia.com/mig-<profile>``).
 
 Static MIG, NVIDIA's device plugin with the ``mixed`` strategy: a pod gets an instance of
-exactly the profile it asks, and the plugin picks which one. The nodes' instances and their
+exactly the profile it asks, and the plugin picks which one. Dynamic MIG, gpufrag's DRA
+driver: a pod whose claims ask a profile's class is judged the same way, on the node's
+partitions (every free legal placement, those its pods' claims were allocated in use:
+:func:`scheduler.kube.mignodes.dynamic_layout`); kube-scheduler's first fit then picks the
+placement. The nodes' instances and their
 use come from :class:`scheduler.kube.mignodes.MigBook` (the agent's reading when fresh, else
 the allocatable counts and the pods placed there).
 
@@ -78,11 +82,18 @@ def shortfall(layout: MigLayout, ask: Mapping[str, int]) -> tuple[str, bool] | N
             config = f", mig.config {layout.spec.config}" if layout.spec.config else ""
             return (f"no {mig_resource(profile)} instance on this node (it offers "
                     f"{offered}{config})", True)
+        if layout.free.get(profile, 0) < ask[profile] and layout.spec.dynamic:
+            return (f"no free placement for {ask[profile]} {profile} partition(s) on its MIG "
+                    f"GPUs ({layout.in_use.get(profile, 0)} in use)", False)
         if layout.free.get(profile, 0) < ask[profile]:
             used = layout.in_use.get(profile, 0)
             return (f"no free {mig_resource(profile)} instance ({used} of {have} in use"
                     f"{f', {ask[profile]} asked' if ask[profile] > 1 else ''})", False)
     return None
+
+
+def _asked(ask: Mapping[str, int]) -> str:
+    return ", ".join(f"{n} x {profile}" for profile, n in sorted(ask.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +180,9 @@ class MigScorer:
         model = layout.spec.model
         fit = None if model is None else best_instances(
             model, layout.instances, ask, *self.workload_for(model))
+        if fit is None and layout.spec.dynamic:  # free placements that overlap, for several
+            return _Verdict(False, f"no placement for all of {_asked(ask)} at once on its "
+                                   "MIG GPUs")
         # No model (a product the MIG table lacks) or no placed free instance (the packing
         # found no position for it): it fits by the counts, and ranks neutral.
         return _Verdict(True, key=-fit.delta_milli if fit is not None else 0.0,

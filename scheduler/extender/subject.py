@@ -99,15 +99,17 @@ class PodReader:
         request = self._request_of(obj)
         claims = self.cache.pod_claims(obj)
         mapped = self.cache.mapped_ask(obj)
+        mig = mig_request(obj)
         if claims or mapped:  # its GPUs, if any, are asked through them, not by its containers
             request = self.cache.claims_request(request, claims, mapped)
+            mig = self.cache.claims_mig_ask(claims) or mig
         if identity is None:
             identity = self.identify(obj)
         # Only a memory share without a compute share can lack a device plugin's resource.
         gap = (device_gap(obj, self.names) if request.gpu_memory_mib and not request.gpu_milli
                else None)
-        return PodSubject(identity.key, identity.uid, identity.owner, request, mig_request(obj),
-                          gap, claims, mapped)
+        return PodSubject(identity.key, identity.uid, identity.owner, request, mig, gap,
+                          claims, mapped)
 
 
 __all__ = ["PodIdentity", "PodReader", "PodSubject"]

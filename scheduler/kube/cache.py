@@ -48,14 +48,19 @@ from scheduler.kube.bypass import BypassWatch
 from scheduler.kube.claims import (
     DEVICE_CLASSES,
     HeldGpu,
+    MigPartition,
     SliceGpus,
+    SliceMigGpu,
     asking,
     gpus_held,
     holding,
     mapped_count,
     mapped_resource,
+    partitions_asked,
+    partitions_held,
     pod_claim_keys,
     slice_gpus,
+    slice_mig_gpus,
     with_slice_gpus,
 )
 from scheduler.kube.convert import (
@@ -183,6 +188,9 @@ class ClusterCache:
         # advertises no GPU (the device plugin left it) has these (claims.with_slice_gpus);
         # the last Node object of each node is kept to apply again when its slice changes.
         self.slices: dict[str, dict[str, SliceGpus]] = {}
+        # node -> slice name -> the MIG GPUs it publishes partitions of (dynamic MIG:
+        # the MIG book's layout of the node, scheduler.kube.mignodes).
+        self.mig_slices: dict[str, dict[str, tuple[SliceMigGpu, ...]]] = {}
         self._slice_node: dict[str, str] = {}          # slice name -> its node
         self._node_objs: dict[str, Obj] = {}
         self.slices_synced = not dra_driver
@@ -275,13 +283,21 @@ class ClusterCache:
                 # A status heartbeat: nothing the state reads changed; the MIG side may have
                 # (the agent's reading is an annotation).
                 self.mig.apply_node(obj, spec.name, row)
+                self._apply_dynamic_mig(spec.name, row)
                 return
             self._unskip("node", [spec.name])
             row = self.state.add_node(spec)
             self.mig.apply_node(obj, spec.name, row)
+            self._apply_dynamic_mig(spec.name, row)
             for key in sorted(self.orphans.pop(spec.name, set())):
                 self._place_known(key)
             self.reservations.node_added(spec.name)
+
+    def _apply_dynamic_mig(self, name: str, row: int) -> None:
+        """The MIG book's dynamic side of ``name``: the MIG GPUs its slices publish."""
+        if self.dra_driver:
+            self.mig.apply_dynamic(name, row, [gpu for gpus in self.mig_slices.get(
+                name, {}).values() for gpu in gpus])
 
     def delete_node(self, name: str) -> None:
         """A Node is gone; its pods wait as orphans until they are deleted or it returns."""
@@ -373,6 +389,7 @@ class ClusterCache:
                     self._drop_dra_pod(key)
             self._unskip("pod", [key])
             self.mig.set_ask(key, ask)
+            self._update_dra_mig(key)
             previous = self.pods.get(key)
             if (previous is not None and previous.node and previous.node == known.node
                     and key not in self._dra_pods  # its GPUs are its claims', not a record
@@ -418,6 +435,27 @@ class ClusterCache:
                            gpus=None)
         return replace(known, request=holding(base, held),
                        gpus=tuple(gpu.index for gpu in held))
+
+    def _update_dra_mig(self, key: str) -> None:
+        """What the DRA pod ``key``'s claims ask of MIG profiles' classes and were allocated
+        of the driver's partitions, into the MIG book (nothing for a pod without claims, or
+        one whose claim cannot be read: logged)."""
+        found = self._dra_pods.get(key)
+        if found is None and key not in self.mig.claim_asks and key not in self.mig.held:
+            return  # the common case: no claims, and none before
+        ask: dict[str, int] = {}
+        held: tuple[tuple[str, MigPartition], ...] = ()
+        if found is not None:
+            claims = [(k, self.claims[k]) for k in found[1] if k in self.claims]
+            try:
+                ask = partitions_asked(claims, driver=self.dra_driver)
+                held = tuple((p.pool, p.partition)
+                             for p in partitions_held(claims, driver=self.dra_driver))
+            except BadInput as e:
+                log.warning("claim not read", pod=key, reason=str(e))
+        placed = self.state.pods.get(key)
+        self.mig.set_claims(key, ask, held, self.state.index,
+                            placed.node if placed is not None else "")
 
     def _allocated(self, key: str) -> list[HeldGpu]:
         """What the DRA pod ``key``'s claims are allocated, on any node ([] none, or a claim
@@ -472,6 +510,18 @@ class ClusterCache:
             log.warning("claim not read", pod=pod_key(request), reason=str(e))
             return request
 
+    def claims_mig_ask(self, claim_keys: Iterable[str]) -> dict[str, int]:
+        """The MIG instances the claims ``claim_keys`` (those the cache holds) ask through
+        MIG profiles' classes, by profile ({}: none, or a claim whose ask cannot be placed:
+        logged, and the allocator still places the pod)."""
+        with self.lock:
+            claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
+        try:
+            return partitions_asked(claims, driver=self.dra_driver)
+        except BadInput as e:
+            log.warning("claim not read", claims=[k for k, _ in claims], reason=str(e))
+            return {}
+
     def _apply_dra_pod(self, key: str, previous: KnownPod | None) -> None:
         """Count the DRA pod ``key`` (:meth:`_place_dra`), with a bound pod's bookkeeping."""
         known = self.pods[key]
@@ -499,11 +549,13 @@ class ClusterCache:
         known = self.pods[key]
         base = self._dra_pods[key][0]
         allocated = self._allocated(key)
-        nodes = {gpu.node for gpu in allocated}
+        # MIG partitions hold no GPU of the state: the pod is placed for its CPU and memory,
+        # and the MIG book counts the partitions (_update_dra_mig).
+        nodes = {gpu.node for gpu in allocated} | {node for node, _ in self.mig.held.get(key, ())}
         current = self.state.pods.get(key)
         if len(nodes) == 1 and (not known.node or known.node in nodes):
             node = next(iter(nodes))
-            request = holding(base, allocated)
+            request = holding(base, allocated) if allocated else base
             gpus = tuple(gpu.index for gpu in allocated)
             if known.node:  # bound and allocated: counted for real, no assumption left
                 self.assumed.pop(key, None)
@@ -527,7 +579,8 @@ class ClusterCache:
             self.assumed[key] = deadline
             self.decided.discard(key)
             return
-        if (key in self.assumed and current is not None and known.request.wants_gpu
+        if (key in self.assumed and current is not None
+                and (known.request.wants_gpu or self.mig.ask_of(key))
                 and (not known.node or current.node == known.node)):
             return  # the extender's assumption stands until the allocation shows
         if key in self.assumed:
@@ -586,12 +639,15 @@ class ClusterCache:
             name = _name_or_unknown(obj)
             try:
                 found = slice_gpus(obj, driver=self.dra_driver)
+                partitioned = slice_mig_gpus(obj, driver=self.dra_driver)
             except BadInput as e:
                 log.warning("resource slice not read", slice=name, reason=str(e))
-                found = None
+                found, partitioned = None, ()
             self._drop_slice(name)
             if found is not None:
                 self.slices.setdefault(found.node, {})[name] = found
+                if partitioned:
+                    self.mig_slices.setdefault(found.node, {})[name] = partitioned
                 self._slice_node[name] = found.node
                 self._reapply_node(found.node)
 
@@ -619,6 +675,10 @@ class ClusterCache:
         found.pop(name, None)
         if not found:
             self.slices.pop(node, None)
+        partitioned = self.mig_slices.get(node, {})
+        partitioned.pop(name, None)
+        if not partitioned:
+            self.mig_slices.pop(node, None)
         self._reapply_node(node)
 
     def _reapply_node(self, node: str) -> None:
@@ -682,6 +742,7 @@ class ClusterCache:
             if updated != known:
                 self.pods[key] = updated
                 self.pod_changes += 1
+            self._update_dra_mig(key)
             self._place_dra(key)
 
     def _record_changed(self, key: str, previous: KnownPod, known: KnownPod) -> KnownPod:
@@ -804,6 +865,7 @@ class ClusterCache:
         self._requests.pop(key, None)
         self._drop_dra_pod(key)
         self.mig.set_ask(key, {})
+        self.mig.set_claims(key, {}, (), self.state.index)
         self.assumed.pop(key, None)
         self.decided.discard(key)
         self.unaccounted.pop(key, None)

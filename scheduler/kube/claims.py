@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from gpufrag.conventions import DEFAULT_NAMES, KubeNames
 from gpufrag.errors import BadInput
+from scheduler.core.mig import is_profile_name
 from scheduler.core.types import MAX_GPUS_PER_NODE, MILLI_PER_GPU, NodeSpec, PodRequest
 from scheduler.kube.convert import effective_requests, gpu_labels
 from scheduler.kube.quantity import QuantityError, parse_quantity
@@ -57,6 +58,16 @@ def mig_class_name(profile: str, driver: str = DRIVER_NAME) -> str:
     return f"{MIG_CLASS_PREFIX}{profile}.{driver}"
 
 
+def mig_class_profile(device_class: str, driver: str = DRIVER_NAME) -> str | None:
+    """The MIG profile whose class ``device_class`` is (:func:`mig_class_name`), or None
+    when it is not one."""
+    suffix = f".{driver}"
+    if not (device_class.startswith(MIG_CLASS_PREFIX) and device_class.endswith(suffix)):
+        return None
+    profile = device_class[len(MIG_CLASS_PREFIX):-len(suffix)]
+    return profile if is_profile_name(profile) else None
+
+
 def mig_selector(profile: str, driver: str = DRIVER_NAME) -> str:
     """The CEL of a MIG profile's class: the driver's partitions of that profile (``in``
     first: a device without the attribute is then no match rather than a CEL error, which
@@ -70,6 +81,7 @@ DEVICE_PREFIX = "gpu-"
 MIB = 1 << 20
 
 Obj = Mapping[str, Any]
+_T = TypeVar("_T")
 
 
 def device_name(index: int) -> str:
@@ -346,14 +358,7 @@ def asked_gpus(claim: Obj, *, device_classes: Collection[str]) -> tuple[AskedGpu
         exactly = _mapping(entry.get("exactly"), f"{where}.exactly")
         if not _ours(exactly.get("deviceClassName"), device_classes):
             continue
-        mode = exactly.get("allocationMode") or "ExactCount"
-        if mode != "ExactCount":
-            raise BadInput(f"{mode!r}; gpufrag places an exact count of GPUs",
-                           field=f"{where}.exactly.allocationMode")
-        count = exactly.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise BadInput(f"{count!r}; it must be a whole number >= 1",
-                           field=f"{where}.exactly.count")
+        count = _exact_count(exactly, f"{where}.exactly", "GPUs")
         capacity = _mapping(exactly.get("capacity"), f"{where}.exactly.capacity")
         milli, memory_mib = _capacity(capacity.get("requests"),
                                       f"{where}.exactly.capacity.requests")
@@ -362,6 +367,47 @@ def asked_gpus(claim: Obj, *, device_classes: Collection[str]) -> tuple[AskedGpu
                            "GPU asks one device", field=f"{where}.exactly.count")
         found.append(AskedGpus(name, count, milli, memory_mib))
     return tuple(found)
+
+
+def partitions_asked(claims: Iterable[tuple[str, Obj]], *, driver: str) -> dict[str, int]:
+    """The MIG instances a pod asks through its ``claims`` ((name, ResourceClaim) pairs), by
+    profile: each request of a MIG profile's class (:func:`mig_class_profile`) asks ``count``
+    partitions (an exact count; any other is BadInput naming the claim and field, as in
+    :func:`asked_gpus`). The extender judges such a pod on the nodes' MIG instances, as a
+    pod asking ``nvidia.com/mig-<profile>``."""
+    asked: dict[str, int] = {}
+    for profile, count in _each_claim(claims, lambda claim: _partitions_asked(claim, driver)):
+        asked[profile] = asked.get(profile, 0) + count
+    return asked
+
+
+def _partitions_asked(claim: Obj, driver: str) -> list[tuple[str, int]]:
+    spec = _mapping(claim.get("spec"), "spec")
+    devices = _mapping(spec.get("devices"), "spec.devices")
+    found = []
+    for i, entry in enumerate(_list(devices.get("requests"), "spec.devices.requests")):
+        where = f"spec.devices.requests[{i}].exactly"
+        exactly = _mapping(_mapping(entry, where).get("exactly"), where)
+        device_class = exactly.get("deviceClassName")
+        profile = (mig_class_profile(device_class, driver)
+                   if isinstance(device_class, str) else None)
+        if profile is None:
+            continue
+        found.append((profile, _exact_count(exactly, where, "MIG partitions")))
+    return found
+
+
+def _exact_count(exactly: Obj, where: str, what: str) -> int:
+    """The ``count`` of a request's ``exactly`` (at ``where``) in ``ExactCount`` mode, the
+    one mode placement models; any other mode or count is BadInput naming the field."""
+    mode = exactly.get("allocationMode") or "ExactCount"
+    if mode != "ExactCount":
+        raise BadInput(f"{mode!r}; gpufrag places an exact count of {what}",
+                       field=f"{where}.allocationMode")
+    count = exactly.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise BadInput(f"{count!r}; it must be a whole number >= 1", field=f"{where}.count")
+    return count
 
 
 def gpus_asked(claims: Iterable[tuple[str, Obj]], *, device_classes: Collection[str],
@@ -375,15 +421,22 @@ def gpus_asked(claims: Iterable[tuple[str, Obj]], *, device_classes: Collection[
     return count, milli
 
 
-def _claims_asks(claims: Iterable[tuple[str, Obj]],
-                 device_classes: Collection[str]) -> list[AskedGpus]:
-    asks: list[AskedGpus] = []
+def _each_claim(claims: Iterable[tuple[str, Obj]], read: Callable[[Obj], Iterable[_T]]
+                ) -> list[_T]:
+    """What ``read`` finds in each of ``claims`` ((name, ResourceClaim) pairs), in order; a
+    BadInput it raises names the claim."""
+    found: list[_T] = []
     for name, claim in claims:
         try:
-            asks.extend(asked_gpus(claim, device_classes=device_classes))
+            found.extend(read(claim))
         except BadInput as exc:
             raise BadInput(f"ResourceClaim {name!r}: {exc}") from None
-    return asks
+    return found
+
+
+def _claims_asks(claims: Iterable[tuple[str, Obj]],
+                 device_classes: Collection[str]) -> list[AskedGpus]:
+    return _each_claim(claims, lambda claim: asked_gpus(claim, device_classes=device_classes))
 
 
 def _totals(asks: Sequence[AskedGpus], mapped: int) -> tuple[int, int, int]:
@@ -521,6 +574,30 @@ def listed_pod_gpus(pod: Obj, request: PodRequest, claims: Mapping[str, Obj], *,
     return holding(request, held), tuple(gpu.index for gpu in held)
 
 
+def partitions_held(claims: Iterable[tuple[str, Obj]], *, driver: str
+                    ) -> tuple[ClaimedPartition, ...]:
+    """The MIG partitions of ``driver`` a pod holds through its ``claims`` ((name,
+    ResourceClaim) pairs, the name for messages), in claim and result order: what
+    :func:`gpus_held` is for GPUs. Raises BadInput naming the claim."""
+    return tuple(_each_claim(claims, lambda claim: claimed_partitions(claim, driver=driver)))
+
+
+def listed_pod_partitions(pod: Obj, claims: Mapping[str, Obj], *, driver: str = DRIVER_NAME
+                          ) -> tuple[MigPartition, ...]:
+    """The MIG partitions a bound ``pod`` holds on its node through its claims (``claims``:
+    the ResourceClaims by ``namespace/name``, as for :func:`listed_pod_gpus`), sorted by GPU
+    and start; none for a pending pod, one that uses no claims, or one whose claims name
+    partitions of other nodes only. A DRA MIG pod asks no GPU of the placement state (its
+    request reads as CPU and memory): this is what it holds, the instance its GPU runs it
+    in. Raises BadInput naming the claim."""
+    node = _mapping(pod.get("spec"), "spec").get("nodeName")
+    if not node:
+        return ()
+    listed = [(key, claims[key]) for key in pod_claim_keys(pod) if key in claims]
+    held = {p.partition for p in partitions_held(listed, driver=driver) if p.pool == node}
+    return tuple(sorted(held, key=lambda p: (p.index, p.start, p.profile)))
+
+
 @dataclass(frozen=True, slots=True)
 class SliceGpus:
     """What a node's ResourceSlice of the driver offers: its GPUs (the devices ``gpu-<index>``
@@ -585,3 +662,50 @@ def with_slice_gpus(spec: NodeSpec, found: SliceGpus | None,
     labels = gpu_labels(spec.labels, names)
     return replace(spec, gpu_count=found.count, gpu_product=labels.product or found.product,
                    gpu_memory_mib=spec.gpu_memory_mib or found.memory_mib)
+
+
+@dataclass(frozen=True, slots=True)
+class SliceMigGpu:
+    """A GPU in MIG mode whose partitions a ResourceSlice of the driver publishes (KEP-4815):
+    its node, index, product (NVML's name) and memory (MiB: its largest partition's, the
+    whole-GPU profile's, which tells the MIG table's families apart as the GPU's does)."""
+
+    node: str
+    index: int
+    product: str
+    memory_mib: int
+
+
+def slice_mig_gpus(obj: Obj, *, driver: str) -> tuple[SliceMigGpu, ...]:
+    """The GPUs whose MIG partitions ``obj`` (a ``resource.k8s.io/v1`` ResourceSlice)
+    publishes, by index, as ``node.dra.slices`` publishes them (a device
+    ``gpu-<index>-mig-<profile>-<start>`` per legal placement); none for another driver's
+    slice, one of no node, or one without partitions. Such a GPU is a dynamic MIG GPU:
+    kube-scheduler's allocator hands out its placements and the driver makes the instance
+    when a claim is prepared. Raises BadInput naming the field."""
+    spec = _mapping(obj.get("spec"), "spec")
+    node = spec.get("nodeName")
+    if spec.get("driver") != driver or not isinstance(node, str) or not node:
+        return ()
+    products: dict[int, str] = {}
+    memory: dict[int, int] = {}
+    for i, device in enumerate(_list(spec.get("devices"), "spec.devices")):
+        where = f"spec.devices[{i}]"
+        device = _mapping(device, where)
+        name = device.get("name")
+        partition = mig_partition(name) if isinstance(name, str) else None
+        if partition is None:
+            continue
+        attributes = _mapping(device.get("attributes"), f"{where}.attributes")
+        product = _mapping(attributes.get("productName"),
+                           f"{where}.attributes.productName").get("string")
+        if isinstance(product, str) and product:
+            products.setdefault(partition.index, product)
+        capacity = _mapping(device.get("capacity"), f"{where}.capacity")
+        value = _mapping(capacity.get(CAPACITY_MEMORY),
+                         f"{where}.capacity.{CAPACITY_MEMORY}").get("value")
+        mib = 0 if value is None else math.ceil(
+            _amount(value, f"{where}.capacity.{CAPACITY_MEMORY}.value") / MIB)
+        memory[partition.index] = max(memory.get(partition.index, 0), mib)
+    return tuple(SliceMigGpu(node, index, products.get(index, ""), memory[index])
+                 for index in sorted(memory))

@@ -15,6 +15,15 @@ in use comes, in this order, from:
    lets NVML choose positions), with as many instances of each profile in use as the pods
    bound or assumed on the node ask (:func:`scheduler.core.mig.mark_in_use`).
 
+Dynamic MIG with gpufrag's DRA driver (docs/dra.md): a node's ResourceSlices publish every
+legal placement of its MIG GPUs as a partition (:func:`scheduler.kube.claims.slice_mig_gpus`),
+and an instance is made when kube-scheduler allocates one to a claim. Such a node's layout
+(:func:`dynamic_layout`) is the partitions the claims of the pods bound or assumed there were
+allocated, in use, and every legal placement overlapping none of them, free; a pod assumed
+before its allocation shows holds the placement DRA's first fit will take
+(:func:`scheduler.core.mig.dynamic_instances`). Its pods ask through claims of a profile's
+class (:func:`scheduler.kube.claims.partitions_asked`).
+
 The allocatable counts stay the truth of how many instances there are (the kubelet admits a
 pod against them); they and the GPU labels are read by the converters
 (:func:`scheduler.kube.convert.mig_offers`, :func:`~scheduler.kube.convert.gpu_labels`), the
@@ -29,7 +38,7 @@ placed for its CPU and memory only.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,11 +56,13 @@ from scheduler.core.mig import (
     SLICES,
     MigGpuModel,
     MigInstance,
+    dynamic_instances,
     mark_in_use,
     mig_model,
     pack_instances,
 )
 from scheduler.core.state import ClusterState, IntArray
+from scheduler.kube.claims import MigPartition, SliceMigGpu
 from scheduler.kube.convert import (
     LABEL_MIG_STRATEGY,
     MIG_RESOURCE_PREFIX,
@@ -99,6 +110,40 @@ class MigNodeSpec:
     unplaced: Mapping[str, int]
     config: str = ""
     agent: AgentMig | None = None
+    # Dynamic MIG (DRA partitions): the MIG GPUs' indices; instances are made per claim.
+    gpu_indices: tuple[int, ...] = ()
+    dynamic: bool = False
+
+
+def dynamic_spec(name: str, gpus: Sequence[SliceMigGpu]) -> MigNodeSpec | None:
+    """The MIG side of a node whose driver's slices publish partitions of ``gpus`` (dynamic
+    MIG), or None when none is published or the MIG table lacks its product. The GPUs of the
+    first one's family count (a node's GPUs are one product). ``allocatable``: every
+    placement of each profile, as the slices publish them."""
+    ordered = sorted(gpus, key=lambda g: g.index)
+    model = mig_model(ordered[0].product, ordered[0].memory_mib) if ordered else None
+    if model is None:
+        return None
+    indices = tuple(g.index for g in ordered if mig_model(g.product, g.memory_mib) == model)
+    allocatable = {p.name: len(p.starts) * len(indices) for p in model.profiles}
+    return MigNodeSpec(name, model, len(indices), allocatable, (), {}, gpu_indices=indices,
+                       dynamic=True)
+
+
+def dynamic_layout(spec: MigNodeSpec, held: Iterable[MigPartition],
+                   asked: Mapping[str, int]) -> MigLayout:
+    """A dynamic MIG node's instances (module docstring): ``held``, the partitions its pods'
+    claims were allocated there, and ``asked``, the instances its pods ask that no
+    allocation names yet, in use; every other free legal placement free, counted in
+    ``free`` (a profile's placements on one GPU never overlap one another)."""
+    assert spec.model is not None  # dynamic_spec makes none without a model
+    instances = dynamic_instances(spec.model, spec.gpu_indices,
+                                  ((p.index, p.profile, p.start) for p in held), asked)
+    free: dict[str, int] = {}
+    for instance in instances:
+        if not instance.in_use:
+            free[instance.profile] = free.get(instance.profile, 0) + 1
+    return MigLayout(spec, instances, free, _tally(instances), "claims")
 
 
 def mig_node_from_k8s(obj: Obj, reader: MigReader = no_agent,
@@ -140,8 +185,9 @@ def _gpus_needed(model: MigGpuModel, counts: Mapping[str, int]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class MigLayout:
-    """One node's instances now, with use (``source``: ``agent`` or ``labels``) and how many
-    of each profile are free: allocatable minus in use."""
+    """One node's instances now, with use (``source``: ``agent``, ``labels``, or ``claims``
+    for dynamic MIG) and how many of each profile are free: allocatable minus in use (for
+    dynamic MIG, the free placements)."""
 
     spec: MigNodeSpec
     instances: tuple[MigInstance, ...]
@@ -192,6 +238,11 @@ class MigBook:
     names: KubeNames = DEFAULT_NAMES
     nodes: dict[str, MigNodeSpec] = field(default_factory=dict)
     asks: dict[str, Mapping[str, int]] = field(default_factory=dict)  # pod key -> profiles
+    # Dynamic MIG (DRA): each node's spec from its slices; per pod, what its claims ask
+    # (profiles) and the partitions they were allocated, as (node, placement).
+    dynamic: dict[str, MigNodeSpec] = field(default_factory=dict)
+    claim_asks: dict[str, Mapping[str, int]] = field(default_factory=dict)
+    held: dict[str, tuple[tuple[str, MigPartition], ...]] = field(default_factory=dict)
     serial: IntArray = field(default_factory=lambda: np.zeros(0, np.int64))
     # node -> what its spec was read from, so a status heartbeat is not read again
     _inputs: dict[str, tuple[object, ...]] = field(default_factory=dict)
@@ -205,7 +256,7 @@ class MigBook:
         alloc = status.get("allocatable") if isinstance(status, Mapping) else None
         if not isinstance(alloc, Mapping) or not any(
                 str(r).startswith(MIG_RESOURCE_PREFIX) for r in alloc):
-            self.delete_node(name, row)  # the common case, a node without MIG: nothing to read
+            self._drop_static(name, row)  # the common case, a node without MIG: nothing to read
             return
         inputs = (repr(alloc), repr(labels_of(obj)),
                   annotations_of(obj).get(self.names.annotation_gpu_usage, ""))
@@ -220,10 +271,58 @@ class MigBook:
         self._changed(row)
 
     def delete_node(self, name: str, row: int | None) -> None:
+        self._drop_static(name, row)
+        if self.dynamic.pop(name, None) is not None and row is not None:
+            self._changed(row)
+
+    def _drop_static(self, name: str, row: int | None) -> None:
         self._inputs.pop(name, None)
         self._layouts.pop(name, None)
         if self.nodes.pop(name, None) is not None and row is not None:
             self._changed(row)
+
+    def apply_dynamic(self, name: str, row: int, gpus: Sequence[SliceMigGpu]) -> None:
+        """The driver's slices of node ``name`` (at state row ``row``) publish partitions of
+        ``gpus`` (none: no dynamic MIG there)."""
+        spec = dynamic_spec(name, gpus)
+        if spec == self.dynamic.get(name):
+            return
+        if spec is None:
+            self.dynamic.pop(name, None)
+        else:
+            self.dynamic[name] = spec
+        self._layouts.pop(name, None)
+        self._changed(row)
+
+    def set_claims(self, key: str, ask: Mapping[str, int],
+                   held: tuple[tuple[str, MigPartition], ...], index: Mapping[str, int],
+                   node: str = "") -> None:
+        """What the DRA pod ``key``'s claims ask (profiles) and were allocated ((node,
+        placement)); ``node``: where the pod is placed now. The layouts of the nodes this
+        changes (``index``: the state's rows) are worked out again."""
+        before = self.held.get(key, ())
+        if dict(self.claim_asks.get(key, {})) == dict(ask) and before == held:
+            return
+        if ask:
+            self.claim_asks[key] = dict(ask)
+        else:
+            self.claim_asks.pop(key, None)
+        if held:
+            self.held[key] = held
+        else:
+            self.held.pop(key, None)
+        for name in {node, *(n for n, _ in before), *(n for n, _ in held)}:
+            row = index.get(name)
+            if row is not None:
+                self._changed(row)
+
+    def ask_of(self, key: str) -> Mapping[str, int]:
+        """The profiles the pod ``key`` asks: its claims' (DRA), else its containers'."""
+        return self.claim_asks.get(key) or self.asks.get(key, {})
+
+    def spec_of(self, name: str) -> MigNodeSpec | None:
+        """``name``'s MIG side: the device plugin's (its Node says), else the DRA driver's."""
+        return self.nodes.get(name) or self.dynamic.get(name)
 
     def _changed(self, row: int) -> None:
         self._grow(row + 1)
@@ -259,43 +358,68 @@ class MigBook:
         for key in state.pods_on_node[row]:
             if key == exclude:
                 continue
-            for profile, n in self.asks.get(key, {}).items():
+            for profile, n in self.ask_of(key).items():
                 total[profile] = total.get(profile, 0) + n
         return total
+
+    def _dynamic_on(self, state: ClusterState, name: str, exclude: str = ""
+                    ) -> tuple[list[MigPartition], dict[str, int]]:
+        """The partitions the pods placed on ``name`` (``exclude`` left out) hold there, and
+        what they ask beyond those (assumed, not allocated yet), by profile."""
+        row = state.index.get(name)
+        held: list[MigPartition] = []
+        unplaced: dict[str, int] = {}
+        for key in state.pods_on_node[row] if row is not None else ():
+            if key == exclude:
+                continue
+            mine = [p for node, p in self.held.get(key, ()) if node == name]
+            held.extend(mine)
+            for profile, n in self.ask_of(key).items():
+                left = n - sum(1 for p in mine if p.profile == profile)
+                if left > 0:
+                    unplaced[profile] = unplaced.get(profile, 0) + left
+        return held, unplaced
+
+    def _layout_of(self, spec: MigNodeSpec, state: ClusterState, name: str, now: float,
+                   exclude: str = "") -> MigLayout:
+        if spec.dynamic:
+            return dynamic_layout(spec, *self._dynamic_on(state, name, exclude))
+        return layout_of(spec, self.asked_on(state, name, exclude), now)
 
     def layout(self, state: ClusterState, name: str, now: float,
                exclude: str = "") -> MigLayout | None:
         """``name``'s instances now (None: not a MIG node), ``exclude`` as in
         :meth:`asked_on`. Kept per node until its state ``version`` or ``serial`` moves or
         its agent reading turns stale, unless ``exclude`` is placed there."""
-        spec = self.nodes.get(name)
+        spec = self.spec_of(name)
         if spec is None:
             return None
         row = state.index.get(name)
         if row is None or (exclude and exclude in state.pods_on_node[row]):
-            return layout_of(spec, self.asked_on(state, name, exclude), now)
+            return self._layout_of(spec, state, name, now, exclude)
         fresh = spec.agent is not None and now <= spec.agent.fresh_until
         self._grow(row + 1)
         key = (int(state.version[row]), int(self.serial[row]), fresh)
         kept = self._layouts.get(name)
         if kept is not None and kept[0] == key:
             return kept[1]
-        layout = layout_of(spec, self.asked_on(state, name), now)
+        layout = self._layout_of(spec, state, name, now)
         self._layouts[name] = (key, layout)
         return layout
 
     def warm(self, state: ClusterState, now: float) -> int:
         """Work out every MIG node's layout now (the extender's warm-up, before it turns
         ready), so the first MIG pod's filter does not pay for all of them; returns how many."""
-        for name in self.nodes:
+        names = {*self.nodes, *self.dynamic}
+        for name in names:
             self.layout(state, name, now)
-        return len(self.nodes)
+        return len(names)
 
     def profile_counts(self) -> dict[str, int]:
         """Instances asked by every pod seen, by profile: the MIG target workload's source."""
         total: dict[str, int] = {}
-        for ask in self.asks.values():
-            for profile, n in ask.items():
+        for key in {*self.asks, *self.claim_asks}:
+            for profile, n in self.ask_of(key).items():
                 total[profile] = total.get(profile, 0) + n
         return total
 
@@ -353,6 +477,7 @@ def mig_node_to_k8s(name: str, product: str, gpu_memory_mib: int, gpus: int,
             "status": {"capacity": dict(allocatable), "allocatable": allocatable}}
 
 
-__all__ = ["AgentMig", "MigBook", "MigLayout", "MigNodeSpec", "MigReader", "layout_of",
+__all__ = ["AgentMig", "MigBook", "MigLayout", "MigNodeSpec", "MigReader", "dynamic_layout",
+           "dynamic_spec", "layout_of",
            "mig_node_from_k8s", "mig_node_to_k8s", "mig_pod_to_k8s", "mig_resource",
            "mig_resources", "no_agent"]

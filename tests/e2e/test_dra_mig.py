@@ -8,9 +8,11 @@ What is checked: the API server keeps the slices as built (``sharedCounters`` an
 ``consumesCounters`` survive, so DRAPartitionableDevices is on); first fit follows the device
 order within the slice (a 3g at slice 4 of GPU 0, the top first, then a 4g at slice 0 beside
 it, the next 3g on GPU 1); no two allocations ever share a memory slice; a 7g stays
-unschedulable while every GPU is partly used; and once the pods of GPU 0 are deleted, their
-claims' slices are free again and a 7g takes GPU 0 whole. The generic class never hands out
-a partition.
+unschedulable while every GPU is partly used; ``gpufrag inspect`` shows each bound pod under
+its MIG GPU with the profile and start its claim names, and the node agent's ledger holds it
+to that GPU; and once the pods of GPU 0 are
+deleted, their claims' slices are free again and a 7g takes GPU 0 whole. The generic class
+never hands out a partition.
 
 The node has no kubelet, so the pods are bound and allocated but never run (the driver's
 prepare is covered by tests/node/dra/test_service.py, against a recorded NVML: no GPU here).
@@ -18,20 +20,25 @@ prepare is covered by tests/node/dra/test_service.py, against a recorded NVML: n
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import suppress
 from typing import Any
 
 import kubernetes
 import pytest
+import structlog
 
+from defrag.controller.inspect import main as inspect_main
 from devkit.controlplane import ControlPlane
 from devkit.procs import wait_until
 from devkit.stack import GROUP_LABEL, delete_nodes
+from node.agent.cgroup import KubePodLister
 from node.dra.slices import build_slices
 from node.gpus import Gpu
 from scheduler.kube.claims import (
     DRIVER_NAME,
+    MigPartition,
     gpu_selector,
     mig_class_name,
     mig_partition,
@@ -110,7 +117,8 @@ def claim_of(name: str, device_class: str) -> dict[str, Any]:
 
 
 def test_mig_partitions_are_allocated_by_first_fit_without_sharing_a_slice(
-        control_plane: ControlPlane, mig_node: list[dict[str, Any]], namespace: str) -> None:
+        control_plane: ControlPlane, mig_node: list[dict[str, Any]], namespace: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
     client = control_plane.api_client()
     core = kubernetes.client.CoreV1Api(client)
     resource = kubernetes.client.ResourceV1Api(client)
@@ -153,6 +161,34 @@ def test_mig_partitions_are_allocated_by_first_fit_without_sharing_a_slice(
     ask("three-b", "3g.40gb")
     assert allocated("three-b") == "gpu-1-mig-3g-40gb-4"
     no_slice_shared()
+
+    # gpufrag inspect (the defrag cycle's own snapshot) shows the node with its two MIG GPUs
+    # and each bound pod on its GPU with the profile and start its claim was allocated.
+    def bound(name: str) -> bool | None:
+        return True if core.read_namespaced_pod(name, namespace).spec.node_name == NODE else None
+
+    for name in ("three-a", "four", "three-b"):
+        wait_until(lambda n=name: bound(n), timeout_s=60, what=f"the pod {name} bound")
+    try:
+        assert inspect_main(["--kubeconfig", str(control_plane.kubeconfig_path),
+                             "--namespace", namespace, "-o", "json"]) == 0
+    finally:
+        structlog.reset_defaults()  # inspect configures logging for its process
+    (shown,) = json.loads(capsys.readouterr().out)["nodes"]
+    assert shown["node"] == NODE and shown["gpus"] == []  # every GPU in MIG mode
+    assert [(g["index"], g["product"], g["dynamic"]) for g in shown["mig_gpus"]] == [
+        (0, PRODUCT, True), (1, PRODUCT, True)]
+    assert {(g["index"], i["profile"], i["start"]): i["pods"] for g in shown["mig_gpus"]
+            for i in g["instances"]} == {
+        (0, "3g.40gb", 4): [f"{namespace}/three-a"], (0, "4g.40gb", 0): [f"{namespace}/four"],
+        (1, "3g.40gb", 4): [f"{namespace}/three-b"]}
+    # The node agent's ledger (its pod list) holds each pod to its partition's GPU.
+    ledger = {record.ref.name: (record.share.gpus, record.share.partitions)
+              for record in KubePodLister(control_plane.new_api_client(), NODE).list_pods()
+              if record.share is not None and record.ref.namespace == namespace}
+    assert ledger == {"three-a": ((0,), (MigPartition(0, "3g.40gb", 4),)),
+                      "four": ((0,), (MigPartition(0, "4g.40gb", 0),)),
+                      "three-b": ((1,), (MigPartition(1, "3g.40gb", 4),))}
     # A 7g needs all eight slices of a GPU: none is whole, so it stays unschedulable.
     ask("seven-early", "7g.80gb")
     wait_until(lambda: unschedulable(core, namespace, "seven-early"), timeout_s=60,

@@ -26,11 +26,10 @@ from typing import Any
 import kubernetes
 import pytest
 import structlog
-import yaml
 
 from defrag.controller.inspect import main as inspect_main
 from devkit.controlplane import ControlPlane
-from devkit.extender import ExtenderProcess, gpufrag_scheduler_config
+from devkit.extender import ExtenderProcess, dra_scheduling, metric_value
 from devkit.procs import wait_until
 from devkit.stack import GROUP_LABEL, delete_nodes
 from gpufrag.conventions import LABEL_GPU_MEMORY_MIB, LABEL_GPU_PRODUCT, SCHEDULER_NAME
@@ -70,22 +69,13 @@ MAPPED_GROUP = "dra-mapped"
 def extender(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[ExtenderProcess]:
     folder = tmp_path_factory.mktemp("extender-dra")
-    config = folder / "extender.yaml"
-    config.write_text(yaml.safe_dump({
+    with dra_scheduling(control_plane, folder, {
         "dra": {"enabled": True, "device_classes": [DEVICE_CLASS, MAPPED_CLASS]},
         "workload": {"specs": SPECS},
         # Long enough that no assumption expires within the test: a 0 assumed at the end
         # means every one was replaced by its claim's allocation.
-        "bind": {"assume_ttl_s": 600}}))
-    ext = ExtenderProcess(control_plane, folder / "extender.log",
-                          extra_args=("--config", str(config))).start()
-    # DRA pods ask no extended resource: with managedResources kube-scheduler would never
-    # ask the extender about them.
-    control_plane.start_scheduler("gpufrag-scheduler", gpufrag_scheduler_config(
-        ext.url, managed=False))
-    yield ext
-    control_plane.stop_scheduler("gpufrag-scheduler")
-    ext.stop()
+        "bind": {"assume_ttl_s": 600}}) as ext:
+        yield ext
 
 
 def _publish_slices(resource: Any, core: Any, nodes: list[str]) -> None:
@@ -153,15 +143,6 @@ def _empty_state(nodes: list[str]) -> ClusterState:
                                   gpu_memory_mib=GPU_MEMORY_MIB) for n in nodes])
 
 
-def _metric(text: str, name: str, **labels: str) -> float:
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    head = f"{name}{{{wanted}}}" if labels else name
-    for line in text.splitlines():
-        if line.startswith(head + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"no {head} in the extender's metrics")
-
-
 def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
         control_plane: ControlPlane, extender: ExtenderProcess, namespace: str,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -191,7 +172,7 @@ def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
             return claims if len(claims) == expected else None
 
         seed = wait_until(allocated, timeout_s=60, what="the seed bound and allocated")[SEED]
-        wait_until(lambda: _metric(extender.metrics(), "gpufrag_extender_pods",
+        wait_until(lambda: metric_value(extender.metrics(), "gpufrag_extender_pods",
                                    state="assumed") == 0 or None,
                    timeout_s=30, what="the extender to count the seed's claim")
         for name, template in BURST:
@@ -236,10 +217,11 @@ def test_a_dra_burst_lands_where_fgd_and_first_fit_predict(
         # and a pod sent after the burst goes where the claims' state predicts.
         def settled() -> str | None:
             text = extender.metrics()
-            return text if _metric(text, "gpufrag_extender_pods", state="assumed") == 0 else None
+            assumed = metric_value(text, "gpufrag_extender_pods", state="assumed")
+            return text if assumed == 0 else None
 
         text = wait_until(settled, timeout_s=30, what="every assumption replaced by its claim")
-        assert _metric(text, "gpufrag_extender_pods", state="placed") >= len(BURST)
+        assert metric_value(text, "gpufrag_extender_pods", state="placed") >= len(BURST)
         core.create_namespaced_pod(namespace, _pod(LAST, "quarter"))
         expected += 1
         last = wait_until(allocated, timeout_s=60, what="the last pod allocated")[LAST]
@@ -330,7 +312,7 @@ def test_pods_asking_a_mapped_extended_resource_go_where_fgd_predicts(
             return found
 
         wait_until(allocated, timeout_s=60, what="the seed bound and allocated")
-        wait_until(lambda: _metric(extender.metrics(), "gpufrag_extender_pods",
+        wait_until(lambda: metric_value(extender.metrics(), "gpufrag_extender_pods",
                                    state="assumed") == 0 or None,
                    timeout_s=30, what="the extender to count the seed's claim")
         policy = _replay_policy()
@@ -353,7 +335,7 @@ def test_pods_asking_a_mapped_extended_resource_go_where_fgd_predicts(
                 if r.get("pod") == f"{namespace}/m0" and r.get("refused")] == []
         # The first pod had to pass the busy first node over on kube-scheduler's own score.
         assert got["m0"][0] == nodes[0]
-        wait_until(lambda: _metric(extender.metrics(), "gpufrag_extender_pods",
+        wait_until(lambda: metric_value(extender.metrics(), "gpufrag_extender_pods",
                                    state="assumed") == 0 or None,
                    timeout_s=30, what="every assumption replaced by its claim")
     finally:

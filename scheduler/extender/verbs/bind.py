@@ -129,7 +129,7 @@ class BindVerb:
         if known is not None and uid and known.uid == uid:
             self._check_scheduler(key, known.scheduler_name)
             return PodSubject(key, known.uid, known.owner, known.request,
-                              cache.mig.asks.get(key, {}), None, cache.claim_keys(key),
+                              cache.mig.ask_of(key), None, cache.claim_keys(key),
                               cache.mapped_of(key))
         assert self.binder is not None
         try:

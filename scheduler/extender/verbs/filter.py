@@ -73,7 +73,8 @@ class FilterVerb:
             self._await_watch(pod)
             if pod.claims:  # what they ask, now that the watch has shown them
                 pod = replace(pod, request=cache.claims_request(pod.request, pod.claims,
-                                                                 pod.mapped))
+                                                                 pod.mapped),
+                              mig=cache.claims_mig_ask(pod.claims) or pod.mig)
         scorer = placement.scorer_of(pod)
         with cache.lock, cache.reservations.lifted_for_pod(pod.key, pod.owner, pod.uid):
             rows = placement.rows(names, name_set)

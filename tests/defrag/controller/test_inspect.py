@@ -9,8 +9,19 @@ import pytest
 import yaml
 
 from defrag.controller.inspect import main as inspect_main
+from defrag.controller.inspect import table, view
+from defrag.controller.snapshot import UsageSource, build_snapshot
 from gpufrag import conventions as cv
-from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage, StrayProcess
+from gpufrag.gpu_usage import (
+    GpuUsage,
+    MigInstanceUsage,
+    NodeGpuUsage,
+    PodGpuUsage,
+    StrayProcess,
+)
+from node.dra.slices import build_slices
+from node.gpus import Gpu
+from scheduler.kube.claims import DRIVER_NAME, mig_device_name
 from scheduler.kube.snapshot import write_snapshot
 from tests.defrag.controller.builders import k8s_node, k8s_pod
 
@@ -193,3 +204,47 @@ def test_a_pod_given_other_gpus_than_recorded_is_marked_and_listed(
     assert "    ns/twin-a: 1000 milli, asked whole, MISALLOCATED (other_gpus)" in out
     assert ("misallocated pod ns/twin-a on n0 (other_gpus): its containers got GPU(s) 1 but "
             "gpu-indices records 0: ") in out
+
+
+def test_a_dra_mig_pod_shows_under_its_mig_gpu_with_its_profile_and_start() -> None:
+    bare = k8s_node("n0", gpus=0)
+    a100s = [Gpu(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 81_920) for i in range(2)]
+    slices = build_slices("n0", DRIVER_NAME, a100s, {0: True, 1: True})
+    pod = k8s_pod("three", node="n0", spec_extra={
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": "c-three"}]})
+    claim = {"metadata": {"name": "c-three", "namespace": "ns"},
+             "status": {"allocation": {"devices": {"results": [{
+                 "request": "gpu", "driver": DRIVER_NAME, "pool": "n0",
+                 "device": mig_device_name(1, "3g.40gb", 4)}]}}}}
+    snap, problems = build_snapshot([bare], [pod], [], UsageSource(8, NOW), claims=[claim],
+                                    slices=slices)
+    assert problems == []
+    data = view(snap, [], node=None, namespace=None, threshold=0.25)
+    (n0,) = data["nodes"]
+    assert n0["gpus"] == [] and n0["mig_gpus"] == [
+        {"index": 0, "product": "NVIDIA A100-SXM4-80GB", "dynamic": True, "instances": []},
+        {"index": 1, "product": "NVIDIA A100-SXM4-80GB", "dynamic": True, "instances": [
+            {"profile": "3g.40gb", "start": 4, "pods": ["ns/three"], "from": ["claims"]}]}]
+    other = view(snap, [], node=None, namespace="other", threshold=0.25)
+    assert other["nodes"] == []  # no pod of that namespace on the node
+    lines = table(data, wide=False).splitlines()
+    assert "  mig gpu 1 (DRA partitions, made per claim): 1 instance(s)" in lines
+    assert "    3g.40gb at slice 4: ns/three" in lines
+
+
+def test_a_device_plugin_mig_gpu_shows_the_agents_instances(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reading = NodeGpuUsage(node="n0", timestamp=NOW, interval_s=15.0, gpus=(GpuUsage(
+        index=0, uuid="GPU-0", product="NVIDIA A100-SXM4-80GB", memory_used_mib=100,
+        memory_total_mib=81_920, utilization_pct=0, pods=(PodGpuUsage("ns", "web", "uid-web",
+                                                                      100),),
+        mig=(MigInstanceUsage("3g.40gb", 4, "MIG-a", 100, 40_960, pods=("uid-web",)),
+             MigInstanceUsage("3g.40gb", 0, "MIG-b", 0, 40_960))),))
+    nodes = [k8s_node("n0", gpus=0, annotations={cv.ANNOTATION_GPU_USAGE: reading.to_json()})]
+    path = _written(tmp_path / "mig.json", nodes, [k8s_pod("web", node="n0")])
+    data = _json(capsys, "--snapshot", str(path))
+    (n0,) = data["nodes"]  # type: ignore[misc]
+    assert n0["mig_gpus"] == [{"index": 0, "product": "NVIDIA A100-SXM4-80GB", "dynamic": False,
+                               "instances": [
+        {"profile": "3g.40gb", "start": 0, "pods": [], "from": ["agent"]},
+        {"profile": "3g.40gb", "start": 4, "pods": ["ns/web"], "from": ["agent"]}]}]

@@ -6,7 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from defrag.controller.migfacts import mig_facts
-from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage, StrayProcess
+from gpufrag.gpu_usage import (
+    GpuUsage,
+    MigInstanceUsage,
+    NodeGpuUsage,
+    PodGpuUsage,
+    StrayProcess,
+)
 from scheduler.core.mig import MIG_MODELS
 from scheduler.kube.reservations import Reservation
 
@@ -36,7 +42,8 @@ def pod(name: str, requests: dict[str, str], *, node: str = "",
 
 def facts(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], **kw: Any) -> Any:
     return mig_facts(nodes, pods, kw.pop("readings", {}), kw.pop("reservations", ()),
-                     cordoned=kw.pop("cordoned", frozenset()), now=NOW)
+                     cordoned=kw.pop("cordoned", frozenset()), now=NOW,
+                     dynamic=kw.pop("dynamic", frozenset()))
 
 
 def test_a_mig_node_with_nothing_on_it_is_drained_and_read_from_its_labels() -> None:
@@ -95,3 +102,14 @@ def test_an_unreadable_mig_ask_is_reported_and_still_makes_its_node_busy() -> No
     found = facts([mig_node("a")], [pod("odd", {"nvidia.com/mig-1g.10gb": "500m"}, node="a")])
     assert found.nodes[0].busy == ("serving/odd",)
     assert len(found.problems) == 1 and "serving/odd" in found.problems[0]
+
+
+def test_a_node_whose_mig_gpus_the_dra_driver_cuts_is_left_to_it() -> None:
+    """The agent reads a DRA node's instances (made per claim): no MIG manager relabel
+    concerns it, so the step leaves it out."""
+    reading = NodeGpuUsage("dra", NOW, 15.0, (GpuUsage(
+        0, "GPU-0", "NVIDIA A100-SXM4-80GB", 0, 81920, 0,
+        mig=(MigInstanceUsage("3g.40gb", 4, "MIG-a", 0, 40_960),)),))
+    plain = {"metadata": {"name": "dra", "labels": {}}, "status": {"allocatable": {}}}
+    assert [n.name for n in facts([plain], [], readings={"dra": reading}).nodes] == ["dra"]
+    assert facts([plain], [], readings={"dra": reading}, dynamic=frozenset({"dra"})).nodes == []

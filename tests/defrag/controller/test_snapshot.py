@@ -11,6 +11,9 @@ from defrag.controller.model import (
     DELIVERY_CLAIMS,
     DELIVERY_DEVICE_PLUGIN,
     DELIVERY_DIRECT,
+    MIG_FROM_AGENT,
+    MIG_FROM_CLAIMS,
+    HeldInstance,
     Taint,
 )
 from defrag.controller.snapshot import (
@@ -21,9 +24,10 @@ from defrag.controller.snapshot import (
     hold_reservations,
 )
 from gpufrag import conventions as cv
-from gpufrag.gpu_usage import GpuUsage, NodeGpuUsage, PodGpuUsage
-from node.dra.slices import build_slice
+from gpufrag.gpu_usage import GpuUsage, MigInstanceUsage, NodeGpuUsage, PodGpuUsage
+from node.dra.slices import build_slice, build_slices
 from node.gpus import Gpu
+from scheduler.core.mig import MigInstance
 from scheduler.kube.reservations import Reservation, body
 from tests.builders import workload
 from tests.defrag.controller.builders import k8s_node, k8s_pdb, k8s_pod
@@ -267,3 +271,57 @@ def test_a_node_the_device_plugin_left_has_the_gpus_of_its_slice() -> None:
     _, problems = build_snapshot([bare], [], [], AGENT, slices=[broken])
     assert problems == ["ResourceSlice n0-gpu.gpufrag.io: field 'spec.devices': 'none' is not "
                         "a list"]
+
+
+def mig_claim(name: str, device: str, pool: str = "n0") -> dict[str, Any]:
+    """Claim ``c-<name>`` of a MIG profile's class, allocated the partition ``device``."""
+    return {"metadata": {"name": f"c-{name}", "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "mig-3g.40gb.gpu.gpufrag.io"}}]}},
+            "status": {"allocation": {"devices": {"results": [{
+                "request": "gpu", "driver": "gpu.gpufrag.io", "pool": pool,
+                "device": device}]}}}}
+
+
+def test_a_dra_mig_pod_shows_on_its_gpu_with_its_profile_and_start() -> None:
+    """The driver's MIG node (every GPU partitioned) is a MIG node of the snapshot with both
+    GPUs; each bound pod holds the partition its claim names, a pending one none, and its
+    request stays CPU and memory (no GPU of the placement state)."""
+    bare = k8s_node("n0", gpus=0)
+    a100s = [Gpu(i, f"GPU-{i}", "NVIDIA A100-SXM4-80GB", 81_920) for i in range(2)]
+    slices = build_slices("n0", "gpu.gpufrag.io", a100s, {0: True, 1: True})
+    pods = [dra_pod("three", "n0"), dra_pod("four", "n0"), dra_pod("wait")]
+    claims = [mig_claim("three", "gpu-0-mig-3g-40gb-4"), mig_claim("four", "gpu-0-mig-4g-40gb-0"),
+              mig_claim("wait", "gpu-1-mig-3g-40gb-4", pool="n1")]
+    snap, problems = build_snapshot([bare], pods, [], AGENT, claims=claims, slices=slices)
+    assert problems == []
+    mig = snap.mig["n0"]
+    assert mig.dynamic and mig.gpus == {0: "NVIDIA A100-SXM4-80GB", 1: "NVIDIA A100-SXM4-80GB"}
+    assert mig.instances == (
+        HeldInstance(MigInstance(0, "4g.40gb", 0, True), ("ns/four",), (MIG_FROM_CLAIMS,)),
+        HeldInstance(MigInstance(0, "3g.40gb", 4, True), ("ns/three",), (MIG_FROM_CLAIMS,)))
+    assert snap.state.pods["ns/three"].gpus == () and snap.state.pods["ns/three"].pod.num_gpu == 0
+    # Nothing allocated: the node still shows its MIG GPUs, with no instance.
+    empty, _ = build_snapshot([bare], [], [], AGENT, slices=slices)
+    assert empty.mig["n0"].gpus.keys() == {0, 1} and empty.mig["n0"].instances == ()
+
+
+def test_the_agents_mig_reading_and_a_claim_name_one_instance() -> None:
+    """A device-plugin MIG node is shown from the agent's reading (its pods by key), and an
+    instance both a claim and the reading name is one entry."""
+    reading = NodeGpuUsage(node="n0", timestamp=NOW - 10, interval_s=15.0, gpus=(GpuUsage(
+        index=0, uuid="GPU-0", product="NVIDIA A100-SXM4-80GB", memory_used_mib=100,
+        memory_total_mib=81_920, utilization_pct=0, pods=(PodGpuUsage("ns", "three",
+                                                                      "uid-three", 100),),
+        mig=(MigInstanceUsage("3g.40gb", 4, "MIG-a", 100, 40_960, pods=("uid-three",)),
+             MigInstanceUsage("3g.40gb", 0, "MIG-b", 0, 40_960))),))
+    node = k8s_node("n0", gpus=0, annotations={cv.ANNOTATION_GPU_USAGE: reading.to_json()})
+    snap, problems = build_snapshot([node], [dra_pod("three", "n0")], [], AGENT,
+                                    claims=[mig_claim("three", "gpu-0-mig-3g-40gb-4")])
+    assert problems == []
+    mig = snap.mig["n0"]
+    assert not mig.dynamic and mig.gpus == {0: "NVIDIA A100-SXM4-80GB"}
+    assert mig.instances == (
+        HeldInstance(MigInstance(0, "3g.40gb", 0, False), (), (MIG_FROM_AGENT,)),
+        HeldInstance(MigInstance(0, "3g.40gb", 4, True), ("ns/three",),
+                     (MIG_FROM_AGENT, MIG_FROM_CLAIMS)))

@@ -26,6 +26,7 @@ from node.agent.isolation import ShareWatch
 from node.agent.loop import Agent, AgentConfig
 from node.agent.metrics import AgentMetrics, Health
 from node.agent.publish import EVENT_REASON_GPU_MEMORY_OVER_SHARE, Publisher, PublishPolicy
+from scheduler.kube.claims import MigPartition
 from tests.node.agent.fakes import (
     POD_A,
     POD_B,
@@ -99,6 +100,27 @@ def test_a_dra_pods_share_and_gpus_are_its_claims_allocation() -> None:
                           {"serving/c": dra_claim("gpu-1")}) is None
     # Without its claims read, a DRA pod asks nothing of its containers: no share.
     assert share_from_pod(dra_pod_obj(), KubeNames()) is None
+
+
+def test_a_dra_mig_pod_holds_its_partitions_gpu_profile_and_start() -> None:
+    claim = dra_claim("gpu-1-mig-3g-40gb-4")
+    del claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]
+    found = share_from_pod(dra_pod_obj(), KubeNames(), {"serving/c": claim})
+    assert found is not None
+    assert (found.gpus, found.gpus_text, found.partitions) == (
+        (1,), "1", (MigPartition(1, "3g.40gb", 4),))
+    assert found.request.num_gpu == 0  # no GPU of the placement state: the instance is its
+    # Its memory is the instance's (MIG enforces it): not held to a share on its own GPU,
+    # but its processes on another GPU are not its own.
+    watch = ShareWatch(intervals=1)
+    checked, _ = watch.observe(reading(30_000, gpu=1, uid=POD_A.uid), {POD_A.uid: found}.get,
+                               0.0)
+    assert checked == []
+    checked, due = watch.observe(reading(30_000, gpu=0, uid=POD_A.uid), {POD_A.uid: found}.get,
+                                 1.0)
+    assert [(o.gpu_index, o.share_mib, o.chosen) for o in due] == [(0, 0, False)]
+    # On another node's pool, or not allocated: nothing held here.
+    assert share_from_pod(dra_pod_obj("other"), KubeNames(), {"serving/c": claim}) is None
 
 
 @pytest.mark.parametrize("requests", [{}, {"cpu": "1"}, {RESOURCE_GPU_MILLI: "1500"},

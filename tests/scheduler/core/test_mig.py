@@ -18,6 +18,7 @@ from scheduler.core.mig import (
     best_placement,
     covered,
     default_workload,
+    dynamic_instances,
     fragment_slices,
     fragmentation_table,
     free_slices,
@@ -309,3 +310,29 @@ def test_the_most_instances_of_a_profile_on_one_gpu_follow_its_placements() -> N
                                       "4g.40gb", "7g.80gb", "5g.99gb")] == [7, 7, 4, 3, 2, 1,
                                                                              1, 0]
     assert all(most_per_gpu(p) for p in all_profile_names())
+
+
+# ---------------------------------------------------------------- dynamic MIG (DRA partitions)
+def test_dynamic_instances_hold_the_allocated_then_first_fit_then_every_free_placement() -> None:
+    # H100: a 3g allocated at 0 on GPU 1; a 4g asked, allocated nowhere yet; GPU 3 has none.
+    found = dynamic_instances(H100, (1, 3), [(1, "3g.40gb", 0), (7, "3g.40gb", 0)],
+                              {"4g.40gb": 1, "7g.80gb": 1})
+    used = [i for i in found if i.in_use]
+    # The asks largest first, each where first fit takes it: the 7g on GPU 3 (GPU 1's
+    # slices 0-3 are taken); the 4g then fits nowhere and is left out, as is the placement
+    # on GPU 7 (not one of the MIG GPUs).
+    assert used == [MigInstance(1, "3g.40gb", 0, True), MigInstance(3, "7g.80gb", 0, True)]
+    free = [i for i in found if not i.in_use]
+    assert {(i.gpu, i.start) for i in free} == {(1, 4), (1, 5), (1, 6)}
+    assert free[0].profile == "1g.10gb"  # the slice's order: smallest profile first
+    # A small profile's first fit is the top of the GPU (start_order), as the allocator's.
+    assert [i for i in dynamic_instances(H100, (0,), [], {"1g.10gb": 1}) if i.in_use] == [
+        MigInstance(0, "1g.10gb", 6, True)]
+
+
+def test_best_instances_never_takes_two_free_placements_that_overlap() -> None:
+    free = dynamic_instances(H100, (0,), [], {})
+    fit = best_instances(H100, free, {"4g.40gb": 1, "3g.40gb": 1}, default_workload(H100))
+    assert fit is not None and {(i.profile, i.start) for i in fit.chosen} == {
+        ("4g.40gb", 0), ("3g.40gb", 4)}
+    assert best_instances(H100, free, {"4g.40gb": 2}, default_workload(H100)) is None

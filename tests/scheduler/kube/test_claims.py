@@ -19,6 +19,7 @@ from scheduler.kube.claims import (
     HeldGpu,
     MigPartition,
     SliceGpus,
+    SliceMigGpu,
     asked_gpus,
     claimed_gpus,
     claimed_partitions,
@@ -27,12 +28,17 @@ from scheduler.kube.claims import (
     gpus_asked,
     held_gpus,
     listed_pod_gpus,
+    listed_pod_partitions,
     mapped_count,
     mapped_resource,
+    mig_class_name,
+    mig_class_profile,
     mig_device_name,
     mig_partition,
+    partitions_asked,
     pod_claim_names,
     slice_gpus,
+    slice_mig_gpus,
     with_slice_gpus,
 )
 
@@ -339,6 +345,36 @@ def test_a_claims_partitions_are_read_apart_from_its_gpus() -> None:
         claimed_partitions(broken, driver=DRIVER)
 
 
+def test_a_bound_pod_holds_its_claims_partitions_on_its_node_only() -> None:
+    claims = {"default/claim-1": build_claim(
+        result("gpu-1-mig-3g-40gb-4"), result("gpu-0-mig-1g-10gb-6"), result("gpu-0"),
+        result("gpu-0-mig-4g-40gb-0", pool="other-node"),
+        result("gpu-0-mig-7g-80gb-0", driver="other.example.com"))}
+    assert listed_pod_partitions(listed_pod(NODE), claims) == (
+        MigPartition(0, "1g.10gb", 6), MigPartition(1, "3g.40gb", 4))
+    assert listed_pod_partitions(listed_pod(), claims) == ()  # pending: holds nothing yet
+    assert listed_pod_partitions(listed_pod(NODE), {}) == ()  # its claim not listed
+    broken = {"default/claim-1": build_claim(result("gpu-1-mig-3g-40gb-4", request=""))}
+    with pytest.raises(BadInput, match=re.escape(
+            "ResourceClaim 'default/claim-1': field 'status.allocation.devices.results[0]"
+            ".request'")):
+        listed_pod_partitions(listed_pod(NODE), broken)
+
+
+def test_a_slice_of_partitions_names_its_mig_gpus_and_their_memory() -> None:
+    gpus = [*a100s(2), Gpu(2, "GPU-2", "NVIDIA A100-SXM4-40GB", 40_960)]
+    published, counters, partitions = build_slices(NODE, DRIVER, gpus, {1: True, 2: True})
+    assert slice_mig_gpus(partitions, driver=DRIVER) == (
+        SliceMigGpu(NODE, 1, "NVIDIA A100-SXM4-80GB", 81_920),
+        SliceMigGpu(NODE, 2, "NVIDIA A100-SXM4-40GB", 40_960))
+    assert slice_mig_gpus(published, driver=DRIVER) == ()  # whole GPUs: no partition
+    assert slice_mig_gpus(counters, driver=DRIVER) == ()
+    assert slice_mig_gpus(partitions, driver="other.example.com") == ()
+    partitions["spec"]["devices"][0]["capacity"]["memory"]["value"] = "lots"
+    with pytest.raises(BadInput, match=re.escape("spec.devices[0].capacity.memory.value")):
+        slice_mig_gpus(partitions, driver=DRIVER)
+
+
 def test_a_node_without_gpus_takes_its_slices_and_keeps_its_labels_names() -> None:
     offered = SliceGpus(NODE, 2, "NVIDIA A100-SXM4-80GB", 81_920)
     bare = NodeSpec(NODE, cpu_milli=1000, memory_mib=1024, gpu_count=0)
@@ -406,3 +442,24 @@ def test_mapped_gpus_are_whole_and_add_to_what_claims_ask() -> None:
     assert gpus_asked([("c", share)], device_classes={DRIVER}, mapped=1) == (2, 1000)
     with pytest.raises(BadInput, match="at most"):
         gpus_asked([], device_classes={DRIVER}, mapped=MAX_GPUS_PER_NODE + 1)
+
+
+# ---------------------------------------------------------------------- MIG profiles asked
+def test_a_mig_class_names_its_profile() -> None:
+    assert mig_class_profile(mig_class_name("3g.40gb")) == "3g.40gb"
+    for other in (DRIVER, "whole.gpu.gpufrag.io", "mig-3g.40gb.other.example.com",
+                  "mig-lots.gpu.gpufrag.io"):
+        assert mig_class_profile(other) is None, other
+
+
+def test_claims_ask_mig_partitions_by_profile_and_nothing_else() -> None:
+    claims = [("a", asking(ask(device_class=mig_class_name("3g.40gb")),
+                           ask("two", device_class=mig_class_name("1g.10gb"), count=2),
+                           ask("share", capacity={"requests": {"milli": "250"}}))),
+              ("b", asking(ask(device_class=mig_class_name("3g.40gb"))))]
+    assert partitions_asked(claims, driver=DRIVER) == {"3g.40gb": 2, "1g.10gb": 2}
+    assert partitions_asked([("c", {})], driver=DRIVER) == {}
+    every = asking(ask(device_class=mig_class_name("3g.40gb"), allocationMode="All"))
+    with pytest.raises(BadInput, match=re.escape(
+            "ResourceClaim 'c': field 'spec.devices.requests[0].exactly.allocationMode'")):
+        partitions_asked([("c", every)], driver=DRIVER)
