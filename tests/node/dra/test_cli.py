@@ -43,6 +43,25 @@ class SignallingSlices(FakeSlices):
         self.replaced.set()
 
 
+class Running:
+    """``main(argv, ...)`` in a thread, as the DaemonSet runs it; :meth:`end` stops it and
+    answers its exit codes."""
+
+    def __init__(self, argv: list[str], slices: SignallingSlices,
+                 nvml: RecordedNvml | None = None) -> None:
+        self.stop = threading.Event()
+        self.result: list[int] = []
+        self.thread = threading.Thread(target=lambda: self.result.append(
+            main(argv, nvml=nvml, claims=FakeClaims(), slices=slices, stop=self.stop)))
+        self.thread.start()
+
+    def end(self) -> list[int]:
+        self.stop.set()
+        self.thread.join(20)
+        assert not self.thread.is_alive()
+        return self.result
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--node-name="], "--node-name"),
     (["--node-name=Not_A_Node"], "is not a Node name"),
@@ -74,15 +93,11 @@ def test_it_is_a_gpufrag_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
 def test_recorded_mode_publishes_its_slice_and_answers_registration(tmp_path: Path) -> None:
     root = Path(tempfile.mkdtemp(prefix="dra-"))
     slices = SignallingSlices()
-    stop = threading.Event()
     port = free_port()
     argv = ["--node-name=n", f"--registry-dir={root}/reg", f"--plugins-dir={root}/plugins",
             f"--cdi-dir={root}", f"--nvml-recording={one_gpu_recording(tmp_path / 'r.json')}",
             f"--metrics-port={port}", f"--dev-root={root}"]
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(
-        main(argv, claims=FakeClaims(), slices=slices, stop=stop)))
-    thread.start()
+    running = Running(argv, slices)
     try:
         assert slices.created.wait(20)
         (published,) = slices.stored.values()
@@ -105,8 +120,7 @@ def test_recorded_mode_publishes_its_slice_and_answers_registration(tmp_path: Pa
         assert "gpufrag_dra_inventory_recorded 1.0" in metrics
         assert 'gpufrag_dra_slice_syncs_total{result="created"} 1.0' in metrics
     finally:
-        stop.set()
-        thread.join(20)
+        result = running.end()
         shutil.rmtree(root)
     assert result == [EXIT_OK]
 
@@ -116,15 +130,11 @@ def test_an_unhealthy_gpu_is_tainted_in_the_slice_at_once_and_untainted_on_recov
     nvml = RecordedNvml([RecordedDevice(gpu.product, gpu.uuid, gpu.memory_total_mib << 20,
                                         [RecordedSample(0, 0)]) for gpu in build_gpus(2)])
     slices = SignallingSlices()
-    stop = threading.Event()
     # A publish interval far past the test: every replace below is the health thread's.
     argv = ["--node-name=n", f"--registry-dir={root}/reg", f"--plugins-dir={root}/plugins",
             f"--cdi-dir={root}", "--metrics-port=0", f"--dev-root={root}",
             "--publish-interval-s=3600", "--health-interval-s=0.05"]
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(
-        main(argv, nvml=nvml, claims=FakeClaims(), slices=slices, stop=stop)))
-    thread.start()
+    running = Running(argv, slices, nvml)
 
     def taints() -> list[object]:
         (published,) = slices.stored.values()
@@ -141,8 +151,7 @@ def test_an_unhealthy_gpu_is_tainted_in_the_slice_at_once_and_untainted_on_recov
         assert slices.replaced.wait(20)
         assert taints() == [None, None]
     finally:
-        stop.set()
-        thread.join(20)
+        result = running.end()
         shutil.rmtree(root)
     assert result == [EXIT_OK]
 
@@ -165,14 +174,10 @@ def test_the_plugin_socket_streams_health_that_follows_edits_of_the_recording() 
 
     write(lost=False)
     slices = SignallingSlices()
-    stop = threading.Event()
     argv = ["--node-name=n", f"--registry-dir={root}/reg", f"--plugins-dir={root}/plugins",
             f"--cdi-dir={root}", "--metrics-port=0", f"--dev-root={root}",
             f"--nvml-recording={path}", "--publish-interval-s=3600", "--health-interval-s=0.05"]
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(
-        main(argv, claims=FakeClaims(), slices=slices, stop=stop)))
-    thread.start()
+    running = Running(argv, slices)
     try:
         assert slices.created.wait(20)
         registration = RegistrationClient(f"{root}/reg/gpu.gpufrag.io-reg.sock")
@@ -193,15 +198,12 @@ def test_the_plugin_socket_streams_health_that_follows_edits_of_the_recording() 
         assert wait_until(states, timeout_s=20, what="gpu-1 streamed Unhealthy",
                           interval_s=0) == {"gpu-0": healthpb.HEALTHY,
                                             "gpu-1": healthpb.UNHEALTHY}
-        stop.set()
-        thread.join(20)
-        assert not thread.is_alive()
+        assert running.end() == [EXIT_OK]
         with pytest.raises(StopIteration):  # the driver stopping ends the stream cleanly
             while True:
                 next(stream)
         health.close()
     finally:
-        stop.set()
-        thread.join(20)
+        result = running.end()
         shutil.rmtree(root)
     assert result == [EXIT_OK]
