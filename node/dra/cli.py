@@ -146,7 +146,7 @@ def _run(started: NodeDaemon, config: DraConfig, reader: NvmlReader, gpus: tuple
     board = HealthBoard(gpus)
     health_service = HealthServicer(
         board, device_uuids(build_slices(config.node_name, config.driver_name, gpus, mig)),
-        pool=config.node_name, refresh_s=config.health_interval_s, log=log)
+        pool=config.node_name, refresh_s=config.health_interval_s, metrics=metrics, log=log)
     server = DriverServer(config, plugin, registration, health_service)
     server.start()
     http = started.serve_probes(lambda port: start_http_server(

@@ -18,7 +18,8 @@ sending shows ``Unknown`` after that many missed ones rather than a stale ``Heal
 The kubelet keeps one stream per driver connection and opens a new one 5 s after one ends. A
 stream holds one of the gRPC server's worker threads for its whole life, so at most
 ``max_streams`` run at once (two: the kubelet's and a restarted kubelet's while the old
-connection is being noticed gone); one more is refused with ``RESOURCE_EXHAUSTED``, saying so.
+connection is being noticed gone); one more is refused with ``RESOURCE_EXHAUSTED``, saying so
+(``gpufrag_dra_health_streams`` counts the open ones, ``..._refused_total`` the refusals).
 A stream ends when its client cancels (the RPC's termination callback wakes it at once), when
 the board closes (the driver stops) or when the server stops.
 """
@@ -34,6 +35,7 @@ import grpc
 from structlog.typing import FilteringBoundLogger
 
 from node.dra.api import healthpb
+from node.dra.metrics import DriverMetrics
 from node.health import HealthBoard
 
 MISSED_REFRESHES = 3
@@ -44,7 +46,7 @@ class HealthServicer:
     """``NodeWatchResources`` over a :class:`HealthBoard` (module docstring)."""
 
     def __init__(self, board: HealthBoard, devices: Sequence[tuple[str, str]], *, pool: str,
-                 refresh_s: float, log: FilteringBoundLogger,
+                 refresh_s: float, metrics: DriverMetrics, log: FilteringBoundLogger,
                  max_streams: int = DEFAULT_MAX_STREAMS,
                  clock: Callable[[], float] = time.time) -> None:
         """``devices``: (device name, its GPU's UUID) of every published device; ``pool``:
@@ -54,6 +56,7 @@ class HealthServicer:
         self._pool = pool
         self._refresh_s = refresh_s
         self._timeout_s = max(1, math.ceil(MISSED_REFRESHES * refresh_s))
+        self._metrics = metrics
         self._log = log
         self._max_streams = max_streams
         self._clock = clock
@@ -86,7 +89,9 @@ class HealthServicer:
             refused = self._open >= self._max_streams
             if not refused:
                 self._open += 1
+                self._metrics.health_streams.set(self._open)
         if refused:
+            self._metrics.health_streams_refused.inc()
             self._log.warning("health_stream_refused", open=self._max_streams)
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"{self._max_streams} NodeWatchResources streams are open, the most "
@@ -99,6 +104,7 @@ class HealthServicer:
                 ended.set()
                 with self._lock:
                     self._open -= 1
+                    self._metrics.health_streams.set(self._open)
                 self._board.wake()
 
         if not context.add_callback(end):  # already over before it began

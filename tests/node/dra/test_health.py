@@ -20,6 +20,7 @@ import structlog
 from devkit.procs import wait_until
 from node.dra.api import HealthClient, add_health_service, healthpb
 from node.dra.health import MISSED_REFRESHES, HealthServicer
+from node.dra.metrics import DriverMetrics
 from node.dra.slices import build_slices, device_uuids
 from node.health import HealthBoard
 from node.unixgrpc import listen_unix, stop_unix
@@ -36,6 +37,7 @@ class Served:
     board: HealthBoard
     servicer: HealthServicer
     client: HealthClient
+    metrics: DriverMetrics
 
 
 @contextmanager
@@ -43,7 +45,8 @@ def serving(*, refresh_s: float = LONG_S, max_streams: int = 2) -> Iterator[Serv
     root = Path(tempfile.mkdtemp(prefix="drah-"))  # unix socket paths must stay short
     path = str(root / "dra.sock")
     board = HealthBoard(GPUS)
-    servicer = HealthServicer(board, DEVICES, pool=NODE, refresh_s=refresh_s,
+    metrics = DriverMetrics(recorded=True)
+    servicer = HealthServicer(board, DEVICES, pool=NODE, refresh_s=refresh_s, metrics=metrics,
                               max_streams=max_streams, log=structlog.get_logger("test"),
                               clock=lambda: 1_700_000_000.0)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -52,7 +55,7 @@ def serving(*, refresh_s: float = LONG_S, max_streams: int = 2) -> Iterator[Serv
     server.start()
     client = HealthClient(path)
     try:
-        yield Served(board, servicer, client)
+        yield Served(board, servicer, client, metrics)
     finally:
         client.close()
         board.close()
@@ -138,9 +141,13 @@ def test_a_stream_past_the_cap_is_refused_and_one_is_taken_again_once_freed() ->
         assert raised.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "1 NodeWatchResources streams are open" in str(raised.value.details())
         assert served.servicer.open_streams == 1
+        metrics = served.metrics.render().decode()
+        assert "gpufrag_dra_health_streams 1.0" in metrics
+        assert "gpufrag_dra_health_streams_refused_total 1.0" in metrics
         first.cancel()
         wait_until(lambda: served.servicer.open_streams == 0, timeout_s=10,
                    what="the first stream's slot freed")
+        assert "gpufrag_dra_health_streams 0.0" in served.metrics.render().decode()
         again = watch(served)
         assert set(health(next(again)).values()) == {"HEALTHY"}
         again.cancel()
