@@ -288,6 +288,10 @@ def kubelet_config(*, runtime_endpoint: str, port: int, healthz_port: int, ca_fi
         "maxPods": 32,
         # Container logs under the node's directory, not /var/log/pods (tests read them there).
         "podLogsDir": str(pod_logs_dir),
+        # The DRA driver's health stream shown in pods' allocatedResourcesStatus (KEP-4680):
+        # beta and on by default in 1.36, named so a change of defaults cannot turn it off
+        # unseen (docs/dra.md, "Feature gates").
+        "featureGates": {"ResourceHealthStatus": True, "ResourceHealthStatusMessage": True},
     }
 
 

@@ -11,21 +11,24 @@ XID event stream as NVIDIA's own plugin does (the shared adapter does not expose
 error that leaves the GPU readable is not seen here.
 
 :class:`HealthBoard` is the one shared state between the health thread and the gRPC threads: a
-version number that moves on every change, and a condition variable that ListAndWatch streams
-wait on. It holds one entry per GPU and nothing else, so its memory is flat however long the
-plugin runs and however often health flips.
+version number that moves on every change, and a condition variable that the device plugin's
+ListAndWatch streams and the DRA driver's NodeWatchResources streams wait on. It holds one
+entry per GPU and nothing else, so its memory is flat however long the plugin runs and however
+often health flips.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 from structlog.typing import FilteringBoundLogger
 
 from gpufrag.errors import BadInput
 from gpufrag.nvml import GpuReadError, NoGpuError, NvmlApi, NvmlReader
+from gpufrag.nvml_recorded import RecordedNvml
 from node.gpus import Gpu
 
 DEFAULT_HEALTH_INTERVAL_S = 5.0
@@ -81,6 +84,12 @@ class HealthBoard:
             if self._version == seen and not self._closed:
                 self._changed.wait(timeout_s)
             return self._version
+
+    def wake(self) -> None:
+        """Wake every waiter now, changing nothing: a stream whose client went away looks at
+        its context at once instead of at its timeout."""
+        with self._changed:
+            self._changed.notify_all()
 
     @property
     def closed(self) -> bool:
@@ -185,3 +194,19 @@ class FollowedRecording:
 
     def close(self) -> None:
         self._reader.close()
+
+
+@contextmanager
+def health_reader(reader: NvmlReader, recording: Path | None, *,
+                  log: FilteringBoundLogger) -> Iterator[Callable[[], NvmlReader]]:
+    """What a :class:`HealthMonitor` reads through, for both node daemons: ``reader`` itself
+    on live NVML, the :class:`FollowedRecording` of ``recording`` (closed when the block
+    ends) in recorded mode, so editing the recording drives either daemon's health."""
+    if recording is None:
+        yield lambda: reader
+        return
+    follow = FollowedRecording(recording, reader, log=log, load=RecordedNvml.load)
+    try:
+        yield follow
+    finally:
+        follow.close()  # the reader it holds now (the first one is closed by its opener)

@@ -14,16 +14,14 @@ test makes a GPU fail.
 from __future__ import annotations
 
 import argparse
-import functools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from gpufrag.argtypes import positive_float
 from gpufrag.conventions import names_from_environ
 from gpufrag.errors import EXIT_OK, BadInputArgumentParser
 from gpufrag.nvml import NvmlApi, NvmlReader
-from gpufrag.nvml_recorded import RecordedNvml
 from gpufrag.probes import Liveness
 from node import daemon
 from node.daemon import NodeDaemon
@@ -44,12 +42,7 @@ from node.deviceplugin.service import DevicePluginServicer
 from node.deviceplugin.trust import KubeRecordKeys, RecordTrust
 from node.deviceplugin.writes import KubePodWriter, PodWriter
 from node.gpus import DeviceNodes, add_grant_flags, read_inventory
-from node.health import (
-    DEFAULT_HEALTH_INTERVAL_S,
-    FollowedRecording,
-    HealthBoard,
-    HealthMonitor,
-)
+from node.health import DEFAULT_HEALTH_INTERVAL_S, HealthBoard, HealthMonitor, health_reader
 
 
 def build_parser() -> BadInputArgumentParser:
@@ -191,30 +184,22 @@ def _run(started: NodeDaemon, config: DevicePluginConfig, reader: NvmlReader,
     stop = started.stop_event(stop)
     if watcher is not None:
         watcher.start()
-    follow: Callable[[], NvmlReader] = functools.partial(_same, reader)
-    if args.nvml_recording is not None:
-        follow = FollowedRecording(args.nvml_recording, reader, log=log, load=RecordedNvml.load)
-    monitor = HealthMonitor(follow, board, log=log,
-                            on_change=lambda gpu, ok, _reason: metrics.observe_health(gpu, ok))
-    health_thread = threading.Thread(
-        target=monitor.run, args=(stop.wait, config.health_interval_s), name="gpu-health",
-        daemon=True)
-    health_thread.start()
-    try:
-        supervisor.run(stop.wait)
-    finally:
-        board.close()
-        supervisor.stop()
-        health_thread.join(config.health_interval_s + 5)
-        if watcher is not None:
-            watcher.stop()
-        if isinstance(follow, FollowedRecording):
-            follow.close()  # the reader it holds now (the first one is closed by main)
-        if server is not None:
-            server.stop()
+    with health_reader(reader, args.nvml_recording, log=log) as follow:
+        monitor = HealthMonitor(follow, board, log=log,
+                                on_change=lambda gpu, ok, _reason: metrics.observe_health(gpu, ok))
+        health_thread = threading.Thread(
+            target=monitor.run, args=(stop.wait, config.health_interval_s), name="gpu-health",
+            daemon=True)
+        health_thread.start()
+        try:
+            supervisor.run(stop.wait)
+        finally:
+            board.close()
+            supervisor.stop()
+            health_thread.join(config.health_interval_s + 5)
+            if watcher is not None:
+                watcher.stop()
+            if server is not None:
+                server.stop()
     log.info("stopped")
     return EXIT_OK
-
-
-def _same(reader: NvmlReader) -> NvmlReader:
-    return reader

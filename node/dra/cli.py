@@ -7,8 +7,10 @@ recording, 3 no GPU on this node.
 What it does, in order: read the GPUs (NVML, or ``--nvml-recording`` on a node without one),
 serve the kubelet's DRA plugin and registration sockets, then publish this node's
 ResourceSlices and check them every ``--publish-interval-s``; read each GPU's health every
-``--health-interval-s`` (the device plugin's health source, :mod:`node.health`) and
-republish at once when it changes, an unhealthy GPU's devices tainted ``NoSchedule``. A failed
+``--health-interval-s`` (the device plugin's health source, :mod:`node.health`; in recorded
+mode, edits of the recording are followed) and republish at once when it changes, an unhealthy
+GPU's devices tainted ``NoSchedule``; the same board feeds the kubelet's health stream
+(:mod:`node.dra.health`, each allocated device's health in its pod's status). A failed
 publish is logged and retried at the next pass; the driver keeps serving the claims already
 allocated.
 """
@@ -29,14 +31,16 @@ from node.daemon import NodeDaemon
 from node.dra.api import PLUGINS_DIR, PLUGINS_REGISTRY_DIR
 from node.dra.cdi import SpecDir
 from node.dra.config import CDI_KIND, DEFAULT_CDI_DIR, DEFAULT_METRICS_PORT, DRIVER_NAME, DraConfig
+from node.dra.health import HealthServicer
 from node.dra.kube import KubeClaims, KubeSlices, node_uid
 from node.dra.metrics import DriverMetrics, start_http_server
 from node.dra.partitions import RECORD_KIND, Partitions
 from node.dra.publish import SliceApi, SlicePublisher
 from node.dra.server import DriverServer
 from node.dra.service import ClaimSource, DraPluginServicer, RegistrationServicer
+from node.dra.slices import build_slices, device_uuids
 from node.gpus import DeviceNodes, Gpu, add_grant_flags, read_inventory
-from node.health import DEFAULT_HEALTH_INTERVAL_S, HealthBoard, HealthMonitor
+from node.health import DEFAULT_HEALTH_INTERVAL_S, HealthBoard, HealthMonitor, health_reader
 from scheduler.kube.errors import ApiError
 
 
@@ -63,7 +67,8 @@ def build_parser() -> BadInputArgumentParser:
     parser.add_argument("--health-interval-s", type=positive_float,
                         default=DEFAULT_HEALTH_INTERVAL_S,
                         help="seconds between GPU health reads; an unhealthy GPU's devices are "
-                             "tainted NoSchedule (default: %(default)s)")
+                             "tainted NoSchedule and reported Unhealthy to the kubelet, which "
+                             "is sent every device's health this often (default: %(default)s)")
     add_grant_flags(parser)
     return parser
 
@@ -138,7 +143,11 @@ def _run(started: NodeDaemon, config: DraConfig, reader: NvmlReader, gpus: tuple
              plugin_socket=config.plugin_socket_path, cdi_dir=config.cdi_dir,
              nvml="recorded" if started.recorded else "live",
              missing_device_nodes=list(nodes.missing))
-    server = DriverServer(config, plugin, registration)
+    board = HealthBoard(gpus)
+    health_service = HealthServicer(
+        board, device_uuids(build_slices(config.node_name, config.driver_name, gpus, mig)),
+        pool=config.node_name, refresh_s=config.health_interval_s, metrics=metrics, log=log)
+    server = DriverServer(config, plugin, registration, health_service)
     server.start()
     http = started.serve_probes(lambda port: start_http_server(
         port, metrics, liveness.live, lambda: registration.registered and published.is_set()))
@@ -157,23 +166,25 @@ def _run(started: NodeDaemon, config: DraConfig, reader: NvmlReader, gpus: tuple
         publisher.mark(gpu.index, healthy)
         publish()  # the taint goes on (or off) now, not at the next interval
 
-    monitor = HealthMonitor(lambda: reader, HealthBoard(gpus), log=log,
-                            on_change=health_changed,
-                            effect="its devices are tainted NoSchedule in the ResourceSlice; "
-                                   "no new claim is allocated it")
-    health = threading.Thread(target=monitor.run, args=(stop.wait, config.health_interval_s),
-                              name="gpu-health", daemon=True)
-    health.start()
-    try:
-        while True:
-            liveness.tick()
-            publish()
-            if stop.wait(config.publish_interval_s):
-                break
-    finally:
-        health.join(config.health_interval_s + 5)
-        server.stop()
-        if http is not None:
-            http.stop()
+    with health_reader(reader, started.args.nvml_recording, log=log) as follow:
+        monitor = HealthMonitor(follow, board, log=log, on_change=health_changed,
+                                effect="its devices are tainted NoSchedule in the ResourceSlice "
+                                       "and reported Unhealthy to the kubelet; no new claim is "
+                                       "allocated it")
+        health = threading.Thread(target=monitor.run, args=(stop.wait, config.health_interval_s),
+                                  name="gpu-health", daemon=True)
+        health.start()
+        try:
+            while True:
+                liveness.tick()
+                publish()
+                if stop.wait(config.publish_interval_s):
+                    break
+        finally:
+            board.close()  # ends the kubelet's health streams
+            health.join(config.health_interval_s + 5)
+            server.stop()
+            if http is not None:
+                http.stop()
     log.info("stopped")
     return EXIT_OK

@@ -34,6 +34,12 @@ class DriverMetrics:
             "gpufrag_dra_slice_syncs",
             "Passes that checked this node's ResourceSlice, by result (created, replaced, "
             "unchanged, failed).", ["result"], registry=r)
+        self.health_streams = Gauge(
+            "gpufrag_dra_health_streams",
+            "NodeWatchResources streams open (the kubelet keeps one).", registry=r)
+        self.health_streams_refused = Counter(
+            "gpufrag_dra_health_streams_refused",
+            "NodeWatchResources calls refused because the most streams were open.", registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

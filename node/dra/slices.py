@@ -223,6 +223,14 @@ def build_slices(node_name: str, driver_name: str, gpus: Sequence[Gpu],
     } for each, content in specs]
 
 
+def device_uuids(slices: Sequence[Obj]) -> list[tuple[str, str]]:
+    """(device name, its GPU's UUID) of every device in ``slices``, in order: what the
+    driver publishes, read back from what :func:`build_slices` built (the ``uuid``
+    attribute every device carries), so the health stream names exactly those devices."""
+    return [(str(device["name"]), str(device["attributes"]["uuid"]["string"]))
+            for obj in slices for device in obj["spec"].get("devices") or ()]
+
+
 def build_slice(node_name: str, driver_name: str, gpus: Sequence[Gpu],
                 mig_enabled: Mapping[int, bool], *, generation: int = 1,
                 node_uid: str = "") -> Obj:

@@ -15,6 +15,8 @@ and the pipe directory mounted. Deleting the pods unprepares the claims.
 - A tenant cannot rewrite its claim's allocation.
 - A pod asking ``gpufrag.io/gpu-milli`` in a namespace labelled for DRA delivery is converted
   by the admission webhook and runs with its share's environment.
+- Device health in the pod's status (KEP-4680): a GPU that stops answering NVML is streamed
+  Unhealthy to the kubelet, which shows it in ``allocatedResourcesStatus``.
 """
 
 from __future__ import annotations
@@ -390,6 +392,71 @@ def test_a_mig_partition_is_made_prepared_and_destroyed_for_its_pod(
         finally:
             _delete_pods(core, node_namespace)
             resource.delete_device_class(mig_class)
+def _resource_health(core: kubernetes.client.CoreV1Api, namespace: str,
+                     name: str) -> list[tuple[str, str, str]]:
+    """(status name, health, message) of every device in the pod's first container's
+    ``allocatedResourcesStatus``, as the kubelet writes it (KEP-4680)."""
+    pod = core.api_client.sanitize_for_serialization(core.read_namespaced_pod(name, namespace))
+    (status,) = pod["status"].get("containerStatuses") or [{}]
+    return [(entry["name"], each["health"], each.get("message", ""))
+            for entry in status.get("allocatedResourcesStatus") or ()
+            for each in entry.get("resources") or ()]
+
+
+def test_a_gpu_turning_unhealthy_shows_in_its_pods_status(
+        node: Node, node_plane: ControlPlane, node_namespace: str, tmp_path: Path) -> None:
+    """The kubelet's DRA health stream (KEP-4680, gate ResourceHealthStatus): a pod holding
+    gpu-0 through a claim shows it Healthy in ``allocatedResourcesStatus``; when the recorded
+    GPU stops answering NVML (the recording edited, as on the device plugin's path), the
+    driver's next health pass streams it Unhealthy and the kubelet writes that, with the
+    failed read as the message, into the pod's status; the recording restored, Healthy
+    again."""
+    require_containers(node)
+    recording = write_gpu_recording(tmp_path / "nvml.json")
+    client = node_plane.api_client()
+    core = kubernetes.client.CoreV1Api(client)
+    resource = kubernetes.client.ResourceV1Api(client)
+    create_device_class(resource, DRIVER_NAME)
+    with running_driver(node, node_plane, recording, tmp_path / "dra-plugin.log") as driver:
+        try:
+            resource.create_namespaced_resource_claim_template(node_namespace, _template("whole"))
+            core.create_namespaced_pod(node_namespace, _gpu_pod("watched", template="whole"))
+            (status,) = _running(core, node_namespace, "watched").status.resource_claim_statuses
+            claim = client.sanitize_for_serialization(resource.read_namespaced_resource_claim(
+                status.resource_claim_name, node_namespace))
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            assert result["device"] == "gpu-0"
+            assert wait_until(lambda: _resource_health(core, node_namespace, "watched") or None,
+                              timeout_s=60, what="the pod's device health reported"
+                              ) == [("claim:gpu", "Healthy", "")]
+            assert logged_events(driver.log, "health_stream_opened") >= 1
+
+            healthy = recording.read_text()
+            lost = json.loads(healthy)
+            lost["devices"][0]["errors"] = {"nvmlDeviceGetMemoryInfo": "NVMLError_GpuIsLost"}
+
+            def record(text: str) -> None:  # in one rename: the driver never reads half a file
+                edited = recording.with_suffix(".tmp")
+                edited.write_text(text)
+                edited.replace(recording)
+
+            def reported(health: str) -> list[tuple[str, str, str]] | None:
+                found = _resource_health(core, node_namespace, "watched")
+                return found if found and found[0][1] == health else None
+
+            record(json.dumps(lost))
+            assert wait_until(lambda: reported("Unhealthy"), timeout_s=60,
+                              what="the pod's device reported Unhealthy") == [
+                ("claim:gpu", "Unhealthy", "GPU 0: reading identity/memory failed: GPU is lost")]
+            record(healthy)
+            assert wait_until(lambda: reported("Healthy"), timeout_s=60,
+                              what="the pod's device reported Healthy again") == [
+                ("claim:gpu", "Healthy", "")]
+        finally:
+            _delete_pods(core, node_namespace)
+            resource.delete_device_class(DRIVER_NAME)
+
+
 def test_a_pod_asking_gpu_milli_in_a_dra_namespace_runs_with_its_share(
         node: Node, node_plane: ControlPlane, node_namespace: str, dra_driver: Driver,
         tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ API_DIR = Path(api.__file__).resolve().parent
 KUBELET_MODULE = "k8s.io/kubelet@v0.36.3"
 HEADER_LINES = 9  # the lines prepended to protoc's output (see each api_pb2.py)
 PROTOS = {"dra/v1/api.proto": "pkg/apis/dra/v1/api.proto",
+          "drahealth/v1alpha1/api.proto": "pkg/apis/dra-health/v1alpha1/api.proto",
           "pluginregistration/v1/api.proto": "pkg/apis/pluginregistration/v1/api.proto"}
 
 
@@ -49,5 +50,9 @@ def test_vendored_protos_are_the_kubelets(proto: str) -> None:
 def test_the_glue_names_the_services_the_kubelet_calls() -> None:
     assert api.DRA_PLUGIN == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
     assert api.REGISTRATION == "pluginregistration.Registration"
+    assert api.DRA_HEALTH == "v1alpha1.DRAResourceHealth"  # the kubelet's healthClient path
+    assert set(api.healthpb.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods_by_name
+               ) == {"NodeWatchResources"} == set(api.HealthService.__dict__) & {
+                   "NodeWatchResources"}
     assert set(api.drapb.DESCRIPTOR.services_by_name["DRAPlugin"].methods_by_name) == set(
         api.DraPluginService.__dict__) & {"NodePrepareResources", "NodeUnprepareResources"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -12,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from devkit.procs import free_port
+from devkit.procs import free_port, wait_until
 from gpufrag.cli import main as gpufrag_main
 from gpufrag.errors import EXIT_BAD_INPUT, EXIT_NO_GPU, EXIT_OK
 from gpufrag.nvml_recorded import RecordedDevice, RecordedNvml, RecordedSample
-from node.dra.api import RegistrationClient, regpb
+from node.dra.api import HealthClient, RegistrationClient, healthpb, regpb
 from node.dra.cli import main
 from node.dra.slices import TAINT_UNHEALTHY, Obj
 from tests.node.daemons import one_gpu_recording, ready_within
@@ -40,6 +41,25 @@ class SignallingSlices(FakeSlices):
     def replace(self, name: str, body: Obj) -> None:
         super().replace(name, body)
         self.replaced.set()
+
+
+class Running:
+    """``main(argv, ...)`` in a thread, as the DaemonSet runs it; :meth:`end` stops it and
+    answers its exit codes."""
+
+    def __init__(self, argv: list[str], slices: SignallingSlices,
+                 nvml: RecordedNvml | None = None) -> None:
+        self.stop = threading.Event()
+        self.result: list[int] = []
+        self.thread = threading.Thread(target=lambda: self.result.append(
+            main(argv, nvml=nvml, claims=FakeClaims(), slices=slices, stop=self.stop)))
+        self.thread.start()
+
+    def end(self) -> list[int]:
+        self.stop.set()
+        self.thread.join(20)
+        assert not self.thread.is_alive()
+        return self.result
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -73,15 +93,11 @@ def test_it_is_a_gpufrag_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
 def test_recorded_mode_publishes_its_slice_and_answers_registration(tmp_path: Path) -> None:
     root = Path(tempfile.mkdtemp(prefix="dra-"))
     slices = SignallingSlices()
-    stop = threading.Event()
     port = free_port()
     argv = ["--node-name=n", f"--registry-dir={root}/reg", f"--plugins-dir={root}/plugins",
             f"--cdi-dir={root}", f"--nvml-recording={one_gpu_recording(tmp_path / 'r.json')}",
             f"--metrics-port={port}", f"--dev-root={root}"]
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(
-        main(argv, claims=FakeClaims(), slices=slices, stop=stop)))
-    thread.start()
+    running = Running(argv, slices)
     try:
         assert slices.created.wait(20)
         (published,) = slices.stored.values()
@@ -104,8 +120,7 @@ def test_recorded_mode_publishes_its_slice_and_answers_registration(tmp_path: Pa
         assert "gpufrag_dra_inventory_recorded 1.0" in metrics
         assert 'gpufrag_dra_slice_syncs_total{result="created"} 1.0' in metrics
     finally:
-        stop.set()
-        thread.join(20)
+        result = running.end()
         shutil.rmtree(root)
     assert result == [EXIT_OK]
 
@@ -115,15 +130,11 @@ def test_an_unhealthy_gpu_is_tainted_in_the_slice_at_once_and_untainted_on_recov
     nvml = RecordedNvml([RecordedDevice(gpu.product, gpu.uuid, gpu.memory_total_mib << 20,
                                         [RecordedSample(0, 0)]) for gpu in build_gpus(2)])
     slices = SignallingSlices()
-    stop = threading.Event()
     # A publish interval far past the test: every replace below is the health thread's.
     argv = ["--node-name=n", f"--registry-dir={root}/reg", f"--plugins-dir={root}/plugins",
             f"--cdi-dir={root}", "--metrics-port=0", f"--dev-root={root}",
             "--publish-interval-s=3600", "--health-interval-s=0.05"]
-    result: list[int] = []
-    thread = threading.Thread(target=lambda: result.append(
-        main(argv, nvml=nvml, claims=FakeClaims(), slices=slices, stop=stop)))
-    thread.start()
+    running = Running(argv, slices, nvml)
 
     def taints() -> list[object]:
         (published,) = slices.stored.values()
@@ -140,7 +151,59 @@ def test_an_unhealthy_gpu_is_tainted_in_the_slice_at_once_and_untainted_on_recov
         assert slices.replaced.wait(20)
         assert taints() == [None, None]
     finally:
-        stop.set()
-        thread.join(20)
+        result = running.end()
+        shutil.rmtree(root)
+    assert result == [EXIT_OK]
+
+
+def test_the_plugin_socket_streams_health_that_follows_edits_of_the_recording() -> None:
+    """The kubelet's health stream, on the socket GetInfo names, from the same board as the
+    taints; in recorded mode an edit of the recording is how a GPU fails (node.health)."""
+    root = Path(tempfile.mkdtemp(prefix="dra-"))
+    path = root / "nvml.json"
+
+    def write(*, lost: bool) -> None:  # in one rename: the driver never reads half a file
+        devices = [{"name": gpu.product, "uuid": gpu.uuid,
+                    "memory_total": gpu.memory_total_mib << 20,
+                    "samples": [{"gpu": 0, "memory_used": 0}],
+                    **({"errors": {"nvmlDeviceGetMemoryInfo": "NVMLError_GpuIsLost"}}
+                       if lost and gpu.index == 1 else {})} for gpu in build_gpus(2)]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"devices": devices}))
+        tmp.replace(path)
+
+    write(lost=False)
+    slices = SignallingSlices()
+    argv = ["--node-name=n", f"--registry-dir={root}/reg", f"--plugins-dir={root}/plugins",
+            f"--cdi-dir={root}", "--metrics-port=0", f"--dev-root={root}",
+            f"--nvml-recording={path}", "--publish-interval-s=3600", "--health-interval-s=0.05"]
+    running = Running(argv, slices)
+    try:
+        assert slices.created.wait(20)
+        registration = RegistrationClient(f"{root}/reg/gpu.gpufrag.io-reg.sock")
+        endpoint = registration.get_info(regpb.InfoRequest(), timeout=5).endpoint
+        registration.close()
+        health = HealthClient(endpoint)
+        stream = health.node_watch_resources(healthpb.NodeWatchResourcesRequest(), timeout=30)
+
+        def states() -> dict[str, int] | None:
+            got = {d.device.device_name: d.health for d in next(stream).devices}
+            return got if got["gpu-1"] == healthpb.UNHEALTHY else None
+
+        first = next(stream)
+        assert {(d.device.pool_name, d.device.device_name, d.health) for d in first.devices} == {
+            ("n", "gpu-0", healthpb.HEALTHY), ("n", "gpu-1", healthpb.HEALTHY)}
+        write(lost=True)
+        # Each message is a resend or the change; read until the change arrives.
+        assert wait_until(states, timeout_s=20, what="gpu-1 streamed Unhealthy",
+                          interval_s=0) == {"gpu-0": healthpb.HEALTHY,
+                                            "gpu-1": healthpb.UNHEALTHY}
+        assert running.end() == [EXIT_OK]
+        with pytest.raises(StopIteration):  # the driver stopping ends the stream cleanly
+            while True:
+                next(stream)
+        health.close()
+    finally:
+        result = running.end()
         shutil.rmtree(root)
     assert result == [EXIT_OK]
