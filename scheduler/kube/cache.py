@@ -446,7 +446,7 @@ class ClusterCache:
         ask: dict[str, int] = {}
         held: tuple[tuple[str, MigPartition], ...] = ()
         if found is not None:
-            claims = [(k, self.claims[k]) for k in found[1] if k in self.claims]
+            claims = self._held_claims(found[1])
             try:
                 ask = partitions_asked(claims, driver=self.dra_driver)
                 held = tuple((p.pool, p.partition)
@@ -460,7 +460,7 @@ class ClusterCache:
     def _allocated(self, key: str) -> list[HeldGpu]:
         """What the DRA pod ``key``'s claims are allocated, on any node ([] none, or a claim
         that cannot be read: logged)."""
-        claims = [(k, self.claims[k]) for k in self._dra_pods[key][1] if k in self.claims]
+        claims = self._held_claims(self._dra_pods[key][1])
         try:
             return list(gpus_held(claims, driver=self.dra_driver))
         except BadInput as e:
@@ -471,6 +471,11 @@ class ClusterCache:
         """The keys (``namespace/name``) of the ResourceClaims the pod ``obj`` uses, with DRA
         on; () when off. Raises :class:`BadInput` for a pod that cannot be read."""
         return pod_claim_keys(obj) if self.dra_driver else ()
+
+    def _held_claims(self, claim_keys: Iterable[str]) -> list[tuple[str, Obj]]:
+        """(key, ResourceClaim) of those of ``claim_keys`` the cache holds (call with the lock
+        held): a claim not seen yet asks and holds nothing."""
+        return [(k, self.claims[k]) for k in claim_keys if k in self.claims]
 
     def mapped_ask(self, obj: Obj) -> int:
         """The whole GPUs the pod ``obj`` asks through an extended resource one of the driver's
@@ -503,7 +508,7 @@ class ClusterCache:
         A claim whose ask cannot be placed is logged and asks none: the pod is not the
         extender's to judge, and the allocator still places it."""
         with self.lock:
-            claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
+            claims = self._held_claims(claim_keys)
         try:
             return asking(request, claims, device_classes=self.dra_classes, mapped=mapped)
         except BadInput as e:
@@ -515,7 +520,7 @@ class ClusterCache:
         MIG profiles' classes, by profile ({}: none, or a claim whose ask cannot be placed:
         logged, and the allocator still places the pod)."""
         with self.lock:
-            claims = [(k, self.claims[k]) for k in claim_keys if k in self.claims]
+            claims = self._held_claims(claim_keys)
         try:
             return partitions_asked(claims, driver=self.dra_driver)
         except BadInput as e:
